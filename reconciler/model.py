@@ -1,0 +1,382 @@
+"""The vocabulary of rigsync: frozen values for desired state, observed state and runs.
+
+Everything here is plain data with no I/O, so the pure planner, the adapters and the tests all speak the
+same types. Times are POSIX seconds (float), money is US dollars (float, $/h or $), memory is MiB, and
+durations are seconds. Mappings inside frozen dataclasses are stored as tuples of pairs (hashable, ordered).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+Scalar = str | int | float | bool
+
+OWNER_LABEL_PREFIX = "rigsync"
+FREE_GPU_MEMORY_MIB = 100
+
+
+# --------------------------------------------------------------------------------------------- desired
+
+
+class Ranking(enum.StrEnum):
+    """How offers that pass the filters are ordered; the first is rented."""
+
+    DLPERF_PER_DPH = "dlperf_per_dph"
+    PRICE = "price"
+    DLPERF = "dlperf"
+    RELIABILITY = "reliability"
+
+
+class OnExceed(enum.StrEnum):
+    """What to do when a budget cap is reached."""
+
+    DRAIN = "drain"  # rent nothing new, let running work finish
+    HALT = "halt"  # destroy every owned box now
+
+
+class MetricGoal(enum.StrEnum):
+    MAX = "max"
+    MIN = "min"
+
+
+@dataclass(frozen=True)
+class OfferFilters:
+    """Which market offers are acceptable. ``None`` means "no constraint"."""
+
+    gpu_names: tuple[str, ...] = ()
+    num_gpus_min: int = 1
+    num_gpus_max: int | None = None
+    gpu_ram_mib_min: int | None = None
+    reliability_min: float | None = None
+    inet_down_mbps_min: float | None = None
+    dph_max: float | None = None
+    dlperf_per_dph_min: float | None = None
+    cuda_min: float | None = None
+    verified: bool = True
+    geolocations: tuple[str, ...] = ()  # substrings of the offer's geolocation, e.g. "SE", "Germany"
+
+
+@dataclass(frozen=True)
+class Fleet:
+    name: str
+    provider: str = "vast"
+    api_url: str | None = None
+    min_instances: int = 0
+    max_instances: int = 1
+    filters: OfferFilters = field(default_factory=OfferFilters)
+    ranking: Ranking = Ranking.DLPERF_PER_DPH
+    image: str = "pytorch/pytorch:latest"
+    disk_gb: float = 20.0
+    bootstrap_path: str | None = None
+    bootstrap_script: str = ""
+    bootstrap_hash: str = ""  # sha256 of bootstrap_script (first 16 hex); "" when there is none
+    idle_timeout_s: float = 600.0
+    ttl_s: float | None = None
+    boot_timeout_s: float = 900.0
+    unreachable_grace_s: float = 120.0
+    heartbeat_stale_s: float = 60.0
+    suspend: bool = False
+
+
+@dataclass(frozen=True)
+class Budget:
+    max_instance_dph: float | None = None
+    max_fleet_dph: float | None = None
+    daily_usd: float | None = None
+    total_usd: float | None = None
+    on_exceed: OnExceed = OnExceed.DRAIN
+
+
+@dataclass(frozen=True)
+class PromotionRule:
+    """If a cell's best metric reaches ``threshold`` (per the sweep's goal), run ``add_seeds`` more seeds."""
+
+    threshold: float
+    add_seeds: int
+
+
+@dataclass(frozen=True)
+class Sweep:
+    name: str
+    command: str  # the Jinja2 template, as written
+    grid: tuple[tuple[str, tuple[Scalar, ...]], ...]
+    seeds: tuple[int, ...]
+    priority: int = 0
+    code_paths: tuple[str, ...] = (".",)
+    gpus_per_run: int = 1
+    min_gpu_ram_mib: int = 0
+    max_runtime_s: float = 3600.0
+    retries: int = 2
+    metrics_file: str = "metrics.jsonl"
+    metric_key: str | None = None
+    metric_goal: MetricGoal = MetricGoal.MAX
+    promotion: tuple[PromotionRule, ...] = ()
+    order: int = 0  # position among sweeps (file name order); the tie-break after priority
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run the desired state asks for: a cell of the grid with one seed.
+
+    ``promotion_threshold`` is None for base seeds. Promotion seeds are expanded ahead of time (the pure
+    planner cannot render templates) and become wanted only when the cell's best base metric reaches it.
+    """
+
+    id: str
+    sweep: str
+    cell: str  # stable id of the grid cell (sweep + params), shared by all its seeds
+    params: tuple[tuple[str, Scalar], ...]
+    seed: int
+    command: str  # rendered, every substituted value shell-quoted
+    priority: int
+    sweep_order: int
+    gpus: int
+    min_gpu_ram_mib: int
+    max_runtime_s: float
+    retries: int
+    metrics_file: str
+    metric_key: str | None
+    metric_goal: MetricGoal
+    promotion_threshold: float | None = None
+
+    @property
+    def params_dict(self) -> dict[str, Scalar]:
+        return dict(self.params)
+
+
+@dataclass(frozen=True)
+class Desired:
+    fleet: Fleet
+    budget: Budget
+    sweeps: tuple[Sweep, ...]
+    runs: tuple[RunSpec, ...]
+    commit: str | None = None  # the desired/ revision these came from, when read from git
+    code_commit: str | None = None  # the commit whose tree is shipped to boxes
+
+    def run(self, run_id: str) -> RunSpec | None:
+        for r in self.runs:
+            if r.id == run_id:
+                return r
+        return None
+
+
+# -------------------------------------------------------------------------------------------- observed
+
+
+class InstanceStatus(enum.StrEnum):
+    """The provider's ``actual_status``, folded to what the planner needs."""
+
+    CREATED = "created"
+    LOADING = "loading"
+    RUNNING = "running"
+    STOPPED = "stopped"
+    EXITED = "exited"
+    OFFLINE = "offline"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Offer:
+    id: int
+    machine_id: int
+    gpu_name: str
+    num_gpus: int
+    gpu_ram_mib: int
+    dph_total: float
+    dlperf: float
+    dlperf_per_dph: float
+    reliability: float
+    inet_down_mbps: float
+    cuda: float
+    verified: bool
+    geolocation: str
+    disk_space_gb: float
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One box as the provider lists it."""
+
+    id: int
+    label: str
+    status: InstanceStatus
+    gpu_name: str
+    num_gpus: int
+    gpu_ram_mib: int
+    dph_total: float
+    start_date: float
+    machine_id: int = 0
+    image: str = ""
+    is_bid: bool = False
+    direct: Endpoint | None = None
+    proxy: Endpoint | None = None
+
+    @property
+    def ssh(self) -> Endpoint | None:
+        """The direct address when there is one, else the proxy."""
+        return self.direct or self.proxy
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Parsed ownership label ``rigsync:<fleet>:<slot>``."""
+
+    fleet: str
+    slot: str
+
+    def label(self) -> str:
+        return f"{OWNER_LABEL_PREFIX}:{self.fleet}:{self.slot}"
+
+    @staticmethod
+    def parse(label: str | None) -> Ownership | None:
+        if not label:
+            return None
+        parts = label.split(":")
+        if len(parts) != 3 or parts[0] != OWNER_LABEL_PREFIX or not parts[1] or not parts[2]:
+            return None
+        return Ownership(fleet=parts[1], slot=parts[2])
+
+
+@dataclass(frozen=True)
+class GpuState:
+    index: int
+    memory_used_mib: int
+    memory_total_mib: int
+    utilization_pct: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunDirState:
+    """What one attempt's directory on a box says (``~/rigsync/runs/<run_id>.<attempt>/``)."""
+
+    run_id: str
+    attempt: int
+    gpu_mask: tuple[int, ...]
+    pid_alive: bool
+    started_at: float | None
+    heartbeat_age_s: float | None
+    exit_code: int | None
+    ended_at: float | None = None
+    code_commit: str | None = None
+    desired_commit: str | None = None
+    last_metrics: tuple[tuple[str, Scalar], ...] = ()
+    best_metric: float | None = None
+    final_metric: float | None = None
+
+
+@dataclass(frozen=True)
+class BoxProbe:
+    """One SSH round trip's answer for one box. ``reachable=False`` carries only ``error``."""
+
+    instance_id: int
+    reachable: bool
+    error: str | None = None
+    gpus: tuple[GpuState, ...] = ()
+    disk_free_gb: float | None = None
+    python: str | None = None
+    bootstrap_hashes: tuple[str, ...] = ()  # bootstrap script hashes that completed successfully
+    bootstrap_failed: tuple[str, ...] = ()
+    bootstrap_running: tuple[str, ...] = ()
+    code_commits: tuple[str, ...] = ()  # commits whose tree is unpacked on the box
+    runs: tuple[RunDirState, ...] = ()
+    last_activity_at: float | None = None  # newest of: boot, bootstrap done, any run start/end
+    box_now: float | None = None
+
+
+class Phase(enum.StrEnum):
+    """The phase of a run, or of one attempt of it in the archive."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # exited non-zero, or killed past max runtime
+    LOST = "lost"  # box vanished or heartbeat went stale; the attempt counts
+    BLOCKED = "blocked"  # failed with no retries left
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One finished attempt, as written to the run archive (one JSON line)."""
+
+    run_id: str
+    attempt: int
+    sweep: str
+    phase: Phase
+    params: tuple[tuple[str, Scalar], ...] = ()
+    seed: int = 0
+    exit_code: int | None = None
+    code_commit: str | None = None
+    desired_commit: str | None = None
+    image: str = ""
+    instance_id: int = 0
+    machine_id: int = 0
+    gpu_name: str = ""
+    dph: float = 0.0
+    started_at: float | None = None
+    ended_at: float | None = None
+    cost_usd: float = 0.0
+    best_metric: float | None = None
+    final_metric: float | None = None
+    reason: str = ""
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.run_id, self.attempt)
+
+
+@dataclass(frozen=True)
+class BoxMemory:
+    """What the reconciler remembers about a box between cycles (persisted under observed/)."""
+
+    instance_id: int
+    first_seen_at: float
+    unreachable_since: float | None = None
+
+
+@dataclass(frozen=True)
+class Spend:
+    """Money already spent, as the reconciler accounts it."""
+
+    today_usd: float = 0.0
+    total_usd: float = 0.0
+
+
+@dataclass(frozen=True)
+class Observed:
+    """One snapshot of the world. Built by observe(); read by plan()."""
+
+    instances: tuple[Instance, ...] = ()
+    probes: tuple[BoxProbe, ...] = ()
+    offers: tuple[Offer, ...] = ()
+    history: tuple[AttemptRecord, ...] = ()
+    memory: tuple[BoxMemory, ...] = ()
+    spend: Spend = field(default_factory=Spend)
+    fleet_name: str = ""
+
+    def probe(self, instance_id: int) -> BoxProbe | None:
+        for p in self.probes:
+            if p.instance_id == instance_id:
+                return p
+        return None
+
+    def memory_of(self, instance_id: int) -> BoxMemory | None:
+        for m in self.memory:
+            if m.instance_id == instance_id:
+                return m
+        return None
+
+    def probes_by_id(self) -> Mapping[int, BoxProbe]:
+        return {p.instance_id: p for p in self.probes}
+
+
+def run_dir_name(run_id: str, attempt: int) -> str:
+    """The directory of one attempt under ``~/rigsync/runs/``; its atomic mkdir is the launch lock."""
+    return f"{run_id}.{attempt}"
