@@ -11,6 +11,8 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from reconciler.model import Drift, DriftClass
+
 PLAN_FORMAT_VERSION = 1
 
 
@@ -213,6 +215,7 @@ class Plan:
     desired_commit: str | None = None
     suspended: bool = False
     warnings: tuple[str, ...] = field(default=())
+    drift: tuple[Drift, ...] = ()
 
     @property
     def changes(self) -> bool:
@@ -235,6 +238,10 @@ class Plan:
             "actions": [a.to_json() for a in self.actions],
             "noops": [n.to_json() for n in self.noops],
             "warnings": list(self.warnings),
+            "drift": [
+                {"class": d.cls.value, "subject": d.subject, "detail": d.detail, "action": d.action}
+                for d in self.drift
+            ],
         }
 
     @staticmethod
@@ -247,4 +254,8 @@ class Plan:
             desired_commit=d.get("desired_commit"),
             suspended=bool(d.get("suspended", False)),
             warnings=tuple(d.get("warnings", ())),
+            drift=tuple(
+                Drift(cls=DriftClass(x["class"]), subject=x["subject"], detail=x["detail"], action=x["action"])
+                for x in d.get("drift", [])
+            ),
         )

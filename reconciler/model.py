@@ -342,6 +342,41 @@ class BoxMemory:
 
 
 @dataclass(frozen=True)
+class InFlight:
+    """An attempt rigsync launched and has not yet archived; remembered across cycles under observed/.
+
+    It is how a run on a box that vanished (and took its run directory with it) is noticed and requeued.
+    """
+
+    run_id: str
+    attempt: int
+    instance_id: int
+    gpu_mask: tuple[int, ...]
+    launched_at: float
+    sweep: str = ""
+
+
+class DriftClass(enum.StrEnum):
+    OUTBID = "outbid"  # provider stopped the box (interruptible outbid, or stopped by someone)
+    UNREACHABLE = "unreachable"
+    BOOT_TIMEOUT = "boot_timeout"
+    JOB_CRASHED = "job_crashed"  # wrapper gone without an exit code, or heartbeat stale
+    DESTROYED_BY_HAND = "destroyed_by_hand"  # an owned box we remembered is no longer listed
+    FOREIGN = "foreign"  # an instance without our ownership label: reported, never touched
+    OVER_BUDGET = "over_budget"
+
+
+@dataclass(frozen=True)
+class Drift:
+    """One way the world differs from desired, with what the plan does about it."""
+
+    cls: DriftClass
+    subject: str  # "instance/123" or "run/<id>.<attempt>"
+    detail: str
+    action: str  # the planned action's kind and target, or "none"
+
+
+@dataclass(frozen=True)
 class Spend:
     """Money already spent, as the reconciler accounts it."""
 
@@ -360,6 +395,7 @@ class Observed:
     memory: tuple[BoxMemory, ...] = ()
     spend: Spend = field(default_factory=Spend)
     fleet_name: str = ""
+    in_flight: tuple[InFlight, ...] = ()
 
     def probe(self, instance_id: int) -> BoxProbe | None:
         for p in self.probes:
