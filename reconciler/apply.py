@@ -1,0 +1,285 @@
+"""apply(): carry out a Plan. Side effects only; every decision was already made by plan().
+
+Actions run in dependency order (``actions.APPLY_ORDER``: record outcomes, free money, then rent, prepare boxes
+and launch). Each action is idempotent against the world — a rent is labelled so a retry after a crash finds the
+box, a launch takes an atomic ``mkdir`` lock on the box, a destroy of a gone box succeeds, an archive append is
+keyed by run id + attempt — and each one's outcome is recorded. One failed action never aborts the others
+(Terraform's lesson: apply returns the partial state, and the next cycle plans from what really happened).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from reconciler import remote
+from reconciler.actions import (
+    APPLY_ORDER,
+    Action,
+    Bootstrap,
+    Destroy,
+    Kill,
+    Launch,
+    Plan,
+    Record,
+    Rent,
+    Requeue,
+    ShipCode,
+)
+from reconciler.errors import LaunchLockHeld, RemoteCommandFailed, RigsyncError
+from reconciler.model import (
+    AttemptRecord,
+    Desired,
+    Endpoint,
+    InFlight,
+    Instance,
+    Observed,
+    Phase,
+    RunDirState,
+)
+from reconciler.ports import Provider, Shell
+
+log = logging.getLogger("rigsync.apply")
+
+REMOTE_TIMEOUT_S = 60.0
+
+
+class Archive(Protocol):
+    def append(self, records: list[AttemptRecord]) -> list[AttemptRecord]: ...
+
+
+@dataclass(frozen=True)
+class Outcome:
+    action: Action
+    ok: bool
+    detail: str = ""
+
+
+@dataclass
+class ApplyResult:
+    outcomes: list[Outcome] = field(default_factory=list)
+    archived: list[AttemptRecord] = field(default_factory=list)
+    launched: list[InFlight] = field(default_factory=list)
+    settled: set[tuple[str, int]] = field(default_factory=set)  # attempts recorded/requeued/killed this cycle
+    rented: list[int] = field(default_factory=list)
+    destroyed: list[int] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[Outcome]:
+        return [o for o in self.outcomes if not o.ok]
+
+
+@dataclass
+class ApplyContext:
+    provider: Provider
+    shell: Shell
+    desired: Desired
+    observed: Observed
+    archive: Archive
+    code_tar: Callable[[str], bytes]
+    now: Callable[[], float]
+    should_stop: Callable[[], bool] = lambda: False
+
+
+def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
+    result = ApplyResult()
+    instances = {i.id: i for i in ctx.observed.instances}
+    ordered = sorted(plan.actions, key=lambda a: (APPLY_ORDER[a.kind], a.target))
+    for action in ordered:
+        if ctx.should_stop():
+            result.outcomes.append(Outcome(action, False, "not run: shutting down"))
+            continue
+        try:
+            detail = _execute(action, ctx, instances, result)
+            result.outcomes.append(Outcome(action, True, detail))
+        except RigsyncError as exc:
+            log.warning("%s %s failed: %s", action.kind.value, action.target, exc)
+            result.outcomes.append(Outcome(action, False, f"{type(exc).__name__}: {exc}"))
+    return result
+
+
+def _endpoint(instances: dict[int, Instance], instance_id: int) -> Endpoint:
+    inst = instances.get(instance_id)
+    if inst is None or inst.ssh is None:
+        raise RemoteCommandFailed(f"instance {instance_id} has no ssh address")
+    return inst.ssh
+
+
+def _run_checked(ctx: ApplyContext, endpoint: Endpoint, script: str, *, stdin: bytes | None = None) -> str:
+    res = ctx.shell.run(endpoint, script, stdin=stdin, timeout=REMOTE_TIMEOUT_S)
+    if res.exit_code == remote.LAUNCH_LOCK_EXIT:
+        raise LaunchLockHeld(res.stderr.decode("utf-8", "replace").strip() or "run directory already exists")
+    if res.exit_code != 0:
+        err = res.stderr.decode("utf-8", "replace").strip()
+        raise RemoteCommandFailed(f"exit {res.exit_code}: {err[-300:]}")
+    return res.stdout.decode("utf-8", "replace").strip()
+
+
+def _execute(action: Action, ctx: ApplyContext, instances: dict[int, Instance], result: ApplyResult) -> str:
+    if isinstance(action, Rent):
+        new_id = ctx.provider.create_instance(
+            action.offer_id, image=action.image, disk_gb=action.disk_gb, label=action.label, onstart="", env={}
+        )
+        result.rented.append(new_id)
+        return f"instance {new_id}"
+    if isinstance(action, Destroy):
+        ctx.provider.destroy_instance(action.instance_id)
+        result.destroyed.append(action.instance_id)
+        return "destroyed"
+    if isinstance(action, Bootstrap):
+        script = remote.bootstrap_script(ctx.desired.fleet.bootstrap_script, action.script_hash)
+        _run_checked(ctx, _endpoint(instances, action.instance_id), script)
+        return "bootstrap started"
+    if isinstance(action, ShipCode):
+        tar = ctx.code_tar(action.commit)
+        _run_checked(ctx, _endpoint(instances, action.instance_id), remote.ship_code_script(action.commit), stdin=tar)
+        return f"{len(tar)} bytes shipped"
+    if isinstance(action, Launch):
+        return _launch(action, ctx, instances, result)
+    if isinstance(action, Kill):
+        state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
+        script = remote.kill_script(action.run_id, action.attempt, exit_code=137, reason=action.reason)
+        _run_checked(ctx, _endpoint(instances, action.instance_id), script)
+        rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
+                              Phase.FAILED, 137, action.reason)
+        _archive(ctx, result, rec)
+        return "killed"
+    if isinstance(action, Requeue):
+        state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
+        probe = ctx.observed.probe(action.instance_id)
+        if probe is not None and probe.reachable and action.instance_id in instances:
+            try:  # a stale attempt may still be running half-alive: make sure it cannot come back
+                script = remote.kill_script(action.run_id, action.attempt, exit_code=137, reason=action.reason)
+                _run_checked(ctx, _endpoint(instances, action.instance_id), script)
+            except RigsyncError as exc:
+                log.info("requeue %s: best-effort kill failed: %s", action.target, exc)
+        rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
+                              Phase.LOST, None, action.reason)
+        _archive(ctx, result, rec)
+        return "requeued"
+    if isinstance(action, Record):
+        state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
+        rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
+                              Phase(action.phase), action.exit_code, action.reason)
+        _archive(ctx, result, rec)
+        return "archived"
+    return "nothing to do"
+
+
+def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], result: ApplyResult) -> str:
+    spec = ctx.desired.run(action.run_id)
+    if spec is None:
+        raise RemoteCommandFailed(f"run {action.run_id} is not in the desired state this plan was made from")
+    script = remote.launch_script(
+        run_id=action.run_id,
+        attempt=action.attempt,
+        gpu_mask=action.gpu_mask,
+        command=action.command,
+        code_commit=action.code_commit,
+        desired_commit=ctx.desired.commit,
+        metrics_file=spec.metrics_file,
+        metric_key=spec.metric_key,
+        metric_goal=spec.metric_goal.value,
+        max_runtime_s=spec.max_runtime_s,
+        sweep=spec.sweep,
+        params=spec.params_dict,
+        seed=spec.seed,
+    )
+    out = _run_checked(ctx, _endpoint(instances, action.instance_id), script)
+    result.launched.append(
+        InFlight(
+            run_id=action.run_id,
+            attempt=action.attempt,
+            instance_id=action.instance_id,
+            gpu_mask=action.gpu_mask,
+            launched_at=ctx.now(),
+            sweep=spec.sweep,
+        )
+    )
+    return f"pid {out}" if out else "launched"
+
+
+def _run_state(observed: Observed, instance_id: int, run_id: str, attempt: int) -> RunDirState | None:
+    probe = observed.probe(instance_id)
+    if probe is None:
+        return None
+    for r in probe.runs:
+        if r.run_id == run_id and r.attempt == attempt:
+            return r
+    return None
+
+
+def _attempt_record(
+    ctx: ApplyContext,
+    instances: dict[int, Instance],
+    run_id: str,
+    attempt: int,
+    instance_id: int,
+    state: RunDirState | None,
+    phase: Phase,
+    exit_code: int | None,
+    reason: str,
+) -> AttemptRecord:
+    spec = ctx.desired.run(run_id)
+    inst = instances.get(instance_id)
+    launched = next(
+        (f for f in ctx.observed.in_flight if f.run_id == run_id and f.attempt == attempt), None
+    )
+    started = state.started_at if state and state.started_at else (launched.launched_at if launched else None)
+    ended = state.ended_at if state and state.ended_at else ctx.now()
+    dph = inst.dph_total if inst else 0.0
+    share = 1.0
+    if inst and inst.num_gpus and state and state.gpu_mask:
+        share = len(state.gpu_mask) / inst.num_gpus
+    cost = dph * share * max(0.0, ended - started) / 3600.0 if started else 0.0
+    return AttemptRecord(
+        run_id=run_id,
+        attempt=attempt,
+        sweep=spec.sweep if spec else (launched.sweep if launched else ""),
+        phase=phase,
+        params=spec.params if spec else (),
+        seed=spec.seed if spec else 0,
+        exit_code=state.exit_code if state and state.exit_code is not None else exit_code,
+        code_commit=state.code_commit if state else ctx.desired.code_commit,
+        desired_commit=state.desired_commit if state and state.desired_commit else ctx.desired.commit,
+        image=inst.image if inst else "",
+        instance_id=instance_id,
+        machine_id=inst.machine_id if inst else 0,
+        gpu_name=inst.gpu_name if inst else "",
+        dph=dph,
+        started_at=started,
+        ended_at=ended,
+        cost_usd=round(cost, 6),
+        best_metric=state.best_metric if state else None,
+        final_metric=state.final_metric if state else None,
+        reason=reason,
+    )
+
+
+def _archive(ctx: ApplyContext, result: ApplyResult, rec: AttemptRecord) -> None:
+    result.archived.extend(ctx.archive.append([rec]))
+    result.settled.add(rec.key)
+
+
+def next_in_flight(previous: tuple[InFlight, ...], observed: Observed, result: ApplyResult) -> tuple[InFlight, ...]:
+    """In flight after this cycle: what was, plus what runs on boxes, plus launches, minus what settled."""
+    by_key: dict[tuple[str, int], InFlight] = {(f.run_id, f.attempt): f for f in previous}
+    for probe in observed.probes:
+        for r in probe.runs:
+            if r.exit_code is None and (r.run_id, r.attempt) not in by_key:
+                by_key[(r.run_id, r.attempt)] = InFlight(
+                    run_id=r.run_id,
+                    attempt=r.attempt,
+                    instance_id=probe.instance_id,
+                    gpu_mask=r.gpu_mask,
+                    launched_at=r.started_at or 0.0,
+                )
+    for f in result.launched:
+        by_key[(f.run_id, f.attempt)] = f
+    archived_keys = {rec.key for rec in observed.history}
+    for key in list(by_key):
+        if key in result.settled or key in archived_keys:
+            del by_key[key]
+    return tuple(sorted(by_key.values(), key=lambda f: (f.run_id, f.attempt)))

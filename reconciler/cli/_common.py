@@ -1,0 +1,60 @@
+"""What the live commands (plan, apply, status) share: desired from a working tree, adapters, memory."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+from reconciler.archive import RunArchive
+from reconciler.desired import load_desired_from_dir
+from reconciler.errors import UserError
+from reconciler.loop import Reconciler, build_adapters, state_dir_for
+from reconciler.model import Desired
+from reconciler.observe import Memory
+from reconciler.observed_files import read_memory
+
+
+def add_repo_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--repo", default=".", help="the fleet repository (default: current directory)")
+    parser.add_argument("--state-dir", default=None, help="where rigsync keeps its SSH key and pinned host keys")
+
+
+def head_commit(repo: Path) -> str | None:
+    proc = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--verify", "-q", "HEAD"], capture_output=True, text=True, check=False
+    )
+    return proc.stdout.strip() or None
+
+
+def load_local_desired(repo: Path) -> Desired:
+    if not repo.is_dir():
+        raise UserError(f"{repo}: not a directory")
+    desired = load_desired_from_dir(repo)
+    return replace(desired, code_commit=head_commit(repo), commit=desired.commit or head_commit(repo))
+
+
+def code_tar_for(repo: Path, desired: Desired) -> tuple[str, ...]:
+    paths: list[str] = []
+    for sweep in desired.sweeps:
+        for p in sweep.code_paths:
+            if p not in paths:
+                paths.append(p)
+    return tuple(paths) or (".",)
+
+
+def open_reconciler(repo: Path, desired: Desired, state_dir: str | None) -> Reconciler:
+    from reconciler.adapters.git import GitRepo
+
+    provider, shell = build_adapters(desired.fleet, state_dir_for(desired.fleet, state_dir))
+    boxes, in_flight, spend = read_memory(repo)
+    git_repo = GitRepo(repo)
+    paths = code_tar_for(repo, desired)
+    return Reconciler(
+        provider=provider,
+        shell=shell,
+        archive=RunArchive(repo),
+        code_tar=lambda commit: git_repo.archive(commit, paths),
+        memory=Memory(boxes=boxes, in_flight=in_flight, spend=spend),
+    )

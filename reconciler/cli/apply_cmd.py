@@ -1,0 +1,67 @@
+"""`rigsync apply`: apply a fresh plan after showing it, or a saved plan exactly (refused if stale)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from reconciler.actions import Plan
+from reconciler.cli._common import add_repo_arg, load_local_desired, open_reconciler, write_observed
+from reconciler.errors import StalePlan, UserError
+from reconciler.render import plan_text
+from reconciler.saved_plan import stale_reasons
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("apply", help="apply a fresh plan (after showing it) or a saved one")
+    add_repo_arg(p)
+    p.add_argument("--plan", default=None, help="a plan saved by `rigsync plan --out`; applied exactly or refused")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p.set_defaults(handler=run)
+
+
+def _load_saved(path: str) -> Plan:
+    try:
+        doc = json.loads(Path(path).read_text())
+        return Plan.from_json(doc)
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read saved plan: {exc.strerror}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{path}: not a rigsync plan: {exc}") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    repo = Path(args.repo)
+    desired = load_local_desired(repo)
+    saved = _load_saved(args.plan) if args.plan else None
+    rec = open_reconciler(repo, desired, args.state_dir)
+    try:
+        observed, fresh, memory = rec.observe_and_plan(desired)
+        the_plan = fresh
+        if saved is not None:
+            reasons = stale_reasons(saved, desired, observed)
+            if reasons:
+                raise StalePlan("the saved plan no longer holds:\n  " + "\n  ".join(reasons))
+            the_plan = saved
+        print(plan_text(the_plan))
+        if not the_plan.changes:
+            write_observed(repo, desired, observed, the_plan, rec)
+            return 0
+        if saved is None and not args.yes:
+            if not sys.stdin.isatty():
+                raise UserError("refusing to apply without confirmation: pass --yes (stdin is not a terminal)")
+            answer = input("Apply this plan? Only 'yes' is accepted: ")
+            if answer.strip() != "yes":
+                print("apply cancelled")
+                return 1
+        result = rec.apply(desired, observed, the_plan, memory)
+        write_observed(repo, desired, observed, the_plan, rec, result)
+    finally:
+        rec.shell.close()
+    for o in result.outcomes:
+        mark = "ok  " if o.ok else "FAIL"
+        print(f"  {mark} {o.action.kind.value:<10} {o.action.target}  {o.detail}")
+    print(f"Applied: {len(result.outcomes) - len(result.failures)} ok, {len(result.failures)} failed")
+    return 1 if result.failures else 0

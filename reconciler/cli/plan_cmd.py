@@ -1,0 +1,40 @@
+"""`rigsync plan`: observe the world and print what the next apply would do, and why."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from reconciler.cli._common import add_repo_arg, load_local_desired, open_reconciler
+from reconciler.render import plan_text
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("plan", help="show what apply would do, with a reason per action")
+    add_repo_arg(p)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (schemas/plan.schema.json)")
+    p.add_argument("--detailed-exitcode", action="store_true", help="exit 0 no changes, 2 changes, 1 error")
+    p.add_argument("--out", default=None, help="save the plan as JSON for `rigsync apply --plan`")
+    p.add_argument("--noops", action="store_true", help="also list what was considered and left alone")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    repo = Path(args.repo)
+    desired = load_local_desired(repo)
+    rec = open_reconciler(repo, desired, args.state_dir)
+    try:
+        _, the_plan, _ = rec.observe_and_plan(desired)
+    finally:
+        rec.shell.close()
+    doc = the_plan.to_json()
+    if args.out:
+        Path(args.out).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    if args.json:
+        print(json.dumps(doc, indent=2, sort_keys=True))
+    else:
+        print(plan_text(the_plan, show_noops=args.noops))
+    if args.detailed_exitcode:
+        return 2 if the_plan.changes else 0
+    return 0

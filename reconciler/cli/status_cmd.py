@@ -1,0 +1,30 @@
+"""`rigsync status`: the boxes, the runs by phase and the $/h right now, observed live."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from reconciler.cli._common import add_repo_arg, load_local_desired, open_reconciler
+from reconciler.render import status_json, status_text
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("status", help="boxes, runs by phase, $/h now")
+    add_repo_arg(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    repo = Path(args.repo)
+    desired = load_local_desired(repo)
+    rec = open_reconciler(repo, desired, args.state_dir)
+    try:
+        observed, _, _ = rec.observe_and_plan(desired)
+    finally:
+        rec.shell.close()
+    doc = status_json(desired, observed)
+    print(json.dumps(doc, indent=2, sort_keys=True) if args.json else status_text(doc))
+    return 0

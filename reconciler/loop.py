@@ -1,0 +1,127 @@
+"""One reconcile cycle, and the wiring that builds it from a fleet repository.
+
+A cycle is a straight line (Flux's Reconcile): observe → plan → apply → remember. The ``Reconciler`` holds only
+what must survive between cycles (pooled SSH connections, the archive's key index, cross-cycle memory), and that
+memory is also written under observed/ so a restarted process rebuilds it from files plus the world.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from reconciler.actions import Plan
+from reconciler.apply import ApplyContext, ApplyResult, apply, next_in_flight
+from reconciler.archive import RunArchive
+from reconciler.errors import UserError
+from reconciler.model import AttemptRecord, Desired, Fleet, Observed
+from reconciler.observe import Memory, observe
+from reconciler.plan import plan
+from reconciler.ports import Provider, Shell
+
+log = logging.getLogger("rigsync.loop")
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+@dataclass
+class CycleResult:
+    desired: Desired
+    observed: Observed
+    plan: Plan
+    applied: ApplyResult | None
+    memory: Memory
+    started_at: float
+    finished_at: float
+
+    @property
+    def wall_s(self) -> float:
+        return self.finished_at - self.started_at
+
+
+@dataclass
+class Reconciler:
+    provider: Provider
+    shell: Shell
+    archive: RunArchive
+    code_tar: Callable[[str], bytes]
+    memory: Memory = field(default_factory=Memory)
+    clock: SystemClock = field(default_factory=SystemClock)
+    should_stop: Callable[[], bool] = lambda: False
+    _history: list[AttemptRecord] | None = None
+
+    @property
+    def history(self) -> tuple[AttemptRecord, ...]:
+        if self._history is None:
+            self._history = list(self.archive.records())
+        return tuple(self._history)
+
+    def observe_and_plan(self, desired: Desired) -> tuple[Observed, Plan, Memory]:
+        now = self.clock.now()
+        observed, memory = observe(desired, self.provider, self.shell, self.history, self.memory, now)
+        return observed, plan(desired, observed, now), memory
+
+    def cycle(self, desired: Desired, *, act: bool = True) -> CycleResult:
+        started = self.clock.now()
+        observed, the_plan, memory = self.observe_and_plan(desired)
+        applied = None
+        if act:
+            applied = self.apply(desired, observed, the_plan, memory)
+            memory = self.memory
+        return CycleResult(desired, observed, the_plan, applied, memory, started, self.clock.now())
+
+    def apply(self, desired: Desired, observed: Observed, the_plan: Plan, memory: Memory) -> ApplyResult:
+        ctx = ApplyContext(
+            provider=self.provider,
+            shell=self.shell,
+            desired=desired,
+            observed=observed,
+            archive=self.archive,
+            code_tar=self.code_tar,
+            now=self.clock.now,
+            should_stop=self.should_stop,
+        )
+        result = apply(the_plan, ctx)
+        if self._history is not None:
+            self._history.extend(result.archived)
+        in_flight = next_in_flight(memory.in_flight, observed, result)
+        self.memory = replace(memory, in_flight=in_flight)
+        return result
+
+
+def state_dir_for(fleet: Fleet, override: str | os.PathLike[str] | None = None) -> Path:
+    """Where rigsync keeps its SSH key, pinned host keys and lock: never inside the repository."""
+    if override:
+        base = Path(override)
+    elif os.environ.get("RIGSYNC_STATE_DIR"):
+        base = Path(os.environ["RIGSYNC_STATE_DIR"])
+    else:
+        xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        base = Path(xdg) / "rigsync"
+    path = base / fleet.name
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+def build_adapters(fleet: Fleet, state_dir: Path) -> tuple[Provider, Shell]:
+    """The real adapters: the official vastai SDK and paramiko, with rigsync's own key on the account."""
+    from reconciler.adapters.ssh import SshShell, ensure_keypair
+    from reconciler.adapters.vast import VastProvider, load_api_key
+
+    if fleet.provider != "vast":
+        raise UserError(f"unknown provider {fleet.provider!r}: only 'vast' is supported")
+    key_path, public = ensure_keypair(state_dir)
+    provider = VastProvider(api_key=load_api_key(), server_url=fleet.api_url or "https://console.vast.ai")
+    provider.ensure_ssh_key(public)
+    shell = SshShell(private_key=key_path, known_hosts=state_dir / "known_hosts")
+    return provider, shell

@@ -1,0 +1,152 @@
+"""observe(): one snapshot of the world per cycle. Reads only; never changes anything.
+
+The provider says which boxes exist; one SSH round trip per running owned box says what is on it. A box that
+does not answer in time is an "unreachable" observation for that box alone: the rest of the fleet is still
+observed and planned. Cross-cycle memory (when a box first went dark, which attempts are in flight) is passed
+in and carried forward, so the snapshot after a crash is rebuilt from the provider, the boxes and the files
+committed under observed/, never from process memory alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from reconciler import remote
+from reconciler.errors import ProviderError, RigsyncError
+from reconciler.model import (
+    AttemptRecord,
+    BoxMemory,
+    BoxProbe,
+    Desired,
+    InFlight,
+    Instance,
+    InstanceStatus,
+    Observed,
+    Offer,
+    Ownership,
+    Spend,
+)
+from reconciler.ports import Provider, Shell
+
+PROBE_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What one cycle hands to the next (and what is persisted under observed/)."""
+
+    boxes: tuple[BoxMemory, ...] = ()
+    in_flight: tuple[InFlight, ...] = ()
+    spend: Spend = Spend()
+    spend_at: float | None = None  # when ``spend`` was last brought up to date
+
+
+def owned(instances: Iterable[Instance], fleet: str) -> list[Instance]:
+    out = []
+    for inst in instances:
+        own = Ownership.parse(inst.label)
+        if own is not None and own.fleet == fleet:
+            out.append(inst)
+    return out
+
+
+def probe_boxes(shell: Shell, boxes: list[Instance], timeout: float = PROBE_TIMEOUT_S) -> list[BoxProbe]:
+    """One parallel SSH round trip to every running box; failures become unreachable probes."""
+    targets = {}
+    probes: list[BoxProbe] = []
+    script = remote.probe_script()
+    for inst in boxes:
+        if inst.status is not InstanceStatus.RUNNING:
+            continue
+        if inst.ssh is None:
+            probes.append(BoxProbe(instance_id=inst.id, reachable=False, error="no ssh address yet"))
+            continue
+        targets[inst.id] = (inst.ssh, script)
+    results = shell.run_many(targets, timeout=timeout) if targets else {}
+    for instance_id in sorted(results):
+        result = results[instance_id]
+        if isinstance(result, Exception):
+            probes.append(BoxProbe(instance_id=instance_id, reachable=False, error=_one_line(result)))
+            continue
+        if result.exit_code != 0:
+            err = result.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
+            probes.append(
+                BoxProbe(instance_id=instance_id, reachable=False, error=f"probe exited {result.exit_code}: {err[0]}")
+            )
+            continue
+        try:
+            probes.append(remote.parse_probe(instance_id, result.stdout))
+        except RigsyncError as exc:
+            probes.append(BoxProbe(instance_id=instance_id, reachable=False, error=_one_line(exc)))
+    return sorted(probes, key=lambda p: p.instance_id)
+
+
+def update_box_memory(
+    previous: tuple[BoxMemory, ...], instances: list[Instance], probes: list[BoxProbe], now: float
+) -> tuple[BoxMemory, ...]:
+    prev = {m.instance_id: m for m in previous}
+    reach = {p.instance_id: p.reachable for p in probes}
+    out = []
+    for inst in sorted(instances, key=lambda i: i.id):
+        old = prev.get(inst.id)
+        first = old.first_seen_at if old else now
+        if reach.get(inst.id) is False:
+            since = old.unreachable_since if old and old.unreachable_since is not None else now
+        else:
+            since = None
+        out.append(BoxMemory(instance_id=inst.id, first_seen_at=first, unreachable_since=since))
+    return tuple(out)
+
+
+def accrue_spend(memory: Memory, instances: list[Instance], now: float) -> tuple[Spend, float]:
+    """Bring the spend up to ``now`` at the fleet's current $/h (boxes bill whether or not we watch)."""
+    if memory.spend_at is None or now <= memory.spend_at:
+        return memory.spend, now
+    dph = sum(i.dph_total for i in instances)
+    spent = dph * (now - memory.spend_at) / 3600.0
+    day_start = now - (now % 86400.0)
+    today = memory.spend.today_usd if memory.spend_at >= day_start else 0.0
+    today += dph * (now - max(memory.spend_at, day_start)) / 3600.0
+    return Spend(today_usd=today, total_usd=memory.spend.total_usd + spent), now
+
+
+def observe(
+    desired: Desired,
+    provider: Provider,
+    shell: Shell,
+    history: tuple[AttemptRecord, ...],
+    memory: Memory,
+    now: float,
+    *,
+    want_offers: bool = True,
+) -> tuple[Observed, Memory]:
+    """Snapshot the world. Provider errors propagate (the cycle cannot plan without the instance list)."""
+    fleet = desired.fleet
+    instances = provider.list_instances()
+    mine = owned(instances, fleet.name)
+    offers: list[Offer] = []
+    if want_offers and not fleet.suspend:
+        try:
+            offers = provider.search_offers(fleet.filters, fleet.disk_gb)
+        except ProviderError:
+            offers = []  # no offers this cycle: the plan rents nothing, everything else proceeds
+    probes = probe_boxes(shell, mine)
+    boxes = update_box_memory(memory.boxes, mine, probes, now)
+    spend, spend_at = accrue_spend(memory, mine, now)
+    observed = Observed(
+        instances=tuple(sorted(instances, key=lambda i: i.id)),
+        probes=tuple(probes),
+        offers=tuple(offers),
+        history=history,
+        memory=boxes,
+        spend=spend,
+        fleet_name=fleet.name,
+        in_flight=memory.in_flight,
+    )
+    return observed, replace(memory, boxes=boxes, spend=spend, spend_at=spend_at)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")

@@ -1,0 +1,105 @@
+"""Human text for plans and status: Terraform-style, one line per action with a sign, target and reason."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from reconciler.actions import SIGNS, Kind, Plan
+from reconciler.model import Desired, Observed, Ownership, Phase
+
+VERBS = {
+    Kind.RENT: "to rent",
+    Kind.DESTROY: "to destroy",
+    Kind.BOOTSTRAP: "to bootstrap",
+    Kind.SHIP_CODE: "to ship code",
+    Kind.LAUNCH: "to launch",
+    Kind.KILL: "to kill",
+    Kind.REQUEUE: "to requeue",
+    Kind.RECORD: "to record",
+}
+
+
+def plan_text(plan: Plan, *, show_noops: bool = False) -> str:
+    lines: list[str] = []
+    if plan.suspended:
+        lines.append("fleet is suspended: observing and reporting only")
+    width = max((len(a.target) for a in plan.actions), default=0)
+    for a in plan.actions:
+        lines.append(f"  {SIGNS[a.kind]} {a.kind.value:<10} {a.target:<{width}}  {a.reason}")
+    if show_noops:
+        for n in plan.noops:
+            lines.append(f"    {'noop':<10} {n.target:<{width}}  {n.reason}")
+    for w in plan.warnings:
+        lines.append(f"  warning: {w}")
+    counts = plan.counts()
+    parts = [f"{counts.get(k.value, 0)} {verb}" for k, verb in VERBS.items() if counts.get(k.value)]
+    summary = ", ".join(parts) if parts else "no changes"
+    lines.append(
+        f"Plan: {summary}. Fleet $/h: {plan.fleet_dph_before:.4f} -> {plan.fleet_dph_after:.4f}"
+        + (f" (desired {plan.desired_commit[:12]})" if plan.desired_commit else "")
+    )
+    return "\n".join(lines)
+
+
+def run_phases(desired: Desired, observed: Observed) -> dict[str, str]:
+    """Phase of every base run (and activated promotion run) from history and the boxes."""
+    phases: dict[str, str] = {}
+    running = {(r.run_id) for p in observed.probes for r in p.runs if r.exit_code is None and r.pid_alive}
+    done: dict[str, list[Phase]] = {}
+    for rec in observed.history:
+        done.setdefault(rec.run_id, []).append(rec.phase)
+    for spec in desired.runs:
+        hist = done.get(spec.id, [])
+        if spec.promotion_threshold is not None and not hist and spec.id not in running:
+            continue
+        if Phase.SUCCEEDED in hist:
+            phases[spec.id] = Phase.SUCCEEDED.value
+        elif spec.id in running:
+            phases[spec.id] = Phase.RUNNING.value
+        elif sum(1 for h in hist if h in (Phase.FAILED, Phase.LOST)) >= 1 + spec.retries:
+            phases[spec.id] = Phase.BLOCKED.value
+        else:
+            phases[spec.id] = Phase.PENDING.value
+    return phases
+
+
+def status_json(desired: Desired, observed: Observed) -> dict[str, Any]:
+    mine = []
+    foreign = []
+    for inst in observed.instances:
+        own = Ownership.parse(inst.label)
+        probe = observed.probe(inst.id)
+        row = {
+            "id": inst.id,
+            "label": inst.label,
+            "status": inst.status.value,
+            "gpu": f"{inst.num_gpus}x {inst.gpu_name}",
+            "dph": inst.dph_total,
+            "reachable": None if probe is None else probe.reachable,
+            "runs": sorted(f"{r.run_id}.{r.attempt}" for r in (probe.runs if probe else ()) if r.exit_code is None),
+        }
+        (mine if own and own.fleet == desired.fleet.name else foreign).append(row)
+    phases = run_phases(desired, observed)
+    by_phase = Counter(phases.values())
+    return {
+        "fleet": desired.fleet.name,
+        "boxes": mine,
+        "foreign": foreign,
+        "runs": {p.value: by_phase.get(p.value, 0) for p in Phase if p is not Phase.LOST},
+        "dph": round(sum(float(b["dph"]) for b in mine), 6),  # type: ignore[arg-type]
+        "spend": {"today_usd": round(observed.spend.today_usd, 6), "total_usd": round(observed.spend.total_usd, 6)},
+    }
+
+
+def status_text(doc: dict[str, Any]) -> str:
+    lines = [f"fleet {doc['fleet']}: {len(doc['boxes'])} box(es), ${doc['dph']:.4f}/h now"]
+    for b in doc["boxes"]:
+        reach = {None: "-", True: "reachable", False: "UNREACHABLE"}[b["reachable"]]
+        runs = ", ".join(b["runs"]) or "idle"
+        lines.append(f"  {b['id']:>10}  {b['status']:<8} {b['gpu']:<18} ${b['dph']:.4f}/h  {reach:<11} {runs}")
+    for f in doc["foreign"]:
+        lines.append(f"  {f['id']:>10}  foreign (label {f['label']!r}): not ours, left alone")
+    runs = doc["runs"]
+    lines.append("runs: " + ", ".join(f"{k} {v}" for k, v in runs.items()))
+    return "\n".join(lines)
