@@ -1,0 +1,374 @@
+"""The on-box run protocol, exercised with a real local bash in a temporary HOME and a fake nvidia-smi."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from reconciler import remote
+from reconciler.errors import RemoteCommandFailed
+from reconciler.model import BoxProbe, RunDirState
+
+FAKE_SMI = """#!/bin/bash
+case "$1" in
+  --query-gpu=index,memory.used,memory.total,utilization.gpu)
+    echo "0, 12, 24564, 0"
+    echo "1, 20000, 24564, 97"
+    ;;
+  --query-compute-apps=pid,used_memory,gpu_uuid)
+    echo "4242, 19988, GPU-1111"
+    ;;
+  *)
+    echo "Field \\"$1\\" is not a valid field to query." >&2
+    exit 2
+    ;;
+esac
+"""
+
+
+@dataclass
+class Box:
+    home: Path
+    env: dict[str, str]
+
+    def sh(self, script: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            ["bash", "-c", script], env=self.env, input=stdin, capture_output=True, timeout=60, check=False
+        )
+
+    def probe(self) -> BoxProbe:
+        res = self.sh(remote.probe_script())
+        assert res.returncode == 0, res.stderr
+        return remote.parse_probe(7, res.stdout)
+
+    def run_dir(self, run_id: str, attempt: int) -> Path:
+        return self.home / "rigsync" / "runs" / f"{run_id}.{attempt}"
+
+    def wait_file(self, path: Path, limit_s: float = 30.0) -> str:
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            if path.exists():
+                return path.read_text()
+            time.sleep(0.05)
+        raise AssertionError(f"{path} never appeared")
+
+
+def _pids_under(home: Path) -> list[int]:
+    out = []
+    for p in (home / "rigsync").rglob("pid"):
+        txt = p.read_text().strip()
+        if txt.isdigit():
+            out.append(int(txt))
+    for p in (home / "rigsync").rglob("*.pid"):
+        txt = p.read_text().strip()
+        if txt.isdigit():
+            out.append(int(txt))
+    return out
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> Iterator[Box]:
+    home = tmp_path / "home"
+    home.mkdir()
+    fakebin = tmp_path / "bin"
+    fakebin.mkdir()
+    smi = fakebin / "nvidia-smi"
+    smi.write_text(FAKE_SMI)
+    smi.chmod(0o755)
+    env = {"HOME": str(home), "PATH": f"{fakebin}:/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    b = Box(home=home, env=env)
+    yield b
+    for pid in _pids_under(home):  # only the process groups this test started
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def _launch(box: Box, run_id: str, command: str, *, attempt: int = 0, max_runtime_s: float = 3600.0,
+            code_commit: str | None = None, mask: tuple[int, ...] = (1,)) -> subprocess.CompletedProcess[bytes]:
+    return box.sh(
+        remote.launch_script(
+            run_id=run_id,
+            attempt=attempt,
+            gpu_mask=mask,
+            command=command,
+            code_commit=code_commit,
+            desired_commit="d" * 40,
+            metrics_file="metrics.jsonl",
+            metric_key="acc",
+            metric_goal="max",
+            max_runtime_s=max_runtime_s,
+            sweep="sw",
+            params={"lr": 0.1, "name": "it's"},
+            seed=3,
+        )
+    )
+
+
+def _run(probe: BoxProbe, run_id: str, attempt: int = 0) -> RunDirState:
+    for r in probe.runs:
+        if (r.run_id, r.attempt) == (run_id, attempt):
+            return r
+    raise AssertionError(f"{run_id}.{attempt} not in probe: {[r.run_id for r in probe.runs]}")
+
+
+def test_probe_of_an_empty_box_reports_gpus_python_and_disk(box: Box) -> None:
+    p = box.probe()
+    assert p.reachable and p.instance_id == 7
+    assert [(g.index, g.memory_used_mib, g.memory_total_mib) for g in p.gpus] == [(0, 12, 24564), (1, 20000, 24564)]
+    assert p.gpus[1].utilization_pct == 97.0
+    assert p.python is not None and "python" in p.python
+    assert p.disk_free_gb is not None and p.disk_free_gb > 0
+    assert p.runs == () and p.code_commits == () and p.bootstrap_hashes == ()
+    assert p.box_now is not None and abs(p.box_now - time.time()) < 60
+
+
+def test_probe_prefers_a_venv_python_that_runs(box: Box) -> None:
+    venv = box.home / "venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to("/usr/bin/python3")
+    assert box.probe().python == str(venv / "python")
+    (venv / "python").unlink()
+    (venv / "python").write_text("#!/bin/sh\nexit 1\n")
+    (venv / "python").chmod(0o755)
+    assert box.probe().python != str(venv / "python")
+
+
+def test_run_that_writes_metrics_and_exits_zero(box: Box) -> None:
+    cmd = (
+        'for a in 0.5 0.9 0.7; do echo "{\\"step\\": 1, \\"acc\\": $a, \\"tag\\": \\"x\\"}" '
+        '>> "$RIGSYNC_METRICS_FILE"; '
+        "done; echo 'garbage{' >> \"$RIGSYNC_METRICS_FILE\"; echo done"
+    )
+    res = _launch(box, "r1", cmd)
+    assert res.returncode == 0, res.stderr
+    pid = int(res.stdout.decode().strip())
+    d = box.run_dir("r1", 0)
+    assert box.wait_file(d / "exit_code").strip() == "0"
+    assert int((d / "pid").read_text()) == pid
+    r = _run(box.probe(), "r1")
+    assert r.exit_code == 0 and not r.pid_alive
+    assert r.gpu_mask == (1,)
+    assert r.best_metric == 0.9 and r.final_metric == 0.7
+    assert dict(r.last_metrics) == {"step": 1, "acc": 0.7, "tag": "x"}
+    assert r.started_at is not None and r.ended_at is not None and r.ended_at >= r.started_at
+    assert r.desired_commit == "d" * 40
+    assert (d / "stdout.log").read_text() == "done\n"
+    meta = json.loads((d / "meta.json").read_text())
+    assert meta["params"] == {"lr": 0.1, "name": "it's"} and meta["seed"] == 3 and meta["sweep"] == "sw"
+
+
+def test_second_launch_of_the_same_attempt_hits_the_lock(box: Box) -> None:
+    assert _launch(box, "r2", "true").returncode == 0
+    again = _launch(box, "r2", "echo second > $RIGSYNC_RUN_DIR/second")
+    assert again.returncode == remote.LAUNCH_LOCK_EXIT
+    assert b"launch lock held" in again.stderr
+    box.wait_file(box.run_dir("r2", 0) / "exit_code")
+    assert not (box.run_dir("r2", 0) / "second").exists()
+    assert _launch(box, "r2", "true", attempt=1).returncode == 0  # the next attempt is its own directory
+
+
+def test_wrapper_exports_the_run_environment_and_cds_into_the_code_dir(box: Box) -> None:
+    code = box.home / "rigsync" / "code" / "abc123"
+    code.mkdir(parents=True)
+    cmd = 'env | grep -E "^(RIGSYNC_|CUDA_VISIBLE)" | sort > "$RIGSYNC_RUN_DIR/env"; pwd > "$RIGSYNC_RUN_DIR/cwd"'
+    assert _launch(box, "r3", cmd, code_commit="abc123", mask=(0, 1), attempt=2).returncode == 0
+    d = box.run_dir("r3", 2)
+    box.wait_file(d / "exit_code")
+    env = dict(line.split("=", 1) for line in (d / "env").read_text().splitlines())
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert env["RIGSYNC_ATTEMPT"] == "2" and env["RIGSYNC_RUN_ID"] == "r3"
+    assert env["RIGSYNC_RUN_DIR"] == str(d) and env["RIGSYNC_CODE_DIR"] == str(code)
+    assert env["RIGSYNC_METRICS_FILE"] == str(d / "metrics.jsonl")
+    assert "python" in env["RIGSYNC_PYTHON"]
+    assert (d / "cwd").read_text().strip() == str(code)
+
+
+def test_missing_code_dir_fails_the_run_not_the_launch(box: Box) -> None:
+    assert _launch(box, "r4", "true", code_commit="deadbeef").returncode == 0
+    d = box.run_dir("r4", 0)
+    assert box.wait_file(d / "exit_code").strip() == "127"
+    assert "code directory" in (d / "stderr.log").read_text()
+
+
+def test_long_run_shows_alive_with_fresh_heartbeat_then_kill_ends_the_group(box: Box) -> None:
+    cmd = "sleep 300 & sleep 300; wait"  # a child process too: the whole group must go
+    assert _launch(box, "r5", cmd).returncode == 0
+    d = box.run_dir("r5", 0)
+    box.wait_file(d / "pid")
+    time.sleep(0.3)
+    r = _run(box.probe(), "r5")
+    assert r.pid_alive and r.exit_code is None
+    assert r.heartbeat_age_s is not None and r.heartbeat_age_s < 10
+    pid = int((d / "pid").read_text())
+    assert os.getpgid(pid) == pid  # a session leader: the group is killable as one
+
+    res = box.sh(remote.kill_script("r5", 0, exit_code=137, reason="max runtime exceeded"))
+    assert res.returncode == 0, res.stderr
+    assert (d / "exit_code").read_text().strip() == "137"
+    assert (d / "killed_reason").read_text().strip() == "max runtime exceeded"
+    r = _run(box.probe(), "r5")
+    assert not r.pid_alive and r.exit_code == 137
+    members = [p for p in os.listdir("/proc") if p.isdigit() and _pgid_state(int(p), pid)]
+    assert members == []
+
+    again = box.sh(remote.kill_script("r5", 0, exit_code=99, reason="second"))
+    assert again.returncode == 0 and (d / "exit_code").read_text().strip() == "137"
+    missing = box.sh(remote.kill_script("nope", 0, reason="x"))
+    assert missing.returncode == remote.NO_SUCH_RUN_EXIT
+
+
+def _pgid_state(pid: int, pgid: int) -> bool:
+    """True when ``pid`` is a live (non-zombie) member of process group ``pgid``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[2]) == pgid and fields[0] != "Z"
+
+
+def test_box_side_max_runtime_guard_kills_an_overrunning_command(box: Box) -> None:
+    assert _launch(box, "r6", "sleep 120", max_runtime_s=1).returncode == 0
+    d = box.run_dir("r6", 0)
+    code = box.wait_file(d / "exit_code", limit_s=60).strip()
+    assert code == "143"
+    assert "max_runtime_s" in (d / "killed_reason").read_text()
+
+
+def test_hostile_command_text_stays_one_argument(box: Box) -> None:
+    hostile = "it's \"quoted\" $HOME `id` $(echo sub) ; echo INJECTED \\ \n second line"
+    cmd = "printf '%s' " + _sq(hostile) + ' > "$RIGSYNC_RUN_DIR/out"'
+    assert _launch(box, "r7", cmd).returncode == 0
+    d = box.run_dir("r7", 0)
+    assert box.wait_file(d / "exit_code").strip() == "0"
+    assert (d / "out").read_text() == hostile
+    assert json.loads((d / "meta.json").read_text())["command"] == cmd
+
+
+def _sq(s: str) -> str:
+    return "'" + s.replace("'", "'\"'\"'") + "'"
+
+
+def test_unsafe_names_are_refused_before_any_shell_runs() -> None:
+    with pytest.raises(ValueError):
+        remote.kill_script("../../etc", 0, reason="x")
+    with pytest.raises(ValueError):
+        remote.ship_code_script("abc/../def")
+    with pytest.raises(ValueError):
+        remote.bootstrap_script("true", "a b")
+
+
+def test_bootstrap_ok_and_failed_markers(box: Box) -> None:
+    b = box.home / "rigsync" / "bootstrap"
+    res = box.sh(remote.bootstrap_script("echo setting up; touch $HOME/ready\n", "aaaa1111"))
+    assert res.returncode == 0 and res.stdout.startswith(b"started"), res
+    box.wait_file(b / "aaaa1111.ok")
+    assert (box.home / "ready").exists() and "setting up" in (b / "aaaa1111.log").read_text()
+    again = box.sh(remote.bootstrap_script("echo setting up; touch $HOME/ready\n", "aaaa1111"))
+    assert again.stdout.strip() == b"ok"
+
+    box.sh(remote.bootstrap_script("echo broken >&2; exit 3\n", "bbbb2222"))
+    assert box.wait_file(b / "bbbb2222.failed").strip() == "3"
+
+    box.sh(remote.bootstrap_script("sleep 300\n", "cccc3333"))
+    box.wait_file(b / "cccc3333.pid")
+    while_running = box.sh(remote.bootstrap_script("sleep 300\n", "cccc3333"))
+    assert while_running.stdout.strip() == b"running"
+
+    p = box.probe()
+    assert p.bootstrap_hashes == ("aaaa1111",)
+    assert p.bootstrap_failed == ("bbbb2222",)
+    assert p.bootstrap_running == ("cccc3333",)
+    assert p.last_activity_at is not None and p.last_activity_at >= (b / "aaaa1111.ok").stat().st_mtime - 1
+
+
+def test_failed_bootstrap_is_retried_when_asked_again(box: Box) -> None:
+    b = box.home / "rigsync" / "bootstrap"
+    flag = box.home / "second-try"
+    script = f"if [ -e {flag} ]; then exit 0; fi; touch {flag}; exit 1\n"
+    box.sh(remote.bootstrap_script(script, "dddd4444"))
+    box.wait_file(b / "dddd4444.failed")
+    assert box.sh(remote.bootstrap_script(script, "dddd4444")).stdout.startswith(b"started")
+    box.wait_file(b / "dddd4444.ok")
+    assert not (b / "dddd4444.failed").exists()
+
+
+def test_ship_code_from_a_real_git_archive(box: Box, tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    genv = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e", "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@e"}
+    (repo / "train.py").write_text("print('hi')\n")
+    (repo / "pkg").mkdir()
+    (repo / "pkg" / "m.py").write_text("X = 1\n")
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "init"]):
+        subprocess.run(["git", *args], cwd=repo, env=genv, check=True)
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True)
+    commit = sha.stdout.strip()
+    tar = subprocess.run(["git", "archive", "--format=tar", commit], cwd=repo, capture_output=True, check=True).stdout
+
+    res = box.sh(remote.ship_code_script(commit), stdin=tar)
+    assert res.returncode == 0, res.stderr
+    dest = box.home / "rigsync" / "code" / commit
+    assert (dest / "train.py").read_text() == "print('hi')\n" and (dest / "pkg" / "m.py").exists()
+    again = box.sh(remote.ship_code_script(commit), stdin=tar)
+    assert again.returncode == 0 and again.stdout.strip() == b"present"
+    bad = box.sh(remote.ship_code_script("f" * 40), stdin=b"this is not a tar")
+    assert bad.returncode != 0 and not (box.home / "rigsync" / "code" / ("f" * 40)).exists()
+    assert box.probe().code_commits == (commit,)
+
+
+def test_probe_reports_hundreds_of_run_dirs(box: Box) -> None:
+    runs = box.home / "rigsync" / "runs"
+    for i in range(300):
+        d = runs / f"run{i:03d}.1"
+        d.mkdir(parents=True)
+        (d / "meta.json").write_text(json.dumps({"gpu_mask": [i % 2], "metric_key": "loss", "metric_goal": "min"}))
+        (d / "exit_code").write_text("1\n" if i % 3 else "0\n")
+        (d / "metrics.jsonl").write_text('{"loss": 3}\n{"loss": 1.5}\n{"loss": 2}\n')
+    (runs / "not-a-run").mkdir()
+    p = box.probe()
+    assert len(p.runs) == 300
+    r = _run(p, "run299", 1)
+    assert r.exit_code == 1 and r.gpu_mask == (1,) and r.best_metric == 1.5 and r.final_metric == 2.0
+
+
+def test_parse_probe_rejects_garbage() -> None:
+    with pytest.raises(RemoteCommandFailed, match="no JSON"):
+        remote.parse_probe(1, b"bash: line 1: python3: command not found\n")
+    with pytest.raises(RemoteCommandFailed, match="no JSON"):
+        remote.parse_probe(1, b"")
+    with pytest.raises(RemoteCommandFailed, match="not a JSON object"):
+        remote.parse_probe(1, b"[1, 2]")
+    with pytest.raises(RemoteCommandFailed, match="malformed"):
+        remote.parse_probe(1, b'{"gpus": [{"index": "x"}]}')
+    with pytest.raises(RemoteCommandFailed, match="no python3"):
+        remote.parse_probe(1, b'{"v": 1, "box_now": 1, "error": "no python3 on the box: the probe needs one"}')
+
+
+def test_parse_probe_skips_a_login_banner() -> None:
+    p = remote.parse_probe(3, b'Welcome!\n{"v": 1, "box_now": 5.0, "gpus": [], "runs": []}\n')
+    assert p.reachable and p.box_now == 5.0
+
+
+def test_probe_without_python_says_so(box: Box, tmp_path: Path) -> None:
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for tool in ("bash", "date", "printf"):
+        src = Path("/usr/bin") / tool
+        if not src.exists():
+            src = Path("/bin") / tool
+        (bare / tool).symlink_to(src)
+    env = {"HOME": str(box.home), "PATH": str(bare)}
+    res = subprocess.run(["/usr/bin/bash", "-c", remote.probe_script()], env=env, capture_output=True, check=False)
+    with pytest.raises(RemoteCommandFailed, match="no python3"):
+        remote.parse_probe(1, res.stdout)
