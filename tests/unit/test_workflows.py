@@ -28,7 +28,7 @@ def test_workflow_validates_offline(path: Path) -> None:
 
 def _readme_block(title: str) -> str:
     text = (ROOT / "README.md").read_text()
-    m = re.search(rf"^{title}:?\s*\n\n((?:    .*\n)+)", text, re.M)
+    m = re.search(rf"^{title}\b[^\n]*\n(?:[^\n]+\n)*\n((?:    .*\n)+)", text, re.M)
     assert m, f"README has no indented {title} block"
     return m.group(1).strip()
 
