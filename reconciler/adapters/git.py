@@ -1,0 +1,297 @@
+"""Git as rigsync's interface: read desired/ at a commit, write observed/ back, push without ever forcing.
+
+The checkout is rigsync's own clone of the fleet repository. Humans change ``desired/`` by pushing to the
+remote; rigsync reads it at the remote tip (a commit, never the working tree), and commits only under
+``observed/``. Pushing is optimistic: on a non-fast-forward or a ref-lock race it fetches, rebases its own
+commits onto the new tip and tries again, so a human's commit is never lost and nothing is force-pushed.
+
+Rebase conflicts can only come from two writers touching ``observed/`` at once. They are resolved by path
+through repository-local attributes (``.git/info/attributes``, never committed): the run archive shards are
+merged as a union of lines (the archive de-duplicates by run id + attempt on load), the rendered snapshots
+take rigsync's newer version, and ``observed/lease.yaml`` is binary, so a concurrent lease change stops the
+rebase and surfaces as an error instead of silently overwriting another reconciler's lease.
+
+gitpython exceptions are wrapped in ``RepoError``/``PushRejected`` here; callers never see them.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import random
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import git
+from git.exc import GitCommandError, InvalidGitRepositoryError, NoSuchPathError
+
+from reconciler.errors import PushRejected, RepoError
+
+OBSERVED_PREFIX = "observed/"
+DESIRED_PREFIX = "desired/"
+
+_ATTRIBUTES = (
+    "# written by rigsync: how its rebase resolves concurrent edits under observed/\n"
+    "observed/runs/*.jsonl merge=union\n"
+    "observed/*.yaml merge=rigsync-replayed\n"
+    "observed/lease.yaml merge=binary\n"
+)
+# During a rebase %B is the commit being replayed (rigsync's own): its rendering is the newer one.
+_MERGE_CONFIG = (
+    "merge.rigsync-replayed.name=rigsync: keep the replayed observed file",
+    "merge.rigsync-replayed.driver=cat %B > %A",
+)
+
+# Messages from git (and the remote side) that mean "someone else moved the branch; rebase and retry".
+_RACE_MARKERS = (
+    "non-fast-forward",
+    "fetch first",
+    "cannot lock ref",
+    "failed to update ref",
+    "[rejected]",
+    "[remote rejected]",
+    "incorrect old value",
+    "is at ",  # "... is at <sha> but expected <sha>"
+    "unable to update local ref",
+)
+
+
+def _stderr(exc: GitCommandError) -> str:
+    err = exc.stderr if isinstance(exc.stderr, str) else (exc.stderr or b"").decode("utf-8", "replace")
+    return err.strip().removeprefix("stderr: ").strip().strip("'").strip()
+
+
+def check_observed_path(path: str) -> str:
+    """Return the normalised repository path, or raise if it is not strictly under ``observed/``."""
+    if not path or path.startswith("/") or "\\" in path or "\0" in path:
+        raise RepoError(f"refusing to write {path!r}: rigsync writes only under {OBSERVED_PREFIX}")
+    norm = posixpath.normpath(path)
+    if norm != path.rstrip("/") or not norm.startswith(OBSERVED_PREFIX) or ".." in norm.split("/"):
+        raise RepoError(f"refusing to write {path!r}: rigsync writes only under {OBSERVED_PREFIX}")
+    return norm
+
+
+class GitRepo:
+    """rigsync's checkout of the fleet repository."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        remote: str = "origin",
+        branch: str = "main",
+        author_name: str = "rigsync",
+        author_email: str = "rigsync@localhost",
+    ) -> None:
+        self.path = Path(path)
+        self.remote = remote
+        self.branch = branch
+        self.author_name = author_name
+        self.author_email = author_email
+        try:
+            self._repo = git.Repo(self.path)
+        except (InvalidGitRepositoryError, NoSuchPathError) as exc:
+            raise RepoError(f"{self.path} is not a git checkout") from exc
+        self._git: Any = self._repo.git
+        # Identity through the environment only: never touch the user's or the repository's config.
+        self._env = {
+            "GIT_AUTHOR_NAME": author_name,
+            "GIT_AUTHOR_EMAIL": author_email,
+            "GIT_COMMITTER_NAME": author_name,
+            "GIT_COMMITTER_EMAIL": author_email,
+            "GIT_TERMINAL_PROMPT": "0",
+            "GIT_EDITOR": "true",
+        }
+        self._install_attributes()
+
+    # ------------------------------------------------------------------------------------------- plumbing
+
+    def _run(self, *args: str, binary: bool = False) -> Any:
+        """Run one git command with rigsync's identity; wrap failures in RepoError."""
+        try:
+            return self._git.execute(
+                ["git", *args], env=self._env, stdout_as_string=not binary, strip_newline_in_stdout=not binary
+            )
+        except GitCommandError as exc:
+            raise RepoError(f"git {args[0]} failed in {self.path}: {_stderr(exc) or exc}") from exc
+
+    def _install_attributes(self) -> None:
+        info = Path(self._repo.git_dir) / "info"
+        attrs = info / "attributes"
+        try:
+            if attrs.exists() and _ATTRIBUTES in attrs.read_text():
+                return
+            info.mkdir(parents=True, exist_ok=True)
+            existing = attrs.read_text() if attrs.exists() else ""
+            attrs.write_text(existing + ("\n" if existing and not existing.endswith("\n") else "") + _ATTRIBUTES)
+        except OSError as exc:
+            raise RepoError(f"cannot write {attrs}: {exc}") from exc
+
+    @property
+    def _remote_ref(self) -> str:
+        return f"refs/remotes/{self.remote}/{self.branch}"
+
+    # -------------------------------------------------------------------------------------------- reading
+
+    def fetch(self) -> str:
+        """Fetch the tracked branch; return the sha of its tip on the remote."""
+        self._run("fetch", "--quiet", "--no-tags", self.remote, f"+refs/heads/{self.branch}:{self._remote_ref}")
+        return str(self._run("rev-parse", "--verify", f"{self._remote_ref}^{{commit}}"))
+
+    def head(self) -> str:
+        return str(self._run("rev-parse", "--verify", "HEAD^{commit}"))
+
+    def remote_tip(self) -> str | None:
+        """The last fetched tip of the tracked branch, or None if it was never fetched."""
+        try:
+            return str(self._run("rev-parse", "--verify", "--quiet", f"{self._remote_ref}^{{commit}}")) or None
+        except RepoError:
+            return None
+
+    def files_at(self, commit: str, prefix: str) -> dict[str, bytes]:
+        """Every blob under ``prefix`` (a directory, ending in ``/``) at ``commit``, keyed by full path."""
+        try:
+            tree = self._repo.commit(commit).tree
+        except (ValueError, GitCommandError, git.BadName) as exc:
+            raise RepoError(f"no such commit {commit!r} in {self.path}") from exc
+        top = prefix.rstrip("/")
+        try:
+            sub = tree / top
+        except KeyError:
+            return {}
+        if sub.type != "tree":
+            return {}
+        out: dict[str, bytes] = {}
+        for item in sub.traverse():
+            if item.type == "blob":  # type: ignore[union-attr]
+                out[str(item.path)] = item.data_stream.read()  # type: ignore[union-attr]
+        return dict(sorted(out.items()))
+
+    def desired_files(self, commit: str) -> dict[str, bytes]:
+        """Every blob under ``desired/`` at ``commit``, keys ``desired/...``."""
+        return self.files_at(commit, DESIRED_PREFIX)
+
+    def archive(self, commit: str, paths: Sequence[str]) -> bytes:
+        """A tar of ``paths`` (``.`` for the whole tree) at ``commit``, as ``git archive`` makes it."""
+        data: bytes = self._run("archive", "--format=tar", commit, "--", *paths, binary=True)
+        return data
+
+    # -------------------------------------------------------------------------------------------- writing
+
+    def sync_to_remote(self) -> None:
+        """Fetch, then replay rigsync's unpushed commits onto the remote tip.
+
+        Afterwards the working tree shows the latest desired/. Only commits not yet on the remote are
+        replayed; every commit already there (a human's included) stays as it is.
+        """
+        tip = self.fetch()
+        head = self.head()
+        if head == tip:
+            return
+        if self._is_ancestor(head, tip):
+            self._run("merge", "--ff-only", "--quiet", tip)
+            return
+        if self._is_ancestor(tip, head):
+            return  # only local commits ahead: nothing to replay onto
+        self._rebase(tip)
+
+    def _is_ancestor(self, a: str, b: str) -> bool:
+        try:
+            self._git.execute(["git", "merge-base", "--is-ancestor", a, b], env=self._env)
+            return True
+        except GitCommandError as exc:
+            if exc.status == 1:
+                return False
+            raise RepoError(f"git merge-base failed in {self.path}: {_stderr(exc)}") from exc
+
+    def _rebase(self, onto: str) -> None:
+        cfg: list[str] = []
+        for c in _MERGE_CONFIG:
+            cfg += ["-c", c]
+        try:
+            self._git.execute(["git", *cfg, "rebase", "--autostash", "--quiet", onto], env=self._env)
+        except GitCommandError as exc:
+            conflicted = ""
+            try:
+                conflicted = str(self._git.execute(["git", "diff", "--name-only", "--diff-filter=U"]))
+                self._git.execute(["git", "rebase", "--abort"], env=self._env)
+            except GitCommandError:
+                pass
+            where = ", ".join(conflicted.split()) or _stderr(exc)
+            raise RepoError(
+                f"cannot rebase rigsync's commits onto {self.remote}/{self.branch} ({where}); "
+                "another writer changed the same observed/ files"
+            ) from exc
+
+    def commit_observed(
+        self, files: Mapping[str, str | None], appends: Mapping[str, bytes], message: str
+    ) -> str | None:
+        """Write ``files`` (None deletes), append ``appends``, and commit everything changed under observed/.
+
+        Returns the new commit's sha, or None (and no commit) when nothing changed. Any path outside
+        ``observed/`` is refused before anything is written. Files under observed/ changed by other rigsync
+        writers since the last commit (the run archive appends to its shards directly) are included.
+        """
+        checked_files = {check_observed_path(p): c for p, c in files.items()}
+        checked_appends = {check_observed_path(p): b for p, b in appends.items()}
+        root = self.path
+        try:
+            for rel, content in sorted(checked_files.items()):
+                target = root / rel
+                if content is None:
+                    target.unlink(missing_ok=True)
+                    continue
+                data = content.encode("utf-8")
+                if target.is_file() and target.read_bytes() == data:
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                tmp = target.with_name(target.name + ".rigsync-tmp")
+                tmp.write_bytes(data)
+                os.replace(tmp, target)
+            for rel, blob in sorted(checked_appends.items()):
+                if not blob:
+                    continue
+                target = root / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with open(target, "ab") as fh:
+                    if fh.tell() > 0:
+                        with open(target, "rb") as rd:
+                            rd.seek(-1, os.SEEK_END)
+                            if rd.read(1) != b"\n":
+                                fh.write(b"\n")
+                    fh.write(blob)
+        except OSError as exc:
+            raise RepoError(f"cannot write observed files in {root}: {exc}") from exc
+        self._run("add", "--all", "--", OBSERVED_PREFIX.rstrip("/"))
+        try:
+            self._git.execute(["git", "diff", "--cached", "--quiet", "--", OBSERVED_PREFIX], env=self._env)
+            return None
+        except GitCommandError as exc:
+            if exc.status != 1:
+                raise RepoError(f"git diff failed in {root}: {_stderr(exc)}") from exc
+        self._run("commit", "--quiet", "--no-verify", "-m", message, "--", OBSERVED_PREFIX.rstrip("/"))
+        return self.head()
+
+    def push(self, max_tries: int = 6) -> None:
+        """Push HEAD to the tracked branch; on a race fetch, rebase and retry. Never forces."""
+        last = ""
+        for attempt in range(max_tries):
+            try:
+                self._git.execute(
+                    ["git", "push", "--quiet", "--porcelain", self.remote, f"HEAD:refs/heads/{self.branch}"],
+                    env=self._env,
+                )
+                # A successful push also moves the remote-tracking ref; keep it right for remote_tip().
+                self._run("update-ref", self._remote_ref, "HEAD")
+                return
+            except GitCommandError as exc:
+                out = exc.stdout if isinstance(exc.stdout, str) else ""
+                last = f"{_stderr(exc)} {out}".strip()
+                if not any(m in last for m in _RACE_MARKERS):
+                    raise RepoError(f"git push to {self.remote} failed: {last}") from exc
+            if attempt + 1 < max_tries:
+                time.sleep(min(2.0, 0.05 * (2**attempt)) * (0.5 + random.random()))
+                self.sync_to_remote()
+        raise PushRejected(f"push to {self.remote}/{self.branch} still rejected after {max_tries} tries: {last}")
