@@ -1,0 +1,362 @@
+"""paramiko behind the ``Shell`` port: pooled connections, pinned host keys, bounded parallel commands.
+
+A reconciler probes every box every cycle, so connections are kept open and reused (one TCP + SSH handshake per
+box, not per cycle), and a fleet is probed in parallel. The property that matters most is that nothing can hang
+the loop: a box that accepts TCP but never answers (SIGSTOPped, half-open) must become ``HostUnreachable``
+for that box alone within about the requested timeout. paramiko bounds some steps (``banner_timeout``,
+``auth_timeout``, channel timeouts) but not all (``Channel.exec_command`` waits forever for its reply), so every
+operation also runs under a watchdog that closes the socket when the deadline passes, which wakes any blocked
+paramiko call with an exception.
+
+Host keys are pinned trust-on-first-use into rigsync's own ``known_hosts`` file; a different key later is refused
+with ``HostKeyMismatch``, never accepted silently. ``forget(endpoint)`` drops both the pooled connection and the
+pin, and is meant for a box that was destroyed: providers hand the same address to the next rental.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+import paramiko
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from reconciler.errors import HostKeyMismatch, HostUnreachable, RigsyncError, ShellError
+from reconciler.model import Endpoint
+from reconciler.ports import CommandResult
+
+T = TypeVar("T")
+
+KEY_FILE = "id_ed25519"
+KEY_COMMENT = "rigsync"
+
+
+def ensure_keypair(directory: Path) -> tuple[Path, str]:
+    """rigsync's own ed25519 key in ``directory`` (created once, mode 0600); returns (path, public key line)."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = directory / KEY_FILE
+    if path.exists():
+        try:
+            loaded = serialization.load_ssh_private_key(path.read_bytes(), password=None)
+        except (ValueError, TypeError) as exc:
+            raise ShellError(f"{path} is not an unencrypted OpenSSH private key: {type(exc).__name__}") from None
+        if not isinstance(loaded, Ed25519PrivateKey):
+            raise ShellError(f"{path} is not an ed25519 key")
+        key = loaded
+    else:
+        key = Ed25519PrivateKey.generate()
+        pem = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+        )
+        tmp = directory / f".{KEY_FILE}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(pem)
+        os.replace(tmp, path)
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    line = f"{public.decode()} {KEY_COMMENT}"
+    (directory / f"{KEY_FILE}.pub").write_text(line + "\n")
+    return path, line
+
+
+def _host_id(endpoint: Endpoint) -> str:
+    return endpoint.host if endpoint.port == 22 else f"[{endpoint.host}]:{endpoint.port}"
+
+
+class _Deadline:
+    """Closes whatever is registered when time runs out, so blocked socket/paramiko calls fail promptly."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds
+        self.expired = False
+        self._lock = threading.Lock()
+        self._closers: list[Callable[[], None]] = []
+        self._timer = threading.Timer(max(seconds, 0.0), self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def remaining(self) -> float:
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline passed")
+        return left
+
+    def watch(self, closer: Callable[[], None]) -> None:
+        with self._lock:
+            fire_now = self.expired
+            if not fire_now:
+                self._closers.append(closer)
+        if fire_now:
+            closer()
+
+    def _fire(self) -> None:
+        with self._lock:
+            self.expired = True
+            closers, self._closers = self._closers, []
+        for c in closers:
+            with contextlib.suppress(Exception):
+                c()
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
+class _Conn:
+    def __init__(self, transport: paramiko.Transport, sock: socket.socket) -> None:
+        self.transport = transport
+        self.sock = sock
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.transport.close()
+        with contextlib.suppress(Exception):
+            self.sock.close()
+
+
+class SshShell:
+    """The ``Shell`` port over paramiko. Thread-safe; ``connects`` counts new SSH connections made."""
+
+    def __init__(
+        self,
+        *,
+        private_key: Path,
+        known_hosts: Path,
+        user: str = "root",
+        connect_timeout: float = 5.0,
+        max_workers: int = 32,
+    ) -> None:
+        try:
+            self._pkey = paramiko.PKey.from_path(private_key)
+        except (OSError, paramiko.SSHException, ValueError) as exc:
+            raise ShellError(f"cannot load the SSH private key {private_key}: {type(exc).__name__}") from None
+        self._known_hosts_path = known_hosts
+        self._user = user
+        self._connect_timeout = connect_timeout
+        self._max_workers = max_workers
+        self._host_keys = paramiko.HostKeys()
+        if known_hosts.exists():
+            try:
+                self._host_keys.load(str(known_hosts))
+            except (OSError, paramiko.SSHException) as exc:
+                raise ShellError(f"cannot read {known_hosts}: {exc}") from None
+        self._keys_lock = threading.Lock()
+        self._pool: dict[Endpoint, _Conn] = {}
+        self._pool_lock = threading.Lock()
+        self._endpoint_locks: dict[Endpoint, threading.Lock] = {}
+        self._executor: ThreadPoolExecutor | None = None
+        self.connects = 0
+
+    # ------------------------------------------------------------------------------------------ public API
+
+    def run(
+        self, endpoint: Endpoint, command: str, *, stdin: bytes | None = None, timeout: float = 30.0
+    ) -> CommandResult:
+        """Run one command; its exit code is returned, not raised. Connection trouble raises ``ShellError``."""
+        return self._bounded(endpoint, timeout, lambda dl: self._run_on(endpoint, command, stdin, dl))
+
+    def run_many(
+        self, targets: dict[int, tuple[Endpoint, str]], *, timeout: float = 10.0
+    ) -> dict[int, CommandResult | Exception]:
+        """Run one command per box in parallel; each box gets ``timeout`` from when its turn starts."""
+        if not targets:
+            return {}
+        pool = self._pool_executor()
+        futures = {
+            key: pool.submit(self._safe_run, endpoint, command, timeout)
+            for key, (endpoint, command) in sorted(targets.items())
+        }
+        return {key: fut.result() for key, fut in futures.items()}
+
+    def forget(self, endpoint: Endpoint) -> None:
+        """Drop the pooled connection and the pinned host key (the address may now belong to another box)."""
+        with self._pool_lock:
+            conn = self._pool.pop(endpoint, None)
+        if conn is not None:
+            conn.close()
+        with self._keys_lock:
+            hid = _host_id(endpoint)
+            if hid in self._host_keys:
+                del self._host_keys[hid]
+                self._save_host_keys()
+
+    def close(self) -> None:
+        with self._pool_lock:
+            conns, self._pool = list(self._pool.values()), {}
+        for c in conns:
+            c.close()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    def __enter__(self) -> SshShell:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------------------------------- internals
+
+    def _pool_executor(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="rigsync-ssh")
+            return self._executor
+
+    def _safe_run(self, endpoint: Endpoint, command: str, timeout: float) -> CommandResult | Exception:
+        try:
+            return self.run(endpoint, command, timeout=timeout)
+        except RigsyncError as exc:
+            return exc
+        except Exception as exc:  # a library surprise must not sink the other boxes' answers
+            return HostUnreachable(f"{endpoint.host}:{endpoint.port}: unexpected {type(exc).__name__}: {exc}")
+
+    def _bounded(self, endpoint: Endpoint, timeout: float, fn: Callable[[_Deadline], T]) -> T:
+        where = f"{endpoint.host}:{endpoint.port}"
+        dl = _Deadline(timeout)
+        try:
+            return fn(dl)
+        except RigsyncError:
+            raise
+        except paramiko.BadHostKeyException:
+            raise HostKeyMismatch(f"{where}: host key changed since it was pinned; refusing to connect") from None
+        except paramiko.AuthenticationException as exc:
+            self._drop(endpoint)
+            raise HostUnreachable(f"{where}: SSH authentication failed: {exc}") from None
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            self._drop(endpoint)
+            if dl.expired or isinstance(exc, socket.timeout | TimeoutError):
+                raise HostUnreachable(f"{where}: no answer within {timeout:g}s") from None
+            raise HostUnreachable(f"{where}: {type(exc).__name__}: {exc or 'connection lost'}") from None
+        finally:
+            dl.cancel()
+
+    def _lock_for(self, endpoint: Endpoint) -> threading.Lock:
+        with self._pool_lock:
+            lock = self._endpoint_locks.get(endpoint)
+            if lock is None:
+                lock = self._endpoint_locks[endpoint] = threading.Lock()
+            return lock
+
+    def _drop(self, endpoint: Endpoint, conn: _Conn | None = None) -> None:
+        with self._pool_lock:
+            current = self._pool.get(endpoint)
+            if current is not None and (conn is None or current is conn):
+                del self._pool[endpoint]
+            else:
+                current = conn
+        if current is not None:
+            current.close()
+
+    def _conn(self, endpoint: Endpoint, dl: _Deadline) -> tuple[_Conn, bool]:
+        """A live pooled connection, or a new one; the flag says whether it came from the pool."""
+        with self._pool_lock:
+            conn = self._pool.get(endpoint)
+        if conn is not None and conn.transport.is_active():
+            return conn, True
+        if conn is not None:
+            self._drop(endpoint, conn)
+        lock = self._lock_for(endpoint)
+        if not lock.acquire(timeout=dl.remaining()):
+            raise TimeoutError("waiting for another connect to the same box")
+        try:
+            with self._pool_lock:
+                conn = self._pool.get(endpoint)
+            if conn is not None and conn.transport.is_active():
+                return conn, True
+            conn = self._connect(endpoint, dl)
+            with self._pool_lock:
+                self._pool[endpoint] = conn
+            return conn, False
+        finally:
+            lock.release()
+
+    def _connect(self, endpoint: Endpoint, dl: _Deadline) -> _Conn:
+        sock = socket.create_connection(
+            (endpoint.host, endpoint.port), timeout=min(self._connect_timeout, dl.remaining())
+        )
+        dl.watch(sock.close)
+        transport = paramiko.Transport(sock)
+        conn = _Conn(transport, sock)
+        dl.watch(conn.close)
+        try:
+            left = dl.remaining()
+            transport.banner_timeout = left
+            transport.handshake_timeout = left
+            transport.auth_timeout = left
+            transport.start_client(timeout=left)
+            self._check_host_key(endpoint, transport.get_remote_server_key())
+            transport.auth_publickey(self._user, self._pkey)
+            if not transport.is_authenticated():
+                raise paramiko.AuthenticationException("public key not accepted")
+            transport.set_keepalive(15)
+        except BaseException:
+            conn.close()
+            raise
+        self.connects += 1
+        return conn
+
+    def _check_host_key(self, endpoint: Endpoint, key: paramiko.PKey) -> None:
+        hid = _host_id(endpoint)
+        with self._keys_lock:
+            pinned = self._host_keys.lookup(hid)
+            if pinned is None or len(pinned) == 0:
+                self._host_keys.add(hid, key.get_name(), key)
+                self._save_host_keys()
+                return
+            known = pinned.get(key.get_name())
+            if known is None or known != key:
+                raise HostKeyMismatch(
+                    f"{endpoint.host}:{endpoint.port}: host key {key.get_name()} {key.fingerprint} does not match "
+                    f"the one pinned in {self._known_hosts_path}; refusing to connect"
+                )
+
+    def _save_host_keys(self) -> None:
+        path = self._known_hosts_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        self._host_keys.save(str(tmp))
+        os.replace(tmp, path)
+
+    def _run_on(self, endpoint: Endpoint, command: str, stdin: bytes | None, dl: _Deadline) -> CommandResult:
+        conn, pooled = self._conn(endpoint, dl)
+        dl.watch(conn.close)
+        try:
+            chan = conn.transport.open_session(timeout=dl.remaining())
+        except paramiko.SSHException:
+            if not pooled:
+                raise
+            # The pooled transport died quietly between cycles: reconnect once. Nothing ran yet, so it is safe.
+            self._drop(endpoint, conn)
+            conn, _ = self._conn(endpoint, dl)
+            dl.watch(conn.close)
+            chan = conn.transport.open_session(timeout=dl.remaining())
+        with chan:
+            chan.settimeout(dl.remaining())
+            chan.exec_command(command)
+            if stdin:
+                chan.sendall(stdin)
+            chan.shutdown_write()
+            out: list[bytes] = []
+            err: list[bytes] = []
+            while True:
+                while chan.recv_ready():
+                    out.append(chan.recv(1 << 16))
+                while chan.recv_stderr_ready():
+                    err.append(chan.recv_stderr(1 << 16))
+                if (chan.eof_received or chan.closed) and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                select.select([chan], [], [], min(dl.remaining(), 0.5))
+            if not chan.status_event.wait(dl.remaining()):
+                raise TimeoutError("no exit status")
+            code = chan.recv_exit_status()
+        return CommandResult(exit_code=code, stdout=b"".join(out), stderr=b"".join(err))
