@@ -104,7 +104,6 @@ class GitRepo:
             "GIT_TERMINAL_PROMPT": "0",
             "GIT_EDITOR": "true",
         }
-        self._install_attributes()
 
     # ------------------------------------------------------------------------------------------- plumbing
 
@@ -207,6 +206,7 @@ class GitRepo:
             raise RepoError(f"git merge-base failed in {self.path}: {_stderr(exc)}") from exc
 
     def _rebase(self, onto: str) -> None:
+        self._install_attributes()
         cfg: list[str] = []
         for c in _MERGE_CONFIG:
             cfg += ["-c", c]

@@ -1,0 +1,181 @@
+"""``rigsync diff``: what is observed against what is desired, for people and agents, from git alone.
+
+It reads only committed files (desired/ through the loader, observed/*.yaml as rigsync last wrote them) at
+the checkout's HEAD, so it needs no provider access and no credentials, and it never changes anything.
+Per sweep it counts runs by phase; per fleet, boxes wanted against boxes held; and it lists the drift the
+last cycle found with the action the plan takes about it (which is what the next plan does while the world
+stays as observed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+
+from reconciler.errors import DesiredStateInvalid, RepoError, UserError
+from reconciler.model import Desired
+from reconciler.observed_files import DRIFT, FLEET, RUNS, STATUS, ObservedInvalid, load_yaml
+
+REQUIRED = (FLEET, RUNS, DRIFT, STATUS)
+_SCHEMAS = {FLEET: "observed-fleet", RUNS: "observed-runs", DRIFT: "observed-drift", STATUS: "observed-status"}
+
+
+def add_parser(subparsers: Any) -> None:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "diff",
+        help="observed against desired, from the committed files (no provider access)",
+        description="Compare observed/ (as rigsync last committed it) with desired/ at the checkout's HEAD: "
+        "runs per sweep by phase, boxes wanted vs held, and drift with the action the plan takes.",
+    )
+    p.add_argument("--repo", default=".", help="the fleet repository checkout (default: current directory)")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    p.set_defaults(handler=run)
+
+
+@cache
+def _validator(name: str) -> jsonschema.Draft202012Validator | None:
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here.parent / "schemas", here / "schemas"):
+        f = candidate / f"{name}.schema.json"
+        if f.is_file():
+            return jsonschema.Draft202012Validator(json.loads(f.read_text(encoding="utf-8")))
+    return None
+
+
+def _committed(repo: Path) -> tuple[str | None, dict[str, bytes], dict[str, str]]:
+    """HEAD's sha, its desired/ files and its observed/*.yaml; the working tree when it is not a git checkout."""
+    from reconciler.adapters.git import GitRepo
+
+    if (repo / ".git").exists():
+        g = GitRepo(repo)
+        try:
+            head: str | None = g.head()
+        except RepoError:
+            head = None  # a fresh repository without commits
+        if head is not None:
+            observed = {
+                p: b.decode("utf-8", "replace") for p, b in g.files_at(head, "observed/").items() if p in REQUIRED
+            }
+            return head, g.desired_files(head), observed
+        return None, {}, {}
+    from reconciler.desired import read_desired_files
+
+    observed = {p: (repo / p).read_text(encoding="utf-8") for p in REQUIRED if (repo / p).is_file()}
+    return None, read_desired_files(repo), observed
+
+
+def _parse_observed(files: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    missing = [p for p in REQUIRED if p not in files]
+    if missing:
+        raise ObservedInvalid(
+            f"{', '.join(missing)} not committed: rigsync has not written observed state here yet "
+            "(run `rigsync run` against this repository first)"
+        )
+    out: dict[str, dict[str, Any]] = {}
+    for path in REQUIRED:
+        doc = load_yaml(files[path], path)
+        validator = _validator(_SCHEMAS[path])
+        if validator is not None:
+            errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
+            if errors:
+                e = errors[0]
+                pointer = "".join(f"/{p}" for p in e.absolute_path) or "/"
+                raise ObservedInvalid(f"{path}: {pointer}: {e.message}")
+        if not isinstance(doc, dict):
+            raise ObservedInvalid(f"{path}: expected a mapping")
+        out[path] = doc
+    return out
+
+
+def compute_diff(
+    desired: Desired, observed: Mapping[str, Mapping[str, Any]], desired_commit: str | None
+) -> dict[str, Any]:
+    """The diff document (the ``--json`` contract) from a loaded desired state and parsed observed files."""
+    runs_doc = observed[RUNS]
+    seen: dict[str, dict[str, Any]] = {}
+    for sweep_runs in (runs_doc.get("sweeps") or {}).values():
+        for run_id, r in (sweep_runs or {}).items():
+            seen[str(run_id)] = r
+    sweeps: dict[str, dict[str, int]] = {}
+    for sweep in desired.sweeps:
+        sweeps[sweep.name] = {"pending": 0, "running": 0, "done": 0, "failed": 0, "total": 0}
+    for spec in desired.runs:
+        r = seen.get(spec.id)
+        if r is None and spec.promotion_threshold is not None:
+            continue  # a promotion seed is wanted only once its cell reached the threshold
+        phase = r["phase"] if r is not None else "pending"
+        bucket = {"running": "running", "succeeded": "done", "blocked": "failed"}.get(phase, "pending")
+        c = sweeps.setdefault(spec.sweep, {"pending": 0, "running": 0, "done": 0, "failed": 0, "total": 0})
+        c[bucket] += 1
+        c["total"] += 1
+    fleet_doc = observed[FLEET]
+    fleet = {
+        "wanted_max": 0 if desired.fleet.suspend else desired.fleet.max_instances,
+        "wanted_min": 0 if desired.fleet.suspend else desired.fleet.min_instances,
+        "held": int(fleet_doc.get("held") or 0),
+        "dph": float(fleet_doc.get("dph") or 0.0),
+    }
+    drift = [
+        {"class": d["class"], "subject": d["subject"], "detail": d["detail"], "action": d["action"]}
+        for d in observed[DRIFT].get("drift") or []
+    ]
+    return {
+        "desired_commit": desired_commit,
+        "observed_desired_commit": observed[STATUS].get("desired_commit_applied"),
+        "sweeps": sweeps,
+        "fleet": fleet,
+        "drift": drift,
+    }
+
+
+def _text(d: Mapping[str, Any]) -> str:
+    lines = []
+    dc, oc = d["desired_commit"], d["observed_desired_commit"]
+    lines.append(f"desired  {dc or '(working tree)'}")
+    note = "" if dc is None or oc == dc else "  (observed before the newest desired commit)"
+    lines.append(f"observed {oc or '(none applied yet)'}{note}")
+    f = d["fleet"]
+    lines.append(f"fleet: {f['held']} held, wanted {f['wanted_min']}..{f['wanted_max']}, ${f['dph']:.4f}/h")
+    for name, c in d["sweeps"].items():
+        lines.append(
+            f"sweep {name}: {c['done']}/{c['total']} done, {c['running']} running, "
+            f"{c['pending']} pending, {c['failed']} failed"
+        )
+    if d["drift"]:
+        lines.append("drift:")
+        for x in d["drift"]:
+            lines.append(f"  {x['class']:<17} {x['subject']}: {x['detail']} -> {x['action']}")
+    else:
+        lines.append("drift: none")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from reconciler.desired import load_desired
+
+    repo = Path(args.repo)
+    if not repo.is_dir():
+        raise UserError(f"{repo}: not a directory")
+    head, desired_files, observed_files = _committed(repo)
+    if not desired_files:
+        raise UserError(f"{repo}: no desired/ files committed")
+    try:
+        desired = load_desired(desired_files, commit=head)
+    except DesiredStateInvalid as exc:
+        for e in exc.errors:
+            print(f"rigsync: error: {e}", file=sys.stderr)
+        raise
+    observed = _parse_observed(observed_files)
+    doc = compute_diff(desired, observed, head)
+    if args.json:
+        print(json.dumps(doc, indent=2))
+    else:
+        print(_text(doc))
+    return 0
