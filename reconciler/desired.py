@@ -290,8 +290,8 @@ def parse_yaml(file: str, raw: bytes) -> tuple[_Doc | None, list[LoadError]]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         good = raw[: exc.start].decode("utf-8", errors="replace")
-        line, col = _position(good, len(good))
-        return fail(f"not valid UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start}", line, col)
+        bad_line, bad_col = _position(good, len(good))
+        return fail(f"not valid UTF-8: byte 0x{raw[exc.start]:02x} at offset {exc.start}", bad_line, bad_col)
     text = text.removeprefix("\ufeff")
     for number, line_text in enumerate(text.split("\n"), start=1):
         indent = line_text[: len(line_text) - len(line_text.lstrip(" \t"))]

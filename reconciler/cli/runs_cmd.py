@@ -1,0 +1,76 @@
+"""``rigsync runs``: show what the desired sweeps expand to, with their content-addressed ids and commands.
+
+It lets a reviewer see, before merging, exactly which runs a change adds or keeps (same input, same ids, byte
+for byte). Base seeds are listed; promotion candidates (seeds added only when a cell does well) are counted,
+and listed with ``--promotions``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from reconciler.desired import errors_of, load_desired_from_dir
+from reconciler.errors import DesiredStateInvalid
+from reconciler.expand import scalar_text
+from reconciler.model import RunSpec
+
+
+def add_parser(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "runs", help="list the runs the desired sweeps expand to (ids, params, seeds, commands)"
+    )
+    parser.add_argument("--repo", type=Path, default=Path("."), help="repository root holding desired/ (default: .)")
+    parser.add_argument("--json", action="store_true", help="print a JSON list of runs")
+    parser.add_argument(
+        "--promotions", action="store_true", help="also list promotion candidates, with their thresholds"
+    )
+    parser.set_defaults(handler=run)
+
+
+def run_json(spec: RunSpec) -> dict[str, object]:
+    out: dict[str, object] = {
+        "id": spec.id,
+        "sweep": spec.sweep,
+        "params": dict(spec.params),
+        "seed": spec.seed,
+        "command": spec.command,
+    }
+    if spec.promotion_threshold is not None:
+        out["promotion_threshold"] = spec.promotion_threshold
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        desired = load_desired_from_dir(args.repo)
+    except DesiredStateInvalid as exc:
+        errors = errors_of(exc)
+        for error in errors:
+            print(error)
+        print(f"desired state is invalid: {len(errors)} error(s); run `rigsync validate` for details")
+        return 1
+    base = [r for r in desired.runs if r.promotion_threshold is None]
+    candidates = [r for r in desired.runs if r.promotion_threshold is not None]
+    shown = list(desired.runs) if args.promotions else base
+    if args.json:
+        print(json.dumps([run_json(r) for r in shown], indent=2, ensure_ascii=False))
+        return 0
+    for spec in shown:
+        params = " ".join(f"{k}={scalar_text(v)}" for k, v in spec.params)
+        extra = f"  (promotion: best >= {spec.promotion_threshold:g})" if spec.promotion_threshold is not None else ""
+        if spec.promotion_threshold is not None and spec.metric_goal.value == "min":
+            extra = f"  (promotion: best <= {spec.promotion_threshold:g})"
+        print(f"{spec.id}  seed={spec.seed}  {params}{extra}".rstrip())
+        print(f"    {spec.command}")
+    print(f"{len(base)} run(s) in {len(desired.sweeps)} sweep(s)", end="")
+    if candidates and not args.promotions:
+        print(
+            f"; {len(candidates)} promotion candidate(s) not listed (they run only when a cell's best metric "
+            "reaches a threshold; see --promotions)"
+        )
+    else:
+        print()
+    return 0

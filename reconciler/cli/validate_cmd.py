@@ -1,0 +1,48 @@
+"""``rigsync validate``: check the desired/ tree and report every problem at once, for people, agents and CI.
+
+Exit 0 when valid, 1 when not. Human output is one ``file:line:col: pointer: message`` line per problem and a
+summary; ``--json`` prints ``{"valid": bool, "errors": [...]}`` (a contract other tools read).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from reconciler.desired import LoadError, errors_of, load_desired_from_dir
+from reconciler.errors import DesiredStateInvalid
+
+
+def add_parser(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "validate", help="validate desired/ (fleet, budget, sweeps) against the schemas and rules"
+    )
+    parser.add_argument("--repo", type=Path, default=Path("."), help="repository root holding desired/ (default: .)")
+    parser.add_argument("--json", action="store_true", help='print {"valid": bool, "errors": [...]}')
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    repo: Path = args.repo
+    try:
+        desired = load_desired_from_dir(repo)
+    except DesiredStateInvalid as exc:
+        errors: list[LoadError] = errors_of(exc)
+        if args.json:
+            print(json.dumps({"valid": False, "errors": [e.to_json() for e in errors]}, indent=2))
+        else:
+            for error in errors:
+                print(error)
+            print(f"desired state is invalid: {len(errors)} error(s)")
+        return 1
+    if args.json:
+        print(json.dumps({"valid": True, "errors": []}, indent=2))
+    else:
+        base = sum(1 for r in desired.runs if r.promotion_threshold is None)
+        print(
+            f"desired state is valid: fleet {desired.fleet.name!r} (max {desired.fleet.max_instances} instance(s)), "
+            f"{len(desired.sweeps)} sweep(s), {base} run(s)"
+        )
+    return 0
