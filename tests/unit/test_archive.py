@@ -1,0 +1,160 @@
+"""The run archive: month shards, idempotent appends, crash-torn lines, schema-valid records."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from reconciler.archive import (
+    ArchiveCorrupt,
+    RunArchive,
+    record_from_json,
+    record_to_json,
+    shard_path,
+)
+from reconciler.model import AttemptRecord, Phase
+
+SCHEMA = json.loads((Path(__file__).parents[2] / "schemas" / "archive-record.schema.json").read_text())
+NOV = dt.datetime(2026, 11, 30, 23, 0, tzinfo=dt.UTC).timestamp()
+DEC = dt.datetime(2026, 12, 1, 0, 30, tzinfo=dt.UTC).timestamp()
+
+
+def rec(run_id: str = "r1", attempt: int = 1, ended_at: float | None = NOV, **kw: object) -> AttemptRecord:
+    base: dict[str, object] = dict(
+        run_id=run_id,
+        attempt=attempt,
+        sweep="s",
+        phase=Phase.SUCCEEDED,
+        params=(("lr", 0.001), ("env", "walker"), ("deep", True)),
+        seed=3,
+        exit_code=0,
+        code_commit="c" * 40,
+        desired_commit="d" * 40,
+        image="img",
+        instance_id=7,
+        machine_id=9,
+        gpu_name="RTX 3060",
+        dph=0.12,
+        started_at=NOV - 3600,
+        ended_at=ended_at,
+        cost_usd=0.12,
+        best_metric=0.9,
+        final_metric=0.8,
+        reason="exited 0",
+    )
+    base.update(kw)
+    return AttemptRecord(**base)  # type: ignore[arg-type]
+
+
+def test_json_round_trip_is_stable_compact_and_schema_valid() -> None:
+    r = rec()
+    line = record_to_json(r)
+    assert "\n" not in line and ": " not in line
+    assert line.startswith('{"run_id":"r1","attempt":1,"sweep":"s","phase":"succeeded","params":{"lr":0.001,')
+    assert record_from_json(line) == r
+    assert record_to_json(record_from_json(line)) == line
+    jsonschema.Draft202012Validator(SCHEMA).validate(json.loads(line))
+    lost = rec(phase=Phase.LOST, exit_code=None, best_metric=None, final_metric=None, ended_at=None)
+    jsonschema.Draft202012Validator(SCHEMA).validate(json.loads(record_to_json(lost)))
+    assert record_from_json(record_to_json(lost)) == lost
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [("[1]", "not a JSON object"), ('{"attempt": 1, "phase": "succeeded"}', "run_id"), ("{", "not JSON")],
+)
+def test_malformed_lines_say_why(line: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        record_from_json(line)
+
+
+def test_shard_is_month_of_end_time_utc() -> None:
+    assert shard_path(rec(ended_at=NOV)) == "observed/runs/2026-11.jsonl"
+    assert shard_path(rec(ended_at=DEC)) == "observed/runs/2026-12.jsonl"
+    assert shard_path(rec(ended_at=None)) == "observed/runs/2026-11.jsonl"  # falls back to start
+    assert shard_path(rec(ended_at=None, started_at=None)) == "observed/runs/undated.jsonl"
+
+
+def test_append_is_idempotent_within_and_across_instances(tmp_path: Path) -> None:
+    a = RunArchive(tmp_path)
+    first = a.append([rec("r1"), rec("r2", ended_at=DEC), rec("r1")])
+    assert [r.key for r in first] == [("r1", 1), ("r2", 1)]
+    assert a.append([rec("r1"), rec("r2", ended_at=DEC)]) == []
+    assert ("r1", 1) in a and ("r1", 2) not in a
+    assert (tmp_path / "observed/runs/2026-11.jsonl").read_text().count("\n") == 1
+    assert (tmp_path / "observed/runs/2026-12.jsonl").read_text().count("\n") == 1
+
+    # A fresh archive over the same files (a restarted process) knows every key.
+    b = RunArchive(tmp_path)
+    assert b.append([rec("r1"), rec("r2", ended_at=DEC), rec("r1", attempt=2)]) == [rec("r1", attempt=2)]
+    assert len(b) == 3
+    assert [r.key for r in b.records()] == [("r1", 1), ("r1", 2), ("r2", 1)]
+
+
+def test_append_does_not_rewrite_existing_lines(tmp_path: Path) -> None:
+    a = RunArchive(tmp_path)
+    a.append([rec("r1")])
+    shard = tmp_path / "observed/runs/2026-11.jsonl"
+    before = shard.read_bytes()
+    inode = shard.stat().st_ino
+    a.append([rec("r2")])
+    assert shard.read_bytes().startswith(before)
+    assert shard.stat().st_ino == inode
+
+
+def test_torn_last_line_is_ignored_and_cut_before_the_retry(tmp_path: Path) -> None:
+    a = RunArchive(tmp_path)
+    a.append([rec("r1")])
+    shard = tmp_path / "observed/runs/2026-11.jsonl"
+    full = record_to_json(rec("r2"))
+    with open(shard, "a") as fh:
+        fh.write(full[: len(full) // 2])  # the crash
+    b = RunArchive(tmp_path)
+    assert ("r2", 1) not in b
+    assert [r.run_id for r in b.records()] == ["r1"]
+    assert b.append([rec("r2")]) == [rec("r2")]
+    lines = shard.read_text().splitlines()
+    assert lines == [record_to_json(rec("r1")), full]
+    assert [r.run_id for r in RunArchive(tmp_path).records()] == ["r1", "r2"]
+
+
+def test_complete_last_line_missing_only_its_newline_is_kept(tmp_path: Path) -> None:
+    shard = tmp_path / "observed/runs/2026-11.jsonl"
+    shard.parent.mkdir(parents=True)
+    shard.write_text(record_to_json(rec("r1")))
+    a = RunArchive(tmp_path)
+    assert ("r1", 1) in a
+    a.append([rec("r2")])
+    assert [r.run_id for r in RunArchive(tmp_path).records()] == ["r1", "r2"]
+
+
+def test_corrupt_line_in_the_middle_names_file_and_line(tmp_path: Path) -> None:
+    shard = tmp_path / "observed/runs/2026-11.jsonl"
+    shard.parent.mkdir(parents=True)
+    shard.write_text(record_to_json(rec("r1")) + "\nnot json\n" + record_to_json(rec("r2")) + "\n")
+    with pytest.raises(ArchiveCorrupt, match=r"2026-11\.jsonl:2"):
+        RunArchive(tmp_path).append([rec("r3")])
+    with pytest.raises(ArchiveCorrupt, match=r"2026-11\.jsonl:2"):
+        list(RunArchive(tmp_path).records())
+
+
+def test_duplicate_lines_from_a_union_merge_are_read_once(tmp_path: Path) -> None:
+    shard = tmp_path / "observed/runs/2026-11.jsonl"
+    shard.parent.mkdir(parents=True)
+    line = record_to_json(rec("r1"))
+    shard.write_text(line + "\n" + line + "\n")
+    assert [r.key for r in RunArchive(tmp_path).records()] == [("r1", 1)]
+    assert len(RunArchive(tmp_path)) == 1
+
+
+def test_encode_new_writes_nothing(tmp_path: Path) -> None:
+    a = RunArchive(tmp_path)
+    fresh, blobs = a.encode_new([rec("r1"), rec("r2", ended_at=DEC)])
+    assert [r.run_id for r in fresh] == ["r1", "r2"]
+    assert set(blobs) == {"observed/runs/2026-11.jsonl", "observed/runs/2026-12.jsonl"}
+    assert not (tmp_path / "observed").exists()
+    assert ("r1", 1) not in a
