@@ -207,6 +207,10 @@ _PLAIN_SCALAR_TAGS = {
 }
 
 
+def _tag(tag: str) -> str:
+    return tag.replace("tag:yaml.org,2002:", "!!")
+
+
 class _Builder:
     """Builds Python data from a composed node tree, recording marks and collecting problems."""
 
@@ -225,14 +229,14 @@ class _Builder:
             return self._mapping(node, path)
         if isinstance(node, yaml.SequenceNode):
             if node.tag != "tag:yaml.org,2002:seq":
-                self.problem(node.start_mark, path, f"tag {node.tag} is not allowed")
+                self.problem(node.start_mark, path, f"explicit tag {_tag(node.tag)} is not allowed")
             return [self.build(child, (*path, i)) for i, child in enumerate(node.value)]
         assert isinstance(node, yaml.ScalarNode)
         return self._scalar(node, path)
 
     def _mapping(self, node: yaml.MappingNode, path: Path_) -> dict[str, Any]:
         if node.tag != "tag:yaml.org,2002:map":
-            self.problem(node.start_mark, path, f"tag {node.tag} is not allowed")
+            self.problem(node.start_mark, path, f"explicit tag {_tag(node.tag)} is not allowed")
         out: dict[str, Any] = {}
         first_line: dict[str, int] = {}
         for key_node, value_node in node.value:
@@ -260,7 +264,7 @@ class _Builder:
         if node.tag in ("tag:yaml.org,2002:timestamp", "tag:yaml.org,2002:merge") and node.style is None:
             return str(node.value)  # an unquoted date or "<<" stays the text as written
         if node.tag not in _PLAIN_SCALAR_TAGS:
-            self.problem(node.start_mark, path, f"tag {node.tag} is not allowed")
+            self.problem(node.start_mark, path, f"explicit tag {_tag(node.tag)} is not allowed")
             return str(node.value)
         try:
             value = self.loader.construct_object(node, deep=False)
@@ -306,7 +310,7 @@ def parse_yaml(file: str, raw: bytes) -> tuple[_Doc | None, list[LoadError]]:
         try:
             node = loader.get_single_node()
         except yaml.composer.ComposerError as exc:
-            if exc.problem and "single document" in exc.problem:
+            if exc.context and "single document" in exc.context:
                 mark = exc.problem_mark
                 line, col = _mark_or_none(mark)
                 return fail("multiple YAML documents ('---') in one file; put each in its own file", line, col)
@@ -328,6 +332,9 @@ def parse_yaml(file: str, raw: bytes) -> tuple[_Doc | None, list[LoadError]]:
         mark = exc.problem_mark or exc.context_mark
         line, col = _mark_or_none(mark)
         message = " ".join(p for p in (exc.context, exc.problem) if p)
+        if exc.context_mark is not None and exc.problem_mark is not None:
+            if exc.context_mark.line != exc.problem_mark.line:
+                message += f" (the construct began at line {exc.context_mark.line + 1})"
         return fail(f"YAML syntax error: {message}", line, col)
     except yaml.YAMLError as exc:
         return fail(f"YAML error: {exc}")
@@ -388,6 +395,11 @@ def _schema_errors(doc: _Doc, schema: str) -> list[LoadError]:
             message = f"{err.instance!r} {_FRIENDLY_PATTERNS[str(err.validator_value)]}"
         else:
             message = err.message
+        if err.validator == "type" and isinstance(err.instance, bool) and "string" in str(err.validator_value):
+            message += " (YAML reads unquoted yes/no/on/off/true/false as booleans: quote the text)"
+        if err.validator == "type" and err.instance is None:
+            message += " (an empty value is null: write the value or remove the key)"
+
         out.append(doc.error(path, message))
     return out
 
@@ -702,12 +714,14 @@ def load_desired(files: Mapping[str, bytes], *, commit: str | None = None) -> De
             fleet_doc = None
 
     known = {FLEET_FILE, BUDGET_FILE, README_FILE, *sweep_files}
-    bootstrap_named = _bootstrap_named(files.get(FLEET_FILE))
+    fleet_readable, bootstrap_named = _bootstrap_named(files.get(FLEET_FILE))
     if bootstrap_named:
         known.add(bootstrap_named)
     for name in sorted(files):
         if name in known:
             continue
+        if not fleet_readable and not name.startswith(SWEEPS_DIR):
+            continue  # it may be the bootstrap script of a fleet file we could not read; don't pile on
         if name.startswith(SWEEPS_DIR) and name.endswith(".yml"):
             message = "sweep files must end in .yaml"
         elif name.startswith(SWEEPS_DIR) and "/" in name[len(SWEEPS_DIR) :]:
@@ -754,14 +768,14 @@ def _is_sweep_file(path: str) -> bool:
     return "/" not in rest and rest.endswith(".yaml") and not rest.startswith(".")
 
 
-def _bootstrap_named(raw: bytes | None) -> str | None:
-    """The bootstrap path a fleet file names, read leniently so it is 'known' even when the fleet is invalid."""
+def _bootstrap_named(raw: bytes | None) -> tuple[bool, str | None]:
+    """(fleet file readable, the bootstrap path it names), read leniently: known even when the fleet is invalid."""
     if raw is None:
-        return None
+        return False, None
     doc, _ = parse_yaml(FLEET_FILE, raw)
     if doc is None or not isinstance(doc.data, dict):
-        return None
-    return _bootstrap_file(doc.data)
+        return False, None
+    return True, _bootstrap_file(doc.data)
 
 
 def errors_of(exc: DesiredStateInvalid) -> list[LoadError]:
