@@ -1,0 +1,252 @@
+"""JSON plan cases -> model objects, with defaults so each case states only what it is about.
+
+A case file is ``{"description", "now", "desired", "observed", "expected"}``. Conveniences (all optional):
+times may be given relative to ``now`` (``start_ago``, ``started_ago``, ``launched_ago``, ``unreachable_ago``,
+``last_activity_ago``, ``ended_ago``); an instance without ``label`` gets this fleet's ownership label for the
+current spec (``"{spec}"`` inside a given label is replaced by the current spec hash); a RUNNING instance
+without a probe gets a reachable, bootstrapped probe with its code shipped; a probe without ``gpus`` gets one
+GPU per instance GPU, with memory in use on the GPUs of its live runs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reconciler.model import (
+    AttemptRecord,
+    BoxMemory,
+    BoxProbe,
+    Budget,
+    Desired,
+    Fleet,
+    GpuState,
+    InFlight,
+    Instance,
+    InstanceStatus,
+    MetricGoal,
+    Observed,
+    Offer,
+    OfferFilters,
+    OnExceed,
+    Phase,
+    Ranking,
+    RunDirState,
+    RunSpec,
+    Spend,
+)
+from reconciler.plan import fleet_spec_hash
+
+J = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    description: str
+    now: float
+    desired: Desired
+    observed: Observed
+    expected: J
+
+
+def _t(d: J, now: float, key: str, ago_key: str, default: float | None) -> float | None:
+    if key in d:
+        return None if d[key] is None else float(d[key])
+    if ago_key in d:
+        return now - float(d[ago_key])
+    return default
+
+
+def build_fleet(d: J) -> Fleet:
+    d = dict(d)
+    filters = OfferFilters(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.pop("filters", {}).items()})
+    if "ranking" in d:
+        d["ranking"] = Ranking(d["ranking"])
+    d.setdefault("name", "lab")
+    return Fleet(filters=filters, **d)
+
+
+def build_budget(d: J) -> Budget:
+    d = dict(d)
+    if "on_exceed" in d:
+        d["on_exceed"] = OnExceed(d["on_exceed"])
+    return Budget(**d)
+
+
+def build_run(d: J, i: int) -> RunSpec:
+    rid = d["id"]
+    return RunSpec(
+        id=rid,
+        sweep=d.get("sweep", "s"),
+        cell=d.get("cell", rid),
+        params=tuple((k, v) for k, v in d.get("params", {}).items()),
+        seed=d.get("seed", 0),
+        command=d.get("command", f"python train.py --run {rid}"),
+        priority=d.get("priority", 0),
+        sweep_order=d.get("sweep_order", 0),
+        gpus=d.get("gpus", 1),
+        min_gpu_ram_mib=d.get("min_gpu_ram_mib", 0),
+        max_runtime_s=d.get("max_runtime_s", 3600.0),
+        retries=d.get("retries", 2),
+        metrics_file=d.get("metrics_file", "metrics.jsonl"),
+        metric_key=d.get("metric_key", "reward"),
+        metric_goal=MetricGoal(d.get("metric_goal", "max")),
+        promotion_threshold=d.get("promotion_threshold"),
+    )
+
+
+def build_desired(d: J) -> Desired:
+    return Desired(
+        fleet=build_fleet(d.get("fleet", {})),
+        budget=build_budget(d.get("budget", {})),
+        sweeps=(),
+        runs=tuple(build_run(r, i) for i, r in enumerate(d.get("runs", []))),
+        commit=d.get("commit"),
+        code_commit=d.get("code_commit"),
+    )
+
+
+def build_instance(d: J, now: float, fleet: Fleet) -> Instance:
+    iid = int(d["id"])
+    spec = fleet_spec_hash(fleet)
+    label = d.get("label", f"rigsync:{fleet.name}:{{spec}}-{iid}").replace("{spec}", spec)
+    return Instance(
+        id=iid,
+        label=label,
+        status=InstanceStatus(d.get("status", "running")),
+        gpu_name=d.get("gpu_name", "RTX 3090"),
+        num_gpus=d.get("num_gpus", 1),
+        gpu_ram_mib=d.get("gpu_ram_mib", 24576),
+        dph_total=d.get("dph_total", 0.2),
+        start_date=_t(d, now, "start_date", "start_ago", now - 300.0) or 0.0,
+        machine_id=d.get("machine_id", iid),
+    )
+
+
+def build_rundir(d: J, now: float) -> RunDirState:
+    return RunDirState(
+        run_id=d["run_id"],
+        attempt=d.get("attempt", 1),
+        gpu_mask=tuple(d.get("gpu_mask", [0])),
+        pid_alive=d.get("pid_alive", d.get("exit_code") is None),
+        started_at=_t(d, now, "started_at", "started_ago", now - 60.0),
+        heartbeat_age_s=d.get("heartbeat_age_s", 5.0 if d.get("exit_code") is None else None),
+        exit_code=d.get("exit_code"),
+        ended_at=_t(d, now, "ended_at", "ended_ago", None),
+        best_metric=d.get("best_metric"),
+        final_metric=d.get("final_metric"),
+    )
+
+
+def build_probe(d: J, now: float, inst: Instance | None, desired: Desired) -> BoxProbe:
+    runs = tuple(build_rundir(r, now) for r in d.get("runs", []))
+    if "gpus" in d:
+        gpus = tuple(
+            GpuState(
+                index=g.get("index", i),
+                memory_used_mib=g.get("memory_used_mib", 0),
+                memory_total_mib=g.get("memory_total_mib", inst.gpu_ram_mib if inst else 24576),
+            )
+            for i, g in enumerate(d["gpus"])
+        )
+    else:
+        busy = {i for r in runs if r.exit_code is None and r.pid_alive for i in r.gpu_mask}
+        n = inst.num_gpus if inst else 1
+        total = inst.gpu_ram_mib if inst else 24576
+        gpus = tuple(GpuState(i, 2000 if i in busy else 0, total) for i in range(n))
+    bh = desired.fleet.bootstrap_hash
+    return BoxProbe(
+        instance_id=int(d["instance_id"]),
+        reachable=d.get("reachable", True),
+        error=d.get("error"),
+        gpus=gpus if d.get("reachable", True) else (),
+        bootstrap_hashes=tuple(d.get("bootstrap_hashes", [bh] if bh else [])),
+        bootstrap_failed=tuple(d.get("bootstrap_failed", [])),
+        bootstrap_running=tuple(d.get("bootstrap_running", [])),
+        code_commits=tuple(d.get("code_commits", [desired.code_commit] if desired.code_commit else [])),
+        runs=runs,
+        last_activity_at=_t(d, now, "last_activity_at", "last_activity_ago", None),
+    )
+
+
+def build_offer(d: J) -> Offer:
+    dph = float(d.get("dph_total", 0.2))
+    dlperf = float(d.get("dlperf", 20.0))
+    oid = int(d["id"])
+    return Offer(
+        id=oid,
+        machine_id=d.get("machine_id", oid),
+        gpu_name=d.get("gpu_name", "RTX 3090"),
+        num_gpus=d.get("num_gpus", 1),
+        gpu_ram_mib=d.get("gpu_ram_mib", 24576),
+        dph_total=dph,
+        dlperf=dlperf,
+        dlperf_per_dph=d.get("dlperf_per_dph", dlperf / dph if dph > 0 else 0.0),
+        reliability=d.get("reliability", 0.99),
+        inet_down_mbps=d.get("inet_down_mbps", 500.0),
+        cuda=d.get("cuda", 12.2),
+        verified=d.get("verified", True),
+        geolocation=d.get("geolocation", "Sweden, SE"),
+        disk_space_gb=d.get("disk_space_gb", 100.0),
+    )
+
+
+def build_history(d: J, now: float) -> AttemptRecord:
+    return AttemptRecord(
+        run_id=d["run_id"],
+        attempt=d.get("attempt", 1),
+        sweep=d.get("sweep", "s"),
+        phase=Phase(d["phase"]),
+        exit_code=d.get("exit_code"),
+        instance_id=d.get("instance_id", 0),
+        best_metric=d.get("best_metric"),
+        ended_at=_t(d, now, "ended_at", "ended_ago", None),
+    )
+
+
+def build_observed(d: J, now: float, desired: Desired) -> Observed:
+    instances = tuple(build_instance(i, now, desired.fleet) for i in d.get("instances", []))
+    by_id = {i.id: i for i in instances}
+    probes = [build_probe(p, now, by_id.get(int(p["instance_id"])), desired) for p in d.get("probes", [])]
+    probed = {p.instance_id for p in probes}
+    for inst in instances:
+        if inst.id not in probed and inst.status is InstanceStatus.RUNNING:
+            probes.append(build_probe({"instance_id": inst.id}, now, inst, desired))
+    return Observed(
+        instances=instances,
+        probes=tuple(probes),
+        offers=tuple(build_offer(o) for o in d.get("offers", [])),
+        history=tuple(build_history(h, now) for h in d.get("history", [])),
+        memory=tuple(
+            BoxMemory(
+                instance_id=int(m["instance_id"]),
+                first_seen_at=_t(m, now, "first_seen_at", "first_seen_ago", now - 3600.0) or 0.0,
+                unreachable_since=_t(m, now, "unreachable_since", "unreachable_ago", None),
+            )
+            for m in d.get("memory", [])
+        ),
+        spend=Spend(**d.get("spend", {})),
+        fleet_name=desired.fleet.name,
+        in_flight=tuple(
+            InFlight(
+                run_id=f["run_id"],
+                attempt=f.get("attempt", 1),
+                instance_id=int(f["instance_id"]),
+                gpu_mask=tuple(f.get("gpu_mask", [0])),
+                launched_at=_t(f, now, "launched_at", "launched_ago", now - 60.0) or 0.0,
+                sweep=f.get("sweep", "s"),
+            )
+            for f in d.get("in_flight", [])
+        ),
+    )
+
+
+def load_case(path: Path) -> Case:
+    raw = json.loads(path.read_text())
+    now = float(raw.get("now", 1_000_000.0))
+    desired = build_desired(raw.get("desired", {}))
+    observed = build_observed(raw.get("observed", {}), now, desired)
+    return Case(path.stem, raw["description"], now, desired, observed, raw["expected"])

@@ -1,0 +1,119 @@
+"""Plan behaviour as data: each ``plan_cases/*.json`` states a world and the exact plan expected for it.
+
+The FULL action list is compared (kind, target, reason), so an extra or missing action fails the case; no-ops
+and drift are checked for the entries a case lists. Reasons are compared exactly unless the case gives
+``reason_contains``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reconciler.actions import APPLY_ORDER, Plan
+from reconciler.plan import plan
+
+try:
+    from .plan_case_io import Case, load_case
+except ImportError:  # tests/unit is not a package: pytest put this directory on sys.path
+    from plan_case_io import Case, load_case  # type: ignore[no-redef]
+
+CASES_DIR = Path(__file__).parent / "plan_cases"
+CASE_FILES = sorted(CASES_DIR.glob("*.json"))
+
+ACTION_FIELDS = (
+    "offer_id",
+    "label",
+    "gpu_mask",
+    "attempt",
+    "run_id",
+    "instance_id",
+    "phase",
+    "commit",
+    "dph",
+    "script_hash",
+    "command",
+    "code_commit",
+    "exit_code",
+    "num_gpus",
+    "image",
+    "disk_gb",
+    "sweep",
+)
+
+
+def _describe(p: Plan) -> str:
+    lines = [f"{a.kind.value:9} {a.target:32} {a.reason}" for a in p.actions]
+    lines += [f"{'noop':9} {n.target:32} {n.reason}" for n in p.noops]
+    lines += [f"drift     {d.cls.value}:{d.subject} -> {d.action} ({d.detail})" for d in p.drift]
+    return "\n".join(lines)
+
+
+def _match_reason(exp: dict[str, Any], reason: str) -> bool:
+    if "reason" in exp:
+        return bool(exp["reason"] == reason)
+    if "reason_contains" in exp:
+        return bool(exp["reason_contains"] in reason)
+    return True
+
+
+def test_cases_exist() -> None:
+    assert len(CASE_FILES) >= 25
+
+
+@pytest.mark.parametrize("path", CASE_FILES, ids=[p.stem for p in CASE_FILES])
+def test_plan_case(path: Path) -> None:
+    case: Case = load_case(path)
+    got = plan(case.desired, case.observed, case.now)
+    exp = case.expected
+    shown = f"\n--- plan for {case.name}: {case.description}\n{_describe(got)}"
+
+    actions = got.actions
+    want = exp["actions"]
+    assert [(a.kind.value, a.target) for a in actions] == [(w["kind"], w["target"]) for w in want], shown
+    for a, w in zip(actions, want, strict=True):
+        assert _match_reason(w, a.reason), f"reason of {a.kind.value} {a.target}: {a.reason!r} vs {w}{shown}"
+        got_json = a.to_json()
+        for key in ACTION_FIELDS:
+            if key in w:
+                value = got_json[key]
+                want_value = w[key]
+                if isinstance(value, tuple):
+                    value = list(value)
+                assert value == want_value, f"{key} of {a.kind.value} {a.target}: {value!r} != {want_value!r}{shown}"
+    # every action has a reason; order is the apply order
+    assert all(a.reason for a in actions)
+    assert [(APPLY_ORDER[a.kind], a.target) for a in actions] == sorted(
+        (APPLY_ORDER[a.kind], a.target) for a in actions
+    )
+
+    for w in exp.get("noops_contain", []):
+        hits = [n for n in got.noops if ("target" not in w or n.target == w["target"]) and _match_reason(w, n.reason)]
+        assert hits, f"no noop matching {w}{shown}"
+    for w in exp.get("drift", []):
+        hits = [
+            d
+            for d in got.drift
+            if d.cls.value == w["class"]
+            and d.subject == w["subject"]
+            and ("action" not in w or d.action == w["action"])
+        ]
+        assert hits, f"no drift matching {w}{shown}"
+    if "drift_exact" in exp:
+        assert sorted((d.cls.value, d.subject, d.action) for d in got.drift) == sorted(
+            (w["class"], w["subject"], w["action"]) for w in exp["drift_exact"]
+        ), shown
+    if "suspended" in exp:
+        assert got.suspended is exp["suspended"]
+    if "fleet_dph_before" in exp:
+        assert got.fleet_dph_before == pytest.approx(exp["fleet_dph_before"])
+    if "fleet_dph_after" in exp:
+        assert got.fleet_dph_after == pytest.approx(exp["fleet_dph_after"])
+    if "desired_commit" in exp:
+        assert got.desired_commit == exp["desired_commit"]
+
+    # a plan is a value: the same inputs give an equal plan, and it survives a JSON round trip
+    assert plan(case.desired, case.observed, case.now) == got
+    assert Plan.from_json(got.to_json()).to_json() == got.to_json()
