@@ -1,0 +1,13 @@
+"""A Vast.ai emulator whose instances are real SSH hosts, for rigsync's integration tests, benchmarks and demo.
+
+``Emulator`` serves the REST API the official ``vastai`` client speaks, a seeded offer market, a billing
+ledger and fault injection; each rented instance is a real OpenSSH sshd in its own PID + mount namespace.
+See README.md in this folder for the admin API.
+"""
+
+from reconciler.emulator.core import ApiError, Emulator
+from reconciler.emulator.hosts import EmulatorUnavailable
+from reconciler.emulator.ledger import Ledger
+from reconciler.emulator.market import Market
+
+__all__ = ["ApiError", "Emulator", "EmulatorUnavailable", "Ledger", "Market"]

@@ -1,0 +1,405 @@
+"""Emulated GPU boxes that are real hosts: one OpenSSH ``sshd`` per instance in its own PID + mount namespace.
+
+rigsync's SSH adapter, its run protocol and its failure handling must be proven against real sshd processes,
+not mocks. Each box gets a directory on disk (its ``/root`` and ``/usr/local/bin`` are bind-mounted from it inside
+the namespace), its own loopback address and two ports (the "proxy" and the "direct" address of the real
+service). Killing the namespace's PID 1 makes the box vanish with everything it started (``nohup``/``setsid``
+jobs included); SIGSTOP on every process of the namespace makes it hang.
+
+Processes are spawned from one long-lived thread with ``PR_SET_PDEATHSIG=SIGKILL``: the signal fires when the
+spawning *thread* exits, so spawning from short-lived HTTP handler threads would kill boxes early, and a
+crashed test run must leave no ``sshd`` behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import queue
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from reconciler.emulator.nvidia_smi import SCRIPT as NVIDIA_SMI
+from reconciler.errors import UserError
+
+SSHD = "/usr/sbin/sshd"
+UNSHARE = "/usr/bin/unshare"
+_PR_SET_PDEATHSIG = 1
+_ENV_NAME_OK = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+T = TypeVar("T")
+
+
+class EmulatorUnavailable(UserError):
+    """The machine lacks what real SSH boxes need (root, sshd, unshare)."""
+
+
+def preflight() -> None:
+    """Say exactly what is missing, instead of failing obscurely later."""
+    if not sys.platform.startswith("linux"):
+        raise EmulatorUnavailable("the emulator's SSH boxes need Linux (PID and mount namespaces)")
+    if os.geteuid() != 0:
+        raise EmulatorUnavailable(
+            "the emulator's SSH boxes need root (unshare --pid --mount, bind mounts); run it as root"
+        )
+    if not os.path.exists(SSHD):
+        raise EmulatorUnavailable(
+            f"OpenSSH server not found at {SSHD}; install it with: apt-get install -y openssh-server"
+        )
+    if not os.path.exists(UNSHARE):
+        raise EmulatorUnavailable(f"{UNSHARE} not found; install it with: apt-get install -y util-linux")
+    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
+
+
+def _set_pdeathsig() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class Spawner:
+    """Runs every process launch on one long-lived thread (see the module docstring for why)."""
+
+    def __init__(self) -> None:
+        self._q: queue.Queue[tuple[Callable[[], Any], Future[Any]] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="emulator-spawner", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            fn, fut = item
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:
+                fut.set_exception(exc)
+
+    def call(self, fn: Callable[[], T]) -> T:
+        fut: Future[T] = Future()
+        self._q.put((fn, fut))
+        return fut.result()
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join(timeout=5)
+
+
+@dataclass
+class GpuSpec:
+    name: str
+    memory_mib: int
+    uuid: str
+
+
+@dataclass
+class BoxSpec:
+    instance_id: int
+    ip: str
+    proxy_port: int
+    direct_port: int
+    gpus: list[GpuSpec]
+    env: dict[str, str] = field(default_factory=dict)
+    onstart: str = ""
+    boot_delay: float = 0.5
+    speed_factor: float = 1.0
+
+
+def _port_free(ip: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((ip, port))
+        except OSError:
+            return False
+    return True
+
+
+def banner_ok(ip: str, port: int, timeout: float = 0.5) -> bool:
+    """True when an SSH server answers with its banner (the box is booted)."""
+    try:
+        with socket.create_connection((ip, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            return s.recv(4).startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+def _pidns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def _is_live(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class Box:
+    """One emulated instance's host: directory, sshd config, namespace process."""
+
+    def __init__(self, spec: BoxSpec, directory: Path) -> None:
+        self.spec = spec
+        self.dir = directory
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ns: str | None = None
+        self.init_pid: int | None = None
+        self.hung = False
+        self.dead = True  # no process of ours runs for this box
+
+    @property
+    def root(self) -> Path:
+        return self.dir / "root"
+
+    def prepare(self, authorized_keys: list[str]) -> None:
+        """Write the box's files; keeps ``/root`` if it already exists (a stopped box restarts with its disk)."""
+        (self.dir / "bin").mkdir(parents=True, exist_ok=True)
+        (self.root / ".ssh").mkdir(parents=True, exist_ok=True, mode=0o700)
+        key_path = self.dir / "ssh_host_ed25519_key"
+        if not key_path.exists():
+            key = Ed25519PrivateKey.generate()
+            key_path.write_bytes(
+                key.private_bytes(
+                    serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+                )
+            )
+            key_path.chmod(0o600)
+            pub = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+            (self.dir / "ssh_host_ed25519_key.pub").write_bytes(pub + b"\n")
+        self.write_keys(authorized_keys)
+        smi = self.dir / "bin" / "nvidia-smi"
+        smi.write_text(NVIDIA_SMI)
+        smi.chmod(0o755)
+        gpus = [{"name": g.name, "memory_mib": g.memory_mib, "uuid": g.uuid} for g in self.spec.gpus]
+        (self.dir / "bin" / ".gpus.json").write_text(json.dumps(gpus))
+        if not os.path.exists("/usr/bin/python3"):
+            # The box's /root hides a pyenv interpreter living under the host's /root; point python3 at the
+            # interpreter's real path, which the wrapper re-exposes.
+            target = os.path.realpath(sys.executable)
+            link = self.dir / "bin" / "python3"
+            if not link.exists():
+                link.symlink_to(target)
+        (self.dir / "onstart.sh").write_text(self.spec.onstart or "")
+        self._write_sshd_config()
+        self._write_wrapper()
+
+    def write_keys(self, keys: list[str]) -> None:
+        ak = self.root / ".ssh" / "authorized_keys"
+        ak.write_text("".join(k.strip() + "\n" for k in keys))
+        ak.chmod(0o600)
+
+    def _env_items(self) -> list[tuple[str, str]]:
+        out = []
+        for k, v in self.spec.env.items():
+            if not k or k[0].isdigit() or not set(k) <= _ENV_NAME_OK:
+                continue  # docker option pairs such as "-p 8080:8080" are not variables
+            if any(c in v for c in '"\n\r\\'):
+                continue
+            out.append((k, v))
+        return out
+
+    def _write_sshd_config(self) -> None:
+        s = self.spec
+        setenv = " ".join(f'"{k}={v}"' for k, v in self._env_items())
+        lines = [
+            f"ListenAddress {s.ip}:{s.proxy_port}",
+            f"ListenAddress {s.ip}:{s.direct_port}",
+            f"HostKey {self.dir / 'ssh_host_ed25519_key'}",
+            "PidFile none",
+            "AuthorizedKeysFile .ssh/authorized_keys",
+            "PubkeyAuthentication yes",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "UsePAM no",
+            "StrictModes no",
+            "PermitRootLogin prohibit-password",
+            "Subsystem sftp internal-sftp",
+            "MaxStartups 200",
+            "MaxSessions 100",
+            "UseDNS no",
+            "PrintMotd no",
+            "LogLevel ERROR",
+        ]
+        if setenv:
+            lines.append(f"SetEnv {setenv}")
+        (self.dir / "sshd_config").write_text("\n".join(lines) + "\n")
+
+    def _write_wrapper(self) -> None:
+        d = shlex.quote(str(self.dir))
+        exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in self._env_items())
+        py_mount = ""
+        if not os.path.exists("/usr/bin/python3"):
+            prefix = shlex.quote(os.path.realpath(sys.base_prefix))
+            py_mount = (
+                f"mkdir -p {d}/.pystage && mount --bind {prefix} {d}/.pystage\n"
+                f"AFTER_ROOT='mkdir -p {prefix} && mount --bind {d}/.pystage {prefix}'\n"
+            )
+        script = (
+            "#!/bin/sh\n"
+            "# PID 1 of the box's namespace: private /root and /usr/local/bin, then boot, onstart, sshd.\n"
+            "set -e\n"
+            "AFTER_ROOT=true\n"
+            f"{py_mount}"
+            f"mount --bind {d}/root /root\n"
+            f"mount --bind {d}/bin /usr/local/bin\n"
+            'eval "$AFTER_ROOT"\n'
+            "export HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+            f"{exports}"
+            f"sleep {max(0.0, self.spec.boot_delay):.3f}\n"
+            f"while [ -e {d}/never_boot ]; do sleep 0.2; done\n"
+            "cd /root\n"
+            f"if [ -s {d}/onstart.sh ]; then\n"
+            f"  setsid /bin/bash {d}/onstart.sh >/root/onstart.log 2>&1 </dev/null &\n"
+            "fi\n"
+            f"exec {SSHD} -D -e -f {d}/sshd_config\n"
+        )
+        (self.dir / "boot.sh").write_text(script)
+
+    def start(self, spawner: Spawner) -> None:
+        log = open(self.dir / "sshd.log", "ab")  # noqa: SIM115 - handed to the child, closed below
+        argv = [
+            UNSHARE, "--pid", "--fork", "--mount", "--mount-proc", "--kill-child",
+            "--propagation", "private", "/bin/sh", str(self.dir / "boot.sh"),
+        ]
+        try:
+            self.proc = spawner.call(
+                lambda: subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                    preexec_fn=_set_pdeathsig, close_fds=True,
+                )
+            )
+        finally:
+            log.close()
+        self.ns = None
+        self.init_pid = None
+        self.hung = False
+        self.dead = False
+
+    def _find_init(self) -> int | None:
+        if self.init_pid is not None and _is_live(self.init_pid):
+            return self.init_pid
+        if self.proc is None:
+            return None
+        pid = self.proc.pid
+        try:
+            kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            return None
+        if not kids:
+            return None
+        self.init_pid = int(kids[0])
+        self.ns = _pidns(self.init_pid)
+        return self.init_pid
+
+    def booted(self) -> bool:
+        s = self.spec
+        return self.running_process() and banner_ok(s.ip, s.proxy_port) and banner_ok(s.ip, s.direct_port)
+
+    def running_process(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def pids(self) -> list[int]:
+        """Host PIDs of every live process inside the box's namespace."""
+        self._find_init()
+        if self.ns is None:
+            return []
+        out = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and _pidns(int(entry)) == self.ns and _is_live(int(entry)):
+                out.append(int(entry))
+        return out
+
+    def signal_all(self, sig: int) -> None:
+        init = self._find_init()
+        # Stop PID 1 (sshd) first so no new sessions fork while we sweep; repeat to catch forks in flight.
+        for _ in range(3):
+            if init is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(init, sig)
+            for pid in self.pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+
+    def hang(self) -> None:
+        self.signal_all(signal.SIGSTOP)
+        self.hung = True
+
+    def resume(self) -> None:
+        self.signal_all(signal.SIGCONT)
+        self.hung = False
+
+    def kill(self) -> None:
+        """Kill the namespace (and so everything in it) and reap the unshare process."""
+        if self.proc is None:
+            return
+        init = self._find_init()
+        if init is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(init, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+        # A stopped namespace still dies on SIGKILL; wait for the kernel to finish tearing it down.
+        deadline = time.monotonic() + 5
+        while self.ns is not None and self.pids() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.hung = False
+        self.dead = True
+
+    def remove(self) -> None:
+        self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class AddressPool:
+    """Hands out loopback addresses and port pairs that nothing else on the machine is using.
+
+    Several emulators may run at once (parallel test sessions), so every pick is checked with a bind probe.
+    """
+
+    def __init__(self, host_prefix: str, rng_seed: int | None = None) -> None:
+        parts = host_prefix.split(".")
+        if len(parts) != 3 or parts[0] != "127" or not all(p.isdigit() and 0 <= int(p) <= 255 for p in parts):
+            raise UserError(f"host_prefix must look like 127.X.Y (a loopback /24), got {host_prefix!r}")
+        self._b, self._c = int(parts[1]), int(parts[2])
+        self._d = 1
+        self._lock = threading.Lock()
+        seed = rng_seed if rng_seed is not None else int.from_bytes(os.urandom(4), "big")
+        self._port = 20000 + seed % 20000
+
+    def take(self) -> tuple[str, int, int]:
+        with self._lock:
+            for _ in range(100000):
+                self._d += 1
+                if self._d > 254:
+                    self._d = 2
+                    self._c = (self._c + 1) % 256
+                ip = f"127.{self._b}.{self._c}.{self._d}"
+                self._port += 1
+                if self._port > 60000:
+                    self._port = 20000
+                proxy, direct = self._port, self._port + 1000
+                if _port_free(ip, proxy) and _port_free(ip, direct):
+                    return ip, proxy, direct
+        raise RuntimeError("no free loopback address/port pair")

@@ -1,0 +1,27 @@
+"""Shared integration fixtures: a real ed25519 keypair and a running emulator with real SSH boxes.
+
+``ssh_keypair`` (session) writes a key with the real ``ssh-keygen``; ``emulator`` (module) starts an
+``Emulator`` whose account already holds that key, so every instance it creates accepts it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from reconciler.emulator import Emulator
+from reconciler.emulator.testing import KeyPair, make_keypair
+
+
+@pytest.fixture(scope="session")
+def ssh_keypair(tmp_path_factory: pytest.TempPathFactory) -> KeyPair:
+    """A real ed25519 keypair (``.private_path``, ``.public_path``, ``.public`` line) in a tmp dir."""
+    return make_keypair(tmp_path_factory.mktemp("sshkey"))
+
+
+@pytest.fixture(scope="module")
+def emulator(ssh_keypair: KeyPair) -> Iterator[Emulator]:
+    with Emulator(seed=7, offers=200, boot_delay=0.2) as emu:
+        emu.add_ssh_key(ssh_keypair.public)
+        yield emu
