@@ -1,0 +1,448 @@
+"""The official ``vastai`` SDK behind the ``Provider`` port, with its errors folded into rigsync's tree.
+
+rigsync never speaks HTTP to Vast itself: the SDK (1.9.1) is the client the real service is built for, and the
+emulator is proven against the same client. This module adds what a reconciler needs on top:
+
+* errors: ``requests`` exceptions become ``ProviderTransient`` (429, 5xx, connection trouble),
+  ``ProviderAuthError`` (401/403) or ``ProviderPermanent`` (other 4xx, ``{"success": false}`` bodies);
+* bounded retries on top of the SDK's own three tries (at most ``max_tries`` calls and ``max_total_s`` seconds);
+  renting is retried only when the request certainly did not act (429, or the connection was never made),
+  because a lost reply to a create may already have rented a box and a blind retry would rent a second one;
+* silence: the SDK may print, and rigsync's CLI prints JSON on stdout, so SDK calls run with stdout captured;
+* the API key comes from ``VAST_API_KEY`` or the vastai key files, never from YAML, and is never logged.
+
+SSH addresses (the "port off by one" quirk): the direct address is ``public_ipaddr`` plus the host port mapped to
+``22/tcp``, used whenever present because it is the box's real sshd. The proxy address is ``ssh_host:ssh_port``,
+plus one when ``image_runtype`` contains ``jupyter``, as the vastai CLI's ``ssh-url`` does (the API reports the
+port one below the real sshd for those runtypes); the SDK's ``ssh_url()`` never adds one and is not used.
+rigsync rents with ``runtype="ssh_direc ssh_proxy"`` so its own boxes have a direct address.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import requests
+
+from reconciler.errors import ProviderAuthError, ProviderError, ProviderPermanent, ProviderTransient
+from reconciler.model import Endpoint, Instance, InstanceStatus, Offer, OfferFilters, Ranking
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+DEFAULT_URL = "https://console.vast.ai"
+
+# contextlib.redirect_stdout swaps the process-wide sys.stdout: two threads doing it at once could leave it
+# pointing at a dead buffer, so SDK calls are serialised.
+_STDOUT_LOCK = threading.Lock()
+
+_STATUS = {
+    "created": InstanceStatus.CREATED,
+    "loading": InstanceStatus.LOADING,
+    "rebooting": InstanceStatus.LOADING,
+    "running": InstanceStatus.RUNNING,
+    "stopped": InstanceStatus.STOPPED,
+    "frozen": InstanceStatus.STOPPED,
+    "exited": InstanceStatus.EXITED,
+    "offline": InstanceStatus.OFFLINE,
+    "unknown": InstanceStatus.UNKNOWN,
+}
+
+# The server-side order; the planner ranks again per the fleet's ``ranking``.
+SEARCH_ORDER = "dlperf_usd-"
+
+
+class RejectedByProvider(ProviderPermanent):
+    """A 4xx or ``{"success": false}`` reply; ``status`` and ``code`` say which (e.g. 404, "no_such_instance")."""
+
+    def __init__(self, message: str, *, status: int = 0, code: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+def load_api_key() -> str:
+    """The Vast API key from ``VAST_API_KEY``, ``$XDG_CONFIG_HOME/vastai/vast_api_key`` or ``~/.vast_api_key``."""
+    env = os.environ.get("VAST_API_KEY", "").strip()
+    if env:
+        return env
+    xdg = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    candidates = [Path(xdg) / "vastai" / "vast_api_key", Path.home() / ".vast_api_key"]
+    for path in candidates:
+        try:
+            key = path.read_text().strip()
+        except OSError:
+            continue
+        if key:
+            return key
+    raise ProviderAuthError(
+        "no Vast API key found: set VAST_API_KEY, or save the key to "
+        f"{candidates[0]} (what `vastai set api-key` does); rigsync never reads it from the desired/ YAML"
+    )
+
+
+# ----------------------------------------------------------------------------------------------- mapping
+
+
+def _f(rec: dict[str, Any], key: str, default: float = 0.0) -> float:
+    v = rec.get(key)
+    if isinstance(v, bool) or v is None:
+        return default
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return default
+    return x if math.isfinite(x) else default
+
+
+def _i(rec: dict[str, Any], key: str, default: int = 0) -> int:
+    return int(_f(rec, key, float(default)))
+
+
+def _s(rec: dict[str, Any], key: str) -> str:
+    v = rec.get(key)
+    return v.strip() if isinstance(v, str) else ""
+
+
+def offer_from_record(rec: dict[str, Any]) -> Offer:
+    """One search result (a Vast offer/bundle record) as a ``model.Offer``."""
+    verification = rec.get("verification")
+    verified = verification == "verified" if isinstance(verification, str) else bool(rec.get("verified", False))
+    reliability = _f(rec, "reliability", _f(rec, "reliability2"))
+    return Offer(
+        id=_i(rec, "id", _i(rec, "ask_contract_id")),
+        machine_id=_i(rec, "machine_id"),
+        gpu_name=_s(rec, "gpu_name"),
+        num_gpus=_i(rec, "num_gpus"),
+        gpu_ram_mib=_i(rec, "gpu_ram"),
+        dph_total=_f(rec, "dph_total"),
+        dlperf=_f(rec, "dlperf"),
+        dlperf_per_dph=_f(rec, "dlperf_per_dphtotal"),
+        reliability=reliability,
+        inet_down_mbps=_f(rec, "inet_down"),
+        cuda=_f(rec, "cuda_max_good"),
+        verified=verified,
+        geolocation=_s(rec, "geolocation"),
+        disk_space_gb=_f(rec, "disk_space"),
+    )
+
+
+def _ssh_22_port(rec: dict[str, Any]) -> int | None:
+    ports = rec.get("ports")
+    if not isinstance(ports, dict):
+        return None
+    bindings = ports.get("22/tcp")
+    if not isinstance(bindings, list) or not bindings or not isinstance(bindings[0], dict):
+        return None
+    try:
+        port = int(str(bindings[0].get("HostPort")))
+    except (TypeError, ValueError):
+        return None
+    return port if 0 < port < 65536 else None
+
+
+def instance_from_record(rec: dict[str, Any]) -> Instance:
+    """One row of the instance list as a ``model.Instance`` (status folded, SSH addresses resolved)."""
+    status_raw = rec.get("actual_status")
+    if status_raw is None:
+        status = InstanceStatus.CREATED
+    else:
+        status = _STATUS.get(str(status_raw).lower(), InstanceStatus.UNKNOWN)
+    direct = None
+    ip, port = _s(rec, "public_ipaddr"), _ssh_22_port(rec)
+    if ip and port:
+        direct = Endpoint(host=ip, port=port)
+    proxy = None
+    ssh_host, ssh_port = _s(rec, "ssh_host"), _i(rec, "ssh_port")
+    if ssh_host and ssh_port > 0:
+        if "jupyter" in _s(rec, "image_runtype"):
+            ssh_port += 1
+        proxy = Endpoint(host=ssh_host, port=ssh_port)
+    label = rec.get("label")
+    return Instance(
+        id=_i(rec, "id"),
+        label=label if isinstance(label, str) else "",
+        status=status,
+        gpu_name=_s(rec, "gpu_name"),
+        num_gpus=_i(rec, "num_gpus"),
+        gpu_ram_mib=_i(rec, "gpu_ram"),
+        dph_total=_f(rec, "dph_total"),
+        start_date=_f(rec, "start_date"),
+        machine_id=_i(rec, "machine_id"),
+        image=_s(rec, "image_uuid"),
+        is_bid=bool(rec.get("is_bid", False)),
+        direct=direct,
+        proxy=proxy,
+    )
+
+
+def _num(x: float) -> str:
+    return repr(float(x)) if not float(x).is_integer() else str(int(x))
+
+
+def build_query(filters: OfferFilters, disk_gb: float) -> str:
+    """The SDK's search query string for ``filters`` (geolocation is checked client-side only)."""
+    parts: list[str] = []
+    if filters.gpu_names:
+        names = ",".join(n.strip().replace(" ", "_") for n in filters.gpu_names)
+        parts.append(f"gpu_name in [{names}]")
+    parts.append(f"num_gpus>={filters.num_gpus_min}")
+    if filters.num_gpus_max is not None:
+        parts.append(f"num_gpus<={filters.num_gpus_max}")
+    if filters.gpu_ram_mib_min is not None:
+        parts.append(f"gpu_ram>={_num(filters.gpu_ram_mib_min / 1000)}")  # the client sends GB x 1000
+    if filters.reliability_min is not None:
+        parts.append(f"reliability>={_num(filters.reliability_min)}")
+    if filters.inet_down_mbps_min is not None:
+        parts.append(f"inet_down>={_num(filters.inet_down_mbps_min)}")
+    if filters.dph_max is not None:
+        parts.append(f"dph<={_num(filters.dph_max)}")
+    if filters.dlperf_per_dph_min is not None:
+        parts.append(f"dlperf_usd>={_num(filters.dlperf_per_dph_min)}")
+    if filters.cuda_min is not None:
+        parts.append(f"cuda_vers>={_num(filters.cuda_min)}")
+    parts.append("verified=true" if filters.verified else "verified=any")
+    if disk_gb > 0:
+        parts.append(f"disk_space>={_num(disk_gb)}")
+    return " ".join(parts)
+
+
+def geo_matches(geolocation: str, wanted: str) -> bool:
+    """Whether an offer's geolocation (e.g. "Sweden, SE") matches one filter entry.
+
+    Two-letter entries are country codes and must equal a whole comma-separated part ("DE" must not match
+    "Sweden, SE"); longer entries match as case-insensitive substrings ("Germany", "United States").
+    """
+    w = wanted.strip().lower()
+    if not w:
+        return False
+    parts = [p.strip().lower() for p in geolocation.split(",")]
+    if w in parts:
+        return True
+    return len(w) > 2 and w in geolocation.lower()
+
+
+def offer_matches(o: Offer, filters: OfferFilters, disk_gb: float) -> bool:
+    """The same filters, re-checked on our side: a server that ignores a field must not get us a wrong box."""
+    if filters.gpu_names and o.gpu_name.lower() not in {n.strip().lower() for n in filters.gpu_names}:
+        return False
+    if o.num_gpus < filters.num_gpus_min:
+        return False
+    if filters.num_gpus_max is not None and o.num_gpus > filters.num_gpus_max:
+        return False
+    checks: list[tuple[float | None, float, bool]] = [  # (limit, value, value must be >= limit)
+        (filters.gpu_ram_mib_min, o.gpu_ram_mib, True),
+        (filters.reliability_min, o.reliability, True),
+        (filters.inet_down_mbps_min, o.inet_down_mbps, True),
+        (filters.dph_max, o.dph_total, False),
+        (filters.dlperf_per_dph_min, o.dlperf_per_dph, True),
+        (filters.cuda_min, o.cuda, True),
+    ]
+    for limit, value, at_least in checks:
+        if limit is not None and (value < limit if at_least else value > limit):
+            return False
+    if filters.verified and not o.verified:
+        return False
+    if filters.geolocations and not any(geo_matches(o.geolocation, g) for g in filters.geolocations):
+        return False
+    return not (disk_gb > 0 and o.disk_space_gb < disk_gb)
+
+
+def rank_key(ranking: Ranking) -> Callable[[Offer], tuple[float, int]]:
+    if ranking is Ranking.PRICE:
+        return lambda o: (o.dph_total, o.id)
+    if ranking is Ranking.DLPERF:
+        return lambda o: (-o.dlperf, o.id)
+    if ranking is Ranking.RELIABILITY:
+        return lambda o: (-o.reliability, o.id)
+    return lambda o: (-o.dlperf_per_dph, o.id)
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+
+def _body_message(resp: requests.Response | None) -> tuple[str, str]:
+    """(error code, human message) from an error body; never includes request headers (the key lives there)."""
+    if resp is None:
+        return "", ""
+    try:
+        body = resp.json()
+    except ValueError:
+        return "", resp.text.strip()[:200]
+    if isinstance(body, dict):
+        code = str(body.get("error") or "")
+        msg = body.get("msg") or body.get("detail") or body.get("error") or ""
+        return code, str(msg)[:300]
+    return "", str(body)[:200]
+
+
+def _classify(exc: BaseException, what: str) -> ProviderError:
+    if isinstance(exc, requests.HTTPError):
+        resp = exc.response
+        status = resp.status_code if resp is not None else 0
+        code, msg = _body_message(resp)
+        detail = f"{what}: HTTP {status}" + (f": {msg}" if msg else "")
+        if status in (401, 403):
+            return ProviderAuthError(f"{detail} (the Vast API key was rejected: check VAST_API_KEY)")
+        if status == 429 or status >= 500:
+            return ProviderTransient(detail)
+        return RejectedByProvider(detail, status=status, code=code)
+    if isinstance(exc, requests.ConnectionError | requests.Timeout):
+        return ProviderTransient(f"{what}: cannot reach the Vast API: {type(exc).__name__}")
+    if isinstance(exc, requests.RequestException):
+        return ProviderPermanent(f"{what}: request failed: {type(exc).__name__}: {exc}")
+    return ProviderTransient(f"{what}: unreadable reply from the Vast API: {type(exc).__name__}")
+
+
+def _certainly_not_sent(exc: BaseException) -> bool:
+    """True when the server certainly did not act on the request (safe to retry a non-idempotent call)."""
+    if isinstance(exc, requests.HTTPError):
+        return exc.response is not None and exc.response.status_code == 429
+    return isinstance(exc, requests.ConnectTimeout) or (
+        isinstance(exc, requests.ConnectionError) and "NewConnectionError" in repr(exc)
+    )
+
+
+class VastProvider:
+    """The ``Provider`` port over the official SDK. ``calls`` counts SDK calls made (for tests and benches)."""
+
+    def __init__(
+        self,
+        *,
+        api_key: str,
+        server_url: str = DEFAULT_URL,
+        max_tries: int = 5,
+        max_total_s: float = 20.0,
+        sdk_retry: int = 3,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if not os.environ.get("VAST_LOG_LEVEL"):
+            logging.getLogger("vastai").setLevel(logging.WARNING)
+        from vastai import VastAI  # imported here: the package is heavy and only live commands need it
+
+        url = server_url.rstrip("/")
+        self._sdk = VastAI(api_key=api_key, server_url=url, retry=sdk_retry, quiet=True)
+        # Renting is not idempotent: its client makes one HTTP attempt per call and we decide about retries.
+        self._sdk_once = VastAI(api_key=api_key, server_url=url, retry=1, quiet=True)
+        self._max_tries = max(1, max_tries)
+        self._max_total_s = max_total_s
+        self._sleep = sleep
+        self.calls = 0
+
+    def __repr__(self) -> str:  # never show the key
+        return "VastProvider(...)"
+
+    def _call(self, what: str, fn: Callable[[], T], *, idempotent: bool = True) -> T:
+        start = time.monotonic()
+        delay = 0.5
+        for attempt in range(1, self._max_tries + 1):
+            try:
+                self.calls += 1
+                with _STDOUT_LOCK, contextlib.redirect_stdout(io.StringIO()):
+                    result = fn()
+            except (requests.RequestException, ValueError) as exc:
+                err = _classify(exc, what)
+                retryable = isinstance(err, ProviderTransient) and (idempotent or _certainly_not_sent(exc))
+                spent = time.monotonic() - start
+                if not retryable or attempt == self._max_tries or spent + delay > self._max_total_s:
+                    raise err from None
+                log.info("%s: %s; retry %d in %.1fs", what, err, attempt, delay)
+                self._sleep(delay)
+                delay = min(delay * 2, 8.0)
+                continue
+            if isinstance(result, dict) and result.get("success") is False:
+                code, msg = str(result.get("error") or ""), str(result.get("msg") or result.get("error") or "")
+                raise RejectedByProvider(f"{what}: rejected: {msg or 'success=false'}", code=code)
+            return result
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------------------------------ Provider port
+
+    def search_offers(self, filters: OfferFilters, disk_gb: float, limit: int = 200) -> list[Offer]:
+        query = build_query(filters, disk_gb)
+        order = SEARCH_ORDER
+        records = self._call(
+            "search offers",
+            lambda: self._sdk.search_offers(query=query, order=order, limit=limit, storage=max(disk_gb, 1.0)),
+        )
+        if not isinstance(records, list):
+            raise ProviderTransient("search offers: the reply has no offer list")
+        offers = []
+        for rec in records:
+            if not isinstance(rec, dict):
+                continue
+            o = offer_from_record(rec)
+            if o.id > 0 and offer_matches(o, filters, disk_gb):
+                offers.append(o)
+        offers.sort(key=rank_key(Ranking.DLPERF_PER_DPH))
+        return offers[:limit]
+
+    def list_instances(self) -> list[Instance]:
+        rows = self._call("list instances", self._sdk.show_instances)
+        if not isinstance(rows, list):
+            raise ProviderTransient("list instances: the reply has no instance list")
+        out = [instance_from_record(r) for r in rows if isinstance(r, dict) and _i(r, "id") > 0]
+        return sorted(out, key=lambda i: i.id)
+
+    def create_instance(
+        self, offer_id: int, *, image: str, disk_gb: float, label: str, onstart: str, env: dict[str, str]
+    ) -> int:
+        def create() -> Any:
+            return self._sdk_once.create_instance(
+                id=offer_id, image=image, disk=disk_gb, label=label, onstart_cmd=onstart or None,
+                env=dict(env), ssh=True, direct=True,
+            )
+
+        reply = self._call(f"rent offer {offer_id}", create, idempotent=False)
+        new_id = reply.get("new_contract") if isinstance(reply, dict) else None
+        if isinstance(new_id, bool) or not isinstance(new_id, int | str) or not str(new_id).isdigit():
+            raise ProviderPermanent(f"rent offer {offer_id}: the reply has no new_contract id")
+        return int(new_id)
+
+    def destroy_instance(self, instance_id: int) -> None:
+        """Destroy; an instance that is already gone counts as destroyed."""
+        try:
+            self._call(f"destroy instance {instance_id}", lambda: self._sdk.destroy_instance(id=instance_id))
+        except ProviderAuthError:
+            raise
+        except RejectedByProvider as exc:
+            if exc.status == 404 or exc.code == "no_such_instance" or "no_such_instance" in str(exc):
+                return
+            raise
+
+    def ensure_ssh_key(self, public_key: str) -> None:
+        """Put ``public_key`` on the account unless it is already there (compared by type and key data)."""
+        want = _key_id(public_key)
+        if not want:
+            raise ProviderPermanent("ensure ssh key: not an OpenSSH public key line")
+        existing = self._call("list ssh keys", self._sdk.show_ssh_keys)
+        for entry in _key_entries(existing):
+            for field in ("public_key", "ssh_key", "key"):
+                v = entry.get(field)
+                if isinstance(v, str) and _key_id(v) == want:
+                    return
+        self._call("add ssh key", lambda: self._sdk.create_ssh_key(ssh_key=public_key.strip()))
+
+
+def _key_id(line: str) -> str:
+    parts = line.split()
+    return " ".join(parts[:2]) if len(parts) >= 2 else ""
+
+
+def _key_entries(reply: Any) -> list[dict[str, Any]]:
+    if isinstance(reply, list):
+        return [e for e in reply if isinstance(e, dict)]
+    if isinstance(reply, dict):
+        for v in reply.values():
+            if isinstance(v, list):
+                return [e for e in v if isinstance(e, dict)]
+    return []
