@@ -1,0 +1,316 @@
+"""observed/*.yaml: deterministic rendering, schema validity, reading memory back, commit messages."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from reconciler.actions import Destroy, Launch, Plan
+from reconciler.desired import load_desired_from_dir
+from reconciler.model import (
+    AttemptRecord,
+    BoxMemory,
+    BoxProbe,
+    Desired,
+    Drift,
+    DriftClass,
+    GpuState,
+    InFlight,
+    Instance,
+    InstanceStatus,
+    Observed,
+    Phase,
+    RunDirState,
+    Spend,
+)
+from reconciler.observed_files import (
+    BUDGET,
+    DRIFT,
+    FLEET,
+    RUNS,
+    STATUS,
+    ObservedInvalid,
+    ReconcilerStatus,
+    memory_from_files,
+    read_memory,
+    render_observed,
+    summarize_change,
+)
+
+ROOT = Path(__file__).parents[2]
+SCHEMAS = {
+    FLEET: "observed-fleet",
+    RUNS: "observed-runs",
+    DRIFT: "observed-drift",
+    BUDGET: "observed-budget",
+    STATUS: "observed-status",
+}
+T0 = dt.datetime(2026, 11, 3, 12, 0, tzinfo=dt.UTC).timestamp()
+
+
+@pytest.fixture(scope="module")
+def desired() -> Desired:
+    return replace(load_desired_from_dir(ROOT), commit="d" * 40)
+
+
+def world(desired: Desired, *, extra_box: bool = False, spend: Spend | None = None) -> Observed:
+    runs = [r for r in desired.runs if r.promotion_threshold is None]
+    inst = [
+        Instance(
+            id=11,
+            label="rigsync:demo:a1",
+            status=InstanceStatus.RUNNING,
+            gpu_name="RTX 3060",
+            num_gpus=1,
+            gpu_ram_mib=12288,
+            dph_total=0.1,
+            start_date=T0 - 7200.4,
+        ),
+        Instance(
+            id=99,
+            label="my-notebook",
+            status=InstanceStatus.RUNNING,
+            gpu_name="RTX 4090",
+            num_gpus=1,
+            gpu_ram_mib=24564,
+            dph_total=0.4,
+            start_date=T0 - 100,
+        ),
+    ]
+    if extra_box:
+        inst.append(replace(inst[0], id=12, label="rigsync:demo:a2", dph_total=0.12))
+    probe = BoxProbe(
+        instance_id=11,
+        reachable=True,
+        gpus=(GpuState(index=0, memory_used_mib=5000, memory_total_mib=12288, utilization_pct=97.3),),
+        disk_free_gb=12.3,
+        runs=(
+            RunDirState(
+                run_id=runs[1].id,
+                attempt=1,
+                gpu_mask=(0,),
+                pid_alive=True,
+                started_at=T0 - 60,
+                heartbeat_age_s=2.0,
+                exit_code=None,
+                best_metric=0.5,
+            ),
+        ),
+    )
+    history = (
+        AttemptRecord(
+            run_id=runs[0].id,
+            attempt=1,
+            sweep=runs[0].sweep,
+            phase=Phase.SUCCEEDED,
+            best_metric=410.0,
+            instance_id=11,
+            ended_at=T0 - 100,
+        ),
+        AttemptRecord(
+            run_id=runs[2].id, attempt=1, sweep=runs[2].sweep, phase=Phase.FAILED, instance_id=11, ended_at=T0 - 90
+        ),
+        *(
+            AttemptRecord(
+                run_id=runs[3].id, attempt=a, sweep=runs[3].sweep, phase=Phase.LOST, instance_id=11, ended_at=T0 - 80
+            )
+            for a in (1, 2, 3)
+        ),
+    )
+    return Observed(
+        instances=tuple(inst),
+        probes=(probe,),
+        history=history,
+        memory=(
+            BoxMemory(11, first_seen_at=T0 - 7000.2),
+            BoxMemory(5, first_seen_at=T0 - 9000, unreachable_since=T0 - 60),
+        ),
+        spend=spend or Spend(today_usd=1.25, total_usd=7.5),
+        fleet_name="demo",
+        in_flight=(
+            InFlight(run_id=runs[1].id, attempt=1, instance_id=11, gpu_mask=(0,), launched_at=T0 - 61, sweep="tdmpc"),
+        ),
+    )
+
+
+def a_plan(desired: Desired) -> Plan:
+    return Plan(
+        actions=(Destroy(reason="remembered box gone", instance_id=5),),
+        fleet_dph_before=0.1,
+        fleet_dph_after=0.1,
+        desired_commit=desired.commit,
+        drift=(
+            Drift(DriftClass.FOREIGN, "instance/99", "no rigsync label", "none"),
+            Drift(DriftClass.DESTROYED_BY_HAND, "instance/5", "no longer listed", "forget instance/5"),
+        ),
+    )
+
+
+STATUS_OK = ReconcilerStatus(desired_commit_applied="d" * 40, last_valid_desired_commit="d" * 40, holder="h1")
+
+
+def test_every_file_validates_against_its_schema(desired: Desired) -> None:
+    files = render_observed(desired=desired, observed=world(desired), plan=a_plan(desired), status=STATUS_OK, now=T0)
+    assert sorted(files) == sorted(SCHEMAS)
+    for path, text in files.items():
+        schema = json.loads((ROOT / "schemas" / f"{SCHEMAS[path]}.schema.json").read_text())
+        jsonschema.Draft202012Validator(schema).validate(yaml.safe_load(text))
+    no_desired = render_observed(
+        desired=None,
+        observed=world(desired),
+        plan=Plan(actions=()),
+        status=ReconcilerStatus(desired_errors=("x",)),
+        now=T0,
+    )
+    for path, text in no_desired.items():
+        schema = json.loads((ROOT / "schemas" / f"{SCHEMAS[path]}.schema.json").read_text())
+        jsonschema.Draft202012Validator(schema).validate(yaml.safe_load(text))
+
+
+def test_content_fleet_runs_drift(desired: Desired) -> None:
+    obs = world(desired)
+    files = render_observed(desired=desired, observed=obs, plan=a_plan(desired), status=STATUS_OK, now=T0)
+    fleet = yaml.safe_load(files[FLEET])
+    assert [b["id"] for b in fleet["boxes"]] == [11]
+    assert [f["id"] for f in fleet["foreign"]] == [99]
+    box = fleet["boxes"][0]
+    runs = [r for r in desired.runs if r.promotion_threshold is None]
+    assert box["gpus"] == [{"index": 0, "memory_total_mib": 12288, "busy": True, "run": f"{runs[1].id}.1"}]
+    assert box["started_at"] == "2026-11-03T10:00:00Z" and fleet["dph"] == 0.1 and fleet["held"] == 1
+    assert "utilization" not in files[FLEET] and "disk_free" not in files[FLEET]
+    rdoc = yaml.safe_load(files[RUNS])["sweeps"]["tdmpc"]
+    assert rdoc[runs[0].id]["phase"] == "succeeded" and rdoc[runs[0].id]["best_metric"] == 410.0
+    assert rdoc[runs[1].id]["phase"] == "running" and rdoc[runs[1].id]["instance"] == 11
+    assert rdoc[runs[2].id]["phase"] == "failed" and rdoc[runs[2].id]["attempts"] == 1
+    assert rdoc[runs[3].id]["phase"] == "blocked"  # 3 attempts with retries: 2
+    assert rdoc[runs[4].id] == {
+        "phase": "pending",
+        "attempts": 0,
+        "instance": None,
+        "best_metric": None,
+        "seed": runs[4].seed,
+        "params": dict(runs[4].params),
+    }
+    # The promotion seeds of the succeeded cell (best 410) are wanted up to threshold 380, not 500.
+    promo = {r.id: r.promotion_threshold for r in desired.runs if r.cell == runs[0].cell and r.promotion_threshold}
+    listed = {rid for rid in promo if rid in rdoc}
+    assert {promo[r] for r in listed} == {380.0}
+    counts = yaml.safe_load(files[RUNS])["counts"]["tdmpc"]
+    assert counts["succeeded"] == 1 and counts["running"] == 1 and counts["blocked"] == 1
+    assert counts["total"] == sum(v for k, v in counts.items() if k != "total")
+    drift = yaml.safe_load(files[DRIFT])["drift"]
+    assert [d["subject"] for d in drift] == ["instance/5", "instance/99"]  # sorted, not plan order
+
+
+def test_unchanged_world_renders_byte_identical_files(desired: Desired) -> None:
+    obs = world(desired)
+    first = render_observed(desired=desired, observed=obs, plan=a_plan(desired), status=STATUS_OK, now=T0)
+    # Ten minutes later; the GPU readings moved and spend grew along the fleet's rate (0.1 $/h).
+    later = T0 + 600
+    probe = replace(obs.probes[0], gpus=(GpuState(0, 5100, 12288, 12.0),), disk_free_gb=11.0)
+    obs2 = replace(obs, probes=(probe,), spend=Spend(today_usd=1.25 + 0.1 / 6, total_usd=7.5 + 0.1 / 6))
+    second = render_observed(
+        desired=desired, observed=obs2, plan=a_plan(desired), status=STATUS_OK, now=later, previous=first
+    )
+    assert second == first
+    # Without the previous files the stamps would move: that is what ``previous`` is for.
+    assert render_observed(desired=desired, observed=obs2, plan=a_plan(desired), status=STATUS_OK, now=later) != first
+
+
+def test_a_change_moves_last_change_at_and_a_new_rate_moves_the_spend_anchor(desired: Desired) -> None:
+    first = render_observed(desired=desired, observed=world(desired), plan=a_plan(desired), status=STATUS_OK, now=T0)
+    obs = world(desired, extra_box=True, spend=Spend(today_usd=1.26, total_usd=7.51))
+    second = render_observed(
+        desired=desired, observed=obs, plan=a_plan(desired), status=STATUS_OK, now=T0 + 60, previous=first
+    )
+    assert yaml.safe_load(second[STATUS])["last_change_at"] == "2026-11-03T12:01:00Z"
+    spend = yaml.safe_load(second[BUDGET])["spend"]
+    assert spend["as_of"] == "2026-11-03T12:01:00Z" and spend["fleet_dph"] == 0.22
+    # Spend off the straight line (a box billed more than its listed rate) also re-anchors.
+    third = render_observed(
+        desired=desired,
+        observed=world(desired, spend=Spend(today_usd=3.0, total_usd=9.0)),
+        plan=a_plan(desired),
+        status=STATUS_OK,
+        now=T0 + 60,
+        previous=first,
+    )
+    assert yaml.safe_load(third[BUDGET])["spend"]["total_usd"] == 9.0
+
+
+def test_status_reports_errors_and_a_changed_status_is_a_change(desired: Desired) -> None:
+    first = render_observed(desired=desired, observed=world(desired), plan=a_plan(desired), status=STATUS_OK, now=T0)
+    bad = replace(STATUS_OK, desired_errors=("desired/fleet.yaml:3:1: unknown key 'maxx'",))
+    second = render_observed(
+        desired=desired, observed=world(desired), plan=a_plan(desired), status=bad, now=T0 + 5, previous=first
+    )
+    doc = yaml.safe_load(second[STATUS])
+    assert doc["desired_valid"] is False and doc["desired_errors"] == list(bad.desired_errors)
+    assert doc["last_change_at"] == "2026-11-03T12:00:05Z"
+
+
+def test_read_memory_round_trip_and_spend_extrapolation(desired: Desired, tmp_path: Path) -> None:
+    obs = world(desired)
+    files = render_observed(desired=desired, observed=obs, plan=a_plan(desired), status=STATUS_OK, now=T0)
+    for path, text in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    memory, in_flight, spend = read_memory(tmp_path)
+    assert memory == (
+        BoxMemory(5, first_seen_at=T0 - 9000, unreachable_since=T0 - 60),
+        BoxMemory(11, first_seen_at=T0 - 7000),  # whole seconds
+    )
+    assert in_flight == tuple(replace(f, launched_at=T0 - 61) for f in obs.in_flight)
+    assert spend == Spend(today_usd=1.25, total_usd=7.5)
+    # Two hours later at 0.1 $/h: 0.2 $ more; past midnight, today restarts.
+    _, _, later = read_memory(tmp_path, now=T0 + 7200)
+    assert later.total_usd == pytest.approx(7.7) and later.today_usd == pytest.approx(1.45)
+    next_day = T0 + 13 * 3600  # 01:00 UTC the next day
+    _, _, tomorrow = read_memory(tmp_path, now=next_day)
+    assert tomorrow.total_usd == pytest.approx(7.5 + 1.3) and tomorrow.today_usd == pytest.approx(0.1)
+    # No files at all: empty memory.
+    assert read_memory(tmp_path / "empty") == ((), (), Spend())
+
+
+def test_read_memory_rejects_malformed_files_with_location() -> None:
+    with pytest.raises(ObservedInvalid, match=r"observed/fleet\.yaml:3:1: not valid YAML"):
+        memory_from_files({FLEET: "memory:\n  - [unclosed\n"})
+    with pytest.raises(ObservedInvalid, match=r"memory\[0\].*first_seen_at"):
+        memory_from_files({FLEET: "memory:\n- instance_id: 1\n  first_seen_at: yesterday\n"})
+    with pytest.raises(ObservedInvalid, match="in_flight"):
+        memory_from_files({RUNS: "in_flight:\n- run_id: r\n"})
+
+
+def test_summarize_change(desired: Desired) -> None:
+    empty: dict[str, str] = {}
+    first = render_observed(desired=desired, observed=world(desired), plan=a_plan(desired), status=STATUS_OK, now=T0)
+    msg = summarize_change(empty, first, appended=0)
+    assert msg.startswith("observe: +1 box, 1 launched, drift 0→2, applied desired dddddddddd")
+    more = render_observed(
+        desired=desired,
+        observed=world(desired, extra_box=True),
+        plan=a_plan(desired),
+        status=STATUS_OK,
+        now=T0 + 60,
+        previous=first,
+    )
+    assert summarize_change(first, more, appended=3) == "observe: +1 box, 3 runs finished"
+    assert summarize_change(more, first, appended=1) == "observe: -1 box, 1 run finished"
+    assert summarize_change(first, first, appended=0) == "observe: no change"
+    launched = Plan(
+        actions=(
+            Launch(reason="r", instance_id=11, run_id="x", attempt=1, gpu_mask=(0,), command="c", code_commit=None),
+        )
+    )
+    changed = render_observed(desired=desired, observed=world(desired), plan=launched, status=STATUS_OK, now=T0)
+    assert summarize_change(first, changed, appended=0) == "observe: drift 2→0"
+    quiet = render_observed(
+        desired=desired, observed=world(desired), plan=replace(a_plan(desired), actions=()), status=STATUS_OK, now=T0
+    )
+    assert summarize_change(first, quiet, appended=0) == "observe: update status"
