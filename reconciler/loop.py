@@ -125,3 +125,4 @@ def build_adapters(fleet: Fleet, state_dir: Path) -> tuple[Provider, Shell]:
     provider.ensure_ssh_key(public)
     shell = SshShell(private_key=key_path, known_hosts=state_dir / "known_hosts")
     return provider, shell
+

@@ -10,7 +10,7 @@ committed under observed/, never from process memory alone.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from reconciler import remote
 from reconciler.errors import ProviderError, RigsyncError
@@ -38,7 +38,7 @@ class Memory:
 
     boxes: tuple[BoxMemory, ...] = ()
     in_flight: tuple[InFlight, ...] = ()
-    spend: Spend = Spend()
+    spend: Spend = field(default_factory=Spend)
     spend_at: float | None = None  # when ``spend`` was last brought up to date
 
 

@@ -65,8 +65,8 @@ def run_phases(desired: Desired, observed: Observed) -> dict[str, str]:
 
 
 def status_json(desired: Desired, observed: Observed) -> dict[str, Any]:
-    mine = []
-    foreign = []
+    mine: list[dict[str, Any]] = []
+    foreign: list[dict[str, Any]] = []
     for inst in observed.instances:
         own = Ownership.parse(inst.label)
         probe = observed.probe(inst.id)
@@ -87,7 +87,7 @@ def status_json(desired: Desired, observed: Observed) -> dict[str, Any]:
         "boxes": mine,
         "foreign": foreign,
         "runs": {p.value: by_phase.get(p.value, 0) for p in Phase if p is not Phase.LOST},
-        "dph": round(sum(float(b["dph"]) for b in mine), 6),  # type: ignore[arg-type]
+        "dph": round(sum(float(b["dph"]) for b in mine), 6),
         "spend": {"today_usd": round(observed.spend.today_usd, 6), "total_usd": round(observed.spend.total_usd, 6)},
     }
 

@@ -7,13 +7,15 @@ import subprocess
 from dataclasses import replace
 from pathlib import Path
 
+from reconciler.actions import Plan
+from reconciler.apply import ApplyResult
 from reconciler.archive import RunArchive
 from reconciler.desired import load_desired_from_dir
 from reconciler.errors import UserError
 from reconciler.loop import Reconciler, build_adapters, state_dir_for
-from reconciler.model import Desired
+from reconciler.model import Desired, Observed
 from reconciler.observe import Memory
-from reconciler.observed_files import read_memory
+from reconciler.observed_files import ReconcilerStatus, read_memory, read_observed, render_observed
 
 
 def add_repo_arg(parser: argparse.ArgumentParser) -> None:
@@ -58,3 +60,22 @@ def open_reconciler(repo: Path, desired: Desired, state_dir: str | None) -> Reco
         code_tar=lambda commit: git_repo.archive(commit, paths),
         memory=Memory(boxes=boxes, in_flight=in_flight, spend=spend),
     )
+
+
+def write_observed(
+    repo: Path, desired: Desired, observed: Observed, plan: Plan, rec: Reconciler, result: ApplyResult | None = None
+) -> None:
+    """Write observed/ into the working tree (not committed: `rigsync run` is the one that commits)."""
+    failed = result.failures if result else []
+    failures = tuple(f"{o.action.kind.value} {o.action.target}: {o.detail}" for o in failed)
+    status = ReconcilerStatus(
+        desired_commit_applied=desired.commit, last_valid_desired_commit=desired.commit, apply_errors=failures
+    )
+    after = replace(observed, in_flight=rec.memory.in_flight, history=rec.history, memory=rec.memory.boxes)
+    files = render_observed(
+        desired=desired, observed=after, plan=plan, status=status, now=rec.clock.now(), previous=read_observed(repo)
+    )
+    for rel, text in files.items():
+        path = repo / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")

@@ -1,0 +1,35 @@
+"""`rigsync run`: the reconcile loop over a git checkout of the fleet repository."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from reconciler.daemon import DaemonConfig, FleetDaemon
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("run", help="the loop: follow the remote, reconcile, commit observed/ back")
+    p.add_argument("--repo", default=".", help="rigsync's git checkout of the fleet repository (default: .)")
+    p.add_argument("--state-dir", default=None, help="where rigsync keeps its SSH key and pinned host keys")
+    p.add_argument("--once", action="store_true", help="run one cycle and exit")
+    p.add_argument("--interval", type=float, default=30.0, help="seconds between cycles (default 30)")
+    p.add_argument("--lease-stale", type=float, default=300.0, help="seconds after which a silent lease is taken over")
+    p.add_argument("--lease-renew", type=float, default=60.0, help="seconds between lease heartbeats")
+    p.add_argument("--author", default="rigsync", help="author name of rigsync's commits")
+    p.add_argument("--branch", default="main", help="the tracked branch (default main)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    config = DaemonConfig(
+        interval_s=args.interval,
+        lease_stale_s=args.lease_stale,
+        lease_renew_s=args.lease_renew,
+        author_name=args.author,
+        branch=args.branch,
+    )
+    daemon = FleetDaemon(Path(args.repo), config=config, state_dir=args.state_dir)
+    return daemon.run_forever(once=args.once)

@@ -1,0 +1,360 @@
+"""`rigsync run`: git is the interface. Follow the remote, reconcile, write what was seen back to git.
+
+Each cycle: fetch and replay rigsync's own commits onto the remote tip; read desired/ at HEAD (a commit, never the
+dirty working tree); if it is invalid keep acting on the last valid revision and report the errors; observe →
+plan → apply; render observed/ deterministically and commit only when something changed; push with
+fetch/rebase/retry, never force. Exactly one reconciler acts on a fleet: a local fcntl lock on the checkout
+plus a lease in ``observed/lease.yaml`` that is taken with a fast-forward-only push (a compare-and-swap on the
+remote branch) and renewed every ``lease_renew_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from reconciler.adapters.git import GitRepo
+from reconciler.archive import RunArchive
+from reconciler.desired import load_desired
+from reconciler.errors import DesiredStateInvalid, LeaseHeld, PushRejected, RepoError, RigsyncError, TransientError
+from reconciler.lease import Lease, LocalLock
+from reconciler.loop import CycleResult, Reconciler, SystemClock, build_adapters, state_dir_for
+from reconciler.model import Desired, Fleet
+from reconciler.observe import Memory
+from reconciler.observed_files import (
+    ReconcilerStatus,
+    memory_from_files,
+    read_observed,
+    render_observed,
+    summarize_change,
+)
+from reconciler.ports import Provider, Shell
+
+log = logging.getLogger("rigsync.run")
+
+AdapterFactory = Callable[[Fleet, Path], tuple[Provider, Shell]]
+
+
+@dataclass
+class DaemonConfig:
+    interval_s: float = 30.0
+    lease_stale_s: float = 300.0
+    lease_renew_s: float = 60.0
+    remote_poll_s: float = 5.0
+    author_name: str = "rigsync"
+    author_email: str = "rigsync@localhost"
+    remote: str = "origin"
+    branch: str = "main"
+    max_backoff_s: float = 300.0
+    holder: str | None = None  # default: host + checkout path, stable across restarts of the same checkout
+
+
+@dataclass
+class DaemonCycle:
+    """What one cycle did: its one log line, and what tests look at."""
+
+    desired_commit: str | None
+    acted: bool
+    commit: str | None
+    counts: dict[str, int]
+    failures: int
+    desired_errors: tuple[str, ...]
+    result: CycleResult | None = None
+    wall_s: float = 0.0
+
+    def line(self) -> str:
+        what = ", ".join(f"{v} {k}" for k, v in sorted(self.counts.items())) or "no changes"
+        parts = [
+            f"desired {self.desired_commit[:12] if self.desired_commit else '-'}",
+            what if self.acted else f"not acting ({what})",
+            f"{self.failures} failed" if self.failures else "",
+            f"committed {self.commit[:12]}" if self.commit else "no commit",
+            f"{len(self.desired_errors)} desired error(s)" if self.desired_errors else "",
+            f"{self.wall_s:.2f}s",
+        ]
+        return "cycle: " + "; ".join(p for p in parts if p)
+
+
+def _last_commit_touching(git: GitRepo, paths: tuple[str, ...]) -> str:
+    out = git._repo.git.rev_list("-1", "HEAD", "--", *paths)
+    return str(out).strip() or git.head()
+
+
+class FleetDaemon:
+    def __init__(
+        self,
+        repo_dir: Path,
+        *,
+        config: DaemonConfig | None = None,
+        state_dir: str | None = None,
+        adapters: AdapterFactory = build_adapters,
+        clock: SystemClock | None = None,
+    ) -> None:
+        self.repo_dir = Path(repo_dir).resolve()
+        self.config = config or DaemonConfig()
+        self.state_dir_override = state_dir
+        self.adapters = adapters
+        self.clock = clock or SystemClock()
+        self.git = GitRepo(
+            self.repo_dir,
+            remote=self.config.remote,
+            branch=self.config.branch,
+            author_name=self.config.author_name,
+            author_email=self.config.author_email,
+        )
+        host = socket.gethostname()
+        holder = self.config.holder or f"rigsync@{host}:{self.repo_dir}"
+        self.lease = Lease(
+            self.repo_dir,
+            holder=holder,
+            host=host,
+            pid=os.getpid(),
+            stale_after=self.config.lease_stale_s,
+            renew_every=self.config.lease_renew_s,
+        )
+        self.local_lock = LocalLock(Path(self.git._repo.git_dir) / "rigsync.lock")
+        self.last_valid: Desired | None = None
+        self.reconciler: Reconciler | None = None
+        self._fleet_key: tuple[str, str, str | None] | None = None
+        self.stop_event = threading.Event()
+        self.wake_event = threading.Event()
+        self.pending_lease_files: dict[str, str | None] = {}
+        self.takeover_note = ""
+
+    # ------------------------------------------------------------------------------------------ the lease
+
+    def acquire(self) -> str:
+        """Take the local lock and the fleet lease; raise LeaseHeld naming the holder when refused."""
+        self.local_lock.acquire()
+        for _ in range(5):
+            self.git.sync_to_remote()
+            decision, files = self.lease.acquire(self.clock.now())
+            if not files:
+                return decision.message
+            if decision.takeover:
+                self.takeover_note = f" ({decision.message})"
+            message = f"lease: {decision.message}"
+            if self.git.commit_observed(files, {}, message) is None:
+                return decision.message
+            try:
+                self.git.push(max_tries=1)
+                return decision.message
+            except (PushRejected, RepoError):
+                self._drop_unpushed()  # someone moved the branch: decide again on what they pushed
+        raise LeaseHeld("could not take the fleet's lease: the remote branch kept moving")
+
+    def _drop_unpushed(self) -> None:
+        tip = self.git.fetch()
+        self.git._repo.git.reset("--keep", tip)
+
+    def release(self) -> None:
+        try:
+            files = self.lease.release()
+            if self.git.commit_observed(files, {}, "lease: released") is not None:
+                self.git.push()
+        except RigsyncError as exc:
+            log.warning("could not release the lease: %s", exc)
+        finally:
+            self.local_lock.release()
+
+    # ------------------------------------------------------------------------------------------ one cycle
+
+    def _reconciler_for(self, desired: Desired) -> Reconciler:
+        fleet = desired.fleet
+        key = (fleet.name, fleet.provider, fleet.api_url)
+        if self.reconciler is None or key != self._fleet_key:
+            if self.reconciler is not None:
+                self.reconciler.shell.close()
+            provider, shell = self.adapters(fleet, state_dir_for(fleet, self.state_dir_override))
+            boxes, in_flight, spend = memory_from_files(read_observed(self.repo_dir), now=self.clock.now())
+            git = self.git
+
+            def code_tar(commit: str, d: Desired = desired) -> bytes:
+                return git.archive(commit, _code_paths(d))
+
+            self.reconciler = Reconciler(
+                provider=provider,
+                shell=shell,
+                archive=RunArchive(self.repo_dir),
+                code_tar=code_tar,
+                memory=Memory(boxes=boxes, in_flight=in_flight, spend=spend, spend_at=self.clock.now()),
+                clock=self.clock,
+                should_stop=self.stop_event.is_set,
+            )
+            self._fleet_key = key
+        return self.reconciler
+
+    def cycle(self) -> DaemonCycle:
+        started = self.clock.now()
+        self.git.sync_to_remote()
+        lease_files = self.lease.renew(started)
+        files = self.git.desired_files("HEAD")
+        desired_errors: tuple[str, ...] = ()
+        desired_commit = _last_commit_touching(self.git, ("desired",))
+        try:
+            desired = load_desired(files, commit=desired_commit)
+            code_commit = _last_commit_touching(self.git, _code_paths(desired))
+            desired = replace(desired, code_commit=code_commit)
+            self.last_valid = desired
+        except DesiredStateInvalid as exc:
+            desired_errors = tuple(str(e) for e in exc.errors)
+            for e in desired_errors:
+                log.error("desired %s is invalid: %s", desired_commit[:12], e)
+            if self.last_valid is None:
+                return self._commit_status_only(desired_commit, desired_errors, lease_files, started)
+            desired = self.last_valid
+        rec = self._reconciler_for(desired)
+        result = rec.cycle(desired)
+        applied = result.applied
+        failed = applied.failures if applied else []
+        failures = [f"{o.action.kind.value} {o.action.target}: {o.detail}" for o in failed]
+        status = ReconcilerStatus(
+            desired_commit_applied=desired.commit,
+            last_valid_desired_commit=self.last_valid.commit if self.last_valid else None,
+            desired_errors=desired_errors,
+            apply_errors=tuple(failures),
+            holder=self.lease.holder,
+        )
+        after = replace(result.observed, in_flight=rec.memory.in_flight, history=rec.history, memory=rec.memory.boxes)
+        previous = read_observed(self.repo_dir)
+        rendered: dict[str, str | None] = dict(
+            render_observed(
+                desired=desired, observed=after, plan=result.plan, status=status, now=self.clock.now(),
+                previous=previous,
+            )
+        )
+        rendered.update(lease_files)
+        appended = len(applied.archived) if applied else 0
+        new_view = {k: v for k, v in rendered.items() if v is not None}
+        message = summarize_change(previous, new_view, appended) + self.takeover_note
+        self.takeover_note = ""
+        commit = self.git.commit_observed(rendered, {}, message)
+        if commit:
+            self.git.push()
+        counts = result.plan.counts()
+        return DaemonCycle(
+            desired_commit=desired.commit,
+            acted=not desired.fleet.suspend,
+            commit=commit,
+            counts=counts,
+            failures=len(failures),
+            desired_errors=desired_errors,
+            result=result,
+            wall_s=self.clock.now() - started,
+        )
+
+    def _commit_status_only(
+        self, desired_commit: str, errors: tuple[str, ...], lease_files: dict[str, str | None], started: float
+    ) -> DaemonCycle:
+        from reconciler.observed_files import STATUS, dump_yaml
+
+        doc: dict[str, Any] = {
+            "desired_commit_applied": None,
+            "last_valid_desired_commit": None,
+            "desired_errors": list(errors),
+            "note": f"desired {desired_commit[:12]} is invalid and no earlier valid revision is known: not acting",
+        }
+        files: dict[str, str | None] = {STATUS: dump_yaml(doc, "rigsync status")}
+        files.update(lease_files)
+        commit = self.git.commit_observed(files, {}, f"observe: desired {desired_commit[:12]} invalid, not acting")
+        if commit:
+            self.git.push()
+        return DaemonCycle(desired_commit, False, commit, {}, 0, errors, None, self.clock.now() - started)
+
+    # ------------------------------------------------------------------------------------------- forever
+
+    def _watch(self) -> Callable[[], None]:
+        """Wake the loop on edits under desired/ in the checkout and when the remote branch moves."""
+        from watchdog.events import FileSystemEvent, FileSystemEventHandler
+        from watchdog.observers import Observer
+
+        wake = self.wake_event
+
+        class OnChange(FileSystemEventHandler):
+            def on_any_event(self, event: FileSystemEvent) -> None:
+                wake.set()
+
+        observer = Observer()
+        desired_dir = self.repo_dir / "desired"
+        if desired_dir.is_dir():
+            observer.schedule(OnChange(), str(desired_dir), recursive=True)
+        observer.start()
+
+        def poll_remote() -> None:
+            last = None
+            while not self.stop_event.wait(self.config.remote_poll_s):
+                try:
+                    out = self.git._repo.git.ls_remote(self.config.remote, f"refs/heads/{self.config.branch}")
+                except Exception:
+                    continue
+                if last is not None and out != last:
+                    wake.set()
+                last = out
+
+        poller = threading.Thread(target=poll_remote, name="rigsync-remote-poll", daemon=True)
+        poller.start()
+
+        def stop() -> None:
+            observer.stop()
+            observer.join(timeout=2)
+
+        return stop
+
+    def run_forever(self, *, once: bool = False, on_cycle: Callable[[DaemonCycle], None] | None = None) -> int:
+        def on_term(signum: int, frame: FrameType | None) -> None:
+            log.info("signal %d: finishing the current action, then exiting", signum)
+            self.stop_event.set()
+            self.wake_event.set()
+
+        previous = {s: signal.signal(s, on_term) for s in (signal.SIGTERM, signal.SIGINT)}
+        print(self.acquire(), flush=True)
+        stop_watch = None if once else self._watch()
+        backoff = 0.0
+        code = 0
+        try:
+            while not self.stop_event.is_set():
+                self.wake_event.clear()
+                try:
+                    cyc = self.cycle()
+                    print(cyc.line(), flush=True)
+                    if on_cycle:
+                        on_cycle(cyc)
+                    backoff = 0.0
+                    code = 1 if cyc.desired_errors or cyc.failures else 0
+                except LeaseHeld:
+                    raise
+                except (TransientError, RigsyncError) as exc:
+                    backoff = min(self.config.max_backoff_s, max(2.0, backoff * 2))
+                    kind = "transient" if isinstance(exc, TransientError) else "error"
+                    print(f"cycle: {kind}: {exc}; retrying in {backoff:.0f}s", flush=True)
+                    code = 1
+                if once:
+                    break
+                self.wake_event.wait(timeout=backoff or self.config.interval_s)
+        finally:
+            if stop_watch:
+                stop_watch()
+            if self.reconciler is not None:
+                self.reconciler.shell.close()
+            for s, h in previous.items():
+                signal.signal(s, h)
+            self.release() if not once else self.local_lock.release()
+        return code
+
+
+def _code_paths(desired: Desired) -> tuple[str, ...]:
+    paths: list[str] = []
+    for sweep in desired.sweeps:
+        for p in sweep.code_paths:
+            if p not in paths:
+                paths.append(p)
+    return tuple(paths) or (".",)
+
