@@ -21,8 +21,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-import yaml
-
 from reconciler.errors import LeaseHeld
 from reconciler.observed_files import LEASE, ObservedInvalid, dump_yaml, iso, load_yaml, parse_iso
 
@@ -207,11 +205,7 @@ class Lease:
         p = self.root / LEASE
         if not p.is_file():
             return None
-        try:
-            text = p.read_text(encoding="utf-8")
-        except yaml.YAMLError as exc:  # pragma: no cover - read_text does not raise it; kept for clarity
-            raise ObservedInvalid(str(exc)) from exc
-        return from_yaml(text)
+        return from_yaml(p.read_text(encoding="utf-8"))
 
     def acquire(self, now: float) -> tuple[LeaseDecision, dict[str, str | None]]:
         """Take, resume or take over the lease; raises ``LeaseHeld`` naming the holder when refused."""

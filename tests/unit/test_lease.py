@@ -1,0 +1,122 @@
+"""One master: the local flock and the lease in observed/lease.yaml (refuse, resume, take over, renew)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from reconciler.errors import LeaseHeld
+from reconciler.lease import Lease, LeaseState, LocalLock, acquire, from_yaml, renew, to_yaml
+from reconciler.observed_files import LEASE, ObservedInvalid, summarize_change
+
+T0 = 1_790_000_000.0
+SCHEMA = json.loads((Path(__file__).parents[2] / "schemas" / "observed-lease.schema.json").read_text())
+
+
+def held_by(holder: str = "a", heartbeat: float = T0) -> LeaseState:
+    return LeaseState(holder=holder, host="hostA", pid=100, acquired_at=T0 - 1000, heartbeat_at=heartbeat)
+
+
+def test_free_lease_is_acquired() -> None:
+    d = acquire(None, holder="b", host="hostB", pid=7, now=T0, stale_after=300)
+    assert d.granted and d.changed and not d.takeover
+    assert d.state == LeaseState("b", "hostB", 7, T0, T0)
+
+
+def test_fresh_lease_of_another_holder_is_refused_naming_it() -> None:
+    d = acquire(held_by("a", T0 - 30), holder="b", host="hostB", pid=7, now=T0, stale_after=300)
+    assert not d.granted and d.state is None and not d.changed
+    assert "held by a on hostA (pid 100)" in d.message and "30s ago" in d.message
+
+
+def test_stale_lease_is_taken_over_and_the_takeover_recorded() -> None:
+    d = acquire(held_by("a", T0 - 301), holder="b", host="hostB", pid=7, now=T0, stale_after=300)
+    assert d.granted and d.takeover and d.changed
+    assert d.state is not None and d.state.holder == "b"
+    assert d.state.taken_over_from is not None and d.state.taken_over_from.startswith("a on hostA (pid 100)")
+    assert "taken over from a" in d.message
+
+
+def test_own_lease_is_resumed_after_restart_without_takeover() -> None:
+    same = acquire(held_by("a", T0 - 10), holder="a", host="hostA", pid=100, now=T0, stale_after=300)
+    assert same.granted and not same.changed and same.state == held_by("a", T0 - 10)
+    restarted = acquire(held_by("a", T0 - 10), holder="a", host="hostA", pid=555, now=T0, stale_after=300)
+    assert restarted.granted and restarted.changed and not restarted.takeover
+    assert restarted.state is not None and restarted.state.pid == 555
+
+
+def test_renew_only_every_renew_every_seconds() -> None:
+    s = held_by("a", T0)
+    assert renew(s, T0 + 59, renew_every=60) is None
+    r = renew(s, T0 + 60, renew_every=60)
+    assert r is not None and r.heartbeat_at == T0 + 60
+
+
+def test_yaml_round_trip_validates() -> None:
+    s = LeaseState("a", "hostA", 100, T0 - 1000, T0, taken_over_from="z on hostZ (pid 1)")
+    text = to_yaml(s)
+    jsonschema.Draft202012Validator(SCHEMA).validate(yaml.safe_load(text))
+    assert from_yaml(text) == s
+    assert from_yaml("") is None
+    with pytest.raises(ObservedInvalid, match="heartbeat_at"):
+        from_yaml("holder: a\n")
+    with pytest.raises(ObservedInvalid, match=r"lease\.yaml: heartbeat_at"):
+        from_yaml("holder: a\nheartbeat_at: soon\n")
+
+
+def write(root: Path, files: dict[str, str | None]) -> None:
+    for rel, text in files.items():
+        p = root / rel
+        if text is None:
+            p.unlink(missing_ok=True)
+        else:
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(text)
+
+
+def test_lease_over_files_second_reconciler_refused_then_takes_over(tmp_path: Path) -> None:
+    a = Lease(tmp_path, holder="a", host="hostA", pid=1, stale_after=300, renew_every=60)
+    decision, files = a.acquire(T0)
+    assert decision.granted and LEASE in files
+    write(tmp_path, files)
+    assert a.renew(T0 + 30) == {}  # no heartbeat due: nothing to commit
+    renewed = a.renew(T0 + 61)
+    assert LEASE in renewed
+    write(tmp_path, renewed)
+
+    b = Lease(tmp_path, holder="b", host="hostB", pid=2, stale_after=300, renew_every=60)
+    with pytest.raises(LeaseHeld, match="held by a on hostA"):
+        b.acquire(T0 + 120)
+    decision, files = b.acquire(T0 + 61 + 301)
+    assert decision.takeover
+    old = {LEASE: (tmp_path / LEASE).read_text()}
+    write(tmp_path, files)
+    assert summarize_change(old, {LEASE: files[LEASE] or ""}, 0).startswith("observe: lease taken over from a on hostA")
+    # The old holder notices on its next renewal and stops.
+    with pytest.raises(LeaseHeld, match="taken over by b"):
+        a.renew(T0 + 1000)
+    released = b.release()
+    assert released == {LEASE: None}
+
+
+def test_local_lock_refuses_a_second_holder(tmp_path: Path) -> None:
+    path = tmp_path / "state" / "rigsync.lock"
+    with LocalLock(path) as lock:
+        assert lock.held
+        code = (
+            "import sys\nfrom pathlib import Path\nfrom reconciler.lease import LocalLock\n"
+            "from reconciler.errors import LeaseHeld\n"
+            "try:\n    LocalLock(Path(sys.argv[1])).acquire()\nexcept LeaseHeld as e:\n    print(e); sys.exit(3)\n"
+        )
+        proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=False)
+        assert proc.returncode == 3, proc.stderr
+        assert "another rigsync holds the local lock" in proc.stdout and "pid" in proc.stdout
+    assert not lock.held
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
