@@ -61,6 +61,7 @@ MAX_SWEEP_FILES = 500
 MAX_MESSAGE = 300
 
 _DURATION_RE = re.compile(r"^(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?$")
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _SECRETISH_RE = re.compile(r"(api[_-]?key|secret|token|password|passwd|private[_-]?key)", re.IGNORECASE)
 
 Path_ = tuple[str | int, ...]
@@ -332,9 +333,9 @@ def parse_yaml(file: str, raw: bytes) -> tuple[_Doc | None, list[LoadError]]:
         mark = exc.problem_mark or exc.context_mark
         line, col = _mark_or_none(mark)
         message = " ".join(p for p in (exc.context, exc.problem) if p)
-        if exc.context_mark is not None and exc.problem_mark is not None:
-            if exc.context_mark.line != exc.problem_mark.line:
-                message += f" (the construct began at line {exc.context_mark.line + 1})"
+        cm, pm = exc.context_mark, exc.problem_mark
+        if cm is not None and pm is not None and cm.line != pm.line:
+            message += f" (the construct began at line {cm.line + 1})"
         return fail(f"YAML syntax error: {message}", line, col)
     except yaml.YAMLError as exc:
         return fail(f"YAML error: {exc}")
@@ -568,6 +569,12 @@ def _sweep_checks(doc: _Doc, fleet_data: Mapping[str, Any] | None) -> list[LoadE
                     ("grid", key), f"grid parameter '{key}' clashes with the run variable of that name", at_key=True
                 )
             )
+    for key, values in grid.items():
+        for i, value in enumerate(values):
+            if isinstance(value, str) and _CONTROL_RE.search(value):
+                errors.append(
+                    doc.error(("grid", key, i), "control characters (NUL, escape, ...) are not allowed in values")
+                )
     try:
         used = template_variables(data["command"])
     except TemplateProblem as exc:
