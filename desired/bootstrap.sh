@@ -5,4 +5,4 @@ set -eu
 mkdir -p "$HOME/rigsync/env"
 python3 --version > "$HOME/rigsync/env/python-version" 2>&1 || true
 date -u +%Y-%m-%dT%H:%M:%SZ > "$HOME/rigsync/env/ready"
-echo "bootstrap done on $(hostname)"
+echo "bootstrap done on $(uname -n)"

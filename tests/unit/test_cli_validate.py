@@ -1,0 +1,154 @@
+"""``rigsync validate`` and ``rigsync runs`` as a user runs them: the real console script in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RIGSYNC = REPO / ".venv" / "bin" / "rigsync"
+
+
+def rigsync(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    # The timeout only guards against a hang (billion laughs and friends); it is not a speed assertion.
+    result = subprocess.run([str(RIGSYNC), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout, result.stderr
+    return result
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    shutil.copytree(REPO / "desired", tmp_path / "desired")
+    return tmp_path
+
+
+def test_validate_example_human() -> None:
+    result = rigsync("validate")
+    assert result.returncode == 0
+    assert "desired state is valid" in result.stdout
+    assert "12 run(s)" in result.stdout
+
+
+def test_validate_example_json(repo: Path) -> None:
+    result = rigsync("validate", "--json", cwd=repo)  # --repo defaults to the working directory
+    assert result.returncode == 0
+    assert json.loads(result.stdout) == {"valid": True, "errors": []}
+
+
+def test_validate_reports_every_error(repo: Path) -> None:
+    sweep = repo / "desired" / "sweeps" / "tdmpc.yaml"
+    sweep.write_text("name: tdmpc\ncommand: run {{ task }}\ngrid:\n  task: [a, b]\nseeds: [1, x]\nretries: -3\n")
+    (repo / "desired" / "stray.txt").write_text("hello\n")
+    result = rigsync("validate", "--repo", str(repo))
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    assert lines == [
+        "desired/stray.txt: /: unknown file in desired/ (expected fleet.yaml, budget.yaml, sweeps/*.yaml, "
+        "README.md and the fleet's bootstrap script)",
+        "desired/sweeps/tdmpc.yaml:5:12: /seeds/1: 'x' is not of type 'integer'",
+        "desired/sweeps/tdmpc.yaml:6:10: /retries: -3 is less than the minimum of 0",
+        "desired state is invalid: 3 error(s)",
+    ]
+
+    result = rigsync("validate", "--repo", str(repo), "--json")
+    assert result.returncode == 1
+    payload = json.loads(result.stdout)
+    assert payload["valid"] is False
+    assert len(payload["errors"]) == 3
+    assert payload["errors"][1] == {
+        "file": "desired/sweeps/tdmpc.yaml",
+        "line": 5,
+        "column": 12,
+        "pointer": "/seeds/1",
+        "message": "'x' is not of type 'integer'",
+    }
+    for error in payload["errors"]:
+        assert set(error) == {"file", "line", "column", "pointer", "message"}
+
+
+def test_validate_without_desired_dir(tmp_path: Path) -> None:
+    result = rigsync("validate", "--repo", str(tmp_path), "--json")
+    assert result.returncode == 1
+    payload = json.loads(result.stdout)
+    assert payload["valid"] is False
+    assert "no desired/ directory" in payload["errors"][0]["message"]
+
+
+HOSTILE: dict[str, bytes] = {
+    "billion_laughs": b"name: lol\n"
+    + b'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+    + b"".join(
+        f"{n}: &{n} [{','.join(['*' + p] * 9)}]\n".encode() for p, n in zip("abcdefgh", "bcdefghi", strict=True)
+    ),
+    "non_utf8": b"name: \xff\xfe\n",
+    "tabs": b"name: s\ngrid:\n\ttask: [a]\n",
+    "list": b"- 1\n- 2\n",
+    "scalar": b"just text\n",
+    "multi_doc": b"name: a\n---\nname: b\n",
+    "deep": b"x: " + b"[" * 5000 + b"]" * 5000 + b"\n",
+    "huge": b"description: " + b"y" * (300 * 1024) + b"\n",
+    "python_object": b"name: !!python/object/apply:os.system ['touch /tmp/pwned']\n",
+    "unclosed": b'name: "abc\n',
+    "binary": bytes(range(256)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_hostile_input_is_refused_cleanly(repo: Path, name: str) -> None:
+    (repo / "desired" / "sweeps" / "tdmpc.yaml").write_bytes(HOSTILE[name])
+    result = rigsync("validate", "--repo", str(repo), "--json")
+    assert result.returncode == 1
+    payload = json.loads(result.stdout)
+    assert payload["valid"] is False
+    assert payload["errors"], payload
+    assert all(e["file"] == "desired/sweeps/tdmpc.yaml" for e in payload["errors"]), payload
+
+
+def test_runs_json_shape_and_determinism(repo: Path) -> None:
+    first = rigsync("runs", "--json")
+    assert first.returncode == 0
+    runs = json.loads(first.stdout)
+    assert len(runs) == 12
+    for run in runs:
+        assert set(run) == {"id", "sweep", "params", "seed", "command"}
+        assert run["sweep"] == "tdmpc"
+    assert runs[0]["params"] == {"task": "walker-walk", "lr": 0.0003}
+    assert [r["seed"] for r in runs[:3]] == [1, 2, 3]
+    # Same input, same output byte for byte, wherever the repository lives.
+    second = rigsync("runs", "--json", "--repo", str(repo))
+    assert second.stdout == first.stdout
+
+
+def test_runs_promotions_listed_on_request() -> None:
+    result = rigsync("runs", "--json", "--promotions")
+    runs = json.loads(result.stdout)
+    candidates = [r for r in runs if "promotion_threshold" in r]
+    assert len(candidates) == 4 * 5
+    assert len(runs) - len(candidates) == 12
+
+
+def test_runs_human_mentions_candidates() -> None:
+    result = rigsync("runs")
+    assert result.returncode == 0
+    assert "12 run(s) in 1 sweep(s); 20 promotion candidate(s) not listed" in result.stdout
+    assert '"$RIGSYNC_PYTHON" experiments/train.py --task walker-walk --lr 0.0003 --seed 1' in result.stdout
+
+
+def test_runs_grid_edit_keeps_ids(repo: Path) -> None:
+    before = {r["id"] for r in json.loads(rigsync("runs", "--json", "--repo", str(repo)).stdout)}
+    sweep = repo / "desired" / "sweeps" / "tdmpc.yaml"
+    sweep.write_text(sweep.read_text().replace("lr: [3.0e-4, 1.0e-3]", "lr: [3.0e-4, 1.0e-3, 3.0e-3]"))
+    after = {r["id"] for r in json.loads(rigsync("runs", "--json", "--repo", str(repo)).stdout)}
+    assert before < after
+    assert len(after) == 18
+
+
+def test_runs_on_invalid_tree(repo: Path) -> None:
+    (repo / "desired" / "budget.yaml").write_text("on_exceed: panic\n")
+    result = rigsync("runs", "--repo", str(repo))
+    assert result.returncode == 1
+    assert "desired/budget.yaml:1:12: /on_exceed: 'panic' is not one of ['drain', 'halt']" in result.stdout
