@@ -1,0 +1,345 @@
+"""`rigsync demo`: the whole product on the built-in emulator, from a throwaway fleet repo to a summary.
+
+It is the README's main job and an end-to-end check at once: it starts the emulator (real sshd boxes on
+loopback), makes a fleet repository with a bare remote from the example under desired/, runs the same
+``FleetDaemon`` cycle `rigsync run` uses until the sweep is done and every box is destroyed, and reports what
+it cost according to the emulator's billing ledger. With ``--chaos`` it vanishes a box mid-run, hangs another
+and throws a burst of 429s; the sweep must still finish with every run succeeded exactly once.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import reconciler
+from reconciler.actions import Launch
+from reconciler.archive import RunArchive
+from reconciler.daemon import DaemonConfig, FleetDaemon
+from reconciler.errors import UserError
+from reconciler.model import InstanceStatus, Ownership, Phase
+
+DEMO_TIMEOUTS = {
+    "idle_timeout": "20s",
+    "unreachable_grace": "8s",
+    "heartbeat_stale": "12s",
+    "boot_timeout": "2m",
+}
+
+
+@dataclass
+class DemoOptions:
+    runs: int | None = None
+    chaos: bool = False
+    keep: Path | None = None
+    seed: int = 7
+    timeout_s: float = 600.0
+    boot_delay_s: float = 1.0
+    interval_s: float = 1.0
+    say: Callable[[str], None] = print
+
+
+@dataclass
+class DemoSummary:
+    runs_total: int = 0
+    runs_succeeded: int = 0
+    runs_failed: int = 0
+    attempts: int = 0
+    instances_rented: int = 0
+    instances_alive: int = 0
+    cost_usd: float = 0.0
+    wall_s: float = 0.0
+    cycles: int = 0
+    commits: int = 0
+    duplicate_successes: int = 0
+    chaos: list[str] = field(default_factory=list)
+    repo: str | None = None
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return (
+            not self.timed_out
+            and self.runs_total > 0
+            and self.runs_succeeded == self.runs_total
+            and self.instances_alive == 0
+            and self.duplicate_successes == 0
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "runs_total": self.runs_total,
+            "runs_succeeded": self.runs_succeeded,
+            "runs_failed": self.runs_failed,
+            "attempts": self.attempts,
+            "instances_rented": self.instances_rented,
+            "instances_alive": self.instances_alive,
+            "cost_usd": round(self.cost_usd, 6),
+            "wall_s": round(self.wall_s, 2),
+            "cycles": self.cycles,
+            "commits": self.commits,
+            "duplicate_successes": self.duplicate_successes,
+            "chaos": self.chaos,
+            "repo": self.repo,
+            "timed_out": self.timed_out,
+        }
+
+    def text(self) -> str:
+        verdict = "OK" if self.ok else "NOT OK"
+        lines = [
+            f"demo {verdict}: {self.runs_succeeded}/{self.runs_total} runs succeeded, {self.runs_failed} failed, "
+            f"{self.attempts} attempts",
+            f"  boxes rented {self.instances_rented}, alive at the end {self.instances_alive}, "
+            f"spent ${self.cost_usd:.4f} (emulator ledger), wall {self.wall_s:.1f}s, "
+            f"{self.cycles} cycles, {self.commits} observed commits",
+        ]
+        if self.chaos:
+            lines.append("  chaos: " + "; ".join(self.chaos))
+        if self.repo:
+            lines.append(f"  fleet repo kept at {self.repo}  (try: git -C {self.repo} log --stat)")
+        return "\n".join(lines)
+
+
+def source_root() -> Path:
+    root = Path(reconciler.__file__).resolve().parent.parent
+    if not (root / "desired" / "fleet.yaml").is_file() or not (root / "experiments").is_dir():
+        raise UserError(f"the demo needs rigsync's source checkout (desired/ and experiments/ under {root})")
+    return root
+
+
+def _git(cwd: Path, *args: str) -> str:
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "demo researcher",
+        "GIT_AUTHOR_EMAIL": "researcher@example.invalid",
+        "GIT_COMMITTER_NAME": "demo researcher",
+        "GIT_COMMITTER_EMAIL": "researcher@example.invalid",
+    }
+    proc = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise UserError(f"git {' '.join(args)} failed: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def _set_key(text: str, key: str, value: str) -> str:
+    pattern = re.compile(rf"^(\s*)#?\s*{re.escape(key)}:.*$", re.M)
+    if not pattern.search(text):
+        raise UserError(f"the example fleet file has no {key!r} line to point at the emulator")
+    return pattern.sub(lambda m: f"{m.group(1)}{key}: {value}", text, count=1)
+
+
+def make_fleet_repo(workdir: Path, api_url: str, runs: int | None) -> tuple[Path, Path]:
+    """A working clone and its bare remote, holding the example fleet pointed at the emulator."""
+    src = source_root()
+    remote = workdir.parent / f"{workdir.name}.remote.git"
+    if remote.exists():
+        raise UserError(f"{remote} already exists; choose another --keep directory")
+    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(remote)], check=True)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if any(workdir.iterdir()):
+        raise UserError(f"{workdir} is not empty")
+    _git(workdir.parent, "clone", "-q", str(remote), str(workdir))
+    _git(workdir, "checkout", "-q", "-b", "main")
+    shutil.copytree(src / "desired", workdir / "desired")
+    shutil.copytree(src / "experiments", workdir / "experiments", ignore=shutil.ignore_patterns("__pycache__"))
+    schemas = src / "schemas"
+    if schemas.is_dir():
+        shutil.copytree(schemas, workdir / "schemas")
+    _git(workdir, "add", "-A")
+    _git(workdir, "commit", "-q", "-m", "example fleet: TD-MPC-shaped sweep on cheap consumer GPUs")
+    fleet = workdir / "desired" / "fleet.yaml"
+    text = _set_key(fleet.read_text(), "api_url", api_url)
+    for key, value in DEMO_TIMEOUTS.items():
+        text = _set_key(text, key, value)
+    fleet.write_text(text)
+    msg = "demo: point the fleet at the local emulator, short timeouts"
+    if runs is not None:
+        for sweep_file in sorted((workdir / "desired" / "sweeps").glob("*.yaml")):
+            body = sweep_file.read_text()
+            cells = _grid_cells(body)
+            seeds = max(1, math.ceil(runs / cells))
+            body = _set_key(body, "seeds", "[" + ", ".join(str(s) for s in range(1, seeds + 1)) + "]")
+            sweep_file.write_text(body)
+        msg += f", about {runs} runs"
+    _git(workdir, "commit", "-q", "-am", msg)
+    _git(workdir, "push", "-q", "origin", "main")
+    return workdir, remote
+
+
+def _grid_cells(sweep_text: str) -> int:
+    import yaml
+
+    doc = yaml.safe_load(sweep_text) or {}
+    cells = 1
+    for values in (doc.get("grid") or {}).values():
+        cells *= max(1, len(values))
+    return cells
+
+
+class Chaos:
+    """Injects the faults of ``--chaos`` once there is something to break: two boxes each running work."""
+
+    def __init__(self, emu: Any, say: Callable[[str], None]) -> None:
+        self.emu = emu
+        self.say = say
+        self.events: list[str] = []
+        self.done = False
+        self.hung: int | None = None
+        self.hung_at = 0.0
+
+    def step(self, busy_boxes: list[int]) -> None:
+        if not self.done and len(busy_boxes) >= 2:
+            victim, frozen = busy_boxes[0], busy_boxes[1]
+            self.emu.fail_next("/api/", 4, 429)
+            self.events.append("a burst of 4 HTTP 429s on the API")
+            self.emu.vanish(victim)
+            self.events.append(f"instance {victim} vanished mid-run")
+            self.emu.hang(frozen)
+            self.hung, self.hung_at = frozen, time.monotonic()
+            self.events.append(f"instance {frozen} hung (SIGSTOP)")
+            for e in self.events:
+                self.say(f"  chaos: {e}")
+            self.done = True
+
+
+def run_demo(opts: DemoOptions) -> DemoSummary:
+    from reconciler.emulator import Emulator
+
+    started = time.monotonic()
+    summary = DemoSummary()
+    tmp = None
+    if opts.keep is not None:
+        workdir = opts.keep.resolve()
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="rigsync-demo-")
+        workdir = Path(tmp.name) / "fleet"
+    state = Path(tempfile.mkdtemp(prefix="rigsync-demo-state-"))
+    old_key = os.environ.get("VAST_API_KEY")
+    try:
+        with Emulator(seed=opts.seed, boot_delay=opts.boot_delay_s) as emu:
+            os.environ["VAST_API_KEY"] = emu.api_key  # the key lives in the environment, never in the repo
+            opts.say(f"emulator at {emu.url}; fleet repo {workdir}")
+            make_fleet_repo(workdir, emu.url, opts.runs)
+            config = DaemonConfig(interval_s=opts.interval_s, lease_renew_s=30.0, author_name="rigsync")
+            daemon = FleetDaemon(workdir, config=config, state_dir=str(state))
+            opts.say(daemon.acquire())
+            chaos = Chaos(emu, opts.say) if opts.chaos else None
+            try:
+                summary = _drive(daemon, emu, opts, chaos, started)
+            finally:
+                if daemon.reconciler is not None:
+                    daemon.reconciler.shell.close()
+                daemon.release()
+            summary.instances_alive = len(emu.instance_ids())
+            summary.cost_usd = emu.ledger.total_usd()
+            summary.chaos = chaos.events if chaos else []
+    finally:
+        if old_key is None:
+            os.environ.pop("VAST_API_KEY", None)
+        else:
+            os.environ["VAST_API_KEY"] = old_key
+        shutil.rmtree(state, ignore_errors=True)
+    archive = list(RunArchive(workdir).records())
+    successes = Counter(r.run_id for r in archive if r.phase is Phase.SUCCEEDED)
+    summary.attempts = len(archive)
+    summary.runs_succeeded = len(successes)
+    summary.duplicate_successes = sum(n - 1 for n in successes.values() if n > 1)
+    summary.commits = int(_git(workdir, "rev-list", "--count", "--author=rigsync", "HEAD") or 0)
+    summary.wall_s = time.monotonic() - started
+    if opts.keep is not None:
+        summary.repo = str(workdir)
+    if tmp is not None:
+        tmp.cleanup()
+    return summary
+
+
+def _drive(daemon: FleetDaemon, emu: Any, opts: DemoOptions, chaos: Chaos | None, started: float) -> DemoSummary:
+    summary = DemoSummary()
+    rented: set[int] = set()
+    deadline = started + opts.timeout_s
+    last_line = ""
+    while True:
+        if time.monotonic() > deadline:
+            summary.timed_out = True
+            opts.say(f"demo: timed out after {opts.timeout_s:.0f}s")
+            _destroy_everything(daemon, emu)
+            break
+        cyc = daemon.cycle()
+        summary.cycles += 1
+        res = cyc.result
+        if res is None:
+            raise UserError("the demo's desired state is invalid: " + "; ".join(cyc.desired_errors))
+        fleet = res.desired.fleet.name
+        owned = [
+            i for i in res.observed.instances
+            if (o := Ownership.parse(i.label)) is not None and o.fleet == fleet
+        ]
+        rented.update(i.id for i in owned)
+        if res.applied:
+            rented.update(res.applied.rented)
+        busy = sorted(
+            p.instance_id for p in res.observed.probes if p.reachable and any(r.exit_code is None for r in p.runs)
+        )
+        if chaos is not None:
+            chaos.step(busy)
+            if chaos.hung is not None and time.monotonic() - chaos.hung_at > 30 and chaos.hung in emu.instance_ids():
+                emu.resume(chaos.hung)
+        base = [r for r in res.desired.runs if r.promotion_threshold is None]
+        hist = daemon.reconciler.history if daemon.reconciler else ()
+        succeeded = {h.run_id for h in hist if h.phase is Phase.SUCCEEDED}
+        wanted = {r.id for r in base} | {
+            a.run_id for a in res.plan.actions if isinstance(a, Launch)
+        } | {h.run_id for h in hist}
+        wanted &= {r.id for r in res.desired.runs}
+        blocked = sum(1 for v in _phases(res).values() if v == Phase.BLOCKED.value)
+        summary.runs_total = len(wanted)
+        summary.runs_failed = blocked
+        running = len(daemon.reconciler.memory.in_flight) if daemon.reconciler else 0
+        line = (
+            f"[{time.monotonic() - started:6.1f}s] boxes {len(owned)} (${sum(i.dph_total for i in owned):.3f}/h), "
+            f"runs {len(succeeded & wanted)}/{len(wanted)} succeeded, {running} running, {blocked} failed"
+        )
+        acts = ", ".join(f"{v} {k}" for k, v in sorted(res.plan.counts().items()))
+        if line != last_line or acts:
+            opts.say(line + (f" | {acts}" if acts else ""))
+            last_line = line
+        alive = [i for i in owned if i.status is not InstanceStatus.EXITED]
+        finished = len(succeeded & wanted) + blocked >= len(wanted) and running == 0
+        if finished and not alive and not res.plan.actions:
+            break
+        time.sleep(opts.interval_s)
+    summary.instances_rented = len(rented)
+    return summary
+
+
+def _phases(res: Any) -> dict[str, str]:
+    from reconciler.render import run_phases
+
+    return run_phases(res.desired, res.observed)
+
+
+def _destroy_everything(daemon: FleetDaemon, emu: Any) -> None:
+    """On timeout the demo still must not leave boxes billing: destroy what the fleet owns."""
+    rec = daemon.reconciler
+    if rec is None:
+        return
+    for inst in rec.provider.list_instances():
+        own = Ownership.parse(inst.label)
+        if own is not None and daemon.last_valid is not None and own.fleet == daemon.last_valid.fleet.name:
+            rec.provider.destroy_instance(inst.id)
+
+
+def say_stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
