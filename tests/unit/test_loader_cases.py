@@ -9,9 +9,12 @@ how "all errors at once, nothing spurious" is checked.
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 import pytest
+from jsonschema import Draft202012Validator
 
 from reconciler.desired import (
     MAX_FILE_BYTES,
@@ -20,6 +23,7 @@ from reconciler.desired import (
     load_desired,
     load_desired_from_dir,
     read_desired_files,
+    schema_path,
 )
 from reconciler.errors import DesiredStateInvalid
 from reconciler.model import MetricGoal, OnExceed, Ranking
@@ -186,3 +190,75 @@ def test_error_str_and_json() -> None:
         "message": "'x' is not of type 'integer'",
     }
     assert str(LoadError("desired/x", None, None, "", "m")) == "desired/x: /: m"
+
+
+SCHEMAS = ("fleet", "budget", "sweep")
+
+
+def _properties(node: object, where: str) -> list[tuple[str, dict[str, object]]]:
+    """Every (location, property schema) in a schema document, however deeply nested."""
+    found: list[tuple[str, dict[str, object]]] = []
+    if isinstance(node, dict):
+        for name, sub in (node.get("properties") or {}).items():
+            found.append((f"{where}/properties/{name}", sub))
+        for key, sub in node.items():
+            found += _properties(sub, f"{where}/{key}")
+    elif isinstance(node, list):
+        for i, sub in enumerate(node):
+            found += _properties(sub, f"{where}/{i}")
+    return found
+
+
+def _objects(node: object, where: str) -> list[tuple[str, dict[str, object]]]:
+    found: list[tuple[str, dict[str, object]]] = []
+    if isinstance(node, dict):
+        if node.get("type") == "object":
+            found.append((where, node))
+        for key, sub in node.items():
+            found += _objects(sub, f"{where}/{key}")
+    elif isinstance(node, list):
+        for i, sub in enumerate(node):
+            found += _objects(sub, f"{where}/{i}")
+    return found
+
+
+@pytest.mark.parametrize("name", SCHEMAS)
+def test_schema_conventions(name: str) -> None:
+    path = schema_path(name)
+    assert path == REPO / "schemas" / f"{name}.schema.json"
+    schema = json.loads(path.read_text())
+    Draft202012Validator.check_schema(schema)
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert schema["$id"]
+    props = _properties(schema, "#")
+    assert len(props) > 5
+    for where, prop in props:
+        assert isinstance(prop.get("description"), str) and prop["description"], f"{where} has no description"
+    for where, obj in _objects(schema, "#"):
+        if where == "#/properties/grid":
+            continue  # a map from parameter names to value lists: its values are typed, its keys are patterned
+        assert obj.get("additionalProperties") is False, f"{where} allows additional properties"
+
+
+@pytest.mark.parametrize(
+    ("file", "name"), [("fleet.yaml", "fleet"), ("budget.yaml", "budget"), ("sweeps/tdmpc.yaml", "sweep")]
+)
+def test_example_files_point_editors_at_their_schema(file: str, name: str) -> None:
+    path = REPO / "desired" / file
+    first = path.read_text().splitlines()[0]
+    prefix = "# yaml-language-server: $schema="
+    assert first.startswith(prefix)
+    assert (path.parent / first[len(prefix) :]).resolve() == schema_path(name)
+    # An independent validator (what CI and editors use) accepts the example against the same schema.
+    result = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "check-jsonschema"), "--schemafile", str(schema_path(name)), str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_schema_path_unknown() -> None:
+    with pytest.raises(FileNotFoundError):
+        schema_path("nope")
