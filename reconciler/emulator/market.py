@@ -204,6 +204,13 @@ def _coerce(want: Any, like: Any) -> Any:
     return want
 
 
+def _geo(field: str, value: Any, wants: list[Any]) -> Any:
+    """``geolocation`` is matched by country code (``SE``) when the query gives a code, as the service does."""
+    if field == "geolocation" and isinstance(value, str) and all(isinstance(w, str) and len(w) == 2 for w in wants):
+        return value.rsplit(", ", 1)[-1]
+    return value
+
+
 _OPS = {"eq", "neq", "gt", "gte", "lt", "lte", "in", "notin"}
 
 
@@ -222,10 +229,11 @@ def matches(o: dict[str, Any], query: dict[str, Any]) -> bool:
             if op in ("in", "notin"):
                 items = raw if isinstance(raw, list) else [raw]
                 vals = [_coerce(x, value) for x in items]
-                if (value in vals) != (op == "in"):
+                if (_geo(field, value, vals) in vals) != (op == "in"):
                     return False
                 continue
             want = _coerce(raw, value)
+            value = _geo(field, value, [want])
             if op == "eq":
                 ok = value == want
             elif op == "neq":
