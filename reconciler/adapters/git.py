@@ -139,6 +139,15 @@ class GitRepo:
         self._run("fetch", "--quiet", "--no-tags", self.remote, f"+refs/heads/{self.branch}:{self._remote_ref}")
         return str(self._run("rev-parse", "--verify", f"{self._remote_ref}^{{commit}}"))
 
+    def desired_commit(self, commit: str) -> str:
+        """The newest commit at or before ``commit`` that changed ``desired/``.
+
+        This, not the branch tip, names the desired revision: rigsync's own observed/ commits move the tip
+        every time they are pushed, and must not look like a new desired state to the next cycle.
+        """
+        sha = str(self._run("log", "-1", "--format=%H", commit, "--", DESIRED_PREFIX.rstrip("/")))
+        return sha or commit
+
     def head(self) -> str:
         return str(self._run("rev-parse", "--verify", "HEAD^{commit}"))
 

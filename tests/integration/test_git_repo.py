@@ -264,3 +264,19 @@ def test_push_error_that_is_not_a_race_is_a_repo_error(world: tuple[Path, Path, 
 def test_not_a_checkout(tmp_path: Path) -> None:
     with pytest.raises(RepoError, match="not a git checkout"):
         GitRepo(tmp_path / "nothing")
+
+
+def test_desired_commit_ignores_rigsyncs_own_observed_commits(world: tuple[Path, Path, Path]) -> None:
+    _, human, mine = world
+    g = GitRepo(mine)
+    desired_sha = sh(human, "rev-parse", "HEAD")
+    g.commit_observed({"observed/status.yaml": "x\n"}, {}, "observe: x")
+    g.push()
+    tip = g.fetch()
+    assert tip != desired_sha
+    assert g.desired_commit(tip) == desired_sha
+    sh(human, "pull", "--quiet", "--rebase", "origin", "main")
+    (human / "desired" / "fleet.yaml").write_text("name: other\n")
+    sh(human, "commit", "--quiet", "-am", "desired: other")
+    sh(human, "push", "--quiet", "origin", "main")
+    assert g.desired_commit(g.fetch()) == sh(human, "rev-parse", "HEAD")
