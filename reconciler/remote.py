@@ -82,12 +82,13 @@ def bash_command(script: str) -> str:
 # ------------------------------------------------------------------------------------------------- probe
 
 _PROBE_PY = r"""
-import json, math, os, subprocess, sys, time
+import sys
+if sys.version_info[0] < 3:
+    sys.exit(3)
+import json, math, os, subprocess, time
 
 HOME = os.path.expanduser("~")
 ROOT = os.path.join(HOME, "rigsync")
-now = time.time()
-out = {"v": %(version)d, "box_now": now, "python": os.environ.get("RS_BEST_PY") or None}
 
 
 def alive(pid):
@@ -124,80 +125,30 @@ def num(text):
     return v if math.isfinite(v) else None
 
 
-def smi(query):
+def smi_start(query):
     try:
-        p = subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits"], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, timeout=10)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, str(exc)
+        return subprocess.Popen(["nvidia-smi", query, "--format=csv,noheader,nounits"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    except OSError as exc:
+        return str(exc)
+
+
+def smi_rows(p):
+    if isinstance(p, str):
+        return None, p
+    try:
+        so, se = p.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        return None, "nvidia-smi timed out"
     if p.returncode != 0:
-        return None, (p.stderr or p.stdout).decode("utf-8", "replace").strip()[-200:]
+        return None, (se or so).decode("utf-8", "replace").strip()[-200:]
     rows = []
-    for line in p.stdout.decode("utf-8", "replace").splitlines():
+    for line in so.decode("utf-8", "replace").splitlines():
         if line.strip():
             rows.append([c.strip() for c in line.split(",")])
     return rows, None
-
-
-gpus = []
-rows, err = smi("--query-gpu=index,memory.used,memory.total,utilization.gpu")
-if err:
-    out["gpu_error"] = err
-for r in rows or []:
-    if len(r) < 3:
-        continue
-    try:
-        gpus.append({"index": int(r[0]), "memory_used_mib": int(float(r[1])), "memory_total_mib": int(float(r[2])),
-                     "utilization_pct": num(r[3]) if len(r) > 3 and num(r[3]) is not None else 0.0})
-    except ValueError:
-        continue
-out["gpus"] = gpus
-apps, _ = smi("--query-compute-apps=pid,used_memory,gpu_uuid")
-out["gpu_processes"] = len(apps) if apps is not None else None
-
-try:
-    st = os.statvfs(HOME)
-    out["disk_free_gb"] = st.f_bavail * st.f_frsize / 1e9
-except OSError:
-    out["disk_free_gb"] = None
-
-activity = []
-try:
-    with open("/proc/uptime") as f:
-        activity.append(now - float(f.read().split()[0]))
-except (OSError, ValueError, IndexError):
-    pass
-
-boot = {"ok": [], "failed": [], "running": []}
-bdir = os.path.join(ROOT, "bootstrap")
-try:
-    names = os.listdir(bdir)
-except OSError:
-    names = []
-nameset = set(names)
-for n in sorted(names):
-    if n.endswith(".ok"):
-        boot["ok"].append(n[:-3])
-        try:
-            activity.append(os.stat(os.path.join(bdir, n)).st_mtime)
-        except OSError:
-            pass
-    elif n.endswith(".failed"):
-        boot["failed"].append(n[:-7])
-    elif n.endswith(".pid"):
-        h = n[:-4]
-        if h + ".ok" in nameset or h + ".failed" in nameset:
-            continue
-        pid = read(os.path.join(bdir, n))
-        if pid and pid.isdigit() and alive(int(pid)):
-            boot["running"].append(h)
-out["bootstrap"] = boot
-
-try:
-    out["code"] = sorted(n for n in os.listdir(os.path.join(ROOT, "code"))
-                         if ".tmp." not in n and os.path.isdir(os.path.join(ROOT, "code", n)))
-except OSError:
-    out["code"] = []
 
 
 def metrics(path, key, goal):
@@ -232,81 +183,151 @@ def metrics(path, key, goal):
     return last, best, final
 
 
-runs = []
-rdir = os.path.join(ROOT, "runs")
-try:
-    entries = sorted(os.listdir(rdir))
-except OSError:
-    entries = []
-for name in entries:
-    d = os.path.join(rdir, name)
-    run_id, _, att = name.rpartition(".")
-    if not run_id or not att.isdigit() or not os.path.isdir(d):
-        continue
+def main():
+    now = time.time()
+    out = {"v": %(version)d, "box_now": now, "python": os.environ.get("RS_BEST_PY") or sys.executable}
+    # Both nvidia-smi queries run at once: on a real box each call takes tens of milliseconds.
+    p_gpu = smi_start("--query-gpu=index,memory.used,memory.total,utilization.gpu")
+    p_app = smi_start("--query-compute-apps=pid,used_memory,gpu_uuid")
+
     try:
-        with open(os.path.join(d, "meta.json")) as f:
-            meta = json.load(f)
-        if not isinstance(meta, dict):
-            meta = {}
-    except (OSError, ValueError):
-        meta = {}
-    pid = read(os.path.join(d, "pid"))
-    started = num(read(os.path.join(d, "started_at")))
-    ended = num(read(os.path.join(d, "ended_at")))
-    code = read(os.path.join(d, "exit_code"))
-    try:
-        hb_age = now - os.stat(os.path.join(d, "heartbeat")).st_mtime
+        st = os.statvfs(HOME)
+        out["disk_free_gb"] = st.f_bavail * st.f_frsize / 1e9
     except OSError:
-        hb_age = None
-    mfile = meta.get("metrics_file") or "metrics.jsonl"
-    mpath = mfile if os.path.isabs(mfile) else os.path.join(d, mfile)
-    last, best, final = metrics(mpath, meta.get("metric_key"), meta.get("metric_goal"))
-    mask = meta.get("gpu_mask")
-    runs.append({
-        "run_id": run_id,
-        "attempt": int(att),
-        "gpu_mask": [int(g) for g in mask] if isinstance(mask, list) else [],
-        "pid": int(pid) if pid and pid.isdigit() else None,
-        "pid_alive": bool(pid and pid.isdigit() and alive(int(pid))),
-        "started_at": started,
-        "heartbeat_age_s": hb_age,
-        "exit_code": int(code) if code and code.lstrip("-").isdigit() else None,
-        "ended_at": ended,
-        "code_commit": meta.get("code_commit"),
-        "desired_commit": meta.get("desired_commit"),
-        "killed_reason": read(os.path.join(d, "killed_reason")),
-        "last_metrics": last or {},
-        "best_metric": best,
-        "final_metric": final,
-    })
-    activity.extend(t for t in (started, ended) if t is not None)
-out["runs"] = runs
-out["last_activity_at"] = max(activity) if activity else None
-sys.stdout.write(json.dumps(out, separators=(",", ":"), allow_nan=False))
+        out["disk_free_gb"] = None
+
+    activity = []
+    try:
+        with open("/proc/uptime") as f:
+            activity.append(now - float(f.read().split()[0]))
+    except (OSError, ValueError, IndexError):
+        pass
+
+    boot = {"ok": [], "failed": [], "running": []}
+    bdir = os.path.join(ROOT, "bootstrap")
+    try:
+        names = os.listdir(bdir)
+    except OSError:
+        names = []
+    nameset = set(names)
+    for n in sorted(names):
+        if n.endswith(".ok"):
+            boot["ok"].append(n[:-3])
+            try:
+                activity.append(os.stat(os.path.join(bdir, n)).st_mtime)
+            except OSError:
+                pass
+        elif n.endswith(".failed"):
+            boot["failed"].append(n[:-7])
+        elif n.endswith(".pid"):
+            h = n[:-4]
+            if h + ".ok" in nameset or h + ".failed" in nameset:
+                continue
+            pid = read(os.path.join(bdir, n))
+            if pid and pid.isdigit() and alive(int(pid)):
+                boot["running"].append(h)
+    out["bootstrap"] = boot
+
+    try:
+        out["code"] = sorted(n for n in os.listdir(os.path.join(ROOT, "code"))
+                             if ".tmp." not in n and os.path.isdir(os.path.join(ROOT, "code", n)))
+    except OSError:
+        out["code"] = []
+
+    runs = []
+    rdir = os.path.join(ROOT, "runs")
+    try:
+        entries = sorted(os.listdir(rdir))
+    except OSError:
+        entries = []
+    for name in entries:
+        d = os.path.join(rdir, name)
+        run_id, _, att = name.rpartition(".")
+        if not run_id or not att.isdigit() or not os.path.isdir(d):
+            continue
+        try:
+            with open(os.path.join(d, "meta.json")) as f:
+                meta = json.load(f)
+            if not isinstance(meta, dict):
+                meta = {}
+        except (OSError, ValueError):
+            meta = {}
+        pid = read(os.path.join(d, "pid"))
+        started = num(read(os.path.join(d, "started_at")))
+        ended = num(read(os.path.join(d, "ended_at")))
+        code = read(os.path.join(d, "exit_code"))
+        try:
+            hb_age = now - os.stat(os.path.join(d, "heartbeat")).st_mtime
+        except OSError:
+            hb_age = None
+        mfile = meta.get("metrics_file") or "metrics.jsonl"
+        mpath = mfile if os.path.isabs(mfile) else os.path.join(d, mfile)
+        last, best, final = metrics(mpath, meta.get("metric_key"), meta.get("metric_goal"))
+        mask = meta.get("gpu_mask")
+        runs.append({
+            "run_id": run_id,
+            "attempt": int(att),
+            "gpu_mask": [int(g) for g in mask] if isinstance(mask, list) else [],
+            "pid": int(pid) if pid and pid.isdigit() else None,
+            "pid_alive": bool(pid and pid.isdigit() and alive(int(pid))),
+            "started_at": started,
+            "heartbeat_age_s": hb_age,
+            "exit_code": int(code) if code and code.lstrip("-").isdigit() else None,
+            "ended_at": ended,
+            "code_commit": meta.get("code_commit"),
+            "desired_commit": meta.get("desired_commit"),
+            "killed_reason": read(os.path.join(d, "killed_reason")),
+            "last_metrics": last or {},
+            "best_metric": best,
+            "final_metric": final,
+        })
+        activity.extend(t for t in (started, ended) if t is not None)
+    out["runs"] = runs
+    out["last_activity_at"] = max(activity) if activity else None
+
+    gpus = []
+    rows, err = smi_rows(p_gpu)
+    if err:
+        out["gpu_error"] = err
+    for r in rows or []:
+        if len(r) < 3:
+            continue
+        try:
+            util = num(r[3]) if len(r) > 3 else None
+            gpus.append({"index": int(r[0]), "memory_used_mib": int(float(r[1])),
+                         "memory_total_mib": int(float(r[2])), "utilization_pct": util or 0.0})
+        except ValueError:
+            continue
+    out["gpus"] = gpus
+    apps, _ = smi_rows(p_app)
+    out["gpu_processes"] = len(apps) if apps is not None else None
+    return out
+
+
+try:
+    doc = main()
+except Exception as exc:
+    doc = {"v": %(version)d, "box_now": time.time(), "error": "probe crashed: %%s: %%s" %% (type(exc).__name__, exc)}
+sys.stdout.write(json.dumps(doc, separators=(",", ":"), allow_nan=False))
 sys.stdout.write("\n")
 """
 
 
 def probe_script() -> str:
-    """A command printing one JSON document describing the box (see the module docstring for the layout)."""
+    """A command printing one JSON document describing the box (see the module docstring for the layout).
+
+    One Python process does all the work (plus the two ``nvidia-smi`` queries, run in parallel): the first
+    candidate interpreter that runs it is also reported as the box's best Python.
+    """
     prog = _PROBE_PY % {"version": PROBE_FORMAT}
     body = (
-        _BEST_PYTHON_SH
-        + "RS_BEST_PY=$(_rs_best_python) || RS_BEST_PY=\n"
-        + "export RS_BEST_PY\n"
-        + "_rs_py=\n"
-        + 'for _c in "$RS_BEST_PY" python3; do\n'
-        + '  if [ -n "$_c" ] && "$_c" -c "import json, sys; sys.exit(0 if sys.version_info >= (3, 6) else 1)" '
-        + ">/dev/null 2>&1; then _rs_py=$_c; break; fi\n"
+        f"_rs_prog={shlex.quote(prog)}\n"
+        + "for _p in " + " ".join(f'"{c}"' for c in PYTHON_CANDIDATES) + "; do\n"
+        + '  _path=$(command -v "$_p" 2>/dev/null) || continue\n'
+        + '  RS_BEST_PY=$_path "$_path" -c "$_rs_prog" 2>/dev/null && exit 0\n'
         + "done\n"
-        + 'if [ -z "$_rs_py" ]; then\n'
-        + '  printf \'{"v":%d,"box_now":%s,"error":"no python3 on the box: the probe needs one"}\\n\' '
+        + 'printf \'{"v":%d,"box_now":%s,"error":"no python3 on the box: the probe needs one"}\\n\' '
         + f'{PROBE_FORMAT} "$(date +%s)"\n'
-        + "  exit 0\n"
-        + "fi\n"
-        + 'exec "$_rs_py" -c '
-        + shlex.quote(prog)
-        + "\n"
     )
     return bash_command(body)
 
