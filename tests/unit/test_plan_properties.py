@@ -1,0 +1,384 @@
+"""Properties of ``plan()`` over generated worlds (hypothesis): the safety rules hold for any input.
+
+The generated worlds are deliberately messy (foreign boxes, stopped and unreachable boxes, crashed and
+finished attempts, bad caps); the steady-state property uses a tidier world so "applied" is well defined.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from reconciler.actions import APPLY_ORDER, Destroy, Kill, Launch, Plan, Record, Rent, Requeue, ShipCode
+from reconciler.model import (
+    AttemptRecord,
+    BoxMemory,
+    BoxProbe,
+    Budget,
+    Desired,
+    Fleet,
+    GpuState,
+    InFlight,
+    Instance,
+    InstanceStatus,
+    MetricGoal,
+    Observed,
+    Offer,
+    OnExceed,
+    Ownership,
+    Phase,
+    RunDirState,
+    RunSpec,
+    Spend,
+)
+from reconciler.plan import effective_caps, fleet_spec_hash, plan
+
+NOW = 1_000_000.0
+FLEET = "lab"
+CAP_VALUES = st.one_of(st.none(), st.sampled_from([-1.0, 0.0, 0.05, 0.15, 0.3, 0.6, 1.0, 2.5, math.nan]))
+
+World = tuple[Desired, Observed]
+
+
+def _run(i: int, gpus: int, ram: int, retries: int, threshold: float | None, cell: str) -> RunSpec:
+    return RunSpec(
+        id=f"r{i}",
+        sweep="s" if i % 2 else "t",
+        cell=cell,
+        params=(("i", i),),
+        seed=i,
+        command=f"python t.py {i}",
+        priority=i % 3,
+        sweep_order=i % 2,
+        gpus=gpus,
+        min_gpu_ram_mib=ram,
+        max_runtime_s=3600.0,
+        retries=retries,
+        metrics_file="metrics.jsonl",
+        metric_key="reward",
+        metric_goal=MetricGoal.MAX,
+        promotion_threshold=threshold,
+    )
+
+
+@st.composite
+def offers(draw: st.DrawFn) -> tuple[Offer, ...]:
+    n = draw(st.integers(0, 6))
+    out = []
+    for i in range(n):
+        dph = draw(st.sampled_from([0.0, 0.04, 0.1, 0.2, 0.35, 0.8, 1.5, -0.1, math.inf]))
+        out.append(
+            Offer(
+                id=500 + i,
+                machine_id=i,
+                gpu_name=draw(st.sampled_from(["RTX 3090", "RTX 4090", "A100"])),
+                num_gpus=draw(st.sampled_from([1, 2, 4])),
+                gpu_ram_mib=draw(st.sampled_from([12000, 24576, 81920])),
+                dph_total=dph,
+                dlperf=draw(st.floats(1, 100)),
+                dlperf_per_dph=draw(st.floats(1, 500)),
+                reliability=draw(st.floats(0.9, 1.0)),
+                inet_down_mbps=500.0,
+                cuda=12.2,
+                verified=True,
+                geolocation="SE",
+                disk_space_gb=100.0,
+            )
+        )
+    return tuple(out)
+
+
+@st.composite
+def worlds(draw: st.DrawFn, steady: bool = False) -> World:
+    bootstrap = "" if steady else draw(st.sampled_from(["", "bh01"]))
+    fleet = Fleet(
+        name=FLEET,
+        min_instances=draw(st.integers(-1, 2)),
+        max_instances=draw(st.integers(-1, 4)),
+        bootstrap_hash=bootstrap,
+        ttl_s=None if steady else draw(st.sampled_from([None, 3000.0])),
+        suspend=False if steady else draw(st.integers(0, 9)) == 0,
+    )
+    on_exceed = draw(st.sampled_from(list(OnExceed)))
+    budget = Budget(
+        max_instance_dph=draw(CAP_VALUES),
+        max_fleet_dph=draw(CAP_VALUES),
+        daily_usd=None if steady else draw(st.sampled_from([None, -1.0, 5.0, 50.0])),
+        total_usd=None,
+        on_exceed=on_exceed,
+    )
+    n_runs = draw(st.integers(0, 8))
+    runs = []
+    for i in range(n_runs):
+        gpus = 1 if steady else draw(st.sampled_from([1, 1, 2]))
+        ram = 0 if steady else draw(st.sampled_from([0, 0, 30000]))
+        threshold = None if steady or i < 2 else draw(st.sampled_from([None, None, 0.5]))
+        runs.append(_run(i, gpus, ram, draw(st.integers(-1, 2)), threshold, f"c{i % 2}"))
+    spec = fleet_spec_hash(fleet)
+    instances: list[Instance] = []
+    probes: list[BoxProbe] = []
+    memory: list[BoxMemory] = []
+    in_flight: list[InFlight] = []
+    history: list[AttemptRecord] = []
+    used_attempts: set[str] = set()
+    n_boxes = draw(st.integers(0, 4))
+    for b in range(n_boxes):
+        iid = 10 + b
+        foreign = not steady and draw(st.integers(0, 4)) == 0
+        if foreign:
+            label = draw(st.sampled_from(["", "notebook", f"rigsync:other:{spec}-{iid}", "rigsync:lab"]))
+        else:
+            old = not steady and draw(st.integers(0, 5)) == 0
+            label = Ownership(FLEET, f"{'0ldspec0' if old else spec}-{iid}").label()
+        status = (
+            InstanceStatus.RUNNING
+            if steady
+            else draw(st.sampled_from(list(InstanceStatus) + [InstanceStatus.RUNNING] * 12))
+        )
+        n_gpus = draw(st.sampled_from([1, 2, 4]))
+        inst = Instance(
+            id=iid,
+            label=label,
+            status=status,
+            gpu_name="RTX 3090",
+            num_gpus=n_gpus,
+            gpu_ram_mib=24576,
+            dph_total=draw(st.sampled_from([0.05, 0.1, 0.2, 0.4])),
+            start_date=NOW - draw(st.sampled_from([60.0, 600.0, 4000.0])),
+        )
+        instances.append(inst)
+        reachable = steady or draw(st.integers(0, 4)) > 0
+        if not reachable:
+            memory.append(BoxMemory(iid, NOW - 5000, unreachable_since=NOW - draw(st.sampled_from([10.0, 500.0]))))
+            probes.append(BoxProbe(iid, False, error="timeout"))
+            if runs and draw(st.booleans()):
+                r = draw(st.sampled_from(runs))
+                if r.id not in used_attempts:
+                    used_attempts.add(r.id)
+                    in_flight.append(InFlight(r.id, 1, iid, (0,), NOW - 100))
+            continue
+        rundirs: list[RunDirState] = []
+        busy: set[int] = set()
+        for g in range(n_gpus):
+            if not runs or not draw(st.booleans()):
+                continue
+            r = draw(st.sampled_from(runs))
+            if r.id in used_attempts or r.gpus != 1:
+                continue
+            used_attempts.add(r.id)
+            if steady:
+                kind = "live"
+            else:
+                kind = draw(st.sampled_from(["live", "live", "done0", "done1", "dead", "stale", "old"]))
+            exit_code = {"done0": 0, "done1": 1}.get(kind)
+            rundirs.append(
+                RunDirState(
+                    run_id=r.id,
+                    attempt=1,
+                    gpu_mask=(g,),
+                    pid_alive=kind in ("live", "stale", "old"),
+                    started_at=NOW - (9000.0 if kind == "old" else 300.0),
+                    heartbeat_age_s=500.0 if kind == "stale" else 3.0,
+                    exit_code=exit_code,
+                    best_metric=draw(st.sampled_from([None, 0.2, 0.9])) if exit_code == 0 else None,
+                )
+            )
+            if exit_code is None and kind != "dead":
+                busy.add(g)
+            in_flight.append(InFlight(r.id, 1, iid, (g,), NOW - 300))
+        gpus = tuple(
+            GpuState(g, 3000 if g in busy or (not steady and draw(st.integers(0, 3)) == 0) else 0, 24576)
+            for g in range(n_gpus)
+        )
+        probes.append(
+            BoxProbe(
+                iid,
+                True,
+                gpus=gpus,
+                bootstrap_hashes=(bootstrap,) if bootstrap and draw(st.integers(0, 3)) > 0 else (),
+                runs=tuple(rundirs),
+                last_activity_at=NOW - draw(st.sampled_from([30.0, 900.0])),
+            )
+        )
+    if not steady:
+        for r in runs:
+            if r.id not in used_attempts and draw(st.integers(0, 3)) == 0:
+                phase = draw(st.sampled_from([Phase.SUCCEEDED, Phase.FAILED, Phase.LOST]))
+                history.append(AttemptRecord(r.id, 1, r.sweep, phase, best_metric=0.9))
+    if not steady and runs and draw(st.booleans()):
+        # an in-flight attempt on a box that is not listed at all
+        in_flight.append(InFlight(draw(st.sampled_from(runs)).id, 7, 99, (0,), NOW - 50))
+    spend = Spend(today_usd=draw(st.sampled_from([0.0, 10.0])), total_usd=10.0)
+    desired = Desired(
+        fleet=fleet, budget=budget, sweeps=(), runs=tuple(runs), code_commit=draw(st.sampled_from([None, "c0ffee"]))
+    )
+    observed = Observed(
+        instances=tuple(instances),
+        probes=tuple(probes),
+        offers=draw(offers()),
+        history=tuple(history),
+        memory=tuple(memory),
+        spend=spend,
+        fleet_name=FLEET,
+        in_flight=tuple(in_flight),
+    )
+    return desired, observed
+
+
+SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _owned_ids(observed: Observed) -> set[int]:
+    out = set()
+    for i in observed.instances:
+        own = Ownership.parse(i.label)
+        if own is not None and own.fleet == FLEET:
+            out.add(i.id)
+    return out
+
+
+@SETTINGS
+@given(worlds())
+def test_plan_is_deterministic_and_ordered(world: World) -> None:
+    desired, observed = world
+    a = plan(desired, observed, NOW)
+    b = plan(desired, observed, NOW)
+    assert a == b
+    assert a.to_json() == b.to_json()
+    keys = [(APPLY_ORDER[x.kind], x.target) for x in a.actions]
+    assert keys == sorted(keys)
+    assert all(x.reason for x in a.actions) and all(n.reason for n in a.noops)
+
+
+@SETTINGS
+@given(worlds())
+def test_never_rents_above_caps(world: World) -> None:
+    desired, observed = world
+    p = plan(desired, observed, NOW)
+    rents = [a for a in p.actions if isinstance(a, Rent)]
+    if not rents:
+        return
+    instance_cap, fleet_cap = effective_caps(desired)
+    owned = {i.id: i for i in observed.instances if i.id in _owned_ids(observed)}
+    destroyed = {a.instance_id for a in p.actions if isinstance(a, Destroy)}
+    alive = [i for iid, i in owned.items() if iid not in destroyed]
+    assert len(alive) + len(rents) <= max(0, desired.fleet.max_instances)
+    assert all(0 <= r.dph <= instance_cap for r in rents)
+    assert sum(i.dph_total for i in alive) + sum(r.dph for r in rents) <= fleet_cap + 1e-9
+    assert len({r.offer_id for r in rents}) == len(rents)
+    offer_ids = {o.id for o in observed.offers}
+    assert all(r.offer_id in offer_ids for r in rents)
+    spend, budget = observed.spend, desired.budget
+    assert budget.daily_usd is None or spend.today_usd < max(0.0, budget.daily_usd)
+
+
+@SETTINGS
+@given(worlds())
+def test_never_acts_on_foreign_instances(world: World) -> None:
+    desired, observed = world
+    p = plan(desired, observed, NOW)
+    owned = _owned_ids(observed)
+    foreign = {i.id for i in observed.instances} - owned
+    for a in p.actions:
+        iid = getattr(a, "instance_id", None)
+        if isinstance(a, (Requeue, Record)):
+            continue  # bookkeeping about our own attempts, never a call to the box
+        assert iid not in foreign, a
+
+
+@SETTINGS
+@given(worlds())
+def test_never_launches_a_run_twice_nor_a_gpu_twice(world: World) -> None:
+    desired, observed = world
+    p = plan(desired, observed, NOW)
+    launches = [a for a in p.actions if isinstance(a, Launch)]
+    assert len({a.run_id for a in launches}) == len(launches)
+    stopped = {(a.run_id, a.attempt) for a in p.actions if isinstance(a, (Kill, Requeue))}
+    probes = observed.probes_by_id()
+    live_runs = set()
+    taken: dict[int, set[int]] = {}
+    for pr in observed.probes:
+        if not pr.reachable:
+            continue
+        for rd in pr.runs:
+            if rd.exit_code is None and rd.pid_alive:
+                taken.setdefault(pr.instance_id, set()).update(rd.gpu_mask)
+                if (rd.run_id, rd.attempt) not in stopped:
+                    live_runs.add(rd.run_id)
+    for a in launches:
+        assert a.run_id not in live_runs, a
+        pr = probes[a.instance_id]
+        gpus = {g.index: g for g in pr.gpus}
+        box_taken = taken.setdefault(a.instance_id, set())
+        for g in a.gpu_mask:
+            assert g not in box_taken, a
+            assert gpus[g].memory_used_mib <= 100
+            box_taken.add(g)
+        spec = desired.run(a.run_id)
+        assert spec is not None and len(a.gpu_mask) == spec.gpus
+    if desired.fleet.suspend:
+        assert all(isinstance(a, Record) for a in p.actions)
+
+
+def _apply(desired: Desired, observed: Observed, p: Plan) -> Observed:
+    """The world after an ideal apply() of ``p`` at the same instant."""
+    instances = {i.id: i for i in observed.instances}
+    probes = {pr.instance_id: pr for pr in observed.probes}
+    history = list(observed.history)
+    in_flight = list(observed.in_flight)
+    offers = {o.id: o for o in observed.offers}
+    next_id = 1000
+    for a in p.actions:
+        if isinstance(a, Record):
+            history.append(AttemptRecord(a.run_id, a.attempt, "", Phase(a.phase), exit_code=a.exit_code))
+        elif isinstance(a, Requeue):
+            history.append(AttemptRecord(a.run_id, a.attempt, "", Phase.LOST))
+        elif isinstance(a, Kill):
+            history.append(AttemptRecord(a.run_id, a.attempt, "", Phase.FAILED, exit_code=137))
+            pr = probes[a.instance_id]
+            runs = tuple(
+                dataclasses.replace(rd, exit_code=137, pid_alive=False) if rd.run_id == a.run_id else rd
+                for rd in pr.runs
+            )
+            probes[a.instance_id] = dataclasses.replace(pr, runs=runs)
+        elif isinstance(a, Destroy):
+            instances.pop(a.instance_id, None)
+            probes.pop(a.instance_id, None)
+        elif isinstance(a, Rent):
+            o = offers.pop(a.offer_id)
+            next_id += 1
+            instances[next_id] = Instance(
+                next_id, a.label, InstanceStatus.LOADING, o.gpu_name, o.num_gpus, o.gpu_ram_mib, o.dph_total, NOW
+            )
+        elif isinstance(a, ShipCode):
+            pr = probes[a.instance_id]
+            probes[a.instance_id] = dataclasses.replace(pr, code_commits=(*pr.code_commits, a.commit))
+        elif isinstance(a, Launch):
+            pr = probes[a.instance_id]
+            rd = RunDirState(a.run_id, a.attempt, a.gpu_mask, True, NOW, 0.0, None)
+            gpus = tuple(dataclasses.replace(g, memory_used_mib=3000) if g.index in a.gpu_mask else g for g in pr.gpus)
+            probes[a.instance_id] = dataclasses.replace(pr, runs=(*pr.runs, rd), gpus=gpus, last_activity_at=NOW)
+            in_flight.append(InFlight(a.run_id, a.attempt, a.instance_id, a.gpu_mask, NOW))
+        else:
+            raise AssertionError(f"unexpected action in a steady world: {a}")
+    return dataclasses.replace(
+        observed,
+        instances=tuple(instances.values()),
+        probes=tuple(probes.values()),
+        history=tuple(history),
+        in_flight=tuple(in_flight),
+        offers=tuple(offers.values()),
+    )
+
+
+@SETTINGS
+@given(worlds(steady=True))
+def test_second_plan_on_applied_world_is_noop_only(world: World) -> None:
+    desired, observed = world
+    first = plan(desired, observed, NOW)
+    applied = _apply(desired, observed, first)
+    second = plan(desired, applied, NOW)
+    assert second.actions == (), [f"{a.kind.value} {a.target}: {a.reason}" for a in second.actions]
