@@ -273,6 +273,8 @@ class GitRepo:
                     fh.write(blob)
         except OSError as exc:
             raise RepoError(f"cannot write observed files in {root}: {exc}") from exc
+        if not (root / OBSERVED_PREFIX).exists() and not self._run("ls-files", "--", OBSERVED_PREFIX):
+            return None  # nothing under observed/ on disk or in the index: pathspecs would not match
         self._run("add", "--all", "--", OBSERVED_PREFIX.rstrip("/"))
         try:
             self._git.execute(["git", "diff", "--cached", "--quiet", "--", OBSERVED_PREFIX], env=self._env)

@@ -89,6 +89,8 @@ def test_archive_is_a_tar_of_the_paths_at_the_commit(world: tuple[Path, Path, Pa
 def test_commit_only_when_something_changed_with_rigsync_identity(world: tuple[Path, Path, Path]) -> None:
     _, _, mine = world
     g = GitRepo(mine)
+    assert g.commit_observed({}, {}, "observe: nothing yet") is None
+    assert g.commit_observed({"observed/status.yaml": None}, {}, "observe: nothing yet") is None
     first = g.commit_observed({"observed/status.yaml": "a: 1\n"}, {}, "observe: first")
     assert first is not None and first == g.head()
     assert log(mine)[0] == "rigsync|rigsync|observe: first"
