@@ -332,8 +332,8 @@ class SshShell:
         dl.watch(conn.close)
         try:
             chan = conn.transport.open_session(timeout=dl.remaining())
-        except paramiko.SSHException:
-            if not pooled:
+        except (paramiko.SSHException, OSError, EOFError):
+            if not pooled or dl.expired:
                 raise
             # The pooled transport died quietly between cycles: reconnect once. Nothing ran yet, so it is safe.
             self._drop(endpoint, conn)
