@@ -302,7 +302,8 @@ class SshShell:
         except BaseException:
             conn.close()
             raise
-        self.connects += 1
+        with self._pool_lock:
+            self.connects += 1
         return conn
 
     def _check_host_key(self, endpoint: Endpoint, key: paramiko.PKey) -> None:
