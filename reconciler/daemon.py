@@ -83,11 +83,6 @@ class DaemonCycle:
         return "cycle: " + "; ".join(p for p in parts if p)
 
 
-def _last_commit_touching(git: GitRepo, paths: tuple[str, ...]) -> str:
-    out = git._repo.git.rev_list("-1", "HEAD", "--", *paths)
-    return str(out).strip() or git.head()
-
-
 class FleetDaemon:
     def __init__(
         self,
@@ -120,7 +115,7 @@ class FleetDaemon:
             stale_after=self.config.lease_stale_s,
             renew_every=self.config.lease_renew_s,
         )
-        self.local_lock = LocalLock(Path(self.git._repo.git_dir) / "rigsync.lock")
+        self.local_lock = LocalLock(self.repo_dir / ".git" / "rigsync.lock")
         self.last_valid: Desired | None = None
         self.reconciler: Reconciler | None = None
         self._fleet_key: tuple[str, str, str | None] | None = None
@@ -148,12 +143,8 @@ class FleetDaemon:
                 self.git.push(max_tries=1)
                 return decision.message
             except (PushRejected, RepoError):
-                self._drop_unpushed()  # someone moved the branch: decide again on what they pushed
+                self.git.drop_unpushed()  # someone moved the branch: decide again on what they pushed
         raise LeaseHeld("could not take the fleet's lease: the remote branch kept moving")
-
-    def _drop_unpushed(self) -> None:
-        tip = self.git.fetch()
-        self.git._repo.git.reset("--keep", tip)
 
     def release(self) -> None:
         try:
@@ -198,10 +189,10 @@ class FleetDaemon:
         lease_files = self.lease.renew(started)
         files = self.git.desired_files("HEAD")
         desired_errors: tuple[str, ...] = ()
-        desired_commit = _last_commit_touching(self.git, ("desired",))
+        desired_commit = self.git.desired_commit("HEAD")
         try:
             desired = load_desired(files, commit=desired_commit)
-            code_commit = _last_commit_touching(self.git, _code_paths(desired))
+            code_commit = self.git.last_commit_touching("HEAD", _code_paths(desired))
             desired = replace(desired, code_commit=code_commit)
             self.last_valid = desired
         except DesiredStateInvalid as exc:
@@ -292,9 +283,9 @@ class FleetDaemon:
             last = None
             while not self.stop_event.wait(self.config.remote_poll_s):
                 try:
-                    out = self.git._repo.git.ls_remote(self.config.remote, f"refs/heads/{self.config.branch}")
-                except Exception:
-                    continue
+                    out = self.git.remote_head()
+                except RigsyncError:
+                    continue  # a flaky remote only delays the wake-up
                 if last is not None and out != last:
                     wake.set()
                 last = out

@@ -30,7 +30,7 @@ from functools import cache
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]
+import jsonschema
 import yaml
 
 from reconciler.errors import DesiredStateInvalid

@@ -145,8 +145,23 @@ class GitRepo:
         This, not the branch tip, names the desired revision: rigsync's own observed/ commits move the tip
         every time they are pushed, and must not look like a new desired state to the next cycle.
         """
-        sha = str(self._run("log", "-1", "--format=%H", commit, "--", DESIRED_PREFIX.rstrip("/")))
+        return self.last_commit_touching(commit, (DESIRED_PREFIX.rstrip("/"),))
+
+    def last_commit_touching(self, commit: str, paths: Sequence[str]) -> str:
+        """The newest commit at or before ``commit`` that changed any of ``paths`` (``commit`` if none did)."""
+        sha = str(self._run("log", "-1", "--format=%H", commit, "--", *paths))
         return sha or commit
+
+    def drop_unpushed(self) -> str:
+        """Move the branch back to the remote tip, dropping rigsync's unpushed commits (keeps local edits)."""
+        tip = self.fetch()
+        self._run("reset", "--quiet", "--keep", tip)
+        return tip
+
+    def remote_head(self) -> str:
+        """The remote branch's current sha without fetching objects (cheap enough to poll)."""
+        out = str(self._run("ls-remote", self.remote, f"refs/heads/{self.branch}"))
+        return out.split()[0] if out else ""
 
     def head(self) -> str:
         return str(self._run("rev-parse", "--verify", "HEAD^{commit}"))

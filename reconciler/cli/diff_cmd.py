@@ -17,7 +17,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]
+import jsonschema
 
 from reconciler.errors import DesiredStateInvalid, RepoError, UserError
 from reconciler.model import Desired

@@ -1,4 +1,4 @@
-"""Every GitHub workflow file validates against the GitHub workflow schema, offline, and CI runs the README's commands."""
+"""Every GitHub workflow validates against the GitHub workflow schema offline; CI runs the README commands."""
 
 from __future__ import annotations
 
