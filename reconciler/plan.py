@@ -981,8 +981,9 @@ class _Planner:
         return Plan(
             actions=tuple(sorted(actions, key=_order)),
             noops=tuple(sorted(noops, key=lambda n: (n.subject, n.reason))),
-            fleet_dph_before=before,
-            fleet_dph_after=before - destroyed + rented,
+            # rounded like the JSON so a saved plan reads back equal (0.1 + 0.2 is not 0.3 in floats)
+            fleet_dph_before=round(before, 6),
+            fleet_dph_after=round(before - destroyed + rented, 6),
             desired_commit=self.d.commit,
             suspended=suspended,
             warnings=tuple(self.warnings),

@@ -1,0 +1,134 @@
+"""The plan JSON contract: every plan the planner makes validates against ``schemas/plan.schema.json``.
+
+Plans come from every case in ``plan_cases/`` (the planner's behaviour as data), so a new action field or kind
+that the schema does not describe fails here. A plan is also a value: it must read back from its JSON equal.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from reconciler.actions import ACTION_TYPES, Kind, Launch, Noop, Plan, Record
+from reconciler.desired import schema_path
+from reconciler.model import Drift, DriftClass
+from reconciler.plan import plan
+
+try:
+    from .plan_case_io import load_case
+except ImportError:  # tests/unit is not a package: pytest put this directory on sys.path
+    from plan_case_io import load_case  # type: ignore[no-redef]
+
+CASE_FILES = sorted((Path(__file__).parent / "plan_cases").glob("*.json"))
+SCHEMA: dict[str, Any] = json.loads(schema_path("plan").read_text())
+VALIDATOR = Draft202012Validator(SCHEMA)
+
+
+def _errors(doc: object) -> list[str]:
+    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in VALIDATOR.iter_errors(doc)]
+
+
+def _as_json(p: Plan) -> dict[str, Any]:
+    """What `rigsync plan --json` prints, read back (tuples become lists, as in the file)."""
+    doc: dict[str, Any] = json.loads(json.dumps(p.to_json()))
+    return doc
+
+
+def test_schema_is_valid_draft_2020_12_with_conventions() -> None:
+    Draft202012Validator.check_schema(SCHEMA)
+    assert SCHEMA["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert SCHEMA["$id"]
+
+    def walk(node: object, where: str) -> None:
+        if isinstance(node, dict):
+            for name, sub in (node.get("properties") or {}).items():
+                assert isinstance(sub, dict) and sub.get("description"), f"{where}/properties/{name}: no description"
+            if node.get("type") == "object":
+                assert node.get("additionalProperties") is False, f"{where} allows additional properties"
+            for key, sub in node.items():
+                walk(sub, f"{where}/{key}")
+        elif isinstance(node, list):
+            for i, sub in enumerate(node):
+                walk(sub, f"{where}/{i}")
+
+    walk(SCHEMA, "#")
+
+
+def test_schema_describes_every_action_kind() -> None:
+    refs = [r["$ref"] for r in SCHEMA["properties"]["actions"]["items"]["oneOf"]]
+    assert sorted(refs) == sorted(f"#/$defs/{k.value}" for k in Kind if k is not Kind.NOOP)
+    for kind, cls in ACTION_TYPES.items():
+        props = set(SCHEMA["$defs"][kind.value]["properties"])
+        fields = set(cls.__dataclass_fields__) - {"kind"}
+        assert props == fields | {"kind", "target"}, kind
+
+
+@pytest.mark.parametrize("path", CASE_FILES, ids=[p.stem for p in CASE_FILES])
+def test_plan_of_case_validates_and_round_trips(path: Path) -> None:
+    case = load_case(path)
+    p = plan(case.desired, case.observed, case.now)
+    doc = _as_json(p)
+    assert _errors(doc) == []
+    assert doc["format_version"] == 1
+    assert sum(doc["counts"].values()) == len(doc["actions"])
+    assert Plan.from_json(doc) == p
+    assert Plan.from_json(p.to_json()) == p
+
+
+def test_cases_cover_every_action_kind() -> None:
+    seen: set[str] = set()
+    for path in CASE_FILES:
+        case = load_case(path)
+        seen |= {a.kind.value for a in plan(case.desired, case.observed, case.now).actions}
+    assert seen == {k.value for k in Kind if k is not Kind.NOOP}
+
+
+def _hand_plan() -> Plan:
+    return Plan(
+        actions=(
+            Record(reason="exit code 0", run_id="r1", attempt=1, instance_id=5, phase="succeeded", exit_code=0),
+            Launch(
+                reason="pending", instance_id=5, run_id="r2", attempt=1, gpu_mask=(0,), command="python t.py",
+                code_commit=None, sweep="s",
+            ),
+        ),
+        noops=(Noop(reason="busy", subject="instance/5"),),
+        fleet_dph_before=0.1,
+        fleet_dph_after=0.1,
+        desired_commit="abc",
+        warnings=("w",),
+        drift=(Drift(DriftClass.FOREIGN, "instance/9", "label 'x'", "none"),),
+    )
+
+
+def test_hand_built_plan_with_nulls_validates() -> None:
+    p = _hand_plan()
+    doc = _as_json(p)
+    assert _errors(doc) == []
+    assert Plan.from_json(doc) == p
+
+
+@pytest.mark.parametrize(
+    ("mutate", "where"),
+    [
+        (lambda d: d.update(format_version=2), "format_version"),
+        (lambda d: d.update(extra=1), ""),
+        (lambda d: d["actions"][0].update(kind="stop"), "actions/0"),
+        (lambda d: d["actions"][1].pop("gpu_mask"), "actions/1"),
+        (lambda d: d["actions"][1].update(attempt=0), "actions/1"),
+        (lambda d: d["actions"][0].update(unknown="x"), "actions/0"),
+        (lambda d: d["drift"][0].update({"class": "weird"}), "drift/0/class"),
+        (lambda d: d["counts"].update(stop=1), "counts"),
+        (lambda d: d["noops"][0].pop("reason"), "noops/0"),
+    ],
+)
+def test_schema_rejects_what_plans_never_hold(mutate: Any, where: str) -> None:
+    doc = _as_json(_hand_plan())
+    mutate(doc)
+    errors = _errors(doc)
+    assert errors, "the schema accepted a malformed plan"
+    assert any(e.startswith(where) for e in errors), errors
