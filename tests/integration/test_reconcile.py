@@ -183,10 +183,12 @@ def clean(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> Itera
         # Someone else's box on the same account: a 2-GPU offer the fleet's filters would never pick.
         client = sdk(emulator)
         offers = quietly(lambda: client.search_offers(query="num_gpus>=2 rentable=true", limit=5))
-        foreign_id = int(
-            quietly(lambda: client.create_instance(id=offers[0]["id"], image="ubuntu:22.04", disk=10,
-                                                   label="someone-else:notebook", ssh=True, direct=True))["new_contract"]
+        reply = quietly(
+            lambda: client.create_instance(
+                id=offers[0]["id"], image="ubuntu:22.04", disk=10, label="someone-else:notebook", ssh=True, direct=True
+            )
         )
+        foreign_id = int(reply["new_contract"])
 
         rec = open_reconciler(repo, desired, str(tmp / "state"))
         out = Clean(repo, desired, rec, [], foreign_id)
@@ -236,7 +238,7 @@ def clean(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> Itera
             yield out
         finally:
             rec.shell.close()
-            for iid in owned_alive(emulator, "itclean") + [foreign_id]:
+            for iid in [*owned_alive(emulator, "itclean"), foreign_id]:
                 if iid in emulator.instance_ids():
                     emulator.destroy_instance(iid)
 
