@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import reconciler
-from reconciler.actions import Launch
 from reconciler.archive import RunArchive
 from reconciler.daemon import DaemonConfig, FleetDaemon
 from reconciler.errors import UserError
 from reconciler.model import InstanceStatus, Ownership, Phase
+from reconciler.runstate import wanted_ids
 
 DEMO_TIMEOUTS = {
     "idle_timeout": "20s",
@@ -296,13 +296,13 @@ def _drive(daemon: FleetDaemon, emu: Any, opts: DemoOptions, chaos: Chaos | None
             chaos.step(busy)
             if chaos.hung is not None and time.monotonic() - chaos.hung_at > 30 and chaos.hung in emu.instance_ids():
                 emu.resume(chaos.hung)
-        base = [r for r in res.desired.runs if r.promotion_threshold is None]
         hist = daemon.reconciler.history if daemon.reconciler else ()
         succeeded = {h.run_id for h in hist if h.phase is Phase.SUCCEEDED}
-        wanted = {r.id for r in base} | {
-            a.run_id for a in res.plan.actions if isinstance(a, Launch)
-        } | {h.run_id for h in hist}
-        wanted &= {r.id for r in res.desired.runs}
+        metrics: dict[str, list[float | None]] = {}
+        for h in hist:
+            if h.phase is Phase.SUCCEEDED:
+                metrics.setdefault(h.run_id, []).append(h.best_metric)
+        wanted = wanted_ids(res.desired.runs, metrics)
         blocked = sum(1 for v in _phases(res).values() if v == Phase.BLOCKED.value)
         summary.runs_total = len(wanted)
         summary.runs_failed = blocked

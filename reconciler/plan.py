@@ -47,7 +47,6 @@ from reconciler.model import (
     InFlight,
     Instance,
     InstanceStatus,
-    MetricGoal,
     Observed,
     Offer,
     OfferFilters,
@@ -58,6 +57,7 @@ from reconciler.model import (
     RunDirState,
     RunSpec,
 )
+from reconciler.runstate import best_by_cell, promotion_met
 
 __all__ = [
     "effective_caps",
@@ -363,33 +363,16 @@ class _Planner:
 
     def _wanted(self) -> None:
         """Base runs, plus promotion seeds whose cell's best base metric reached their threshold."""
-        best: dict[str, float] = {}
-        goal_of: dict[str, MetricGoal] = {}
-        base_ids = {r.id: r for r in self.runs.values() if r.promotion_threshold is None}
-        candidates = [r for r in self.runs.values() if r.promotion_threshold is not None]
-        for r in candidates:
-            goal_of[r.cell] = r.metric_goal
-        if candidates:
-            cells_needed = set(goal_of)
-            for run_id, spec in base_ids.items():
-                if spec.cell not in cells_needed:
-                    continue
-                metrics = [h.best_metric for h in self.history.get(run_id, ()) if h.phase is Phase.SUCCEEDED]
-                metrics += [m for ph, m in self.recorded.get(run_id, ()) if ph is Phase.SUCCEEDED]
-                for m in metrics:
-                    if m is None or math.isnan(m):
-                        continue
-                    cur = best.get(spec.cell)
-                    if cur is None or (m > cur if goal_of[spec.cell] is MetricGoal.MAX else m < cur):
-                        best[spec.cell] = m
-        self.wanted: set[str] = set(base_ids)
+        metrics: dict[str, list[float | None]] = defaultdict(list)
+        for run_id, recs in self.history.items():
+            metrics[run_id].extend(h.best_metric for h in recs if h.phase is Phase.SUCCEEDED)
+        for run_id, recorded in self.recorded.items():
+            metrics[run_id].extend(m for ph, m in recorded if ph is Phase.SUCCEEDED)
+        best = best_by_cell(self.runs.values(), metrics)
+        self.wanted: set[str] = set()
         waiting_promo: dict[str, int] = defaultdict(int)
-        for r in candidates:
-            threshold = r.promotion_threshold
-            assert threshold is not None
-            b = best.get(r.cell)
-            met = b is not None and (b >= threshold if r.metric_goal is MetricGoal.MAX else b <= threshold)
-            if met:
+        for r in self.runs.values():
+            if promotion_met(r, best):
                 self.wanted.add(r.id)
             else:
                 waiting_promo[r.sweep] += 1

@@ -1,0 +1,49 @@
+"""Which runs are wanted, given what has finished: the promotion rule, stated once.
+
+Promotion seeds are expanded ahead of time (the planner cannot render templates); one becomes wanted when its
+cell's best metric over *succeeded base-seed* attempts reaches its threshold. Only base seeds count, so a
+promoted seed's own result can never promote further: promotion is bounded by construction. The planner, the
+observed files, the status view and the demo all ask this module, so they can never disagree.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+from reconciler.model import MetricGoal, RunSpec
+
+
+def _better(goal: MetricGoal, new: float, cur: float | None) -> bool:
+    return cur is None or (new > cur if goal is MetricGoal.MAX else new < cur)
+
+
+def best_by_cell(runs: Iterable[RunSpec], metrics: Mapping[str, Iterable[float | None]]) -> dict[str, float]:
+    """The best metric per cell over its base seeds; ``metrics`` maps run id → succeeded attempts' best metrics."""
+    best: dict[str, float] = {}
+    for spec in runs:
+        if spec.promotion_threshold is not None:
+            continue
+        for m in metrics.get(spec.id, ()):
+            if m is None or math.isnan(m):
+                continue
+            if _better(spec.metric_goal, m, best.get(spec.cell)):
+                best[spec.cell] = m
+    return best
+
+
+def promotion_met(spec: RunSpec, best: Mapping[str, float]) -> bool:
+    """True for base seeds, and for promotion seeds whose cell reached the threshold."""
+    threshold = spec.promotion_threshold
+    if threshold is None:
+        return True
+    b = best.get(spec.cell)
+    if b is None:
+        return False
+    return b >= threshold if spec.metric_goal is MetricGoal.MAX else b <= threshold
+
+
+def wanted_ids(runs: Iterable[RunSpec], metrics: Mapping[str, Iterable[float | None]]) -> set[str]:
+    specs = list(runs)
+    best = best_by_cell(specs, metrics)
+    return {s.id for s in specs if promotion_met(s, best)}
