@@ -1,0 +1,540 @@
+"""`rigsync run` against real parts: a bare git remote on disk, the emulator's real sshd boxes, real processes.
+
+These tests are about the daemon's contract with git and with other reconcilers: no commit when nothing
+changed, a human's concurrent push survives (never a force push), an invalid desired commit is reported and
+not acted on, exactly one reconciler holds a fleet's lease (and a stale one can be taken over, on the record),
+SIGTERM ends cleanly, and what rigsync commits under observed/ validates against its schemas.
+
+The helpers at the top are shared with ``test_run_crash.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from reconciler.daemon import DaemonConfig, FleetDaemon
+from reconciler.demo import make_fleet_repo
+from reconciler.emulator import Emulator
+from reconciler.lease import LocalLock
+from reconciler.model import Ownership
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+RIGSYNC = [sys.executable, "-m", "reconciler"]
+HUMAN = {
+    "GIT_AUTHOR_NAME": "A Researcher",
+    "GIT_AUTHOR_EMAIL": "researcher@example.invalid",
+    "GIT_COMMITTER_NAME": "A Researcher",
+    "GIT_COMMITTER_EMAIL": "researcher@example.invalid",
+}
+OBSERVED_SCHEMAS = {
+    "observed/fleet.yaml": "observed-fleet",
+    "observed/runs.yaml": "observed-runs",
+    "observed/drift.yaml": "observed-drift",
+    "observed/budget.yaml": "observed-budget",
+    "observed/status.yaml": "observed-status",
+    "observed/lease.yaml": "observed-lease",
+}
+
+SWEEP = """\
+# yaml-language-server: $schema=../../schemas/sweep.schema.json
+name: tdmpc
+priority: 10
+code: [experiments]
+command: >-
+  {{{{ python }}}} experiments/train.py --task {{{{ task }}}} --lr {{{{ lr }}}} --seed {{{{ seed }}}}
+  --seconds {seconds} --evals 4 --out {{{{ run_dir }}}}/metrics.jsonl
+grid:
+  task: [walker-walk]
+  lr: [1.0e-3]
+seeds: [{seeds}]
+resources:
+  gpus: 1
+max_runtime: 5m
+retries: 1
+metrics:
+  file: metrics.jsonl
+  key: episode_reward
+  goal: max
+"""
+
+
+def git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    proc = subprocess.run(
+        ["git", *args], cwd=cwd, env={**os.environ, **HUMAN, **(env or {})}, capture_output=True, text=True,
+        check=False, timeout=60,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"git {' '.join(args)} failed in {cwd}: {proc.stderr.strip()}")
+    return proc.stdout.strip()
+
+
+def wait_for(what: str, cond: Callable[[], Any], timeout: float = 60.0, every: float = 0.2) -> Any:
+    """Poll ``cond`` until it returns something truthy; fail naming ``what`` after ``timeout`` (a bound only)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(every)
+
+
+@dataclass
+class BoxRuns:
+    """Every run directory seen on any box (boxes vanish when destroyed, so a thread keeps looking)."""
+
+    emu: Emulator
+    fleet: str
+    seen: dict[tuple[int, str], dict[str, str]] = field(default_factory=dict)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def scan(self) -> None:
+        for iid in self.emu.instance_ids():
+            try:
+                own = Ownership.parse(self.emu.instance(iid).get("label"))
+                if own is None or own.fleet != self.fleet:
+                    continue
+                runs = self.emu.host_root(iid) / "rigsync" / "runs"
+                entries = list(runs.iterdir()) if runs.is_dir() else []
+            except Exception:  # the box went away under us: it is simply not seen this round
+                continue
+            for d in entries:
+                info = dict(self.seen.get((iid, d.name), {}))
+                for f in ("started_at", "ended_at", "exit_code"):
+                    try:
+                        info[f] = (d / f).read_text().strip()
+                    except OSError:
+                        pass
+                self.seen[(iid, d.name)] = info
+
+    def start(self) -> BoxRuns:
+        def loop() -> None:
+            while not self._stop.wait(0.25):
+                self.scan()
+
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.scan()
+
+    def dirs(self) -> set[str]:
+        return {name for _, name in self.seen}
+
+    def run_ids(self) -> set[str]:
+        return {name.rsplit(".", 1)[0] for name in self.dirs()}
+
+
+@dataclass
+class World:
+    """A fleet repository (rigsync's clone + its bare remote) pointed at the test emulator."""
+
+    emu: Emulator
+    tmp: Path
+    name: str
+    work: Path
+    remote: Path
+    state: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "VAST_API_KEY": self.emu.api_key, "RIGSYNC_STATE_DIR": str(self.state)}
+
+    # ---- the remote, as a human or a reviewer sees it
+    def tip(self) -> str:
+        return git(self.remote, "rev-parse", "refs/heads/main")
+
+    def remote_file(self, path: str, rev: str = "refs/heads/main") -> str | None:
+        proc = subprocess.run(
+            ["git", "show", f"{rev}:{path}"], cwd=self.remote, capture_output=True, text=True, check=False
+        )
+        return proc.stdout if proc.returncode == 0 else None
+
+    def remote_yaml(self, path: str) -> Any:
+        text = self.remote_file(path)
+        return None if text is None else yaml.safe_load(text)
+
+    def remote_archive_lines(self) -> list[dict[str, Any]]:
+        names = git(self.remote, "ls-tree", "--name-only", "refs/heads/main", "observed/runs/").split()
+        out: list[dict[str, Any]] = []
+        for n in names:
+            for line in (self.remote_file(n) or "").splitlines():
+                if line.strip():
+                    out.append(json.loads(line))
+        return out
+
+    def commit_count(self) -> int:
+        return int(git(self.remote, "rev-list", "--count", "refs/heads/main"))
+
+    def assert_never_forced(self) -> None:
+        """Every update of the remote branch (its reflog) was a fast-forward."""
+        log = (self.remote / "logs" / "refs" / "heads" / "main").read_text().splitlines()
+        assert log, "the remote's reflog is empty: logAllRefUpdates did not take"
+        for entry in log:
+            old, new = entry.split()[:2]
+            if set(old) == {"0"}:
+                continue
+            proc = subprocess.run(["git", "merge-base", "--is-ancestor", old, new], cwd=self.remote, check=False)
+            assert proc.returncode == 0, f"non-fast-forward update of the remote: {entry}"
+
+    # ---- a second clone, as a human
+    def clone(self, name: str) -> Path:
+        path = self.tmp / name
+        git(self.tmp, "clone", "-q", str(self.remote), str(path))
+        return path
+
+    def human_push(self, clone: Path, edit: Callable[[Path], None], message: str) -> str:
+        """Pull, edit, commit and push from ``clone`` (retrying a race with rigsync); return the pushed sha."""
+        for _ in range(10):
+            git(clone, "pull", "-q", "--rebase", "origin", "main")
+            edit(clone)
+            git(clone, "commit", "-q", "-am", message)
+            proc = subprocess.run(
+                ["git", "push", "-q", "origin", "HEAD:main"], cwd=clone, env={**os.environ, **HUMAN},
+                capture_output=True, check=False,
+            )
+            if proc.returncode == 0:
+                return git(clone, "rev-parse", "HEAD")
+            git(clone, "reset", "-q", "--hard", "origin/main")
+        raise AssertionError("the human could not push in 10 tries")
+
+    # ---- rigsync processes
+    def start(self, *args: str, repo: Path | None = None, tag: str = "run") -> tuple[subprocess.Popen[bytes], Path]:
+        log = self.tmp / f"{tag}-{len(self.procs)}.log"
+        with open(log, "wb") as fh:
+            proc = subprocess.Popen(
+                [*RIGSYNC, "run", "--repo", str(repo or self.work), *args], env=self.env, stdout=fh,
+                stderr=subprocess.STDOUT, cwd=self.tmp,
+            )
+        self.procs.append(proc)
+        return proc, log
+
+    def run_once(self, *args: str, repo: Path | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*RIGSYNC, "run", "--repo", str(repo or self.work), "--once", *args], env=self.env,
+            capture_output=True, text=True, timeout=120, cwd=self.tmp, check=False,
+        )
+
+    def daemon(self, **config: Any) -> FleetDaemon:
+        cfg = DaemonConfig(**{"interval_s": 1.0, "lease_renew_s": 600.0, **config})
+        return FleetDaemon(self.work, config=cfg, state_dir=str(self.state))
+
+    def owned_instances(self) -> list[int]:
+        out = []
+        for iid in self.emu.instance_ids():
+            try:
+                own = Ownership.parse(self.emu.instance(iid).get("label"))
+            except Exception:
+                continue
+            if own is not None and own.fleet == self.name:
+                out.append(iid)
+        return out
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=10)
+        for iid in self.owned_instances():  # never leave this test's boxes billing in the shared emulator
+            try:
+                self.emu.destroy_instance(iid)
+            except Exception:
+                pass
+
+
+def set_key(text: str, key: str, value: str) -> str:
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(f"{key}:") or line.startswith(f"  {key}:"):
+            indent = line[: len(line) - len(line.lstrip())]
+            lines[i] = f"{indent}{key}: {value}"
+            return "\n".join(lines) + "\n"
+    raise AssertionError(f"no {key!r} line to set")
+
+
+def make_world(
+    tmp: Path,
+    emu: Emulator,
+    name: str,
+    *,
+    seeds: str = "1",
+    seconds: float = 2.0,
+    max_instances: int = 1,
+    suspend: bool = False,
+    idle_timeout: str = "4s",
+) -> World:
+    """A fleet repo with a one-cell sweep (``seeds`` as YAML list items) of ``seconds``-long runs."""
+    work = tmp / "rigsync"
+    work, remote = make_fleet_repo(work, emu.url, None)
+    git(remote, "config", "core.logAllRefUpdates", "true")
+    git(remote, "config", "receive.denyNonFastForwards", "true")
+    fleet = work / "desired" / "fleet.yaml"
+    text = fleet.read_text()
+    text = set_key(text, "name", name)
+    text = set_key(text, "max", str(max_instances))
+    text = set_key(text, "suspend", "true" if suspend else "false")
+    text = set_key(text, "idle_timeout", idle_timeout)
+    fleet.write_text(text)
+    (work / "desired" / "sweeps" / "tdmpc.yaml").write_text(SWEEP.format(seconds=seconds, seeds=seeds))
+    git(work, "commit", "-q", "-am", f"test fleet {name}")
+    git(work, "push", "-q", "origin", "main")
+    state = tmp / "state"
+    state.mkdir()
+    return World(emu=emu, tmp=tmp, name=name, work=work, remote=remote, state=state)
+
+
+@pytest.fixture
+def world_factory(tmp_path: Path, emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., World]]:
+    made: list[World] = []
+    monkeypatch.setenv("VAST_API_KEY", emulator.api_key)
+
+    def make(name: str, **kw: Any) -> World:
+        w = make_world(tmp_path, emulator, name, **kw)
+        made.append(w)
+        return w
+
+    yield make
+    for w in made:
+        w.close()
+
+
+def validate_observed(w: World) -> None:
+    """Every observed/ file at the remote tip validates against its schema; archive lines too."""
+    checked = 0
+    for path, schema_name in OBSERVED_SCHEMAS.items():
+        text = w.remote_file(path)
+        if text is None:
+            continue
+        schema = json.loads((ROOT / "schemas" / f"{schema_name}.schema.json").read_text())
+        jsonschema.Draft202012Validator(schema).validate(yaml.safe_load(text))
+        checked += 1
+    record_schema = json.loads((ROOT / "schemas" / "archive-record.schema.json").read_text())
+    validator = jsonschema.Draft202012Validator(record_schema)
+    for rec in w.remote_archive_lines():
+        validator.validate(rec)
+    assert checked >= 4, "observed/ at the remote holds too few of the rendered files"
+
+
+def run_ids_by_seed(w: World) -> dict[int, str]:
+    from reconciler.desired import load_desired_from_dir
+
+    return {r.seed: r.id for r in load_desired_from_dir(w.work).runs}
+
+
+def log_text(log: Path) -> str:
+    return log.read_text(errors="replace")
+
+
+# --------------------------------------------------------------------------------------------- the tests
+
+
+def test_unchanged_cycles_make_no_commit(world_factory: Callable[..., World]) -> None:
+    w = world_factory("t-quiet", suspend=True)
+    d = w.daemon()
+    d.acquire()
+    try:
+        first = d.cycle()
+        assert first.commit is not None, "the first cycle writes observed/ for the first time"
+        assert not first.acted
+        tip = w.tip()
+        count = w.commit_count()
+        for _ in range(4):
+            cyc = d.cycle()
+            assert cyc.commit is None, f"an unchanged cycle committed: {cyc.line()}"
+        assert w.tip() == tip
+        assert w.commit_count() == count
+        validate_observed(w)
+    finally:
+        d.release()
+    assert w.remote_yaml("observed/lease.yaml") is None, "release deletes the lease at the remote"
+    w.assert_never_forced()
+
+
+def test_human_push_during_a_cycle_survives_and_is_applied_next(world_factory: Callable[..., World]) -> None:
+    w = world_factory("t-race", seeds="1", seconds=1.0)
+    human = w.clone("human")
+    d = w.daemon()
+    d.acquire()
+    pushed: list[str] = []
+    original_push = d.git.push
+
+    def push_after_a_human(max_tries: int = 6) -> None:
+        # The human pushes between rigsync's sync and its push: rigsync's push must rebase, not force.
+        if not pushed:
+            pushed.append(w.human_push(human, add_seed_2, "sweep: one more seed"))
+        original_push(max_tries)
+
+    def add_seed_2(clone: Path) -> None:
+        p = clone / "desired" / "sweeps" / "tdmpc.yaml"
+        p.write_text(p.read_text().replace("seeds: [1]", "seeds: [1, 2]"))
+
+    try:
+        before = d.cycle()
+        d.git.push = push_after_a_human  # type: ignore[method-assign]
+        racing = d.cycle()
+        assert pushed and racing.commit is not None
+        h = pushed[0]
+        tip = w.tip()
+        assert git(w.remote, "merge-base", "--is-ancestor", h, tip) == ""
+        on_top = git(w.remote, "log", "--format=%an %s", f"{h}..{tip}").splitlines()
+        assert on_top and all(line.startswith("rigsync ") for line in on_top), on_top
+        assert git(w.remote, "log", "-1", "--format=%an", h) == "A Researcher"
+        assert before.desired_commit != h
+        assert racing.desired_commit == before.desired_commit, "the racing cycle ran on what it had read"
+
+        nxt = d.cycle()
+        assert nxt.desired_commit == h
+        assert w.remote_yaml("observed/status.yaml")["desired_commit_applied"] == h
+        ids = run_ids_by_seed(w)
+
+        def both_succeeded() -> bool:
+            d.cycle()
+            done = {r["run_id"] for r in w.remote_archive_lines() if r["phase"] == "succeeded"}
+            return {ids[1], ids[2]} <= done
+
+        wait_for("both seeds to succeed", both_succeeded, timeout=90, every=0.5)
+        validate_observed(w)
+    finally:
+        d.release()
+    w.assert_never_forced()
+
+
+def test_invalid_desired_is_reported_and_not_acted_on(world_factory: Callable[..., World]) -> None:
+    w = world_factory("t-invalid", seeds="1", seconds=6.0)
+    ids_before = run_ids_by_seed(w)
+    valid = git(w.work, "rev-parse", "HEAD")
+    boxes = BoxRuns(w.emu, w.name).start()
+    proc, log = w.start("--interval", "1")
+    try:
+        wait_for("seed 1 to be launched", lambda: any(n.startswith(ids_before[1]) for n in boxes.dirs()), 60)
+        human = w.clone("human")
+
+        def break_it(clone: Path) -> None:
+            p = clone / "desired" / "sweeps" / "tdmpc.yaml"
+            text = p.read_text().replace("seeds: [1]", "seeds: [1, 2, 3]")
+            p.write_text(text.replace("retries: 1", "retries: lots"))
+
+        broken = w.human_push(human, break_it, "sweep: more seeds (and a typo)")
+        line = next(
+            i for i, t in enumerate(Path(human / "desired/sweeps/tdmpc.yaml").read_text().splitlines(), 1)
+            if t.startswith("retries:")
+        )
+
+        def reported() -> Any:
+            st = w.remote_yaml("observed/status.yaml") or {}
+            return st if st.get("desired_errors") else None
+
+        status = wait_for("status.yaml to report the invalid desired commit", reported, 30)
+        assert any(f"desired/sweeps/tdmpc.yaml:{line}" in e for e in status["desired_errors"]), status
+        assert status["desired_commit_applied"] == valid
+        assert status["last_valid_desired_commit"] == valid
+        assert status.get("desired_valid") is False
+        # The last valid revision keeps going: its run finishes and is archived.
+        wait_for(
+            "seed 1 to succeed under the last valid revision",
+            lambda: any(r["run_id"] == ids_before[1] and r["phase"] == "succeeded" for r in w.remote_archive_lines()),
+            60,
+        )
+        out = log_text(log)
+        assert f"desired {broken[:12]} is invalid" in out and "desired error(s)" in out, out[-2000:]
+        # Only seed 1 ever ran: the broken revision's seeds 2 and 3 were never launched.
+        boxes.scan()
+        assert boxes.run_ids() == {ids_before[1]}, boxes.dirs()
+        assert {r["run_id"] for r in w.remote_archive_lines()} == {ids_before[1]}
+        assert proc.poll() is None, "an invalid desired commit must not stop the daemon"
+        validate_observed(w)
+    finally:
+        boxes.stop()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    assert "Traceback" not in log_text(log)
+    w.assert_never_forced()
+
+
+def test_only_one_reconciler_acts_and_a_stale_lease_is_taken_over(world_factory: Callable[..., World]) -> None:
+    w = world_factory("t-lease", suspend=True)
+    other = w.clone("other")
+    first, log = w.start("--interval", "1")
+    holder = f"rigsync@{os.uname().nodename}:{w.work}"
+    wait_for("the first daemon's lease at the remote", lambda: (w.remote_yaml("observed/lease.yaml") or {}).get("holder"))
+    assert w.remote_yaml("observed/lease.yaml")["holder"] == holder
+
+    second = w.run_once(repo=other)
+    assert second.returncode != 0
+    assert holder in second.stderr, second.stderr
+    assert "Traceback" not in second.stderr
+    assert first.poll() is None, "the holder keeps running"
+    assert w.remote_yaml("observed/lease.yaml")["holder"] == holder, "the refused reconciler wrote nothing"
+
+    first.send_signal(signal.SIGKILL)  # dies holding the lease: it goes stale
+    first.wait(timeout=10)
+    beat = w.remote_yaml("observed/lease.yaml")["heartbeat_at"]
+    wait_for("the lease to be older than 2s", lambda: time.time() - _ts(beat) > 2.5, 10)
+    third = w.run_once("--lease-stale", "2", repo=other)
+    assert third.returncode == 0, third.stdout + third.stderr
+    lease = w.remote_yaml("observed/lease.yaml")
+    assert lease["holder"] == f"rigsync@{os.uname().nodename}:{other}"
+    assert holder in lease["taken_over_from"]
+    messages = git(w.remote, "log", "--format=%B", "-n", "5", "refs/heads/main")
+    assert "taken over from" in messages and holder in messages, messages
+    assert "Traceback" not in log_text(log)
+    w.assert_never_forced()
+
+
+def _ts(iso: Any) -> float:
+    import datetime as dt
+
+    if isinstance(iso, dt.datetime):
+        return iso.timestamp()
+    return dt.datetime.fromisoformat(str(iso).replace("Z", "+00:00")).timestamp()
+
+
+def test_sigterm_finishes_and_releases_the_lease(world_factory: Callable[..., World]) -> None:
+    w = world_factory("t-term", seeds="1, 2", seconds=20.0)
+    ids = run_ids_by_seed(w)
+    boxes = BoxRuns(w.emu, w.name).start()
+    proc, log = w.start("--interval", "1")
+    try:
+        wait_for("a launch", lambda: boxes.run_ids() & set(ids.values()), 60)
+        wait_for("the launch to be committed", lambda: "launched" in git(w.remote, "log", "--format=%s", "-n", "20"), 30)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+    finally:
+        boxes.stop()
+    out = log_text(log)
+    assert code == 0, out[-3000:]
+    assert "Traceback" not in out
+    assert w.remote_yaml("observed/lease.yaml") is None, "the lease is released at the remote"
+    lock = LocalLock(w.work / ".git" / "rigsync.lock").acquire()  # and the local lock is free
+    lock.release()
+    # What it launched is still running on its box: a SIGTERM never kills runs or destroys boxes.
+    assert w.owned_instances()
+    assert any(not info.get("exit_code") for info in boxes.seen.values()), boxes.seen
+    w.assert_never_forced()
