@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import argparse
 import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 
 from reconciler.actions import Plan
 from reconciler.apply import ApplyResult
 from reconciler.archive import RunArchive
-from reconciler.desired import load_desired_from_dir
-from reconciler.errors import UserError
+from reconciler.desired import errors_of, load_desired_from_dir
+from reconciler.errors import DesiredStateInvalid, UserError
 from reconciler.loop import Reconciler, build_adapters, state_dir_for
 from reconciler.model import Desired, Observed
 from reconciler.observe import Memory
@@ -33,7 +34,12 @@ def head_commit(repo: Path) -> str | None:
 def load_local_desired(repo: Path) -> Desired:
     if not repo.is_dir():
         raise UserError(f"{repo}: not a directory")
-    desired = load_desired_from_dir(repo)
+    try:
+        desired = load_desired_from_dir(repo)
+    except DesiredStateInvalid as exc:
+        # every problem with its file:line:col, as `rigsync validate` prints them; nothing was contacted yet
+        lines = [str(e) for e in errors_of(exc)]
+        raise UserError(f"{exc}:\n  " + "\n  ".join(lines)) from None
     return replace(desired, code_commit=head_commit(repo), commit=desired.commit or head_commit(repo))
 
 
@@ -50,7 +56,10 @@ def open_reconciler(repo: Path, desired: Desired, state_dir: str | None) -> Reco
     from reconciler.adapters.git import GitRepo
 
     provider, shell = build_adapters(desired.fleet, state_dir_for(desired.fleet, state_dir))
-    boxes, in_flight, spend = read_memory(repo)
+    # As `rigsync run` does: spend extrapolated to now from the observed files, and accrued from now on;
+    # without the anchor a CLI apply would never count money and the daily/total caps would never bind.
+    now = time.time()
+    boxes, in_flight, spend = read_memory(repo, now=now)
     git_repo = GitRepo(repo)
     paths = code_tar_for(repo, desired)
     return Reconciler(
@@ -58,7 +67,7 @@ def open_reconciler(repo: Path, desired: Desired, state_dir: str | None) -> Reco
         shell=shell,
         archive=RunArchive(repo),
         code_tar=lambda commit: git_repo.archive(commit, paths),
-        memory=Memory(boxes=boxes, in_flight=in_flight, spend=spend),
+        memory=Memory(boxes=boxes, in_flight=in_flight, spend=spend, spend_at=now),
     )
 
 

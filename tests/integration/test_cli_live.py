@@ -1,0 +1,246 @@
+"""`rigsync plan / apply / status` as a user runs them: the console script in a subprocess, against the emulator.
+
+The fleet repository is a real git checkout made from the example under desired/, the boxes are real sshd
+hosts, and the commands find the API key only in the environment (``VAST_API_KEY``) and keep their SSH key in
+``RIGSYNC_STATE_DIR``. What the commands print and their exit codes are the contract checked here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from reconciler.archive import RunArchive
+from reconciler.demo import make_fleet_repo
+from reconciler.emulator import Emulator
+from reconciler.model import Ownership, Phase
+
+REPO = Path(__file__).resolve().parents[2]
+RIGSYNC = REPO / ".venv" / "bin" / "rigsync"
+PLAN_SCHEMA = Draft202012Validator(json.loads((REPO / "schemas" / "plan.schema.json").read_text()))
+FLEET = "itcli"
+MAX_APPLIES = 40
+
+SWEEP = """\
+name: tdmpc
+code: [experiments]
+command: >-
+  {{ python }} experiments/train.py --task {{ task }} --lr {{ lr }} --seed {{ seed }}
+  --out {{ run_dir }}/metrics.jsonl --seconds 4 --evals 4
+grid:
+  task: [walker-walk]
+  lr: [3.0e-4, 1.0e-3]
+seeds: [1]
+max_runtime: 5m
+metrics:
+  file: metrics.jsonl
+  key: episode_reward
+  goal: max
+"""
+TIMEOUTS = {"idle_timeout": "1s", "unreachable_grace": "3s", "heartbeat_stale": "8s", "boot_timeout": "1m"}
+
+
+def _set(text: str, key: str, value: str) -> str:
+    pattern = re.compile(rf"^(\s*)#?\s*{re.escape(key)}:.*$", re.M)
+    assert pattern.search(text), key
+    return pattern.sub(lambda m: f"{m.group(1)}{key}: {value}", text, count=1)
+
+
+@pytest.fixture(scope="module")
+def repo(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    where = tmp_path_factory.mktemp("cli")
+    path, _ = make_fleet_repo(where / "fleet", emulator.url, None)
+    fleet_file = path / "desired" / "fleet.yaml"
+    text = _set(fleet_file.read_text(), "name", FLEET)
+    for key, value in TIMEOUTS.items():
+        text = _set(text, key, value)
+    fleet_file.write_text(text)
+    (path / "desired" / "sweeps" / "tdmpc.yaml").write_text(SWEEP)
+    subprocess.run(
+        ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-q", "-am",
+         "test: two short runs"],
+        check=True, capture_output=True,
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def env(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    state = tmp_path_factory.mktemp("state")
+    return {**os.environ, "VAST_API_KEY": emulator.api_key, "RIGSYNC_STATE_DIR": str(state)}
+
+
+def rigsync(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """The console script with stdin from /dev/null (not a terminal), as in CI or an agent's shell."""
+    result = subprocess.run(
+        [str(RIGSYNC), *args], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+def owned(emu: Emulator) -> dict[int, str]:
+    """Instance id -> label of this fleet's boxes, from the emulator's own books."""
+    out = {}
+    for iid in emu.instance_ids():
+        label = str(emu.instance(iid).get("label") or "")
+        own = Ownership.parse(label)
+        if own is not None and own.fleet == FLEET:
+            out[iid] = label
+    return out
+
+
+def plan_doc(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(result.stdout)
+    errors = [f"{list(e.absolute_path)}: {e.message}" for e in PLAN_SCHEMA.iter_errors(doc)]
+    assert errors == [], errors
+    return doc
+
+
+def head(repo: Path) -> str:
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_plan_json_validates_against_the_schema(repo: Path, env: dict[str, str]) -> None:
+    result = rigsync(env, "plan", "--repo", str(repo), "--json")
+    assert result.returncode == 0, result.stderr
+    doc = plan_doc(result)
+    assert doc["desired_commit"] == head(repo)
+    rents = [a for a in doc["actions"] if a["kind"] == "rent"]
+    assert len(rents) == 2 and doc["counts"] == {"rent": 2}
+    assert all(a["label"].startswith(f"rigsync:{FLEET}:") and a["reason"] for a in rents)
+    assert doc["fleet_dph_after"] == pytest.approx(sum(a["dph"] for a in rents))
+
+
+def test_detailed_exitcode_is_2_with_changes(repo: Path, env: dict[str, str]) -> None:
+    result = rigsync(env, "plan", "--repo", str(repo), "--detailed-exitcode")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "+ rent" in result.stdout and "Plan: 2 to rent." in result.stdout
+
+
+def test_missing_api_key_is_a_clear_error(repo: Path, env: dict[str, str], tmp_path: Path,
+                                          emulator: Emulator) -> None:
+    bare = {k: v for k, v in env.items() if k != "VAST_API_KEY"}
+    bare |= {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    for args in (["plan"], ["apply", "--yes"], ["status"]):
+        result = rigsync(bare, *args, "--repo", str(repo))
+        assert result.returncode == 1, (args, result.stdout, result.stderr)
+        assert result.stderr.startswith("rigsync: error: no Vast API key found: set VAST_API_KEY"), result.stderr
+        assert emulator.api_key not in result.stdout + result.stderr
+    assert owned(emulator) == {}
+
+
+def test_invalid_desired_names_file_and_line(repo: Path, env: dict[str, str], tmp_path: Path,
+                                             emulator: Emulator) -> None:
+    bad = tmp_path / "bad"
+    shutil.copytree(repo, bad)
+    fleet = bad / "desired" / "fleet.yaml"
+    lines = fleet.read_text().splitlines()
+    n = next(i for i, line in enumerate(lines) if line.strip().startswith("max:"))
+    lines[n] = "  max: -3"
+    fleet.write_text("\n".join(lines) + "\n")
+    for args in (["plan", "--json"], ["apply", "--yes"], ["status", "--json"]):
+        result = rigsync(env, *args, "--repo", str(bad))
+        assert result.returncode == 1, (args, result.stdout, result.stderr)
+        assert f"desired/fleet.yaml:{n + 1}:" in result.stderr, result.stderr
+        assert "/instances/max" in result.stderr and result.stdout == ""
+    assert owned(emulator) == {}
+
+
+def test_apply_without_yes_and_no_tty_refuses(repo: Path, env: dict[str, str], emulator: Emulator) -> None:
+    result = rigsync(env, "apply", "--repo", str(repo))
+    assert result.returncode == 1
+    assert "refusing to apply without confirmation: pass --yes" in result.stderr
+    assert "+ rent" in result.stdout  # it showed what it would have done
+    assert owned(emulator) == {}
+
+
+def test_stale_saved_plan_is_refused(repo: Path, env: dict[str, str], emulator: Emulator, tmp_path: Path) -> None:
+    saved = tmp_path / "plan.json"
+    made = rigsync(env, "plan", "--repo", str(repo), "--out", str(saved))
+    assert made.returncode == 0, made.stderr
+    doc = json.loads(saved.read_text())
+    offer = next(a["offer_id"] for a in doc["actions"] if a["kind"] == "rent")
+    from vastai import VastAI
+
+    client = VastAI(api_key=emulator.api_key, server_url=emulator.url, quiet=True)
+    with contextlib.redirect_stdout(io.StringIO()):
+        reply = client.create_instance(id=offer, image="ubuntu:22.04", disk=10, label="someone-else", ssh=True)
+    taker = int(reply["new_contract"])
+    try:
+        events = len(emulator.ledger.events)
+        result = rigsync(env, "apply", "--repo", str(repo), "--plan", str(saved))
+        assert result.returncode == 1
+        assert "the saved plan no longer holds" in result.stderr
+        assert f"offer {offer} is no longer on the market" in result.stderr
+        assert owned(emulator) == {}
+        assert [e for e in emulator.ledger.events[events:] if e["type"] in ("create", "destroy", "label")] == []
+    finally:
+        emulator.destroy_instance(taker)
+
+
+def test_saved_plan_applies_exactly_then_apply_converges(
+    repo: Path, env: dict[str, str], emulator: Emulator, tmp_path: Path
+) -> None:
+    saved = tmp_path / "plan.json"
+    made = rigsync(env, "plan", "--repo", str(repo), "--out", str(saved))
+    assert made.returncode == 0, made.stderr
+    doc = json.loads(saved.read_text())
+    assert PLAN_SCHEMA.is_valid(doc)
+    want_labels = sorted(a["label"] for a in doc["actions"] if a["kind"] == "rent")
+    assert len(want_labels) == 2 and len(doc["actions"]) == 2
+
+    applied = rigsync(env, "apply", "--repo", str(repo), "--plan", str(saved))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert "Applied: 2 ok, 0 failed" in applied.stdout
+    boxes = owned(emulator)
+    assert sorted(boxes.values()) == want_labels
+
+    status = rigsync(env, "status", "--repo", str(repo), "--json")
+    assert status.returncode == 0, status.stderr
+    first = json.loads(status.stdout)
+    assert sorted(b["id"] for b in first["boxes"]) == sorted(boxes)
+    assert first["runs"]["pending"] + first["runs"]["running"] == 2 and first["runs"]["succeeded"] == 0
+
+    # Now let `apply --yes` do the rest, one CLI call per cycle; memory lives only in the observed/ files.
+    snapshots: list[dict[str, Any]] = []
+    for _ in range(MAX_APPLIES):
+        check = rigsync(env, "plan", "--repo", str(repo), "--detailed-exitcode")
+        assert check.returncode in (0, 2), check.stderr
+        if check.returncode == 0 and not owned(emulator):
+            break
+        rigsync(env, "apply", "--repo", str(repo), "--yes")
+        snap = rigsync(env, "status", "--repo", str(repo), "--json")
+        assert snap.returncode == 0, snap.stderr
+        snapshots.append(json.loads(snap.stdout))
+        time.sleep(0.3)
+    else:
+        pytest.fail(f"not converged after {MAX_APPLIES} applies; last status {snapshots[-1:]}")
+
+    busy = [(s, b) for s in snapshots for b in s["boxes"] if b["runs"]]
+    assert busy, "no status showed a run on a box"
+    snap, box = busy[0]
+    assert snap["runs"]["running"] >= len(box["runs"]) and box["reachable"] is True
+    assert box["status"] == "running" and box["dph"] > 0
+
+    final = json.loads(rigsync(env, "status", "--repo", str(repo), "--json").stdout)
+    assert final["boxes"] == [] and final["runs"]["succeeded"] == 2 and final["runs"]["pending"] == 0
+    records = list(RunArchive(repo).records())
+    assert sorted(r.phase for r in records) == [Phase.SUCCEEDED, Phase.SUCCEEDED]
+    budget = (repo / "observed" / "budget.yaml").read_text()
+    total = float(re.search(r"total_usd: ([0-9.e-]+)", budget).group(1))  # type: ignore[union-attr]
+    assert total > 0, budget
+    done = rigsync(env, "plan", "--repo", str(repo), "--detailed-exitcode")
+    assert done.returncode == 0 and "no changes" in done.stdout
