@@ -40,6 +40,9 @@ from reconciler.ports import Provider, Shell
 
 log = logging.getLogger("rigsync.run")
 
+# What apply() records for the actions it did not start after a stop was requested (apply.py).
+SKIPPED_ON_STOP = "not run: shutting down"
+
 AdapterFactory = Callable[[Fleet, Path], tuple[Provider, Shell]]
 
 
@@ -123,6 +126,7 @@ class FleetDaemon:
         self.wake_event = threading.Event()
         self.pending_lease_files: dict[str, str | None] = {}
         self.takeover_note = ""
+        self._reported_invalid: str | None = None
 
     # ------------------------------------------------------------------------------------------ the lease
 
@@ -197,15 +201,18 @@ class FleetDaemon:
             self.last_valid = desired
         except DesiredStateInvalid as exc:
             desired_errors = tuple(str(e) for e in exc.errors)
-            for e in desired_errors:
-                log.error("desired %s is invalid: %s", desired_commit[:12], e)
+            if desired_commit != self._reported_invalid:  # once per broken revision; status.yaml keeps saying it
+                self._reported_invalid = desired_commit
+                for e in desired_errors:
+                    log.error("desired %s is invalid: %s", desired_commit[:12], e)
             if self.last_valid is None:
                 return self._commit_status_only(desired_commit, desired_errors, lease_files, started)
             desired = self.last_valid
         rec = self._reconciler_for(desired)
         result = rec.cycle(desired)
         applied = result.applied
-        failed = applied.failures if applied else []
+        # Actions apply skipped because we were asked to stop are not failures: the next run plans them again.
+        failed = [o for o in applied.failures if o.detail != SKIPPED_ON_STOP] if applied else []
         failures = [f"{o.action.kind.value} {o.action.target}: {o.detail}" for o in failed]
         status = ReconcilerStatus(
             desired_commit_applied=desired.commit,
@@ -330,6 +337,8 @@ class FleetDaemon:
                 if once:
                     break
                 self.wake_event.wait(timeout=backoff or self.config.interval_s)
+            if self.stop_event.is_set():
+                code = 0  # asked to stop (SIGTERM/SIGINT): the current action finished, nothing failed by it
         finally:
             if stop_watch:
                 stop_watch()

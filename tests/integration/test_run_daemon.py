@@ -10,6 +10,7 @@ The helpers at the top are shared with ``test_run_crash.py``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -119,10 +120,8 @@ class BoxRuns:
             for d in entries:
                 info = dict(self.seen.get((iid, d.name), {}))
                 for f in ("started_at", "ended_at", "exit_code"):
-                    try:
+                    with contextlib.suppress(OSError):
                         info[f] = (d / f).read_text().strip()
-                    except OSError:
-                        pass
                 self.seen[(iid, d.name)] = info
 
     def start(self) -> BoxRuns:
@@ -263,10 +262,8 @@ class World:
                     proc.kill()
                     proc.wait(timeout=10)
         for iid in self.owned_instances():  # never leave this test's boxes billing in the shared emulator
-            try:
+            with contextlib.suppress(Exception):
                 self.emu.destroy_instance(iid)
-            except Exception:
-                pass
 
 
 def set_key(text: str, key: str, value: str) -> str:
@@ -311,7 +308,9 @@ def make_world(
 
 
 @pytest.fixture
-def world_factory(tmp_path: Path, emulator: Emulator, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., World]]:
+def world_factory(
+    tmp_path: Path, emulator: Emulator, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., World]]:
     made: list[World] = []
     monkeypatch.setenv("VAST_API_KEY", emulator.api_key)
 
@@ -483,7 +482,7 @@ def test_only_one_reconciler_acts_and_a_stale_lease_is_taken_over(world_factory:
     other = w.clone("other")
     first, log = w.start("--interval", "1")
     holder = f"rigsync@{os.uname().nodename}:{w.work}"
-    wait_for("the first daemon's lease at the remote", lambda: (w.remote_yaml("observed/lease.yaml") or {}).get("holder"))
+    wait_for("the first daemon's lease", lambda: (w.remote_yaml("observed/lease.yaml") or {}).get("holder"))
     assert w.remote_yaml("observed/lease.yaml")["holder"] == holder
 
     second = w.run_once(repo=other)
@@ -516,14 +515,14 @@ def _ts(iso: Any) -> float:
     return dt.datetime.fromisoformat(str(iso).replace("Z", "+00:00")).timestamp()
 
 
-def test_sigterm_finishes_and_releases_the_lease(world_factory: Callable[..., World]) -> None:
-    w = world_factory("t-term", seeds="1, 2", seconds=20.0)
+def test_sigterm_to_the_process_exits_0_and_leaves_a_consistent_record(world_factory: Callable[..., World]) -> None:
+    w = world_factory("t-term", seeds="1, 2", seconds=20.0, max_instances=2)
     ids = run_ids_by_seed(w)
     boxes = BoxRuns(w.emu, w.name).start()
-    proc, log = w.start("--interval", "1")
+    proc, log = w.start("--interval", "0.5")
     try:
-        wait_for("a launch", lambda: boxes.run_ids() & set(ids.values()), 60)
-        wait_for("the launch to be committed", lambda: "launched" in git(w.remote, "log", "--format=%s", "-n", "20"), 30)
+        wait_for("a box to be bootstrapped", lambda: "bootstrap;" in log_text(log) or boxes.dirs(), 60, every=0.05)
+        time.sleep(0.6)  # aim the signal at the next cycle (ship code, launch); any moment must end cleanly
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
     finally:
@@ -534,7 +533,43 @@ def test_sigterm_finishes_and_releases_the_lease(world_factory: Callable[..., Wo
     assert w.remote_yaml("observed/lease.yaml") is None, "the lease is released at the remote"
     lock = LocalLock(w.work / ".git" / "rigsync.lock").acquire()  # and the local lock is free
     lock.release()
-    # What it launched is still running on its box: a SIGTERM never kills runs or destroys boxes.
-    assert w.owned_instances()
-    assert any(not info.get("exit_code") for info in boxes.seen.values()), boxes.seen
+    # Whatever it launched before stopping is recorded at the remote, and still running: a stop never kills runs.
+    runs = w.remote_yaml("observed/runs.yaml") or {}
+    recorded = {f"{r['run_id']}.{r['attempt']}" for r in runs.get("in_flight") or []}
+    assert boxes.dirs() <= recorded, (boxes.dirs(), recorded)
+    assert boxes.run_ids() <= set(ids.values())
+    assert all(not info.get("exit_code") for info in boxes.seen.values()), boxes.seen
+    status = w.remote_yaml("observed/status.yaml")
+    assert status["apply_errors"] == [], "actions skipped because of the stop are not errors"
+    w.assert_never_forced()
+
+
+def test_sigterm_mid_action_finishes_it_and_starts_no_other(world_factory: Callable[..., World]) -> None:
+    w = world_factory("t-term2", seeds="1", seconds=20.0)
+    d = w.daemon()
+    signalled: list[str] = []
+    original_archive = d.git.archive
+
+    def archive_then_sigterm(commit: str, paths: Any) -> bytes:
+        # The signal arrives while the ship_code action is under way; the launch after it must not start.
+        data = original_archive(commit, paths)
+        if not signalled:
+            signalled.append(commit)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return data
+
+    d.git.archive = archive_then_sigterm  # type: ignore[method-assign]
+    lines: list[str] = []
+    code = d.run_forever(on_cycle=lambda c: lines.append(c.line()))
+    assert code == 0, lines
+    assert signalled, "the cycle never shipped code"
+    assert "ship_code" in lines[-1] and "launch" in lines[-1], lines
+    [iid] = w.owned_instances()
+    root = w.emu.host_root(iid) / "rigsync"
+    assert any((root / "code").iterdir()), "the action under way when the signal came was finished"
+    assert not (root / "runs").exists() or not any((root / "runs").iterdir()), "no launch after the signal"
+    assert w.remote_yaml("observed/lease.yaml") is None
+    status = w.remote_yaml("observed/status.yaml")
+    assert status["apply_errors"] == []
+    assert signal.getsignal(signal.SIGTERM) is not None
     w.assert_never_forced()
