@@ -7,8 +7,11 @@ import json
 import sys
 from pathlib import Path
 
-from reconciler.actions import Plan
+import jsonschema
+
+from reconciler.actions import PLAN_FORMAT_VERSION, Plan
 from reconciler.cli._common import add_repo_arg, load_local_desired, open_reconciler, write_observed
+from reconciler.desired import schema_path
 from reconciler.errors import StalePlan, UserError
 from reconciler.render import plan_text
 from reconciler.saved_plan import stale_reasons
@@ -23,11 +26,25 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _load_saved(path: str) -> Plan:
+    """Read a saved plan; anything that is not exactly a plan of this format is refused before any I/O."""
     try:
-        doc = json.loads(Path(path).read_text())
-        return Plan.from_json(doc)
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
         raise UserError(f"{path}: cannot read saved plan: {exc.strerror}") from None
+    except ValueError as exc:
+        raise UserError(f"{path}: not a rigsync plan: not JSON ({exc})") from None
+    if isinstance(doc, dict) and doc.get("format_version") not in (None, PLAN_FORMAT_VERSION):
+        raise UserError(
+            f"{path}: plan format_version {doc.get('format_version')!r} is not {PLAN_FORMAT_VERSION}: "
+            "make the plan again with this rigsync"
+        )
+    validator = jsonschema.Draft202012Validator(json.loads(schema_path("plan").read_text(encoding="utf-8")))
+    error = jsonschema.exceptions.best_match(validator.iter_errors(doc))
+    if error is not None:
+        where = "/" + "/".join(str(p) for p in error.absolute_path)
+        raise UserError(f"{path}: not a rigsync plan: {where}: {error.message}")
+    try:
+        return Plan.from_json(doc)
     except (ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{path}: not a rigsync plan: {exc}") from None
 

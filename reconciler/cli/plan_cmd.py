@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from reconciler.cli._common import add_repo_arg, load_local_desired, open_reconciler
+from reconciler.errors import UserError
 from reconciler.render import plan_text
 
 
@@ -30,7 +31,10 @@ def run(args: argparse.Namespace) -> int:
         rec.shell.close()
     doc = the_plan.to_json()
     if args.out:
-        Path(args.out).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        try:
+            Path(args.out).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise UserError(f"{args.out}: cannot save the plan: {exc.strerror}") from None
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True))
     else:

@@ -191,6 +191,33 @@ def test_stale_saved_plan_is_refused(repo: Path, env: dict[str, str], emulator: 
         emulator.destroy_instance(taker)
 
 
+def test_unusable_saved_plan_or_out_path_is_a_clear_error(
+    repo: Path, env: dict[str, str], emulator: Emulator, tmp_path: Path
+) -> None:
+    cases = {
+        "garbage.json": ("{not json", "not a rigsync plan: not JSON"),
+        "future.json": ('{"format_version": 2, "actions": []}', "plan format_version 2 is not 1"),
+        "stop.json": (
+            json.dumps({"format_version": 1, "desired_commit": None, "suspended": False, "fleet_dph_before": 0,
+                        "fleet_dph_after": 0, "counts": {}, "noops": [], "warnings": [], "drift": [],
+                        "actions": [{"kind": "stop", "target": "instance/1", "reason": "x", "instance_id": 1}]}),
+            "not a rigsync plan: /actions/0:",
+        ),
+    }
+    for name, (text, message) in cases.items():
+        path = tmp_path / name
+        path.write_text(text)
+        result = rigsync(env, "apply", "--repo", str(repo), "--plan", str(path))
+        assert result.returncode == 1, (name, result.stdout, result.stderr)
+        assert result.stderr.startswith(f"rigsync: error: {path}: {message}"), result.stderr
+    missing = rigsync(env, "apply", "--repo", str(repo), "--plan", str(tmp_path / "nope.json"))
+    assert missing.returncode == 1 and "cannot read saved plan: No such file or directory" in missing.stderr
+    out = tmp_path / "no-such-dir" / "plan.json"
+    unsaved = rigsync(env, "plan", "--repo", str(repo), "--out", str(out))
+    assert unsaved.returncode == 1 and f"{out}: cannot save the plan" in unsaved.stderr
+    assert owned(emulator) == {}
+
+
 def test_saved_plan_applies_exactly_then_apply_converges(
     repo: Path, env: dict[str, str], emulator: Emulator, tmp_path: Path
 ) -> None:
@@ -207,6 +234,13 @@ def test_saved_plan_applies_exactly_then_apply_converges(
     assert "Applied: 2 ok, 0 failed" in applied.stdout
     boxes = owned(emulator)
     assert sorted(boxes.values()) == want_labels
+
+    again = rigsync(env, "apply", "--repo", str(repo), "--plan", str(saved))  # the same plan twice: refused
+    assert again.returncode == 1
+    assert "the saved plan no longer holds" in again.stderr and "the fleet now costs" in again.stderr
+    for label in want_labels:
+        assert f"offer {label.rsplit('-', 1)[1]} is no longer on the market" in again.stderr
+    assert owned(emulator) == boxes
 
     status = rigsync(env, "status", "--repo", str(repo), "--json")
     assert status.returncode == 0, status.stderr

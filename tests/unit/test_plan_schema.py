@@ -1,12 +1,15 @@
 """The plan JSON contract: every plan the planner makes validates against ``schemas/plan.schema.json``.
 
 Plans come from every case in ``plan_cases/`` (the planner's behaviour as data), so a new action field or kind
-that the schema does not describe fails here. A plan is also a value: it must read back from its JSON equal.
+that the schema does not describe fails here. A plan is also a value: it must read back from its JSON equal,
+and a saved plan read back must hold in the world it was made from and be refused once its premises are gone
+(``saved_plan.stale_reasons``).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +18,14 @@ from jsonschema import Draft202012Validator
 
 from reconciler.actions import ACTION_TYPES, Kind, Launch, Noop, Plan, Record
 from reconciler.desired import schema_path
-from reconciler.model import Drift, DriftClass
+from reconciler.model import AttemptRecord, Drift, DriftClass, InFlight, Phase
 from reconciler.plan import plan
+from reconciler.saved_plan import stale_reasons
 
 try:
-    from .plan_case_io import load_case
+    from .plan_case_io import build_instance, load_case
 except ImportError:  # tests/unit is not a package: pytest put this directory on sys.path
-    from plan_case_io import load_case  # type: ignore[no-redef]
+    from plan_case_io import build_instance, load_case  # type: ignore[no-redef]
 
 CASE_FILES = sorted((Path(__file__).parent / "plan_cases").glob("*.json"))
 SCHEMA: dict[str, Any] = json.loads(schema_path("plan").read_text())
@@ -132,3 +136,68 @@ def test_schema_rejects_what_plans_never_hold(mutate: Any, where: str) -> None:
     errors = _errors(doc)
     assert errors, "the schema accepted a malformed plan"
     assert any(e.startswith(where) for e in errors), errors
+
+
+# ----------------------------------------------------------------------------- saved plans: still valid?
+
+
+def _case_plan(name: str) -> tuple[Any, Plan]:
+    case = load_case(Path(__file__).parent / "plan_cases" / f"{name}.json")
+    return case, plan(case.desired, case.observed, case.now)
+
+
+@pytest.mark.parametrize("path", CASE_FILES, ids=[p.stem for p in CASE_FILES])
+def test_fresh_plan_holds_in_the_world_it_was_made_from(path: Path) -> None:
+    case = load_case(path)
+    p = Plan.from_json(_as_json(plan(case.desired, case.observed, case.now)))
+    assert stale_reasons(p, case.desired, case.observed) == []
+
+
+def test_saved_rent_refused_when_offer_gone_or_dearer() -> None:
+    case, p = _case_plan("fresh_rent")
+    offers = tuple(o for o in case.observed.offers if o.id != 101)
+    assert stale_reasons(p, case.desired, replace(case.observed, offers=offers)) == [
+        "offer 101 is no longer on the market"
+    ]
+    dearer = tuple(replace(o, dph_total=0.25) if o.id == 102 else o for o in case.observed.offers)
+    assert stale_reasons(p, case.desired, replace(case.observed, offers=dearer)) == [
+        "offer 102 now costs $0.2500/h, the plan said $0.1000/h"
+    ]
+
+
+def test_saved_rent_refused_when_the_fleet_grew_since() -> None:
+    """Another apply rented meanwhile: the caps the plan was checked against no longer hold."""
+    case, p = _case_plan("fresh_rent")
+    box = build_instance({"id": 500, "dph_total": 0.3}, case.now, case.desired.fleet)
+    grown = replace(case.observed, instances=(box,))
+    assert stale_reasons(p, case.desired, grown) == [
+        "the fleet now costs $0.3000/h, the plan was made when it cost $0.0000/h"
+    ]
+    foreign = replace(box, label="someone-else")  # foreign boxes are not the fleet's money
+    assert stale_reasons(p, case.desired, replace(case.observed, instances=(foreign,))) == []
+
+
+def test_saved_launch_refused_when_the_run_moved_on() -> None:
+    case, p = _case_plan("cap_daily_drain")
+    (launch,) = [a for a in p.actions if isinstance(a, Launch)]
+    assert (launch.run_id, launch.gpu_mask) == ("r2", (1,))
+    obs = case.observed
+    done = replace(obs, history=(AttemptRecord(run_id="r2", attempt=1, sweep="s", phase=Phase.SUCCEEDED),))
+    assert stale_reasons(p, case.desired, done) == ["run r2 has succeeded since the plan was made"]
+    ran = replace(obs, history=(AttemptRecord(run_id="r2", attempt=1, sweep="s", phase=Phase.FAILED),))
+    assert stale_reasons(p, case.desired, ran) == ["attempt r2.1 has already run"]
+    flying = replace(obs, in_flight=(InFlight(run_id="r2", attempt=1, instance_id=1, gpu_mask=(1,), launched_at=0),))
+    assert stale_reasons(p, case.desired, flying) == ["run r2 is already running (attempt r2.1)"]
+    probe = obs.probes[0]
+    hot = replace(probe, gpus=tuple(replace(g, memory_used_mib=4000) for g in probe.gpus))
+    assert stale_reasons(p, case.desired, replace(obs, probes=(hot,))) == ["GPU 1 of instance 1 is in use now"]
+    dark = replace(probe, reachable=False, gpus=())
+    assert stale_reasons(p, case.desired, replace(obs, probes=(dark,))) == [
+        "instance 1 is not running and reachable"
+    ]
+    gone = replace(obs, instances=(), probes=())
+    assert stale_reasons(p, case.desired, gone) == ["instance 1 is gone"]
+    moved = replace(case.desired, commit="f" * 40)
+    assert stale_reasons(replace(p, desired_commit="e" * 40), moved, obs) == [
+        "desired state moved from eeeeeeeeeeee to ffffffffffff since the plan was made"
+    ]
