@@ -133,6 +133,8 @@ class FleetDaemon:
     def acquire(self) -> str:
         """Take the local lock and the fleet lease; raise LeaseHeld naming the holder when refused."""
         self.local_lock.acquire()
+        for what in self.git.recover():
+            log.warning("cleared %s left by an earlier rigsync in %s", what, self.repo_dir)
         for _ in range(5):
             self.git.sync_to_remote()
             decision, files = self.lease.acquire(self.clock.now())

@@ -152,6 +152,26 @@ class GitRepo:
         sha = str(self._run("log", "-1", "--format=%H", commit, "--", *paths))
         return sha or commit
 
+    def recover(self) -> list[str]:
+        """Clear what a killed rigsync left half-done in its checkout: a rebase in progress, a stale index lock.
+
+        Call it only while holding the checkout's local lock: then no other rigsync is running git here, so
+        the lock file and the rebase state can only be leftovers. Returns what was cleared (for the log).
+        """
+        git_dir = Path(self._repo.git_dir)
+        cleared: list[str] = []
+        lock = git_dir / "index.lock"
+        if lock.exists():
+            try:
+                lock.unlink()
+            except OSError as exc:
+                raise RepoError(f"cannot remove the stale {lock}: {exc}") from exc
+            cleared.append("a stale index.lock")
+        if (git_dir / "rebase-merge").exists() or (git_dir / "rebase-apply").exists():
+            self._run("rebase", "--abort")
+            cleared.append("an interrupted rebase")
+        return cleared
+
     def drop_unpushed(self) -> str:
         """Move the branch back to the remote tip, dropping rigsync's unpushed commits (keeps local edits)."""
         tip = self.fetch()
