@@ -1,18 +1,28 @@
-"""`rigsync apply`: apply a fresh plan after showing it, or a saved plan exactly (refused if stale)."""
+"""`rigsync apply`: apply a fresh plan after showing it, or a saved plan exactly (refused if stale).
+
+It is the hand-driven twin of one `rigsync run` cycle, so it obeys the same one-actor rule: it refuses while a
+reconciler holds the checkout's local lock or the fleet's lease is fresh, instead of renting next to it.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import sys
+import time
 from pathlib import Path
 
 import jsonschema
 
+from reconciler import lease
 from reconciler.actions import PLAN_FORMAT_VERSION, Plan
 from reconciler.cli._common import add_repo_arg, load_local_desired, open_reconciler, write_observed
 from reconciler.desired import schema_path
-from reconciler.errors import StalePlan, UserError
+from reconciler.errors import LeaseHeld, StalePlan, UserError
+from reconciler.lease import Lease, LocalLock
+from reconciler.model import Desired
 from reconciler.render import plan_text
 from reconciler.saved_plan import stale_reasons
 
@@ -49,10 +59,43 @@ def _load_saved(path: str) -> Plan:
         raise UserError(f"{path}: not a rigsync plan: {exc}") from None
 
 
+def _refuse_if_a_reconciler_acts(repo: Path) -> LocalLock | None:
+    """One actor per fleet: not while `rigsync run` holds this checkout's lock or the fleet's lease is fresh.
+
+    Returns the local lock, held for the whole apply (so a `rigsync run` started meanwhile waits for us).
+    """
+    lock = None
+    if (repo / ".git").is_dir():
+        lock = LocalLock(repo / ".git" / "rigsync.lock").acquire()
+    try:
+        current = Lease(repo, holder="", host="", pid=0).read()
+        if current is not None:
+            decision = lease.acquire(
+                current, holder=f"rigsync apply pid {os.getpid()}", host=socket.gethostname(), pid=os.getpid(),
+                now=time.time(), stale_after=lease.DEFAULT_STALE_AFTER_S,
+            )
+            if not decision.granted:
+                raise LeaseHeld(f"{decision.message}; stop that reconciler before applying by hand")
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    return lock
+
+
 def run(args: argparse.Namespace) -> int:
     repo = Path(args.repo)
     desired = load_local_desired(repo)
     saved = _load_saved(args.plan) if args.plan else None
+    lock = _refuse_if_a_reconciler_acts(repo)
+    try:
+        return _apply(args, repo, desired, saved)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _apply(args: argparse.Namespace, repo: Path, desired: Desired, saved: Plan | None) -> int:
     rec = open_reconciler(repo, desired, args.state_dir)
     try:
         observed, fresh, memory = rec.observe_and_plan(desired)

@@ -24,7 +24,9 @@ from jsonschema import Draft202012Validator
 from reconciler.archive import RunArchive
 from reconciler.demo import make_fleet_repo
 from reconciler.emulator import Emulator
+from reconciler.lease import LeaseState, LocalLock, to_yaml
 from reconciler.model import Ownership, Phase
+from reconciler.observed_files import LEASE
 
 REPO = Path(__file__).resolve().parents[2]
 RIGSYNC = REPO / ".venv" / "bin" / "rigsync"
@@ -164,6 +166,27 @@ def test_apply_without_yes_and_no_tty_refuses(repo: Path, env: dict[str, str], e
     assert result.returncode == 1
     assert "refusing to apply without confirmation: pass --yes" in result.stderr
     assert "+ rent" in result.stdout  # it showed what it would have done
+    assert owned(emulator) == {}
+
+
+def test_apply_refused_while_a_reconciler_acts_on_the_fleet(
+    repo: Path, env: dict[str, str], emulator: Emulator
+) -> None:
+    with LocalLock(repo / ".git" / "rigsync.lock"):  # what `rigsync run` holds for its whole life
+        result = rigsync(env, "apply", "--repo", str(repo), "--yes")
+    assert result.returncode == 1
+    assert "another rigsync holds the local lock" in result.stderr, result.stderr
+    lease_file = repo / LEASE
+    lease_file.parent.mkdir(exist_ok=True)
+    now = time.time()
+    lease_file.write_text(to_yaml(LeaseState(holder="rigsync@ci:/srv/fleet", host="ci", pid=42, acquired_at=now,
+                                             heartbeat_at=now)))
+    try:
+        result = rigsync(env, "apply", "--repo", str(repo), "--yes")
+    finally:
+        lease_file.unlink()
+    assert result.returncode == 1
+    assert "the fleet's lease is held by rigsync@ci:/srv/fleet on ci (pid 42)" in result.stderr, result.stderr
     assert owned(emulator) == {}
 
 
