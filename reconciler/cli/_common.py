@@ -55,13 +55,14 @@ def code_tar_for(repo: Path, desired: Desired) -> tuple[str, ...]:
 def open_reconciler(repo: Path, desired: Desired, state_dir: str | None) -> Reconciler:
     from reconciler.adapters.git import GitRepo
 
-    provider, shell = build_adapters(desired.fleet, state_dir_for(desired.fleet, state_dir))
+    # Local inputs first (the checkout, observed/ memory): a bad one fails before the provider is contacted.
+    git_repo = GitRepo(repo)
+    paths = code_tar_for(repo, desired)
     # As `rigsync run` does: spend extrapolated to now from the observed files, and accrued from now on;
     # without the anchor a CLI apply would never count money and the daily/total caps would never bind.
     now = time.time()
     boxes, in_flight, spend = read_memory(repo, now=now)
-    git_repo = GitRepo(repo)
-    paths = code_tar_for(repo, desired)
+    provider, shell = build_adapters(desired.fleet, state_dir_for(desired.fleet, state_dir))
     return Reconciler(
         provider=provider,
         shell=shell,

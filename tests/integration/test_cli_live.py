@@ -161,6 +161,21 @@ def test_invalid_desired_names_file_and_line(repo: Path, env: dict[str, str], tm
     assert owned(emulator) == {}
 
 
+def test_not_a_git_checkout_fails_before_the_provider_is_contacted(
+    repo: Path, env: dict[str, str], tmp_path: Path, emulator: Emulator
+) -> None:
+    plain = tmp_path / "plain"
+    shutil.copytree(repo, plain, ignore=shutil.ignore_patterns(".git"))
+    keys = emulator.ssh_keys()
+    fresh = {**env, "RIGSYNC_STATE_DIR": str(tmp_path / "state")}  # a provider call would add this key
+    for args in (["plan"], ["apply", "--yes"], ["status"]):
+        result = rigsync(fresh, *args, "--repo", str(plain))
+        assert result.returncode == 1, (args, result.stdout, result.stderr)
+        assert f"{plain} is not a git checkout" in result.stderr
+    assert emulator.ssh_keys() == keys and owned(emulator) == {}
+    assert not (tmp_path / "state").exists()
+
+
 def test_apply_without_yes_and_no_tty_refuses(repo: Path, env: dict[str, str], emulator: Emulator) -> None:
     result = rigsync(env, "apply", "--repo", str(repo))
     assert result.returncode == 1
