@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 
 from reconciler.daemon import DaemonConfig, FleetDaemon
+from reconciler.errors import UserError
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -17,17 +18,25 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--interval", type=float, default=30.0, help="seconds between cycles (default 30)")
     p.add_argument("--lease-stale", type=float, default=300.0, help="seconds after which a silent lease is taken over")
     p.add_argument("--lease-renew", type=float, default=60.0, help="seconds between lease heartbeats")
+    p.add_argument(
+        "--poll", type=float, default=5.0,
+        help="seconds between checks of the remote branch for new commits (default 5)",
+    )
     p.add_argument("--author", default="rigsync", help="author name of rigsync's commits")
     p.add_argument("--branch", default="main", help="the tracked branch (default main)")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    for flag in ("interval", "lease_stale", "lease_renew", "poll"):
+        if getattr(args, flag) <= 0:
+            raise UserError(f"--{flag.replace('_', '-')} must be a positive number of seconds")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     config = DaemonConfig(
         interval_s=args.interval,
         lease_stale_s=args.lease_stale,
         lease_renew_s=args.lease_renew,
+        remote_poll_s=args.poll,
         author_name=args.author,
         branch=args.branch,
     )
