@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 from collections.abc import Sequence
 
@@ -35,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # The SSH adapter turns every paramiko failure into one line of ours (an unreachable box is an
+    # observation, not a crash); paramiko's own tracebacks on stderr would only bury that.
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):

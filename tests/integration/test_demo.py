@@ -1,0 +1,91 @@
+"""`rigsync demo` end to end, as a user runs it: the real command, the emulator, real sshd boxes, a real git remote.
+
+The demo is the README's main job; these tests hold it to its contract: exit 0 only when every run succeeded
+exactly once and nothing is left alive, a JSON summary with the promised fields, a kept repository whose history
+a reviewer can read, and no secret anywhere in that history.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from reconciler.archive import RunArchive, record_to_json
+
+ROOT = Path(__file__).resolve().parents[2]
+RIGSYNC = str(Path(sys.executable).parent / "rigsync")
+SUMMARY_FIELDS = {
+    "runs_total", "runs_succeeded", "runs_failed", "attempts", "instances_rented", "instances_alive", "cost_usd",
+    "wall_s",
+}
+
+
+def _demo(tmp_path: Path, *extra: str) -> tuple[dict[str, object], Path, subprocess.CompletedProcess[str]]:
+    keep = tmp_path / "fleet"
+    proc = subprocess.run(
+        [RIGSYNC, "demo", "--runs", "2", "--json", "--keep", str(keep), "--timeout", "240", *extra],
+        capture_output=True, text=True, timeout=400,
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+    assert len(lines) == 1, f"--json prints exactly one JSON object on stdout, got: {proc.stdout[-2000:]}"
+    return json.loads(lines[0]), keep, proc
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.integration
+def test_demo_runs_the_sweep_to_completion_and_leaves_a_readable_history(tmp_path: Path) -> None:
+    summary, keep, proc = _demo(tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert SUMMARY_FIELDS <= summary.keys()
+    assert summary["ok"] is True
+    assert summary["runs_total"] == summary["runs_succeeded"] and int(summary["runs_total"]) >= 4  # type: ignore[call-overload]
+    assert summary["runs_failed"] == 0
+    assert summary["instances_alive"] == 0
+    assert float(summary["cost_usd"]) > 0  # type: ignore[arg-type]
+
+    archive = list(RunArchive(keep).records())
+    succeeded = [r.run_id for r in archive if r.phase.value == "succeeded"]
+    assert len(succeeded) == len(set(succeeded)) == summary["runs_succeeded"]
+    assert all(r.code_commit and r.desired_commit for r in archive), "every attempt pins its commits"
+
+    schema = json.loads((ROOT / "schemas" / "archive-record.schema.json").read_text())
+    for rec in archive:
+        jsonschema.validate(json.loads(record_to_json(rec)), schema)
+
+    log = _git(keep, "log", "--format=%an|%s")
+    authors = {line.split("|", 1)[0] for line in log.splitlines()}
+    assert "rigsync" in authors and "demo researcher" in authors
+    assert re.search(r"^rigsync\|observe: .*launched", log, re.M), log
+    assert (keep.parent / "fleet.remote.git").is_dir(), "the bare remote is kept beside the repo"
+    assert _git(keep, "status", "--porcelain") == ""
+
+    history = _git(keep, "log", "-p", "--all")
+    assert "PRIVATE KEY" not in history
+    assert not re.search(r"\b[0-9a-f]{64}\b", history), "something shaped like the emulator's API key was committed"
+
+
+@pytest.mark.integration
+def test_demo_chaos_still_finishes_every_run_exactly_once(tmp_path: Path) -> None:
+    summary, keep, proc = _demo(tmp_path, "--chaos")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert summary["ok"] is True
+    chaos = summary["chaos"]
+    assert isinstance(chaos, list) and any("vanished" in c for c in chaos) and any("hung" in c for c in chaos)
+    assert summary["duplicate_successes"] == 0
+    assert summary["instances_alive"] == 0
+    archive = list(RunArchive(keep).records())
+    lost = [r for r in archive if r.phase.value == "lost"]
+    assert lost, "the vanished box's run was archived as lost"
+    for rec in lost:
+        later = [r for r in archive if r.run_id == rec.run_id and r.phase.value == "succeeded"]
+        assert len(later) == 1 and later[0].attempt > rec.attempt and later[0].instance_id != rec.instance_id
