@@ -100,6 +100,14 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
     return result
 
 
+def _forget(ctx: ApplyContext, inst: Instance | None) -> None:
+    """Drop the pooled connection and the pinned host key: the address may be handed to the next rental."""
+    if inst is not None:
+        for endpoint in (inst.direct, inst.proxy):
+            if endpoint is not None:
+                ctx.shell.forget(endpoint)
+
+
 def _endpoint(instances: dict[int, Instance], instance_id: int) -> Endpoint:
     inst = instances.get(instance_id)
     if inst is None or inst.ssh is None:
@@ -127,6 +135,7 @@ def _execute(action: Action, ctx: ApplyContext, instances: dict[int, Instance], 
     if isinstance(action, Destroy):
         ctx.provider.destroy_instance(action.instance_id)
         result.destroyed.append(action.instance_id)
+        _forget(ctx, instances.get(action.instance_id))
         return "destroyed"
     if isinstance(action, Bootstrap):
         script = remote.bootstrap_script(ctx.desired.fleet.bootstrap_script, action.script_hash)

@@ -18,7 +18,7 @@ from reconciler.actions import Plan
 from reconciler.apply import ApplyContext, ApplyResult, apply, next_in_flight
 from reconciler.archive import RunArchive
 from reconciler.errors import UserError
-from reconciler.model import AttemptRecord, Desired, Fleet, Observed
+from reconciler.model import AttemptRecord, Desired, Endpoint, Fleet, Observed
 from reconciler.observe import Memory, observe
 from reconciler.plan import plan
 from reconciler.ports import Provider, Shell
@@ -59,6 +59,7 @@ class Reconciler:
     clock: SystemClock = field(default_factory=SystemClock)
     should_stop: Callable[[], bool] = lambda: False
     _history: list[AttemptRecord] | None = None
+    _endpoints: dict[int, tuple[Endpoint, ...]] = field(default_factory=dict)
 
     @property
     def history(self) -> tuple[AttemptRecord, ...]:
@@ -69,7 +70,19 @@ class Reconciler:
     def observe_and_plan(self, desired: Desired) -> tuple[Observed, Plan, Memory]:
         now = self.clock.now()
         observed, memory = observe(desired, self.provider, self.shell, self.history, self.memory, now)
+        self._forget_gone(observed)
         return observed, plan(desired, observed, now), memory
+
+    def _forget_gone(self, observed: Observed) -> None:
+        """Boxes no longer listed (destroyed by hand, vanished): drop their connections and host-key pins."""
+        listed = {i.id: i for i in observed.instances}
+        for instance_id, endpoints in list(self._endpoints.items()):
+            if instance_id not in listed:
+                for endpoint in endpoints:
+                    self.shell.forget(endpoint)
+                del self._endpoints[instance_id]
+        for inst in listed.values():
+            self._endpoints[inst.id] = tuple(e for e in (inst.direct, inst.proxy) if e is not None)
 
     def cycle(self, desired: Desired, *, act: bool = True) -> CycleResult:
         started = self.clock.now()

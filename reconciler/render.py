@@ -7,6 +7,7 @@ from typing import Any
 
 from reconciler.actions import SIGNS, Kind, Plan
 from reconciler.model import Desired, Observed, Ownership, Phase
+from reconciler.runstate import wanted_ids
 
 VERBS = {
     Kind.RENT: "to rent",
@@ -43,21 +44,25 @@ def plan_text(plan: Plan, *, show_noops: bool = False) -> str:
 
 
 def run_phases(desired: Desired, observed: Observed) -> dict[str, str]:
-    """Phase of every base run (and activated promotion run) from history and the boxes."""
-    phases: dict[str, str] = {}
-    running = {(r.run_id) for p in observed.probes for r in p.runs if r.exit_code is None and r.pid_alive}
+    """Phase of every wanted run (base seeds and promotion seeds whose cell qualified)."""
+    running = {r.run_id for p in observed.probes for r in p.runs if r.exit_code is None and r.pid_alive}
     done: dict[str, list[Phase]] = {}
+    metrics: dict[str, list[float | None]] = {}
     for rec in observed.history:
         done.setdefault(rec.run_id, []).append(rec.phase)
+        if rec.phase is Phase.SUCCEEDED:
+            metrics.setdefault(rec.run_id, []).append(rec.best_metric)
+    wanted = wanted_ids(desired.runs, metrics)
+    phases: dict[str, str] = {}
     for spec in desired.runs:
-        hist = done.get(spec.id, [])
-        if spec.promotion_threshold is not None and not hist and spec.id not in running:
+        if spec.id not in wanted:
             continue
+        hist = done.get(spec.id, [])
         if Phase.SUCCEEDED in hist:
             phases[spec.id] = Phase.SUCCEEDED.value
         elif spec.id in running:
             phases[spec.id] = Phase.RUNNING.value
-        elif sum(1 for h in hist if h in (Phase.FAILED, Phase.LOST)) >= 1 + spec.retries:
+        elif sum(1 for h in hist if h in (Phase.FAILED, Phase.LOST, Phase.BLOCKED)) >= 1 + spec.retries:
             phases[spec.id] = Phase.BLOCKED.value
         else:
             phases[spec.id] = Phase.PENDING.value
