@@ -175,7 +175,7 @@ class FleetDaemon:
             git = self.git
 
             def code_tar(commit: str, d: Desired = desired) -> bytes:
-                return git.archive(commit, _code_paths(d))
+                return git.archive(commit, d.code_paths())
 
             self.reconciler = Reconciler(
                 provider=provider,
@@ -198,7 +198,7 @@ class FleetDaemon:
         desired_commit = self.git.desired_commit("HEAD")
         try:
             desired = load_desired(files, commit=desired_commit)
-            code_commit = self.git.last_commit_touching("HEAD", _code_paths(desired))
+            code_commit = self.git.last_commit_touching("HEAD", desired.code_paths())
             desired = replace(desired, code_commit=code_commit)
             self.last_valid = desired
         except DesiredStateInvalid as exc:
@@ -350,13 +350,3 @@ class FleetDaemon:
                 signal.signal(s, h)
             self.release() if not once else self.local_lock.release()
         return code
-
-
-def _code_paths(desired: Desired) -> tuple[str, ...]:
-    paths: list[str] = []
-    for sweep in desired.sweeps:
-        for p in sweep.code_paths:
-            if p not in paths:
-                paths.append(p)
-    return tuple(paths) or (".",)
-

@@ -155,6 +155,15 @@ class Desired:
     commit: str | None = None  # the desired/ revision these came from, when read from git
     code_commit: str | None = None  # the commit whose tree is shipped to boxes
 
+    def code_paths(self) -> tuple[str, ...]:
+        """What ships to the boxes: the union of the sweeps' code paths, in order (the whole tree if none)."""
+        paths: list[str] = []
+        for sweep in self.sweeps:
+            for p in sweep.code_paths:
+                if p not in paths:
+                    paths.append(p)
+        return tuple(paths) or (".",)
+
     def run(self, run_id: str) -> RunSpec | None:
         for r in self.runs:
             if r.id == run_id:

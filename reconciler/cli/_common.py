@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -12,7 +11,7 @@ from reconciler.actions import Plan
 from reconciler.apply import ApplyResult
 from reconciler.archive import RunArchive
 from reconciler.desired import errors_of, load_desired_from_dir
-from reconciler.errors import DesiredStateInvalid, UserError
+from reconciler.errors import DesiredStateInvalid, RepoError, UserError
 from reconciler.loop import Reconciler, build_adapters, state_dir_for
 from reconciler.model import Desired, Observed
 from reconciler.observe import Memory
@@ -24,11 +23,23 @@ def add_repo_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", default=None, help="where rigsync keeps its SSH key and pinned host keys")
 
 
-def head_commit(repo: Path) -> str | None:
-    proc = subprocess.run(
-        ["git", "-C", str(repo), "rev-parse", "--verify", "-q", "HEAD"], capture_output=True, text=True, check=False
-    )
-    return proc.stdout.strip() or None
+def pin_commits(repo: Path, desired: Desired) -> Desired:
+    """The revisions a run records: the last commit that changed desired/, and the one that changed the code.
+
+    Not HEAD: rigsync's own observed/ commits move HEAD and must neither look like new desired state nor make
+    the boxes fetch the same code again. Outside a git checkout (or before its first commit) both stay None.
+    """
+    from reconciler.adapters.git import GitRepo
+
+    try:
+        git_repo = GitRepo(repo)
+        return replace(
+            desired,
+            commit=git_repo.desired_commit("HEAD"),
+            code_commit=git_repo.last_commit_touching("HEAD", desired.code_paths()),
+        )
+    except RepoError:
+        return desired
 
 
 def load_local_desired(repo: Path) -> Desired:
@@ -40,16 +51,7 @@ def load_local_desired(repo: Path) -> Desired:
         # every problem with its file:line:col, as `rigsync validate` prints them; nothing was contacted yet
         lines = [str(e) for e in errors_of(exc)]
         raise UserError(f"{exc}:\n  " + "\n  ".join(lines)) from None
-    return replace(desired, code_commit=head_commit(repo), commit=desired.commit or head_commit(repo))
-
-
-def code_tar_for(repo: Path, desired: Desired) -> tuple[str, ...]:
-    paths: list[str] = []
-    for sweep in desired.sweeps:
-        for p in sweep.code_paths:
-            if p not in paths:
-                paths.append(p)
-    return tuple(paths) or (".",)
+    return pin_commits(repo, desired)
 
 
 def open_reconciler(repo: Path, desired: Desired, state_dir: str | None) -> Reconciler:
@@ -57,7 +59,7 @@ def open_reconciler(repo: Path, desired: Desired, state_dir: str | None) -> Reco
 
     # Local inputs first (the checkout, observed/ memory): a bad one fails before the provider is contacted.
     git_repo = GitRepo(repo)
-    paths = code_tar_for(repo, desired)
+    paths = desired.code_paths()
     # As `rigsync run` does: spend extrapolated to now from the observed files, and accrued from now on;
     # without the anchor a CLI apply would never count money and the daily/total caps would never bind.
     now = time.time()
