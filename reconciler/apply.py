@@ -55,6 +55,7 @@ class Outcome:
     action: Action
     ok: bool
     detail: str = ""
+    skipped: bool = False  # not attempted because rigsync is shutting down; the next cycle plans it again
 
 
 @dataclass
@@ -68,7 +69,7 @@ class ApplyResult:
 
     @property
     def failures(self) -> list[Outcome]:
-        return [o for o in self.outcomes if not o.ok]
+        return [o for o in self.outcomes if not o.ok and not o.skipped]
 
 
 @dataclass
@@ -89,7 +90,7 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
     ordered = sorted(plan.actions, key=lambda a: (APPLY_ORDER[a.kind], a.target))
     for action in ordered:
         if ctx.should_stop():
-            result.outcomes.append(Outcome(action, False, "not run: shutting down"))
+            result.outcomes.append(Outcome(action, False, "not run: shutting down", skipped=True))
             continue
         try:
             detail = _execute(action, ctx, instances, result)

@@ -40,9 +40,6 @@ from reconciler.ports import Provider, Shell
 
 log = logging.getLogger("rigsync.run")
 
-# What apply() records for the actions it did not start after a stop was requested (apply.py).
-SKIPPED_ON_STOP = "not run: shutting down"
-
 AdapterFactory = Callable[[Fleet, Path], tuple[Provider, Shell]]
 
 
@@ -214,7 +211,7 @@ class FleetDaemon:
         result = rec.cycle(desired)
         applied = result.applied
         # Actions apply skipped because we were asked to stop are not failures: the next run plans them again.
-        failed = [o for o in applied.failures if o.detail != SKIPPED_ON_STOP] if applied else []
+        failed = applied.failures if applied else []
         failures = [f"{o.action.kind.value} {o.action.target}: {o.detail}" for o in failed]
         status = ReconcilerStatus(
             desired_commit_applied=desired.commit,
