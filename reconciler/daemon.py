@@ -205,6 +205,8 @@ class FleetDaemon:
                 for e in desired_errors:
                     log.error("desired %s is invalid: %s", desired_commit[:12], e)
             if self.last_valid is None:
+                self.last_valid = self._last_valid_from_status()
+            if self.last_valid is None:
                 return self._commit_status_only(desired_commit, desired_errors, lease_files, started)
             desired = self.last_valid
         rec = self._reconciler_for(desired)
@@ -247,6 +249,24 @@ class FleetDaemon:
             result=result,
             wall_s=self.clock.now() - started,
         )
+
+    def _last_valid_from_status(self) -> Desired | None:
+        """After a restart, the last valid revision is the one observed/status.yaml says was applied."""
+        from reconciler.observed_files import STATUS, load_yaml
+
+        text = read_observed(self.repo_dir).get(STATUS)
+        if not text:
+            return None
+        try:
+            doc = load_yaml(text, STATUS)
+            commit = doc.get("last_valid_desired_commit") if isinstance(doc, dict) else None
+            if not commit:
+                return None
+            desired = load_desired(self.git.desired_files(str(commit)), commit=str(commit))
+            code_commit = self.git.last_commit_touching(str(commit), desired.code_paths())
+            return replace(desired, code_commit=code_commit)
+        except (RigsyncError, DesiredStateInvalid):
+            return None
 
     def _commit_status_only(
         self, desired_commit: str, errors: tuple[str, ...], lease_files: dict[str, str | None], started: float

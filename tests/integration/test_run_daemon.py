@@ -455,14 +455,20 @@ def test_invalid_desired_is_reported_and_not_acted_on(world_factory: Callable[..
         assert status["desired_commit_applied"] == valid
         assert status["last_valid_desired_commit"] == valid
         assert status.get("desired_valid") is False
+        out = log_text(log)
+        # A restart knows no "last valid" in memory: it must take it from status.yaml, not stop acting.
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        proc, log = w.start("--interval", "1")
         # The last valid revision keeps going: its run finishes and is archived.
         wait_for(
             "seed 1 to succeed under the last valid revision",
             lambda: any(r["run_id"] == ids_before[1] and r["phase"] == "succeeded" for r in w.remote_archive_lines()),
             60,
         )
-        out = log_text(log)
+        out += log_text(log)
         assert f"desired {broken[:12]} is invalid" in out and "desired error(s)" in out, out[-2000:]
+        assert (w.remote_yaml("observed/status.yaml") or {}).get("desired_commit_applied") == valid
         # Only seed 1 ever ran: the broken revision's seeds 2 and 3 were never launched.
         boxes.scan()
         assert boxes.run_ids() == {ids_before[1]}, boxes.dirs()
