@@ -42,6 +42,7 @@ from reconciler.model import (
     Spend,
     run_dir_name,
 )
+from reconciler.runstate import wanted_ids
 
 FLEET = "observed/fleet.yaml"
 RUNS = "observed/runs.yaml"
@@ -245,15 +246,6 @@ def _better(a: float | None, b: float | None, goal: MetricGoal) -> float | None:
     return max(a, b) if goal is MetricGoal.MAX else min(a, b)
 
 
-def _promotion_wanted(spec: RunSpec, best_by_cell: Mapping[str, float | None]) -> bool:
-    if spec.promotion_threshold is None:
-        return True
-    best = best_by_cell.get(spec.cell)
-    if best is None:
-        return False
-    return best >= spec.promotion_threshold if spec.metric_goal is MetricGoal.MAX else best <= spec.promotion_threshold
-
-
 def _render_runs(desired: Desired | None, observed: Observed) -> dict[str, Any]:
     history: dict[str, list[AttemptRecord]] = {}
     for rec in observed.history:
@@ -304,16 +296,15 @@ def _render_runs(desired: Desired | None, observed: Observed) -> dict[str, Any]:
 
     sweeps: dict[str, dict[str, Any]] = {}
     if desired is not None:
-        best_by_cell: dict[str, float | None] = {}
-        by_id = {s.id: s for s in desired.runs}
+        metrics: dict[str, list[float | None]] = {}
         for rec in observed.history:
-            spec = by_id.get(rec.run_id)
-            if spec is not None and spec.promotion_threshold is None and rec.phase is Phase.SUCCEEDED:
-                best_by_cell[spec.cell] = _better(best_by_cell.get(spec.cell), rec.best_metric, spec.metric_goal)
+            if rec.phase is Phase.SUCCEEDED:
+                metrics.setdefault(rec.run_id, []).append(rec.best_metric)
+        wanted = wanted_ids(desired.runs, metrics)
         for sweep in desired.sweeps:
             sweeps[sweep.name] = {}
         for spec in desired.runs:
-            if not _promotion_wanted(spec, best_by_cell) and spec.id not in history and spec.id not in running:
+            if spec.id not in wanted and spec.id not in history and spec.id not in running:
                 continue
             sweeps.setdefault(spec.sweep, {})[spec.id] = entry(spec.id, spec)
     else:
