@@ -91,3 +91,15 @@ def write_observed(
         path = repo / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
+
+
+def observe_once(args: argparse.Namespace) -> tuple[Desired, Observed, Plan]:
+    """Desired from the working tree, one observation of the world, and the plan for it; nothing applied."""
+    repo = Path(args.repo)
+    desired = load_local_desired(repo)
+    rec = open_reconciler(repo, desired, args.state_dir)
+    try:
+        observed, the_plan, _ = rec.observe_and_plan(desired)
+    finally:
+        rec.shell.close()
+    return desired, observed, the_plan

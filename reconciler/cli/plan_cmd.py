@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from reconciler.cli._common import add_repo_arg, load_local_desired, open_reconciler
+from reconciler.cli._common import add_repo_arg, observe_once
 from reconciler.errors import UserError
 from reconciler.render import plan_text
 
@@ -22,13 +22,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    repo = Path(args.repo)
-    desired = load_local_desired(repo)
-    rec = open_reconciler(repo, desired, args.state_dir)
-    try:
-        _, the_plan, _ = rec.observe_and_plan(desired)
-    finally:
-        rec.shell.close()
+    _, _, the_plan = observe_once(args)
     doc = the_plan.to_json()
     if args.out:
         try:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from reconciler.cli._common import add_repo_arg, load_local_desired, open_reconciler
+from reconciler.cli._common import add_repo_arg, observe_once
 from reconciler.render import status_json, status_text
 
 
@@ -18,13 +17,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    repo = Path(args.repo)
-    desired = load_local_desired(repo)
-    rec = open_reconciler(repo, desired, args.state_dir)
-    try:
-        observed, _, _ = rec.observe_and_plan(desired)
-    finally:
-        rec.shell.close()
+    desired, observed, _ = observe_once(args)
     doc = status_json(desired, observed)
     print(json.dumps(doc, indent=2, sort_keys=True) if args.json else status_text(doc))
     return 0
