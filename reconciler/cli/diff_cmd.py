@@ -163,10 +163,10 @@ def run(args: argparse.Namespace) -> int:
     repo = Path(args.repo)
     if not repo.is_dir():
         raise UserError(f"{repo}: not a directory")
-    head, desired_files, observed_files = _committed(repo)
-    if not desired_files:
-        raise UserError(f"{repo}: no desired/ files committed")
     try:
+        head, desired_files, observed_files = _committed(repo)
+        if not desired_files:
+            raise UserError(f"{repo}: no desired/ files committed")
         desired = load_desired(desired_files, commit=head)
     except DesiredStateInvalid as exc:
         for e in exc.errors:
