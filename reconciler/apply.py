@@ -71,6 +71,9 @@ class ApplyResult:
     def failures(self) -> list[Outcome]:
         return [o for o in self.outcomes if not o.ok and not o.skipped]
 
+    def failure_lines(self) -> tuple[str, ...]:
+        return tuple(f"{o.action.kind.value} {o.action.target}: {o.detail}" for o in self.failures)
+
 
 @dataclass
 class ApplyContext:
@@ -79,7 +82,7 @@ class ApplyContext:
     desired: Desired
     observed: Observed
     archive: Archive
-    code_tar: Callable[[str], bytes]
+    code_tar: Callable[[str, tuple[str, ...]], bytes]  # (commit, paths) -> tar of those paths at that commit
     now: Callable[[], float]
     should_stop: Callable[[], bool] = lambda: False
 
@@ -143,7 +146,7 @@ def _execute(action: Action, ctx: ApplyContext, instances: dict[int, Instance], 
         _run_checked(ctx, _endpoint(instances, action.instance_id), script)
         return "bootstrap started"
     if isinstance(action, ShipCode):
-        tar = ctx.code_tar(action.commit)
+        tar = ctx.code_tar(action.commit, ctx.desired.code_paths())
         _run_checked(ctx, _endpoint(instances, action.instance_id), remote.ship_code_script(action.commit), stdin=tar)
         return f"{len(tar)} bytes shipped"
     if isinstance(action, Launch):

@@ -169,16 +169,11 @@ class FleetDaemon:
                 self.reconciler.shell.close()
             provider, shell = self.adapters(fleet, state_dir_for(fleet, self.state_dir_override))
             boxes, in_flight, spend = memory_from_files(read_observed(self.repo_dir), now=self.clock.now())
-            git = self.git
-
-            def code_tar(commit: str, d: Desired = desired) -> bytes:
-                return git.archive(commit, d.code_paths())
-
             self.reconciler = Reconciler(
                 provider=provider,
                 shell=shell,
                 archive=RunArchive(self.repo_dir),
-                code_tar=code_tar,
+                code_tar=self.git.archive,
                 memory=Memory(boxes=boxes, in_flight=in_flight, spend=spend, spend_at=self.clock.now()),
                 clock=self.clock,
                 should_stop=self.stop_event.is_set,
@@ -213,16 +208,15 @@ class FleetDaemon:
         result = rec.cycle(desired)
         applied = result.applied
         # Actions apply skipped because we were asked to stop are not failures: the next run plans them again.
-        failed = applied.failures if applied else []
-        failures = [f"{o.action.kind.value} {o.action.target}: {o.detail}" for o in failed]
+        failures = applied.failure_lines() if applied else ()
         status = ReconcilerStatus(
             desired_commit_applied=desired.commit,
             last_valid_desired_commit=self.last_valid.commit if self.last_valid else None,
             desired_errors=desired_errors,
-            apply_errors=tuple(failures),
+            apply_errors=failures,
             holder=self.lease.holder,
         )
-        after = replace(result.observed, in_flight=rec.memory.in_flight, history=rec.history, memory=rec.memory.boxes)
+        after = rec.observed_after_apply(result.observed)
         previous = read_observed(self.repo_dir)
         rendered: dict[str, str | None] = dict(
             render_observed(

@@ -44,17 +44,13 @@ class CycleResult:
     started_at: float
     finished_at: float
 
-    @property
-    def wall_s(self) -> float:
-        return self.finished_at - self.started_at
-
 
 @dataclass
 class Reconciler:
     provider: Provider
     shell: Shell
     archive: RunArchive
-    code_tar: Callable[[str], bytes]
+    code_tar: Callable[[str, tuple[str, ...]], bytes]
     memory: Memory = field(default_factory=Memory)
     clock: SystemClock = field(default_factory=SystemClock)
     should_stop: Callable[[], bool] = lambda: False
@@ -92,6 +88,10 @@ class Reconciler:
             applied = self.apply(desired, observed, the_plan, memory)
             memory = self.memory
         return CycleResult(desired, observed, the_plan, applied, memory, started, self.clock.now())
+
+    def observed_after_apply(self, observed: Observed) -> Observed:
+        """The snapshot as the next cycle will start from it: with this cycle's memory, in-flight and archive."""
+        return replace(observed, in_flight=self.memory.in_flight, history=self.history, memory=self.memory.boxes)
 
     def apply(self, desired: Desired, observed: Observed, the_plan: Plan, memory: Memory) -> ApplyResult:
         ctx = ApplyContext(

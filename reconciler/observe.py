@@ -118,15 +118,13 @@ def observe(
     history: tuple[AttemptRecord, ...],
     memory: Memory,
     now: float,
-    *,
-    want_offers: bool = True,
 ) -> tuple[Observed, Memory]:
     """Snapshot the world. Provider errors propagate (the cycle cannot plan without the instance list)."""
     fleet = desired.fleet
     instances = provider.list_instances()
     mine = owned(instances, fleet.name)
     offers: list[Offer] = []
-    if want_offers and not fleet.suspend:
+    if not fleet.suspend:
         try:
             offers = provider.search_offers(fleet.filters, fleet.disk_gb)
         except ProviderError:

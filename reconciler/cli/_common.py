@@ -59,7 +59,6 @@ def open_reconciler(repo: Path, desired: Desired, state_dir: str | None) -> Reco
 
     # Local inputs first (the checkout, observed/ memory): a bad one fails before the provider is contacted.
     git_repo = GitRepo(repo)
-    paths = desired.code_paths()
     # As `rigsync run` does: spend extrapolated to now from the observed files, and accrued from now on;
     # without the anchor a CLI apply would never count money and the daily/total caps would never bind.
     now = time.time()
@@ -69,7 +68,7 @@ def open_reconciler(repo: Path, desired: Desired, state_dir: str | None) -> Reco
         provider=provider,
         shell=shell,
         archive=RunArchive(repo),
-        code_tar=lambda commit: git_repo.archive(commit, paths),
+        code_tar=git_repo.archive,
         memory=Memory(boxes=boxes, in_flight=in_flight, spend=spend, spend_at=now),
     )
 
@@ -78,12 +77,11 @@ def write_observed(
     repo: Path, desired: Desired, observed: Observed, plan: Plan, rec: Reconciler, result: ApplyResult | None = None
 ) -> None:
     """Write observed/ into the working tree (not committed: `rigsync run` is the one that commits)."""
-    failed = result.failures if result else []
-    failures = tuple(f"{o.action.kind.value} {o.action.target}: {o.detail}" for o in failed)
+    failures = result.failure_lines() if result else ()
     status = ReconcilerStatus(
         desired_commit_applied=desired.commit, last_valid_desired_commit=desired.commit, apply_errors=failures
     )
-    after = replace(observed, in_flight=rec.memory.in_flight, history=rec.history, memory=rec.memory.boxes)
+    after = rec.observed_after_apply(observed)
     files = render_observed(
         desired=desired, observed=after, plan=plan, status=status, now=rec.clock.now(), previous=read_observed(repo)
     )
