@@ -392,6 +392,15 @@ class Spend:
     today_usd: float = 0.0
     total_usd: float = 0.0
 
+    def accrued(self, dph: float, since: float, now: float) -> Spend:
+        """Spend at ``now`` after billing ``dph`` $/h since ``since``; "today" restarts at UTC midnight."""
+        if now <= since:
+            return self
+        midnight = now - (now % 86400.0)
+        today = self.today_usd if since >= midnight else 0.0
+        today += dph * (now - max(since, midnight)) / 3600.0
+        return Spend(today_usd=today, total_usd=self.total_usd + dph * (now - since) / 3600.0)
+
 
 @dataclass(frozen=True)
 class Observed:

@@ -101,14 +101,9 @@ def update_box_memory(
 
 def accrue_spend(memory: Memory, instances: list[Instance], now: float) -> tuple[Spend, float]:
     """Bring the spend up to ``now`` at the fleet's current $/h (boxes bill whether or not we watch)."""
-    if memory.spend_at is None or now <= memory.spend_at:
+    if memory.spend_at is None:
         return memory.spend, now
-    dph = sum(i.dph_total for i in instances)
-    spent = dph * (now - memory.spend_at) / 3600.0
-    day_start = now - (now % 86400.0)
-    today = memory.spend.today_usd if memory.spend_at >= day_start else 0.0
-    today += dph * (now - max(memory.spend_at, day_start)) / 3600.0
-    return Spend(today_usd=today, total_usd=memory.spend.total_usd + spent), now
+    return memory.spend.accrued(sum(i.dph_total for i in instances), memory.spend_at, now), now
 
 
 def observe(

@@ -624,11 +624,9 @@ def memory_from_files(
             at = parse_iso(anchor.get("as_of"), f"{BUDGET}: spend.as_of")
         except (TypeError, ValueError) as exc:
             raise ObservedInvalid(f"{BUDGET}: spend: malformed ({exc})") from exc
-        if now is not None and at is not None and now > at:
-            total += rate * (now - at) / 3600.0
-            midnight = dt.datetime.fromtimestamp(now, tz=dt.UTC).replace(hour=0, minute=0, second=0).timestamp()
-            today = today + rate * (now - at) / 3600.0 if at >= midnight else rate * (now - midnight) / 3600.0
         spend = Spend(today_usd=today, total_usd=total)
+        if now is not None and at is not None:
+            spend = spend.accrued(rate, at, now)
     return tuple(memory), tuple(in_flight), spend
 
 
