@@ -32,7 +32,7 @@ from reconciler.actions import Plan
 from reconciler.adapters.git import GitRepo
 from reconciler.archive import RunArchive, record_to_json
 from reconciler.desired import load_desired_from_dir
-from reconciler.model import AttemptRecord, Instance, InstanceStatus, Observed, Phase, Spend
+from reconciler.model import AttemptRecord, Instance, InstanceStatus, Observed, AttemptOutcome, Spend
 from reconciler.observed_files import ReconcilerStatus, read_observed, render_observed, summarize_change
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,7 +83,7 @@ def cycles(checkout: Path, n: int, *, change: bool) -> dict[str, float | int]:
         )
         appended = 0
         if change:
-            rec = AttemptRecord(f"bench-{i}", 1, "tdmpc", Phase.SUCCEEDED, ended_at=now, started_at=now - 600)
+            rec = AttemptRecord(f"bench-{i}", 1, "tdmpc", AttemptOutcome.SUCCEEDED, ended_at=now, started_at=now - 600)
             appended = len(archive.append([rec]))
         previous = read_observed(checkout)
         files = render_observed(
@@ -102,7 +102,7 @@ def append_time(root: Path, existing: int, samples: int = 20) -> dict[str, float
     shard.parent.mkdir(parents=True, exist_ok=True)
     if existing:
         template = record_to_json(
-            AttemptRecord("RUNID", 1, "tdmpc", Phase.SUCCEEDED, params=(("lr", 0.001),), ended_at=1_792_000_000.0)
+            AttemptRecord("RUNID", 1, "tdmpc", AttemptOutcome.SUCCEEDED, params=(("lr", 0.001),), ended_at=1_792_000_000.0)
         )
         head, tail = template.split("RUNID")
         with open(shard, "w") as fh:
@@ -115,7 +115,7 @@ def append_time(root: Path, existing: int, samples: int = 20) -> dict[str, float
     load_s = time.perf_counter() - t
     times = []
     for i in range(samples):
-        rec = AttemptRecord(f"new-{i}", 1, "tdmpc", Phase.SUCCEEDED, ended_at=1_792_000_000.0)
+        rec = AttemptRecord(f"new-{i}", 1, "tdmpc", AttemptOutcome.SUCCEEDED, ended_at=1_792_000_000.0)
         t = time.perf_counter()
         archive.append([rec])
         times.append(time.perf_counter() - t)
@@ -161,7 +161,7 @@ def push_to_launch(tmp: Path, samples: int, poll: float) -> dict[str, object]:
     from reconciler.daemon import DaemonConfig, FleetDaemon
     from reconciler.demo import make_fleet_repo
     from reconciler.emulator import Emulator
-    from reconciler.model import Phase
+    from reconciler.model import AttemptOutcome
 
     with Emulator(seed=11, boot_delay=0.2) as emu:
         os.environ["VAST_API_KEY"] = emu.api_key
@@ -184,7 +184,7 @@ def push_to_launch(tmp: Path, samples: int, poll: float) -> dict[str, object]:
         while True:
             cyc = daemon.cycle()
             hist = daemon.reconciler.history if daemon.reconciler else ()
-            if any(h.phase is Phase.SUCCEEDED for h in hist) and not (cyc.result and cyc.result.plan.actions):
+            if any(h.phase is AttemptOutcome.SUCCEEDED for h in hist) and not (cyc.result and cyc.result.plan.actions):
                 break
             if time.monotonic() > deadline:
                 raise SystemExit("bench: the fleet did not settle with one idle box in 120s")

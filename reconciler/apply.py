@@ -36,7 +36,7 @@ from reconciler.model import (
     InFlight,
     Instance,
     Observed,
-    Phase,
+    AttemptOutcome,
     RunDirState,
 )
 from reconciler.ports import Provider, Shell
@@ -156,7 +156,7 @@ def _execute(action: Action, ctx: ApplyContext, instances: dict[int, Instance], 
         script = remote.kill_script(action.run_id, action.attempt, exit_code=137, reason=action.reason)
         _run_checked(ctx, _endpoint(instances, action.instance_id), script)
         rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
-                              Phase.FAILED, 137, action.reason)
+                              AttemptOutcome.FAILED, 137, action.reason)
         _archive(ctx, result, rec)
         return "killed"
     if isinstance(action, Requeue):
@@ -169,13 +169,13 @@ def _execute(action: Action, ctx: ApplyContext, instances: dict[int, Instance], 
             except RigsyncError as exc:
                 log.info("requeue %s: best-effort kill failed: %s", action.target, exc)
         rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
-                              Phase.LOST, None, action.reason)
+                              AttemptOutcome.LOST, None, action.reason)
         _archive(ctx, result, rec)
         return "requeued"
     if isinstance(action, Record):
         state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
         rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
-                              Phase(action.phase), action.exit_code, action.reason)
+                              AttemptOutcome(action.phase), action.exit_code, action.reason)
         _archive(ctx, result, rec)
         return "archived"
     return "nothing to do"
@@ -231,7 +231,7 @@ def _attempt_record(
     attempt: int,
     instance_id: int,
     state: RunDirState | None,
-    phase: Phase,
+    phase: AttemptOutcome,
     exit_code: int | None,
     reason: str,
 ) -> AttemptRecord:

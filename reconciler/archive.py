@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.errors import RepoError
-from reconciler.model import AttemptRecord, Phase, Scalar
+from reconciler.model import AttemptRecord, AttemptOutcome, Scalar
 
 RUNS_DIR = "observed/runs"
 UNDATED_SHARD = "undated"
@@ -121,7 +121,7 @@ def record_from_json(line: str | bytes) -> AttemptRecord:
             run_id=str(d["run_id"]),
             attempt=int(d["attempt"]),
             sweep=str(d.get("sweep", "")),
-            phase=Phase(d["phase"]),
+            phase=AttemptOutcome(d["phase"]),
             params=params,
             seed=int(d.get("seed", 0)),
             exit_code=None if exit_code is None else int(exit_code),

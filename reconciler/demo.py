@@ -27,8 +27,8 @@ import reconciler
 from reconciler.archive import RunArchive
 from reconciler.daemon import DaemonConfig, FleetDaemon
 from reconciler.errors import UserError
-from reconciler.model import InstanceStatus, Ownership, Phase
-from reconciler.runstate import wanted_ids
+from reconciler.model import AttemptOutcome, InstanceStatus, owns, split_owned
+from reconciler.runphase import count_phases, run_phases
 
 DEMO_TIMEOUTS = {
     "idle_timeout": "20s",
@@ -252,7 +252,7 @@ def run_demo(opts: DemoOptions) -> DemoSummary:
             os.environ["VAST_API_KEY"] = old_key
         shutil.rmtree(state, ignore_errors=True)
     archive = list(RunArchive(workdir).records())
-    successes = Counter(r.run_id for r in archive if r.phase is Phase.SUCCEEDED)
+    successes = Counter(r.run_id for r in archive if r.phase is AttemptOutcome.SUCCEEDED)
     summary.attempts = len(archive)
     summary.runs_succeeded = len(successes)
     summary.duplicate_successes = sum(n - 1 for n in successes.values() if n > 1)
@@ -282,10 +282,7 @@ def _drive(daemon: FleetDaemon, emu: Any, opts: DemoOptions, chaos: Chaos | None
         if res is None:
             raise UserError("the demo's desired state is invalid: " + "; ".join(cyc.desired_errors))
         fleet = res.desired.fleet.name
-        owned = [
-            i for i in res.observed.instances
-            if (o := Ownership.parse(i.label)) is not None and o.fleet == fleet
-        ]
+        owned, _ = split_owned(res.observed.instances, fleet)
         rented.update(i.id for i in owned)
         if res.applied:
             rented.update(res.applied.rented)
@@ -296,38 +293,27 @@ def _drive(daemon: FleetDaemon, emu: Any, opts: DemoOptions, chaos: Chaos | None
             chaos.step(busy)
             if chaos.hung is not None and time.monotonic() - chaos.hung_at > 30 and chaos.hung in emu.instance_ids():
                 emu.resume(chaos.hung)
-        hist = daemon.reconciler.history if daemon.reconciler else ()
-        succeeded = {h.run_id for h in hist if h.phase is Phase.SUCCEEDED}
-        metrics: dict[str, list[float | None]] = {}
-        for h in hist:
-            if h.phase is Phase.SUCCEEDED:
-                metrics.setdefault(h.run_id, []).append(h.best_metric)
-        wanted = wanted_ids(res.desired.runs, metrics)
-        blocked = sum(1 for v in _phases(res).values() if v == Phase.BLOCKED.value)
-        summary.runs_total = len(wanted)
+        after = daemon.reconciler.observed_after_apply(res.observed) if daemon.reconciler else res.observed
+        phases = run_phases(res.desired.runs, after)
+        counts = count_phases(phases)
+        succeeded, blocked, running = counts["succeeded"], counts["blocked"], counts["running"]
+        summary.runs_total = len(phases)
         summary.runs_failed = blocked
-        running = len(daemon.reconciler.memory.in_flight) if daemon.reconciler else 0
         line = (
             f"[{time.monotonic() - started:6.1f}s] boxes {len(owned)} (${sum(i.dph_total for i in owned):.3f}/h), "
-            f"runs {len(succeeded & wanted)}/{len(wanted)} succeeded, {running} running, {blocked} failed"
+            f"runs {succeeded}/{len(phases)} succeeded, {running} running, {blocked} failed"
         )
         acts = ", ".join(f"{v} {k}" for k, v in sorted(res.plan.counts().items()))
         if line != last_line or acts:
             opts.say(line + (f" | {acts}" if acts else ""))
             last_line = line
         alive = [i for i in owned if i.status is not InstanceStatus.EXITED]
-        finished = len(succeeded & wanted) + blocked >= len(wanted) and running == 0
+        finished = all(p.finished for p in phases.values())
         if finished and not alive and not res.plan.actions:
             break
         time.sleep(opts.interval_s)
     summary.instances_rented = len(rented)
     return summary
-
-
-def _phases(res: Any) -> dict[str, str]:
-    from reconciler.render import run_phases
-
-    return run_phases(res.desired, res.observed)
 
 
 def _destroy_everything(daemon: FleetDaemon, emu: Any) -> None:
@@ -336,8 +322,7 @@ def _destroy_everything(daemon: FleetDaemon, emu: Any) -> None:
     if rec is None:
         return
     for inst in rec.provider.list_instances():
-        own = Ownership.parse(inst.label)
-        if own is not None and daemon.last_valid is not None and own.fleet == daemon.last_valid.fleet.name:
+        if daemon.last_valid is not None and owns(daemon.last_valid.fleet.name, inst.label):
             rec.provider.destroy_instance(inst.id)
 
 

@@ -8,7 +8,7 @@ durations are seconds. Mappings inside frozen dataclasses are stored as tuples o
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 Scalar = str | int | float | bool
@@ -254,6 +254,24 @@ class Ownership:
         return Ownership(fleet=parts[1], slot=parts[2])
 
 
+def owns(fleet: str, label: str | None) -> bool:
+    """Whether a box with this provider label belongs to ``fleet``: the one ownership test rigsync has.
+
+    Only boxes carrying ``rigsync:<fleet>:<slot>`` are ever acted upon; everything else is foreign.
+    """
+    own = Ownership.parse(label)
+    return own is not None and own.fleet == fleet
+
+
+def split_owned(instances: Iterable[Instance], fleet: str) -> tuple[list[Instance], list[Instance]]:
+    """(owned by ``fleet``, foreign), each sorted by instance id."""
+    mine: list[Instance] = []
+    foreign: list[Instance] = []
+    for inst in sorted(instances, key=lambda i: i.id):
+        (mine if owns(fleet, inst.label) else foreign).append(inst)
+    return mine, foreign
+
+
 @dataclass(frozen=True)
 class GpuState:
     index: int
@@ -300,15 +318,35 @@ class BoxProbe:
     box_now: float | None = None
 
 
-class Phase(enum.StrEnum):
-    """The phase of a run, or of one attempt of it in the archive."""
+class AttemptOutcome(enum.StrEnum):
+    """How one attempt of a run ended, as the run archive records it."""
 
-    PENDING = "pending"
-    RUNNING = "running"
     SUCCEEDED = "succeeded"
-    FAILED = "failed"  # exited non-zero, or killed past max runtime
-    LOST = "lost"  # box vanished or heartbeat went stale; the attempt counts
-    BLOCKED = "blocked"  # failed with no retries left
+    FAILED = "failed"  # exited non-zero, or was killed (past max_runtime, duplicate, no longer desired)
+    LOST = "lost"  # its box vanished or its heartbeat went stale
+
+    @property
+    def uses_a_retry(self) -> bool:
+        """Failed and lost attempts both count against the run's ``retries``."""
+        return self is not AttemptOutcome.SUCCEEDED
+
+
+class RunPhase(enum.StrEnum):
+    """Where one run (a seed of a grid cell) stands. Derived, never stored as input: ``runphase.run_phase``."""
+
+    PENDING = "pending"  # never attempted
+    RUNNING = "running"  # an attempt is alive on a box, or launched on a box that cannot be checked now
+    SUCCEEDED = "succeeded"
+    RETRYING = "retrying"  # the last attempt failed or was lost; retries remain, so it is launched again
+    BLOCKED = "blocked"  # as many attempts failed or were lost as ``retries`` allows: no more launches
+
+    @property
+    def launchable(self) -> bool:
+        return self in (RunPhase.PENDING, RunPhase.RETRYING)
+
+    @property
+    def finished(self) -> bool:
+        return self in (RunPhase.SUCCEEDED, RunPhase.BLOCKED)
 
 
 @dataclass(frozen=True)
@@ -318,7 +356,7 @@ class AttemptRecord:
     run_id: str
     attempt: int
     sweep: str
-    phase: Phase
+    phase: AttemptOutcome
     params: tuple[tuple[str, Scalar], ...] = ()
     seed: int = 0
     exit_code: int | None = None

@@ -37,12 +37,13 @@ from reconciler.model import (
     MetricGoal,
     Observed,
     Ownership,
-    Phase,
+    RunPhase,
     RunSpec,
     Spend,
     run_dir_name,
 )
-from reconciler.runstate import wanted_ids
+from reconciler.promotion import succeeded_metrics, wanted_ids
+from reconciler.runphase import RunTally, live_attempts, run_phase, tally_runs
 
 FLEET = "observed/fleet.yaml"
 RUNS = "observed/runs.yaml"
@@ -53,7 +54,7 @@ LEASE = "observed/lease.yaml"
 RENDERED = (BUDGET, DRIFT, FLEET, RUNS, STATUS)
 
 FORMAT_VERSION = 1
-RUN_PHASES = ("pending", "running", "succeeded", "failed", "blocked")
+RUN_PHASES = tuple(p.value for p in RunPhase)
 _SPEND_TOLERANCE_USD = 0.01
 _SPEND_TOLERANCE_REL = 0.005
 
@@ -250,15 +251,8 @@ def _render_runs(desired: Desired | None, observed: Observed) -> dict[str, Any]:
     history: dict[str, list[AttemptRecord]] = {}
     for rec in observed.history:
         history.setdefault(rec.run_id, []).append(rec)
-    running: dict[str, tuple[int, int]] = {}  # run id -> (attempt, instance)
-    for p in observed.probes:
-        for r in p.runs:
-            if r.exit_code is None and r.pid_alive:
-                running[r.run_id] = max(running.get(r.run_id, (0, 0)), (r.attempt, p.instance_id))
-    archived = {rec.key for rec in observed.history}
-    for f in observed.in_flight:
-        if (f.run_id, f.attempt) not in archived:
-            running[f.run_id] = max(running.get(f.run_id, (0, 0)), (f.attempt, f.instance_id))
+    live = live_attempts(observed)
+    tallies = tally_runs(observed.history, live)
 
     def entry(run_id: str, spec: RunSpec | None) -> dict[str, Any]:
         recs = sorted(history.get(run_id, []), key=lambda r: r.attempt)
@@ -266,20 +260,11 @@ def _render_runs(desired: Desired | None, observed: Observed) -> dict[str, Any]:
         best: float | None = None
         for r in recs:
             best = _better(best, r.best_metric, goal)
-        attempts = max([r.attempt for r in recs] + [running[run_id][0] if run_id in running else 0])
-        failures = sum(1 for r in recs if r.phase in (Phase.FAILED, Phase.LOST, Phase.BLOCKED))
-        retries = spec.retries if spec else 0
-        if any(r.phase is Phase.SUCCEEDED for r in recs):
-            phase = "succeeded"
-        elif run_id in running:
-            phase = "running"
-        elif any(r.phase is Phase.BLOCKED for r in recs) or (spec is not None and failures > retries):
-            phase = "blocked"
-        elif recs:
-            phase = "failed"  # the last attempt failed; retries remain, so the plan relaunches it
-        else:
-            phase = "pending"
-        instance = running[run_id][1] if run_id in running else (recs[-1].instance_id if recs else None)
+        now_live = live.get(run_id)
+        attempts = max([r.attempt for r in recs] + [now_live.attempt if now_live else 0])
+        tally = tallies.get(run_id, RunTally())
+        phase = run_phase(spec, tally).value
+        instance = now_live.instance_id if now_live else (recs[-1].instance_id if recs else None)
         out: dict[str, Any] = {
             "phase": phase,
             "attempts": attempts,
@@ -296,15 +281,11 @@ def _render_runs(desired: Desired | None, observed: Observed) -> dict[str, Any]:
 
     sweeps: dict[str, dict[str, Any]] = {}
     if desired is not None:
-        metrics: dict[str, list[float | None]] = {}
-        for rec in observed.history:
-            if rec.phase is Phase.SUCCEEDED:
-                metrics.setdefault(rec.run_id, []).append(rec.best_metric)
-        wanted = wanted_ids(desired.runs, metrics)
+        wanted = wanted_ids(desired.runs, succeeded_metrics(observed.history))
         for sweep in desired.sweeps:
             sweeps[sweep.name] = {}
         for spec in desired.runs:
-            if spec.id not in wanted and spec.id not in history and spec.id not in running:
+            if spec.id not in wanted and spec.id not in history and spec.id not in live:
                 continue
             sweeps.setdefault(spec.sweep, {})[spec.id] = entry(spec.id, spec)
     else:
@@ -313,7 +294,7 @@ def _render_runs(desired: Desired | None, observed: Observed) -> dict[str, Any]:
             sweep_of[rec.run_id] = rec.sweep
         for f in observed.in_flight:
             sweep_of.setdefault(f.run_id, f.sweep)
-        for run_id in running:
+        for run_id in live:
             sweep_of.setdefault(run_id, "")
         for run_id, sweep_name in sorted(sweep_of.items()):
             sweeps.setdefault(sweep_name, {})[run_id] = entry(run_id, None)

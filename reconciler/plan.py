@@ -52,12 +52,12 @@ from reconciler.model import (
     OfferFilters,
     OnExceed,
     Ownership,
-    Phase,
+    AttemptOutcome,
     Ranking,
     RunDirState,
     RunSpec,
 )
-from reconciler.runstate import best_by_cell, promotion_met
+from reconciler.promotion import best_by_cell, promotion_met
 
 __all__ = [
     "effective_caps",
@@ -72,7 +72,7 @@ __all__ = [
 
 DEAD_STATUSES = frozenset({InstanceStatus.STOPPED, InstanceStatus.EXITED, InstanceStatus.OFFLINE})
 BOOTING_STATUSES = frozenset({InstanceStatus.CREATED, InstanceStatus.LOADING})
-_FAILED_PHASES = frozenset({Phase.FAILED, Phase.LOST})
+_FAILED_PHASES = frozenset({AttemptOutcome.FAILED, AttemptOutcome.LOST})
 _EPS = 1e-9  # float slack on the fleet cap sum only, so $0.1 + $0.2 fits a $0.3 cap
 
 
@@ -345,9 +345,9 @@ class _Planner:
                     box.live.append(rd)
 
     def _records(self) -> None:
-        self.recorded: dict[str, list[tuple[Phase, float | None]]] = defaultdict(list)
+        self.recorded: dict[str, list[tuple[AttemptOutcome, float | None]]] = defaultdict(list)
         for box, rd in self.finished:
-            phase = Phase.SUCCEEDED if rd.exit_code == 0 else Phase.FAILED
+            phase = AttemptOutcome.SUCCEEDED if rd.exit_code == 0 else AttemptOutcome.FAILED
             self.recorded[rd.run_id].append((phase, rd.best_metric))
             self.handled.add((rd.run_id, rd.attempt))
             self._add(
@@ -365,9 +365,9 @@ class _Planner:
         """Base runs, plus promotion seeds whose cell's best base metric reached their threshold."""
         metrics: dict[str, list[float | None]] = defaultdict(list)
         for run_id, recs in self.history.items():
-            metrics[run_id].extend(h.best_metric for h in recs if h.phase is Phase.SUCCEEDED)
+            metrics[run_id].extend(h.best_metric for h in recs if h.phase is AttemptOutcome.SUCCEEDED)
         for run_id, recorded in self.recorded.items():
-            metrics[run_id].extend(m for ph, m in recorded if ph is Phase.SUCCEEDED)
+            metrics[run_id].extend(m for ph, m in recorded if ph is AttemptOutcome.SUCCEEDED)
         best = best_by_cell(self.runs.values(), metrics)
         self.wanted: set[str] = set()
         waiting_promo: dict[str, int] = defaultdict(int)
@@ -604,12 +604,12 @@ class _Planner:
             spec = self.runs[run_id]
             st = _RunState(spec, self.run_index[run_id], max_attempt=self.max_attempt.get(run_id, 0))
             for h in self.history.get(run_id, ()):
-                if h.phase is Phase.SUCCEEDED:
+                if h.phase is AttemptOutcome.SUCCEEDED:
                     st.succeeded = True
                 elif h.phase in _FAILED_PHASES:
                     st.failed += 1
             for ph, _m in self.recorded.get(run_id, ()):
-                if ph is Phase.SUCCEEDED:
+                if ph is AttemptOutcome.SUCCEEDED:
                     st.succeeded = True
                 else:
                     st.failed += 1

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 from reconciler.actions import SIGNS, Kind, Plan
-from reconciler.model import Desired, Observed, Ownership, Phase
-from reconciler.runstate import wanted_ids
+from reconciler.model import Desired, Observed, owns
+from reconciler.runphase import count_phases, run_phases
 
 VERBS = {
     Kind.RENT: "to rent",
@@ -43,37 +42,10 @@ def plan_text(plan: Plan, *, show_noops: bool = False) -> str:
     return "\n".join(lines)
 
 
-def run_phases(desired: Desired, observed: Observed) -> dict[str, str]:
-    """Phase of every wanted run (base seeds and promotion seeds whose cell qualified)."""
-    running = {r.run_id for p in observed.probes for r in p.runs if r.exit_code is None and r.pid_alive}
-    done: dict[str, list[Phase]] = {}
-    metrics: dict[str, list[float | None]] = {}
-    for rec in observed.history:
-        done.setdefault(rec.run_id, []).append(rec.phase)
-        if rec.phase is Phase.SUCCEEDED:
-            metrics.setdefault(rec.run_id, []).append(rec.best_metric)
-    wanted = wanted_ids(desired.runs, metrics)
-    phases: dict[str, str] = {}
-    for spec in desired.runs:
-        if spec.id not in wanted:
-            continue
-        hist = done.get(spec.id, [])
-        if Phase.SUCCEEDED in hist:
-            phases[spec.id] = Phase.SUCCEEDED.value
-        elif spec.id in running:
-            phases[spec.id] = Phase.RUNNING.value
-        elif sum(1 for h in hist if h in (Phase.FAILED, Phase.LOST, Phase.BLOCKED)) >= 1 + spec.retries:
-            phases[spec.id] = Phase.BLOCKED.value
-        else:
-            phases[spec.id] = Phase.PENDING.value
-    return phases
-
-
 def status_json(desired: Desired, observed: Observed) -> dict[str, Any]:
     mine: list[dict[str, Any]] = []
     foreign: list[dict[str, Any]] = []
-    for inst in observed.instances:
-        own = Ownership.parse(inst.label)
+    for inst in sorted(observed.instances, key=lambda i: i.id):
         probe = observed.probe(inst.id)
         row = {
             "id": inst.id,
@@ -84,14 +56,12 @@ def status_json(desired: Desired, observed: Observed) -> dict[str, Any]:
             "reachable": None if probe is None else probe.reachable,
             "runs": sorted(f"{r.run_id}.{r.attempt}" for r in (probe.runs if probe else ()) if r.exit_code is None),
         }
-        (mine if own and own.fleet == desired.fleet.name else foreign).append(row)
-    phases = run_phases(desired, observed)
-    by_phase = Counter(phases.values())
+        (mine if owns(desired.fleet.name, inst.label) else foreign).append(row)
     return {
         "fleet": desired.fleet.name,
         "boxes": mine,
         "foreign": foreign,
-        "runs": {p.value: by_phase.get(p.value, 0) for p in Phase if p is not Phase.LOST},
+        "runs": count_phases(run_phases(desired.runs, observed)),
         "dph": round(sum(float(b["dph"]) for b in mine), 6),
         "spend": {"today_usd": round(observed.spend.today_usd, 6), "total_usd": round(observed.spend.total_usd, 6)},
     }

@@ -9,7 +9,7 @@ premises no longer hold is refused as a whole, with every reason listed.
 from __future__ import annotations
 
 from reconciler.actions import Bootstrap, Destroy, Kill, Launch, Plan, Record, Rent, Requeue, ShipCode
-from reconciler.model import FREE_GPU_MEMORY_MIB, Desired, InstanceStatus, Observed, Ownership, Phase
+from reconciler.model import FREE_GPU_MEMORY_MIB, Desired, InstanceStatus, Observed, Ownership, AttemptOutcome
 
 DPH_TOLERANCE = 1e-6
 
@@ -40,7 +40,7 @@ def stale_reasons(saved: Plan, desired: Desired, observed: Observed) -> list[str
             reasons.append(
                 f"the fleet now costs ${now_dph:.4f}/h, the plan was made when it cost ${saved.fleet_dph_before:.4f}/h"
             )
-    succeeded = {h.run_id for h in observed.history if h.phase is Phase.SUCCEEDED}
+    succeeded = {h.run_id for h in observed.history if h.phase is AttemptOutcome.SUCCEEDED}
     archived = {h.key for h in observed.history}
     # attempts the plan itself settles (requeue, record, kill) may be relaunched by the same plan
     settled = {(a.run_id, a.attempt) for a in saved.actions if isinstance(a, Requeue | Record | Kill)}

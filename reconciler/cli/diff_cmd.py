@@ -20,10 +20,18 @@ from typing import Any
 import jsonschema
 
 from reconciler.errors import DesiredStateInvalid, RepoError, UserError
-from reconciler.model import Desired
+from reconciler.model import Desired, RunPhase
 from reconciler.observed_files import DRIFT, FLEET, RUNS, STATUS, ObservedInvalid, load_yaml
 
 REQUIRED = (FLEET, RUNS, DRIFT, STATUS)
+# The diff's buckets (its JSON contract) over the one run phase: "failed" counts runs that will not run again.
+_BUCKETS = {
+    RunPhase.PENDING: "pending",
+    RunPhase.RETRYING: "pending",
+    RunPhase.RUNNING: "running",
+    RunPhase.SUCCEEDED: "done",
+    RunPhase.BLOCKED: "failed",
+}
 _SCHEMAS = {FLEET: "observed-fleet", RUNS: "observed-runs", DRIFT: "observed-drift", STATUS: "observed-status"}
 
 
@@ -110,8 +118,8 @@ def compute_diff(
         r = seen.get(spec.id)
         if r is None and spec.promotion_threshold is not None:
             continue  # a promotion seed is wanted only once its cell reached the threshold
-        phase = r["phase"] if r is not None else "pending"
-        bucket = {"running": "running", "succeeded": "done", "blocked": "failed"}.get(phase, "pending")
+        phase = RunPhase(r["phase"]) if r is not None else RunPhase.PENDING
+        bucket = _BUCKETS[phase]
         c = sweeps.setdefault(spec.sweep, {"pending": 0, "running": 0, "done": 0, "failed": 0, "total": 0})
         c[bucket] += 1
         c["total"] += 1

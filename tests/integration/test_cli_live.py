@@ -25,7 +25,7 @@ from reconciler.archive import RunArchive
 from reconciler.demo import make_fleet_repo
 from reconciler.emulator import Emulator
 from reconciler.lease import LeaseState, LocalLock, to_yaml
-from reconciler.model import Ownership, Phase
+from reconciler.model import Ownership, AttemptOutcome
 from reconciler.observed_files import LEASE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -310,7 +310,7 @@ def test_saved_plan_applies_exactly_then_apply_converges(
     final = json.loads(rigsync(env, "status", "--repo", str(repo), "--json").stdout)
     assert final["boxes"] == [] and final["runs"]["succeeded"] == 2 and final["runs"]["pending"] == 0
     records = list(RunArchive(repo).records())
-    assert sorted(r.phase for r in records) == [Phase.SUCCEEDED, Phase.SUCCEEDED]
+    assert sorted(r.phase for r in records) == [AttemptOutcome.SUCCEEDED, AttemptOutcome.SUCCEEDED]
     budget = (repo / "observed" / "budget.yaml").read_text()
     total = float(re.search(r"total_usd: ([0-9.e-]+)", budget).group(1))  # type: ignore[union-attr]
     assert total > 0, budget

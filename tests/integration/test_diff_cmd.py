@@ -23,7 +23,7 @@ from reconciler.model import (
     Instance,
     InstanceStatus,
     Observed,
-    Phase,
+    AttemptOutcome,
     RunDirState,
 )
 from reconciler.observed_files import ReconcilerStatus, render_observed
@@ -77,8 +77,8 @@ def fleet_repo(tmp_path: Path) -> Path:
             ),
         ),
         history=(
-            AttemptRecord(base[0].id, 1, "tdmpc", Phase.SUCCEEDED, best_metric=100.0, ended_at=T0 - 10),
-            *(AttemptRecord(base[2].id, a, "tdmpc", Phase.FAILED, exit_code=1, ended_at=T0 - 5) for a in (1, 2, 3)),
+            AttemptRecord(base[0].id, 1, "tdmpc", AttemptOutcome.SUCCEEDED, best_metric=100.0, ended_at=T0 - 10),
+            *(AttemptRecord(base[2].id, a, "tdmpc", AttemptOutcome.FAILED, exit_code=1, ended_at=T0 - 5) for a in (1, 2, 3)),
         ),
         fleet_name="demo",
     )

@@ -30,7 +30,7 @@ from reconciler.demo import make_fleet_repo
 from reconciler.emulator import Emulator
 from reconciler.errors import LaunchLockHeld
 from reconciler.loop import CycleResult, Reconciler
-from reconciler.model import AttemptRecord, Desired, DriftClass, Ownership, Phase
+from reconciler.model import AttemptRecord, Desired, DriftClass, Ownership, AttemptOutcome
 from reconciler.render import status_json
 
 MAX_CYCLES = 300
@@ -103,7 +103,7 @@ def owned_alive(emu: Emulator, fleet: str) -> list[int]:
 
 
 def successes(records: list[AttemptRecord]) -> Counter[str]:
-    return Counter(r.run_id for r in records if r.phase is Phase.SUCCEEDED)
+    return Counter(r.run_id for r in records if r.phase is AttemptOutcome.SUCCEEDED)
 
 
 def converged(rec: Reconciler, desired: Desired, emu: Emulator, res: CycleResult) -> bool:
@@ -248,7 +248,7 @@ def test_every_run_succeeds_exactly_once(clean: Clean) -> None:
     wanted = {r.id for r in clean.desired.runs}
     assert len(wanted) == 2
     assert successes(records) == Counter({rid: 1 for rid in wanted})
-    assert all(r.phase is Phase.SUCCEEDED and r.exit_code == 0 for r in records)
+    assert all(r.phase is AttemptOutcome.SUCCEEDED and r.exit_code == 0 for r in records)
     assert all(r.code_commit == clean.desired.code_commit for r in records)
     assert all(r.best_metric is not None and r.instance_id > 0 for r in records)
 
@@ -332,9 +332,9 @@ def test_box_vanished_mid_run_is_requeued_and_finished_elsewhere(
     assert victim, "no run was ever seen live on a box"
     records = list(RunArchive(repo).records())
     mine = [r for r in records if r.run_id == victim["run_id"]]
-    lost = [r for r in mine if r.phase is Phase.LOST]
+    lost = [r for r in mine if r.phase is AttemptOutcome.LOST]
     assert [(r.attempt, r.instance_id) for r in lost] == [(victim["attempt"], victim["instance_id"])]
-    won = [r for r in mine if r.phase is Phase.SUCCEEDED]
+    won = [r for r in mine if r.phase is AttemptOutcome.SUCCEEDED]
     assert len(won) == 1
     assert won[0].attempt > victim["attempt"]
     assert won[0].instance_id != victim["instance_id"]

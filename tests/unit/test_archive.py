@@ -16,7 +16,7 @@ from reconciler.archive import (
     record_to_json,
     shard_path,
 )
-from reconciler.model import AttemptRecord, Phase
+from reconciler.model import AttemptRecord, AttemptOutcome
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "schemas" / "archive-record.schema.json").read_text())
 NOV = dt.datetime(2026, 11, 30, 23, 0, tzinfo=dt.UTC).timestamp()
@@ -28,7 +28,7 @@ def rec(run_id: str = "r1", attempt: int = 1, ended_at: float | None = NOV, **kw
         run_id=run_id,
         attempt=attempt,
         sweep="s",
-        phase=Phase.SUCCEEDED,
+        phase=AttemptOutcome.SUCCEEDED,
         params=(("lr", 0.001), ("env", "walker"), ("deep", True)),
         seed=3,
         exit_code=0,
@@ -58,7 +58,7 @@ def test_json_round_trip_is_stable_compact_and_schema_valid() -> None:
     assert record_from_json(line) == r
     assert record_to_json(record_from_json(line)) == line
     jsonschema.Draft202012Validator(SCHEMA).validate(json.loads(line))
-    lost = rec(phase=Phase.LOST, exit_code=None, best_metric=None, final_metric=None, ended_at=None)
+    lost = rec(phase=AttemptOutcome.LOST, exit_code=None, best_metric=None, final_metric=None, ended_at=None)
     jsonschema.Draft202012Validator(SCHEMA).validate(json.loads(record_to_json(lost)))
     assert record_from_json(record_to_json(lost)) == lost
 

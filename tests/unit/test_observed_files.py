@@ -25,7 +25,7 @@ from reconciler.model import (
     Instance,
     InstanceStatus,
     Observed,
-    Phase,
+    AttemptOutcome,
     RunDirState,
     Spend,
 )
@@ -108,17 +108,17 @@ def world(desired: Desired, *, extra_box: bool = False, spend: Spend | None = No
             run_id=runs[0].id,
             attempt=1,
             sweep=runs[0].sweep,
-            phase=Phase.SUCCEEDED,
+            phase=AttemptOutcome.SUCCEEDED,
             best_metric=410.0,
             instance_id=11,
             ended_at=T0 - 100,
         ),
         AttemptRecord(
-            run_id=runs[2].id, attempt=1, sweep=runs[2].sweep, phase=Phase.FAILED, instance_id=11, ended_at=T0 - 90
+            run_id=runs[2].id, attempt=1, sweep=runs[2].sweep, phase=AttemptOutcome.FAILED, instance_id=11, ended_at=T0 - 90
         ),
         *(
             AttemptRecord(
-                run_id=runs[3].id, attempt=a, sweep=runs[3].sweep, phase=Phase.LOST, instance_id=11, ended_at=T0 - 80
+                run_id=runs[3].id, attempt=a, sweep=runs[3].sweep, phase=AttemptOutcome.LOST, instance_id=11, ended_at=T0 - 80
             )
             for a in (1, 2, 3)
         ),
@@ -187,7 +187,8 @@ def test_content_fleet_runs_drift(desired: Desired) -> None:
     rdoc = yaml.safe_load(files[RUNS])["sweeps"]["tdmpc"]
     assert rdoc[runs[0].id]["phase"] == "succeeded" and rdoc[runs[0].id]["best_metric"] == 410.0
     assert rdoc[runs[1].id]["phase"] == "running" and rdoc[runs[1].id]["instance"] == 11
-    assert rdoc[runs[2].id]["phase"] == "failed" and rdoc[runs[2].id]["attempts"] == 1
+    # one attempt failed, retries left: "retrying" (runs.yaml said "failed", a word that meant four things)
+    assert rdoc[runs[2].id]["phase"] == "retrying" and rdoc[runs[2].id]["attempts"] == 1
     assert rdoc[runs[3].id]["phase"] == "blocked"  # 3 attempts with retries: 2
     assert rdoc[runs[4].id] == {
         "phase": "pending",

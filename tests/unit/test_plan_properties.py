@@ -29,7 +29,7 @@ from reconciler.model import (
     Offer,
     OnExceed,
     Ownership,
-    Phase,
+    AttemptOutcome,
     RunDirState,
     RunSpec,
     Spend,
@@ -206,7 +206,7 @@ def worlds(draw: st.DrawFn, steady: bool = False) -> World:
     if not steady:
         for r in runs:
             if r.id not in used_attempts and draw(st.integers(0, 3)) == 0:
-                phase = draw(st.sampled_from([Phase.SUCCEEDED, Phase.FAILED, Phase.LOST]))
+                phase = draw(st.sampled_from([AttemptOutcome.SUCCEEDED, AttemptOutcome.FAILED, AttemptOutcome.LOST]))
                 history.append(AttemptRecord(r.id, 1, r.sweep, phase, best_metric=0.9))
     if not steady and runs and draw(st.booleans()):
         # an in-flight attempt on a box that is not listed at all
@@ -333,11 +333,11 @@ def _apply(desired: Desired, observed: Observed, p: Plan) -> Observed:
     next_id = 1000
     for a in p.actions:
         if isinstance(a, Record):
-            history.append(AttemptRecord(a.run_id, a.attempt, "", Phase(a.phase), exit_code=a.exit_code))
+            history.append(AttemptRecord(a.run_id, a.attempt, "", AttemptOutcome(a.phase), exit_code=a.exit_code))
         elif isinstance(a, Requeue):
-            history.append(AttemptRecord(a.run_id, a.attempt, "", Phase.LOST))
+            history.append(AttemptRecord(a.run_id, a.attempt, "", AttemptOutcome.LOST))
         elif isinstance(a, Kill):
-            history.append(AttemptRecord(a.run_id, a.attempt, "", Phase.FAILED, exit_code=137))
+            history.append(AttemptRecord(a.run_id, a.attempt, "", AttemptOutcome.FAILED, exit_code=137))
             pr = probes[a.instance_id]
             runs = tuple(
                 dataclasses.replace(rd, exit_code=137, pid_alive=False) if rd.run_id == a.run_id else rd

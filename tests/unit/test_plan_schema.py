@@ -18,7 +18,7 @@ from jsonschema import Draft202012Validator
 
 from reconciler.actions import ACTION_TYPES, Kind, Launch, Noop, Plan, Record
 from reconciler.desired import schema_path
-from reconciler.model import AttemptRecord, Drift, DriftClass, InFlight, Phase
+from reconciler.model import AttemptRecord, Drift, DriftClass, InFlight, AttemptOutcome
 from reconciler.plan import plan
 from reconciler.saved_plan import stale_reasons
 
@@ -182,9 +182,9 @@ def test_saved_launch_refused_when_the_run_moved_on() -> None:
     (launch,) = [a for a in p.actions if isinstance(a, Launch)]
     assert (launch.run_id, launch.gpu_mask) == ("r2", (1,))
     obs = case.observed
-    done = replace(obs, history=(AttemptRecord(run_id="r2", attempt=1, sweep="s", phase=Phase.SUCCEEDED),))
+    done = replace(obs, history=(AttemptRecord(run_id="r2", attempt=1, sweep="s", phase=AttemptOutcome.SUCCEEDED),))
     assert stale_reasons(p, case.desired, done) == ["run r2 has succeeded since the plan was made"]
-    ran = replace(obs, history=(AttemptRecord(run_id="r2", attempt=1, sweep="s", phase=Phase.FAILED),))
+    ran = replace(obs, history=(AttemptRecord(run_id="r2", attempt=1, sweep="s", phase=AttemptOutcome.FAILED),))
     assert stale_reasons(p, case.desired, ran) == ["attempt r2.1 has already run"]
     flying = replace(obs, in_flight=(InFlight(run_id="r2", attempt=1, instance_id=1, gpu_mask=(1,), launched_at=0),))
     assert stale_reasons(p, case.desired, flying) == ["run r2 is already running (attempt r2.1)"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-from reconciler.model import MetricGoal, RunSpec
+from reconciler.model import AttemptOutcome, AttemptRecord, MetricGoal, RunSpec
 
 
 def _better(goal: MetricGoal, new: float, cur: float | None) -> bool:
@@ -47,3 +47,12 @@ def wanted_ids(runs: Iterable[RunSpec], metrics: Mapping[str, Iterable[float | N
     specs = list(runs)
     best = best_by_cell(specs, metrics)
     return {s.id for s in specs if promotion_met(s, best)}
+
+
+def succeeded_metrics(history: Iterable[AttemptRecord]) -> dict[str, list[float | None]]:
+    """Run id → the best metric of each of its succeeded attempts: what ``best_by_cell`` reads."""
+    out: dict[str, list[float | None]] = {}
+    for rec in history:
+        if rec.phase is AttemptOutcome.SUCCEEDED:
+            out.setdefault(rec.run_id, []).append(rec.best_metric)
+    return out

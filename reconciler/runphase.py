@@ -1,0 +1,107 @@
+"""The phase of a run, stated once: the planner, the observed files, ``status``, ``diff`` and the demo all ask here.
+
+A run's phase is derived from two facts only: its finished attempts (the archive, plus whatever the current
+cycle settles) and whether an attempt of it is live. "Live" means an attempt that is not archived and either
+runs on a reachable box (no exit code, wrapper alive) or was launched on a box that cannot be checked right
+now (in flight, the box unreachable or still booting): a run on an unreachable box is *running*, not pending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from reconciler.model import AttemptOutcome, AttemptRecord, Observed, RunPhase, RunSpec
+from reconciler.promotion import succeeded_metrics, wanted_ids
+
+
+def allowed_attempts(spec: RunSpec) -> int:
+    """How many attempts a run may use: the first plus ``retries`` (a negative retries counts as 0)."""
+    return 1 + max(0, spec.retries)
+
+
+@dataclass(frozen=True)
+class LiveAttempt:
+    """An attempt that is not archived and is (or may still be) running on ``instance_id``."""
+
+    run_id: str
+    attempt: int
+    instance_id: int
+
+
+@dataclass(frozen=True)
+class RunTally:
+    """What is known of one run's attempts: the inputs of ``run_phase``."""
+
+    succeeded: bool = False
+    used: int = 0  # failed or lost attempts: each counts against retries
+    live: bool = False
+
+    def with_outcome(self, outcome: AttemptOutcome) -> RunTally:
+        if outcome is AttemptOutcome.SUCCEEDED:
+            return RunTally(True, self.used, self.live)
+        return RunTally(self.succeeded, self.used + 1, self.live)
+
+
+def run_phase(spec: RunSpec | None, tally: RunTally) -> RunPhase:
+    """The one rule: succeeded beats live, live beats blocked, and a run is blocked once its retries are used.
+
+    A run no longer in the desired state (``spec`` None) is never launched again, so one failure blocks it.
+    """
+    if tally.succeeded:
+        return RunPhase.SUCCEEDED
+    if tally.live:
+        return RunPhase.RUNNING
+    allowed = allowed_attempts(spec) if spec is not None else 1
+    if tally.used >= allowed:
+        return RunPhase.BLOCKED
+    return RunPhase.RETRYING if tally.used else RunPhase.PENDING
+
+
+def live_attempts(observed: Observed) -> dict[str, LiveAttempt]:
+    """Run id → its newest live attempt: alive on a reachable box, or in flight and not yet archived."""
+    archived = {rec.key for rec in observed.history}
+    live: dict[str, LiveAttempt] = {}
+
+    def keep(a: LiveAttempt) -> None:
+        cur = live.get(a.run_id)
+        if cur is None or (a.attempt, a.instance_id) > (cur.attempt, cur.instance_id):
+            live[a.run_id] = a
+
+    for probe in observed.probes:
+        if not probe.reachable:
+            continue
+        for r in probe.runs:
+            if r.exit_code is None and r.pid_alive and (r.run_id, r.attempt) not in archived:
+                keep(LiveAttempt(r.run_id, r.attempt, probe.instance_id))
+    for f in observed.in_flight:
+        if (f.run_id, f.attempt) not in archived:
+            keep(LiveAttempt(f.run_id, f.attempt, f.instance_id))
+    return live
+
+
+def tally_runs(history: Iterable[AttemptRecord], live: Iterable[str] = ()) -> dict[str, RunTally]:
+    """Run id → its tally from archived attempts, with ``live`` marking the runs that have a live attempt."""
+    out: dict[str, RunTally] = {}
+    for rec in history:
+        out[rec.run_id] = out.get(rec.run_id, RunTally()).with_outcome(rec.phase)
+    for run_id in live:
+        t = out.get(run_id, RunTally())
+        out[run_id] = RunTally(t.succeeded, t.used, True)
+    return out
+
+
+def run_phases(runs: Iterable[RunSpec], observed: Observed) -> dict[str, RunPhase]:
+    """Phase of every wanted run (base seeds, and promotion seeds whose cell reached the threshold)."""
+    specs = list(runs)
+    wanted = wanted_ids(specs, succeeded_metrics(observed.history))
+    tallies = tally_runs(observed.history, live_attempts(observed))
+    return {s.id: run_phase(s, tallies.get(s.id, RunTally())) for s in specs if s.id in wanted}
+
+
+def count_phases(phases: Mapping[str, RunPhase]) -> dict[str, int]:
+    """Runs per phase, every phase present (zeros included), in the enum's order."""
+    counts = dict.fromkeys((p.value for p in RunPhase), 0)
+    for p in phases.values():
+        counts[p.value] += 1
+    return counts
