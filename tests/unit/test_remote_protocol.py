@@ -18,14 +18,13 @@ from reconciler import remote
 from reconciler.errors import RemoteCommandFailed
 from reconciler.model import BoxProbe, RunDirState
 
+# Answers only the one query the probe makes, as real nvidia-smi formats it, and logs every call.
 FAKE_SMI = """#!/bin/bash
-case "$1" in
-  --query-gpu=index,memory.used,memory.total,utilization.gpu)
+echo "$*" >> "$(dirname "$0")/calls"
+case "$*" in
+  "--query-gpu=index,memory.used,memory.total,utilization.gpu --format=csv,noheader,nounits")
     echo "0, 12, 24564, 0"
     echo "1, 20000, 24564, 97"
-    ;;
-  --query-compute-apps=pid,used_memory,gpu_uuid)
-    echo "4242, 19988, GPU-1111"
     ;;
   *)
     echo "Field \\"$1\\" is not a valid field to query." >&2
@@ -129,6 +128,15 @@ def test_probe_of_an_empty_box_reports_gpus_python_and_disk(box: Box) -> None:
     assert p.disk_free_gb is not None and p.disk_free_gb > 0
     assert p.runs == () and p.code_commits == () and p.bootstrap_hashes == ()
     assert p.box_now is not None and abs(p.box_now - time.time()) < 60
+
+
+def test_probe_calls_nvidia_smi_once(box: Box) -> None:
+    calls = Path(box.env["PATH"].split(":")[0]) / "calls"
+    box.probe()
+    box.probe()
+    assert calls.read_text().splitlines() == [
+        "--query-gpu=index,memory.used,memory.total,utilization.gpu --format=csv,noheader,nounits"
+    ] * 2
 
 
 def test_probe_prefers_a_venv_python_that_runs(box: Box) -> None:

@@ -1,0 +1,320 @@
+"""The run protocol on a box: the commands that run there, and the parser of what the probe prints.
+
+Everything rigsync does on a rented box is one of five small programs kept as files beside this module: the probe
+(``probe.py``, run by ``probe.sh``), launch (``launch.sh``, which installs and starts ``wrapper.sh``), kill
+(``kill.sh``), bootstrap (``bootstrap.sh``, which installs and starts ``bootstrap_run.sh``) and ship-code
+(``ship_code.sh``). The files are static: every parameter reaches them as a shell-quoted positional argument,
+never as text formatted into a script. The builders here are pure (no I/O beyond reading those package files),
+so the unit tests run the commands with a local bash in a temporary HOME, and the SSH adapter stays a dumb pipe.
+Each builder returns one command line that any POSIX login shell can execute, so it can be handed straight to
+``Shell.run``: it exports ``RIGSYNC_ROOT`` (``ROOT``, the one place rigsync's directory on a box is named) and
+``RIGSYNC_PYTHON_CANDIDATES``, then runs ``lib.sh`` followed by the script with ``exec bash -c``.
+
+Layout under ``$HOME/rigsync/``::
+
+    code/<commit>/                       unpacked tree of a pinned commit (atomic rename into place)
+    bootstrap/<hash>.sh|.run.sh|.log|.ok|.failed|.pid|.lock/
+    runs/<run_id>.<attempt>/             meta.json, wrapper.sh, pid, started_at, heartbeat, stdout.log,
+                                         stderr.log, exit_code, ended_at, killed_reason, metrics file
+
+The probe needs ``python3`` on the box (every Vast image has one); without it the probe prints a JSON document
+with only ``error`` and ``box_now`` and ``parse_probe`` raises ``RemoteCommandFailed`` saying so.
+
+A run's metrics file is resolved relative to its run directory (absolute paths are taken as they are); the
+wrapper exports ``RIGSYNC_METRICS_FILE`` with the resolved path, because the command's working directory is the
+shared code tree and a relative write there would mix runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from typing import Any
+
+from reconciler.errors import RemoteCommandFailed
+from reconciler.model import BoxProbe, GpuState, RunDirState, Scalar, run_dir_name
+from reconciler.remote.probe import FORMAT as PROBE_FORMAT
+
+__all__ = [
+    "HEARTBEAT_INTERVAL_S",
+    "LAUNCH_LOCK_EXIT",
+    "NO_SUCH_RUN_EXIT",
+    "PROBE_FORMAT",
+    "PYTHON_CANDIDATES",
+    "ROOT",
+    "bash_command",
+    "bootstrap_script",
+    "kill_script",
+    "launch_script",
+    "parse_probe",
+    "probe_script",
+    "ship_code_script",
+]
+
+ROOT = "$HOME/rigsync"
+LAUNCH_LOCK_EXIT = 17
+NO_SUCH_RUN_EXIT = 3
+HEARTBEAT_INTERVAL_S = 2
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=-]{0,199}$")
+
+# The candidates for "the best Python", most specific first; a candidate counts only if it actually runs.
+PYTHON_CANDIDATES = ("$HOME/venv/bin/python", "/opt/conda/bin/python", "/venv/main/bin/python", "python3", "python")
+
+# What the login shell runs before ``exec bash``: the values are expanded there (``$HOME``), once per command.
+_ENV = f'export RIGSYNC_ROOT="{ROOT}" RIGSYNC_PYTHON_CANDIDATES="{":".join(PYTHON_CANDIDATES)}"; '
+
+
+def _check_name(kind: str, value: str) -> str:
+    if not _SAFE_NAME.match(value) or ".." in value:
+        raise ValueError(f"{kind} {value!r} is not a safe file name (letters, digits, '_', '.', '-', '+', '=')")
+    return value
+
+
+@functools.cache
+def _text(name: str) -> str:
+    """A file shipped with this package (``probe.py``, ``*.sh``)."""
+    return resources.files(__name__).joinpath(name).read_text(encoding="utf-8")
+
+
+def _script(name: str) -> str:
+    """A box-side bash script: ``lib.sh`` (the shared functions), then the named script."""
+    return _text("lib.sh") + "\n" + _text(name)
+
+
+def bash_command(script: str) -> str:
+    """One command line that runs ``script`` with bash, whatever the login shell is; stdin passes through."""
+    return "exec bash -c " + shlex.quote(script)
+
+
+def _command(name: str, *args: str) -> str:
+    """The command line running the packaged script ``name`` with ``args`` (each its own quoted word)."""
+    words = [shlex.quote("rigsync-" + name.removesuffix(".sh")), *(shlex.quote(a) for a in args)]
+    return _ENV + bash_command(_script(name)) + " " + " ".join(words)
+
+
+# ------------------------------------------------------------------------------------------------- probe
+
+
+def probe_script() -> str:
+    """A command printing one JSON document describing the box (see ``probe.py``).
+
+    One Python process does all the work (plus one ``nvidia-smi`` query): the first candidate interpreter that
+    runs it is also reported as the box's best Python.
+    """
+    return _command("probe.sh", str(PROBE_FORMAT), _text("probe.py"))
+
+
+def _opt_float(v: Any, what: str) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ValueError(f"{what} is not a number: {v!r}")
+    return float(v)
+
+
+def _opt_int(v: Any, what: str) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"{what} is not an integer: {v!r}")
+    return v
+
+
+def _str_tuple(v: Any, what: str) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise ValueError(f"{what} is not a list of strings")
+    return tuple(v)
+
+
+def _scalar_pairs(v: Any) -> tuple[tuple[str, Scalar], ...]:
+    if not isinstance(v, dict):
+        return ()
+    out: list[tuple[str, Scalar]] = []
+    for k, x in v.items():
+        if isinstance(x, str | bool | int) or (isinstance(x, float) and math.isfinite(x)):
+            out.append((str(k), x))
+    return tuple(out)
+
+
+def _parse_run(r: Any) -> RunDirState:
+    if not isinstance(r, dict):
+        raise ValueError("a run entry is not an object")
+    run_id = r.get("run_id")
+    attempt = r.get("attempt")
+    if not isinstance(run_id, str) or isinstance(attempt, bool) or not isinstance(attempt, int):
+        raise ValueError("a run entry lacks run_id/attempt")
+    mask = r.get("gpu_mask") or []
+    if not isinstance(mask, list) or not all(isinstance(g, int) and not isinstance(g, bool) for g in mask):
+        raise ValueError(f"run {run_id}.{attempt}: gpu_mask is not a list of integers")
+    cc, dc = r.get("code_commit"), r.get("desired_commit")
+    return RunDirState(
+        run_id=run_id,
+        attempt=attempt,
+        gpu_mask=tuple(mask),
+        pid_alive=bool(r.get("pid_alive")),
+        started_at=_opt_float(r.get("started_at"), "started_at"),
+        heartbeat_age_s=_opt_float(r.get("heartbeat_age_s"), "heartbeat_age_s"),
+        exit_code=_opt_int(r.get("exit_code"), "exit_code"),
+        ended_at=_opt_float(r.get("ended_at"), "ended_at"),
+        code_commit=cc if isinstance(cc, str) else None,
+        desired_commit=dc if isinstance(dc, str) else None,
+        last_metrics=_scalar_pairs(r.get("last_metrics")),
+        best_metric=_opt_float(r.get("best_metric"), "best_metric"),
+        final_metric=_opt_float(r.get("final_metric"), "final_metric"),
+    )
+
+
+def parse_probe(instance_id: int, stdout: bytes) -> BoxProbe:
+    """Turn the probe's output into a ``BoxProbe``; raise ``RemoteCommandFailed`` on anything malformed."""
+    text = stdout.decode("utf-8", "replace").strip()
+    # Login banners or a chatty .bashrc may print before us: the document is the last non-empty line.
+    line = text.splitlines()[-1] if text else ""
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        shown = line[:120] if line else "(no output)"
+        raise RemoteCommandFailed(f"instance {instance_id}: probe printed no JSON document: {shown!r}") from None
+    if not isinstance(doc, dict):
+        raise RemoteCommandFailed(f"instance {instance_id}: probe output is not a JSON object")
+    if doc.get("error"):
+        raise RemoteCommandFailed(f"instance {instance_id}: probe failed on the box: {doc['error']}")
+    try:
+        gpus: list[GpuState] = []
+        for g in doc.get("gpus") or []:
+            if not isinstance(g, dict):
+                raise ValueError("a gpu entry is not an object")
+            gpus.append(
+                GpuState(
+                    index=int(g["index"]),
+                    memory_used_mib=int(g["memory_used_mib"]),
+                    memory_total_mib=int(g["memory_total_mib"]),
+                    utilization_pct=float(g.get("utilization_pct") or 0.0),
+                )
+            )
+        boot = doc.get("bootstrap") or {}
+        if not isinstance(boot, dict):
+            raise ValueError("bootstrap is not an object")
+        runs = tuple(_parse_run(r) for r in doc.get("runs") or [])
+        py = doc.get("python")
+        return BoxProbe(
+            instance_id=instance_id,
+            reachable=True,
+            gpus=tuple(sorted(gpus, key=lambda g: g.index)),
+            disk_free_gb=_opt_float(doc.get("disk_free_gb"), "disk_free_gb"),
+            python=py if isinstance(py, str) and py else None,
+            bootstrap_hashes=_str_tuple(boot.get("ok"), "bootstrap.ok"),
+            bootstrap_failed=_str_tuple(boot.get("failed"), "bootstrap.failed"),
+            bootstrap_running=_str_tuple(boot.get("running"), "bootstrap.running"),
+            code_commits=_str_tuple(doc.get("code"), "code"),
+            runs=tuple(sorted(runs, key=lambda r: (r.run_id, r.attempt))),
+            last_activity_at=_opt_float(doc.get("last_activity_at"), "last_activity_at"),
+            box_now=_opt_float(doc.get("box_now"), "box_now"),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RemoteCommandFailed(f"instance {instance_id}: malformed probe output: {exc}") from None
+
+
+# ------------------------------------------------------------------------------------------------ launch
+
+
+def launch_script(
+    *,
+    run_id: str,
+    attempt: int,
+    gpu_mask: Sequence[int],
+    command: str,
+    code_commit: str | None,
+    desired_commit: str | None,
+    metrics_file: str,
+    metric_key: str | None,
+    metric_goal: str,
+    max_runtime_s: float,
+    sweep: str,
+    params: Mapping[str, Scalar],
+    seed: int,
+) -> str:
+    """A command that takes the launch lock (atomic mkdir), writes meta + wrapper, and starts it detached.
+
+    Exit 0 printing the wrapper's pid; exit ``LAUNCH_LOCK_EXIT`` (17) if this attempt's directory exists.
+    """
+    _check_name("run id", run_id)
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
+        raise ValueError(f"attempt must be a non-negative integer, not {attempt!r}")
+    if code_commit is not None:
+        _check_name("commit", code_commit)
+    meta = {
+        "format": PROBE_FORMAT,
+        "run_id": run_id,
+        "attempt": attempt,
+        "gpu_mask": [int(g) for g in gpu_mask],
+        "command": command,
+        "code_commit": code_commit,
+        "desired_commit": desired_commit,
+        "metrics_file": metrics_file,
+        "metric_key": metric_key,
+        "metric_goal": str(metric_goal),
+        "max_runtime_s": max_runtime_s if math.isfinite(max_runtime_s) else None,
+        "sweep": sweep,
+        "params": dict(params),
+        "seed": seed,
+    }
+    max_s = max(0, math.ceil(max_runtime_s)) if math.isfinite(max_runtime_s) else 0
+    return _command(
+        "launch.sh",
+        run_dir_name(run_id, attempt),
+        str(LAUNCH_LOCK_EXIT),
+        json.dumps(meta, sort_keys=True),
+        _script("wrapper.sh"),
+        # wrapper.sh's arguments after the run directory:
+        code_commit or "",
+        metrics_file,
+        run_id,
+        str(attempt),
+        ",".join(str(int(g)) for g in gpu_mask),
+        str(max_s),
+        str(HEARTBEAT_INTERVAL_S),
+        command,
+    )
+
+
+# -------------------------------------------------------------------------------------------------- kill
+
+
+def kill_script(run_id: str, attempt: int, *, exit_code: int = 137, reason: str) -> str:
+    """A command that ends an attempt's whole process group and records ``exit_code`` and ``killed_reason``.
+
+    Idempotent: killing a finished attempt keeps its real exit code and only adds the reason; a missing run
+    directory exits ``NO_SUCH_RUN_EXIT`` (3).
+    """
+    _check_name("run id", run_id)
+    name = run_dir_name(run_id, int(attempt))
+    return _command("kill.sh", name, str(int(exit_code)), reason, str(NO_SUCH_RUN_EXIT))
+
+
+# --------------------------------------------------------------------------------------------- bootstrap
+
+
+def bootstrap_script(script_text: str, script_hash: str) -> str:
+    """A command that runs the fleet's bootstrap script once per box per hash, detached.
+
+    Prints ``ok`` (already done), ``running`` (a live run holds the lock) or ``started <pid>``. A previous
+    failure is retried: its ``.failed`` marker is removed when a new run starts.
+    """
+    h = _check_name("bootstrap hash", script_hash)
+    return _command("bootstrap.sh", h, script_text, _script("bootstrap_run.sh"))
+
+
+# --------------------------------------------------------------------------------------------- ship code
+
+
+def ship_code_script(commit: str) -> str:
+    """A command that unpacks a tar stream from stdin into ``code/<commit>/`` atomically (idempotent)."""
+    return _command("ship_code.sh", _check_name("commit", commit))

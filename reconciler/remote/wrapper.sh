@@ -1,0 +1,68 @@
+# shellcheck shell=bash
+# The run wrapper: launch.sh writes one copy per attempt into its run directory and starts it detached. It
+# records pid, start time and a heartbeat, runs the command in the code directory with the run's environment,
+# kills it past its max runtime, and records end time and exit code.
+# Arguments: the run directory, the code commit ('' runs in $HOME), the metrics file (relative to the run
+# directory unless absolute), run id, attempt, CUDA_VISIBLE_DEVICES, max runtime in whole seconds (0: none),
+# heartbeat interval in seconds, the command.
+RUN_DIR=$1
+commit=$2
+metrics_file=$3
+run_id=$4
+attempt=$5
+gpus=$6
+max_s=$7
+heartbeat_s=$8
+command=$9
+cd "$RUN_DIR" || exit 1
+printf "%s\n" "$$" >pid.tmp && mv -f pid.tmp pid
+date +%s.%N >started_at.tmp && mv -f started_at.tmp started_at
+: >heartbeat
+case $metrics_file in
+  /*) ;;
+  *) metrics_file=$RUN_DIR/$metrics_file ;;
+esac
+if [ -n "$commit" ]; then code_dir=$RIGSYNC_ROOT/code/$commit; else code_dir=$HOME; fi
+export RIGSYNC_RUN_DIR="$RUN_DIR"
+export RIGSYNC_CODE_DIR="$code_dir"
+RIGSYNC_PYTHON=$(_rs_best_python) || RIGSYNC_PYTHON=python3
+export RIGSYNC_PYTHON
+export RIGSYNC_ATTEMPT="$attempt"
+export RIGSYNC_RUN_ID="$run_id"
+export RIGSYNC_METRICS_FILE="$metrics_file"
+export CUDA_VISIBLE_DEVICES="$gpus"
+if cd "$RIGSYNC_CODE_DIR"; then
+  bash -c "$command" >"$RUN_DIR/stdout.log" 2>"$RUN_DIR/stderr.log" </dev/null &
+  CMD=$!
+else
+  echo "rigsync: code directory $RIGSYNC_CODE_DIR is missing" >"$RUN_DIR/stderr.log"
+  CMD=
+fi
+# The heartbeat loop is also the box-side max-runtime guard: it still fires if the reconciler is down.
+(
+  start=$(date +%s)
+  while :; do
+    touch "$RUN_DIR/heartbeat"
+    if [ "$max_s" -gt 0 ] && [ -n "$CMD" ] && [ $(($(date +%s) - start)) -ge "$max_s" ]; then
+      echo "max_runtime_s $max_s exceeded" >"$RUN_DIR/killed_reason"
+      kill -TERM "$CMD" 2>/dev/null
+      sleep 10
+      kill -KILL "$CMD" 2>/dev/null
+      break
+    fi
+    sleep "$heartbeat_s"
+  done
+) >/dev/null 2>&1 </dev/null &
+HB=$!
+if [ -n "$CMD" ]; then
+  wait "$CMD"
+  code=$?
+else
+  code=127
+fi
+kill "$HB" 2>/dev/null
+date +%s.%N >"$RUN_DIR/ended_at.tmp" && mv -f "$RUN_DIR/ended_at.tmp" "$RUN_DIR/ended_at"
+if [ ! -e "$RUN_DIR/exit_code" ]; then
+  printf "%s\n" "$code" >"$RUN_DIR/exit_code.tmp" && mv -f "$RUN_DIR/exit_code.tmp" "$RUN_DIR/exit_code"
+fi
+touch "$RUN_DIR/heartbeat"
