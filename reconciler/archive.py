@@ -20,8 +20,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from reconciler.errors import RepoError
-from reconciler.model import AttemptRecord, AttemptOutcome, Scalar
+from reconciler.errors import ArchiveCorrupt, RepoError
+from reconciler.model import AttemptOutcome, AttemptRecord, Scalar
 
 RUNS_DIR = "observed/runs"
 UNDATED_SHARD = "undated"
@@ -49,10 +49,6 @@ FIELD_ORDER = (
     "best_metric",
     "final_metric",
 )
-
-
-class ArchiveCorrupt(RepoError):
-    """A shard holds a line that is not a valid archive record (and is not a crash-truncated last line)."""
 
 
 def shard_name(record: AttemptRecord) -> str:

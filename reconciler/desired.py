@@ -33,8 +33,8 @@ from typing import Any
 import jsonschema
 import yaml
 
-from reconciler.errors import DesiredStateInvalid
-from reconciler.expand import RUN_VARIABLES, TemplateProblem, count_runs, expand, template_variables
+from reconciler.errors import DesiredStateInvalid, TemplateProblem, YamlRefused
+from reconciler.expand import RUN_VARIABLES, count_runs, expand, template_variables
 from reconciler.model import (
     Budget,
     Desired,
@@ -130,13 +130,6 @@ def _validator(name: str) -> jsonschema.Draft202012Validator:
 # ------------------------------------------------------------------------------------------------ YAML
 
 
-class _Refused(Exception):
-    def __init__(self, message: str, mark: Any) -> None:
-        super().__init__(message)
-        self.message = message
-        self.mark = mark
-
-
 class _StrictLoader(yaml.SafeLoader):
     """SafeLoader's composer with anchors, aliases and deep nesting refused at the first event."""
 
@@ -147,18 +140,18 @@ class _StrictLoader(yaml.SafeLoader):
     def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         event: Any = self.peek_event()  # type: ignore[no-untyped-call]
         if isinstance(event, yaml.AliasEvent):
-            raise _Refused(
+            raise YamlRefused(
                 f"aliases (*{event.anchor}) are not allowed in desired/ files; write the value out", event.start_mark
             )
         anchor = getattr(event, "anchor", None)
         if anchor is not None:
-            raise _Refused(
+            raise YamlRefused(
                 f"anchors (&{anchor}) are not allowed in desired/ files; write the value out", event.start_mark
             )
         self._depth += 1
         try:
             if self._depth > MAX_DEPTH:
-                raise _Refused(f"nesting deeper than {MAX_DEPTH} levels", event.start_mark)
+                raise YamlRefused(f"nesting deeper than {MAX_DEPTH} levels", event.start_mark)
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -326,7 +319,7 @@ def parse_yaml(file: str, raw: bytes) -> tuple[_Doc | None, list[LoadError]]:
         builder = _Builder(doc, loader)
         doc.data = builder.build(node, ())
         return (doc if not builder.errors else None), builder.errors
-    except _Refused as exc:
+    except YamlRefused as exc:
         line, col = _mark_or_none(exc.mark)
         return fail(exc.message, line, col)
     except yaml.MarkedYAMLError as exc:

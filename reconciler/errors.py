@@ -1,11 +1,51 @@
-"""rigsync's own error tree.
+"""rigsync's own error tree: every exception class rigsync defines lives here.
 
 Library exceptions (requests, paramiko, git, yaml) are wrapped at the adapter boundary so the loop and the
 CLI only ever reason about these classes. The split that matters to a reconciler is transient (retry later,
 with backoff) versus permanent (a human must change something); kopf's ``clients/errors.py`` is the model.
+Every concrete error that an adapter raises says which of the two it is; the adapter families
+(``ProviderError``, ``ShellError``, ``RepoError``) say *where* it came from::
+
+    Exception
+    ├── RigsyncError                      raised on purpose; the CLI prints it as one line, never a traceback
+    │   ├── UserError                     bad input from a person or an agent: exit 1
+    │   │   ├── DesiredStateInvalid       desired/ did not validate (``errors`` lists every problem)
+    │   │   ├── ObservedInvalid           a file under observed/ does not parse
+    │   │   ├── LeaseHeld                 another reconciler holds the fleet
+    │   │   ├── StalePlan                 a saved plan no longer matches the world
+    │   │   └── ProviderAuthError         (also ProviderPermanent) the API key is missing or rejected
+    │   ├── TransientError                may succeed if tried again: back off and retry
+    │   │   ├── ProviderTransient         (ProviderError) 429, 5xx, timeouts
+    │   │   ├── HostUnreachable           (ShellError) connect/auth timeout, dropped connection
+    │   │   └── PushRejected              (RepoError) non-fast-forward: fetch, rebase, retry
+    │   ├── PermanentError                will not succeed by retrying
+    │   │   ├── ProviderPermanent         (ProviderError) 400/401/403/404
+    │   │   │   ├── RejectedByProvider    a 4xx or ``success: false`` reply, with ``status`` and ``code``
+    │   │   │   └── ProviderAuthError
+    │   │   ├── HostKeyMismatch           (ShellError) the box's host key changed since it was pinned
+    │   │   ├── RemoteCommandFailed       (ShellError) a command on the box exited non-zero
+    │   │   │   └── LaunchLockHeld        this attempt's run directory exists: launched before
+    │   │   └── ArchiveCorrupt            (RepoError) a run archive line is not a record
+    │   ├── ProviderError                 raised by a Provider adapter
+    │   ├── ShellError                    raised by a Shell adapter (also: rigsync's own SSH key is unusable)
+    │   └── RepoError                     raised by the git adapter
+    └── ValueError
+        ├── TemplateProblem               a sweep's command template is unusable (becomes a desired/ error)
+        └── YamlRefused                   a YAML construct rigsync refuses (becomes a desired/ error)
+
+The last two never leave the loading of desired/: they are turned into ``file:line:col`` errors there.
+
+Anything else (a ``KeyError`` from an SDK, an ``OSError`` a library forgot to wrap) is a bug somewhere below
+us, not a decision: ``apply()`` records it as that one action's failed outcome (the rest of the plan still
+runs) and the daemon logs it with its traceback and retries the cycle with backoff.
+
+The Vast.ai emulator (``reconciler.emulator``) stands for the real service and shares none of this: its own
+errors live in ``reconciler.emulator.errors``.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class RigsyncError(Exception):
@@ -24,12 +64,27 @@ class DesiredStateInvalid(UserError):
         super().__init__(f"desired state is invalid ({len(errors)} error(s))")
 
 
+class ObservedInvalid(UserError):
+    """A file under observed/ is missing a required part or does not parse."""
+
+
+class LeaseHeld(UserError):
+    """Another reconciler holds the fleet's lease."""
+
+
+class StalePlan(UserError):
+    """A saved plan no longer matches the world (an offer or a box it relies on is gone)."""
+
+
 class TransientError(RigsyncError):
     """May succeed if tried again: rate limits, 5xx, timeouts, connection resets, git push races."""
 
 
 class PermanentError(RigsyncError):
     """Will not succeed by retrying: bad credentials, unknown object, rejected request."""
+
+
+# ------------------------------------------------------------------------------------------------ provider
 
 
 class ProviderError(RigsyncError):
@@ -44,8 +99,20 @@ class ProviderPermanent(ProviderError, PermanentError):
     """401/403 (bad key), 400 (bad request), 404 (no such offer/instance)."""
 
 
+class RejectedByProvider(ProviderPermanent):
+    """A 4xx or ``{"success": false}`` reply; ``status`` and ``code`` say which (e.g. 404, "no_such_instance")."""
+
+    def __init__(self, message: str, *, status: int = 0, code: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
 class ProviderAuthError(ProviderPermanent, UserError):
     """The API key is missing or rejected."""
+
+
+# --------------------------------------------------------------------------------------------------- shell
 
 
 class ShellError(RigsyncError):
@@ -68,6 +135,9 @@ class LaunchLockHeld(RemoteCommandFailed):
     """The run directory already exists on the box: this attempt was launched before."""
 
 
+# ---------------------------------------------------------------------------------------------------- repo
+
+
 class RepoError(RigsyncError):
     """Raised by the git adapter."""
 
@@ -76,9 +146,25 @@ class PushRejected(RepoError, TransientError):
     """Non-fast-forward or `cannot lock ref`: fetch, rebase, retry."""
 
 
-class LeaseHeld(UserError):
-    """Another reconciler holds the fleet's lease."""
+class ArchiveCorrupt(RepoError, PermanentError):
+    """A shard holds a line that is not a valid archive record (and is not a crash-truncated last line)."""
 
 
-class StalePlan(UserError):
-    """A saved plan no longer matches the world (an offer or a box it relies on is gone)."""
+# ------------------------------------------------------------------------- internal to loading desired/
+
+
+class TemplateProblem(ValueError):
+    """The command template cannot be used; ``lineno`` is the template line (1-based) when known."""
+
+    def __init__(self, message: str, lineno: int | None = None) -> None:
+        super().__init__(message)
+        self.lineno = lineno
+
+
+class YamlRefused(ValueError):
+    """A YAML construct rigsync refuses (anchors, aliases, deep nesting); ``mark`` is where it starts."""
+
+    def __init__(self, message: str, mark: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.mark = mark

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from jinja2 import StrictUndefined, TemplateSyntaxError, nodes
 from jinja2.sandbox import SandboxedEnvironment
 
+from reconciler.errors import TemplateProblem
 from reconciler.model import MetricGoal, PromotionRule, RunSpec, Scalar, Sweep
 
 
@@ -44,14 +45,6 @@ BOX_VARIABLES: dict[str, str] = {
 }
 # ``metrics_file`` is box-side too, but also carries the sweep's configured file name.
 RUN_VARIABLES: frozenset[str] = frozenset({*BOX_VARIABLES, "metrics_file", "seed", "run_id", "sweep"})
-
-
-class TemplateProblem(ValueError):
-    """The command template cannot be used; ``lineno`` is the template line (1-based) when known."""
-
-    def __init__(self, message: str, lineno: int | None = None) -> None:
-        super().__init__(message)
-        self.lineno = lineno
 
 
 def scalar_text(value: Scalar) -> str:

@@ -21,8 +21,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from reconciler.errors import LeaseHeld
-from reconciler.observed_files import LEASE, ObservedInvalid, dump_yaml, iso, load_yaml, parse_iso
+from reconciler.errors import LeaseHeld, ObservedInvalid
+from reconciler.observed_files import LEASE, dump_yaml, iso, load_yaml, parse_iso
 
 DEFAULT_STALE_AFTER_S = 300.0
 DEFAULT_RENEW_EVERY_S = 60.0

@@ -26,7 +26,7 @@ from typing import Any
 import yaml
 
 from reconciler.actions import Plan
-from reconciler.errors import UserError
+from reconciler.errors import ObservedInvalid
 from reconciler.model import (
     FREE_GPU_MEMORY_MIB,
     AttemptRecord,
@@ -57,10 +57,6 @@ FORMAT_VERSION = 1
 RUN_PHASES = tuple(p.value for p in RunPhase)
 _SPEND_TOLERANCE_USD = 0.01
 _SPEND_TOLERANCE_REL = 0.005
-
-
-class ObservedInvalid(UserError):
-    """A file under observed/ is missing a required part or does not parse."""
 
 
 @dataclass(frozen=True)

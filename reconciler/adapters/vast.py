@@ -33,7 +33,13 @@ from typing import Any, TypeVar
 
 import requests
 
-from reconciler.errors import ProviderAuthError, ProviderError, ProviderPermanent, ProviderTransient
+from reconciler.errors import (
+    ProviderAuthError,
+    ProviderError,
+    ProviderPermanent,
+    ProviderTransient,
+    RejectedByProvider,
+)
 from reconciler.model import Endpoint, Instance, InstanceStatus, Offer, OfferFilters, Ranking
 
 T = TypeVar("T")
@@ -59,15 +65,6 @@ _STATUS = {
 
 # The server-side order; the planner ranks again per the fleet's ``ranking``.
 SEARCH_ORDER = "dlperf_usd-"
-
-
-class RejectedByProvider(ProviderPermanent):
-    """A 4xx or ``{"success": false}`` reply; ``status`` and ``code`` say which (e.g. 404, "no_such_instance")."""
-
-    def __init__(self, message: str, *, status: int = 0, code: str = "") -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
 
 
 def load_api_key() -> str:

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from reconciler import __version__
+from reconciler.emulator.errors import EmulatorError
 from reconciler.errors import RigsyncError, UserError
 
 SUBCOMMANDS = ("validate", "runs", "emulator", "plan", "apply", "status", "demo", "run", "diff")
@@ -47,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.handler(args)
         return code
-    except UserError as exc:
+    except (UserError, EmulatorError) as exc:  # the emulator has its own errors; they are meant for people too
         print(f"rigsync: error: {exc}", file=sys.stderr)
         return 1
     except RigsyncError as exc:

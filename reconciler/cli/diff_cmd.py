@@ -19,9 +19,9 @@ from typing import Any
 
 import jsonschema
 
-from reconciler.errors import DesiredStateInvalid, RepoError, UserError
+from reconciler.errors import DesiredStateInvalid, ObservedInvalid, RepoError, UserError
 from reconciler.model import Desired, RunPhase
-from reconciler.observed_files import DRIFT, FLEET, RUNS, STATUS, ObservedInvalid, load_yaml
+from reconciler.observed_files import DRIFT, FLEET, RUNS, STATUS, load_yaml
 
 REQUIRED = (FLEET, RUNS, DRIFT, STATUS)
 # The diff's buckets (its JSON contract) over the one run phase: "failed" counts runs that will not run again.

@@ -17,8 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from reconciler.emulator.core import ApiError
-from reconciler.emulator.market import CARDS, QueryError, matches
+from reconciler.emulator.errors import ApiError, QueryError
+from reconciler.emulator.market import CARDS, matches
 
 if TYPE_CHECKING:
     from reconciler.emulator.core import Emulator

@@ -21,19 +21,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from reconciler.emulator.errors import ApiError
 from reconciler.emulator.hosts import AddressPool, Box, BoxSpec, GpuSpec, Spawner, preflight
 from reconciler.emulator.ledger import Ledger
 from reconciler.emulator.market import Market, price, speed_factor
-
-
-class ApiError(Exception):
-    """An error the API answers with the real service's JSON error shape."""
-
-    def __init__(self, status: int, error: str, msg: str) -> None:
-        super().__init__(msg)
-        self.status = status
-        self.error = error
-        self.msg = msg
 
 
 @dataclass

@@ -35,8 +35,8 @@ from typing import Any, TypeVar
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from reconciler.emulator.errors import EmulatorError, EmulatorUnavailable
 from reconciler.emulator.nvidia_smi import SCRIPT as NVIDIA_SMI
-from reconciler.errors import UserError
 
 SSHD = "/usr/sbin/sshd"
 UNSHARE = "/usr/bin/unshare"
@@ -44,10 +44,6 @@ _PR_SET_PDEATHSIG = 1
 _ENV_NAME_OK = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 T = TypeVar("T")
-
-
-class EmulatorUnavailable(UserError):
-    """The machine lacks what real SSH boxes need (root, sshd, unshare)."""
 
 
 def preflight() -> None:
@@ -381,7 +377,7 @@ class AddressPool:
     def __init__(self, host_prefix: str, rng_seed: int | None = None) -> None:
         parts = host_prefix.split(".")
         if len(parts) != 3 or parts[0] != "127" or not all(p.isdigit() and 0 <= int(p) <= 255 for p in parts):
-            raise UserError(f"host_prefix must look like 127.X.Y (a loopback /24), got {host_prefix!r}")
+            raise EmulatorError(f"host_prefix must look like 127.X.Y (a loopback /24), got {host_prefix!r}")
         self._b, self._c = int(parts[1]), int(parts[2])
         self._d = 1
         self._lock = threading.Lock()

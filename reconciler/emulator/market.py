@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from reconciler.emulator.errors import QueryError
+
 
 @dataclass(frozen=True)
 class Card:
@@ -70,10 +72,6 @@ def speed_factor(gpu_name: str) -> float:
     """How fast emulated work runs on a card, relative to an RTX 3090 (faster cards finish sooner)."""
     card = CARDS_BY_NAME.get(gpu_name)
     return card.speed if card else 1.0
-
-
-class QueryError(ValueError):
-    """The offer query is malformed (unknown operator, value of the wrong kind)."""
 
 
 def _generate(rng: random.Random, n: int, now: float) -> list[dict[str, Any]]:

@@ -10,13 +10,13 @@ import jsonschema
 import pytest
 
 from reconciler.archive import (
-    ArchiveCorrupt,
     RunArchive,
     record_from_json,
     record_to_json,
     shard_path,
 )
-from reconciler.model import AttemptRecord, AttemptOutcome
+from reconciler.errors import ArchiveCorrupt
+from reconciler.model import AttemptOutcome, AttemptRecord
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "schemas" / "archive-record.schema.json").read_text())
 NOV = dt.datetime(2026, 11, 30, 23, 0, tzinfo=dt.UTC).timestamp()

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from reconciler.errors import TemplateProblem
 from reconciler.expand import (
-    TemplateProblem,
     cell_id,
     count_runs,
     expand,
