@@ -47,6 +47,7 @@ from reconciler.model import (
     Scalar,
     Sweep,
 )
+from reconciler.offers import country_code, gpu_name_problem
 
 DESIRED_DIR = "desired"
 FLEET_FILE = "desired/fleet.yaml"
@@ -444,6 +445,20 @@ def _fleet_checks(doc: _Doc, files: Mapping[str, bytes]) -> tuple[list[LoadError
                 f"gpus_min ({offers['gpus_min']}) is greater than gpus_max ({offers['gpus_max']})",
             )
         )
+    # What a GPU name or a geolocation means is decided in reconciler.offers; the loader refuses what it cannot use.
+    for i, name in enumerate(offers.get("gpu_names", ())):
+        problem = gpu_name_problem(name)
+        if problem is not None:
+            errors.append(doc.error(("offers", "gpu_names", i), f"GPU name {name!r} {problem}"))
+    for i, entry in enumerate(offers.get("geolocations", ())):
+        if country_code(entry) is None:
+            errors.append(
+                doc.error(
+                    ("offers", "geolocations", i),
+                    f"{entry!r} is not a country: write an ISO 3166-1 alpha-2 code such as \"DE\" or an English "
+                    "country name such as \"Germany\"",
+                )
+            )
     bootstrap: tuple[str, str] | None = None
     if "bootstrap" in data:
         value = data["bootstrap"]

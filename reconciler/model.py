@@ -55,7 +55,7 @@ class OfferFilters:
     dlperf_per_dph_min: float | None = None
     cuda_min: float | None = None
     verified: bool = True
-    geolocations: tuple[str, ...] = ()  # substrings of the offer's geolocation, e.g. "SE", "Germany"
+    geolocations: tuple[str, ...] = ()  # countries (ISO alpha-2 code or English name, e.g. "SE", "Germany"); see offers
 
 
 @dataclass(frozen=True)

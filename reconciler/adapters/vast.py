@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 import requests
 
+from reconciler import offers
 from reconciler.errors import (
     ProviderAuthError,
     ProviderError,
@@ -121,7 +122,7 @@ def offer_from_record(rec: dict[str, Any]) -> Offer:
         gpu_name=_s(rec, "gpu_name"),
         num_gpus=_i(rec, "num_gpus"),
         gpu_ram_mib=_i(rec, "gpu_ram"),
-        dph_total=_f(rec, "dph_total"),
+        dph_total=_f(rec, "dph_total", math.nan),  # no readable price is not "free": offer_passes refuses NaN
         dlperf=_f(rec, "dlperf"),
         dlperf_per_dph=_f(rec, "dlperf_per_dphtotal"),
         reliability=reliability,
@@ -182,86 +183,13 @@ def instance_from_record(rec: dict[str, Any]) -> Instance:
     )
 
 
-def _num(x: float) -> str:
-    return repr(float(x)) if not float(x).is_integer() else str(int(x))
-
-
 def build_query(filters: OfferFilters, disk_gb: float) -> str:
-    """The SDK's search query string for ``filters`` (geolocation is checked client-side only)."""
-    parts: list[str] = []
-    if filters.gpu_names:
-        names = ",".join(n.strip().replace(" ", "_") for n in filters.gpu_names)
-        parts.append(f"gpu_name in [{names}]")
-    parts.append(f"num_gpus>={filters.num_gpus_min}")
-    if filters.num_gpus_max is not None:
-        parts.append(f"num_gpus<={filters.num_gpus_max}")
-    if filters.gpu_ram_mib_min is not None:
-        parts.append(f"gpu_ram>={_num(filters.gpu_ram_mib_min / 1000)}")  # the client sends GB x 1000
-    if filters.reliability_min is not None:
-        parts.append(f"reliability>={_num(filters.reliability_min)}")
-    if filters.inet_down_mbps_min is not None:
-        parts.append(f"inet_down>={_num(filters.inet_down_mbps_min)}")
-    if filters.dph_max is not None:
-        parts.append(f"dph<={_num(filters.dph_max)}")
-    if filters.dlperf_per_dph_min is not None:
-        parts.append(f"dlperf_usd>={_num(filters.dlperf_per_dph_min)}")
-    if filters.cuda_min is not None:
-        parts.append(f"cuda_vers>={_num(filters.cuda_min)}")
-    parts.append("verified=true" if filters.verified else "verified=any")
-    if disk_gb > 0:
-        parts.append(f"disk_space>={_num(disk_gb)}")
-    return " ".join(parts)
+    """The SDK's search query string for ``filters``, from the one filter table in ``reconciler.offers``.
 
-
-def geo_matches(geolocation: str, wanted: str) -> bool:
-    """Whether an offer's geolocation (e.g. "Sweden, SE") matches one filter entry.
-
-    Two-letter entries are country codes and must equal a whole comma-separated part ("DE" must not match
-    "Sweden, SE"); longer entries match as case-insensitive substrings ("Germany", "United States").
+    The query may be looser than the filters (geolocation is checked client-side only), never stricter; every
+    result is re-checked with ``offers.offer_passes``.
     """
-    w = wanted.strip().lower()
-    if not w:
-        return False
-    parts = [p.strip().lower() for p in geolocation.split(",")]
-    if w in parts:
-        return True
-    return len(w) > 2 and w in geolocation.lower()
-
-
-def offer_matches(o: Offer, filters: OfferFilters, disk_gb: float) -> bool:
-    """The same filters, re-checked on our side: a server that ignores a field must not get us a wrong box."""
-    if filters.gpu_names and o.gpu_name.lower() not in {n.strip().lower() for n in filters.gpu_names}:
-        return False
-    if o.num_gpus < filters.num_gpus_min:
-        return False
-    if filters.num_gpus_max is not None and o.num_gpus > filters.num_gpus_max:
-        return False
-    checks: list[tuple[float | None, float, bool]] = [  # (limit, value, value must be >= limit)
-        (filters.gpu_ram_mib_min, o.gpu_ram_mib, True),
-        (filters.reliability_min, o.reliability, True),
-        (filters.inet_down_mbps_min, o.inet_down_mbps, True),
-        (filters.dph_max, o.dph_total, False),
-        (filters.dlperf_per_dph_min, o.dlperf_per_dph, True),
-        (filters.cuda_min, o.cuda, True),
-    ]
-    for limit, value, at_least in checks:
-        if limit is not None and (value < limit if at_least else value > limit):
-            return False
-    if filters.verified and not o.verified:
-        return False
-    if filters.geolocations and not any(geo_matches(o.geolocation, g) for g in filters.geolocations):
-        return False
-    return not (disk_gb > 0 and o.disk_space_gb < disk_gb)
-
-
-def rank_key(ranking: Ranking) -> Callable[[Offer], tuple[float, int]]:
-    if ranking is Ranking.PRICE:
-        return lambda o: (o.dph_total, o.id)
-    if ranking is Ranking.DLPERF:
-        return lambda o: (-o.dlperf, o.id)
-    if ranking is Ranking.RELIABILITY:
-        return lambda o: (-o.reliability, o.id)
-    return lambda o: (-o.dlperf_per_dph, o.id)
+    return " ".join(offers.vast_query_terms(filters, disk_gb))
 
 
 # ------------------------------------------------------------------------------------------------ errors
@@ -373,15 +301,16 @@ class VastProvider:
         )
         if not isinstance(records, list):
             raise ProviderTransient("search offers: the reply has no offer list")
-        offers = []
+        found = []
         for rec in records:
             if not isinstance(rec, dict):
                 continue
             o = offer_from_record(rec)
-            if o.id > 0 and offer_matches(o, filters, disk_gb):
-                offers.append(o)
-        offers.sort(key=rank_key(Ranking.DLPERF_PER_DPH))
-        return offers[:limit]
+            # A server that ignores or loosens a term must not get us a wrong box: the same rules, re-checked.
+            if o.id > 0 and offers.offer_passes(o, filters, disk_gb):
+                found.append(o)
+        found.sort(key=offers.rank_key(Ranking.DLPERF_PER_DPH))
+        return found[:limit]
 
     def list_instances(self) -> list[Instance]:
         rows = self._call("list instances", self._sdk.show_instances)

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import requests
 
+from reconciler import offers
 from reconciler.adapters import vast
 from reconciler.errors import ProviderAuthError, ProviderPermanent, ProviderTransient
 from reconciler.model import Endpoint, InstanceStatus, OfferFilters, Ranking
@@ -108,24 +109,65 @@ def test_query_string_uses_sdk_fields_and_units() -> None:
     assert "verified" not in vast.build_query(OfferFilters(verified=False), 0).replace("verified=any", "")
 
 
-def test_client_side_recheck(offer_rec: dict[str, Any]) -> None:
+def test_client_side_recheck_is_the_one_definition(offer_rec: dict[str, Any]) -> None:
+    """The adapter re-checks with ``offers.offer_passes`` (its own copy is gone): one meaning for every filter."""
+    assert not hasattr(vast, "offer_matches") and not hasattr(vast, "geo_matches") and not hasattr(vast, "rank_key")
     o = vast.offer_from_record(offer_rec)
-    assert vast.offer_matches(o, OfferFilters(gpu_names=("rtx 4090",), geolocations=("Sweden",)), 20)
-    assert not vast.offer_matches(o, OfferFilters(geolocations=("DE", "Germany")), 20)
-    assert vast.offer_matches(o, OfferFilters(geolocations=("DE", "se")), 20)
-    assert not vast.offer_matches(o, OfferFilters(dph_max=0.3), 20)
-    assert not vast.offer_matches(o, OfferFilters(gpu_ram_mib_min=32000), 20)
-    assert not vast.offer_matches(o, OfferFilters(), 500)
+    assert offers.offer_passes(o, OfferFilters(gpu_names=("rtx 4090",), geolocations=("Sweden",)), 20)
+    assert offers.offer_passes(o, OfferFilters(gpu_names=("RTX_4090",), geolocations=("se",)), 20)
+    assert not offers.offer_passes(o, OfferFilters(geolocations=("DE", "Germany")), 20)
+    assert offers.offer_passes(o, OfferFilters(geolocations=("DE", "se")), 20)
+    assert not offers.offer_passes(o, OfferFilters(geolocations=("Swe",)), 20)  # no substrings
+    assert not offers.offer_passes(o, OfferFilters(dph_max=0.3), 20)
+    assert not offers.offer_passes(o, OfferFilters(gpu_ram_mib_min=32000), 20)
+    assert not offers.offer_passes(o, OfferFilters(), 500)
     unverified = vast.offer_from_record({**offer_rec, "verification": "unverified"})
-    assert not vast.offer_matches(unverified, OfferFilters(verified=True), 20)
-    assert vast.offer_matches(unverified, OfferFilters(verified=False), 20)
+    assert not offers.offer_passes(unverified, OfferFilters(verified=True), 20)
+    assert offers.offer_passes(unverified, OfferFilters(verified=False), 20)
+
+
+def test_query_spells_gpu_names_the_market_way() -> None:
+    q = vast.build_query(OfferFilters(gpu_names=("rtx 3090", "RTX_4090")), 20)
+    assert q.startswith("gpu_name in [RTX_3090,rtx_3090,RTX_4090] ")
+    from vastai.api.query import offers_alias, offers_fields, offers_mult, parse_query
+
+    parsed = parse_query(q, {}, offers_fields, offers_alias, offers_mult)
+    assert parsed["gpu_name"] == {"in": ["RTX 3090", "rtx 3090", "RTX 4090"]}
+
+
+class _SearchSdk:
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        self.records = records
+        self.queries: list[str] = []
+
+    def search_offers(self, *, query: str, order: str, limit: int, storage: float) -> list[dict[str, Any]]:
+        self.queries.append(query)
+        return self.records
+
+
+def test_search_rechecks_and_ranks_what_the_server_returned(offer_rec: dict[str, Any]) -> None:
+    records = [
+        {**offer_rec, "id": 1, "geolocation": "Germany, DE", "dlperf_per_dphtotal": 500},  # wrong country
+        {**offer_rec, "id": 2, "gpu_name": "RTX 3090", "dlperf_per_dphtotal": 400},  # wrong model
+        {**offer_rec, "id": 3, "geolocation": "Sweden, SE", "dlperf_per_dphtotal": 100},
+        {**offer_rec, "id": 4, "geolocation": "Sweden", "dlperf_per_dphtotal": 200},
+        {**offer_rec, "id": 5, "dph_total": "nan"},  # no readable price: never "free"
+        {**offer_rec, "id": 7, "dph_total": None},
+        {**offer_rec, "id": 6, "disk_space": 10},  # too little disk
+    ]
+    sdk = _SearchSdk(records)
+    p = vast.VastProvider(api_key="k", server_url="http://127.0.0.1:9", sleep=lambda _s: None)
+    p._sdk = sdk  # type: ignore[assignment]
+    found = p.search_offers(OfferFilters(gpu_names=("rtx_4090",), geolocations=("sweden",)), 20)
+    assert [o.id for o in found] == [4, 3]  # ranked by DLPerf per $, best first
+    assert sdk.queries == ["gpu_name in [RTX_4090,rtx_4090] num_gpus>=1 verified=true disk_space>=20"]
 
 
 def test_rank_keys() -> None:
     a = vast.offer_from_record({**OFFER, "id": 1, "dph_total": 0.2, "dlperf_per_dphtotal": 100})
     b = vast.offer_from_record({**OFFER, "id": 2, "dph_total": 0.3, "dlperf_per_dphtotal": 300})
-    assert sorted([a, b], key=vast.rank_key(Ranking.DLPERF_PER_DPH))[0].id == 2
-    assert sorted([b, a], key=vast.rank_key(Ranking.PRICE))[0].id == 1
+    assert sorted([a, b], key=offers.rank_key(Ranking.DLPERF_PER_DPH))[0].id == 2
+    assert sorted([b, a], key=offers.rank_key(Ranking.PRICE))[0].id == 1
 
 
 def _http_error(status: int, body: Any) -> requests.HTTPError:

@@ -1,0 +1,322 @@
+"""Which market offers a fleet accepts, and in which order: one definition, used by the planner and the Vast adapter.
+
+Pure: no I/O, no clock; imports only the standard library and ``reconciler.model`` (and the country table beside
+it). ``RULES`` is a declarative table with one row per filter in ``model.OfferFilters`` plus the fleet's disk: the
+``Offer`` attribute it constrains, how the filter's value limits it, and the term the ``vastai`` 1.9.1 client's
+query language spells it with. ``offer_passes`` (the planner's test and the adapter's re-check of what the server
+returned) and ``vast_query_terms`` (what the adapter asks the server for) both walk that table, so a filter cannot
+be added to one and not the other. The query is never stricter than ``offer_passes``: a limit it cannot spell
+safely is left out of the query and checked client-side only.
+
+Semantics, decided once:
+
+* GPU names compare case-insensitively, with spaces and underscores equal and runs of them folded:
+  ``"RTX 3090" == "rtx_3090" == "RTX__3090 "``. The query spells a name the way the market does (``RTX_3090`` for
+  a known model; the client turns ``_`` back into a space), plus the name as written when that differs.
+* Geolocations are ISO 3166-1 alpha-2 country codes or English country names (``"DE"``, ``"de"``, ``"Germany"``,
+  ``"United States"``, ``"USA"``), case-insensitive. An offer's ``geolocation`` (Vast writes ``"Sweden, SE"``,
+  ``"California, US"``, ``"US"``) resolves to its country code(s) and matches when they meet the filter's. There is
+  no substring matching; an entry that is not a country (``"E"``, ``"Atlantis"``) matches nothing here and is
+  refused by the desired-state loader (``country_code`` returns None for it).
+* Numeric limits are inclusive (``>=`` a minimum, ``<=`` a maximum); None means no constraint. ``num_gpus_min``
+  below 1 counts as 1; a negative or NaN ``dph_max`` counts as 0. The offer's disk must hold the fleet's
+  ``disk_gb``. An offer whose ``dph_total`` is not a finite non-negative number never passes.
+* ``verified: true`` accepts only verified hosts; ``false`` accepts any.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from reconciler.countries import ALIASES, NAMES
+from reconciler.model import Offer, OfferFilters, Ranking
+
+__all__ = [
+    "KNOWN_GPU_NAMES",
+    "RULES",
+    "Rule",
+    "country_code",
+    "gpu_name_problem",
+    "normalize_gpu_name",
+    "offer_countries",
+    "offer_passes",
+    "rank_key",
+    "rejected_by",
+    "vast_gpu_spellings",
+    "vast_query_terms",
+]
+
+# --------------------------------------------------------------------------------------------- GPU names
+
+# GPU models as the Vast.ai market spells them (its ``gpu_name``). Only used to spell a query: a name that is not
+# listed is sent as written, and matching offers client-side never needs the list.
+KNOWN_GPU_NAMES: tuple[str, ...] = (
+    "GTX 1070", "GTX 1070 Ti", "GTX 1080", "GTX 1080 Ti", "GTX 1660", "GTX 1660 Ti",
+    "RTX 2060", "RTX 2060S", "RTX 2070", "RTX 2070S", "RTX 2080", "RTX 2080S", "RTX 2080 Ti",
+    "RTX 3050", "RTX 3060", "RTX 3060 Ti", "RTX 3070", "RTX 3070 Ti", "RTX 3080", "RTX 3080 Ti",
+    "RTX 3090", "RTX 3090 Ti",
+    "RTX 4060", "RTX 4060 Ti", "RTX 4070", "RTX 4070S", "RTX 4070 Ti", "RTX 4080", "RTX 4080S", "RTX 4090",
+    "RTX 5060 Ti", "RTX 5070", "RTX 5070 Ti", "RTX 5080", "RTX 5090",
+    "RTX A2000", "RTX A4000", "RTX A4500", "RTX A5000", "RTX A6000",
+    "RTX 4000Ada", "RTX 5000Ada", "RTX 6000Ada",
+    "Q RTX 4000", "Q RTX 5000", "Q RTX 6000", "Q RTX 8000",
+    "Titan V", "Titan RTX", "Titan Xp",
+    "Tesla K80", "Tesla P4", "Tesla P40", "Tesla P100", "Tesla T4", "Tesla V100",
+    "A10", "A16", "A30", "A40", "A100 PCIE", "A100 SXM4", "A100X",
+    "L4", "L40", "L40S", "H100 PCIE", "H100 SXM", "H100 NVL", "H200", "B200",
+)
+
+_SEPARATORS = re.compile(r"[\s_]+")
+_QUERY_BREAKERS = frozenset('[],"')  # characters the vastai client's query parser cannot carry in a list value
+
+
+def normalize_gpu_name(name: str) -> str:
+    """The form GPU names are compared in: case-folded, runs of spaces/underscores as one space, stripped."""
+    return _SEPARATORS.sub(" ", name).strip().casefold()
+
+
+_CANONICAL_GPU = {normalize_gpu_name(n): n for n in KNOWN_GPU_NAMES}
+
+
+def gpu_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a ``gpu_names`` entry, or None when it can (the loader reports the reason)."""
+    if not normalize_gpu_name(name):
+        return "is blank"
+    bad = sorted(c for c in set(name) if c in _QUERY_BREAKERS or (not c.isprintable() and not c.isspace()))
+    if bad:
+        chars = " ".join(repr(c) for c in bad)
+        return f"may not contain {chars}: the Vast query cannot carry them (list each model as its own entry)"
+    return None
+
+
+def vast_gpu_spellings(names: Iterable[str]) -> list[str]:
+    """The query-language spellings of ``names`` (spaces as ``_``): the market's spelling of a known model and the
+    name as written when that differs, in order, without duplicates; names the query cannot carry are left out."""
+    out: list[str] = []
+    for name in names:
+        if gpu_name_problem(name) is not None:
+            continue
+        canonical = _CANONICAL_GPU.get(normalize_gpu_name(name))
+        for spelling in (canonical, name):
+            if spelling is None:
+                continue
+            term = _SEPARATORS.sub("_", spelling.strip()).strip("_")
+            if term not in out:
+                out.append(term)
+    return out
+
+
+@lru_cache(maxsize=256)
+def _gpu_name_set(names: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(normalize_gpu_name(n) for n in names)
+
+
+# --------------------------------------------------------------------------------------------- countries
+
+
+def _fold(text: str) -> str:
+    decomposed = unicodedata.normalize("NFKD", text)
+    plain = "".join(c for c in decomposed if not unicodedata.combining(c))
+    return _SEPARATORS.sub(" ", plain).strip().casefold()
+
+
+_COUNTRY_BY_NAME: dict[str, str] = {
+    **{_fold(name): code for code, name in NAMES.items()},
+    **{_fold(name): code for name, code in ALIASES.items()},
+}
+
+
+def country_code(entry: str) -> str | None:
+    """The ISO 3166-1 alpha-2 code ``entry`` names, or None when it names no country.
+
+    ``entry`` is a code or an English name, compared case-insensitively (accents, spaces and underscores folded):
+    ``"de"``, ``"DE"``, ``"Germany"`` -> ``"DE"``; ``"USA"``, ``"United States"`` -> ``"US"``; ``"E"`` -> None.
+    """
+    folded = _fold(entry)
+    if len(folded) == 2 and folded.upper() in NAMES:
+        return folded.upper()
+    return _COUNTRY_BY_NAME.get(folded)
+
+
+@lru_cache(maxsize=4096)
+def offer_countries(geolocation: str) -> frozenset[str]:
+    """The country codes an offer's ``geolocation`` names: ``"Sweden, SE"`` -> {SE}, ``"California, US"`` -> {US}.
+
+    A trailing comma-separated part that is a country code decides (so the state in ``"Georgia, US"`` is not read
+    as the country); otherwise the whole text, then each part, is read as a code or a country name.
+    """
+    whole = country_code(geolocation)
+    if whole is not None:
+        return frozenset({whole})
+    parts = [p.strip() for p in geolocation.split(",") if p.strip()]
+    if parts and parts[-1].upper() in NAMES:
+        return frozenset({parts[-1].upper()})
+    return frozenset(code for p in parts if (code := country_code(p)) is not None)
+
+
+@lru_cache(maxsize=256)
+def _country_set(entries: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(code for e in entries if (code := country_code(e)) is not None)
+
+
+# --------------------------------------------------------------------------------------------- the table
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One filter. ``limit(filters, disk_gb)`` is its constraint (None: no constraint); an offer passes when
+    ``accepts(<the offer's offer_attr>, limit)``; ``vast_term(limit)`` is its query term (None: none)."""
+
+    key: str  # the OfferFilters field, or "disk_gb" (the fleet's disk, passed alongside the filters)
+    offer_attr: str  # the Offer attribute it constrains
+    limit: Callable[[OfferFilters, float], Any]
+    accepts: Callable[[Any, Any], bool]
+    vast_term: Callable[[Any], str | None]
+    vast_field: str | None  # the field the query names (after the client's aliases); None: client-side only
+
+
+def _num(x: float) -> str:
+    return repr(float(x)) if not float(x).is_integer() else str(int(x))
+
+
+def _vast_number(limit: float, multiplier: float, at_least: bool) -> str | None:
+    """``limit`` in the client's units, spelled so that ``float(text) * multiplier`` (what the client sends) is never
+    stricter than ``limit``; None when it cannot be (the limit is then checked client-side only)."""
+    if not math.isfinite(limit):
+        return None
+    x = limit / multiplier
+    for _ in range(8):
+        text = _num(x)
+        sent = float(text) * multiplier
+        if (sent <= limit) if at_least else (sent >= limit):
+            return text
+        x = math.nextafter(x, -math.inf if at_least else math.inf)
+    return None
+
+
+def _field(key: str) -> Callable[[OfferFilters, float], Any]:
+    return lambda f, _d: getattr(f, key)
+
+
+def _at_least(
+    key: str, attr: str, query_name: str, *, vast_field: str | None = None, multiplier: float = 1.0,
+    limit: Callable[[OfferFilters, float], Any] | None = None,
+) -> Rule:
+    def term(lim: float | None) -> str | None:
+        text = None if lim is None else _vast_number(lim, multiplier, at_least=True)
+        return None if text is None else f"{query_name}>={text}"
+
+    return Rule(
+        key=key, offer_attr=attr, limit=limit or _field(key), accepts=lambda value, lim: bool(value >= lim),
+        vast_term=term, vast_field=vast_field or query_name,
+    )
+
+
+def _at_most(
+    key: str, attr: str, query_name: str, *, vast_field: str | None = None,
+    limit: Callable[[OfferFilters, float], Any] | None = None,
+) -> Rule:
+    def term(lim: float | None) -> str | None:
+        text = None if lim is None else _vast_number(lim, 1.0, at_least=False)
+        return None if text is None else f"{query_name}<={text}"
+
+    return Rule(
+        key=key, offer_attr=attr, limit=limit or _field(key), accepts=lambda value, lim: bool(value <= lim),
+        vast_term=term, vast_field=vast_field or query_name,
+    )
+
+
+def _cap(value: float | None) -> float | None:
+    """A maximum read defensively: None is no cap; negative or NaN is 0 (the safe side)."""
+    if value is None:
+        return None
+    return 0.0 if math.isnan(value) or value < 0 else float(value)
+
+
+def _gpu_term(names: tuple[str, ...] | None) -> str | None:
+    spellings = vast_gpu_spellings(names or ())
+    return f"gpu_name in [{','.join(spellings)}]" if spellings else None
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        key="gpu_names", offer_attr="gpu_name",
+        limit=lambda f, _d: tuple(f.gpu_names) or None,
+        accepts=lambda value, names: normalize_gpu_name(value) in _gpu_name_set(names),
+        vast_term=_gpu_term, vast_field="gpu_name",
+    ),
+    _at_least("num_gpus_min", "num_gpus", "num_gpus", limit=lambda f, _d: max(1, f.num_gpus_min)),
+    _at_most("num_gpus_max", "num_gpus", "num_gpus"),
+    # The client reads gpu_ram in GB and multiplies by 1000; the offer's gpu_ram is MB (the model calls it MiB).
+    _at_least("gpu_ram_mib_min", "gpu_ram_mib", "gpu_ram", multiplier=1000.0),
+    _at_least("reliability_min", "reliability", "reliability"),
+    _at_least("inet_down_mbps_min", "inet_down_mbps", "inet_down"),
+    _at_most("dph_max", "dph_total", "dph", vast_field="dph_total", limit=lambda f, _d: _cap(f.dph_max)),
+    _at_least("dlperf_per_dph_min", "dlperf_per_dph", "dlperf_usd", vast_field="dlperf_per_dphtotal"),
+    _at_least("cuda_min", "cuda", "cuda_vers", vast_field="cuda_max_good"),
+    Rule(
+        key="verified", offer_attr="verified",
+        limit=lambda f, _d: True if f.verified else None,
+        accepts=lambda value, _lim: bool(value),
+        # "any" must be said: the client adds verified=true to every query that does not.
+        vast_term=lambda lim: "verified=true" if lim else "verified=any", vast_field="verified",
+    ),
+    Rule(
+        key="geolocations", offer_attr="geolocation",
+        limit=lambda f, _d: tuple(f.geolocations) or None,
+        accepts=lambda value, entries: bool(offer_countries(value) & _country_set(entries)),
+        vast_term=lambda _lim: None, vast_field=None,  # client-side only
+    ),
+    _at_least("disk_gb", "disk_space_gb", "disk_space", limit=lambda _f, d: d),
+)
+
+
+def _price_is_sane(offer: Offer) -> bool:
+    return math.isfinite(offer.dph_total) and offer.dph_total >= 0
+
+
+def rejected_by(offer: Offer, filters: OfferFilters, disk_gb: float) -> str | None:
+    """The first rule ``offer`` fails (its ``key``; ``"dph_total"`` for a nonsensical price), or None if it passes."""
+    if not _price_is_sane(offer):
+        return "dph_total"
+    for rule in RULES:
+        limit = rule.limit(filters, disk_gb)
+        if limit is not None and not rule.accepts(getattr(offer, rule.offer_attr), limit):
+            return rule.key
+    return None
+
+
+def offer_passes(offer: Offer, filters: OfferFilters, disk_gb: float) -> bool:
+    """Whether ``offer`` passes the fleet's filters and holds ``disk_gb`` (budget caps are checked separately)."""
+    return rejected_by(offer, filters, disk_gb) is None
+
+
+def vast_query_terms(filters: OfferFilters, disk_gb: float) -> list[str]:
+    """The ``vastai`` query-language terms for the filters, in table order (join with spaces for the SDK)."""
+    terms = []
+    for rule in RULES:
+        term = rule.vast_term(rule.limit(filters, disk_gb))
+        if term:
+            terms.append(term)
+    return terms
+
+
+# ------------------------------------------------------------------------------------------------ ranking
+
+
+def rank_key(ranking: Ranking) -> Callable[[Offer], tuple[float, int]]:
+    """Sort key for offers that passed: price ascending, or dlperf / reliability / dlperf per $ descending; ties
+    by offer id."""
+    if ranking is Ranking.PRICE:
+        return lambda o: (o.dph_total, o.id)
+    if ranking is Ranking.DLPERF:
+        return lambda o: (-o.dlperf, o.id)
+    if ranking is Ranking.RELIABILITY:
+        return lambda o: (-o.reliability, o.id)
+    return lambda o: (-o.dlperf_per_dph, o.id)
