@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from reconciler.model import Drift, DriftClass
 
-PLAN_FORMAT_VERSION = 1
+PLAN_FORMAT_VERSION = 2  # 2: every action and no-op carries a reason code
 
 
 class Kind(enum.StrEnum):
@@ -54,9 +54,70 @@ APPLY_ORDER: dict[Kind, int] = {
 }
 
 
+class ReasonCode(enum.StrEnum):
+    """Why an action (or a no-op) was decided, as a stable code beside the readable text (Terraform's ActionReason).
+
+    Tests, tools and agents match on the code; the text says the same for people, with the figures.
+    """
+
+    # record, kill, requeue: attempts
+    EXITED = "exited"  # an attempt finished on its box: archive it
+    ARCHIVED_BUT_ALIVE = "archived_but_alive"  # archived already, its process still runs: kill it
+    NOT_DESIRED = "not_desired"  # its run left the desired state (or its promotion no longer holds)
+    MAX_RUNTIME = "max_runtime"  # ran longer than the sweep's max_runtime
+    DUPLICATE_ATTEMPT = "duplicate_attempt"  # another attempt of the same run is already running
+    BOX_DESTROYED = "box_destroyed"  # its box is destroyed by this plan
+    WRAPPER_GONE = "wrapper_gone"  # the wrapper process is gone without an exit code
+    HEARTBEAT_STALE = "heartbeat_stale"  # no heartbeat for longer than heartbeat_stale
+    BOX_VANISHED = "box_vanished"  # the box it was launched on is no longer listed (or no longer ours)
+    LAUNCH_NEVER_HAPPENED = "launch_never_happened"  # in flight, but its box answers without a run directory
+    # launch, ship code, bootstrap: work
+    PENDING_RUN = "pending_run"  # a run waits and a GPU slot is free
+    CODE_MISSING = "code_missing"  # the pinned commit is not on the box yet
+    BOOTSTRAP_MISSING = "bootstrap_missing"  # the bootstrap script has not run on the box
+    # rent
+    RENT_FOR_PENDING = "rent_for_pending"  # runs no box can take
+    RENT_FOR_MIN_INSTANCES = "rent_for_min_instances"  # the floor of min_instances
+    # destroy
+    OVER_BUDGET_HALT = "over_budget_halt"  # a cap is reached and on_exceed is halt
+    PROVIDER_STOPPED = "provider_stopped"  # stopped (outbid?) boxes still bill storage
+    PROVIDER_DEAD = "provider_dead"  # exited or offline: it cannot run work
+    PAST_TTL = "past_ttl"
+    BOOT_TIMEOUT = "boot_timeout"
+    UNREACHABLE_PAST_GRACE = "unreachable_past_grace"
+    BOOTSTRAP_FAILED = "bootstrap_failed"
+    OVER_MAX_INSTANCES = "over_max_instances"
+    SPEC_DRIFTED = "spec_drifted"  # built from another image/disk/bootstrap than the fleet now says
+    IDLE_TIMEOUT = "idle_timeout"
+    SURPLUS = "surplus"  # no pending or running work in the fleet
+    # no-ops: considered and left alone
+    FOREIGN = "foreign"  # not carrying this fleet's label: reported, never touched
+    PROMOTION_WAITING = "promotion_waiting"  # promotion seeds wait for their cell's metric
+    RUNNING = "running"  # a live attempt within its limits
+    UNCHECKABLE = "uncheckable"  # launched on a box that cannot be checked now
+    BLOCKED = "blocked"  # the run used all its attempts
+    DRIFTED_BUSY = "drifted_busy"  # drifted box kept until its attempts finish
+    BOOTSTRAP_RUNNING = "bootstrap_running"
+    IDLE_KEPT = "idle_kept"  # idle, but within idle_timeout
+    MIN_INSTANCES_KEPT = "min_instances_kept"  # would go, but min_instances holds it
+    BOOTING = "booting"  # within boot_timeout
+    UNREACHABLE_WAITING = "unreachable_waiting"  # within unreachable_grace
+    STATUS_UNKNOWN = "status_unknown"  # a provider status rigsync does not act on
+    BUSY = "busy"  # GPUs in use by rigsync's runs
+    NO_FREE_GPU = "no_free_gpu"  # GPU memory taken by something else
+    NOT_LAUNCHED = "not_launched"  # pending runs waiting for boxes (booting, rented now, no capacity)
+    OVER_BUDGET_DRAIN = "over_budget_drain"  # a cap is reached, on_exceed drain: nothing rented
+    INSTANCE_COUNT_CAP = "instance_count_cap"  # max_instances reached
+    INSTANCE_PRICE_CAP = "instance_price_cap"  # cheapest fitting offer above the per-box $/h cap
+    FLEET_PRICE_CAP = "fleet_price_cap"  # renting would pass the fleet $/h cap
+    NO_OFFER = "no_offer"  # no unused offer passes the filters
+    SUSPENDED = "suspended"  # the fleet is suspended: the action is reported, not taken
+
+
 @dataclass(frozen=True)
 class Action:
     reason: str
+    code: ReasonCode = field(kw_only=True)
     kind: ClassVar[Kind]
 
     @property
@@ -64,9 +125,7 @@ class Action:
         raise NotImplementedError
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d = {"kind": self.kind.value, "target": self.target, **d}
-        return d
+        return {"kind": self.kind.value, "target": self.target, **asdict(self), "code": self.code.value}
 
 
 @dataclass(frozen=True)
@@ -199,6 +258,7 @@ def action_from_json(d: dict[str, Any]) -> Action:
     kind = Kind(d["kind"])
     cls = ACTION_TYPES[kind]
     fields = {k: v for k, v in d.items() if k not in ("kind", "target")}
+    fields["code"] = ReasonCode(fields["code"])
     if "gpu_mask" in fields:
         fields["gpu_mask"] = tuple(fields["gpu_mask"])
     return cls(**fields)
@@ -248,7 +308,10 @@ class Plan:
     def from_json(d: dict[str, Any]) -> Plan:
         return Plan(
             actions=tuple(action_from_json(a) for a in d["actions"]),
-            noops=tuple(Noop(reason=n["reason"], subject=n.get("subject", "")) for n in d.get("noops", [])),
+            noops=tuple(
+                Noop(reason=n["reason"], subject=n.get("subject", ""), code=ReasonCode(n["code"]))
+                for n in d.get("noops", [])
+            ),
             fleet_dph_before=float(d.get("fleet_dph_before", 0.0)),
             fleet_dph_after=float(d.get("fleet_dph_after", 0.0)),
             desired_commit=d.get("desired_commit"),

@@ -342,11 +342,16 @@ class RunPhase(enum.StrEnum):
 
     @property
     def launchable(self) -> bool:
-        return self in (RunPhase.PENDING, RunPhase.RETRYING)
+        return self in _LAUNCHABLE
 
     @property
     def finished(self) -> bool:
-        return self in (RunPhase.SUCCEEDED, RunPhase.BLOCKED)
+        return self in _FINISHED
+
+
+_LAUNCHABLE = frozenset({RunPhase.PENDING, RunPhase.RETRYING})
+_FINISHED = frozenset({RunPhase.SUCCEEDED, RunPhase.BLOCKED})
+LAUNCHABLE_PHASES = _LAUNCHABLE  # for hot loops: ``phase in LAUNCHABLE_PHASES`` is ``phase.launchable``
 
 
 @dataclass(frozen=True)
@@ -438,6 +443,21 @@ class Spend:
         today = self.today_usd if since >= midnight else 0.0
         today += dph * (now - max(since, midnight)) / 3600.0
         return Spend(today_usd=today, total_usd=self.total_usd + dph * (now - since) / 3600.0)
+
+
+@dataclass(frozen=True)
+class FleetMemory:
+    """What one cycle hands to the next about a fleet, beyond what the world shows again on its own.
+
+    Per box when it was first seen and since when it has not answered, the attempts launched and not yet
+    archived, and the spend brought up to ``spend_at``. It is persisted under observed/ (fleet.yaml,
+    runs.yaml, budget.yaml), so a restarted rigsync rebuilds it from the files plus the world.
+    """
+
+    boxes: tuple[BoxMemory, ...] = ()
+    in_flight: tuple[InFlight, ...] = ()
+    spend: Spend = field(default_factory=Spend)
+    spend_at: float | None = None  # when ``spend`` was last brought up to date; None: start counting now
 
 
 @dataclass(frozen=True)

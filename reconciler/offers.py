@@ -281,20 +281,39 @@ def _price_is_sane(offer: Offer) -> bool:
     return math.isfinite(offer.dph_total) and offer.dph_total >= 0
 
 
-def rejected_by(offer: Offer, filters: OfferFilters, disk_gb: float) -> str | None:
-    """The first rule ``offer`` fails (its ``key``; ``"dph_total"`` for a nonsensical price), or None if it passes."""
-    if not _price_is_sane(offer):
-        return "dph_total"
+def _active_rules(filters: OfferFilters, disk_gb: float) -> list[tuple[str, str, Callable[[Any, Any], bool], Any]]:
+    """The rules that constrain these filters, each with its limit worked out once: (key, attr, accepts, limit)."""
+    active = []
     for rule in RULES:
         limit = rule.limit(filters, disk_gb)
-        if limit is not None and not rule.accepts(getattr(offer, rule.offer_attr), limit):
-            return rule.key
+        if limit is not None:
+            active.append((rule.key, rule.offer_attr, rule.accepts, limit))
+    return active
+
+
+def _first_rejection(offer: Offer, active: list[tuple[str, str, Callable[[Any, Any], bool], Any]]) -> str | None:
+    if not _price_is_sane(offer):
+        return "dph_total"
+    for key, attr, accepts, limit in active:
+        if not accepts(getattr(offer, attr), limit):
+            return key
     return None
+
+
+def rejected_by(offer: Offer, filters: OfferFilters, disk_gb: float) -> str | None:
+    """The first rule ``offer`` fails (its ``key``; ``"dph_total"`` for a nonsensical price), or None if it passes."""
+    return _first_rejection(offer, _active_rules(filters, disk_gb))
 
 
 def offer_passes(offer: Offer, filters: OfferFilters, disk_gb: float) -> bool:
     """Whether ``offer`` passes the fleet's filters and holds ``disk_gb`` (budget caps are checked separately)."""
     return rejected_by(offer, filters, disk_gb) is None
+
+
+def passing_offers(offers: Iterable[Offer], filters: OfferFilters, disk_gb: float) -> list[Offer]:
+    """The offers that pass (``offer_passes`` for each), with the filters' limits worked out once for all."""
+    active = _active_rules(filters, disk_gb)
+    return [o for o in offers if _first_rejection(o, active) is None]
 
 
 def vast_query_terms(filters: OfferFilters, disk_gb: float) -> list[str]:

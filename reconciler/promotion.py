@@ -18,13 +18,14 @@ def _better(goal: MetricGoal, new: float, cur: float | None) -> bool:
     return cur is None or (new > cur if goal is MetricGoal.MAX else new < cur)
 
 
-def best_by_cell(runs: Iterable[RunSpec], metrics: Mapping[str, Iterable[float | None]]) -> dict[str, float]:
+def best_by_cell(runs: Mapping[str, RunSpec], metrics: Mapping[str, Iterable[float | None]]) -> dict[str, float]:
     """The best metric per cell over its base seeds; ``metrics`` maps run id → succeeded attempts' best metrics."""
     best: dict[str, float] = {}
-    for spec in runs:
-        if spec.promotion_threshold is not None:
+    for run_id in sorted(metrics):
+        spec = runs.get(run_id)
+        if spec is None or spec.promotion_threshold is not None:
             continue
-        for m in metrics.get(spec.id, ()):
+        for m in metrics[run_id]:
             if m is None or math.isnan(m):
                 continue
             if _better(spec.metric_goal, m, best.get(spec.cell)):
@@ -43,10 +44,17 @@ def promotion_met(spec: RunSpec, best: Mapping[str, float]) -> bool:
     return b >= threshold if spec.metric_goal is MetricGoal.MAX else b <= threshold
 
 
+def wanted_among(runs: Mapping[str, RunSpec], metrics: Mapping[str, Iterable[float | None]]) -> list[str]:
+    """The ids of ``runs`` that are wanted (``promotion_met``), in their order."""
+    best = best_by_cell(runs, metrics)
+    return [run_id for run_id, spec in runs.items() if promotion_met(spec, best)]
+
+
 def wanted_ids(runs: Iterable[RunSpec], metrics: Mapping[str, Iterable[float | None]]) -> set[str]:
-    specs = list(runs)
-    best = best_by_cell(specs, metrics)
-    return {s.id for s in specs if promotion_met(s, best)}
+    by_id: dict[str, RunSpec] = {}
+    for spec in runs:
+        by_id.setdefault(spec.id, spec)
+    return set(wanted_among(by_id, metrics))
 
 
 def succeeded_metrics(history: Iterable[AttemptRecord]) -> dict[str, list[float | None]]:

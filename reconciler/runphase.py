@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from reconciler.model import AttemptOutcome, AttemptRecord, Observed, RunPhase, RunSpec
 from reconciler.promotion import succeeded_metrics, wanted_ids
@@ -29,9 +30,8 @@ class LiveAttempt:
     instance_id: int
 
 
-@dataclass(frozen=True)
-class RunTally:
-    """What is known of one run's attempts: the inputs of ``run_phase``."""
+class RunTally(NamedTuple):
+    """What is known of one run's attempts: the inputs of ``run_phase`` (a tuple: one per run per plan)."""
 
     succeeded: bool = False
     used: int = 0  # failed or lost attempts: each counts against retries
@@ -43,19 +43,27 @@ class RunTally:
         return RunTally(self.succeeded, self.used + 1, self.live)
 
 
+UNTOUCHED = RunTally()  # no attempt yet
+
+
 def run_phase(spec: RunSpec | None, tally: RunTally) -> RunPhase:
     """The one rule: succeeded beats live, live beats blocked, and a run is blocked once its retries are used.
 
     A run no longer in the desired state (``spec`` None) is never launched again, so one failure blocks it.
     """
     if tally.succeeded:
-        return RunPhase.SUCCEEDED
+        return _SUCCEEDED
     if tally.live:
-        return RunPhase.RUNNING
+        return _RUNNING
     allowed = allowed_attempts(spec) if spec is not None else 1
     if tally.used >= allowed:
-        return RunPhase.BLOCKED
-    return RunPhase.RETRYING if tally.used else RunPhase.PENDING
+        return _BLOCKED
+    return _RETRYING if tally.used else _PENDING
+
+
+# Module constants: an enum member looked up on its class costs a descriptor call in the planner's hot loop.
+_SUCCEEDED, _RUNNING, _BLOCKED = RunPhase.SUCCEEDED, RunPhase.RUNNING, RunPhase.BLOCKED
+_RETRYING, _PENDING = RunPhase.RETRYING, RunPhase.PENDING
 
 
 def live_attempts(observed: Observed) -> dict[str, LiveAttempt]:
@@ -84,9 +92,9 @@ def tally_runs(history: Iterable[AttemptRecord], live: Iterable[str] = ()) -> di
     """Run id → its tally from archived attempts, with ``live`` marking the runs that have a live attempt."""
     out: dict[str, RunTally] = {}
     for rec in history:
-        out[rec.run_id] = out.get(rec.run_id, RunTally()).with_outcome(rec.phase)
+        out[rec.run_id] = out.get(rec.run_id, UNTOUCHED).with_outcome(rec.phase)
     for run_id in live:
-        t = out.get(run_id, RunTally())
+        t = out.get(run_id, UNTOUCHED)
         out[run_id] = RunTally(t.succeeded, t.used, True)
     return out
 
@@ -96,7 +104,7 @@ def run_phases(runs: Iterable[RunSpec], observed: Observed) -> dict[str, RunPhas
     specs = list(runs)
     wanted = wanted_ids(specs, succeeded_metrics(observed.history))
     tallies = tally_runs(observed.history, live_attempts(observed))
-    return {s.id: run_phase(s, tallies.get(s.id, RunTally())) for s in specs if s.id in wanted}
+    return {s.id: run_phase(s, tallies.get(s.id, UNTOUCHED)) for s in specs if s.id in wanted}
 
 
 def count_phases(phases: Mapping[str, RunPhase]) -> dict[str, int]:

@@ -9,19 +9,15 @@ premises no longer hold is refused as a whole, with every reason listed.
 from __future__ import annotations
 
 from reconciler.actions import Bootstrap, Destroy, Kill, Launch, Plan, Record, Rent, Requeue, ShipCode
-from reconciler.model import FREE_GPU_MEMORY_MIB, Desired, InstanceStatus, Observed, Ownership, AttemptOutcome
+from reconciler.model import FREE_GPU_MEMORY_MIB, AttemptOutcome, Desired, InstanceStatus, Observed, split_owned
 
 DPH_TOLERANCE = 1e-6
 
 
 def _fleet_dph(desired: Desired, observed: Observed) -> float:
     """What the owned boxes cost now, as the planner computed ``fleet_dph_before``."""
-    total = 0.0
-    for inst in observed.instances:
-        own = Ownership.parse(inst.label)
-        if own is not None and own.fleet == desired.fleet.name:
-            total += inst.dph_total
-    return total
+    mine, _ = split_owned(observed.instances, desired.fleet.name)
+    return sum(inst.dph_total for inst in mine)
 
 
 def stale_reasons(saved: Plan, desired: Desired, observed: Observed) -> list[str]:

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,14 @@ from reconciler.archive import RunArchive
 from reconciler.demo import make_fleet_repo
 from reconciler.emulator import Emulator
 from reconciler.lease import LeaseState, LocalLock, to_yaml
-from reconciler.model import Ownership, AttemptOutcome
+from reconciler.model import AttemptOutcome, Ownership
 from reconciler.observed_files import LEASE
 
 REPO = Path(__file__).resolve().parents[2]
-RIGSYNC = REPO / ".venv" / "bin" / "rigsync"
+RIGSYNC = Path(sys.executable).parent / "rigsync"  # the console script of the running environment
+
+pytestmark = pytest.mark.integration
+
 PLAN_SCHEMA = Draft202012Validator(json.loads((REPO / "schemas" / "plan.schema.json").read_text()))
 FLEET = "itcli"
 MAX_APPLIES = 40
@@ -234,11 +238,12 @@ def test_unusable_saved_plan_or_out_path_is_a_clear_error(
 ) -> None:
     cases = {
         "garbage.json": ("{not json", "not a rigsync plan: not JSON"),
-        "future.json": ('{"format_version": 2, "actions": []}', "plan format_version 2 is not 1"),
+        "future.json": ('{"format_version": 3, "actions": []}', "plan format_version 3 is not 2"),
         "stop.json": (
-            json.dumps({"format_version": 1, "desired_commit": None, "suspended": False, "fleet_dph_before": 0,
+            json.dumps({"format_version": 2, "desired_commit": None, "suspended": False, "fleet_dph_before": 0,
                         "fleet_dph_after": 0, "counts": {}, "noops": [], "warnings": [], "drift": [],
-                        "actions": [{"kind": "stop", "target": "instance/1", "reason": "x", "instance_id": 1}]}),
+                        "actions": [{"kind": "stop", "target": "instance/1", "reason": "x", "code": "surplus",
+                                     "instance_id": 1}]}),
             "not a rigsync plan: /actions/0:",
         ),
     }

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.actions import Destroy, Plan
+from reconciler.actions import Destroy, Plan, ReasonCode
 from reconciler.desired import load_desired_from_dir
 from reconciler.model import (
     AttemptRecord,
@@ -83,7 +83,7 @@ def fleet_repo(tmp_path: Path) -> Path:
         fleet_name="demo",
     )
     plan = Plan(
-        actions=(Destroy(reason="outbid", instance_id=12),),
+        actions=(Destroy(reason="outbid", code=ReasonCode.PROVIDER_STOPPED, instance_id=12),),
         drift=(
             Drift(DriftClass.OUTBID, "instance/12", "provider stopped the box", "destroy instance/12"),
             Drift(DriftClass.FOREIGN, "instance/99", "no rigsync label for fleet demo", "none"),

@@ -11,37 +11,30 @@ import jsonschema
 import pytest
 import yaml
 
-from reconciler.actions import Destroy, Launch, Plan
+from reconciler.actions import Destroy, Launch, Plan, ReasonCode
 from reconciler.desired import load_desired_from_dir
+from reconciler.errors import ObservedInvalid
 from reconciler.model import (
+    AttemptOutcome,
     AttemptRecord,
     BoxMemory,
     BoxProbe,
     Desired,
     Drift,
     DriftClass,
+    FleetMemory,
     GpuState,
     InFlight,
     Instance,
     InstanceStatus,
     Observed,
-    AttemptOutcome,
     RunDirState,
     Spend,
 )
-from reconciler.observed_files import (
-    BUDGET,
-    DRIFT,
-    FLEET,
-    RUNS,
-    STATUS,
-    ObservedInvalid,
-    ReconcilerStatus,
-    memory_from_files,
-    read_memory,
-    render_observed,
-    summarize_change,
-)
+from reconciler.observed.codec import BUDGET, DRIFT, FLEET, RUNS, STATUS
+from reconciler.observed.documents import ReconcilerStatus, render_observed
+from reconciler.observed.memory import fleet_memory_from_files, read_fleet_memory
+from reconciler.observed.summary import summarize_change
 
 ROOT = Path(__file__).parents[2]
 SCHEMAS = {
@@ -114,11 +107,21 @@ def world(desired: Desired, *, extra_box: bool = False, spend: Spend | None = No
             ended_at=T0 - 100,
         ),
         AttemptRecord(
-            run_id=runs[2].id, attempt=1, sweep=runs[2].sweep, phase=AttemptOutcome.FAILED, instance_id=11, ended_at=T0 - 90
+            run_id=runs[2].id,
+            attempt=1,
+            sweep=runs[2].sweep,
+            phase=AttemptOutcome.FAILED,
+            instance_id=11,
+            ended_at=T0 - 90,
         ),
         *(
             AttemptRecord(
-                run_id=runs[3].id, attempt=a, sweep=runs[3].sweep, phase=AttemptOutcome.LOST, instance_id=11, ended_at=T0 - 80
+                run_id=runs[3].id,
+                attempt=a,
+                sweep=runs[3].sweep,
+                phase=AttemptOutcome.LOST,
+                instance_id=11,
+                ended_at=T0 - 80,
             )
             for a in (1, 2, 3)
         ),
@@ -141,7 +144,7 @@ def world(desired: Desired, *, extra_box: bool = False, spend: Spend | None = No
 
 def a_plan(desired: Desired) -> Plan:
     return Plan(
-        actions=(Destroy(reason="remembered box gone", instance_id=5),),
+        actions=(Destroy(reason="remembered box gone", code=ReasonCode.BOX_VANISHED, instance_id=5),),
         fleet_dph_before=0.1,
         fleet_dph_after=0.1,
         desired_commit=desired.commit,
@@ -256,36 +259,38 @@ def test_status_reports_errors_and_a_changed_status_is_a_change(desired: Desired
     assert doc["last_change_at"] == "2026-11-03T12:00:05Z"
 
 
-def test_read_memory_round_trip_and_spend_extrapolation(desired: Desired, tmp_path: Path) -> None:
+def test_fleet_memory_round_trip_and_spend_extrapolation(desired: Desired, tmp_path: Path) -> None:
     obs = world(desired)
     files = render_observed(desired=desired, observed=obs, plan=a_plan(desired), status=STATUS_OK, now=T0)
     for path, text in files.items():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text(text)
-    memory, in_flight, spend = read_memory(tmp_path)
-    assert memory == (
+    memory = read_fleet_memory(tmp_path)
+    assert memory.boxes == (
         BoxMemory(5, first_seen_at=T0 - 9000, unreachable_since=T0 - 60),
         BoxMemory(11, first_seen_at=T0 - 7000),  # whole seconds
     )
-    assert in_flight == tuple(replace(f, launched_at=T0 - 61) for f in obs.in_flight)
-    assert spend == Spend(today_usd=1.25, total_usd=7.5)
+    assert memory.in_flight == tuple(replace(f, launched_at=T0 - 61) for f in obs.in_flight)
+    assert memory.spend == Spend(today_usd=1.25, total_usd=7.5)
+    assert memory.spend_at is None  # counting starts at the first cycle
     # Two hours later at 0.1 $/h: 0.2 $ more; past midnight, today restarts.
-    _, _, later = read_memory(tmp_path, now=T0 + 7200)
-    assert later.total_usd == pytest.approx(7.7) and later.today_usd == pytest.approx(1.45)
+    later = read_fleet_memory(tmp_path, now=T0 + 7200)
+    assert later.spend.total_usd == pytest.approx(7.7) and later.spend.today_usd == pytest.approx(1.45)
+    assert later.spend_at == T0 + 7200  # and from then on, counted by the cycles
     next_day = T0 + 13 * 3600  # 01:00 UTC the next day
-    _, _, tomorrow = read_memory(tmp_path, now=next_day)
+    tomorrow = read_fleet_memory(tmp_path, now=next_day).spend
     assert tomorrow.total_usd == pytest.approx(7.5 + 1.3) and tomorrow.today_usd == pytest.approx(0.1)
     # No files at all: empty memory.
-    assert read_memory(tmp_path / "empty") == ((), (), Spend())
+    assert read_fleet_memory(tmp_path / "empty") == FleetMemory()
 
 
-def test_read_memory_rejects_malformed_files_with_location() -> None:
+def test_fleet_memory_rejects_malformed_files_with_location() -> None:
     with pytest.raises(ObservedInvalid, match=r"observed/fleet\.yaml:3:1: not valid YAML"):
-        memory_from_files({FLEET: "memory:\n  - [unclosed\n"})
+        fleet_memory_from_files({FLEET: "memory:\n  - [unclosed\n"})
     with pytest.raises(ObservedInvalid, match=r"memory\[0\].*first_seen_at"):
-        memory_from_files({FLEET: "memory:\n- instance_id: 1\n  first_seen_at: yesterday\n"})
+        fleet_memory_from_files({FLEET: "memory:\n- instance_id: 1\n  first_seen_at: yesterday\n"})
     with pytest.raises(ObservedInvalid, match="in_flight"):
-        memory_from_files({RUNS: "in_flight:\n- run_id: r\n"})
+        fleet_memory_from_files({RUNS: "in_flight:\n- run_id: r\n"})
 
 
 def test_summarize_change(desired: Desired) -> None:
@@ -306,7 +311,10 @@ def test_summarize_change(desired: Desired) -> None:
     assert summarize_change(first, first, appended=0) == "observe: no change"
     launched = Plan(
         actions=(
-            Launch(reason="r", instance_id=11, run_id="x", attempt=1, gpu_mask=(0,), command="c", code_commit=None),
+            Launch(
+                reason="r", code=ReasonCode.PENDING_RUN, instance_id=11, run_id="x", attempt=1, gpu_mask=(0,),
+                command="c", code_commit=None,
+            ),
         )
     )
     changed = render_observed(desired=desired, observed=world(desired), plan=launched, status=STATUS_OK, now=T0)

@@ -1,8 +1,8 @@
 """Plan behaviour as data: each ``plan_cases/*.json`` states a world and the exact plan expected for it.
 
-The FULL action list is compared (kind, target, reason), so an extra or missing action fails the case; no-ops
-and drift are checked for the entries a case lists. Reasons are compared exactly unless the case gives
-``reason_contains``.
+The FULL action list is compared (kind, target, reason code, reason), so an extra or missing action fails the
+case; no-ops and drift are checked for the entries a case lists. Every expected action and no-op names its
+reason ``code`` (the stable meaning); reason texts are compared exactly unless the case gives ``reason_contains``.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ ACTION_FIELDS = (
 
 
 def _describe(p: Plan) -> str:
-    lines = [f"{a.kind.value:9} {a.target:32} {a.reason}" for a in p.actions]
-    lines += [f"{'noop':9} {n.target:32} {n.reason}" for n in p.noops]
+    lines = [f"{a.kind.value:9} {a.target:32} [{a.code.value}] {a.reason}" for a in p.actions]
+    lines += [f"{'noop':9} {n.target:32} [{n.code.value}] {n.reason}" for n in p.noops]
     lines += [f"drift     {d.cls.value}:{d.subject} -> {d.action} ({d.detail})" for d in p.drift]
     return "\n".join(lines)
 
@@ -74,6 +74,7 @@ def test_plan_case(path: Path) -> None:
     want = exp["actions"]
     assert [(a.kind.value, a.target) for a in actions] == [(w["kind"], w["target"]) for w in want], shown
     for a, w in zip(actions, want, strict=True):
+        assert a.code.value == w["code"], f"code of {a.kind.value} {a.target}: {a.code.value!r} vs {w}{shown}"
         assert _match_reason(w, a.reason), f"reason of {a.kind.value} {a.target}: {a.reason!r} vs {w}{shown}"
         got_json = a.to_json()
         for key in ACTION_FIELDS:
@@ -90,7 +91,13 @@ def test_plan_case(path: Path) -> None:
     )
 
     for w in exp.get("noops_contain", []):
-        hits = [n for n in got.noops if ("target" not in w or n.target == w["target"]) and _match_reason(w, n.reason)]
+        hits = [
+            n
+            for n in got.noops
+            if ("target" not in w or n.target == w["target"])
+            and n.code.value == w["code"]
+            and _match_reason(w, n.reason)
+        ]
         assert hits, f"no noop matching {w}{shown}"
     for w in exp.get("drift", []):
         hits = [

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from reconciler.actions import ACTION_TYPES, Kind, Launch, Noop, Plan, Record
+from reconciler.actions import ACTION_TYPES, Kind, Launch, Noop, Plan, ReasonCode, Record
 from reconciler.desired import schema_path
 from reconciler.model import AttemptRecord, Drift, DriftClass, InFlight, AttemptOutcome
 from reconciler.plan import plan
@@ -77,7 +77,7 @@ def test_plan_of_case_validates_and_round_trips(path: Path) -> None:
     p = plan(case.desired, case.observed, case.now)
     doc = _as_json(p)
     assert _errors(doc) == []
-    assert doc["format_version"] == 1
+    assert doc["format_version"] == 2
     assert sum(doc["counts"].values()) == len(doc["actions"])
     assert Plan.from_json(doc) == p
     assert Plan.from_json(p.to_json()) == p
@@ -94,13 +94,16 @@ def test_cases_cover_every_action_kind() -> None:
 def _hand_plan() -> Plan:
     return Plan(
         actions=(
-            Record(reason="exit code 0", run_id="r1", attempt=1, instance_id=5, phase="succeeded", exit_code=0),
+            Record(
+                reason="exit code 0", code=ReasonCode.EXITED, run_id="r1", attempt=1, instance_id=5,
+                phase="succeeded", exit_code=0,
+            ),
             Launch(
-                reason="pending", instance_id=5, run_id="r2", attempt=1, gpu_mask=(0,), command="python t.py",
+                reason="pending", code=ReasonCode.PENDING_RUN, instance_id=5, run_id="r2", attempt=1, gpu_mask=(0,), command="python t.py",
                 code_commit=None, sweep="s",
             ),
         ),
-        noops=(Noop(reason="busy", subject="instance/5"),),
+        noops=(Noop(reason="busy", subject="instance/5", code=ReasonCode.BUSY),),
         fleet_dph_before=0.1,
         fleet_dph_after=0.1,
         desired_commit="abc",
@@ -119,7 +122,9 @@ def test_hand_built_plan_with_nulls_validates() -> None:
 @pytest.mark.parametrize(
     ("mutate", "where"),
     [
-        (lambda d: d.update(format_version=2), "format_version"),
+        (lambda d: d.update(format_version=1), "format_version"),
+        (lambda d: d["actions"][0].pop("code"), "actions/0"),
+        (lambda d: d["actions"][0].update(code="because"), "actions/0"),
         (lambda d: d.update(extra=1), ""),
         (lambda d: d["actions"][0].update(kind="stop"), "actions/0"),
         (lambda d: d["actions"][1].pop("gpu_mask"), "actions/1"),

@@ -1,0 +1,133 @@
+"""The decision core: ``plan(desired, observed, now) -> Plan``, a pure function of its inputs.
+
+Everything rigsync does is decided here and nowhere else, so the whole behaviour can be tested as data
+(``tests/unit/plan_cases``) and a saved plan can be reviewed before it spends money. It performs no I/O, reads
+no clock and uses no randomness; iteration follows sorted keys, so equal inputs give equal plans. Every action
+carries a reason (a ``ReasonCode`` and a text), and what was considered and left alone is returned as ``Noop``s.
+
+``plan()`` is a straight line of named phases, each in its own module, passing frozen values forward:
+
+    world      index the inputs; foreign instances set aside; the budget position
+    attempts   what the boxes show; record finished attempts; which runs are wanted (promotion)
+    boxes      limits that do not depend on the work (halt, status, ttl, boot, reachability, bootstrap)
+    attempts   kill or requeue live attempts that must end; settle in-flight ones; queue the pending runs
+    boxes      replace drifted boxes, bootstrap new ones, find free GPUs
+    placement  launch pending runs onto free GPU slots (shipping code first)
+    boxes      destroy idle and surplus boxes
+    renting    rent for what no box can take, and for min_instances, within every cap
+
+Money is safety: caps are read defensively (a missing cap is "no cap", a negative or NaN cap is 0), an offer
+with a nonsensical price is never rented, and only instances carrying this fleet's label are ever acted upon.
+"""
+
+from __future__ import annotations
+
+from reconciler.actions import APPLY_ORDER, SIGNS, Action, Destroy, Noop, Plan, ReasonCode, Record, Rent
+from reconciler.identity import fleet_spec_hash, rent_label, slot_spec_hash, spec_hash
+from reconciler.model import Desired, Drift, DriftClass, Observed
+from reconciler.plan.attempts import (
+    collect_attempts,
+    record_finished,
+    run_queue,
+    settle_in_flight,
+    settle_live,
+    wanted_runs,
+)
+from reconciler.plan.boxes import BoxState, box_noops, classify_boxes, enforce_max_instances, prepare_boxes, retire_idle
+from reconciler.plan.common import Decisions, effective_caps, fmt_duration
+from reconciler.plan.placement import place
+from reconciler.plan.renting import rent_for
+from reconciler.plan.world import BudgetPosition, World, budget_position, index_world
+
+__all__ = [
+    "BoxState",
+    "effective_caps",
+    "fleet_spec_hash",
+    "fmt_duration",
+    "plan",
+    "rent_label",
+    "slot_spec_hash",
+    "spec_hash",
+]
+
+
+def plan(desired: Desired, observed: Observed, now: float) -> Plan:
+    """Decide what to do to move ``observed`` towards ``desired`` at time ``now``. Pure and deterministic."""
+    decided = Decisions()
+    world, found = index_world(desired, observed, now)
+    decided.extend(found)
+    budget = budget_position(desired, observed)
+
+    seen = collect_attempts(world)
+    recorded, found = record_finished(seen)
+    decided.extend(found)
+    wanted, found = wanted_runs(world, recorded)
+    decided.extend(found)
+
+    table, found = classify_boxes(world, seen, budget)
+    decided.extend(found)
+    table, found = enforce_max_instances(world, seen, table)
+    decided.extend(found)
+
+    live, found = settle_live(world, seen, table.destroyed, wanted)
+    decided.extend(found)
+    in_flight, found = settle_in_flight(world, seen, recorded.keys | live.settled, table.destroyed, table.states)
+    decided.extend(found)
+    queue, found = run_queue(world, seen, recorded, wanted, live, in_flight)
+    decided.extend(found)
+
+    table, found = prepare_boxes(world, seen, table, budget)
+    decided.extend(found)
+    placement, found = place(world, queue, table, budget)
+    decided.extend(found)
+    no_work = not queue.pending and not queue.live_work
+    table, found = retire_idle(world, seen, placement.table, placement.launches, no_work)
+    decided.extend(found)
+    decided.extend(rent_for(world, placement.unplaced, table, budget))
+    decided.extend(box_noops(world, seen, table))
+    return _finish(world, budget, decided)
+
+
+def _finish(world: World, budget: BudgetPosition, decided: Decisions) -> Plan:
+    before = sum(b.inst.dph_total for b in world.boxes.values())
+    destroyed = sum(a.dph for a in decided.actions if isinstance(a, Destroy))
+    rented = sum(a.dph for a in decided.actions if isinstance(a, Rent))
+    actions: list[Action] = decided.actions
+    noops = list(decided.noops)
+    drift = list(decided.drift)
+    if budget.halt:
+        first = next((a for a in sorted(actions, key=_order) if isinstance(a, Destroy)), None)
+        act = f"destroy {first.target}" if first else "none"
+        drift.append(Drift(DriftClass.OVER_BUDGET, "budget", budget.text, act))
+    suspended = world.desired.fleet.suspend
+    if suspended:
+        kept: list[Action] = []
+        for a in actions:
+            if isinstance(a, Record):
+                kept.append(a)
+            else:
+                noops.append(
+                    Noop(
+                        reason=f"suspended: would {SIGNS[a.kind]} {a.target} ({a.reason})",
+                        subject=a.target,
+                        code=ReasonCode.SUSPENDED,
+                    )
+                )
+        actions = kept
+        drift = [Drift(x.cls, x.subject, x.detail, "none") for x in drift]
+        destroyed = rented = 0.0
+    return Plan(
+        actions=tuple(sorted(actions, key=_order)),
+        noops=tuple(sorted(noops, key=lambda n: (n.subject, n.reason))),
+        # rounded like the JSON so a saved plan reads back equal (0.1 + 0.2 is not 0.3 in floats)
+        fleet_dph_before=round(before, 6),
+        fleet_dph_after=round(before - destroyed + rented, 6),
+        desired_commit=world.desired.commit,
+        suspended=suspended,
+        warnings=tuple(decided.warnings),
+        drift=tuple(sorted(drift, key=lambda x: (x.cls.value, x.subject, x.action))),
+    )
+
+
+def _order(a: Action) -> tuple[int, str]:
+    return (APPLY_ORDER[a.kind], a.target)

@@ -1,0 +1,357 @@
+"""Attempts: what the boxes show, what finished, what must be killed or requeued, and which runs wait to launch.
+
+The phases here run in this order (``plan()`` calls them so): ``collect_attempts`` sorts what reachable boxes
+show; ``record_finished`` archives exited attempts; ``wanted_runs`` applies the promotion rule;
+``settle_live`` and ``settle_in_flight`` decide about attempts still alive or unaccounted for (their boxes'
+fate is already known); ``run_queue`` asks the one run-phase rule which runs are pending.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from reconciler.actions import Kill, ReasonCode, Record, Requeue
+from reconciler.model import (
+    LAUNCHABLE_PHASES,
+    AttemptOutcome,
+    Drift,
+    DriftClass,
+    InFlight,
+    RunDirState,
+    RunPhase,
+    RunSpec,
+)
+from reconciler.plan.common import Decisions, fmt_duration, gpus_text
+from reconciler.plan.world import World
+from reconciler.promotion import wanted_among
+from reconciler.runphase import UNTOUCHED, RunTally, allowed_attempts, run_phase, tally_runs
+
+AttemptKey = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class SeenAttempts:
+    """What the reachable boxes show, sorted by what must happen to it."""
+
+    finished: tuple[tuple[int, RunDirState], ...]  # exited, not archived: to record
+    live: Mapping[int, tuple[RunDirState, ...]]  # per box: no exit code, not archived
+    zombies: Mapping[int, tuple[RunDirState, ...]]  # per box: archived already, process still alive
+    occupied: Mapping[int, frozenset[int]]  # per box: GPU indexes held by alive attempts
+    visible: frozenset[AttemptKey]
+    max_attempt: Mapping[str, int]  # highest attempt number known per run (archive, in flight, boxes)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """Attempts this plan archives, and their outcomes per run (they count like archived ones)."""
+
+    outcomes: Mapping[str, tuple[tuple[AttemptOutcome, float | None], ...]]
+    keys: frozenset[AttemptKey]
+
+
+@dataclass(frozen=True)
+class LiveVerdicts:
+    """What happened to live attempts: the one kept per run, and the attempts settled by kill or requeue."""
+
+    running: Mapping[str, tuple[int, RunDirState]]  # run id -> (box id, the attempt kept running)
+    used: Mapping[str, int]  # run id -> attempts this plan ends as failed (max runtime) or lost (requeue)
+    settled: frozenset[AttemptKey]
+
+
+@dataclass(frozen=True)
+class InFlightVerdicts:
+    waiting: frozenset[str]  # runs launched on a box that cannot be checked now: they count as running
+    used: Mapping[str, int]  # run id -> attempts requeued here
+
+
+class PendingRun(NamedTuple):
+    """A run to launch (a tuple: thousands are made per plan)."""
+
+    spec: RunSpec
+    gpus: int  # GPUs it needs (at least 1)
+    gpu_ram_mib: int  # memory it needs on each
+    used: int  # attempts failed or lost so far
+    next_attempt: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.gpus, self.gpu_ram_mib)
+
+
+def _pending(fields: tuple[RunSpec, int, int, int, int]) -> PendingRun:
+    return tuple.__new__(PendingRun, fields)  # NamedTuple's own __new__ is a Python call per field set
+
+
+@dataclass(frozen=True)
+class RunQueue:
+    pending: tuple[PendingRun, ...]  # launch order: priority, sweep order, desired order
+    live_work: bool  # some run is running (or may be, on a box that cannot be checked)
+
+
+def collect_attempts(world: World) -> SeenAttempts:
+    max_attempt: dict[str, int] = {}
+    for h in world.observed.history:
+        max_attempt[h.run_id] = max(max_attempt.get(h.run_id, 0), h.attempt)
+    for f in world.observed.in_flight:
+        max_attempt[f.run_id] = max(max_attempt.get(f.run_id, 0), f.attempt)
+    finished: list[tuple[int, RunDirState]] = []
+    live: dict[int, tuple[RunDirState, ...]] = {}
+    zombies: dict[int, tuple[RunDirState, ...]] = {}
+    occupied: dict[int, frozenset[int]] = {}
+    visible: set[AttemptKey] = set()
+    for box in world.boxes.values():
+        if not box.reachable or box.probe is None:
+            continue
+        box_live: list[RunDirState] = []
+        box_zombies: list[RunDirState] = []
+        held: set[int] = set()
+        for rd in sorted(box.probe.runs, key=lambda r: (r.run_id, r.attempt)):
+            key = (rd.run_id, rd.attempt)
+            visible.add(key)
+            max_attempt[rd.run_id] = max(max_attempt.get(rd.run_id, 0), rd.attempt)
+            alive = rd.exit_code is None and rd.pid_alive
+            if alive:
+                held.update(rd.gpu_mask)
+            if key in world.archived:
+                if alive:
+                    box_zombies.append(rd)
+                continue
+            if rd.exit_code is not None:
+                finished.append((box.id, rd))
+            else:
+                box_live.append(rd)
+        live[box.id], zombies[box.id], occupied[box.id] = tuple(box_live), tuple(box_zombies), frozenset(held)
+    return SeenAttempts(tuple(finished), live, zombies, occupied, frozenset(visible), max_attempt)
+
+
+def record_finished(seen: SeenAttempts) -> tuple[Recorded, Decisions]:
+    out = Decisions()
+    outcomes: dict[str, list[tuple[AttemptOutcome, float | None]]] = {}
+    for box_id, rd in seen.finished:
+        outcome = AttemptOutcome.SUCCEEDED if rd.exit_code == 0 else AttemptOutcome.FAILED
+        outcomes.setdefault(rd.run_id, []).append((outcome, rd.best_metric))
+        out.act(
+            Record(
+                reason=f"exited with code {rd.exit_code} on instance/{box_id}",
+                code=ReasonCode.EXITED,
+                run_id=rd.run_id,
+                attempt=rd.attempt,
+                instance_id=box_id,
+                phase=outcome.value,
+                exit_code=rd.exit_code,
+            )
+        )
+    keys = frozenset((rd.run_id, rd.attempt) for _, rd in seen.finished)
+    return Recorded({k: tuple(v) for k, v in outcomes.items()}, keys), out
+
+
+def wanted_runs(world: World, recorded: Recorded) -> tuple[frozenset[str], Decisions]:
+    """Base runs, plus promotion seeds whose cell's best base metric reached their threshold."""
+    out = Decisions()
+    metrics: dict[str, list[float | None]] = {}
+    for run_id, recs in world.history.items():
+        metrics.setdefault(run_id, []).extend(h.best_metric for h in recs if h.phase is AttemptOutcome.SUCCEEDED)
+    for run_id, done in recorded.outcomes.items():
+        metrics.setdefault(run_id, []).extend(m for o, m in done if o is AttemptOutcome.SUCCEEDED)
+    wanted = frozenset(wanted_among(world.runs, metrics))
+    waiting_promo: dict[str, int] = {}
+    if len(wanted) < len(world.runs):
+        for r in world.runs.values():
+            if r.id not in wanted:
+                waiting_promo[r.sweep] = waiting_promo.get(r.sweep, 0) + 1
+    for sweep, n in sorted(waiting_promo.items()):
+        out.noop(
+            f"sweep/{sweep}",
+            ReasonCode.PROMOTION_WAITING,
+            f"{n} promotion seed(s) wait for their cell's best metric to reach the threshold",
+        )
+    return wanted, out
+
+
+def settle_live(
+    world: World, seen: SeenAttempts, destroyed: Mapping[int, str], wanted: frozenset[str]
+) -> tuple[LiveVerdicts, Decisions]:
+    """Kill or requeue live attempts that must end; keep one running attempt per run."""
+    out = Decisions()
+    f = world.desired.fleet
+    now = world.now
+    settled: set[AttemptKey] = set()
+    used: dict[str, int] = {}
+    running: dict[str, list[tuple[int, RunDirState]]] = {}
+
+    def kill(box_id: int, rd: RunDirState, code: ReasonCode, reason: str) -> None:
+        settled.add((rd.run_id, rd.attempt))
+        out.act(Kill(reason=reason, code=code, instance_id=box_id, run_id=rd.run_id, attempt=rd.attempt))
+
+    def requeue(box_id: int, rd: RunDirState, code: ReasonCode, reason: str) -> None:
+        settled.add((rd.run_id, rd.attempt))
+        used[rd.run_id] = used.get(rd.run_id, 0) + 1
+        out.act(Requeue(reason=reason, code=code, run_id=rd.run_id, attempt=rd.attempt, instance_id=box_id))
+
+    for box_id in world.boxes:
+        gone = destroyed.get(box_id)
+        for rd in seen.zombies.get(box_id, ()):
+            if gone is None:
+                phase = world.archived[(rd.run_id, rd.attempt)].phase.value
+                kill(
+                    box_id,
+                    rd,
+                    ReasonCode.ARCHIVED_BUT_ALIVE,
+                    f"attempt already archived as {phase}, but its process is still alive",
+                )
+        for rd in seen.live.get(box_id, ()):
+            subj = f"run/{rd.run_id}.{rd.attempt}"
+            if gone is not None:
+                requeue(box_id, rd, ReasonCode.BOX_DESTROYED, f"its box instance/{box_id} is destroyed: {gone}")
+                continue
+            if not rd.pid_alive:
+                detail = "wrapper process gone without an exit code"
+                requeue(box_id, rd, ReasonCode.WRAPPER_GONE, f"lost: {detail}")
+                out.drift.append(Drift(DriftClass.JOB_CRASHED, subj, detail, f"requeue {subj}"))
+                continue
+            hb = rd.heartbeat_age_s
+            if hb is not None and hb > f.heartbeat_stale_s:
+                detail = f"heartbeat {fmt_duration(hb)} old > heartbeat_stale {fmt_duration(f.heartbeat_stale_s)}"
+                requeue(box_id, rd, ReasonCode.HEARTBEAT_STALE, f"lost: {detail}")
+                out.drift.append(Drift(DriftClass.JOB_CRASHED, subj, detail, f"requeue {subj}"))
+                continue
+            if rd.run_id not in wanted:
+                kill(box_id, rd, ReasonCode.NOT_DESIRED, "no longer desired")
+                continue
+            spec = world.runs[rd.run_id]
+            if rd.started_at is not None and now - rd.started_at > spec.max_runtime_s:
+                used[rd.run_id] = used.get(rd.run_id, 0) + 1
+                kill(
+                    box_id,
+                    rd,
+                    ReasonCode.MAX_RUNTIME,
+                    f"exceeded max runtime {fmt_duration(spec.max_runtime_s)} "
+                    f"(running for {fmt_duration(now - rd.started_at)})",
+                )
+                continue
+            running.setdefault(rd.run_id, []).append((box_id, rd))
+    # A duplicate daemon once launched the same seed twice; keep the oldest attempt, stop the others.
+    kept: dict[str, tuple[int, RunDirState]] = {}
+    for run_id in sorted(running):
+        group = sorted(running[run_id], key=lambda t: (t[1].attempt, t[0]))
+        keep_box, keep_rd = group[0]
+        for box_id, rd in group[1:]:
+            kill(
+                box_id,
+                rd,
+                ReasonCode.DUPLICATE_ATTEMPT,
+                f"duplicate: attempt {keep_rd.attempt} of this run is already running on instance/{keep_box}",
+            )
+        kept[run_id] = (keep_box, keep_rd)
+        spec = world.runs[run_id]
+        ran = fmt_duration(now - keep_rd.started_at) if keep_rd.started_at is not None else "?"
+        beat = fmt_duration(keep_rd.heartbeat_age_s) + " ago" if keep_rd.heartbeat_age_s is not None else "not yet"
+        out.noop(
+            f"run/{keep_rd.run_id}.{keep_rd.attempt}@{keep_box}",
+            ReasonCode.RUNNING,
+            f"running for {ran} of max {fmt_duration(spec.max_runtime_s)} on {gpus_text(keep_rd.gpu_mask)}; "
+            f"heartbeat {beat}",
+        )
+    return LiveVerdicts(kept, used, frozenset(settled)), out
+
+
+def settle_in_flight(
+    world: World,
+    seen: SeenAttempts,
+    settled: frozenset[AttemptKey],
+    destroyed: Mapping[int, str],
+    box_states: Mapping[int, str],
+) -> tuple[InFlightVerdicts, Decisions]:
+    """Attempts rigsync launched that no reachable box shows and the archive does not know."""
+    out = Decisions()
+    waiting: set[str] = set()
+    used: dict[str, int] = {}
+    for fl in sorted(world.observed.in_flight, key=lambda x: (x.run_id, x.attempt, x.instance_id)):
+        key = (fl.run_id, fl.attempt)
+        if key in world.archived or key in seen.visible or key in settled:
+            continue
+        subj_inst = f"instance/{fl.instance_id}"
+        box = world.boxes.get(fl.instance_id)
+
+        def requeue(fl: InFlight, code: ReasonCode, reason: str) -> None:
+            used[fl.run_id] = used.get(fl.run_id, 0) + 1
+            out.act(Requeue(reason=reason, code=code, run_id=fl.run_id, attempt=fl.attempt, instance_id=fl.instance_id))
+
+        if box is None:
+            why = "vanished" if fl.instance_id not in world.listed_ids else "no longer carries our label"
+            requeue(fl, ReasonCode.BOX_VANISHED, f"box {subj_inst} {why}")
+            out.drift.append(
+                Drift(
+                    DriftClass.DESTROYED_BY_HAND,
+                    subj_inst,
+                    f"owned box running run/{fl.run_id}.{fl.attempt} is no longer listed as ours",
+                    f"requeue run/{fl.run_id}.{fl.attempt}",
+                )
+            )
+        elif fl.instance_id in destroyed:
+            requeue(fl, ReasonCode.BOX_DESTROYED, f"its box {subj_inst} is destroyed: {destroyed[fl.instance_id]}")
+        elif box.reachable:
+            requeue(fl, ReasonCode.LAUNCH_NEVER_HAPPENED, f"launch never happened: no run dir on {subj_inst}")
+        else:
+            waiting.add(fl.run_id)
+            out.noop(
+                f"run/{fl.run_id}.{fl.attempt}@{fl.instance_id}",
+                ReasonCode.UNCHECKABLE,
+                f"launched on {subj_inst} which cannot be checked now ({box_states.get(fl.instance_id, '')}); waiting",
+            )
+    return InFlightVerdicts(frozenset(waiting), used), out
+
+
+def run_queue(
+    world: World,
+    seen: SeenAttempts,
+    recorded: Recorded,
+    wanted: frozenset[str],
+    live: LiveVerdicts,
+    in_flight: InFlightVerdicts,
+) -> tuple[RunQueue, Decisions]:
+    """Every wanted run through the one phase rule: launchable ones queue in launch order, blocked ones say so."""
+    out = Decisions()
+    tallies = tally_runs(world.observed.history, (*live.running, *in_flight.waiting))
+    for run_id, done in recorded.outcomes.items():
+        for outcome, _metric in done:
+            tallies[run_id] = tallies.get(run_id, UNTOUCHED).with_outcome(outcome)
+    for used in (live.used, in_flight.used):
+        for run_id, n in used.items():
+            t = tallies.get(run_id, UNTOUCHED)
+            tallies[run_id] = RunTally(t.succeeded, t.used + n, t.live)
+    # Launch order is priority, then sweep order, then desired order: runs are visited in desired order and
+    # dropped into one bucket per (priority, sweep order), so no per-run sort key is built.
+    buckets: dict[tuple[int, int], list[PendingRun]] = {}
+    fresh: dict[int, RunPhase] = {}  # run_phase of a run with no attempts, per retries (it reads nothing else)
+    max_attempt = seen.max_attempt
+    for run_id, spec in world.runs.items():
+        if run_id not in wanted:
+            continue
+        tally = tallies.get(run_id)
+        if tally is None:
+            phase = fresh.get(spec.retries)
+            if phase is None:
+                phase = fresh[spec.retries] = run_phase(spec, UNTOUCHED)
+            tally = UNTOUCHED
+        else:
+            phase = run_phase(spec, tally)
+        if phase in LAUNCHABLE_PHASES:
+            run = _pending((spec, max(1, spec.gpus), spec.min_gpu_ram_mib, tally.used, max_attempt.get(run_id, 0) + 1))
+            key = (-spec.priority, spec.sweep_order)
+            bucket = buckets.get(key)
+            if bucket is None:
+                buckets[key] = [run]
+            else:
+                bucket.append(run)
+        elif phase is RunPhase.BLOCKED:
+            out.noop(
+                f"run/{run_id}",
+                ReasonCode.BLOCKED,
+                f"blocked: {tally.used} of {allowed_attempts(spec)} allowed attempt(s) failed or lost; "
+                "no more launches",
+            )
+    pending = [run for key in sorted(buckets) for run in buckets[key]]
+    return RunQueue(tuple(pending), bool(live.running) or bool(in_flight.waiting)), out

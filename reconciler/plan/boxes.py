@@ -1,0 +1,313 @@
+"""Boxes: what state each owned box is in, which must be destroyed and why, and which GPUs are free.
+
+``classify_boxes`` applies the limits that do not depend on the work (budget halt, provider status, ttl,
+boot timeout, unreachable grace, failed bootstrap); ``enforce_max_instances`` trims the fleet to its cap;
+``prepare_boxes`` replaces drifted boxes, bootstraps new ones and finds the free GPUs of ready ones;
+``retire_idle`` destroys idle and surplus boxes after placement; ``box_noops`` says why the rest are kept.
+Never ``stop``: a stopped box keeps billing storage, so every exit is a destroy.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from reconciler.actions import Bootstrap, Destroy, ReasonCode
+from reconciler.identity import slot_spec_hash
+from reconciler.model import FREE_GPU_MEMORY_MIB, Drift, DriftClass, GpuState, InFlight, InstanceStatus
+from reconciler.plan.attempts import SeenAttempts
+from reconciler.plan.common import Decisions, cap, count_cap, fmt_duration, usd_h
+from reconciler.plan.world import BudgetPosition, OwnedBox, World
+
+DEAD_STATUSES = frozenset({InstanceStatus.STOPPED, InstanceStatus.EXITED, InstanceStatus.OFFLINE})
+BOOTING_STATUSES = frozenset({InstanceStatus.CREATED, InstanceStatus.LOADING})
+
+
+class BoxState(enum.StrEnum):
+    READY = "ready"  # running, reachable, bootstrapped, built for the current spec
+    BOOTING = "booting"  # created or loading, within boot_timeout
+    BOOTSTRAPPING = "bootstrapping"  # reachable, the bootstrap script has not finished
+    UNREACHABLE = "unreachable"  # running but not answering, within unreachable_grace
+    DRIFTED = "drifted"  # built for another spec: replaced once its work is done
+    UNKNOWN = "unknown"  # a provider status rigsync does not act on
+    DESTROYED = "destroyed"  # this plan destroys it
+
+
+@dataclass(frozen=True)
+class BoxTable:
+    """The owned boxes' states as the phases have decided them so far."""
+
+    states: Mapping[int, BoxState]
+    destroyed: Mapping[int, str]  # box id -> the reason it is destroyed
+    waiting: Mapping[int, tuple[InFlight, ...]]  # in flight on a box that cannot show them now
+    occupied: Mapping[int, frozenset[int]]  # GPU indexes held by live or waiting attempts
+    considered: frozenset[int]  # an action or a no-op already speaks for these boxes
+    free: Mapping[int, tuple[GpuState, ...]]  # ready boxes: GPUs no run holds and no memory is used on
+
+    def alive(self) -> list[int]:
+        return [i for i in self.states if i not in self.destroyed]
+
+    def has_work(self, seen: SeenAttempts, box_id: int) -> bool:
+        return bool(seen.live.get(box_id) or seen.zombies.get(box_id) or self.waiting.get(box_id))
+
+
+class _Destroyer:
+    """Collects destroys for one phase; a box is destroyed once, for the first reason found."""
+
+    def __init__(self, world: World, table: BoxTable | None = None) -> None:
+        self.world = world
+        self.out = Decisions()
+        self.states: dict[int, BoxState] = dict(table.states) if table else {}
+        self.destroyed: dict[int, str] = dict(table.destroyed) if table else {}
+        self.considered: set[int] = set(table.considered) if table else set()
+
+    def destroy(self, box: OwnedBox, code: ReasonCode, reason: str) -> None:
+        if box.id in self.destroyed:
+            return
+        self.destroyed[box.id] = reason
+        self.states[box.id] = BoxState.DESTROYED
+        self.considered.add(box.id)
+        self.out.act(Destroy(reason=reason, code=code, instance_id=box.id, dph=box.inst.dph_total))
+
+    def noop(self, box: OwnedBox, code: ReasonCode, reason: str) -> None:
+        self.considered.add(box.id)
+        self.out.noop(box.subject, code, reason)
+
+
+def classify_boxes(world: World, seen: SeenAttempts, budget: BudgetPosition) -> tuple[BoxTable, Decisions]:
+    """Destroys that do not depend on the work, and every other box's state."""
+    f = world.desired.fleet
+    now = world.now
+    d = _Destroyer(world)
+    for box in world.boxes.values():
+        inst, subj = box.inst, box.subject
+        if budget.halt:
+            d.destroy(box, ReasonCode.OVER_BUDGET_HALT, f"over budget, on_exceed halt: {budget.text}")
+            continue
+        if inst.status is InstanceStatus.STOPPED:
+            d.destroy(
+                box,
+                ReasonCode.PROVIDER_STOPPED,
+                "stopped (outbid?): stopped boxes still bill storage; destroying, never stopping",
+            )
+            d.out.drift.append(Drift(DriftClass.OUTBID, subj, "provider reports the box stopped", f"destroy {subj}"))
+            continue
+        if inst.status in DEAD_STATUSES:
+            d.destroy(
+                box, ReasonCode.PROVIDER_DEAD, f"provider reports the box {inst.status.value}; it cannot run work"
+            )
+            continue
+        age = now - inst.start_date
+        if f.ttl_s is not None and age > cap(f.ttl_s):
+            d.destroy(
+                box, ReasonCode.PAST_TTL, f"past its ttl: up {fmt_duration(age)} > ttl {fmt_duration(cap(f.ttl_s))}"
+            )
+            continue
+        if inst.status in BOOTING_STATUSES:
+            if age > f.boot_timeout_s:
+                reason = (
+                    f"still {inst.status.value} after {fmt_duration(age)} > "
+                    f"boot_timeout {fmt_duration(f.boot_timeout_s)}"
+                )
+                d.destroy(box, ReasonCode.BOOT_TIMEOUT, reason)
+                d.out.drift.append(Drift(DriftClass.BOOT_TIMEOUT, subj, reason, f"destroy {subj}"))
+            else:
+                d.states[box.id] = BoxState.BOOTING
+            continue
+        if inst.status is not InstanceStatus.RUNNING:
+            d.states[box.id] = BoxState.UNKNOWN
+            continue
+        if not box.reachable:
+            since = now
+            if box.memory is not None and box.memory.unreachable_since is not None:
+                since = box.memory.unreachable_since
+            down = now - since
+            err = f" ({box.probe.error})" if box.probe is not None and box.probe.error else ""
+            if down > f.unreachable_grace_s:
+                reason = (
+                    f"unreachable for {fmt_duration(down)} > unreachable_grace "
+                    f"{fmt_duration(f.unreachable_grace_s)}{err}"
+                )
+                d.destroy(box, ReasonCode.UNREACHABLE_PAST_GRACE, reason)
+                d.out.drift.append(Drift(DriftClass.UNREACHABLE, subj, reason, f"destroy {subj}"))
+            else:
+                d.states[box.id] = BoxState.UNREACHABLE
+                d.out.drift.append(
+                    Drift(DriftClass.UNREACHABLE, subj, f"unreachable for {fmt_duration(down)}{err}", "none")
+                )
+            continue
+        probe = box.probe
+        assert probe is not None
+        bh = f.bootstrap_hash
+        if bh and bh in probe.bootstrap_failed and bh not in probe.bootstrap_hashes:
+            d.destroy(box, ReasonCode.BOOTSTRAP_FAILED, f"bootstrap {bh} failed on this box")
+            continue
+        if slot_spec_hash(box.own.slot) != world.current_spec:
+            d.states[box.id] = BoxState.DRIFTED
+        elif bh and bh not in probe.bootstrap_hashes:
+            d.states[box.id] = BoxState.BOOTSTRAPPING
+        else:
+            d.states[box.id] = BoxState.READY
+    # In-flight attempts the box cannot show (unreachable, still booting) are work we must not discard.
+    waiting: dict[int, list[InFlight]] = {}
+    occupied = {i: set(g) for i, g in seen.occupied.items()}
+    for fl in world.observed.in_flight:
+        key = (fl.run_id, fl.attempt)
+        if key in world.archived or key in seen.visible:
+            continue
+        b = world.boxes.get(fl.instance_id)
+        if b is not None and b.id not in d.destroyed and not b.reachable:
+            waiting.setdefault(b.id, []).append(fl)
+            occupied.setdefault(b.id, set()).update(fl.gpu_mask)
+    table = BoxTable(
+        states=d.states,
+        destroyed=d.destroyed,
+        waiting={k: tuple(v) for k, v in waiting.items()},
+        occupied={k: frozenset(v) for k, v in occupied.items()},
+        considered=frozenset(d.considered),
+        free={},
+    )
+    return table, d.out
+
+
+def enforce_max_instances(world: World, seen: SeenAttempts, table: BoxTable) -> tuple[BoxTable, Decisions]:
+    limit = count_cap(world.desired.fleet.max_instances)
+    alive = [world.boxes[i] for i in table.alive()]
+    extra = len(alive) - limit
+    if extra <= 0:
+        return table, Decisions()
+    d = _Destroyer(world, table)
+    order = sorted(alive, key=lambda b: (table.has_work(seen, b.id), -b.inst.dph_total, b.id))
+    for b in order[:extra]:
+        what = "busy" if table.has_work(seen, b.id) else "idle"
+        d.destroy(
+            b,
+            ReasonCode.OVER_MAX_INSTANCES,
+            f"{len(alive)} owned boxes > max_instances {limit}; this one is {what} at {usd_h(b.inst.dph_total)}",
+        )
+    return replace(table, states=d.states, destroyed=d.destroyed, considered=frozenset(d.considered)), d.out
+
+
+def prepare_boxes(
+    world: World, seen: SeenAttempts, table: BoxTable, budget: BudgetPosition
+) -> tuple[BoxTable, Decisions]:
+    """Replace drifted boxes once idle, bootstrap new ones, and list the free GPUs of ready ones."""
+    f = world.desired.fleet
+    d = _Destroyer(world, table)
+    free: dict[int, tuple[GpuState, ...]] = {}
+    for box in world.boxes.values():
+        state = table.states.get(box.id)
+        if box.id in d.destroyed or state is None:
+            continue
+        if state is BoxState.DRIFTED:
+            if table.has_work(seen, box.id):
+                n = len(seen.live.get(box.id, ())) + len(table.waiting.get(box.id, ()))
+                d.noop(
+                    box,
+                    ReasonCode.DRIFTED_BUSY,
+                    f"spec drifted (slot {box.own.slot}, now {world.current_spec}); "
+                    f"waiting for {n} attempt(s) to finish",
+                )
+            else:
+                d.destroy(
+                    box,
+                    ReasonCode.SPEC_DRIFTED,
+                    f"spec drifted: box built for {slot_spec_hash(box.own.slot)}, "
+                    f"fleet spec is now {world.current_spec}",
+                )
+        elif state is BoxState.BOOTSTRAPPING and box.probe is not None:
+            bh = f.bootstrap_hash
+            if bh in box.probe.bootstrap_running:
+                d.noop(box, ReasonCode.BOOTSTRAP_RUNNING, f"bootstrap {bh} running")
+            elif not budget.halt:
+                d.considered.add(box.id)
+                d.out.act(
+                    Bootstrap(
+                        reason=f"bootstrap {bh} not done on this box",
+                        code=ReasonCode.BOOTSTRAP_MISSING,
+                        instance_id=box.id,
+                        script_hash=bh,
+                    )
+                )
+        elif state is BoxState.READY and box.probe is not None:
+            used = table.occupied.get(box.id, frozenset())
+            free[box.id] = tuple(
+                sorted(
+                    (g for g in box.probe.gpus if g.index not in used and g.memory_used_mib <= FREE_GPU_MEMORY_MIB),
+                    key=lambda g: g.index,
+                )
+            )
+    new = replace(table, states=d.states, destroyed=d.destroyed, considered=frozenset(d.considered), free=free)
+    return new, d.out
+
+
+def retire_idle(
+    world: World, seen: SeenAttempts, table: BoxTable, launches: Mapping[int, int], no_work: bool
+) -> tuple[BoxTable, Decisions]:
+    """Destroy boxes idle past idle_timeout, and every idle box when the fleet has no work, down to min_instances."""
+    f = world.desired.fleet
+    now = world.now
+    d = _Destroyer(world, table)
+    candidates: list[tuple[OwnedBox, ReasonCode, str]] = []
+    timeout = fmt_duration(f.idle_timeout_s)
+    for box in world.boxes.values():
+        if box.id in d.destroyed or table.has_work(seen, box.id) or launches.get(box.id):
+            continue
+        idle_for: float | None = None
+        if table.states.get(box.id) is BoxState.READY and box.probe is not None:
+            idle_for = now - (box.probe.last_activity_at or box.inst.start_date)
+        if idle_for is not None and idle_for > f.idle_timeout_s:
+            candidates.append(
+                (box, ReasonCode.IDLE_TIMEOUT, f"idle for {fmt_duration(idle_for)} > idle_timeout {timeout}")
+            )
+        elif no_work:
+            candidates.append((box, ReasonCode.SURPLUS, "surplus: no pending or running work in the fleet"))
+        elif idle_for is not None:
+            d.noop(box, ReasonCode.IDLE_KEPT, f"idle for {fmt_duration(idle_for)} (idle_timeout {timeout}); kept")
+    keep_at_least = min(count_cap(f.min_instances), count_cap(f.max_instances))
+    spare = len(table.alive()) - keep_at_least
+    for box, code, reason in sorted(candidates, key=lambda t: (-t[0].inst.dph_total, t[0].id)):
+        if spare > 0:
+            d.destroy(box, code, reason)
+            spare -= 1
+        else:
+            d.noop(box, ReasonCode.MIN_INSTANCES_KEPT, f"{reason}; kept to hold min_instances {keep_at_least}")
+    return replace(table, states=d.states, destroyed=d.destroyed, considered=frozenset(d.considered)), d.out
+
+
+def box_noops(world: World, seen: SeenAttempts, table: BoxTable) -> Decisions:
+    """Why every box no action or no-op has spoken for yet is left as it is."""
+    f = world.desired.fleet
+    now = world.now
+    out = Decisions()
+    for box in world.boxes.values():
+        if box.id in table.considered or box.id in table.destroyed:
+            continue
+        inst = box.inst
+        state = table.states.get(box.id)
+        if state is BoxState.BOOTING:
+            code = ReasonCode.BOOTING
+            reason = (
+                f"{inst.status.value} for {fmt_duration(now - inst.start_date)} "
+                f"(boot_timeout {fmt_duration(f.boot_timeout_s)})"
+            )
+        elif state is BoxState.UNREACHABLE:
+            since = box.memory.unreachable_since if box.memory and box.memory.unreachable_since else now
+            code = ReasonCode.UNREACHABLE_WAITING
+            reason = (
+                f"unreachable for {fmt_duration(now - since)} (grace {fmt_duration(f.unreachable_grace_s)}); waiting"
+            )
+        elif state is BoxState.UNKNOWN:
+            code = ReasonCode.STATUS_UNKNOWN
+            reason = f"provider status {inst.status.value}; left alone this cycle"
+        else:
+            busy = len(table.occupied.get(box.id, ()))
+            free = table.free.get(box.id, ())
+            code = ReasonCode.BUSY
+            reason = f"busy: {busy} of {inst.num_gpus} GPU(s) in use, {len(free)} free"
+            if not free and not seen.live.get(box.id) and not seen.zombies.get(box.id):
+                code = ReasonCode.NO_FREE_GPU
+                reason = f"no free GPU (memory in use by something else) on {inst.num_gpus} GPU(s)"
+        out.noop(box.subject, code, reason)
+    return out

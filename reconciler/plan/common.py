@@ -1,0 +1,84 @@
+"""What every planning phase shares: the decisions it adds, caps read defensively, and how figures are written."""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+from reconciler.actions import Action, Noop, ReasonCode
+from reconciler.model import Desired, Drift
+
+EPS = 1e-9  # float slack on the fleet cap sum only, so $0.1 + $0.2 fits a $0.3 cap
+
+
+@dataclass
+class Decisions:
+    """What one phase decided: actions, no-ops (with reasons), drift and warnings. Phases return it; plan() joins.
+
+    Mutable only while its phase builds it; phases never read another phase's Decisions, only its result value.
+    """
+
+    actions: list[Action] = field(default_factory=list)
+    noops: list[Noop] = field(default_factory=list)
+    drift: list[Drift] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def act(self, action: Action) -> None:
+        self.actions.append(action)
+
+    def noop(self, subject: str, code: ReasonCode, reason: str) -> None:
+        self.noops.append(Noop(reason=reason, subject=subject, code=code))
+
+    def extend(self, other: Decisions) -> None:
+        self.actions.extend(other.actions)
+        self.noops.extend(other.noops)
+        self.drift.extend(other.drift)
+        self.warnings.extend(other.warnings)
+
+
+def cap(value: float | None) -> float:
+    """A budget cap as a number: None means no cap; negative or NaN is treated as 0 (safe side)."""
+    if value is None:
+        return math.inf
+    if math.isnan(value) or value < 0:
+        return 0.0
+    return float(value)
+
+
+def count_cap(value: int | None) -> int:
+    if value is None:
+        return 0
+    return max(0, int(value))
+
+
+def effective_caps(desired: Desired) -> tuple[float, float]:
+    """(per-instance $/h cap, fleet $/h cap) after defaulting; the per-instance one includes filters.dph_max."""
+    instance_cap = min(cap(desired.fleet.filters.dph_max), cap(desired.budget.max_instance_dph))
+    return instance_cap, cap(desired.budget.max_fleet_dph)
+
+
+@functools.lru_cache(maxsize=4096)
+def fmt_duration(seconds: float) -> str:
+    """``3600 -> "1h"``, ``725 -> "12m5s"``, ``5400 -> "1h30m"``: the two largest non-zero units."""
+    if not math.isfinite(seconds):
+        return "forever"
+    s = max(0, int(seconds))
+    parts: list[str] = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if s >= size:
+            parts.append(f"{s // size}{unit}")
+            s %= size
+    return "".join(parts[:2]) or "0s"
+
+
+def usd_h(x: float) -> str:
+    return f"${x:.3f}/h"
+
+
+def usd(x: float) -> str:
+    return f"${x:.2f}"
+
+
+def gpus_text(mask: tuple[int, ...]) -> str:
+    return ("GPU " if len(mask) == 1 else "GPUs ") + ",".join(str(i) for i in mask)

@@ -1,0 +1,98 @@
+"""Placement: pending runs onto free GPU slots of ready boxes, in launch order, first fit.
+
+A GPU is free only when no run holds it and its memory used is at most ``FREE_GPU_MEMORY_MIB``; a multi-GPU
+run gets one ``CUDA_VISIBLE_DEVICES`` mask of that many free GPUs with enough memory each. The pinned code
+commit is shipped before the first launch on a box that lacks it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from reconciler.actions import Launch, ReasonCode, ShipCode
+from reconciler.model import GpuState
+from reconciler.plan.attempts import PendingRun, RunQueue
+from reconciler.plan.boxes import BoxState, BoxTable
+from reconciler.plan.common import Decisions, gpus_text
+from reconciler.plan.world import BudgetPosition, World
+from reconciler.runphase import allowed_attempts
+
+
+@dataclass(frozen=True)
+class Placement:
+    unplaced: tuple[PendingRun, ...]  # still pending after placement, in launch order
+    launches: Mapping[int, int]  # box id -> launches placed on it
+    table: BoxTable  # free GPUs left, boxes with launches considered
+
+
+def place(world: World, queue: RunQueue, table: BoxTable, budget: BudgetPosition) -> tuple[Placement, Decisions]:
+    out = Decisions()
+    if budget.halt:
+        return Placement(queue.pending, {}, table), out
+    free: dict[int, list[GpuState]] = {i: list(g) for i, g in table.free.items()}
+    open_boxes = [
+        world.boxes[i]
+        for i in world.boxes
+        if table.states.get(i) is BoxState.READY and i not in table.destroyed and free.get(i)
+    ]
+    launches: dict[int, int] = {}
+    considered = set(table.considered)
+    unplaced: list[PendingRun] = []
+    # First fit in box order. A box's free GPUs only shrink, so a box that cannot take a request now never
+    # will this plan: each request shape keeps its own cursor into the open boxes (linear, not quadratic).
+    cursor: dict[tuple[int, int], int] = {}
+    code = world.desired.code_commit
+    free_left = sum(len(free[b.id]) for b in open_boxes)
+    for n, run in enumerate(queue.pending):
+        if free_left <= 0:
+            unplaced.extend(queue.pending[n:])  # every GPU is taken: the rest wait, in order
+            break
+        spec = run.spec
+        g, ram = run.gpus, run.gpu_ram_mib
+        i = cursor.get((g, ram), 0)
+        if i >= len(open_boxes):
+            unplaced.append(run)
+            continue
+        chosen: list[GpuState] = []
+        while i < len(open_boxes):
+            box_free = free[open_boxes[i].id]
+            chosen = [gpu for gpu in box_free if gpu.memory_total_mib >= ram][:g] if ram else box_free[:g]
+            if len(chosen) >= g:
+                break
+            i += 1
+        cursor[(g, ram)] = i
+        if i >= len(open_boxes):
+            unplaced.append(run)
+            continue
+        box = open_boxes[i]
+        mask = tuple(gpu.index for gpu in chosen)
+        taken = set(mask)
+        free[box.id] = [gpu for gpu in free[box.id] if gpu.index not in taken]
+        free_left -= len(mask)
+        if not launches.get(box.id) and code and box.probe is not None and code not in box.probe.code_commits:
+            out.act(
+                ShipCode(
+                    reason=f"commit {code} is not on this box yet",
+                    code=ReasonCode.CODE_MISSING,
+                    instance_id=box.id,
+                    commit=code,
+                )
+            )
+        launches[box.id] = launches.get(box.id, 0) + 1
+        considered.add(box.id)
+        out.act(
+            Launch(
+                reason=f"pending (attempt {run.used + 1} of {allowed_attempts(spec)} allowed) on {gpus_text(mask)}",
+                code=ReasonCode.PENDING_RUN,
+                instance_id=box.id,
+                run_id=spec.id,
+                attempt=run.next_attempt,
+                gpu_mask=mask,
+                command=spec.command,
+                code_commit=code,
+                sweep=spec.sweep,
+            )
+        )
+    new_table = replace(table, free={i: tuple(g) for i, g in free.items()}, considered=frozenset(considered))
+    return Placement(tuple(unplaced), launches, new_table), out

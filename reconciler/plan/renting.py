@@ -1,0 +1,239 @@
+"""Renting: boxes for the runs nothing can take, and for the min_instances floor; never past a cap.
+
+Runs that boxes already on their way (booting, bootstrapping, briefly unreachable) will take are not rented
+for. For the rest, the best offer by the fleet's ranking that passes the filters (``reconciler.offers``, the one
+definition the Vast query is built from too), fits the per-box $/h cap and keeps the fleet under its $/h cap.
+Nothing is rented once a daily or total cap is reached. What could not be rented says which cap held.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from reconciler.actions import ReasonCode, Rent
+from reconciler.identity import rent_label
+from reconciler.model import Drift, DriftClass, Offer
+from reconciler.offers import passing_offers, rank_key
+from reconciler.plan.attempts import PendingRun
+from reconciler.plan.boxes import BoxState, BoxTable
+from reconciler.plan.common import EPS, Decisions, count_cap, effective_caps, usd_h
+from reconciler.plan.world import BudgetPosition, World
+
+_ON_THEIR_WAY = frozenset({BoxState.BOOTING, BoxState.BOOTSTRAPPING, BoxState.UNREACHABLE})
+
+
+@dataclass
+class _Bin:
+    """Remaining GPU capacity of a box on its way or an offer rented in this plan."""
+
+    free_gpus: int
+    gpu_ram_mib: int
+
+
+@dataclass
+class _Bins:
+    """First fit over boxes-to-be. Bins only fill up, so a bin too small for a request shape stays too small:
+    each shape keeps a cursor past the bins it has given up on, keeping packing near O(n)."""
+
+    items: list[_Bin] = field(default_factory=list)
+    cursor: dict[tuple[int, int], int] = field(default_factory=dict)
+
+    def add(self, b: _Bin) -> None:
+        self.items.append(b)
+
+    def fit(self, g: int, ram: int) -> bool:
+        i = self.cursor.get((g, ram), 0)
+        items = self.items
+        while i < len(items):
+            b = items[i]
+            if b.free_gpus >= g and b.gpu_ram_mib >= ram:
+                b.free_gpus -= g
+                self.cursor[(g, ram)] = i
+                return True
+            i += 1
+        self.cursor[(g, ram)] = i
+        return False
+
+
+class _Market:
+    """The ranked offers that pass the filters, and the fleet's count and $/h as rents are added."""
+
+    def __init__(self, world: World, table: BoxTable) -> None:
+        f = world.desired.fleet
+        alive = [world.boxes[i] for i in table.alive()]
+        self.fleet = f
+        self.count = len(alive)
+        self.fleet_dph = sum(b.inst.dph_total for b in alive)
+        self.instance_cap, self.fleet_cap = effective_caps(world.desired)
+        self.offers = sorted(passing_offers(world.observed.offers, f.filters, f.disk_gb), key=rank_key(f.ranking))
+        self.used: set[int] = set()
+        self.pointers: dict[tuple[int, int], int] = {}
+
+    def pick(self, g: int, ram: int) -> Offer | None:
+        i = self.pointers.get((g, ram), 0)
+        while i < len(self.offers):
+            o = self.offers[i]
+            if (
+                o.id not in self.used
+                and o.num_gpus >= g
+                and o.gpu_ram_mib >= ram
+                and o.dph_total <= self.instance_cap
+                and self.fleet_dph + o.dph_total <= self.fleet_cap + EPS
+            ):
+                self.pointers[(g, ram)] = i
+                return o
+            i += 1
+        self.pointers[(g, ram)] = i
+        return None
+
+    def why_not(self, g: int, ram: int) -> tuple[ReasonCode, str]:
+        fitting = [o for o in self.offers if o.id not in self.used and o.num_gpus >= g and o.gpu_ram_mib >= ram]
+        if not fitting:
+            return ReasonCode.NO_OFFER, f"no unused offer passes the filters for {g} GPU(s) with >= {ram} MiB each"
+        cheapest = min(o.dph_total for o in fitting)
+        if cheapest > self.instance_cap:
+            return ReasonCode.INSTANCE_PRICE_CAP, (
+                f"instance price cap: cheapest fitting offer {usd_h(cheapest)} > {usd_h(self.instance_cap)} "
+                f"(min of filters.dph_max and budget.max_instance_dph)"
+            )
+        return ReasonCode.FLEET_PRICE_CAP, (
+            f"fleet cap: fleet {usd_h(self.fleet_dph)} + cheapest fitting offer {usd_h(cheapest)} "
+            f"> max_fleet_dph {usd_h(self.fleet_cap)}"
+        )
+
+    def rent(self, o: Offer, code: ReasonCode, reason: str, world: World) -> Rent:
+        self.used.add(o.id)
+        self.count += 1
+        self.fleet_dph += o.dph_total
+        return Rent(
+            reason=reason,
+            code=code,
+            offer_id=o.id,
+            label=rent_label(self.fleet, o.id),
+            image=self.fleet.image,
+            disk_gb=self.fleet.disk_gb,
+            dph=o.dph_total,
+            gpu_name=o.gpu_name,
+            num_gpus=o.num_gpus,
+        )
+
+
+def rent_for(world: World, unplaced: tuple[PendingRun, ...], table: BoxTable, budget: BudgetPosition) -> Decisions:
+    out = Decisions()
+    if budget.halt:
+        return out
+    f = world.desired.fleet
+    subj = f"fleet/{f.name}"
+    on_their_way = _Bins()
+    for box_id in table.alive():
+        if table.states.get(box_id) in _ON_THEIR_WAY:
+            inst = world.boxes[box_id].inst
+            left = inst.num_gpus - len(table.occupied.get(box_id, ()))
+            if left > 0:
+                on_their_way.add(_Bin(left, inst.gpu_ram_mib))
+    uncovered: list[PendingRun] = []
+    waits_for_booting: dict[str, int] = {}
+    shapes = {run.shape for run in unplaced}
+    full: set[tuple[int, int]] = set()  # shapes no box on its way can take any more (bins only fill up)
+    for n, run in enumerate(unplaced):
+        if len(full) == len(shapes):
+            uncovered.extend(unplaced[n:])
+            break
+        if run.shape not in full and on_their_way.fit(run.gpus, run.gpu_ram_mib):
+            waits_for_booting[run.spec.sweep] = waits_for_booting.get(run.spec.sweep, 0) + 1
+        else:
+            full.add(run.shape)
+            uncovered.append(run)
+    market = _Market(world, table)
+    max_n = count_cap(f.max_instances)
+    min_n = min(count_cap(f.min_instances), max_n)
+    rented_bins = _Bins()
+    covered_by_rent: dict[str, int] = {}
+    blocked: dict[str, tuple[ReasonCode, int]] = {}  # message -> (code, runs it left waiting)
+    blocked_req: dict[tuple[int, int], tuple[ReasonCode, str]] = {}
+    no_capacity: dict[str, int] = {}
+    # Until the next rent nothing changes for a request shape that was just refused (no bin fits it, and the
+    # same cap or market refuses it): its later runs are refused for the same reason without asking again.
+    refused: dict[tuple[int, int], tuple[ReasonCode, str]] = {}
+
+    def block(code: ReasonCode, msg: str, runs: int) -> None:
+        blocked[msg] = (code, blocked.get(msg, (code, 0))[1] + runs)
+
+    for n, run in enumerate(uncovered):
+        if len(refused) == len(shapes):
+            # every shape is refused and only a rent could change that, which a refused shape never makes
+            for (sweep, shape), k in Counter((r.spec.sweep, r.shape) for r in uncovered[n:]).items():
+                block(*refused[shape], k)
+                no_capacity[sweep] = no_capacity.get(sweep, 0) + k
+            break
+        spec = run.spec
+        g, ram = shape = run.gpus, run.gpu_ram_mib
+        why = refused.get(shape)
+        if why is None:
+            if rented_bins.fit(g, ram):
+                covered_by_rent[spec.sweep] = covered_by_rent.get(spec.sweep, 0) + 1
+                continue
+            if budget.over:
+                why = (ReasonCode.OVER_BUDGET_DRAIN, f"over budget, on_exceed drain: {budget.text}; renting nothing")
+            elif shape in blocked_req:
+                why = blocked_req[shape]
+            elif market.count >= max_n:
+                why = (
+                    ReasonCode.INSTANCE_COUNT_CAP,
+                    f"instance cap: {market.count} owned or rented box(es) = max_instances {max_n}",
+                )
+            elif (o := market.pick(g, ram)) is None:
+                why = blocked_req[shape] = market.why_not(g, ram)
+            else:
+                covered_by_rent[spec.sweep] = covered_by_rent.get(spec.sweep, 0) + 1
+                reason = (
+                    f"pending run {spec.id} needs {g} GPU(s); best by {f.ranking.value}: {o.gpu_name} "
+                    f"x{o.num_gpus} at {usd_h(o.dph_total)} ({o.num_gpus // g} slot(s))"
+                )
+                out.act(market.rent(o, ReasonCode.RENT_FOR_PENDING, reason, world))
+                rented_bins.add(_Bin(o.num_gpus - g, o.gpu_ram_mib))
+                refused.clear()
+                continue
+            refused[shape] = why
+        block(why[0], why[1], 1)
+        no_capacity[spec.sweep] = no_capacity.get(spec.sweep, 0) + 1
+    # Keep the floor: min_instances boxes even with no work.
+    while market.count < min_n:
+        if budget.over:
+            block(
+                ReasonCode.OVER_BUDGET_DRAIN,
+                f"over budget, on_exceed drain: {budget.text}; not renting for min_instances {min_n}",
+                0,
+            )
+            break
+        o = market.pick(1, 0)
+        if o is None:
+            code, text = market.why_not(1, 0)
+            block(code, f"min_instances {min_n}: {text}", 0)
+            break
+        reason = (
+            f"keeping min_instances {min_n} ({market.count} owned or rented); best by {f.ranking.value}: "
+            f"{o.gpu_name} x{o.num_gpus} at {usd_h(o.dph_total)}"
+        )
+        out.act(market.rent(o, ReasonCode.RENT_FOR_MIN_INSTANCES, reason, world))
+    for msg, (code, n) in sorted(blocked.items()):
+        tail = f"; {n} pending run(s) wait" if n else ""
+        out.noop(subj, code, f"{msg}{tail}")
+    for sweep in sorted(set(waits_for_booting) | set(covered_by_rent) | set(no_capacity)):
+        parts = []
+        if waits_for_booting.get(sweep):
+            parts.append(f"{waits_for_booting[sweep]} wait for boxes already booting")
+        if covered_by_rent.get(sweep):
+            parts.append(f"{covered_by_rent[sweep]} wait for boxes rented now")
+        if no_capacity.get(sweep):
+            parts.append(f"{no_capacity[sweep]} have no capacity")
+        total = waits_for_booting.get(sweep, 0) + covered_by_rent.get(sweep, 0) + no_capacity.get(sweep, 0)
+        out.noop(
+            f"sweep/{sweep}",
+            ReasonCode.NOT_LAUNCHED,
+            f"{total} pending run(s) not launched: " + ", ".join(parts),
+        )
+    if budget.over:
+        out.drift.append(Drift(DriftClass.OVER_BUDGET, "budget", budget.text, "none"))
+    return out
