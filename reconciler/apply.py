@@ -5,6 +5,14 @@ and launch). Each action is idempotent against the world — a rent is labelled 
 box, a launch takes an atomic ``mkdir`` lock on the box, a destroy of a gone box succeeds, an archive append is
 keyed by run id + attempt — and each one's outcome is recorded. One failed action never aborts the others
 (Terraform's lesson: apply returns the partial state, and the next cycle plans from what really happened).
+
+This is the boundary where *any* exception raised by one action becomes that action's failed outcome: our own
+errors (``RigsyncError``) are expected and logged as one line; anything else (a ``KeyError`` from an SDK, an
+``OSError`` a library did not wrap) is a bug below us, logged here with its traceback, and its outcome names its
+type and message. Only ``KeyboardInterrupt``/``SystemExit`` (not ``Exception``s) go past it.
+
+Boxes are reached through the ``BoxControl`` port and the market through ``Provider``: apply never builds a
+shell command itself.
 """
 
 from __future__ import annotations
@@ -14,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from reconciler import remote
 from reconciler.actions import (
     APPLY_ORDER,
     Action,
@@ -28,22 +35,21 @@ from reconciler.actions import (
     Requeue,
     ShipCode,
 )
-from reconciler.errors import LaunchLockHeld, RemoteCommandFailed, RigsyncError
+from reconciler.errors import RemoteCommandFailed, RigsyncError
 from reconciler.model import (
+    AttemptOutcome,
     AttemptRecord,
     Desired,
-    Endpoint,
     InFlight,
     Instance,
     Observed,
-    AttemptOutcome,
     RunDirState,
 )
-from reconciler.ports import Provider, Shell
+from reconciler.ports import BoxControl, LaunchJob, Provider
 
 log = logging.getLogger("rigsync.apply")
 
-REMOTE_TIMEOUT_S = 60.0
+KILL_EXIT_CODE = 137  # what a killed attempt records (128 + SIGKILL), as a shell would report it
 
 
 class Archive(Protocol):
@@ -78,7 +84,7 @@ class ApplyResult:
 @dataclass
 class ApplyContext:
     provider: Provider
-    shell: Shell
+    boxes: BoxControl
     desired: Desired
     observed: Observed
     archive: Archive
@@ -100,33 +106,28 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
             result.outcomes.append(Outcome(action, True, detail))
         except RigsyncError as exc:
             log.warning("%s %s failed: %s", action.kind.value, action.target, exc)
-            result.outcomes.append(Outcome(action, False, f"{type(exc).__name__}: {exc}"))
+            result.outcomes.append(Outcome(action, False, _error_text(exc)))
+        except Exception as exc:  # the boundary: a library's surprise fails this action, not the plan
+            log.exception("%s %s failed with an unexpected %s", action.kind.value, action.target, type(exc).__name__)
+            result.outcomes.append(Outcome(action, False, _error_text(exc)))
     return result
+
+
+def _error_text(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _forget(ctx: ApplyContext, inst: Instance | None) -> None:
     """Drop the pooled connection and the pinned host key: the address may be handed to the next rental."""
     if inst is not None:
-        for endpoint in (inst.direct, inst.proxy):
-            if endpoint is not None:
-                ctx.shell.forget(endpoint)
+        ctx.boxes.forget(inst)
 
 
-def _endpoint(instances: dict[int, Instance], instance_id: int) -> Endpoint:
+def _box(instances: dict[int, Instance], instance_id: int) -> Instance:
     inst = instances.get(instance_id)
-    if inst is None or inst.ssh is None:
-        raise RemoteCommandFailed(f"instance {instance_id} has no ssh address")
-    return inst.ssh
-
-
-def _run_checked(ctx: ApplyContext, endpoint: Endpoint, script: str, *, stdin: bytes | None = None) -> str:
-    res = ctx.shell.run(endpoint, script, stdin=stdin, timeout=REMOTE_TIMEOUT_S)
-    if res.exit_code == remote.LAUNCH_LOCK_EXIT:
-        raise LaunchLockHeld(res.stderr.decode("utf-8", "replace").strip() or "run directory already exists")
-    if res.exit_code != 0:
-        err = res.stderr.decode("utf-8", "replace").strip()
-        raise RemoteCommandFailed(f"exit {res.exit_code}: {err[-300:]}")
-    return res.stdout.decode("utf-8", "replace").strip()
+    if inst is None:
+        raise RemoteCommandFailed(f"instance {instance_id} is not in the provider's instance list")
+    return inst
 
 
 def _execute(action: Action, ctx: ApplyContext, instances: dict[int, Instance], result: ApplyResult) -> str:
@@ -142,32 +143,33 @@ def _execute(action: Action, ctx: ApplyContext, instances: dict[int, Instance], 
         _forget(ctx, instances.get(action.instance_id))
         return "destroyed"
     if isinstance(action, Bootstrap):
-        script = remote.bootstrap_script(ctx.desired.fleet.bootstrap_script, action.script_hash)
-        _run_checked(ctx, _endpoint(instances, action.instance_id), script)
-        return "bootstrap started"
+        box = _box(instances, action.instance_id)
+        out = ctx.boxes.bootstrap(box, ctx.desired.fleet.bootstrap_script, action.script_hash)
+        return f"bootstrap {out}" if out else "bootstrap started"
     if isinstance(action, ShipCode):
+        box = _box(instances, action.instance_id)
         tar = ctx.code_tar(action.commit, ctx.desired.code_paths())
-        _run_checked(ctx, _endpoint(instances, action.instance_id), remote.ship_code_script(action.commit), stdin=tar)
+        ctx.boxes.ship_code(box, action.commit, tar)
         return f"{len(tar)} bytes shipped"
     if isinstance(action, Launch):
         return _launch(action, ctx, instances, result)
     if isinstance(action, Kill):
         state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
-        script = remote.kill_script(action.run_id, action.attempt, exit_code=137, reason=action.reason)
-        _run_checked(ctx, _endpoint(instances, action.instance_id), script)
+        box = _box(instances, action.instance_id)
+        ctx.boxes.kill(box, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason)
         rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
-                              AttemptOutcome.FAILED, 137, action.reason)
+                              AttemptOutcome.FAILED, KILL_EXIT_CODE, action.reason)
         _archive(ctx, result, rec)
         return "killed"
     if isinstance(action, Requeue):
         state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
         probe = ctx.observed.probe(action.instance_id)
-        if probe is not None and probe.reachable and action.instance_id in instances:
+        listed = instances.get(action.instance_id)
+        if probe is not None and probe.reachable and listed is not None:
             try:  # a stale attempt may still be running half-alive: make sure it cannot come back
-                script = remote.kill_script(action.run_id, action.attempt, exit_code=137, reason=action.reason)
-                _run_checked(ctx, _endpoint(instances, action.instance_id), script)
-            except RigsyncError as exc:
-                log.info("requeue %s: best-effort kill failed: %s", action.target, exc)
+                ctx.boxes.kill(listed, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason)
+            except Exception as exc:  # best effort: the attempt is requeued (and archived as lost) either way
+                log.info("requeue %s: best-effort kill failed: %s", action.target, _error_text(exc))
         rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
                               AttemptOutcome.LOST, None, action.reason)
         _archive(ctx, result, rec)
@@ -185,22 +187,22 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
     spec = ctx.desired.run(action.run_id)
     if spec is None:
         raise RemoteCommandFailed(f"run {action.run_id} is not in the desired state this plan was made from")
-    script = remote.launch_script(
+    job = LaunchJob(
         run_id=action.run_id,
         attempt=action.attempt,
-        gpu_mask=action.gpu_mask,
+        gpu_mask=tuple(action.gpu_mask),
         command=action.command,
         code_commit=action.code_commit,
         desired_commit=ctx.desired.commit,
+        sweep=spec.sweep,
+        params=spec.params,
+        seed=spec.seed,
         metrics_file=spec.metrics_file,
         metric_key=spec.metric_key,
-        metric_goal=spec.metric_goal.value,
+        metric_goal=spec.metric_goal,
         max_runtime_s=spec.max_runtime_s,
-        sweep=spec.sweep,
-        params=spec.params_dict,
-        seed=spec.seed,
     )
-    out = _run_checked(ctx, _endpoint(instances, action.instance_id), script)
+    out = ctx.boxes.launch(_box(instances, action.instance_id), job)
     result.launched.append(
         InFlight(
             run_id=action.run_id,

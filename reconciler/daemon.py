@@ -342,9 +342,13 @@ class FleetDaemon:
                     code = 1 if cyc.desired_errors or cyc.failures else 0
                 except LeaseHeld:
                     raise
-                except (TransientError, RigsyncError) as exc:
+                except Exception as exc:  # the cycle failed, the daemon does not: back off and try again
                     backoff = min(self.config.max_backoff_s, max(2.0, backoff * 2))
-                    kind = "transient" if isinstance(exc, TransientError) else "error"
+                    if isinstance(exc, RigsyncError):
+                        kind = "transient" if isinstance(exc, TransientError) else "error"
+                    else:  # a library's surprise (KeyboardInterrupt and SystemExit are not Exceptions: they end it)
+                        log.exception("cycle: unexpected %s", type(exc).__name__)
+                        kind = f"unexpected {type(exc).__name__}"
                     print(f"cycle: {kind}: {exc}; retrying in {backoff:.0f}s", flush=True)
                     code = 1
                 if once:

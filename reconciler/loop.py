@@ -21,7 +21,7 @@ from reconciler.errors import UserError
 from reconciler.model import AttemptRecord, Desired, Endpoint, Fleet, Observed
 from reconciler.observe import Memory, observe
 from reconciler.plan import plan
-from reconciler.ports import Provider, Shell
+from reconciler.ports import BoxControl, Provider, Shell
 
 log = logging.getLogger("rigsync.loop")
 
@@ -54,8 +54,17 @@ class Reconciler:
     memory: Memory = field(default_factory=Memory)
     clock: SystemClock = field(default_factory=SystemClock)
     should_stop: Callable[[], bool] = lambda: False
+    box_control: BoxControl | None = None  # what is done to boxes; None: the run protocol over ``shell``
     _history: list[AttemptRecord] | None = None
     _endpoints: dict[int, tuple[Endpoint, ...]] = field(default_factory=dict)
+
+    @property
+    def boxes(self) -> BoxControl:
+        if self.box_control is None:
+            from reconciler.adapters.boxes import ShellBoxes
+
+            self.box_control = ShellBoxes(self.shell)
+        return self.box_control
 
     @property
     def history(self) -> tuple[AttemptRecord, ...]:
@@ -65,7 +74,7 @@ class Reconciler:
 
     def observe_and_plan(self, desired: Desired) -> tuple[Observed, Plan, Memory]:
         now = self.clock.now()
-        observed, memory = observe(desired, self.provider, self.shell, self.history, self.memory, now)
+        observed, memory = observe(desired, self.provider, self.boxes, self.history, self.memory, now)
         self._forget_gone(observed)
         return observed, plan(desired, observed, now), memory
 
@@ -96,7 +105,7 @@ class Reconciler:
     def apply(self, desired: Desired, observed: Observed, the_plan: Plan, memory: Memory) -> ApplyResult:
         ctx = ApplyContext(
             provider=self.provider,
-            shell=self.shell,
+            boxes=self.boxes,
             desired=desired,
             observed=observed,
             archive=self.archive,

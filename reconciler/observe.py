@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from reconciler import remote
-from reconciler.errors import ProviderError, RigsyncError
+from reconciler.errors import ProviderError
 from reconciler.model import (
     AttemptRecord,
     BoxMemory,
@@ -27,7 +26,7 @@ from reconciler.model import (
     Ownership,
     Spend,
 )
-from reconciler.ports import Provider, Shell
+from reconciler.ports import BoxControl, Provider
 
 PROBE_TIMEOUT_S = 10.0
 
@@ -51,35 +50,12 @@ def owned(instances: Iterable[Instance], fleet: str) -> list[Instance]:
     return out
 
 
-def probe_boxes(shell: Shell, boxes: list[Instance], timeout: float = PROBE_TIMEOUT_S) -> list[BoxProbe]:
-    """One parallel SSH round trip to every running box; failures become unreachable probes."""
-    targets = {}
-    probes: list[BoxProbe] = []
-    script = remote.probe_script()
-    for inst in boxes:
-        if inst.status is not InstanceStatus.RUNNING:
-            continue
-        if inst.ssh is None:
-            probes.append(BoxProbe(instance_id=inst.id, reachable=False, error="no ssh address yet"))
-            continue
-        targets[inst.id] = (inst.ssh, script)
-    results = shell.run_many(targets, timeout=timeout) if targets else {}
-    for instance_id in sorted(results):
-        result = results[instance_id]
-        if isinstance(result, Exception):
-            probes.append(BoxProbe(instance_id=instance_id, reachable=False, error=_one_line(result)))
-            continue
-        if result.exit_code != 0:
-            err = result.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
-            probes.append(
-                BoxProbe(instance_id=instance_id, reachable=False, error=f"probe exited {result.exit_code}: {err[0]}")
-            )
-            continue
-        try:
-            probes.append(remote.parse_probe(instance_id, result.stdout))
-        except RigsyncError as exc:
-            probes.append(BoxProbe(instance_id=instance_id, reachable=False, error=_one_line(exc)))
-    return sorted(probes, key=lambda p: p.instance_id)
+def probe_boxes(boxes: BoxControl, instances: list[Instance], timeout: float = PROBE_TIMEOUT_S) -> list[BoxProbe]:
+    """One parallel round trip to every running box; a box that does not answer is an unreachable probe."""
+    running = sorted((i for i in instances if i.status is InstanceStatus.RUNNING), key=lambda i: i.id)
+    if not running:
+        return []
+    return sorted(boxes.probe_many(running, timeout=timeout), key=lambda p: p.instance_id)
 
 
 def update_box_memory(
@@ -109,7 +85,7 @@ def accrue_spend(memory: Memory, instances: list[Instance], now: float) -> tuple
 def observe(
     desired: Desired,
     provider: Provider,
-    shell: Shell,
+    box_control: BoxControl,
     history: tuple[AttemptRecord, ...],
     memory: Memory,
     now: float,
@@ -124,7 +100,7 @@ def observe(
             offers = provider.search_offers(fleet.filters, fleet.disk_gb)
         except ProviderError:
             offers = []  # no offers this cycle: the plan rents nothing, everything else proceeds
-    probes = probe_boxes(shell, mine)
+    probes = probe_boxes(box_control, mine)
     boxes = update_box_memory(memory.boxes, mine, probes, now)
     spend, spend_at = accrue_spend(memory, mine, now)
     observed = Observed(
@@ -138,8 +114,3 @@ def observe(
         in_flight=memory.in_flight,
     )
     return observed, replace(memory, boxes=boxes, spend=spend, spend_at=spend_at)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")

@@ -1,15 +1,23 @@
 """The small Protocols the loop talks through; adapters implement them, tests fake them.
 
 Only these shapes cross the boundary between the pure core and the world. Each adapter wraps its library's
-exceptions in ``reconciler.errors`` so callers never see requests, paramiko or git exceptions.
+exceptions in ``reconciler.errors`` so callers never see requests, paramiko or git exceptions (and where one
+slips through anyway, ``apply()`` turns it into that action's failed outcome).
+
+``observe()`` and ``apply()`` talk to the market through ``Provider`` and to the boxes through ``BoxControl``:
+what is done to a box, in the run protocol's own words (probe, launch, kill, bootstrap, ship code), not shell
+commands. The real ``BoxControl`` (``adapters.boxes.ShellBoxes``) runs ``reconciler.remote``'s programs over the
+lower-level ``Shell`` port (SSH); the unit tests drive the real ``observe()``/``apply()`` over an in-memory box
+world instead, without having to interpret bash.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from reconciler.model import Endpoint, Instance, Offer, OfferFilters
+from reconciler.model import BoxProbe, Endpoint, Instance, MetricGoal, Offer, OfferFilters, Scalar
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,62 @@ class Shell(Protocol):
     def forget(self, endpoint: Endpoint) -> None: ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class LaunchJob:
+    """Everything a box needs to start one attempt of a run (and what its ``meta.json`` records)."""
+
+    run_id: str
+    attempt: int
+    gpu_mask: tuple[int, ...]
+    command: str  # rendered, every substituted value shell-quoted
+    code_commit: str | None
+    desired_commit: str | None
+    sweep: str
+    params: tuple[tuple[str, Scalar], ...]
+    seed: int
+    metrics_file: str
+    metric_key: str | None
+    metric_goal: MetricGoal
+    max_runtime_s: float
+
+
+class BoxControl(Protocol):
+    """What rigsync does to one of its boxes. Every method addresses a box by its ``Instance`` (its id and address).
+
+    Errors are ``ShellError``s: ``HostUnreachable`` (transient: no answer, connection dropped),
+    ``RemoteCommandFailed`` (permanent: the box answered no, or has no address yet) and its ``LaunchLockHeld``
+    (this attempt's run directory already exists: it was launched before).
+    """
+
+    def probe_many(self, boxes: Sequence[Instance], *, timeout: float) -> list[BoxProbe]:
+        """One probe per box, in parallel, in ``boxes`` order. Never raises for one box: a box that cannot be
+        probed (no address, no answer within ``timeout``, garbled output) is an unreachable probe saying why."""
+        ...
+
+    def launch(self, box: Instance, job: LaunchJob) -> str:
+        """Take the launch lock (atomic mkdir of the attempt's run directory) and start the run detached;
+        returns the wrapper's pid as text. ``LaunchLockHeld`` if this attempt was launched before."""
+        ...
+
+    def kill(self, box: Instance, run_id: str, attempt: int, *, exit_code: int, reason: str) -> None:
+        """End the attempt's process group and record ``exit_code`` (unless it already has one) and ``reason``.
+        ``RemoteCommandFailed`` if the box has no such attempt."""
+        ...
+
+    def bootstrap(self, box: Instance, script: str, script_hash: str) -> str:
+        """Start the fleet's bootstrap script detached, once per box per hash: ``ok`` (done before),
+        ``running`` (a live run holds the lock) or ``started <pid>``."""
+        ...
+
+    def ship_code(self, box: Instance, commit: str, tar: bytes) -> None:
+        """Unpack ``tar`` (the code paths at ``commit``) into the box's ``code/<commit>/`` atomically (idempotent)."""
+        ...
+
+    def forget(self, box: Instance) -> None:
+        """The box is gone: drop its pooled connections and pinned host keys (its address will be reused)."""
+        ...
 
 
 class Clock(Protocol):

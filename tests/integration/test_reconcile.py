@@ -30,8 +30,10 @@ from reconciler.demo import make_fleet_repo
 from reconciler.emulator import Emulator
 from reconciler.errors import LaunchLockHeld
 from reconciler.loop import CycleResult, Reconciler
-from reconciler.model import AttemptRecord, Desired, DriftClass, Ownership, AttemptOutcome
+from reconciler.model import AttemptOutcome, AttemptRecord, Desired, DriftClass, Ownership
 from reconciler.render import status_json
+
+pytestmark = pytest.mark.integration
 
 MAX_CYCLES = 300
 MAX_WALL_S = 100.0
@@ -215,7 +217,7 @@ def clean(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> Itera
             )
             out.lock_exit = rec.shell.run(inst.ssh, script, timeout=30).exit_code
             ctx = ApplyContext(
-                provider=rec.provider, shell=rec.shell, desired=desired, observed=res.observed,
+                provider=rec.provider, boxes=rec.boxes, desired=desired, observed=res.observed,
                 archive=rec.archive, code_tar=rec.code_tar, now=time.time,
             )
             again = apply(Plan(actions=(action,)), ctx)

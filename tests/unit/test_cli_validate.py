@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-RIGSYNC = REPO / ".venv" / "bin" / "rigsync"
+RIGSYNC = Path(sys.executable).parent / "rigsync"  # the console script of the running environment
 
 
 def rigsync(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -251,7 +252,7 @@ def test_example_files_point_editors_at_their_schema(file: str, name: str) -> No
     assert (path.parent / first[len(prefix) :]).resolve() == schema_path(name)
     # An independent validator (what CI and editors use) accepts the example against the same schema.
     result = subprocess.run(
-        [str(REPO / ".venv" / "bin" / "check-jsonschema"), "--schemafile", str(schema_path(name)), str(path)],
+        [str(Path(sys.executable).parent / "check-jsonschema"), "--schemafile", str(schema_path(name)), str(path)],
         capture_output=True,
         text=True,
         timeout=120,

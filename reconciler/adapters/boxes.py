@@ -1,0 +1,115 @@
+"""``BoxControl`` over the ``Shell`` port: the run protocol's programs (``reconciler.remote``) run on boxes.
+
+The probe, launch, kill, bootstrap and ship-code commands are built by ``reconciler.remote`` and run with
+``Shell.run``/``Shell.run_many`` (paramiko in production, ``adapters.ssh.SshShell``); this module only turns
+exit codes and output into the port's answers and errors. The SSH integration tests drive it against real sshd
+boxes; the unit tests drive ``observe()``/``apply()`` through an in-memory ``BoxControl`` instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from reconciler import remote
+from reconciler.errors import LaunchLockHeld, RemoteCommandFailed, RigsyncError
+from reconciler.model import BoxProbe, Endpoint, Instance
+from reconciler.ports import CommandResult, LaunchJob, Shell
+
+COMMAND_TIMEOUT_S = 60.0
+
+
+class ShellBoxes:
+    """rigsync's boxes reached through a ``Shell``. Holds no state of its own (the shell pools connections)."""
+
+    def __init__(self, shell: Shell, *, command_timeout: float = COMMAND_TIMEOUT_S) -> None:
+        self.shell = shell
+        self.command_timeout = command_timeout
+
+    # ------------------------------------------------------------------------------------------ observe
+
+    def probe_many(self, boxes: Sequence[Instance], *, timeout: float) -> list[BoxProbe]:
+        script = remote.probe_script()
+        answers: dict[int, BoxProbe] = {}
+        targets: dict[int, tuple[Endpoint, str]] = {}
+        for box in boxes:
+            if box.ssh is None:
+                answers[box.id] = BoxProbe(instance_id=box.id, reachable=False, error="no ssh address yet")
+            else:
+                targets[box.id] = (box.ssh, script)
+        results = self.shell.run_many(targets, timeout=timeout) if targets else {}
+        for instance_id in targets:
+            answers[instance_id] = _probe_from(instance_id, results.get(instance_id))
+        return [answers[box.id] for box in boxes]
+
+    # -------------------------------------------------------------------------------------------- apply
+
+    def launch(self, box: Instance, job: LaunchJob) -> str:
+        script = remote.launch_script(
+            run_id=job.run_id,
+            attempt=job.attempt,
+            gpu_mask=job.gpu_mask,
+            command=job.command,
+            code_commit=job.code_commit,
+            desired_commit=job.desired_commit,
+            metrics_file=job.metrics_file,
+            metric_key=job.metric_key,
+            metric_goal=job.metric_goal.value,
+            max_runtime_s=job.max_runtime_s,
+            sweep=job.sweep,
+            params=dict(job.params),
+            seed=job.seed,
+        )
+        res = self._run(box, script)
+        if res.exit_code == remote.LAUNCH_LOCK_EXIT:
+            raise LaunchLockHeld(_text(res.stderr) or "run directory already exists")
+        return _checked(res)
+
+    def kill(self, box: Instance, run_id: str, attempt: int, *, exit_code: int, reason: str) -> None:
+        _checked(self._run(box, remote.kill_script(run_id, attempt, exit_code=exit_code, reason=reason)))
+
+    def bootstrap(self, box: Instance, script: str, script_hash: str) -> str:
+        return _checked(self._run(box, remote.bootstrap_script(script, script_hash)))
+
+    def ship_code(self, box: Instance, commit: str, tar: bytes) -> None:
+        _checked(self._run(box, remote.ship_code_script(commit), stdin=tar))
+
+    def forget(self, box: Instance) -> None:
+        for endpoint in (box.direct, box.proxy):
+            if endpoint is not None:
+                self.shell.forget(endpoint)
+
+    def _run(self, box: Instance, command: str, *, stdin: bytes | None = None) -> CommandResult:
+        if box.ssh is None:
+            raise RemoteCommandFailed(f"instance {box.id} has no ssh address")
+        return self.shell.run(box.ssh, command, stdin=stdin, timeout=self.command_timeout)
+
+
+def _probe_from(instance_id: int, result: CommandResult | Exception | None) -> BoxProbe:
+    if result is None:
+        return BoxProbe(instance_id=instance_id, reachable=False, error="no answer from the shell")
+    if isinstance(result, Exception):
+        return BoxProbe(instance_id=instance_id, reachable=False, error=one_line(result))
+    if result.exit_code != 0:
+        err = result.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
+        return BoxProbe(instance_id=instance_id, reachable=False, error=f"probe exited {result.exit_code}: {err[0]}")
+    try:
+        return remote.parse_probe(instance_id, result.stdout)
+    except RigsyncError as exc:
+        return BoxProbe(instance_id=instance_id, reachable=False, error=one_line(exc))
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace").strip()
+
+
+def _checked(res: CommandResult) -> str:
+    """The command's stdout, or ``RemoteCommandFailed`` with the tail of its stderr when it exited non-zero."""
+    if res.exit_code != 0:
+        raise RemoteCommandFailed(f"exit {res.exit_code}: {_text(res.stderr)[-300:]}")
+    return _text(res.stdout)
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` — how an error is shown in a probe or an outcome."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
