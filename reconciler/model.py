@@ -254,13 +254,19 @@ class Ownership:
         return Ownership(fleet=parts[1], slot=parts[2])
 
 
-def owns(fleet: str, label: str | None) -> bool:
-    """Whether a box with this provider label belongs to ``fleet``: the one ownership test rigsync has.
+def owned_by(fleet: str, label: str | None) -> Ownership | None:
+    """The parsed label when a box with this provider label belongs to ``fleet``, else None.
 
-    Only boxes carrying ``rigsync:<fleet>:<slot>`` are ever acted upon; everything else is foreign.
+    The one ownership test rigsync has: only boxes carrying ``rigsync:<fleet>:<slot>`` are ever acted upon;
+    everything else is foreign.
     """
     own = Ownership.parse(label)
-    return own is not None and own.fleet == fleet
+    return own if own is not None and own.fleet == fleet else None
+
+
+def owns(fleet: str, label: str | None) -> bool:
+    """Whether a box with this provider label belongs to ``fleet`` (``owned_by`` as a yes/no)."""
+    return owned_by(fleet, label) is not None
 
 
 def split_owned(instances: Iterable[Instance], fleet: str) -> tuple[list[Instance], list[Instance]]:

@@ -75,14 +75,6 @@ class PendingRun(NamedTuple):
     used: int  # attempts failed or lost so far
     next_attempt: int
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.gpus, self.gpu_ram_mib)
-
-
-def _pending(fields: tuple[RunSpec, int, int, int, int]) -> PendingRun:
-    return tuple.__new__(PendingRun, fields)  # NamedTuple's own __new__ is a Python call per field set
-
 
 @dataclass(frozen=True)
 class RunQueue:
@@ -327,6 +319,7 @@ def run_queue(
     buckets: dict[tuple[int, int], list[PendingRun]] = {}
     fresh: dict[int, RunPhase] = {}  # run_phase of a run with no attempts, per retries (it reads nothing else)
     max_attempt = seen.max_attempt
+    new_run = tuple.__new__  # NamedTuple's own __new__ is one more Python call per run
     for run_id, spec in world.runs.items():
         if run_id not in wanted:
             continue
@@ -339,7 +332,8 @@ def run_queue(
         else:
             phase = run_phase(spec, tally)
         if phase in LAUNCHABLE_PHASES:
-            run = _pending((spec, max(1, spec.gpus), spec.min_gpu_ram_mib, tally.used, max_attempt.get(run_id, 0) + 1))
+            gpus = spec.gpus if spec.gpus > 1 else 1
+            run = new_run(PendingRun, (spec, gpus, spec.min_gpu_ram_mib, tally.used, max_attempt.get(run_id, 0) + 1))
             key = (-spec.priority, spec.sweep_order)
             bucket = buckets.get(key)
             if bucket is None:

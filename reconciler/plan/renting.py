@@ -134,16 +134,17 @@ def rent_for(world: World, unplaced: tuple[PendingRun, ...], table: BoxTable, bu
                 on_their_way.add(_Bin(left, inst.gpu_ram_mib))
     uncovered: list[PendingRun] = []
     waits_for_booting: dict[str, int] = {}
-    shapes = {run.shape for run in unplaced}
+    shapes = {(run.gpus, run.gpu_ram_mib) for run in unplaced}
     full: set[tuple[int, int]] = set()  # shapes no box on its way can take any more (bins only fill up)
     for n, run in enumerate(unplaced):
         if len(full) == len(shapes):
             uncovered.extend(unplaced[n:])
             break
-        if run.shape not in full and on_their_way.fit(run.gpus, run.gpu_ram_mib):
+        shape = (run.gpus, run.gpu_ram_mib)
+        if shape not in full and on_their_way.fit(*shape):
             waits_for_booting[run.spec.sweep] = waits_for_booting.get(run.spec.sweep, 0) + 1
         else:
-            full.add(run.shape)
+            full.add(shape)
             uncovered.append(run)
     market = _Market(world, table)
     max_n = count_cap(f.max_instances)
@@ -163,8 +164,8 @@ def rent_for(world: World, unplaced: tuple[PendingRun, ...], table: BoxTable, bu
     for n, run in enumerate(uncovered):
         if len(refused) == len(shapes):
             # every shape is refused and only a rent could change that, which a refused shape never makes
-            for (sweep, shape), k in Counter((r.spec.sweep, r.shape) for r in uncovered[n:]).items():
-                block(*refused[shape], k)
+            for (sweep, g, ram), k in Counter((r.spec.sweep, r.gpus, r.gpu_ram_mib) for r in uncovered[n:]).items():
+                block(*refused[(g, ram)], k)
                 no_capacity[sweep] = no_capacity.get(sweep, 0) + k
             break
         spec = run.spec

@@ -22,7 +22,7 @@ from reconciler.model import (
     OnExceed,
     Ownership,
     RunSpec,
-    owns,
+    owned_by,
 )
 from reconciler.plan.common import Decisions, cap, usd
 
@@ -90,10 +90,11 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
     fleet = desired.fleet.name
     boxes: dict[int, OwnedBox] = {}
     for inst in sorted(observed.instances, key=lambda i: i.id):
-        own = Ownership.parse(inst.label)
-        if own is None or not owns(fleet, inst.label):
+        own = owned_by(fleet, inst.label)
+        if own is None:
             subject = f"instance/{inst.id}"
-            why = "no rigsync label" if own is None else f"owned by fleet {own.fleet!r}"
+            other = Ownership.parse(inst.label)
+            why = "no rigsync label" if other is None else f"owned by fleet {other.fleet!r}"
             out.noop(subject, ReasonCode.FOREIGN, f"foreign instance ({why}): reported, never touched")
             detail = f"label {inst.label!r}, {inst.gpu_name} x{inst.num_gpus}"
             out.drift.append(Drift(DriftClass.FOREIGN, subject, detail, "none"))
