@@ -104,7 +104,6 @@ class ReasonCode(enum.StrEnum):
     UNREACHABLE_WAITING = "unreachable_waiting"  # within unreachable_grace
     STATUS_UNKNOWN = "status_unknown"  # a provider status rigsync does not act on
     BUSY = "busy"  # GPUs in use by rigsync's runs
-    NO_FREE_GPU = "no_free_gpu"  # GPU memory taken by something else
     NOT_LAUNCHED = "not_launched"  # pending runs waiting for boxes (booting, rented now, no capacity)
     OVER_BUDGET_DRAIN = "over_budget_drain"  # a cap is reached, on_exceed drain: nothing rented
     INSTANCE_COUNT_CAP = "instance_count_cap"  # max_instances reached

@@ -304,10 +304,8 @@ def box_noops(world: World, seen: SeenAttempts, table: BoxTable) -> Decisions:
         else:
             busy = len(table.occupied.get(box.id, ()))
             free = table.free.get(box.id, ())
+            # Only a box with live attempts gets here: an idle one was retired or kept by retire_idle.
             code = ReasonCode.BUSY
             reason = f"busy: {busy} of {inst.num_gpus} GPU(s) in use, {len(free)} free"
-            if not free and not seen.live.get(box.id) and not seen.zombies.get(box.id):
-                code = ReasonCode.NO_FREE_GPU
-                reason = f"no free GPU (memory in use by something else) on {inst.num_gpus} GPU(s)"
         out.noop(box.subject, code, reason)
     return out

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.actions import APPLY_ORDER, Plan
+from reconciler.actions import APPLY_ORDER, Plan, ReasonCode
 from reconciler.plan import plan
 
 try:
@@ -124,3 +124,13 @@ def test_plan_case(path: Path) -> None:
     # a plan is a value: the same inputs give an equal plan, and it survives a JSON round trip
     assert plan(case.desired, case.observed, case.now) == got
     assert Plan.from_json(got.to_json()).to_json() == got.to_json()
+
+
+def test_every_reason_code_is_specified_by_a_case() -> None:
+    """Each reason code is a rule; each rule is stated by at least one case that asserts it."""
+    asserted: set[str] = set()
+    for path in CASE_FILES:
+        exp = load_case(path).expected
+        asserted.update(w["code"] for w in exp.get("actions", []))
+        asserted.update(w["code"] for w in exp.get("noops_contain", []))
+    assert sorted(c.value for c in ReasonCode if c.value not in asserted) == []

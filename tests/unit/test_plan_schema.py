@@ -206,3 +206,8 @@ def test_saved_launch_refused_when_the_run_moved_on() -> None:
     assert stale_reasons(replace(p, desired_commit="e" * 40), moved, obs) == [
         "desired state moved from eeeeeeeeeeee to ffffffffffff since the plan was made"
     ]
+
+
+def test_schema_lists_exactly_the_reason_codes() -> None:
+    schema = json.loads(schema_path("plan").read_text(encoding="utf-8"))
+    assert schema["$defs"]["reason_code"]["enum"] == [c.value for c in ReasonCode]
