@@ -3,28 +3,52 @@
 It is the long memory of every sweep (what ran where, for how long, at what cost, with what result) and
 lives in git so it can be diffed, grepped and analysed with nothing but the repository.
 
-Appends must stay cheap however large the archive grows and must never duplicate a record when a crashed
-cycle is retried. So the set of ``(run_id, attempt)`` keys is loaded once per ``RunArchive`` (one pass over
-the shards, parsing only what a key needs) and kept in memory; an append checks that set and opens only the
-shard it writes to, in append mode. A line cut short by a crash (no trailing newline) is ignored on load and
-terminated before the next append, so the retried record lands on a line of its own.
+**One writer.** The shards reach the disk the way every other file under observed/ does: the cycle hands
+them to the one writer (``reconciler.observed.tree.write_observed``, which ``GitRepo.commit_observed`` calls
+before it commits) together with the rendered documents, so a commit holds exactly what the cycle handed
+over. ``hand_off(write)`` gives ``write`` the new lines per shard and settles them once it returned.
+
+**Durable before anything launches.** Between an attempt being archived during apply and the end of the
+cycle, a later action of the same apply may launch the run's next attempt on the strength of that record
+(a retry, or the requeue of a run whose box vanished). If rigsync were killed after that launch and the
+record lived only in memory, the restarted process would find a second attempt running and nothing durable
+saying what became of the first one, whose box may be gone for good. So ``append`` writes the new records
+to a journal first (``.git/rigsync-archive.journal`` in the checkout: a write-ahead log, never committed)
+and fsyncs it before returning; ``apply`` runs its actions in order, so a record is on disk before any
+launch that follows it. The journal is read back on start: its records count as archived (for the keys and
+for the history the planner reads) and are handed to the writer with the next cycle's commit. It is
+emptied once the writer took them.
+
+**Exactly once.** Every append is keyed by ``(run_id, attempt)``: the key set of the shards is loaded once
+per ``RunArchive`` (one pass, parsing only what a key needs, so a million records load in about a second)
+and kept in memory with the journal's keys. A record already in a shard or in the journal is not appended
+again; a journal record already in a shard (the writer wrote it, rigsync died before emptying the journal)
+is dropped on load. A line cut short by a crash (no trailing newline) is ignored on load, and cut before the
+next append, in the journal here and in a shard by the writer, so the retried record lands on a line of its
+own. A union merge of two writers' shards may repeat a line; reading keeps the first.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from reconciler.errors import ArchiveCorrupt, RepoError
 from reconciler.model import AttemptOutcome, AttemptRecord, Scalar
+from reconciler.observed.codec import RUNS_DIR
+from reconciler.observed.tree import append_lines
 
-RUNS_DIR = "observed/runs"
 UNDATED_SHARD = "undated"
+JOURNAL_FILE = "rigsync-archive.journal"  # under the checkout's .git/
+
+T = TypeVar("T")
+log = logging.getLogger("rigsync.archive")
 
 # The order fields appear in on each line: identity first, then where it ran, then when, cost and result.
 FIELD_ORDER = (
@@ -153,86 +177,82 @@ def _key_of(line: bytes) -> tuple[str, int]:
     return (str(d["run_id"]), int(d["attempt"]))
 
 
-def _repair_tail(path: Path) -> None:
-    """Make the shard end with a newline: terminate a complete last record, cut off a torn one.
+def journal_path(checkout: Path) -> Path:
+    """Where the archive's write-ahead journal lives: inside the checkout's ``.git/``, never committed."""
+    return Path(checkout) / ".git" / JOURNAL_FILE
 
-    Only the bytes after the last newline are looked at, so this stays cheap on any shard size.
-    """
-    if not path.exists():
-        return
-    with open(path, "r+b") as fh:
-        end = fh.seek(0, os.SEEK_END)
-        if end == 0:
-            return
-        fh.seek(end - 1)
-        if fh.read(1) == b"\n":
-            return
-        pos, tail = end, b""
-        while pos > 0 and b"\n" not in tail:
-            step = min(4096, pos)
-            pos -= step
-            fh.seek(pos)
-            tail = fh.read(step) + tail
-        cut = tail.rfind(b"\n") + 1  # 0 when the torn line is the whole file
-        fragment = tail[cut:]
-        try:
-            _key_of(fragment)
-            fh.seek(end)
-            fh.write(b"\n")
-        except (ValueError, KeyError, TypeError):
-            fh.truncate(pos + cut)
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """Non-empty lines with their numbers; a final line without a newline (a torn write) is skipped."""
+    with open(path, "rb") as fh:
+        for n, line in enumerate(fh, start=1):
+            if not line.endswith(b"\n"):
+                # Torn by a crash mid-append, unless it parses: then only the newline was lost.
+                try:
+                    _key_of(line)
+                except (ValueError, KeyError, TypeError):
+                    return
+            stripped = line.strip()
+            if stripped:
+                yield n, stripped
 
 
 class RunArchive:
-    """The archive under ``<root>/observed/runs/``; ``root`` is the checkout."""
+    """The archive of the checkout at ``checkout``: its shards under observed/runs/ plus the pending journal."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = Path(root)
+    def __init__(self, checkout: Path, *, journal: Path | None = None) -> None:
+        self.root = Path(checkout)
         self.dir = self.root / RUNS_DIR
-        self._keys: set[tuple[str, int]] | None = None
+        self.journal = journal if journal is not None else journal_path(self.root)
+        self._shard_keys: set[tuple[str, int]] | None = None
+        self._pending: dict[tuple[str, int], AttemptRecord] | None = None  # journalled, not yet in a shard
 
     def shards(self) -> list[Path]:
         if not self.dir.is_dir():
             return []
         return sorted(p for p in self.dir.iterdir() if p.suffix == ".jsonl" and p.is_file())
 
-    def _lines(self, path: Path) -> Iterator[tuple[int, bytes]]:
-        """Non-empty lines with their numbers; a final line without a newline (a torn write) is skipped."""
-        with open(path, "rb") as fh:
-            for n, line in enumerate(fh, start=1):
-                if not line.endswith(b"\n"):
-                    # Torn by a crash mid-append, unless it parses: then only the newline was lost.
-                    try:
-                        _key_of(line)
-                    except (ValueError, KeyError, TypeError):
-                        return
-                stripped = line.strip()
-                if stripped:
-                    yield n, stripped
-
-    def _load_keys(self) -> set[tuple[str, int]]:
-        if self._keys is None:
+    def _load_shard_keys(self) -> set[tuple[str, int]]:
+        if self._shard_keys is None:
             keys: set[tuple[str, int]] = set()
             for shard in self.shards():
-                for n, line in self._lines(shard):
+                for n, line in _lines(shard):
                     try:
                         keys.add(_key_of(line))
                     except (ValueError, KeyError, TypeError) as exc:
                         raise ArchiveCorrupt(f"{shard}:{n}: not an archive record ({exc})") from exc
-            self._keys = keys
-        return self._keys
+            self._shard_keys = keys
+        return self._shard_keys
+
+    def _load_pending(self) -> dict[tuple[str, int], AttemptRecord]:
+        if self._pending is None:
+            in_shards = self._load_shard_keys()
+            pending: dict[tuple[str, int], AttemptRecord] = {}
+            if self.journal.is_file():
+                for n, line in _lines(self.journal):
+                    try:
+                        rec = record_from_json(line)
+                    except ValueError as exc:
+                        raise ArchiveCorrupt(f"{self.journal}:{n}: not an archive record ({exc})") from exc
+                    if rec.key not in in_shards:
+                        pending.setdefault(rec.key, rec)
+            self._pending = pending
+        return self._pending
+
+    def _known(self, key: tuple[str, int]) -> bool:
+        return key in self._load_shard_keys() or key in self._load_pending()
 
     def __contains__(self, key: object) -> bool:
-        return key in self._load_keys()
+        return isinstance(key, tuple) and self._known(key)
 
     def __len__(self) -> int:
-        return len(self._load_keys())
+        return len(self._load_shard_keys()) + len(self._load_pending())
 
     def records(self) -> Iterator[AttemptRecord]:
-        """Every record, shard by shard in month order, each key once (the first written wins)."""
+        """Every record: the shards in month order, then the journalled ones; each key once (the first wins)."""
         seen: set[tuple[str, int]] = set()
         for shard in self.shards():
-            for n, line in self._lines(shard):
+            for n, line in _lines(shard):
                 try:
                     rec = record_from_json(line)
                 except ValueError as exc:
@@ -241,39 +261,72 @@ class RunArchive:
                     continue
                 seen.add(rec.key)
                 yield rec
+        for key, rec in list(self._load_pending().items()):
+            if key not in seen:
+                seen.add(key)
+                yield rec
 
     def encode_new(self, records: Iterable[AttemptRecord]) -> tuple[list[AttemptRecord], dict[str, bytes]]:
-        """The records not yet archived (deduplicated among themselves too) and the bytes to append per shard.
+        """The records not yet archived (deduplicated among themselves too) and their lines per shard.
 
-        Nothing is written and the key set is not updated; ``append`` does both.
+        Nothing is written and nothing is remembered; ``append`` journals them.
         """
-        keys = self._load_keys()
         fresh: list[AttemptRecord] = []
         batch: set[tuple[str, int]] = set()
-        out: dict[str, list[str]] = {}
         for rec in records:
-            if rec.key in keys or rec.key in batch:
+            if rec.key in batch or self._known(rec.key):
                 continue
             batch.add(rec.key)
             fresh.append(rec)
-            out.setdefault(shard_path(rec), []).append(record_to_json(rec) + "\n")
-        return fresh, {path: "".join(lines).encode("utf-8") for path, lines in sorted(out.items())}
+        return fresh, _shard_lines(fresh)
 
     def append(self, records: Iterable[AttemptRecord]) -> list[AttemptRecord]:
-        """Append the records not yet archived to their shards; return them. Re-appending is a no-op."""
-        fresh, blobs = self.encode_new(records)
-        keys = self._load_keys()
-        for rel, blob in blobs.items():
-            path = self.root / rel
+        """Archive the records not archived yet; return them. Durable (journalled, fsynced) on return.
+
+        Re-appending is a no-op. The shards themselves are written by the next ``hand_off``.
+        """
+        fresh, _ = self.encode_new(records)
+        if fresh:
+            blob = "".join(record_to_json(r) + "\n" for r in fresh).encode("utf-8")
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                _repair_tail(path)
-                with open(path, "ab") as fh:
-                    fh.write(blob)
-                    fh.flush()
-                    os.fsync(fh.fileno())
+                append_lines(self.journal, blob)
             except OSError as exc:
-                raise RepoError(f"cannot append to {path}: {exc}") from exc
-        for rec in fresh:
-            keys.add(rec.key)
+                raise RepoError(f"cannot append to the archive journal {self.journal}: {exc}") from exc
+            pending = self._load_pending()
+            for rec in fresh:
+                pending[rec.key] = rec
         return fresh
+
+    def pending_lines(self) -> dict[str, bytes]:
+        """The lines archived since the last hand-off, per shard path: what the writer must append."""
+        return _shard_lines(self._load_pending().values())
+
+    def hand_off(self, write: Callable[[dict[str, bytes]], T]) -> T:
+        """Give the pending lines to ``write`` (the one writer of observed/); once it returned, empty the journal.
+
+        If ``write`` raises, it may have written part: the shards and the journal are read again before the
+        next hand-off, so what did land is not appended twice and what did not is handed over again.
+        """
+        appends = self.pending_lines()
+        try:
+            out = write(appends)
+        except BaseException:
+            self._shard_keys = None
+            self._pending = None
+            raise
+        if appends:
+            self._load_shard_keys().update(self._load_pending())
+            self._pending = {}
+        if self.journal.is_file() and self.journal.stat().st_size:
+            try:
+                os.truncate(self.journal, 0)
+            except OSError as exc:  # harmless: on load, journalled records already in a shard are dropped
+                log.warning("cannot empty the archive journal %s: %s", self.journal, exc)
+        return out
+
+
+def _shard_lines(records: Iterable[AttemptRecord]) -> dict[str, bytes]:
+    out: dict[str, list[str]] = {}
+    for rec in records:
+        out.setdefault(shard_path(rec), []).append(record_to_json(rec) + "\n")
+    return {path: "".join(lines).encode("utf-8") for path, lines in sorted(out.items())}

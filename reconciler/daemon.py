@@ -16,31 +16,23 @@ import signal
 import socket
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from reconciler.adapters.git import GitRepo
-from reconciler.archive import RunArchive
 from reconciler.desired import load_desired
 from reconciler.errors import DesiredStateInvalid, LeaseHeld, PushRejected, RepoError, RigsyncError, TransientError
-from reconciler.lease import Lease, LocalLock
-from reconciler.loop import CycleResult, Reconciler, SystemClock, build_adapters, state_dir_for
-from reconciler.model import Desired, Fleet
-from reconciler.observe import Memory
-from reconciler.observed_files import (
-    ReconcilerStatus,
-    memory_from_files,
-    read_observed,
-    render_observed,
-    summarize_change,
-)
-from reconciler.ports import Provider, Shell
+from reconciler.fleet import AdapterFactory, open_fleet, render_cycle, write_back
+from reconciler.lease import Lease, LocalLock, lock_path
+from reconciler.loop import CycleResult, Reconciler, SystemClock, build_adapters
+from reconciler.model import Desired
+from reconciler.observed.codec import STATUS, load_yaml
+from reconciler.observed.documents import ReconcilerStatus, status_only
+from reconciler.observed.summary import summarize_change
+from reconciler.observed.tree import read_observed
 
 log = logging.getLogger("rigsync.run")
-
-AdapterFactory = Callable[[Fleet, Path], tuple[Provider, Shell]]
 
 
 @dataclass
@@ -115,7 +107,7 @@ class FleetDaemon:
             stale_after=self.config.lease_stale_s,
             renew_every=self.config.lease_renew_s,
         )
-        self.local_lock = LocalLock(self.repo_dir / ".git" / "rigsync.lock")
+        self.local_lock = LocalLock(lock_path(self.repo_dir))
         self.last_valid: Desired | None = None
         self.reconciler: Reconciler | None = None
         self._fleet_key: tuple[str, str, str | None] | None = None
@@ -167,14 +159,12 @@ class FleetDaemon:
         if self.reconciler is None or key != self._fleet_key:
             if self.reconciler is not None:
                 self.reconciler.shell.close()
-            provider, shell = self.adapters(fleet, state_dir_for(fleet, self.state_dir_override))
-            boxes, in_flight, spend = memory_from_files(read_observed(self.repo_dir), now=self.clock.now())
-            self.reconciler = Reconciler(
-                provider=provider,
-                shell=shell,
-                archive=RunArchive(self.repo_dir),
-                code_tar=self.git.archive,
-                memory=Memory(boxes=boxes, in_flight=in_flight, spend=spend, spend_at=self.clock.now()),
+            self.reconciler = open_fleet(
+                self.repo_dir,
+                fleet,
+                git=self.git,
+                state_dir=self.state_dir_override,
+                adapters=self.adapters,
                 clock=self.clock,
                 should_stop=self.stop_event.is_set,
             )
@@ -189,9 +179,7 @@ class FleetDaemon:
         desired_errors: tuple[str, ...] = ()
         desired_commit = self.git.desired_commit("HEAD")
         try:
-            desired = load_desired(files, commit=desired_commit)
-            code_commit = self.git.last_commit_touching("HEAD", desired.code_paths())
-            desired = replace(desired, code_commit=code_commit)
+            desired = self.git.pin(load_desired(files), "HEAD")
             self.last_valid = desired
         except DesiredStateInvalid as exc:
             desired_errors = tuple(str(e) for e in exc.errors)
@@ -216,20 +204,12 @@ class FleetDaemon:
             apply_errors=failures,
             holder=self.lease.holder,
         )
-        after = rec.observed_after_apply(result.observed)
-        previous = read_observed(self.repo_dir)
-        rendered: dict[str, str | None] = dict(
-            render_observed(
-                desired=desired, observed=after, plan=result.plan, status=status, now=self.clock.now(),
-                previous=previous,
-            )
-        )
-        rendered.update(lease_files)
+        previous, documents = render_cycle(rec, desired, result.observed, result.plan, status, self.repo_dir)
+        rendered: dict[str, str | None] = {**documents, **lease_files}
         appended = len(applied.archived) if applied else 0
-        new_view = {k: v for k, v in rendered.items() if v is not None}
-        message = summarize_change(previous, new_view, appended) + self.takeover_note
+        message = summarize_change(previous, rendered, appended) + self.takeover_note
         self.takeover_note = ""
-        commit = self.git.commit_observed(rendered, {}, message)
+        commit = write_back(self.git, rec.archive, rendered, message)
         if commit:
             self.git.push()
         counts = result.plan.counts()
@@ -246,8 +226,6 @@ class FleetDaemon:
 
     def _last_valid_from_status(self) -> Desired | None:
         """After a restart, the last valid revision is the one observed/status.yaml says was applied."""
-        from reconciler.observed_files import STATUS, load_yaml
-
         text = read_observed(self.repo_dir).get(STATUS)
         if not text:
             return None
@@ -256,25 +234,14 @@ class FleetDaemon:
             commit = doc.get("last_valid_desired_commit") if isinstance(doc, dict) else None
             if not commit:
                 return None
-            desired = load_desired(self.git.desired_files(str(commit)), commit=str(commit))
-            code_commit = self.git.last_commit_touching(str(commit), desired.code_paths())
-            return replace(desired, code_commit=code_commit)
+            return self.git.pin(load_desired(self.git.desired_files(str(commit))), str(commit))
         except (RigsyncError, DesiredStateInvalid):
             return None
 
     def _commit_status_only(
         self, desired_commit: str, errors: tuple[str, ...], lease_files: dict[str, str | None], started: float
     ) -> DaemonCycle:
-        from reconciler.observed_files import STATUS, dump_yaml
-
-        doc: dict[str, Any] = {
-            "desired_commit_applied": None,
-            "last_valid_desired_commit": None,
-            "desired_errors": list(errors),
-            "note": f"desired {desired_commit[:12]} is invalid and no earlier valid revision is known: not acting",
-        }
-        files: dict[str, str | None] = {STATUS: dump_yaml(doc, "rigsync status")}
-        files.update(lease_files)
+        files: dict[str, str | None] = {**status_only(desired_commit, errors), **lease_files}
         commit = self.git.commit_observed(files, {}, f"observe: desired {desired_commit[:12]} invalid, not acting")
         if commit:
             self.git.push()

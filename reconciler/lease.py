@@ -1,7 +1,7 @@
 """One master per fleet: a local file lock plus a lease recorded in git under ``observed/lease.yaml``.
 
 Two reconcilers acting on one fleet would rent twice and fight over runs, so exactly one may act. On one
-machine ``LocalLock`` (``fcntl.flock`` on a file in the checkout's ``.git/`` or a state directory) stops a
+machine ``LocalLock`` (``fcntl.flock`` on ``lock_path(checkout)``, a file in the checkout's ``.git/``) stops a
 second process at once. Across machines the lease in git does it: the holder renews a heartbeat; anyone
 else refuses to act while it is fresh, and may take it over once it is older than ``stale_after`` seconds.
 The takeover is recorded in the file (``taken_over_from``) and so in the commit message.
@@ -22,10 +22,20 @@ from types import TracebackType
 from typing import IO, Any
 
 from reconciler.errors import LeaseHeld, ObservedInvalid
-from reconciler.observed_files import LEASE, dump_yaml, iso, load_yaml, parse_iso
+from reconciler.observed.codec import LEASE, dump_yaml, iso, load_yaml, parse_iso
 
 DEFAULT_STALE_AFTER_S = 300.0
 DEFAULT_RENEW_EVERY_S = 60.0
+LOCK_FILE = "rigsync.lock"
+
+
+def lock_path(checkout: Path) -> Path:
+    """The checkout's local lock: held by `rigsync run` for its whole life and by `rigsync apply` while it acts.
+
+    It lives in the checkout's ``.git/`` (never committed, one per clone), so two processes on one machine
+    acting through the same checkout exclude each other at once, before the lease in git is even read.
+    """
+    return Path(checkout) / ".git" / LOCK_FILE
 
 
 class LocalLock:

@@ -18,8 +18,8 @@ from reconciler.actions import Plan
 from reconciler.apply import ApplyContext, ApplyResult, apply, next_in_flight
 from reconciler.archive import RunArchive
 from reconciler.errors import UserError
-from reconciler.model import AttemptRecord, Desired, Endpoint, Fleet, Observed
-from reconciler.observe import Memory, observe
+from reconciler.model import AttemptRecord, Desired, Endpoint, Fleet, FleetMemory, Observed
+from reconciler.observe import observe
 from reconciler.plan import plan
 from reconciler.ports import BoxControl, Provider, Shell
 
@@ -40,7 +40,7 @@ class CycleResult:
     observed: Observed
     plan: Plan
     applied: ApplyResult | None
-    memory: Memory
+    memory: FleetMemory
     started_at: float
     finished_at: float
 
@@ -51,7 +51,7 @@ class Reconciler:
     shell: Shell
     archive: RunArchive
     code_tar: Callable[[str, tuple[str, ...]], bytes]
-    memory: Memory = field(default_factory=Memory)
+    memory: FleetMemory = field(default_factory=FleetMemory)
     clock: SystemClock = field(default_factory=SystemClock)
     should_stop: Callable[[], bool] = lambda: False
     box_control: BoxControl | None = None  # what is done to boxes; None: the run protocol over ``shell``
@@ -72,7 +72,7 @@ class Reconciler:
             self._history = list(self.archive.records())
         return tuple(self._history)
 
-    def observe_and_plan(self, desired: Desired) -> tuple[Observed, Plan, Memory]:
+    def observe_and_plan(self, desired: Desired) -> tuple[Observed, Plan, FleetMemory]:
         now = self.clock.now()
         observed, memory = observe(desired, self.provider, self.boxes, self.history, self.memory, now)
         self._forget_gone(observed)
@@ -102,7 +102,7 @@ class Reconciler:
         """The snapshot as the next cycle will start from it: with this cycle's memory, in-flight and archive."""
         return replace(observed, in_flight=self.memory.in_flight, history=self.history, memory=self.memory.boxes)
 
-    def apply(self, desired: Desired, observed: Observed, the_plan: Plan, memory: Memory) -> ApplyResult:
+    def apply(self, desired: Desired, observed: Observed, the_plan: Plan, memory: FleetMemory) -> ApplyResult:
         ctx = ApplyContext(
             provider=self.provider,
             boxes=self.boxes,

@@ -10,7 +10,7 @@ committed under observed/, never from process memory alone.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from reconciler.errors import ProviderError
 from reconciler.model import (
@@ -18,7 +18,7 @@ from reconciler.model import (
     BoxMemory,
     BoxProbe,
     Desired,
-    InFlight,
+    FleetMemory,
     Instance,
     InstanceStatus,
     Observed,
@@ -29,16 +29,6 @@ from reconciler.model import (
 from reconciler.ports import BoxControl, Provider
 
 PROBE_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True)
-class Memory:
-    """What one cycle hands to the next (and what is persisted under observed/)."""
-
-    boxes: tuple[BoxMemory, ...] = ()
-    in_flight: tuple[InFlight, ...] = ()
-    spend: Spend = field(default_factory=Spend)
-    spend_at: float | None = None  # when ``spend`` was last brought up to date
 
 
 def owned(instances: Iterable[Instance], fleet: str) -> list[Instance]:
@@ -75,7 +65,7 @@ def update_box_memory(
     return tuple(out)
 
 
-def accrue_spend(memory: Memory, instances: list[Instance], now: float) -> tuple[Spend, float]:
+def accrue_spend(memory: FleetMemory, instances: list[Instance], now: float) -> tuple[Spend, float]:
     """Bring the spend up to ``now`` at the fleet's current $/h (boxes bill whether or not we watch)."""
     if memory.spend_at is None:
         return memory.spend, now
@@ -87,9 +77,9 @@ def observe(
     provider: Provider,
     box_control: BoxControl,
     history: tuple[AttemptRecord, ...],
-    memory: Memory,
+    memory: FleetMemory,
     now: float,
-) -> tuple[Observed, Memory]:
+) -> tuple[Observed, FleetMemory]:
     """Snapshot the world. Provider errors propagate (the cycle cannot plan without the instance list)."""
     fleet = desired.fleet
     instances = provider.list_instances()

@@ -16,11 +16,10 @@ gitpython exceptions are wrapped in ``RepoError``/``PushRejected`` here; callers
 
 from __future__ import annotations
 
-import os
-import posixpath
 import random
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +27,11 @@ import git
 from git.exc import GitCommandError, InvalidGitRepositoryError, NoSuchPathError
 
 from reconciler.errors import PushRejected, RepoError
+from reconciler.model import Desired
+from reconciler.observed.codec import OBSERVED_DIR
+from reconciler.observed.tree import write_observed
 
-OBSERVED_PREFIX = "observed/"
+OBSERVED_PREFIX = OBSERVED_DIR + "/"
 DESIRED_PREFIX = "desired/"
 
 _ATTRIBUTES = (
@@ -61,16 +63,6 @@ _RACE_MARKERS = (
 def _stderr(exc: GitCommandError) -> str:
     err = exc.stderr if isinstance(exc.stderr, str) else (exc.stderr or b"").decode("utf-8", "replace")
     return err.strip().removeprefix("stderr: ").strip().strip("'").strip()
-
-
-def check_observed_path(path: str) -> str:
-    """Return the normalised repository path, or raise if it is not strictly under ``observed/``."""
-    if not path or path.startswith("/") or "\\" in path or "\0" in path:
-        raise RepoError(f"refusing to write {path!r}: rigsync writes only under {OBSERVED_PREFIX}")
-    norm = posixpath.normpath(path)
-    if norm != path.rstrip("/") or not norm.startswith(OBSERVED_PREFIX) or ".." in norm.split("/"):
-        raise RepoError(f"refusing to write {path!r}: rigsync writes only under {OBSERVED_PREFIX}")
-    return norm
 
 
 class GitRepo:
@@ -139,18 +131,37 @@ class GitRepo:
         self._run("fetch", "--quiet", "--no-tags", self.remote, f"+refs/heads/{self.branch}:{self._remote_ref}")
         return str(self._run("rev-parse", "--verify", f"{self._remote_ref}^{{commit}}"))
 
-    def desired_commit(self, commit: str) -> str:
-        """The newest commit at or before ``commit`` that changed ``desired/``.
+    def pin(self, desired: Desired, ref: str = "HEAD") -> Desired:
+        """``desired`` (as read at ``ref``) with the revisions it is applied as: the one rule for both.
 
-        This, not the branch tip, names the desired revision: rigsync's own observed/ commits move the tip
-        every time they are pushed, and must not look like a new desired state to the next cycle.
+        ``commit`` is the desired revision: the newest commit at or before ``ref`` that changed ``desired/``.
+        ``code_commit`` is the newest one that changed the desired state's code paths (what ships to the
+        boxes; observed/ never counts as code). Not ``ref`` itself: rigsync's own observed/ and lease commits
+        move the branch tip every cycle and must neither look like a new desired state nor make the boxes
+        fetch the same code again. `rigsync run`, `plan`/`apply`/`status` and `diff` all pin through here.
+        """
+        sha = self.rev(ref)
+        code_paths = (*desired.code_paths(), f":(exclude){OBSERVED_DIR}")
+        return replace(desired, commit=self.desired_commit(sha), code_commit=self.last_commit_touching(sha, code_paths))
+
+    def desired_commit(self, commit: str) -> str:
+        """The desired revision at ``commit``: the newest commit at or before it that changed ``desired/``.
+
+        ``pin`` uses it; call it alone only to name a revision whose desired/ did not load.
         """
         return self.last_commit_touching(commit, (DESIRED_PREFIX.rstrip("/"),))
 
     def last_commit_touching(self, commit: str, paths: Sequence[str]) -> str:
         """The newest commit at or before ``commit`` that changed any of ``paths`` (``commit`` if none did)."""
         sha = str(self._run("log", "-1", "--format=%H", commit, "--", *paths))
-        return sha or commit
+        return sha or self.rev(commit)
+
+    def rev(self, ref: str) -> str:
+        """The commit sha ``ref`` names; ``RepoError`` when it names none (e.g. a repository without commits)."""
+        try:
+            return str(self._run("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"))
+        except RepoError as exc:
+            raise RepoError(f"{ref} names no commit in {self.path}") from exc
 
     def recover(self) -> list[str]:
         """Clear what a killed rigsync left half-done in its checkout: a rebase in progress, a stale index lock.
@@ -269,45 +280,25 @@ class GitRepo:
                 "another writer changed the same observed/ files"
             ) from exc
 
+    def write_observed(self, files: Mapping[str, str | None], appends: Mapping[str, bytes]) -> None:
+        """Write ``files`` (None deletes) and append ``appends`` in the working tree, without committing.
+
+        The one writer of observed/ (``reconciler.observed.tree.write_observed``): any path outside
+        ``observed/`` is refused before anything is written.
+        """
+        write_observed(self.path, files, appends)
+
     def commit_observed(
         self, files: Mapping[str, str | None], appends: Mapping[str, bytes], message: str
     ) -> str | None:
-        """Write ``files`` (None deletes), append ``appends``, and commit everything changed under observed/.
+        """Write ``files`` and ``appends`` (``write_observed``) and commit everything changed under observed/.
 
-        Returns the new commit's sha, or None (and no commit) when nothing changed. Any path outside
-        ``observed/`` is refused before anything is written. Files under observed/ changed by other rigsync
-        writers since the last commit (the run archive appends to its shards directly) are included.
+        Returns the new commit's sha, or None (and no commit) when nothing changed. Changes under observed/
+        already in the working tree (left by `rigsync apply`, which writes without committing, or by a cycle
+        that died between writing and committing) are committed with them.
         """
-        checked_files = {check_observed_path(p): c for p, c in files.items()}
-        checked_appends = {check_observed_path(p): b for p, b in appends.items()}
+        self.write_observed(files, appends)
         root = self.path
-        try:
-            for rel, content in sorted(checked_files.items()):
-                target = root / rel
-                if content is None:
-                    target.unlink(missing_ok=True)
-                    continue
-                data = content.encode("utf-8")
-                if target.is_file() and target.read_bytes() == data:
-                    continue
-                target.parent.mkdir(parents=True, exist_ok=True)
-                tmp = target.with_name(target.name + ".rigsync-tmp")
-                tmp.write_bytes(data)
-                os.replace(tmp, target)
-            for rel, blob in sorted(checked_appends.items()):
-                if not blob:
-                    continue
-                target = root / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with open(target, "ab") as fh:
-                    if fh.tell() > 0:
-                        with open(target, "rb") as rd:
-                            rd.seek(-1, os.SEEK_END)
-                            if rd.read(1) != b"\n":
-                                fh.write(b"\n")
-                    fh.write(blob)
-        except OSError as exc:
-            raise RepoError(f"cannot write observed files in {root}: {exc}") from exc
         if not (root / OBSERVED_PREFIX).exists() and not self._run("ls-files", "--", OBSERVED_PREFIX):
             return None  # nothing under observed/ on disk or in the index: pathspecs would not match
         self._run("add", "--all", "--", OBSERVED_PREFIX.rstrip("/"))

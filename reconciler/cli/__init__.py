@@ -1,22 +1,33 @@
 """The ``rigsync`` command: argument parsing and dispatch to one module per subcommand.
 
 User errors (``reconciler.errors.UserError``) print one clear line to stderr and exit 1; they never show a
-traceback. Each subcommand module exposes ``add_parser(subparsers)`` and a ``run(args) -> int``.
+traceback. Each subcommand module exposes ``add_parser(subparsers)`` (which sets ``handler`` to its
+``run(args) -> int``); they are listed below, in the order ``rigsync --help`` shows them.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import sys
 from collections.abc import Sequence
 
 from reconciler import __version__
+from reconciler.cli import (
+    apply_cmd,
+    demo_cmd,
+    diff_cmd,
+    emulator_cmd,
+    plan_cmd,
+    run_cmd,
+    runs_cmd,
+    status_cmd,
+    validate_cmd,
+)
 from reconciler.emulator.errors import EmulatorError
 from reconciler.errors import RigsyncError, UserError
 
-SUBCOMMANDS = ("validate", "runs", "emulator", "plan", "apply", "status", "demo", "run", "diff")
+SUBCOMMANDS = (validate_cmd, runs_cmd, emulator_cmd, plan_cmd, apply_cmd, status_cmd, demo_cmd, run_cmd, diff_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,14 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"rigsync {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(f"reconciler.cli.{name}_cmd")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"reconciler.cli.{name}_cmd":
-                raise
-            continue
-        module.add_parser(sub)
+    for command in SUBCOMMANDS:
+        command.add_parser(sub)
     return parser
 
 

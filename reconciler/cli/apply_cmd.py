@@ -21,7 +21,7 @@ from reconciler.actions import PLAN_FORMAT_VERSION, Plan
 from reconciler.cli._common import add_repo_arg, load_local_desired, open_reconciler, write_observed
 from reconciler.desired import schema_path
 from reconciler.errors import LeaseHeld, StalePlan, UserError
-from reconciler.lease import Lease, LocalLock
+from reconciler.lease import Lease, LocalLock, lock_path
 from reconciler.model import Desired
 from reconciler.render import plan_text
 from reconciler.saved_plan import stale_reasons
@@ -65,8 +65,8 @@ def _refuse_if_a_reconciler_acts(repo: Path) -> LocalLock | None:
     Returns the local lock, held for the whole apply (so a `rigsync run` started meanwhile waits for us).
     """
     lock = None
-    if (repo / ".git").is_dir():
-        lock = LocalLock(repo / ".git" / "rigsync.lock").acquire()
+    if lock_path(repo).parent.is_dir():
+        lock = LocalLock(lock_path(repo)).acquire()
     try:
         current = Lease(repo, holder="", host="", pid=0).read()
         if current is not None:

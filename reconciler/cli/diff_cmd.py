@@ -1,7 +1,10 @@
 """``rigsync diff``: what is observed against what is desired, for people and agents, from git alone.
 
 It reads only committed files (desired/ through the loader, observed/*.yaml as rigsync last wrote them) at
-the checkout's HEAD, so it needs no provider access and no credentials, and it never changes anything.
+the checkout's HEAD, so it needs no provider access and no credentials, and it never changes anything. The
+desired revision is the one `rigsync run` applies (``GitRepo.pin``: the last commit that changed desired/,
+not HEAD, which is usually rigsync's own observe or lease commit); observed is fresh when status.yaml says
+it was written for that revision.
 Per sweep it counts runs by phase; per fleet, boxes wanted against boxes held; and it lists the drift the
 last cycle found with the action the plan takes about it (which is what the next plan does while the world
 stays as observed).
@@ -21,7 +24,7 @@ import jsonschema
 
 from reconciler.errors import DesiredStateInvalid, ObservedInvalid, RepoError, UserError
 from reconciler.model import Desired, RunPhase
-from reconciler.observed_files import DRIFT, FLEET, RUNS, STATUS, load_yaml
+from reconciler.observed.codec import DRIFT, FLEET, RUNS, STATUS, load_yaml
 
 REQUIRED = (FLEET, RUNS, DRIFT, STATUS)
 # The diff's buckets (its JSON contract) over the one run phase: "failed" counts runs that will not run again.
@@ -57,26 +60,30 @@ def _validator(name: str) -> jsonschema.Draft202012Validator | None:
     return None
 
 
-def _committed(repo: Path) -> tuple[str | None, dict[str, bytes], dict[str, str]]:
-    """HEAD's sha, its desired/ files and its observed/*.yaml; the working tree when it is not a git checkout."""
+def _committed(repo: Path) -> tuple[Desired, dict[str, str]]:
+    """desired/ and observed/*.yaml as committed at HEAD, desired pinned to its revision (``GitRepo.pin``).
+
+    Outside a git checkout the working tree is read and the revisions stay None.
+    """
     from reconciler.adapters.git import GitRepo
+    from reconciler.desired import load_desired, read_desired_files
 
-    if (repo / ".git").exists():
-        g = GitRepo(repo)
-        try:
-            head: str | None = g.head()
-        except RepoError:
-            head = None  # a fresh repository without commits
-        if head is not None:
-            observed = {
-                p: b.decode("utf-8", "replace") for p, b in g.files_at(head, "observed/").items() if p in REQUIRED
-            }
-            return head, g.desired_files(head), observed
-        return None, {}, {}
-    from reconciler.desired import read_desired_files
+    if not (repo / ".git").exists():
+        observed = {p: (repo / p).read_text(encoding="utf-8") for p in REQUIRED if (repo / p).is_file()}
+        return load_desired(_some_desired(repo, read_desired_files(repo))), observed
+    g = GitRepo(repo)
+    try:
+        head = g.head()
+    except RepoError:
+        raise UserError(f"{repo}: no desired/ files committed") from None  # a fresh repository without commits
+    observed = {p: b.decode("utf-8", "replace") for p, b in g.files_at(head, "observed/").items() if p in REQUIRED}
+    return g.pin(load_desired(_some_desired(repo, g.desired_files(head))), head), observed
 
-    observed = {p: (repo / p).read_text(encoding="utf-8") for p in REQUIRED if (repo / p).is_file()}
-    return None, read_desired_files(repo), observed
+
+def _some_desired(repo: Path, files: dict[str, bytes]) -> dict[str, bytes]:
+    if not files:
+        raise UserError(f"{repo}: no desired/ files committed")
+    return files
 
 
 def _parse_observed(files: Mapping[str, str]) -> dict[str, dict[str, Any]]:
@@ -166,22 +173,17 @@ def _text(d: Mapping[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reconciler.desired import load_desired
-
     repo = Path(args.repo)
     if not repo.is_dir():
         raise UserError(f"{repo}: not a directory")
     try:
-        head, desired_files, observed_files = _committed(repo)
-        if not desired_files:
-            raise UserError(f"{repo}: no desired/ files committed")
-        desired = load_desired(desired_files, commit=head)
+        desired, observed_files = _committed(repo)
     except DesiredStateInvalid as exc:
         for e in exc.errors:
             print(f"rigsync: error: {e}", file=sys.stderr)
         raise
     observed = _parse_observed(observed_files)
-    doc = compute_diff(desired, observed, head)
+    doc = compute_diff(desired, observed, desired.commit)
     if args.json:
         print(json.dumps(doc, indent=2))
     else:

@@ -25,9 +25,9 @@ from jsonschema import Draft202012Validator
 from reconciler.archive import RunArchive
 from reconciler.demo import make_fleet_repo
 from reconciler.emulator import Emulator
-from reconciler.lease import LeaseState, LocalLock, to_yaml
+from reconciler.lease import LeaseState, LocalLock, lock_path, to_yaml
 from reconciler.model import AttemptOutcome, Ownership
-from reconciler.observed_files import LEASE
+from reconciler.observed.codec import LEASE
 
 REPO = Path(__file__).resolve().parents[2]
 RIGSYNC = Path(sys.executable).parent / "rigsync"  # the console script of the running environment
@@ -191,7 +191,7 @@ def test_apply_without_yes_and_no_tty_refuses(repo: Path, env: dict[str, str], e
 def test_apply_refused_while_a_reconciler_acts_on_the_fleet(
     repo: Path, env: dict[str, str], emulator: Emulator
 ) -> None:
-    with LocalLock(repo / ".git" / "rigsync.lock"):  # what `rigsync run` holds for its whole life
+    with LocalLock(lock_path(repo)):  # what `rigsync run` holds for its whole life
         result = rigsync(env, "apply", "--repo", str(repo), "--yes")
     assert result.returncode == 1
     assert "another rigsync holds the local lock" in result.stderr, result.stderr

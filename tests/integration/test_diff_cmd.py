@@ -14,8 +14,11 @@ from pathlib import Path
 import pytest
 
 from reconciler.actions import Destroy, Plan, ReasonCode
+from reconciler.adapters.git import GitRepo
 from reconciler.desired import load_desired_from_dir
+from reconciler.lease import Lease
 from reconciler.model import (
+    AttemptOutcome,
     AttemptRecord,
     BoxProbe,
     Drift,
@@ -23,10 +26,11 @@ from reconciler.model import (
     Instance,
     InstanceStatus,
     Observed,
-    AttemptOutcome,
     RunDirState,
 )
-from reconciler.observed_files import ReconcilerStatus, render_observed
+from reconciler.observed.documents import ReconcilerStatus, render_observed
+from reconciler.observed.summary import summarize_change
+from reconciler.observed.tree import read_observed
 
 pytestmark = pytest.mark.integration
 
@@ -78,7 +82,10 @@ def fleet_repo(tmp_path: Path) -> Path:
         ),
         history=(
             AttemptRecord(base[0].id, 1, "tdmpc", AttemptOutcome.SUCCEEDED, best_metric=100.0, ended_at=T0 - 10),
-            *(AttemptRecord(base[2].id, a, "tdmpc", AttemptOutcome.FAILED, exit_code=1, ended_at=T0 - 5) for a in (1, 2, 3)),
+            *(
+                AttemptRecord(base[2].id, a, "tdmpc", AttemptOutcome.FAILED, exit_code=1, ended_at=T0 - 5)
+                for a in (1, 2, 3)
+            ),
         ),
         fleet_name="demo",
     )
@@ -108,10 +115,9 @@ def test_diff_json_on_a_committed_repo(fleet_repo: Path) -> None:
     proc = rigsync("diff", "--repo", str(fleet_repo), "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
-    head = git(fleet_repo, "rev-parse", "HEAD")
-    first = git(fleet_repo, "rev-parse", "HEAD~1")
+    first = git(fleet_repo, "rev-parse", "HEAD~1")  # HEAD is the observe commit
     assert set(doc) == {"desired_commit", "observed_desired_commit", "sweeps", "fleet", "drift"}
-    assert doc["desired_commit"] == head and doc["observed_desired_commit"] == first
+    assert doc["desired_commit"] == first and doc["observed_desired_commit"] == first
     # 12 base runs (4 cells x 3 seeds): 1 done, 1 running, 1 failed (3 attempts > 2 retries), 9 pending.
     # Promotion seeds are not wanted yet.
     assert doc["sweeps"] == {"tdmpc": {"pending": 9, "running": 1, "done": 1, "failed": 1, "total": 12}}
@@ -164,3 +170,42 @@ def test_missing_or_malformed_observed_exits_1(fleet_repo: Path) -> None:
     proc = rigsync("diff", "--repo", str(fleet_repo))
     assert proc.returncode == 1
     assert "not committed" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_rigsyncs_own_commits_after_the_desired_one_are_not_a_new_desired_revision(fleet_repo: Path) -> None:
+    """As in any repository `rigsync run` works in: lease and observe commits on top of the desired commit."""
+    desired_sha = git(fleet_repo, "rev-parse", "HEAD~1")
+    g = GitRepo(fleet_repo)
+    lease = Lease(fleet_repo, holder="rigsync@host:/fleet", host="host", pid=7)
+    _, files = lease.acquire(T0 + 30)
+    assert g.commit_observed(files, {}, "lease: lease acquired by rigsync@host:/fleet") is not None
+    previous = read_observed(fleet_repo)
+    status = ReconcilerStatus(desired_commit_applied=desired_sha, last_valid_desired_commit=desired_sha, holder="h")
+    quiet = render_observed(
+        desired=replace(load_desired_from_dir(fleet_repo), commit=desired_sha),
+        observed=Observed(fleet_name="demo"),
+        plan=Plan(actions=()),
+        status=status,
+        now=T0 + 60,
+        previous=previous,
+    )
+    assert g.commit_observed(quiet, {}, summarize_change(previous, quiet, 0)) is not None
+    assert git(fleet_repo, "log", "-2", "--format=%an") == "rigsync\nrigsync"
+    assert git(fleet_repo, "rev-parse", "HEAD") != desired_sha
+
+    text = rigsync("diff", "--repo", str(fleet_repo))
+    assert text.returncode == 0, text.stderr
+    assert f"desired  {desired_sha}" in text.stdout
+    assert "observed before the newest desired commit" not in text.stdout, text.stdout
+    doc = json.loads(rigsync("diff", "--repo", str(fleet_repo), "--json").stdout)
+    assert doc["desired_commit"] == desired_sha == doc["observed_desired_commit"]
+    assert doc["fleet"]["held"] == 0 and doc["drift"] == []
+
+    # A human's new desired commit on top: now observed is behind, and diff says so.
+    sweep = fleet_repo / "desired" / "sweeps" / "tdmpc.yaml"
+    sweep.write_text(sweep.read_text().replace("retries: 2", "retries: 3"))
+    git(fleet_repo, "commit", "--quiet", "-am", "desired: one more retry")
+    newest = git(fleet_repo, "rev-parse", "HEAD")
+    doc = json.loads(rigsync("diff", "--repo", str(fleet_repo), "--json").stdout)
+    assert doc["desired_commit"] == newest and doc["observed_desired_commit"] == desired_sha
+    assert "observed before the newest desired commit" in rigsync("diff", "--repo", str(fleet_repo)).stdout

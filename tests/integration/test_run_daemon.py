@@ -30,7 +30,7 @@ import yaml
 from reconciler.daemon import DaemonConfig, FleetDaemon
 from reconciler.demo import make_fleet_repo
 from reconciler.emulator import Emulator
-from reconciler.lease import LocalLock
+from reconciler.lease import LocalLock, lock_path
 from reconciler.model import Ownership
 
 pytestmark = pytest.mark.integration
@@ -537,7 +537,7 @@ def test_sigterm_to_the_process_exits_0_and_leaves_a_consistent_record(world_fac
     assert code == 0, out[-3000:]
     assert "Traceback" not in out
     assert w.remote_yaml("observed/lease.yaml") is None, "the lease is released at the remote"
-    lock = LocalLock(w.work / ".git" / "rigsync.lock").acquire()  # and the local lock is free
+    lock = LocalLock(lock_path(w.work)).acquire()  # and the local lock is free
     lock.release()
     # Whatever it launched before stopping is recorded at the remote, and still running: a stop never kills runs.
     runs = w.remote_yaml("observed/runs.yaml") or {}

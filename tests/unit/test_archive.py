@@ -1,4 +1,4 @@
-"""The run archive: month shards, idempotent appends, crash-torn lines, schema-valid records."""
+"""The run archive: month shards, idempotent appends, the journal, crash-torn lines, schema-valid records."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ import pytest
 
 from reconciler.archive import (
     RunArchive,
+    journal_path,
     record_from_json,
     record_to_json,
     shard_path,
 )
-from reconciler.errors import ArchiveCorrupt
+from reconciler.errors import ArchiveCorrupt, RepoError
 from reconciler.model import AttemptOutcome, AttemptRecord
+from reconciler.observed.tree import write_observed
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "schemas" / "archive-record.schema.json").read_text())
 NOV = dt.datetime(2026, 11, 30, 23, 0, tzinfo=dt.UTC).timestamp()
@@ -48,6 +50,12 @@ def rec(run_id: str = "r1", attempt: int = 1, ended_at: float | None = NOV, **kw
     )
     base.update(kw)
     return AttemptRecord(**base)  # type: ignore[arg-type]
+
+
+def written(archive: RunArchive) -> RunArchive:
+    """What a cycle does at its end: hand the new lines to the one writer of observed/ (here without a commit)."""
+    archive.hand_off(lambda appends: write_observed(archive.root, {}, appends))
+    return archive
 
 
 def test_json_round_trip_is_stable_compact_and_schema_valid() -> None:
@@ -85,6 +93,8 @@ def test_append_is_idempotent_within_and_across_instances(tmp_path: Path) -> Non
     assert [r.key for r in first] == [("r1", 1), ("r2", 1)]
     assert a.append([rec("r1"), rec("r2", ended_at=DEC)]) == []
     assert ("r1", 1) in a and ("r1", 2) not in a
+    written(a)
+    assert a.append([rec("r1"), rec("r2", ended_at=DEC)]) == []
     assert (tmp_path / "observed/runs/2026-11.jsonl").read_text().count("\n") == 1
     assert (tmp_path / "observed/runs/2026-12.jsonl").read_text().count("\n") == 1
 
@@ -92,16 +102,20 @@ def test_append_is_idempotent_within_and_across_instances(tmp_path: Path) -> Non
     b = RunArchive(tmp_path)
     assert b.append([rec("r1"), rec("r2", ended_at=DEC), rec("r1", attempt=2)]) == [rec("r1", attempt=2)]
     assert len(b) == 3
+    written(b)
+    assert len(RunArchive(tmp_path)) == 3
     assert [r.key for r in b.records()] == [("r1", 1), ("r1", 2), ("r2", 1)]
 
 
 def test_append_does_not_rewrite_existing_lines(tmp_path: Path) -> None:
     a = RunArchive(tmp_path)
     a.append([rec("r1")])
+    written(a)
     shard = tmp_path / "observed/runs/2026-11.jsonl"
     before = shard.read_bytes()
     inode = shard.stat().st_ino
     a.append([rec("r2")])
+    written(a)
     assert shard.read_bytes().startswith(before)
     assert shard.stat().st_ino == inode
 
@@ -109,6 +123,7 @@ def test_append_does_not_rewrite_existing_lines(tmp_path: Path) -> None:
 def test_torn_last_line_is_ignored_and_cut_before_the_retry(tmp_path: Path) -> None:
     a = RunArchive(tmp_path)
     a.append([rec("r1")])
+    written(a)
     shard = tmp_path / "observed/runs/2026-11.jsonl"
     full = record_to_json(rec("r2"))
     with open(shard, "a") as fh:
@@ -117,6 +132,7 @@ def test_torn_last_line_is_ignored_and_cut_before_the_retry(tmp_path: Path) -> N
     assert ("r2", 1) not in b
     assert [r.run_id for r in b.records()] == ["r1"]
     assert b.append([rec("r2")]) == [rec("r2")]
+    written(b)
     lines = shard.read_text().splitlines()
     assert lines == [record_to_json(rec("r1")), full]
     assert [r.run_id for r in RunArchive(tmp_path).records()] == ["r1", "r2"]
@@ -129,6 +145,7 @@ def test_complete_last_line_missing_only_its_newline_is_kept(tmp_path: Path) -> 
     a = RunArchive(tmp_path)
     assert ("r1", 1) in a
     a.append([rec("r2")])
+    written(a)
     assert [r.run_id for r in RunArchive(tmp_path).records()] == ["r1", "r2"]
 
 
@@ -158,3 +175,67 @@ def test_encode_new_writes_nothing(tmp_path: Path) -> None:
     assert set(blobs) == {"observed/runs/2026-11.jsonl", "observed/runs/2026-12.jsonl"}
     assert not (tmp_path / "observed").exists()
     assert ("r1", 1) not in a
+
+
+def test_an_append_is_durable_in_the_journal_before_the_hand_off(tmp_path: Path) -> None:
+    a = RunArchive(tmp_path)
+    a.append([rec("r1"), rec("r2", ended_at=DEC)])
+    assert not (tmp_path / "observed").exists()  # the shards are the writer's, at the end of the cycle
+    assert journal_path(tmp_path).read_text().count("\n") == 2
+    # A process killed now (kill -9, no hand-off): the next one knows both records and hands them over.
+    b = RunArchive(tmp_path)
+    assert ("r1", 1) in b and ("r2", 1) in b and len(b) == 2
+    assert [r.key for r in b.records()] == [("r1", 1), ("r2", 1)]
+    assert b.append([rec("r1")]) == []
+    assert b.pending_lines() == {
+        "observed/runs/2026-11.jsonl": (record_to_json(rec("r1")) + "\n").encode(),
+        "observed/runs/2026-12.jsonl": (record_to_json(rec("r2", ended_at=DEC)) + "\n").encode(),
+    }
+    written(b)
+    assert journal_path(tmp_path).read_text() == ""
+    assert b.pending_lines() == {}
+    assert [r.key for r in RunArchive(tmp_path).records()] == [("r1", 1), ("r2", 1)]
+
+
+def test_killed_after_the_writer_wrote_and_before_the_journal_was_emptied(tmp_path: Path) -> None:
+    a = RunArchive(tmp_path)
+    a.append([rec("r1")])
+    write_observed(tmp_path, {}, a.pending_lines())  # the writer took the lines; then the process died
+    b = RunArchive(tmp_path)
+    assert b.pending_lines() == {}  # already in the shard: not handed over twice
+    written(b)
+    assert (tmp_path / "observed/runs/2026-11.jsonl").read_text().count("\n") == 1
+    assert journal_path(tmp_path).read_text() == ""
+
+
+def test_a_writer_that_fails_part_way_is_not_duplicated_and_not_lost(tmp_path: Path) -> None:
+    a = RunArchive(tmp_path)
+    a.append([rec("r1"), rec("r2", ended_at=DEC)])
+
+    def half(appends: dict[str, bytes]) -> None:
+        first = sorted(appends)[0]
+        write_observed(tmp_path, {}, {first: appends[first]})
+        raise RepoError("disk full")
+
+    with pytest.raises(RepoError):
+        a.hand_off(half)
+    rest = (record_to_json(rec("r2", ended_at=DEC)) + "\n").encode()
+    assert a.pending_lines() == {"observed/runs/2026-12.jsonl": rest}
+    written(a)
+    assert [r.key for r in RunArchive(tmp_path).records()] == [("r1", 1), ("r2", 1)]
+    for shard in ("2026-11", "2026-12"):
+        assert (tmp_path / f"observed/runs/{shard}.jsonl").read_text().count("\n") == 1
+
+
+def test_a_torn_journal_line_is_cut_and_the_rest_kept(tmp_path: Path) -> None:
+    a = RunArchive(tmp_path)
+    a.append([rec("r1")])
+    full = record_to_json(rec("r2"))
+    with open(journal_path(tmp_path), "a") as fh:
+        fh.write(full[:20])  # killed mid-append: that append never returned, so nothing was launched on it
+    b = RunArchive(tmp_path)
+    assert [r.key for r in b.records()] == [("r1", 1)]
+    assert b.append([rec("r2")]) == [rec("r2")]
+    assert [r.key for r in RunArchive(tmp_path).records()] == [("r1", 1), ("r2", 1)]
+    written(b)
+    assert (tmp_path / "observed/runs/2026-11.jsonl").read_text().splitlines() == [record_to_json(rec("r1")), full]

@@ -13,7 +13,8 @@ import yaml
 
 from reconciler.errors import LeaseHeld, ObservedInvalid
 from reconciler.lease import Lease, LeaseState, LocalLock, acquire, from_yaml, renew, to_yaml
-from reconciler.observed_files import LEASE, summarize_change
+from reconciler.observed.codec import LEASE
+from reconciler.observed.summary import summarize_change
 
 T0 = 1_790_000_000.0
 SCHEMA = json.loads((Path(__file__).parents[2] / "schemas" / "observed-lease.schema.json").read_text())

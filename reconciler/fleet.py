@@ -1,0 +1,91 @@
+"""Opening a fleet: the one place where rigsync is wired together (the composition root).
+
+`rigsync run` (``FleetDaemon``), the live commands `rigsync plan`/`apply`/`status`, and through the daemon
+the demo, all open a fleet here and write back through here, so the wiring cannot drift apart:
+
+* ``open_fleet``: the fleet's cross-cycle memory from the observed files in the checkout (read first, so a
+  bad file fails before the provider is contacted), the run archive, the adapters (an injectable factory,
+  by default ``loop.build_adapters``: the Vast.ai SDK and SSH), and the ``Reconciler`` holding them.
+* ``render_cycle``: the observed/*.yaml documents after a cycle, from the state the next cycle starts from.
+* ``write_back``: the one path observed/ takes to disk: the rendered files and the run archive's new lines
+  go to the git adapter's writer together, committed when there is a message (`rigsync run`) and left in
+  the working tree when there is none (`rigsync apply`, which leaves committing to `rigsync run`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from reconciler.actions import Plan
+from reconciler.adapters.git import GitRepo
+from reconciler.archive import RunArchive
+from reconciler.loop import Reconciler, SystemClock, build_adapters, state_dir_for
+from reconciler.model import Desired, Fleet, Observed
+from reconciler.observed.documents import ReconcilerStatus, render_observed
+from reconciler.observed.memory import read_fleet_memory
+from reconciler.observed.tree import read_observed
+from reconciler.ports import Provider, Shell
+
+AdapterFactory = Callable[[Fleet, Path], tuple[Provider, Shell]]
+
+
+def open_fleet(
+    checkout: Path,
+    fleet: Fleet,
+    *,
+    git: GitRepo | None = None,
+    state_dir: str | None = None,
+    adapters: AdapterFactory = build_adapters,
+    clock: SystemClock | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> Reconciler:
+    """A ``Reconciler`` for ``fleet`` acting through the checkout at ``checkout``.
+
+    Memory comes from the observed files in the working tree, spend extrapolated to now along the committed
+    anchor and counted from now on (without it a restarted rigsync would never count money, and the daily
+    and total caps would never bind). ``state_dir`` overrides where rigsync keeps its SSH key and pinned host
+    keys (``state_dir_for``).
+    """
+    checkout = Path(checkout)
+    git = git if git is not None else GitRepo(checkout)
+    clock = clock if clock is not None else SystemClock()
+    memory = read_fleet_memory(checkout, now=clock.now())
+    provider, shell = adapters(fleet, state_dir_for(fleet, state_dir))
+    return Reconciler(
+        provider=provider,
+        shell=shell,
+        archive=RunArchive(checkout),
+        code_tar=git.archive,
+        memory=memory,
+        clock=clock,
+        should_stop=should_stop,
+    )
+
+
+def render_cycle(
+    rec: Reconciler, desired: Desired, observed: Observed, plan: Plan, status: ReconcilerStatus, checkout: Path
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(the observed files as they are in the checkout now, the ones this cycle renders), keyed by path."""
+    previous = read_observed(checkout)
+    rendered = render_observed(
+        desired=desired,
+        observed=rec.observed_after_apply(observed),
+        plan=plan,
+        status=status,
+        now=rec.clock.now(),
+        previous=previous,
+    )
+    return previous, rendered
+
+
+def write_back(git: GitRepo, archive: RunArchive, files: Mapping[str, str | None], message: str | None) -> str | None:
+    """Hand ``files`` and the archive's new lines to the one writer; commit them when ``message`` is given.
+
+    Returns the new commit (None when nothing changed, or when only writing). The archive's journal is
+    emptied only once the writer has taken its lines (``RunArchive.hand_off``).
+    """
+    if message is None:
+        archive.hand_off(lambda appends: git.write_observed(files, appends))
+        return None
+    return archive.hand_off(lambda appends: git.commit_observed(files, appends, message))
