@@ -9,17 +9,22 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from fakes import FakeArchive, FakeClock, FakeWorld, code_tar  # tests/unit is on sys.path (not a package)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconciler.actions import APPLY_ORDER, Destroy, Kill, Launch, Plan, Record, Rent, Requeue, ShipCode
+from reconciler.actions import APPLY_ORDER, Destroy, Kill, Launch, Plan, Record, Rent, Requeue
+from reconciler.apply import ApplyContext, apply, next_in_flight
 from reconciler.model import (
+    AttemptOutcome,
     AttemptRecord,
     BoxMemory,
     BoxProbe,
     Budget,
     Desired,
+    Endpoint,
     Fleet,
+    FleetMemory,
     GpuState,
     InFlight,
     Instance,
@@ -29,11 +34,11 @@ from reconciler.model import (
     Offer,
     OnExceed,
     Ownership,
-    AttemptOutcome,
     RunDirState,
     RunSpec,
     Spend,
 )
+from reconciler.observe import observe
 from reconciler.plan import effective_caps, fleet_spec_hash, plan
 
 NOW = 1_000_000.0
@@ -148,6 +153,7 @@ def worlds(draw: st.DrawFn, steady: bool = False) -> World:
             gpu_ram_mib=24576,
             dph_total=draw(st.sampled_from([0.05, 0.1, 0.2, 0.4])),
             start_date=NOW - draw(st.sampled_from([60.0, 600.0, 4000.0])),
+            direct=Endpoint(f"10.0.{iid}.1", 22) if status is InstanceStatus.RUNNING else None,
         )
         instances.append(inst)
         reachable = steady or draw(st.integers(0, 4)) > 0
@@ -324,54 +330,48 @@ def test_never_launches_a_run_twice_nor_a_gpu_twice(world: World) -> None:
 
 
 def _apply(desired: Desired, observed: Observed, p: Plan) -> Observed:
-    """The world after an ideal apply() of ``p`` at the same instant."""
-    instances = {i.id: i for i in observed.instances}
-    probes = {pr.instance_id: pr for pr in observed.probes}
-    history = list(observed.history)
-    in_flight = list(observed.in_flight)
-    offers = {o.id: o for o in observed.offers}
-    next_id = 1000
-    for a in p.actions:
-        if isinstance(a, Record):
-            history.append(AttemptRecord(a.run_id, a.attempt, "", AttemptOutcome(a.phase), exit_code=a.exit_code))
-        elif isinstance(a, Requeue):
-            history.append(AttemptRecord(a.run_id, a.attempt, "", AttemptOutcome.LOST))
-        elif isinstance(a, Kill):
-            history.append(AttemptRecord(a.run_id, a.attempt, "", AttemptOutcome.FAILED, exit_code=137))
-            pr = probes[a.instance_id]
-            runs = tuple(
-                dataclasses.replace(rd, exit_code=137, pid_alive=False) if rd.run_id == a.run_id else rd
-                for rd in pr.runs
-            )
-            probes[a.instance_id] = dataclasses.replace(pr, runs=runs)
-        elif isinstance(a, Destroy):
-            instances.pop(a.instance_id, None)
-            probes.pop(a.instance_id, None)
-        elif isinstance(a, Rent):
-            o = offers.pop(a.offer_id)
-            next_id += 1
-            instances[next_id] = Instance(
-                next_id, a.label, InstanceStatus.LOADING, o.gpu_name, o.num_gpus, o.gpu_ram_mib, o.dph_total, NOW
-            )
-        elif isinstance(a, ShipCode):
-            pr = probes[a.instance_id]
-            probes[a.instance_id] = dataclasses.replace(pr, code_commits=(*pr.code_commits, a.commit))
-        elif isinstance(a, Launch):
-            pr = probes[a.instance_id]
-            rd = RunDirState(a.run_id, a.attempt, a.gpu_mask, True, NOW, 0.0, None)
-            gpus = tuple(dataclasses.replace(g, memory_used_mib=3000) if g.index in a.gpu_mask else g for g in pr.gpus)
-            probes[a.instance_id] = dataclasses.replace(pr, runs=(*pr.runs, rd), gpus=gpus, last_activity_at=NOW)
-            in_flight.append(InFlight(a.run_id, a.attempt, a.instance_id, a.gpu_mask, NOW))
-        else:
-            raise AssertionError(f"unexpected action in a steady world: {a}")
-    return dataclasses.replace(
-        observed,
-        instances=tuple(instances.values()),
-        probes=tuple(probes.values()),
-        history=tuple(history),
-        in_flight=tuple(in_flight),
-        offers=tuple(offers.values()),
+    """The world after the real ``apply()`` of ``p`` at the same instant, as the real ``observe()`` then sees it.
+
+    The world is the in-memory fake of the ports (``tests/unit/fakes.py``) built to look exactly like
+    ``observed``; apply talks to it through the same ``Provider`` and ``BoxControl`` ports as in production.
+    """
+    clock = FakeClock(NOW)
+    world = FakeWorld.from_observed(observed, clock)
+    archive = FakeArchive(observed.history)
+    ctx = ApplyContext(
+        provider=world.provider,
+        boxes=world.box_control,
+        desired=desired,
+        observed=observed,
+        archive=archive,
+        code_tar=code_tar,
+        now=clock.now,
     )
+    result = apply(p, ctx)
+    assert not result.failures, result.failure_lines()
+    memory = FleetMemory(
+        boxes=observed.memory,
+        in_flight=next_in_flight(observed.in_flight, observed, result),
+        spend=observed.spend,
+        spend_at=NOW,
+    )
+    applied, _ = observe(desired, world.provider, world.box_control, tuple(archive.records()), memory, NOW)
+    return applied
+
+
+@SETTINGS
+@given(worlds(steady=True))
+def test_the_fake_world_is_observed_as_generated(world: World) -> None:
+    """The fakes are honest: ``observe()`` of a fake world built from a snapshot plans like the snapshot itself."""
+    desired, observed = world
+    fake = FakeWorld.from_observed(observed, FakeClock(NOW))
+    memory = FleetMemory(boxes=observed.memory, in_flight=observed.in_flight, spend=observed.spend, spend_at=NOW)
+    seen, _ = observe(desired, fake.provider, fake.box_control, observed.history, memory, NOW)
+    assert seen.probes == tuple(  # a real probe lists run directories sorted by (run id, attempt)
+        dataclasses.replace(p, runs=tuple(sorted(p.runs, key=lambda r: (r.run_id, r.attempt))))
+        for p in observed.probes
+    )
+    assert plan(desired, seen, NOW).actions == plan(desired, observed, NOW).actions
 
 
 @SETTINGS

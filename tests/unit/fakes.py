@@ -1,0 +1,549 @@
+"""In-memory fakes of the ports for the unit tier: a market, rented boxes and a clock, all in one ``FakeWorld``.
+
+The real ``observe()``, ``plan()``, ``apply()`` and ``Reconciler`` run over these; only the world is fake. It is
+kept small and honest — it does what the run protocol says a box does, not what the planner would like:
+
+- ``FakeProvider`` (the ``Provider`` port): a market of offers (an offer is one machine: renting it takes it off
+  the market), rentals that boot for ``boot_s`` (listed as loading, without an address) and then run, an idempotent
+  destroy (a gone instance counts as destroyed).
+- ``FakeBoxes`` (the ``BoxControl`` port): one ``FakeBox`` per booted rental holding GPUs, run directories, shipped
+  code commits and bootstrap markers. A launch takes the launch lock (a second launch of the same attempt is
+  ``LaunchLockHeld``); a run holds its GPUs' memory while its process lives, beats its heartbeat while time
+  passes, ends after its ``Work`` with that exit code, or is ended by the wrapper's own max-runtime guard (143)
+  or by a kill (the exit code given); a launch whose code commit was never shipped exits 127 at once, as the
+  wrapper does when the code directory is missing. Bootstrap runs detached for ``bootstrap_s``.
+- Faults, injected on purpose: ``vanish`` (the rental and its box are gone), ``hang`` (the box answers nothing:
+  every probe and command is ``HostUnreachable``), ``freeze_run`` (a run's process lives but its heartbeat stops),
+  and ``fail_next(method, exception)`` (the next call of a port method raises, e.g. a ``KeyError`` from an SDK or
+  an ``OSError`` from an SSH library).
+- ``FakeShell`` (the ``Shell`` port) only lets the reconciler forget and close connections: in the unit tier,
+  nothing reaches a box except through ``BoxControl``. ``FakeArchive`` is the run archive in memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from reconciler.errors import HostUnreachable, LaunchLockHeld, RejectedByProvider, RemoteCommandFailed
+from reconciler.model import (
+    AttemptRecord,
+    BoxProbe,
+    Budget,
+    Desired,
+    Endpoint,
+    Fleet,
+    GpuState,
+    Instance,
+    InstanceStatus,
+    MetricGoal,
+    Observed,
+    Offer,
+    OfferFilters,
+    RunDirState,
+    RunSpec,
+)
+from reconciler.ports import CommandResult, LaunchJob
+
+T0 = 1_000_000.0
+RUN_GPU_MIB = 3000  # what a live run holds on each of its GPUs
+WRAPPER_TIMEOUT_EXIT = 143  # the wrapper's max-runtime guard ends the command with SIGTERM
+
+
+@dataclass
+class FakeClock:
+    t: float = T0
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, seconds: float) -> None:
+        self.t += max(0.0, seconds)
+
+    advance = sleep
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a launched command does on a fake box: works for ``seconds``, then exits with ``exit_code``."""
+
+    seconds: float = 300.0
+    exit_code: int = 0
+    best_metric: float | None = None
+
+
+@dataclass
+class FakeRun:
+    run_id: str
+    attempt: int
+    gpu_mask: tuple[int, ...]
+    started_at: float | None
+    heartbeat_at: float | None
+    code_commit: str | None = None
+    desired_commit: str | None = None
+    max_runtime_s: float = math.inf
+    work: Work | None = None  # None: works until it is killed
+    pid_alive: bool = True
+    exit_code: int | None = None
+    ended_at: float | None = None
+    frozen: bool = False  # the process lives but its heartbeat stopped
+    killed_reason: str | None = None
+    best_metric: float | None = None
+    final_metric: float | None = None
+
+    def end(self, at: float, exit_code: int, reason: str | None = None) -> None:
+        self.pid_alive = False
+        self.exit_code = exit_code
+        self.ended_at = at
+        self.heartbeat_at = at  # the wrapper touches it once more on the way out
+        if reason is not None:
+            self.killed_reason = reason
+
+    @property
+    def holds_gpus(self) -> bool:
+        return self.pid_alive and self.exit_code is None
+
+    def state(self, now: float) -> RunDirState:
+        return RunDirState(
+            run_id=self.run_id,
+            attempt=self.attempt,
+            gpu_mask=self.gpu_mask,
+            pid_alive=self.pid_alive,
+            started_at=self.started_at,
+            heartbeat_age_s=None if self.heartbeat_at is None else max(0.0, now - self.heartbeat_at),
+            exit_code=self.exit_code,
+            ended_at=self.ended_at,
+            code_commit=self.code_commit,
+            desired_commit=self.desired_commit,
+            best_metric=self.best_metric,
+            final_metric=self.final_metric,
+        )
+
+
+@dataclass
+class FakeBox:
+    instance_id: int
+    num_gpus: int
+    gpu_ram_mib: int
+    last_activity_at: float | None
+    gpu_base_mib: dict[int, int] = field(default_factory=dict)  # memory used by something that is not a run
+    code_commits: list[str] = field(default_factory=list)
+    bootstrap_ok: list[str] = field(default_factory=list)
+    bootstrap_failed: list[str] = field(default_factory=list)
+    bootstrap_running: dict[str, float] = field(default_factory=dict)  # hash -> when it finishes
+    runs: dict[tuple[str, int], FakeRun] = field(default_factory=dict)
+    hung: bool = False
+    disk_free_gb: float | None = 100.0
+    python: str | None = "/usr/bin/python3"
+    ticked_at: float = 0.0
+
+    def touch(self, at: float) -> None:
+        self.last_activity_at = at if self.last_activity_at is None else max(self.last_activity_at, at)
+
+    def tick(self, now: float, bootstrap_fails: bool) -> None:
+        for h, done_at in sorted(self.bootstrap_running.items()):
+            if done_at <= now:
+                del self.bootstrap_running[h]
+                (self.bootstrap_failed if bootstrap_fails else self.bootstrap_ok).append(h)
+                self.touch(done_at)
+        for run in self.runs.values():
+            if not run.holds_gpus or run.started_at is None:
+                continue
+            guard = math.ceil(run.max_runtime_s) if math.isfinite(run.max_runtime_s) else None
+            done = run.started_at + run.work.seconds if run.work is not None else None
+            if done is not None and done <= now and (guard is None or done < run.started_at + guard):
+                assert run.work is not None
+                run.end(done, run.work.exit_code)
+                run.best_metric = run.final_metric = run.work.best_metric
+                self.touch(done)
+            elif guard is not None and run.started_at + guard <= now:
+                run.end(run.started_at + guard, WRAPPER_TIMEOUT_EXIT, f"max_runtime_s {guard} exceeded")
+                self.touch(run.started_at + guard)
+            elif now > self.ticked_at and not run.frozen:
+                run.heartbeat_at = now
+        self.ticked_at = max(self.ticked_at, now)
+
+    def probe(self, now: float) -> BoxProbe:
+        used = dict(self.gpu_base_mib)
+        for run in self.runs.values():
+            if run.holds_gpus:
+                for g in run.gpu_mask:
+                    used[g] = used.get(g, 0) + RUN_GPU_MIB
+        return BoxProbe(
+            instance_id=self.instance_id,
+            reachable=True,
+            gpus=tuple(GpuState(g, used.get(g, 0), self.gpu_ram_mib) for g in range(self.num_gpus)),
+            disk_free_gb=self.disk_free_gb,
+            python=self.python,
+            bootstrap_hashes=tuple(self.bootstrap_ok),
+            bootstrap_failed=tuple(self.bootstrap_failed),
+            bootstrap_running=tuple(sorted(self.bootstrap_running)),
+            code_commits=tuple(self.code_commits),
+            runs=tuple(r.state(now) for _, r in sorted(self.runs.items())),
+            last_activity_at=self.last_activity_at,
+        )
+
+
+@dataclass
+class _Rental:
+    instance: Instance  # as listed once running
+    ready_at: float | None  # None: listed exactly as ``instance`` says (status included)
+
+
+class FakeWorld:
+    """The market, the rentals and their boxes, and the clock they share; ``provider`` and ``boxes`` are the ports."""
+
+    def __init__(
+        self,
+        offers: Iterable[Offer] = (),
+        *,
+        clock: FakeClock | None = None,
+        boot_s: float = 60.0,
+        bootstrap_s: float = 30.0,
+        bootstrap_fails: bool = False,
+        work: Callable[[LaunchJob], Work] = lambda job: Work(),
+    ) -> None:
+        self.clock = clock or FakeClock()
+        self.market: dict[int, Offer] = {o.id: o for o in offers}
+        self.rentals: dict[int, _Rental] = {}
+        self.boxes: dict[int, FakeBox] = {}
+        self.boot_s = boot_s
+        self.bootstrap_s = bootstrap_s
+        self.bootstrap_fails = bootstrap_fails
+        self.work = work
+        self.calls: list[str] = []  # every port call, in order ("launch 1001 r1.1", ...)
+        self.forgotten: list[int] = []
+        self._faults: dict[str, list[BaseException]] = {}
+        self._ids = itertools.count(1001)
+        self._pids = itertools.count(4242)
+        self.provider = FakeProvider(self)
+        self.box_control = FakeBoxes(self)
+
+    # ------------------------------------------------------------------------------------------- faults
+
+    def fail_next(self, method: str, exc: BaseException, times: int = 1) -> None:
+        """The next ``times`` calls of the port method ``method`` (e.g. "launch", "create_instance") raise ``exc``."""
+        self._faults.setdefault(method, []).extend([exc] * times)
+
+    def vanish(self, instance_id: int) -> None:
+        """The rental is gone from the provider's list and its box with everything it ran (a host failure)."""
+        self.rentals.pop(instance_id, None)
+        self.boxes.pop(instance_id, None)
+
+    def hang(self, instance_id: int, hung: bool = True) -> None:
+        self.boxes[instance_id].hung = hung
+
+    def freeze_run(self, instance_id: int, run_id: str, attempt: int) -> None:
+        self.boxes[instance_id].runs[(run_id, attempt)].frozen = True
+
+    def _enter(self, method: str, what: str = "") -> None:
+        self.calls.append(f"{method} {what}".strip())
+        self.tick()
+        queue = self._faults.get(method)
+        if queue:
+            raise queue.pop(0)
+
+    # -------------------------------------------------------------------------------------------- time
+
+    def tick(self) -> None:
+        """Bring the world up to the clock: boots finish, runs end, heartbeats beat, bootstraps complete."""
+        now = self.clock.now()
+        for iid, rental in self.rentals.items():
+            if iid not in self.boxes and rental.ready_at is not None and rental.ready_at <= now:
+                inst = rental.instance
+                self.boxes[iid] = FakeBox(iid, inst.num_gpus, inst.gpu_ram_mib, rental.ready_at,
+                                          ticked_at=rental.ready_at)
+        for box in self.boxes.values():
+            box.tick(now, self.bootstrap_fails)
+
+    # ---------------------------------------------------------------------------------------- queries
+
+    def listed(self) -> list[Instance]:
+        now = self.clock.now()
+        out = []
+        for _, rental in sorted(self.rentals.items()):
+            inst = rental.instance
+            if rental.ready_at is not None and now < rental.ready_at:
+                inst = replace(inst, status=InstanceStatus.LOADING, direct=None, proxy=None)
+            out.append(inst)
+        return out
+
+    def live_runs(self) -> list[tuple[int, FakeRun]]:
+        return [(iid, r) for iid, box in sorted(self.boxes.items()) for r in box.runs.values() if r.holds_gpus]
+
+    # ------------------------------------------------------------------------------ from an observation
+
+    @classmethod
+    def from_observed(cls, observed: Observed, clock: FakeClock, **kwargs: object) -> FakeWorld:
+        """A world that an ``observe()`` at ``clock.now()`` sees as ``observed`` (instances, probes, offers)."""
+        world = cls(observed.offers, clock=clock, **kwargs)  # type: ignore[arg-type]
+        probes = observed.probes_by_id()
+        for inst in observed.instances:
+            addressed = inst if inst.ssh is not None else replace(inst, direct=Endpoint(f"10.0.{inst.id}.1", 22))
+            world.rentals[inst.id] = _Rental(addressed, ready_at=None)
+            probe = probes.get(inst.id)
+            if probe is None:
+                continue
+            box = FakeBox(inst.id, inst.num_gpus, inst.gpu_ram_mib, probe.last_activity_at, ticked_at=clock.now())
+            box.hung = not probe.reachable
+            box.disk_free_gb, box.python = probe.disk_free_gb, probe.python
+            box.code_commits = list(probe.code_commits)
+            box.bootstrap_ok = list(probe.bootstrap_hashes)
+            box.bootstrap_failed = list(probe.bootstrap_failed)
+            box.bootstrap_running = {h: math.inf for h in probe.bootstrap_running}
+            for rd in probe.runs:
+                hb = None if rd.heartbeat_age_s is None else clock.now() - rd.heartbeat_age_s
+                box.runs[(rd.run_id, rd.attempt)] = FakeRun(
+                    rd.run_id, rd.attempt, rd.gpu_mask, rd.started_at, hb, rd.code_commit, rd.desired_commit,
+                    pid_alive=rd.pid_alive, exit_code=rd.exit_code, ended_at=rd.ended_at,
+                    best_metric=rd.best_metric, final_metric=rd.final_metric,
+                )
+            held = {g for r in box.runs.values() if r.holds_gpus for g in r.gpu_mask}
+            box.gpu_base_mib = {g.index: g.memory_used_mib for g in probe.gpus if g.index not in held}
+            world.boxes[inst.id] = box
+        return world
+
+
+class FakeProvider:
+    """The ``Provider`` port over a ``FakeWorld``."""
+
+    def __init__(self, world: FakeWorld) -> None:
+        self.world = world
+
+    def search_offers(self, filters: OfferFilters, disk_gb: float, limit: int = 200) -> list[Offer]:
+        self.world._enter("search_offers")
+        return sorted(self.world.market.values(), key=lambda o: o.id)[:limit]
+
+    def list_instances(self) -> list[Instance]:
+        self.world._enter("list_instances")
+        return self.world.listed()
+
+    def create_instance(
+        self, offer_id: int, *, image: str, disk_gb: float, label: str, onstart: str, env: dict[str, str]
+    ) -> int:
+        w = self.world
+        w._enter("create_instance", str(offer_id))
+        offer = w.market.pop(offer_id, None)
+        if offer is None:
+            raise RejectedByProvider(f"rent offer {offer_id}: no_such_ask", status=404, code="no_such_ask")
+        iid = next(w._ids)
+        now = w.clock.now()
+        inst = Instance(
+            id=iid,
+            label=label,
+            status=InstanceStatus.RUNNING,
+            gpu_name=offer.gpu_name,
+            num_gpus=offer.num_gpus,
+            gpu_ram_mib=offer.gpu_ram_mib,
+            dph_total=offer.dph_total,
+            start_date=now,
+            machine_id=offer.machine_id,
+            image=image,
+            direct=Endpoint(f"10.0.{iid}.1", 22),
+        )
+        w.rentals[iid] = _Rental(inst, ready_at=now + w.boot_s)
+        w.tick()
+        return iid
+
+    def destroy_instance(self, instance_id: int) -> None:
+        self.world._enter("destroy_instance", str(instance_id))
+        self.world.vanish(instance_id)
+
+    def ensure_ssh_key(self, public_key: str) -> None:
+        self.world._enter("ensure_ssh_key")
+
+
+class FakeBoxes:
+    """The ``BoxControl`` port over a ``FakeWorld``: what the run protocol does to a box, in memory."""
+
+    def __init__(self, world: FakeWorld) -> None:
+        self.world = world
+
+    def probe_many(self, boxes: Sequence[Instance], *, timeout: float) -> list[BoxProbe]:
+        w = self.world
+        w._enter("probe_many", " ".join(str(b.id) for b in boxes))
+        out = []
+        for inst in boxes:
+            box = w.boxes.get(inst.id)
+            if inst.ssh is None:
+                out.append(BoxProbe(inst.id, False, error="no ssh address yet"))
+            elif box is None:
+                out.append(BoxProbe(inst.id, False, error=f"HostUnreachable: {inst.ssh.host}: connection refused"))
+            elif box.hung:
+                out.append(BoxProbe(inst.id, False, error=f"HostUnreachable: {inst.ssh.host}: no answer within "
+                                                          f"{timeout:g}s"))
+            else:
+                out.append(box.probe(w.clock.now()))
+        return out
+
+    def _box(self, inst: Instance) -> FakeBox:
+        if inst.ssh is None:
+            raise RemoteCommandFailed(f"instance {inst.id} has no ssh address")
+        box = self.world.boxes.get(inst.id)
+        if box is None:
+            raise HostUnreachable(f"{inst.ssh.host}: connection refused")
+        if box.hung:
+            raise HostUnreachable(f"{inst.ssh.host}: no answer within 60s")
+        return box
+
+    def launch(self, box: Instance, job: LaunchJob) -> str:
+        w = self.world
+        w._enter("launch", f"{box.id} {job.run_id}.{job.attempt}")
+        b = self._box(box)
+        key = (job.run_id, job.attempt)
+        if key in b.runs:
+            raise LaunchLockHeld(f"runs/{job.run_id}.{job.attempt} exists: this attempt was launched before")
+        now = w.clock.now()
+        run = FakeRun(
+            job.run_id, job.attempt, tuple(job.gpu_mask), now, now, job.code_commit, job.desired_commit,
+            max_runtime_s=job.max_runtime_s, work=w.work(job),
+        )
+        b.runs[key] = run
+        b.touch(now)
+        if job.code_commit and job.code_commit not in b.code_commits:
+            run.end(now, 127)  # the wrapper cannot cd into the code directory
+        return str(next(w._pids))
+
+    def kill(self, box: Instance, run_id: str, attempt: int, *, exit_code: int, reason: str) -> None:
+        w = self.world
+        w._enter("kill", f"{box.id} {run_id}.{attempt}")
+        b = self._box(box)
+        run = b.runs.get((run_id, attempt))
+        if run is None:
+            raise RemoteCommandFailed(f"exit 3: no run directory runs/{run_id}.{attempt} on this box")
+        now = w.clock.now()
+        if run.exit_code is None:
+            run.end(now, exit_code)
+            b.touch(now)
+        run.pid_alive = False
+        run.killed_reason = reason
+
+    def bootstrap(self, box: Instance, script: str, script_hash: str) -> str:
+        w = self.world
+        w._enter("bootstrap", f"{box.id} {script_hash}")
+        b = self._box(box)
+        if script_hash in b.bootstrap_ok:
+            return "ok"
+        if script_hash in b.bootstrap_running:
+            return "running"
+        if script_hash in b.bootstrap_failed:
+            b.bootstrap_failed.remove(script_hash)
+        b.bootstrap_running[script_hash] = w.clock.now() + w.bootstrap_s
+        return f"started {next(w._pids)}"
+
+    def ship_code(self, box: Instance, commit: str, tar: bytes) -> None:
+        w = self.world
+        w._enter("ship_code", f"{box.id} {commit}")
+        b = self._box(box)
+        if commit not in b.code_commits:
+            b.code_commits.append(commit)
+
+    def forget(self, box: Instance) -> None:
+        self.world.calls.append(f"forget {box.id}")
+        self.world.forgotten.append(box.id)
+
+
+class FakeShell:
+    """The ``Shell`` port in the unit tier: the reconciler may forget and close connections, nothing more."""
+
+    def __init__(self) -> None:
+        self.forgotten: list[Endpoint] = []
+        self.closed = False
+
+    def run(
+        self, endpoint: Endpoint, command: str, *, stdin: bytes | None = None, timeout: float = 30.0
+    ) -> CommandResult:
+        raise AssertionError("the unit tier reaches boxes through BoxControl, never with shell commands")
+
+    def run_many(
+        self, targets: dict[int, tuple[Endpoint, str]], *, timeout: float = 10.0
+    ) -> dict[int, CommandResult | Exception]:
+        raise AssertionError("the unit tier reaches boxes through BoxControl, never with shell commands")
+
+    def forget(self, endpoint: Endpoint) -> None:
+        self.forgotten.append(endpoint)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeArchive:
+    """The run archive in memory: append-only, idempotent by (run_id, attempt)."""
+
+    def __init__(self, records: Iterable[AttemptRecord] = ()) -> None:
+        self._records: list[AttemptRecord] = []
+        self.append(list(records))
+
+    def records(self) -> Iterator[AttemptRecord]:
+        return iter(list(self._records))
+
+    def append(self, records: list[AttemptRecord]) -> list[AttemptRecord]:
+        keys = {r.key for r in self._records}
+        new = []
+        for r in records:
+            if r.key not in keys:
+                keys.add(r.key)
+                new.append(r)
+        self._records.extend(new)
+        return new
+
+
+def code_tar(commit: str, paths: tuple[str, ...]) -> bytes:
+    return f"tar of {', '.join(paths)} at {commit}".encode()
+
+
+def offer(oid: int, *, gpus: int = 1, dph: float = 0.2, gpu_name: str = "RTX 3090", ram_mib: int = 24576) -> Offer:
+    return Offer(
+        id=oid,
+        machine_id=oid,
+        gpu_name=gpu_name,
+        num_gpus=gpus,
+        gpu_ram_mib=ram_mib,
+        dph_total=dph,
+        dlperf=20.0 * gpus,
+        dlperf_per_dph=20.0 * gpus / dph,
+        reliability=0.99,
+        inet_down_mbps=500.0,
+        cuda=12.2,
+        verified=True,
+        geolocation="SE",
+        disk_space_gb=100.0,
+    )
+
+
+def run_spec(i: int, *, gpus: int = 1, retries: int = 2, max_runtime_s: float = 3600.0) -> RunSpec:
+    return RunSpec(
+        id=f"r{i}",
+        sweep="s",
+        cell=f"c{i}",
+        params=(("i", i),),
+        seed=i,
+        command=f"python train.py --i {i}",
+        priority=0,
+        sweep_order=0,
+        gpus=gpus,
+        min_gpu_ram_mib=0,
+        max_runtime_s=max_runtime_s,
+        retries=retries,
+        metrics_file="metrics.jsonl",
+        metric_key="reward",
+        metric_goal=MetricGoal.MAX,
+    )
+
+
+def desired_state(
+    n_runs: int, *, max_instances: int = 2, bootstrap: str = "", fleet_name: str = "lab", **run_kw: Any
+) -> Desired:
+    """A fleet of up to ``max_instances`` boxes and ``n_runs`` one-GPU runs (``r0`` ...), code pinned at c0ffee."""
+    fleet = Fleet(
+        name=fleet_name,
+        max_instances=max_instances,
+        bootstrap_script=bootstrap,
+        bootstrap_hash=hashlib.sha256(bootstrap.encode()).hexdigest()[:16] if bootstrap else "",
+    )
+    runs = tuple(run_spec(i, **run_kw) for i in range(n_runs))
+    return Desired(fleet=fleet, budget=Budget(), sweeps=(), runs=runs, commit="d35173d", code_commit="c0ffee")
