@@ -13,6 +13,7 @@ import pytest
 
 from reconciler.adapters.git import GitRepo
 from reconciler.errors import PushRejected, RepoError
+from reconciler.model import Budget, Desired, Fleet, Sweep
 
 pytestmark = pytest.mark.integration
 
@@ -282,3 +283,33 @@ def test_desired_commit_ignores_rigsyncs_own_observed_commits(world: tuple[Path,
     sh(human, "commit", "--quiet", "-am", "desired: other")
     sh(human, "push", "--quiet", "origin", "main")
     assert g.desired_commit(g.fetch()) == sh(human, "rev-parse", "HEAD")
+
+
+def _desired(code: tuple[str, ...]) -> Desired:
+    """A desired state whose one sweep ships ``code`` (pin reads only the code paths)."""
+    sweep = Sweep(name="a", command="true", grid=(), seeds=(1,), code_paths=code)
+    return Desired(fleet=Fleet(name="demo"), budget=Budget(), sweeps=(sweep,), runs=())
+
+
+@pytest.mark.parametrize("code", [("train.py",), ()])  # () ships the whole tree: observed/ still never counts
+def test_pin_names_the_desired_and_code_revisions_not_the_tip(
+    world: tuple[Path, Path, Path], code: tuple[str, ...]
+) -> None:
+    _, human, mine = world
+    first = sh(human, "rev-parse", "HEAD")
+    (human / "train.py").write_text("print('v2')\n")
+    sh(human, "commit", "--quiet", "-am", "code: v2")
+    code_sha = sh(human, "rev-parse", "HEAD")
+    sh(human, "push", "--quiet", "origin", "main")
+    g = GitRepo(mine)
+    g.sync_to_remote()
+    g.commit_observed({"observed/lease.yaml": "holder: me\n"}, {}, "lease: acquired")
+    g.commit_observed({"observed/status.yaml": "x\n"}, {}, "observe: x")
+    pinned = g.pin(_desired(code))
+    assert (pinned.commit, pinned.code_commit) == (first, code_sha)
+    assert g.head() not in (first, code_sha)
+    # At an older ref, both are pinned as of that ref.
+    old = g.pin(_desired(code), first)
+    assert (old.commit, old.code_commit) == (first, first)
+    with pytest.raises(RepoError, match="names no commit"):
+        g.pin(_desired(code), "no-such-ref")
