@@ -1,8 +1,9 @@
-"""One reconcile cycle, and the wiring that builds it from a fleet repository.
+"""One reconcile cycle, and the real adapters it runs on.
 
 A cycle is a straight line (Flux's Reconcile): observe → plan → apply → remember. The ``Reconciler`` holds only
 what must survive between cycles (pooled SSH connections, the archive's key index, cross-cycle memory), and that
-memory is also written under observed/ so a restarted process rebuilds it from files plus the world.
+memory is also written under observed/ so a restarted process rebuilds it from files plus the world. It is
+assembled in one place, ``reconciler.fleet.open_fleet``, with ``build_adapters`` as the default adapter factory.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ def open_reconciler(repo: Path, desired: Desired, state_dir: str | None) -> Reco
     return open_fleet(repo, desired.fleet, state_dir=state_dir)
 
 
-def write_observed(
+def write_observed_uncommitted(
     repo: Path, desired: Desired, observed: Observed, plan: Plan, rec: Reconciler, result: ApplyResult | None = None
 ) -> None:
     """Write observed/ (and the archive's new lines) into the working tree; `rigsync run` is the one that commits."""

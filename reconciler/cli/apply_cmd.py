@@ -18,7 +18,7 @@ import jsonschema
 
 from reconciler import lease
 from reconciler.actions import PLAN_FORMAT_VERSION, Plan
-from reconciler.cli._common import add_repo_arg, load_local_desired, open_reconciler, write_observed
+from reconciler.cli._common import add_repo_arg, load_local_desired, open_reconciler, write_observed_uncommitted
 from reconciler.desired import schema_path
 from reconciler.errors import LeaseHeld, StalePlan, UserError
 from reconciler.lease import Lease, LocalLock, lock_path
@@ -107,7 +107,7 @@ def _apply(args: argparse.Namespace, repo: Path, desired: Desired, saved: Plan |
             the_plan = saved
         print(plan_text(the_plan))
         if not the_plan.changes:
-            write_observed(repo, desired, observed, the_plan, rec)
+            write_observed_uncommitted(repo, desired, observed, the_plan, rec)
             return 0
         if saved is None and not args.yes:
             if not sys.stdin.isatty():
@@ -117,7 +117,7 @@ def _apply(args: argparse.Namespace, repo: Path, desired: Desired, saved: Plan |
                 print("apply cancelled")
                 return 1
         result = rec.apply(desired, observed, the_plan, memory)
-        write_observed(repo, desired, observed, the_plan, rec, result)
+        write_observed_uncommitted(repo, desired, observed, the_plan, rec, result)
     finally:
         rec.shell.close()
     for o in result.outcomes:

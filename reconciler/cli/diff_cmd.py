@@ -70,17 +70,17 @@ def _committed(repo: Path) -> tuple[Desired, dict[str, str]]:
 
     if not (repo / ".git").exists():
         observed = {p: (repo / p).read_text(encoding="utf-8") for p in REQUIRED if (repo / p).is_file()}
-        return load_desired(_some_desired(repo, read_desired_files(repo))), observed
+        return load_desired(_require_desired_files(repo, read_desired_files(repo))), observed
     g = GitRepo(repo)
     try:
         head = g.head()
     except RepoError:
         raise UserError(f"{repo}: no desired/ files committed") from None  # a fresh repository without commits
     observed = {p: b.decode("utf-8", "replace") for p, b in g.files_at(head, "observed/").items() if p in REQUIRED}
-    return g.pin(load_desired(_some_desired(repo, g.desired_files(head))), head), observed
+    return g.pin(load_desired(_require_desired_files(repo, g.desired_files(head))), head), observed
 
 
-def _some_desired(repo: Path, files: dict[str, bytes]) -> dict[str, bytes]:
+def _require_desired_files(repo: Path, files: dict[str, bytes]) -> dict[str, bytes]:
     if not files:
         raise UserError(f"{repo}: no desired/ files committed")
     return files

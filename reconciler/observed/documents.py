@@ -26,10 +26,10 @@ from reconciler.model import (
     Desired,
     MetricGoal,
     Observed,
-    Ownership,
     RunPhase,
     RunSpec,
     Spend,
+    owned_by,
     run_dir_name,
     split_owned,
 )
@@ -84,7 +84,7 @@ def _render_fleet(fleet: str, observed: Observed) -> dict[str, Any]:
             on_gpu.setdefault((f.instance_id, gi), run_dir_name(f.run_id, f.attempt))
     boxes = []
     for inst in owned:
-        own = Ownership.parse(inst.label)
+        own = owned_by(fleet, inst.label)
         probe = probes.get(inst.id)
         mem = observed.memory_of(inst.id)
         gpus = []
