@@ -16,6 +16,7 @@ import sys
 import time
 
 from reconciler.model import (
+    AttemptOutcome,
     AttemptRecord,
     BoxProbe,
     Budget,
@@ -29,7 +30,6 @@ from reconciler.model import (
     Observed,
     Offer,
     Ownership,
-    AttemptOutcome,
     RunDirState,
     RunSpec,
 )
@@ -95,7 +95,9 @@ def world(n_runs: int) -> tuple[Desired, Observed]:
         gpus = tuple(GpuState(g, 4000 if g in busy else 0, 24576) for g in range(GPUS_PER_BOX))
         probes.append(BoxProbe(iid, True, gpus=gpus, runs=tuple(rundirs), last_activity_at=NOW - 60))
     history = tuple(
-        AttemptRecord(runs[i].id, 1, runs[i].sweep, AttemptOutcome.SUCCEEDED if i % 2 else AttemptOutcome.FAILED, best_metric=0.5)
+        AttemptRecord(
+            runs[i].id, 1, runs[i].sweep, AttemptOutcome.SUCCEEDED if i % 2 else AttemptOutcome.FAILED, best_metric=0.5
+        )
         for i in range(n_runs - n_runs // 10, n_runs)
     )
     offers = tuple(

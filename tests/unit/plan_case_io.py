@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.model import (
+    AttemptOutcome,
     AttemptRecord,
     BoxMemory,
     BoxProbe,
@@ -31,7 +32,6 @@ from reconciler.model import (
     Offer,
     OfferFilters,
     OnExceed,
-    AttemptOutcome,
     Ranking,
     RunDirState,
     RunSpec,

@@ -18,7 +18,7 @@ from jsonschema import Draft202012Validator
 
 from reconciler.actions import ACTION_TYPES, Kind, Launch, Noop, Plan, ReasonCode, Record
 from reconciler.desired import schema_path
-from reconciler.model import AttemptRecord, Drift, DriftClass, InFlight, AttemptOutcome
+from reconciler.model import AttemptOutcome, AttemptRecord, Drift, DriftClass, InFlight
 from reconciler.plan import plan
 from reconciler.saved_plan import stale_reasons
 
@@ -99,8 +99,8 @@ def _hand_plan() -> Plan:
                 phase="succeeded", exit_code=0,
             ),
             Launch(
-                reason="pending", code=ReasonCode.PENDING_RUN, instance_id=5, run_id="r2", attempt=1, gpu_mask=(0,), command="python t.py",
-                code_commit=None, sweep="s",
+                reason="pending", code=ReasonCode.PENDING_RUN, instance_id=5, run_id="r2", attempt=1,
+                gpu_mask=(0,), command="python t.py", code_commit=None, sweep="s",
             ),
         ),
         noops=(Noop(reason="busy", subject="instance/5", code=ReasonCode.BUSY),),
