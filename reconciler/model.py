@@ -285,6 +285,11 @@ class GpuState:
     memory_total_mib: int
     utilization_pct: float = 0.0
 
+    @property
+    def memory_in_use(self) -> bool:
+        """Something holds memory on this GPU (more than ``FREE_GPU_MEMORY_MIB``): it is not free for a run."""
+        return self.memory_used_mib > FREE_GPU_MEMORY_MIB
+
 
 @dataclass(frozen=True)
 class RunDirState:

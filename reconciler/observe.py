@@ -9,7 +9,6 @@ committed under observed/, never from process memory alone.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import replace
 
 from reconciler.errors import ProviderError
@@ -23,21 +22,12 @@ from reconciler.model import (
     InstanceStatus,
     Observed,
     Offer,
-    Ownership,
     Spend,
+    split_owned,
 )
 from reconciler.ports import BoxControl, Provider
 
 PROBE_TIMEOUT_S = 10.0
-
-
-def owned(instances: Iterable[Instance], fleet: str) -> list[Instance]:
-    out = []
-    for inst in instances:
-        own = Ownership.parse(inst.label)
-        if own is not None and own.fleet == fleet:
-            out.append(inst)
-    return out
 
 
 def probe_boxes(boxes: BoxControl, instances: list[Instance], timeout: float = PROBE_TIMEOUT_S) -> list[BoxProbe]:
@@ -83,7 +73,7 @@ def observe(
     """Snapshot the world. Provider errors propagate (the cycle cannot plan without the instance list)."""
     fleet = desired.fleet
     instances = provider.list_instances()
-    mine = owned(instances, fleet.name)
+    mine, _foreign = split_owned(instances, fleet.name)
     offers: list[Offer] = []
     if not fleet.suspend:
         try:

@@ -9,7 +9,7 @@ premises no longer hold is refused as a whole, with every reason listed.
 from __future__ import annotations
 
 from reconciler.actions import Bootstrap, Destroy, Kill, Launch, Plan, Record, Rent, Requeue, ShipCode
-from reconciler.model import FREE_GPU_MEMORY_MIB, AttemptOutcome, Desired, InstanceStatus, Observed, split_owned
+from reconciler.model import AttemptOutcome, Desired, InstanceStatus, Observed, split_owned
 
 DPH_TOLERANCE = 1e-6
 
@@ -51,7 +51,7 @@ def stale_reasons(saved: Plan, desired: Desired, observed: Observed) -> list[str
                 if r.pid_alive:
                     busy_gpus.setdefault(seen.instance_id, set()).update(r.gpu_mask)
         for g in seen.gpus:
-            if g.memory_used_mib > FREE_GPU_MEMORY_MIB:
+            if g.memory_in_use:
                 busy_gpus.setdefault(seen.instance_id, set()).add(g.index)
     for action in saved.actions:
         if isinstance(action, Rent):

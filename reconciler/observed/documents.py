@@ -21,7 +21,6 @@ from typing import Any
 
 from reconciler.actions import Plan
 from reconciler.model import (
-    FREE_GPU_MEMORY_MIB,
     AttemptRecord,
     Desired,
     MetricGoal,
@@ -94,7 +93,7 @@ def _render_fleet(fleet: str, observed: Observed) -> dict[str, Any]:
                     {
                         "index": g.index,
                         "memory_total_mib": g.memory_total_mib,
-                        "busy": g.memory_used_mib > FREE_GPU_MEMORY_MIB,
+                        "busy": g.memory_in_use,
                         "run": on_gpu.get((inst.id, g.index)),
                     }
                 )

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from reconciler.actions import Bootstrap, Destroy, ReasonCode
 from reconciler.identity import slot_spec_hash
-from reconciler.model import FREE_GPU_MEMORY_MIB, Drift, DriftClass, GpuState, InFlight, InstanceStatus
+from reconciler.model import Drift, DriftClass, GpuState, InFlight, InstanceStatus
 from reconciler.plan.attempts import SeenAttempts
 from reconciler.plan.common import Decisions, cap, count_cap, fmt_duration, usd_h
 from reconciler.plan.world import BudgetPosition, OwnedBox, World
@@ -234,7 +234,7 @@ def prepare_boxes(
             used = table.occupied.get(box.id, frozenset())
             free[box.id] = tuple(
                 sorted(
-                    (g for g in box.probe.gpus if g.index not in used and g.memory_used_mib <= FREE_GPU_MEMORY_MIB),
+                    (g for g in box.probe.gpus if g.index not in used and not g.memory_in_use),
                     key=lambda g: g.index,
                 )
             )
