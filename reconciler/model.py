@@ -78,6 +78,7 @@ class Fleet:
     unreachable_grace_s: float = 120.0
     heartbeat_stale_s: float = 60.0
     suspend: bool = False
+    orphan_timeout_s: float = 1800.0  # the box's own watchdog destroys it when no controller touched it this long
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ class Sweep:
     metric_key: str | None = None
     metric_goal: MetricGoal = MetricGoal.MAX
     promotion: tuple[PromotionRule, ...] = ()
+    expected_runtime_s: float | None = None  # what a run usually takes, when the archive cannot tell yet
     order: int = 0  # position among sweeps (file name order); the tie-break after priority
 
 
@@ -140,6 +142,7 @@ class RunSpec:
     metric_key: str | None
     metric_goal: MetricGoal
     promotion_threshold: float | None = None
+    expected_runtime_s: float | None = None  # the sweep's expected_runtime, if it gives one
 
     @property
     def params_dict(self) -> dict[str, Scalar]:
@@ -227,6 +230,7 @@ class Instance:
     is_bid: bool = False
     direct: Endpoint | None = None
     proxy: Endpoint | None = None
+    cost_usd: float | None = None  # billed so far for this instance, as the provider reports it (None: unknown)
 
     @property
     def ssh(self) -> Endpoint | None:
@@ -483,6 +487,8 @@ class Observed:
     spend: Spend = field(default_factory=Spend)
     fleet_name: str = ""
     in_flight: tuple[InFlight, ...] = ()
+    credit_usd: float | None = None  # what the account can still spend, as the provider says (None: unknown)
+    cycle_s: float = 60.0  # until the controller decides again: its cycle interval plus the destroy latency
 
     def probe(self, instance_id: int) -> BoxProbe | None:
         for p in self.probes:
