@@ -79,7 +79,9 @@ class ReasonCode(enum.StrEnum):
     RENT_FOR_PENDING = "rent_for_pending"  # runs no box can take
     RENT_FOR_MIN_INSTANCES = "rent_for_min_instances"  # the floor of min_instances
     # destroy
-    OVER_BUDGET_HALT = "over_budget_halt"  # a cap is reached and on_exceed is halt
+    BUDGET_EXHAUSTED = "budget_exhausted"  # the boxes held would pass a cap before the next decision
+    OVER_BUDGET_HALT = "over_budget_halt"  # the budget can start no new work and on_exceed is halt
+    BUDGET_IDLE = "budget_idle"  # on_exceed drain: no new work can start, so an idle box only burns money
     PROVIDER_STOPPED = "provider_stopped"  # stopped (outbid?) boxes still bill storage
     PROVIDER_DEAD = "provider_dead"  # exited or offline: it cannot run work
     PAST_TTL = "past_ttl"
@@ -105,7 +107,8 @@ class ReasonCode(enum.StrEnum):
     STATUS_UNKNOWN = "status_unknown"  # a provider status rigsync does not act on
     BUSY = "busy"  # GPUs in use by rigsync's runs
     NOT_LAUNCHED = "not_launched"  # pending runs waiting for boxes (booting, rented now, no capacity)
-    OVER_BUDGET_DRAIN = "over_budget_drain"  # a cap is reached, on_exceed drain: nothing rented
+    BUDGET_REFUSED = "budget_refused"  # a launch or a rent would not fit what the budget leaves
+    CREDIT_REFUSED = "credit_refused"  # a rent the account's credit cannot cover
     INSTANCE_COUNT_CAP = "instance_count_cap"  # max_instances reached
     INSTANCE_PRICE_CAP = "instance_price_cap"  # cheapest fitting offer above the per-box $/h cap
     FLEET_PRICE_CAP = "fleet_price_cap"  # renting would pass the fleet $/h cap

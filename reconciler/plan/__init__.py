@@ -35,9 +35,10 @@ from reconciler.plan.attempts import (
 )
 from reconciler.plan.boxes import BoxState, box_noops, classify_boxes, enforce_max_instances, prepare_boxes, retire_idle
 from reconciler.plan.common import Decisions, effective_caps, fmt_duration
+from reconciler.plan.money import Purse, budget_position
 from reconciler.plan.placement import place
 from reconciler.plan.renting import rent_for
-from reconciler.plan.world import BudgetPosition, World, budget_position, index_world
+from reconciler.plan.world import World, index_world
 
 __all__ = [
     "BoxState",
@@ -56,13 +57,13 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
     decided = Decisions()
     world, found = index_world(desired, observed, now)
     decided.extend(found)
-    budget = budget_position(desired, observed)
 
     seen = collect_attempts(world)
     recorded, found = record_finished(seen)
     decided.extend(found)
     wanted, found = wanted_runs(world, recorded)
     decided.extend(found)
+    budget = budget_position(world, seen, recorded, wanted)
 
     table, found = classify_boxes(world, seen, budget)
     decided.extend(found)
@@ -81,24 +82,25 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
     placement, found = place(world, queue, table, budget)
     decided.extend(found)
     no_work = not queue.pending and not queue.live_work
-    table, found = retire_idle(world, seen, placement.table, placement.launches, no_work)
+    table, found = retire_idle(world, seen, placement.table, placement.launches, no_work, budget)
     decided.extend(found)
-    decided.extend(rent_for(world, placement.unplaced, table, budget))
+    decided.extend(rent_for(world, placement.unplaced, table, budget, placement.spent))
     decided.extend(box_noops(world, seen, table))
     return _finish(world, budget, decided)
 
 
-def _finish(world: World, budget: BudgetPosition, decided: Decisions) -> Plan:
+def _finish(world: World, budget: Purse, decided: Decisions) -> Plan:
     before = sum(b.inst.dph_total for b in world.boxes.values())
     destroyed = sum(a.dph for a in decided.actions if isinstance(a, Destroy))
     rented = sum(a.dph for a in decided.actions if isinstance(a, Rent))
     actions: list[Action] = decided.actions
     noops = list(decided.noops)
     drift = list(decided.drift)
-    if budget.halt:
+    if budget.binds:
         first = next((a for a in sorted(actions, key=_order) if isinstance(a, Destroy)), None)
-        act = f"destroy {first.target}" if first else "none"
-        drift.append(Drift(DriftClass.OVER_BUDGET, "budget", budget.text, act))
+        act = f"destroy {first.target}" if first and budget.stop else "none"
+        drift.append(Drift(DriftClass.OVER_BUDGET, "budget", budget.describe(), act))
+        decided.warnings.append(f"budget: {budget.verdict()}")
     suspended = world.desired.fleet.suspend
     if suspended:
         kept: list[Action] = []

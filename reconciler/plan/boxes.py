@@ -18,7 +18,8 @@ from reconciler.identity import slot_spec_hash
 from reconciler.model import Drift, DriftClass, GpuState, InFlight, InstanceStatus
 from reconciler.plan.attempts import SeenAttempts
 from reconciler.plan.common import Decisions, cap, count_cap, fmt_duration, usd_h
-from reconciler.plan.world import BudgetPosition, OwnedBox, World
+from reconciler.plan.money import Purse
+from reconciler.plan.world import OwnedBox, World
 
 DEAD_STATUSES = frozenset({InstanceStatus.STOPPED, InstanceStatus.EXITED, InstanceStatus.OFFLINE})
 BOOTING_STATUSES = frozenset({InstanceStatus.CREATED, InstanceStatus.LOADING})
@@ -75,15 +76,18 @@ class _Destroyer:
         self.out.noop(box.subject, code, reason)
 
 
-def classify_boxes(world: World, seen: SeenAttempts, budget: BudgetPosition) -> tuple[BoxTable, Decisions]:
+def classify_boxes(world: World, seen: SeenAttempts, budget: Purse) -> tuple[BoxTable, Decisions]:
     """Destroys that do not depend on the work, and every other box's state."""
     f = world.desired.fleet
     now = world.now
     d = _Destroyer(world)
     for box in world.boxes.values():
         inst, subj = box.inst, box.subject
+        if budget.exhausted:
+            d.destroy(box, ReasonCode.BUDGET_EXHAUSTED, f"budget exhausted: {budget.describe()}")
+            continue
         if budget.halt:
-            d.destroy(box, ReasonCode.OVER_BUDGET_HALT, f"over budget, on_exceed halt: {budget.text}")
+            d.destroy(box, ReasonCode.OVER_BUDGET_HALT, f"on_exceed halt: {budget.verdict()}")
             continue
         if inst.status is InstanceStatus.STOPPED:
             d.destroy(
@@ -190,7 +194,7 @@ def enforce_max_instances(world: World, seen: SeenAttempts, table: BoxTable) -> 
 
 
 def prepare_boxes(
-    world: World, seen: SeenAttempts, table: BoxTable, budget: BudgetPosition
+    world: World, seen: SeenAttempts, table: BoxTable, budget: Purse
 ) -> tuple[BoxTable, Decisions]:
     """Replace drifted boxes once idle, bootstrap new ones, and list the free GPUs of ready ones."""
     f = world.desired.fleet
@@ -220,7 +224,7 @@ def prepare_boxes(
             bh = f.bootstrap_hash
             if bh in box.probe.bootstrap_running:
                 d.noop(box, ReasonCode.BOOTSTRAP_RUNNING, f"bootstrap {bh} running")
-            elif not budget.halt:
+            elif not budget.stop:
                 d.considered.add(box.id)
                 d.out.act(
                     Bootstrap(
@@ -243,7 +247,7 @@ def prepare_boxes(
 
 
 def retire_idle(
-    world: World, seen: SeenAttempts, table: BoxTable, launches: Mapping[int, int], no_work: bool
+    world: World, seen: SeenAttempts, table: BoxTable, launches: Mapping[int, int], no_work: bool, budget: Purse
 ) -> tuple[BoxTable, Decisions]:
     """Destroy boxes idle past idle_timeout, and every idle box when the fleet has no work, down to min_instances."""
     f = world.desired.fleet
@@ -257,6 +261,9 @@ def retire_idle(
         idle_for: float | None = None
         if table.states.get(box.id) is BoxState.READY and box.probe is not None:
             idle_for = now - (box.probe.last_activity_at or box.inst.start_date)
+        if budget.binds:  # drain: no new work can start, so an idle box could only burn the budget
+            d.destroy(box, ReasonCode.BUDGET_IDLE, f"on_exceed drain: {budget.verdict()}; idle box destroyed")
+            continue
         if idle_for is not None and idle_for > f.idle_timeout_s:
             candidates.append(
                 (box, ReasonCode.IDLE_TIMEOUT, f"idle for {fmt_duration(idle_for)} > idle_timeout {timeout}")

@@ -77,7 +77,8 @@ def usd_h(x: float) -> str:
 
 
 def usd(x: float) -> str:
-    return f"${x:.2f}"
+    """Dollars to the cent, and to the hundredth of a cent below a dollar (small fleets spend fractions)."""
+    return f"${x:.2f}" if abs(x) >= 1 or x == 0 else f"${x:.4f}"
 
 
 def gpus_text(mask: tuple[int, ...]) -> str:

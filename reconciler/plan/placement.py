@@ -12,24 +12,30 @@ from dataclasses import dataclass, replace
 
 from reconciler.actions import Launch, ReasonCode, ShipCode
 from reconciler.model import GpuState
+from reconciler.offers import normalize_gpu_name
 from reconciler.plan.attempts import PendingRun, RunQueue
 from reconciler.plan.boxes import BoxState, BoxTable
-from reconciler.plan.common import Decisions, gpus_text
-from reconciler.plan.world import BudgetPosition, World
+from reconciler.plan.common import Decisions, gpus_text, usd
+from reconciler.plan.money import Purse, Spending, runtime_of
+from reconciler.plan.world import World
 from reconciler.runphase import allowed_attempts
 
 
 @dataclass(frozen=True)
 class Placement:
-    unplaced: tuple[PendingRun, ...]  # still pending after placement, in launch order
+    unplaced: tuple[PendingRun, ...]  # no free GPU took them: renting may, in launch order
     launches: Mapping[int, int]  # box id -> launches placed on it
     table: BoxTable  # free GPUs left, boxes with launches considered
+    spent: float  # what the launches placed are expected to cost (they count against the budget's headroom)
 
 
-def place(world: World, queue: RunQueue, table: BoxTable, budget: BudgetPosition) -> tuple[Placement, Decisions]:
+def place(world: World, queue: RunQueue, table: BoxTable, budget: Purse) -> tuple[Placement, Decisions]:
     out = Decisions()
-    if budget.halt:
-        return Placement(queue.pending, {}, table), out
+    if budget.stop:
+        return Placement(queue.pending, {}, table, 0.0), out
+    spending = Spending(budget)
+    runtimes = budget.runtimes
+    refused: list[tuple[PendingRun, float]] = []
     free: dict[int, list[GpuState]] = {i: list(g) for i, g in table.free.items()}
     open_boxes = [
         world.boxes[i]
@@ -66,6 +72,13 @@ def place(world: World, queue: RunQueue, table: BoxTable, budget: BudgetPosition
             unplaced.append(run)
             continue
         box = open_boxes[i]
+        share = box.inst.dph_total * len(chosen) / max(1, box.inst.num_gpus)
+        hours = runtime_of(runtimes, spec).on(world.gpu_dlperf.get(normalize_gpu_name(box.inst.gpu_name)))
+        cost = share * hours
+        if not spending.fits(cost):
+            refused.append((run, cost))  # the GPUs stay free: a cheaper run may still fit
+            continue
+        spending.commit(cost)
         mask = tuple(gpu.index for gpu in chosen)
         taken = set(mask)
         free[box.id] = [gpu for gpu in free[box.id] if gpu.index not in taken]
@@ -94,5 +107,14 @@ def place(world: World, queue: RunQueue, table: BoxTable, budget: BudgetPosition
                 sweep=spec.sweep,
             )
         )
+    if refused:
+        first_cost = refused[0][1]
+        out.noop(
+            f"fleet/{world.desired.fleet.name}",
+            ReasonCode.BUDGET_REFUSED,
+            f"budget: {len(refused)} run(s) not launched on free GPUs: the next would cost ~{usd(first_cost)} "
+            f"(its share of the box to its expected runtime), {usd(max(0.0, spending.left()))} is left before "
+            f"{budget.tightest}",
+        )
     new_table = replace(table, free={i: tuple(g) for i, g in free.items()}, considered=frozenset(considered))
-    return Placement(tuple(unplaced), launches, new_table), out
+    return Placement(tuple(unplaced), launches, new_table, spending.committed), out

@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 
 from reconciler.actions import ReasonCode, Rent
 from reconciler.identity import rent_label
-from reconciler.model import Drift, DriftClass, Offer
-from reconciler.offers import passing_offers, rank_key
+from reconciler.model import Offer, RunSpec
+from reconciler.offers import normalize_gpu_name
 from reconciler.plan.attempts import PendingRun
 from reconciler.plan.boxes import BoxState, BoxTable
-from reconciler.plan.common import EPS, Decisions, count_cap, effective_caps, usd_h
-from reconciler.plan.world import BudgetPosition, World
+from reconciler.plan.common import EPS, Decisions, count_cap, effective_caps, usd, usd_h
+from reconciler.plan.money import Purse, Spending, runtime_of
+from reconciler.plan.world import World
 
 _ON_THEIR_WAY = frozenset({BoxState.BOOTING, BoxState.BOOTSTRAPPING, BoxState.UNREACHABLE})
 
@@ -66,7 +67,7 @@ class _Market:
         self.count = len(alive)
         self.fleet_dph = sum(b.inst.dph_total for b in alive)
         self.instance_cap, self.fleet_cap = effective_caps(world.desired)
-        self.offers = sorted(passing_offers(world.observed.offers, f.filters, f.disk_gb), key=rank_key(f.ranking))
+        self.offers = list(world.offers)
         self.used: set[int] = set()
         self.pointers: dict[tuple[int, int], int] = {}
 
@@ -119,10 +120,14 @@ class _Market:
         )
 
 
-def rent_for(world: World, unplaced: tuple[PendingRun, ...], table: BoxTable, budget: BudgetPosition) -> Decisions:
+def rent_for(
+    world: World, unplaced: tuple[PendingRun, ...], table: BoxTable, budget: Purse, launched: float
+) -> Decisions:
+    """Rent for ``unplaced`` runs; ``launched`` is what this plan's launches already committed of the budget."""
     out = Decisions()
-    if budget.halt:
+    if budget.stop:
         return out
+    spending = Spending(budget, committed=launched)
     f = world.desired.fleet
     subj = f"fleet/{f.name}"
     on_their_way = _Bins()
@@ -175,8 +180,8 @@ def rent_for(world: World, unplaced: tuple[PendingRun, ...], table: BoxTable, bu
             if rented_bins.fit(g, ram):
                 covered_by_rent[spec.sweep] = covered_by_rent.get(spec.sweep, 0) + 1
                 continue
-            if budget.over:
-                why = (ReasonCode.OVER_BUDGET_DRAIN, f"over budget, on_exceed drain: {budget.text}; renting nothing")
+            if budget.binds:
+                why = (ReasonCode.BUDGET_REFUSED, f"budget: on_exceed drain, renting nothing: {budget.verdict()}")
             elif shape in blocked_req:
                 why = blocked_req[shape]
             elif market.count >= max_n:
@@ -186,7 +191,21 @@ def rent_for(world: World, unplaced: tuple[PendingRun, ...], table: BoxTable, bu
                 )
             elif (o := market.pick(g, ram)) is None:
                 why = blocked_req[shape] = market.why_not(g, ram)
+            elif not spending.fits(cost := _rent_cost(world, budget, o, spec, g)):
+                why = (
+                    ReasonCode.BUDGET_REFUSED,
+                    f"budget: renting {o.gpu_name} x{o.num_gpus} at {usd_h(o.dph_total)} would commit ~{usd(cost)} "
+                    f"(the box to the next decision and the launch it is rented for), "
+                    f"{usd(max(0.0, spending.left()))} is left before {budget.tightest}",
+                )
+            elif not spending.credit_fits(cost):
+                why = (
+                    ReasonCode.CREDIT_REFUSED,
+                    f"account credit {usd(budget.credit or 0.0)} cannot cover the projected spend with "
+                    f"{o.gpu_name} x{o.num_gpus} at {usd_h(o.dph_total)}",
+                )
             else:
+                spending.commit(cost, new_dph=o.dph_total)
                 covered_by_rent[spec.sweep] = covered_by_rent.get(spec.sweep, 0) + 1
                 reason = (
                     f"pending run {spec.id} needs {g} GPU(s); best by {f.ranking.value}: {o.gpu_name} "
@@ -201,18 +220,25 @@ def rent_for(world: World, unplaced: tuple[PendingRun, ...], table: BoxTable, bu
         no_capacity[spec.sweep] = no_capacity.get(spec.sweep, 0) + 1
     # Keep the floor: min_instances boxes even with no work.
     while market.count < min_n:
-        if budget.over:
-            block(
-                ReasonCode.OVER_BUDGET_DRAIN,
-                f"over budget, on_exceed drain: {budget.text}; not renting for min_instances {min_n}",
-                0,
-            )
+        if budget.binds:
+            block(ReasonCode.BUDGET_REFUSED, f"budget: not renting for min_instances {min_n}: {budget.verdict()}", 0)
             break
         o = market.pick(1, 0)
         if o is None:
             code, text = market.why_not(1, 0)
             block(code, f"min_instances {min_n}: {text}", 0)
             break
+        keep = o.dph_total * budget.horizon_h
+        if not spending.fits(keep) or not spending.credit_fits(keep):
+            block(
+                ReasonCode.BUDGET_REFUSED if not spending.fits(keep) else ReasonCode.CREDIT_REFUSED,
+                f"budget: not renting for min_instances {min_n}: {o.gpu_name} x{o.num_gpus} at "
+                f"{usd_h(o.dph_total)} would bill {usd(keep)} to the next decision, "
+                f"{usd(max(0.0, spending.left()))} left, credit {usd(budget.credit or 0.0)}",
+                0,
+            )
+            break
+        spending.commit(keep, new_dph=o.dph_total)
         reason = (
             f"keeping min_instances {min_n} ({market.count} owned or rented); best by {f.ranking.value}: "
             f"{o.gpu_name} x{o.num_gpus} at {usd_h(o.dph_total)}"
@@ -235,6 +261,10 @@ def rent_for(world: World, unplaced: tuple[PendingRun, ...], table: BoxTable, bu
             ReasonCode.NOT_LAUNCHED,
             f"{total} pending run(s) not launched: " + ", ".join(parts),
         )
-    if budget.over:
-        out.drift.append(Drift(DriftClass.OVER_BUDGET, "budget", budget.text, "none"))
     return out
+
+
+def _rent_cost(world: World, budget: Purse, o: Offer, spec: RunSpec, gpus: int) -> float:
+    """A new box to the next decision point, plus the launch it is rented for (its GPU share, expected runtime)."""
+    hours = runtime_of(budget.runtimes, spec).on(world.gpu_dlperf.get(normalize_gpu_name(o.gpu_name)))
+    return o.dph_total * budget.horizon_h + o.dph_total * gpus / max(1, o.num_gpus) * hours

@@ -5,7 +5,9 @@ Foreign instances are set aside here, so no later phase can act on one: they are
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+import statistics
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from reconciler.actions import ReasonCode
@@ -19,12 +21,13 @@ from reconciler.model import (
     DriftClass,
     Instance,
     Observed,
-    OnExceed,
+    Offer,
     Ownership,
     RunSpec,
     owned_by,
 )
-from reconciler.plan.common import Decisions, cap, usd
+from reconciler.offers import normalize_gpu_name, passing_offers, rank_key
+from reconciler.plan.common import Decisions
 
 
 @dataclass(frozen=True)
@@ -58,13 +61,8 @@ class World:
     boxes: Mapping[int, OwnedBox]  # owned by this fleet, by id (ascending)
     listed_ids: frozenset[int]  # every instance the provider lists, ours or not
     current_spec: str
-
-
-@dataclass(frozen=True)
-class BudgetPosition:
-    over: bool  # a daily or total cap is reached
-    halt: bool  # ... and on_exceed is halt: destroy everything
-    text: str  # which caps, with the figures
+    offers: tuple[Offer, ...]  # the offers that pass the fleet's filters, best first by its ranking
+    gpu_dlperf: Mapping[str, float]  # normalised GPU name -> median DLPerf of one such GPU on the market
 
 
 def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World, Decisions]:
@@ -87,7 +85,8 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
         archived[h.key] = h
     probes = {p.instance_id: p for p in observed.probes}
     memory = {m.instance_id: m for m in observed.memory}
-    fleet = desired.fleet.name
+    f = desired.fleet
+    fleet = f.name
     boxes: dict[int, OwnedBox] = {}
     for inst in sorted(observed.instances, key=lambda i: i.id):
         own = owned_by(fleet, inst.label)
@@ -112,18 +111,16 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
         boxes=boxes,
         listed_ids=frozenset(i.id for i in observed.instances),
         current_spec=fleet_spec_hash(desired.fleet),
+        offers=tuple(sorted(passing_offers(observed.offers, f.filters, f.disk_gb), key=rank_key(f.ranking))),
+        gpu_dlperf=gpu_dlperf(observed.offers),
     )
     return world, out
 
 
-def budget_position(desired: Desired, observed: Observed) -> BudgetPosition:
-    b = desired.budget
-    spend = observed.spend
-    reasons: list[str] = []
-    daily, total = cap(b.daily_usd), cap(b.total_usd)
-    if b.daily_usd is not None and not spend.today_usd < daily:
-        reasons.append(f"spent today {usd(spend.today_usd)} >= daily_usd {usd(daily)}")
-    if b.total_usd is not None and not spend.total_usd < total:
-        reasons.append(f"spent in total {usd(spend.total_usd)} >= total_usd {usd(total)}")
-    over = bool(reasons)
-    return BudgetPosition(over=over, halt=over and b.on_exceed is OnExceed.HALT, text="; ".join(reasons))
+def gpu_dlperf(offers: Iterable[Offer]) -> dict[str, float]:
+    """Normalised GPU name -> median DLPerf of one such GPU, from the offers on the market."""
+    per_gpu: dict[str, list[float]] = {}
+    for o in offers:
+        if o.num_gpus > 0 and math.isfinite(o.dlperf) and o.dlperf > 0:
+            per_gpu.setdefault(normalize_gpu_name(o.gpu_name), []).append(o.dlperf / o.num_gpus)
+    return {name: statistics.median(v) for name, v in per_gpu.items()}

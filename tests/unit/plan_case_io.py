@@ -95,6 +95,7 @@ def build_run(d: J, i: int) -> RunSpec:
         metric_key=d.get("metric_key", "reward"),
         metric_goal=MetricGoal(d.get("metric_goal", "max")),
         promotion_threshold=d.get("promotion_threshold"),
+        expected_runtime_s=d.get("expected_runtime_s"),
     )
 
 
@@ -203,7 +204,9 @@ def build_history(d: J, now: float) -> AttemptRecord:
         exit_code=d.get("exit_code"),
         instance_id=d.get("instance_id", 0),
         best_metric=d.get("best_metric"),
+        started_at=_t(d, now, "started_at", "started_ago", None),
         ended_at=_t(d, now, "ended_at", "ended_ago", None),
+        gpu_name=d.get("gpu_name", ""),
     )
 
 
@@ -229,6 +232,8 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
             for m in d.get("memory", [])
         ),
         spend=Spend(**d.get("spend", {})),
+        credit_usd=d.get("credit_usd"),
+        cycle_s=float(d.get("cycle_s", 60.0)),
         fleet_name=desired.fleet.name,
         in_flight=tuple(
             InFlight(

@@ -18,7 +18,7 @@ from jsonschema import Draft202012Validator
 
 from reconciler.actions import ACTION_TYPES, Kind, Launch, Noop, Plan, ReasonCode, Record
 from reconciler.desired import schema_path
-from reconciler.model import AttemptOutcome, AttemptRecord, Drift, DriftClass, InFlight
+from reconciler.model import AttemptOutcome, AttemptRecord, Budget, Drift, DriftClass, InFlight
 from reconciler.plan import plan
 from reconciler.saved_plan import stale_reasons
 
@@ -183,7 +183,12 @@ def test_saved_rent_refused_when_the_fleet_grew_since() -> None:
 
 
 def test_saved_launch_refused_when_the_run_moved_on() -> None:
-    case, p = _case_plan("cap_daily_drain")
+    # the daily-drain world without its (spent) cap, one box at most: a run on GPU 0 of a 2-GPU box, r2 launched
+    # beside it, nothing rented
+    case = load_case(Path(__file__).parent / "plan_cases" / "cap_daily_drain.json")
+    one_box = replace(case.desired.fleet, max_instances=1)
+    case = replace(case, desired=replace(case.desired, budget=Budget(), fleet=one_box))
+    p = plan(case.desired, case.observed, case.now)
     (launch,) = [a for a in p.actions if isinstance(a, Launch)]
     assert (launch.run_id, launch.gpu_mask) == ("r2", (1,))
     obs = case.observed

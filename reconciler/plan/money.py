@@ -1,0 +1,246 @@
+"""Money: what the budget leaves before the next decision point, and what a new launch or rent would cost.
+
+Caps hold before the fact. The *horizon* is the time until rigsync decides again (its cycle plus the time a
+destroy takes to stop the billing, ``Observed.cycle_s``); the *headroom* is what the tightest cap (daily or
+total) leaves after the boxes held now have billed to that horizon. Every launch must fit in the headroom with
+its share of its box up to the run's expected runtime, and every rent with the new box's $/h to the horizon
+plus the launch it is rented for; what has been committed earlier in the same plan counts. Rents must also fit
+the account's credit (a Vast account at zero credit stops its boxes, which then bill storage).
+
+When the headroom is gone (the boxes held would pass a cap before the next decision), every box is destroyed
+now, whatever ``on_exceed`` says: this is how the ledger never passes a cap. Before that, once the budget
+*binds* (the cheapest new work no longer fits), ``on_exceed`` decides:
+
+* ``drain``: nothing new is rented or launched; boxes with no running attempt are destroyed (they could only
+  idle); running attempts go on while the headroom lasts, then their boxes are destroyed too.
+* ``halt``: every box is destroyed at once, running attempts included: spending stops as early as it can.
+
+A run's expected runtime, in order of preference: the median duration of its sweep's succeeded attempts in
+the archive (scaled by the GPU's DLPerf when the market says what the GPUs are worth), the sweep's
+``expected_runtime``, or its ``max_runtime`` as the upper bound. The plan's price (``plan.estimate``) uses the
+same figures.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from reconciler.model import AttemptOutcome, Desired, Observed, OnExceed, RunSpec
+from reconciler.offers import normalize_gpu_name
+from reconciler.plan.attempts import Recorded, SeenAttempts
+from reconciler.plan.common import cap, effective_caps, fmt_duration, usd
+from reconciler.plan.world import World
+
+
+class RuntimeSource(enum.StrEnum):
+    ARCHIVE = "archive"  # median duration of the sweep's succeeded attempts
+    EXPECTED = "expected_runtime"  # the sweep says so
+    MAX_RUNTIME = "max_runtime"  # the upper bound
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """How long one run of a sweep is expected to take, on a GPU like the ones it ran on."""
+
+    hours: float
+    source: RuntimeSource
+    samples: int = 0  # succeeded attempts behind an archive estimate
+    dlperf_per_gpu: float | None = None  # of the GPUs those attempts ran on, when the market says
+
+    def on(self, dlperf_per_gpu: float | None) -> float:
+        """Hours on a GPU with this DLPerf: faster GPUs take proportionally less (when both sides are known)."""
+        if self.dlperf_per_gpu and dlperf_per_gpu and dlperf_per_gpu > 0:
+            return self.hours * self.dlperf_per_gpu / dlperf_per_gpu
+        return self.hours
+
+
+def sweep_runtimes(desired: Desired, observed: Observed, dlperf: Mapping[str, float]) -> dict[str, Runtime]:
+    """Sweep name -> expected runtime of one of its runs."""
+    durations: dict[str, list[float]] = {}
+    gpus_seen: dict[str, list[float]] = {}
+    for rec in observed.history:
+        if rec.phase is not AttemptOutcome.SUCCEEDED or rec.started_at is None or rec.ended_at is None:
+            continue
+        if rec.ended_at <= rec.started_at:
+            continue
+        durations.setdefault(rec.sweep, []).append((rec.ended_at - rec.started_at) / 3600.0)
+        per = dlperf.get(normalize_gpu_name(rec.gpu_name)) if rec.gpu_name else None
+        if per:
+            gpus_seen.setdefault(rec.sweep, []).append(per)
+    out: dict[str, Runtime] = {}
+    for name, seen in durations.items():
+        dl = gpus_seen.get(name)
+        median_dl = statistics.median(dl) if dl else None
+        out[name] = Runtime(statistics.median(seen), RuntimeSource.ARCHIVE, len(seen), median_dl)
+    for sweep in desired.sweeps:
+        if sweep.name in out:
+            continue
+        if sweep.expected_runtime_s is not None and sweep.expected_runtime_s > 0:
+            out[sweep.name] = Runtime(sweep.expected_runtime_s / 3600.0, RuntimeSource.EXPECTED)
+        else:
+            out[sweep.name] = Runtime(max(0.0, sweep.max_runtime_s) / 3600.0, RuntimeSource.MAX_RUNTIME)
+    return out
+
+
+def runtime_of(runtimes: Mapping[str, Runtime], spec: RunSpec) -> Runtime:
+    found = runtimes.get(spec.sweep)
+    if found is not None:
+        return found
+    if spec.expected_runtime_s is not None and spec.expected_runtime_s > 0:
+        return Runtime(spec.expected_runtime_s / 3600.0, RuntimeSource.EXPECTED)
+    return Runtime(max(0.0, spec.max_runtime_s) / 3600.0, RuntimeSource.MAX_RUNTIME)
+
+
+@dataclass(frozen=True)
+class Purse:
+    """Where the budget stands for this plan."""
+
+    remaining: float  # what the tightest cap leaves now (inf: no daily or total cap)
+    tightest: str  # which cap that is, with its figures, for reasons
+    horizon_s: float
+    fleet_dph: float  # what the boxes held now bill
+    credit: float | None  # the account's credit (None: the provider did not say)
+    on_exceed: OnExceed
+    binds: bool  # the cheapest new work does not fit in the headroom (or the headroom is gone)
+    cheapest_work: float | None  # what the cheapest new launch would cost (None: no work waits, or no price)
+    runtimes: Mapping[str, Runtime]  # sweep name -> expected runtime of one run
+
+    @property
+    def horizon_h(self) -> float:
+        return self.horizon_s / 3600.0
+
+    @property
+    def headroom(self) -> float:
+        """What is left before the tightest cap once the boxes held have billed to the next decision."""
+        return self.remaining - self.fleet_dph * self.horizon_h
+
+    @property
+    def capped(self) -> bool:
+        return math.isfinite(self.remaining)
+
+    @property
+    def exhausted(self) -> bool:
+        """Keeping the boxes held to the next decision would pass a cap: destroy them all now."""
+        return self.capped and self.headroom <= 0
+
+    @property
+    def halt(self) -> bool:
+        return self.binds and self.on_exceed is OnExceed.HALT
+
+    @property
+    def stop(self) -> bool:
+        """Every box goes now: the headroom is gone, or the budget binds and on_exceed is halt."""
+        return self.exhausted or self.halt
+
+    def verdict(self) -> str:
+        """Why the budget binds, with the figures."""
+        if self.exhausted:
+            return f"exhausted: {self.describe()}"
+        need = f"~{usd(self.cheapest_work)}" if self.cheapest_work is not None else "?"
+        return (
+            f"no new work fits: the cheapest launch needs {need}, {usd(max(0.0, self.headroom))} is left before "
+            f"{self.tightest} once the fleet has billed to the next decision"
+        )
+
+    def describe(self) -> str:
+        """One line with the figures: the tightest cap, what is left, what the fleet burns to the next decision."""
+        if not self.capped:
+            return "no daily or total cap"
+        burn = self.fleet_dph * self.horizon_h
+        return (
+            f"{self.tightest}: {usd(max(0.0, self.remaining))} left; the fleet's ${self.fleet_dph:.3f}/h bills "
+            f"{usd(burn)} to the next decision ({fmt_duration(self.horizon_s)})"
+        )
+
+
+def purse(
+    desired: Desired,
+    observed: Observed,
+    fleet_dph: float,
+    runtimes: Mapping[str, Runtime],
+    waiting: Iterable[RunSpec],
+    gpu_prices: Iterable[float],
+) -> Purse:
+    """The budget position. ``waiting`` are runs that still need a launch; ``gpu_prices`` $/h of one GPU where
+    one could run (free boxes held, offers that pass the filters), for the cheapest new work."""
+    b = desired.budget
+    spend = observed.spend
+    left: list[tuple[float, str]] = []
+    if b.daily_usd is not None:
+        daily = cap(b.daily_usd)
+        left.append((daily - spend.today_usd, f"daily_usd {usd(daily)} ({usd(spend.today_usd)} spent today)"))
+    if b.total_usd is not None:
+        total = cap(b.total_usd)
+        left.append((total - spend.total_usd, f"total_usd {usd(total)} ({usd(spend.total_usd)} spent)"))
+    remaining, tightest = min(left, default=(math.inf, ""))
+    cheapest_gpu = min(gpu_prices, default=None)
+    cheapest_work: float | None = None
+    if cheapest_gpu is not None:
+        for spec in waiting:
+            cost = runtime_of(runtimes, spec).hours * max(1, spec.gpus) * cheapest_gpu
+            cheapest_work = cost if cheapest_work is None else min(cheapest_work, cost)
+    position = Purse(
+        remaining=remaining,
+        tightest=tightest,
+        horizon_s=max(0.0, observed.cycle_s),
+        fleet_dph=fleet_dph,
+        credit=observed.credit_usd,
+        on_exceed=b.on_exceed,
+        binds=False,
+        cheapest_work=cheapest_work,
+        runtimes=runtimes,
+    )
+    binds = position.exhausted or (
+        position.capped and cheapest_work is not None and cheapest_work > position.headroom
+    )
+    return replace(position, binds=binds)
+
+
+class Spending:
+    """What this plan has committed so far (launches and rents), checked against the headroom and the credit."""
+
+    def __init__(self, p: Purse, committed: float = 0.0) -> None:
+        self.purse = p
+        self.committed = committed  # launches' expected cost, and new boxes' $/h to the horizon
+        self.new_dph = 0.0
+
+    def left(self) -> float:
+        return self.purse.headroom - self.committed
+
+    def fits(self, cost: float) -> bool:
+        return not self.purse.capped or cost <= self.left() + 1e-12
+
+    def credit_fits(self, cost: float) -> bool:
+        credit = self.purse.credit
+        if credit is None:
+            return True
+        projected = (self.purse.fleet_dph + self.new_dph) * self.purse.horizon_h + self.committed + cost
+        return projected <= credit + 1e-12
+
+    def commit(self, cost: float, new_dph: float = 0.0) -> None:
+        self.committed += cost
+        self.new_dph += new_dph
+
+
+def budget_position(world: World, seen: SeenAttempts, recorded: Recorded, wanted: frozenset[str]) -> Purse:
+    """The purse for this plan: runtimes from the archive, the fleet's $/h now, and the cheapest new work."""
+    desired, observed = world.desired, world.observed
+    runtimes = sweep_runtimes(desired, observed, world.gpu_dlperf)
+    fleet_dph = sum(b.inst.dph_total for b in world.boxes.values())
+    waiting: list[RunSpec] = []
+    prices: list[float] = []
+    b = desired.budget
+    if b.daily_usd is not None or b.total_usd is not None:  # without a cap nothing binds: skip the walk
+        done = {h.run_id for h in observed.history if h.phase is AttemptOutcome.SUCCEEDED}
+        done.update(r for r, outs in recorded.outcomes.items() if any(o is AttemptOutcome.SUCCEEDED for o, _ in outs))
+        live = {rd.run_id for rds in seen.live.values() for rd in rds}
+        live.update(f.run_id for f in observed.in_flight if (f.run_id, f.attempt) not in world.archived)
+        waiting = [world.runs[r] for r in wanted if r not in done and r not in live]
+        instance_cap, _ = effective_caps(desired)
+        prices = [box.inst.dph_total / box.inst.num_gpus for box in world.boxes.values() if box.inst.num_gpus > 0]
+        prices += [o.dph_total / o.num_gpus for o in world.offers if o.num_gpus > 0 and o.dph_total <= instance_cap]
+    return purse(desired, observed, fleet_dph, runtimes, waiting, prices)
