@@ -557,6 +557,7 @@ def _build_sweep(data: Mapping[str, Any], order: int) -> Sweep:
         gpus_per_run=int(resources.get("gpus", 1)),
         min_gpu_ram_mib=_gib_to_mib(resources.get("min_gpu_ram_gib")) or 0,
         max_runtime_s=_duration(data, "max_runtime", 3600.0),
+        expected_runtime_s=_duration(data, "expected_runtime", 0.0) if "expected_runtime" in data else None,
         retries=int(data.get("retries", 2)),
         metrics_file=metrics.get("file", "metrics.jsonl"),
         metric_key=metrics.get("key"),
@@ -604,6 +605,19 @@ def _sweep_checks(doc: _Doc, fleet_data: Mapping[str, Any] | None) -> list[LoadE
                     ("grid", key),
                     f"grid parameter '{key}' is not used in the command, so its cells would run the same command",
                     at_key=True,
+                )
+            )
+    if "expected_runtime" in data:
+        expected = parse_duration(data["expected_runtime"])
+        longest = _duration(data, "max_runtime", 3600.0)
+        if expected <= 0:
+            errors.append(doc.error(("expected_runtime",), "expected_runtime must be longer than 0s"))
+        elif expected > longest:
+            errors.append(
+                doc.error(
+                    ("expected_runtime",),
+                    f"expected_runtime {data['expected_runtime']} is longer than max_runtime "
+                    f"{data.get('max_runtime', '1h')}: a run that long is killed",
                 )
             )
     for i, path in enumerate(data.get("code", ())):

@@ -216,6 +216,7 @@ def expand_sweep(sweep: Sweep) -> list[RunSpec]:
                     gpus=sweep.gpus_per_run,
                     min_gpu_ram_mib=sweep.min_gpu_ram_mib,
                     max_runtime_s=sweep.max_runtime_s,
+                    expected_runtime_s=sweep.expected_runtime_s,
                     retries=sweep.retries,
                     metrics_file=sweep.metrics_file,
                     metric_key=sweep.metric_key,
