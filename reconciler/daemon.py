@@ -167,6 +167,7 @@ class FleetDaemon:
                 adapters=self.adapters,
                 clock=self.clock,
                 should_stop=self.stop_event.is_set,
+                cycle_s=self.config.interval_s,
             )
             self._fleet_key = key
         return self.reconciler

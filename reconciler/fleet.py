@@ -39,13 +39,15 @@ def open_fleet(
     adapters: AdapterFactory = build_adapters,
     clock: SystemClock | None = None,
     should_stop: Callable[[], bool] = lambda: False,
+    cycle_s: float = 60.0,
 ) -> Reconciler:
     """A ``Reconciler`` for ``fleet`` acting through the checkout at ``checkout``.
 
     Memory comes from the observed files in the working tree, spend extrapolated to now along the committed
     anchor and counted from now on (without it a restarted rigsync would never count money, and the daily
     and total caps would never bind). ``state_dir`` overrides where rigsync keeps its SSH key and pinned host
-    keys (``state_dir_for``).
+    keys (``state_dir_for``). ``cycle_s`` is how often this controller decides: the budget projects spend to
+    the next decision, so a longer cycle stops work earlier.
     """
     checkout = Path(checkout)
     git = git if git is not None else GitRepo(checkout)
@@ -60,6 +62,7 @@ def open_fleet(
         memory=memory,
         clock=clock,
         should_stop=should_stop,
+        cycle_s=cycle_s,
     )
 
 

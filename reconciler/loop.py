@@ -26,6 +26,8 @@ from reconciler.ports import BoxControl, Provider, Shell
 
 log = logging.getLogger("rigsync.loop")
 
+DESTROY_LATENCY_S = 30.0  # from deciding to destroy until the provider stops billing the box (apply + API)
+
 
 class SystemClock:
     def now(self) -> float:
@@ -56,6 +58,7 @@ class Reconciler:
     clock: SystemClock = field(default_factory=SystemClock)
     should_stop: Callable[[], bool] = lambda: False
     box_control: BoxControl | None = None  # what is done to boxes; None: the run protocol over ``shell``
+    cycle_s: float = 60.0  # how often this controller decides (the daemon's --interval; a guess for one-shots)
     _history: list[AttemptRecord] | None = None
     _endpoints: dict[int, tuple[Endpoint, ...]] = field(default_factory=dict)
 
@@ -76,6 +79,8 @@ class Reconciler:
     def observe_and_plan(self, desired: Desired) -> tuple[Observed, Plan, FleetMemory]:
         now = self.clock.now()
         observed, memory = observe(desired, self.provider, self.boxes, self.history, self.memory, now)
+        # the budget's horizon: until this controller decides again, plus the time a destroy takes to stop billing
+        observed = replace(observed, cycle_s=self.cycle_s + DESTROY_LATENCY_S)
         self._forget_gone(observed)
         return observed, plan(desired, observed, now), memory
 
