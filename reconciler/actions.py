@@ -267,6 +267,32 @@ def action_from_json(d: dict[str, Any]) -> Action:
 
 
 @dataclass(frozen=True)
+class SweepEstimate:
+    """The price of a sweep's unfinished work (``plan.estimate``): GPU-hours, a dollar range, an ETA, the budget."""
+
+    sweep: str
+    pending_runs: int
+    running_runs: int
+    gpu_hours: float
+    runtime_h: float  # one run's expected runtime
+    runtime_source: str  # archive | expected_runtime | max_runtime (the upper bound)
+    runtime_samples: int  # succeeded attempts behind an archive figure
+    usd_low: float | None  # cheapest place the work could run (None: no price known)
+    usd_high: float | None
+    eta_h: float | None  # with the fleet at its full size to itself
+    fleet_gpus: int
+    budget_left_low: float | None  # the tightest cap's remaining after the work at its dearest (None: no cap)
+    budget_left_high: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> SweepEstimate:
+        return SweepEstimate(**d)
+
+
+@dataclass(frozen=True)
 class Plan:
     """The planner's answer: what to do, what was considered and left, and where the money goes."""
 
@@ -278,6 +304,7 @@ class Plan:
     suspended: bool = False
     warnings: tuple[str, ...] = field(default=())
     drift: tuple[Drift, ...] = ()
+    estimates: tuple[SweepEstimate, ...] = ()
 
     @property
     def changes(self) -> bool:
@@ -304,6 +331,7 @@ class Plan:
                 {"class": d.cls.value, "subject": d.subject, "detail": d.detail, "action": d.action}
                 for d in self.drift
             ],
+            "estimates": [e.to_json() for e in self.estimates],
         }
 
     @staticmethod
@@ -323,4 +351,5 @@ class Plan:
                 Drift(cls=DriftClass(x["class"]), subject=x["subject"], detail=x["detail"], action=x["action"])
                 for x in d.get("drift", [])
             ),
+            estimates=tuple(SweepEstimate.from_json(e) for e in d.get("estimates", [])),
         )

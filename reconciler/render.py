@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reconciler.actions import SIGNS, Kind, Plan
+from reconciler.actions import SIGNS, Kind, Plan, SweepEstimate
 from reconciler.model import Desired, Observed, owns
 from reconciler.runphase import count_phases, run_phases
 
@@ -30,6 +30,8 @@ def plan_text(plan: Plan, *, show_noops: bool = False) -> str:
     if show_noops:
         for n in plan.noops:
             lines.append(f"    {'noop':<10} {n.target:<{width}}  {n.reason}")
+    for e in plan.estimates:
+        lines.append("  " + estimate_line(e))
     for w in plan.warnings:
         lines.append(f"  warning: {w}")
     counts = plan.counts()
@@ -42,7 +44,36 @@ def plan_text(plan: Plan, *, show_noops: bool = False) -> str:
     return "\n".join(lines)
 
 
-def status_json(desired: Desired, observed: Observed) -> dict[str, Any]:
+def _money(x: float | None) -> str:
+    if x is None:
+        return "?"
+    return f"${x:.2f}" if abs(x) >= 1 or x == 0 else f"${x:.4f}"
+
+
+def _hours(h: float) -> str:
+    return f"{h * 60:.0f}m" if h < 1 else f"{h:.1f}h"
+
+
+def estimate_line(e: SweepEstimate) -> str:
+    """``price tdmpc: 8 pending + 2 running, 2.5 GPU-h (median of 12 runs: 15m), $0.25-$0.80, ETA 1.2h on 6 GPUs``."""
+    source = {
+        "archive": f"median of {e.runtime_samples} run(s): {_hours(e.runtime_h)}",
+        "expected_runtime": f"expected_runtime {_hours(e.runtime_h)}",
+        "max_runtime": f"max_runtime {_hours(e.runtime_h)}, an upper bound",
+    }.get(e.runtime_source, e.runtime_source)
+    price = f"{_money(e.usd_low)}-{_money(e.usd_high)}" if e.usd_low is not None else "no price known"
+    eta = f", ETA {_hours(e.eta_h)} on {e.fleet_gpus} GPU(s)" if e.eta_h is not None else ""
+    left = ""
+    if e.budget_left_low is not None and e.budget_left_high is not None:
+        left = f"; budget left after: {_money(e.budget_left_low)}-{_money(e.budget_left_high)}"
+    return (
+        f"price {e.sweep}: {e.pending_runs} pending + {e.running_runs} running, {e.gpu_hours:.2f} GPU-h "
+        f"({source}), {price}{eta}{left}"
+    )
+
+
+def status_json(desired: Desired, observed: Observed, plan: Plan | None = None) -> dict[str, Any]:
+    """What `rigsync status --json` prints; with the plan for this observation, its budget lines and price."""
     mine: list[dict[str, Any]] = []
     foreign: list[dict[str, Any]] = []
     for inst in sorted(observed.instances, key=lambda i: i.id):
@@ -64,6 +95,9 @@ def status_json(desired: Desired, observed: Observed) -> dict[str, Any]:
         "runs": count_phases(run_phases(desired.runs, observed)),
         "dph": round(sum(float(b["dph"]) for b in mine), 6),
         "spend": {"today_usd": round(observed.spend.today_usd, 6), "total_usd": round(observed.spend.total_usd, 6)},
+        "credit_usd": None if observed.credit_usd is None else round(observed.credit_usd, 6),
+        "budget": [w for w in (plan.warnings if plan else ()) if w.startswith("budget:")],
+        "price": [e.to_json() for e in plan.estimates] if plan else [],
     }
 
 
@@ -77,4 +111,13 @@ def status_text(doc: dict[str, Any]) -> str:
         lines.append(f"  {f['id']:>10}  foreign (label {f['label']!r}): not ours, left alone")
     runs = doc["runs"]
     lines.append("runs: " + ", ".join(f"{k} {v}" for k, v in runs.items()))
+    spend = doc["spend"]
+    credit = doc.get("credit_usd")
+    lines.append(
+        f"spend: {_money(spend['today_usd'])} today, {_money(spend['total_usd'])} in total"
+        + (f"; account credit {_money(credit)}" if credit is not None else "")
+    )
+    for e in doc.get("price") or []:
+        lines.append(estimate_line(SweepEstimate.from_json(e)))
+    lines.extend(doc.get("budget") or [])
     return "\n".join(lines)

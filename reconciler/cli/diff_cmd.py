@@ -22,9 +22,11 @@ from typing import Any
 
 import jsonschema
 
+from reconciler.actions import SweepEstimate
 from reconciler.errors import DesiredStateInvalid, ObservedInvalid, RepoError, UserError
 from reconciler.model import Desired, RunPhase
 from reconciler.observed.codec import DRIFT, FLEET, RUNS, STATUS, load_yaml
+from reconciler.render import estimate_line
 
 REQUIRED = (FLEET, RUNS, DRIFT, STATUS)
 # The diff's buckets (its JSON contract) over the one run phase: "failed" counts runs that will not run again.
@@ -141,12 +143,16 @@ def compute_diff(
         {"class": d["class"], "subject": d["subject"], "detail": d["detail"], "action": d["action"]}
         for d in observed[DRIFT].get("drift") or []
     ]
+    last_plan = observed[STATUS].get("last_plan") or {}
     return {
         "desired_commit": desired_commit,
         "observed_desired_commit": observed[STATUS].get("desired_commit_applied"),
         "sweeps": sweeps,
         "fleet": fleet,
         "drift": drift,
+        # the last cycle's price of the unfinished work (it saw the market; diff does not)
+        "price": list(last_plan.get("price") or []),
+        "budget_warnings": [w for w in last_plan.get("warnings") or [] if str(w).startswith("budget:")],
     }
 
 
@@ -163,6 +169,10 @@ def _text(d: Mapping[str, Any]) -> str:
             f"sweep {name}: {c['done']}/{c['total']} done, {c['running']} running, "
             f"{c['pending']} pending, {c['failed']} failed"
         )
+    for e in d.get("price") or []:
+        lines.append(f"{estimate_line(SweepEstimate.from_json(e))} (as of the last cycle)")
+    for w in d.get("budget_warnings") or []:
+        lines.append(f"warning: {w}")
     if d["drift"]:
         lines.append("drift:")
         for x in d["drift"]:

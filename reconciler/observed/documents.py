@@ -263,7 +263,11 @@ def _render_status(status: ReconcilerStatus, plan: Plan) -> dict[str, Any]:
         "desired_errors": list(status.desired_errors),
         "apply_errors": list(status.apply_errors),
         "suspended": plan.suspended,
-        "last_plan": {"counts": plan.counts(), "warnings": list(plan.warnings)},
+        "last_plan": {
+            "counts": plan.counts(),
+            "warnings": list(plan.warnings),
+            "price": [e.to_json() for e in plan.estimates],
+        },
     }
 
 

@@ -26,6 +26,12 @@ def _running(doc: Mapping[str, Any]) -> set[tuple[str, int]]:
     return out
 
 
+def _budget_lines(status: Mapping[str, Any]) -> list[str]:
+    plan = status.get("last_plan")
+    warnings = plan.get("warnings") if isinstance(plan, dict) else None
+    return [str(w) for w in warnings or [] if str(w).startswith("budget:")]
+
+
 def _plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
@@ -58,6 +64,11 @@ def summarize_change(old: Mapping[str, str], new: Mapping[str, str | None], appe
         parts.append(f"desired invalid ({len(ns['desired_errors'])} error(s))")
     if ns.get("apply_errors") and ns.get("apply_errors") != os_.get("apply_errors"):
         parts.append(_plural(len(ns["apply_errors"]), "apply error", "apply errors"))
+    old_budget, new_budget = _budget_lines(os_), _budget_lines(ns)
+    if new_budget and new_budget != old_budget:
+        parts.append(new_budget[0])  # why work stopped or was refused: a cap or the credit, with the figures
+    elif old_budget and not new_budget:
+        parts.append("budget: no cap binds any more")
     ol, nl = load_mapping_quietly(old.get(LEASE)), load_mapping_quietly(new.get(LEASE))
     if LEASE in new and new.get(LEASE) is not None and ol != nl:
         if nl.get("taken_over_from") and nl.get("taken_over_from") != ol.get("taken_over_from"):

@@ -22,7 +22,18 @@ with a nonsensical price is never rented, and only instances carrying this fleet
 
 from __future__ import annotations
 
-from reconciler.actions import APPLY_ORDER, SIGNS, Action, Destroy, Noop, Plan, ReasonCode, Record, Rent
+from reconciler.actions import (
+    APPLY_ORDER,
+    SIGNS,
+    Action,
+    Destroy,
+    Noop,
+    Plan,
+    ReasonCode,
+    Record,
+    Rent,
+    SweepEstimate,
+)
 from reconciler.identity import fleet_spec_hash, rent_label, slot_spec_hash, spec_hash
 from reconciler.model import Desired, Drift, DriftClass, Observed
 from reconciler.plan.attempts import (
@@ -35,6 +46,7 @@ from reconciler.plan.attempts import (
 )
 from reconciler.plan.boxes import BoxState, box_noops, classify_boxes, enforce_max_instances, prepare_boxes, retire_idle
 from reconciler.plan.common import Decisions, effective_caps, fmt_duration
+from reconciler.plan.estimate import estimate
 from reconciler.plan.money import Purse, budget_position
 from reconciler.plan.placement import place
 from reconciler.plan.renting import rent_for
@@ -81,15 +93,17 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
     decided.extend(found)
     placement, found = place(world, queue, table, budget)
     decided.extend(found)
+    estimates, price_warnings = estimate(world, queue, live, budget)
+    decided.warnings.extend(price_warnings)
     no_work = not queue.pending and not queue.live_work
     table, found = retire_idle(world, seen, placement.table, placement.launches, no_work, budget)
     decided.extend(found)
     decided.extend(rent_for(world, placement.unplaced, table, budget, placement.spent))
     decided.extend(box_noops(world, seen, table))
-    return _finish(world, budget, decided)
+    return _finish(world, budget, decided, estimates)
 
 
-def _finish(world: World, budget: Purse, decided: Decisions) -> Plan:
+def _finish(world: World, budget: Purse, decided: Decisions, estimates: tuple[SweepEstimate, ...]) -> Plan:
     before = sum(b.inst.dph_total for b in world.boxes.values())
     destroyed = sum(a.dph for a in decided.actions if isinstance(a, Destroy))
     rented = sum(a.dph for a in decided.actions if isinstance(a, Rent))
@@ -128,6 +142,7 @@ def _finish(world: World, budget: Purse, decided: Decisions) -> Plan:
         suspended=suspended,
         warnings=tuple(decided.warnings),
         drift=tuple(sorted(drift, key=lambda x: (x.cls.value, x.subject, x.action))),
+        estimates=estimates,
     )
 
 

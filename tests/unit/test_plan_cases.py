@@ -120,6 +120,10 @@ def test_plan_case(path: Path) -> None:
         assert got.fleet_dph_after == pytest.approx(exp["fleet_dph_after"])
     if "desired_commit" in exp:
         assert got.desired_commit == exp["desired_commit"]
+    for text in exp.get("warnings_contain", []):
+        assert any(text in w for w in got.warnings), f"no warning containing {text!r} in {got.warnings}{shown}"
+    if "estimates" in exp:
+        assert [e.to_json() for e in got.estimates] == exp["estimates"], shown
 
     # a plan is a value: the same inputs give an equal plan, and it survives a JSON round trip
     assert plan(case.desired, case.observed, case.now) == got
