@@ -13,7 +13,7 @@ from fakes import FakeArchive, FakeClock, FakeWorld, code_tar  # tests/unit is o
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconciler.actions import APPLY_ORDER, Destroy, Kill, Launch, Plan, Record, Rent, Requeue
+from reconciler.actions import APPLY_ORDER, Bootstrap, Destroy, Kill, Launch, Plan, Record, Rent, Requeue
 from reconciler.apply import ApplyContext, apply, next_in_flight
 from reconciler.model import (
     AttemptOutcome,
@@ -382,3 +382,18 @@ def test_second_plan_on_applied_world_is_noop_only(world: World) -> None:
     applied = _apply(desired, observed, first)
     second = plan(desired, applied, NOW)
     assert second.actions == (), [f"{a.kind.value} {a.target}: {a.reason}" for a in second.actions]
+
+
+@SETTINGS
+@given(worlds())
+def test_a_spent_cap_starts_nothing_and_ends_every_box(world: World) -> None:
+    """Caps hold before the fact: once the daily cap is spent, nothing new starts and every owned box goes now."""
+    desired, observed = world
+    cap = desired.budget.daily_usd
+    if cap is None or observed.spend.today_usd < max(0.0, cap) or desired.fleet.suspend:
+        return
+    p = plan(desired, observed, NOW)
+    assert not [a for a in p.actions if isinstance(a, Launch | Rent | Bootstrap)]
+    destroyed = {a.instance_id for a in p.actions if isinstance(a, Destroy)}
+    assert _owned_ids(observed) <= destroyed
+    assert any(d.cls.value == "over_budget" for d in p.drift)
