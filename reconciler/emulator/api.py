@@ -9,6 +9,7 @@ The admin endpoints under ``/_emulator/`` inject faults and read the ledger (see
 from __future__ import annotations
 
 import json
+import math
 import re
 import secrets
 import time
@@ -206,9 +207,137 @@ def _gpu_names(emu: Emulator, req: Request) -> Any:
 
 
 def _user(emu: Emulator, req: Request) -> Any:
+    # A credit-only account: ``credit`` is what is left of the deposits after everything billed (it goes below
+    # zero only by storage, once Vast stopped the boxes at zero); ``balance`` is what is owed beyond it.
+    credit = emu.credit_usd()
     return {"id": 1, "username": "emulator", "email": "emulator@127.0.0.1", "fullname": "rigsync emulator",
-            "balance": 1000.0, "credit": 1000.0 - emu.ledger.total_usd(), "host_agreement_accepted": False,
-            "has_billing": True, "ssh_key": (emu.ssh_keys() or [{"public_key": None}])[0]["public_key"]}
+            "credit": credit, "balance": min(0.0, credit), "balance_threshold": 0.0,
+            "balance_threshold_enabled": False, "billing_creditonly": True, "can_pay": credit > 0,
+            "got_signup_credit": True, "host_agreement_accepted": False, "has_billing": True,
+            "ssh_key": (emu.ssh_keys() or [{"public_key": None}])[0]["public_key"]}
+
+
+# ---- billing ------------------------------------------------------------------------------------------------
+DAY = 86400
+
+
+def _range(filters: Any, col: str) -> tuple[float, float]:
+    if not isinstance(filters, dict) or not isinstance(filters.get(col), dict):
+        raise ApiError(400, "invalid_args", f"select_filters.{col} (a range: gte, lte in unix seconds) is required")
+    rng = filters[col]
+    try:
+        lo = float(rng["gte"]) if rng.get("gte") is not None else float("-inf")
+        hi = float(rng["lte"]) if rng.get("lte") is not None else float("inf")
+    except (TypeError, ValueError):
+        raise ApiError(400, "invalid_args", f"select_filters.{col}: gte and lte must be unix seconds") from None
+    return lo, hi
+
+
+def _in_filter(filters: dict[str, Any], col: str) -> set[str] | None:
+    spec = filters.get(col)
+    if spec is None:
+        return None
+    if not isinstance(spec, dict) or not isinstance(spec.get("in"), list):
+        raise ApiError(400, "invalid_args", f"select_filters.{col}: expected {{\"in\": [...]}}")
+    return {str(v) for v in spec["in"]}
+
+
+def _page(req: Request, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    try:
+        limit = max(1, min(int(req.query.get("limit") or 20), 100))
+        start = int(req.query.get("after_token") or 0)
+    except ValueError:
+        raise ApiError(400, "invalid_args", "limit and after_token must be integers") from None
+    if req.json_param("latest_first", False):
+        rows = rows[::-1]
+    page = rows[start:start + limit]
+    nxt = str(start + limit) if start + limit < len(rows) else None
+    return {"success": True, "count": len(page), "total": len(rows), "next_token": nxt, "results": page}
+
+
+def _item(kind: str, start: float, end: float, usd: float, hours: float) -> dict[str, Any]:
+    rate = usd / hours if hours > 0 else 0.0
+    return {"start": start, "end": end, "type": kind, "source": None,
+            "description": f"{hours:.3f} hours at ${rate:.3f}/hour", "amount": usd, "metadata": {}, "items": []}
+
+
+def _charges(emu: Emulator, req: Request) -> Any:
+    """``show invoices-v1 --charges``: per instance, what it was billed on the UTC days in ``select_filters.day``.
+
+    Charges are kept per instance per UTC day (Vast bills per second; a day's row grows until the day ends):
+    a day is selected when its 00:00 lies in ``[gte, lte]``, and an instance's row sums its selected days, so
+    ``lte`` = now (or today's date) includes today's charges up to this second.
+    """
+    filters = req.json_param("select_filters", {})
+    lo, hi = _range(filters, "day")
+    types = _in_filter(filters, "type")
+    if types is not None and "instance" not in types:
+        return _page(req, [])
+    first_day = math.ceil(lo / DAY) * DAY if math.isfinite(lo) else float("-inf")
+    last_day = math.floor(hi / DAY) * DAY if math.isfinite(hi) else float("inf")
+    if first_day > last_day:
+        return _page(req, [])
+    rows = []
+    for c, label in emu.charges(first_day, last_day + DAY):
+        if c.usd <= 0:
+            continue
+        d0 = math.floor(c.start / DAY) * DAY
+        d1 = max(d0, math.floor(math.nextafter(c.end, -math.inf) / DAY) * DAY)  # the day of the last billed second
+        days = int((d1 - d0) // DAY) + 1
+        items = []
+        if c.gpu_usd > 0:
+            items.append(_item("gpu", d0, d1, c.gpu_usd, c.gpu_hours))
+        if c.storage_usd > 0:
+            items.append(_item("storage", d0, d1, c.storage_usd, c.storage_hours))
+        rows.append({"start": d0, "end": d1, "type": "instance", "source": f"instance-{c.instance_id}",
+                     "description": f"Instance {c.instance_id} Charges - {days} day{'s' if days != 1 else ''}",
+                     "amount": c.usd, "metadata": {"label": label or None, "template_id": None}, "items": items})
+    rows.sort(key=lambda r: (r["start"], r["source"]))
+    return _page(req, rows)
+
+
+def _invoices(emu: Emulator, req: Request) -> Any:
+    """``show invoices-v1 --invoices``: the account's credit purchases (the emulator's deposits)."""
+    filters = req.json_param("select_filters", {})
+    lo, hi = _range(filters, "when")
+    services = _in_filter(filters, "service")
+    rows = []
+    if services is None or "stripe_payments" in services:
+        for n, (when, usd) in enumerate(emu.ledger.deposits, start=1):
+            if lo <= when <= hi:
+                # Amounts are the account ledger's: a payment into the account is negative (the CLI flips the sign).
+                rows.append({"start": when, "end": when, "type": "credit", "source": "stripe",
+                             "description": "Credit purchase", "amount": -usd,
+                             "metadata": {"invoice_id": n}, "items": []})
+    return _page(req, rows)
+
+
+def _invoices_v0(emu: Emulator, req: Request) -> Any:
+    """The deprecated ``show invoices``: charges (``inc_charges``) and payments in ``[sdate, edate]``."""
+    try:
+        lo = float(req.query.get("sdate") or 0.0)
+        hi = float(req.query.get("edate") or time.time())
+    except ValueError:
+        raise ApiError(400, "invalid_args", "sdate and edate must be unix seconds") from None
+    rows: list[dict[str, Any]] = []
+    charged = 0.0
+    if req.json_param("inc_charges", True):
+        for c, _label in emu.charges(lo, hi):
+            if c.usd <= 0:
+                continue
+            charged += c.usd
+            hours = max(c.gpu_hours, c.storage_hours)  # how long it billed (storage bills every second it exists)
+            rows.append({"id": c.instance_id, "instance_id": c.instance_id, "type": "charge",
+                         "description": f"Instance {c.instance_id}: {c.gpu_hours:.3f} h active, "
+                                        f"{c.storage_hours:.3f} h storage",
+                         "quantity": round(hours, 6), "rate": round(c.usd / hours, 6) if hours else 0.0,
+                         "amount": c.usd, "timestamp": c.end})
+    for n, (when, usd) in enumerate(emu.ledger.deposits, start=1):
+        if lo <= when <= hi:
+            rows.append({"id": n, "type": "payment", "description": "Credit purchase", "quantity": 1, "rate": usd,
+                         "amount": usd, "timestamp": when})
+    rows.sort(key=lambda r: r["timestamp"])
+    return {"invoices": rows, "current": {"charges": charged, "service_fee": 0.0, "total": charged}}
 
 
 def _filters(emu: Emulator, req: Request) -> Any:
@@ -271,6 +400,14 @@ def _admin_churn(emu: Emulator, req: Request) -> Any:
     return {"success": True}
 
 
+def _admin_credit(emu: Emulator, req: Request) -> Any:
+    try:
+        emu.deposit(float(_body_dict(req)["usd"]))
+    except (KeyError, TypeError, ValueError):
+        raise ApiError(400, "invalid_args", "body: {\"usd\": float}") from None
+    return {"success": True, "credit": emu.credit_usd()}
+
+
 def _admin_drift(emu: Emulator, req: Request) -> Any:
     b = _body_dict(req)
     seed = b.get("seed")
@@ -300,6 +437,9 @@ ROUTES: list[tuple[str, re.Pattern[str], RouteFn, bool, bool]] = [
         ("DELETE", rf"/api/v0/ssh/{_ID}", _ssh_delete, True, False),
         ("GET", r"/api/v0/gpu_names/unique", _gpu_names, False, False),
         ("GET", r"/api/v0/users/current", _user, True, False),
+        ("GET", r"/api/v0/users/me/invoices", _invoices_v0, True, False),
+        ("GET", r"/api/v0/charges", _charges, True, False),
+        ("GET", r"/api/v1/invoices", _invoices, True, False),
         ("GET", r"/_emulator/state", _admin_state, True, False),
         ("GET", r"/_emulator/ledger", _admin_ledger, True, False),
         ("GET", r"/_emulator/events", _admin_events, True, False),
@@ -310,6 +450,7 @@ ROUTES: list[tuple[str, re.Pattern[str], RouteFn, bool, bool]] = [
         ("POST", r"/_emulator/never_boot", _admin_never_boot, True, False),
         ("POST", r"/_emulator/churn", _admin_churn, True, False),
         ("POST", r"/_emulator/drift", _admin_drift, True, False),
+        ("POST", r"/_emulator/credit", _admin_credit, True, False),
     ]
 ]
 

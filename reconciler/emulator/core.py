@@ -23,7 +23,7 @@ from typing import Any
 
 from reconciler.emulator.errors import ApiError
 from reconciler.emulator.hosts import AddressPool, Box, BoxSpec, GpuSpec, Spawner, preflight
-from reconciler.emulator.ledger import Ledger
+from reconciler.emulator.ledger import Charge, Ledger
 from reconciler.emulator.market import Market, price, speed_factor
 
 
@@ -66,6 +66,7 @@ class Emulator:
         offers: int = 200,
         boot_delay: float = 0.5,
         host_prefix: str = "127.0.1",
+        credit: float = 1000.0,
     ) -> None:
         self.api_key = api_key or secrets.token_hex(32)
         self.boot_delay = boot_delay
@@ -74,13 +75,14 @@ class Emulator:
         self._state_dir_arg = state_dir
         self.state_dir = Path(state_dir) if state_dir is not None else Path("/nonexistent")
         self.market = Market(seed=seed, n=offers)
-        self.ledger = Ledger()
+        self.ledger = Ledger(credit=credit)
         self._pool = AddressPool(host_prefix)
         self._lock = threading.RLock()
         self._instances: dict[int, Instance] = {}
         self._boxes: list[Box] = []
         self._next_id = 31_000_000 + seed % 1000 * 1000 + 1
         self._account_keys: dict[int, dict[str, Any]] = {}
+        self._labels: dict[int, str] = {}  # every instance ever created (its charges outlive it)
         self._next_key_id = 1
         self._fail_rules: list[list[Any]] = []  # [prefix, remaining, status]
         self.latency = 0.0
@@ -261,6 +263,7 @@ class Emulator:
         env = {str(k): str(v) for k, v in env_raw.items()}
         bid = body.get("price")
         with self._lock:
+            self._require_credit()
             offer = self.market.get(offer_id)
             if offer is None or not self.market.is_available(offer_id):
                 raise ApiError(
@@ -322,8 +325,9 @@ class Emulator:
                 (box.dir / "never_boot").touch()
                 self.ledger.log("never_boot", iid)
             self._instances[iid] = inst
+            self._labels[iid] = inst.label
             self._boxes.append(box)
-            self.ledger.set_rate(iid, inst.dph_total)
+            self.ledger.set_rate(iid, inst.dph_total, inst.storage_per_hour)
             self.ledger.log("create", iid, offer_id=offer_id, dph_total=inst.dph_total, is_bid=inst.is_bid,
                             label=inst.label)
             self._boot(inst)
@@ -345,7 +349,7 @@ class Emulator:
         inst.cur_state = "stopped"
         inst.status_msg = msg
         inst.running_since = None
-        self.ledger.set_rate(inst.id, inst.storage_per_hour)
+        self.ledger.set_rate(inst.id, inst.storage_per_hour, inst.storage_per_hour)
 
     def destroy_instance(self, instance_id: int) -> None:
         with self._lock:
@@ -369,15 +373,57 @@ class Emulator:
             inst = self._get(instance_id)
             inst.intended_status = "running"
             if inst.actual_status in ("stopped", "offline", "exited"):
+                self._require_credit()
                 inst.box.kill()
                 self._boot(inst)
-                self.ledger.set_rate(instance_id, inst.dph_total)
+                self.ledger.set_rate(instance_id, inst.dph_total, inst.storage_per_hour)
             self.ledger.log("start", instance_id)
 
     def label_instance(self, instance_id: int, label: str) -> None:
         with self._lock:
             self._get(instance_id).label = label
+            self._labels[instance_id] = label
             self.ledger.log("label", instance_id, label=label)
+
+    # ---- credit ------------------------------------------------------------------------------------------------
+    def credit_usd(self) -> float:
+        """What the account has left (what ``show user`` reports as ``credit``)."""
+        return self.ledger.credit_usd()
+
+    def deposit(self, usd: float) -> None:
+        """Top the account up by ``usd`` (a credit purchase, listed by ``show invoices-v1 --invoices``)."""
+        if not usd > 0:
+            raise ApiError(400, "invalid_args", f"Invalid amount {usd!r}: a deposit must be positive.")
+        self.ledger.deposit(usd)
+        self.ledger.log("deposit", None, usd=usd)
+
+    def charges(self, start: float, end: float) -> list[tuple[Charge, str]]:
+        """Every instance's charge inside ``[start, end]`` (destroyed ones included), with its label, by id."""
+        out = []
+        for iid in self.ledger.instance_ids():
+            charge = self.ledger.charge(iid, start, end)
+            if charge is not None:
+                with self._lock:
+                    label = self._labels.get(iid, "")
+                out.append((charge, label))
+        return out
+
+    def _require_credit(self) -> None:
+        if self.ledger.credit_usd() <= 0:
+            raise ApiError(
+                400, "insufficient_credit",
+                f"Insufficient credit: your balance is ${self.ledger.credit_usd():.2f}; add credit to rent.",
+            )
+
+    def _stop_for_credit(self) -> None:
+        """At zero credit Vast stops every instance of the account (not destroyed: stopped ones bill storage)."""
+        with self._lock:
+            if self.ledger.credit_usd() > 0:
+                return
+            for inst in sorted(self._instances.values(), key=lambda i: i.id):
+                if inst.actual_status in ("created", "loading", "running"):
+                    self._set_down(inst, "stopped", "stopped", "stopped: insufficient credit")
+                    self.ledger.log("out_of_credit", inst.id)
 
     # ---- faults ------------------------------------------------------------------------------------------
     def vanish(self, instance_id: int) -> None:
@@ -455,6 +501,8 @@ class Emulator:
         while not self._stop.wait(tick):
             now = time.monotonic()
             dt, last = now - last, now
+            with contextlib.suppress(Exception):
+                self._stop_for_credit()
             with self._lock:
                 insts = list(self._instances.values())
             for inst in insts:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -264,3 +265,113 @@ def test_cli_prints_the_real_error_messages(emulator: Emulator, tmp_path: Path) 
     emulator.fail_next("/api/v0/bundles", 3, 429)
     r = cli(emulator, tmp_path, "search", "offers", "num_gpus=1")
     assert "Failed with error 429" in r.stderr
+
+
+# ---- billing: credit, charges, invoices -------------------------------------------------------------------
+def _charges(v: VastAI, **params: Any) -> list[dict[str, Any]]:
+    """Every page of ``show_invoices_v1(charges=True)``, following ``next_token`` as the CLI does."""
+    rows: list[dict[str, Any]] = []
+    token = None
+    while True:
+        reply = v.show_invoices_v1(charges=True, next_token=token, **params)
+        assert reply["success"] is True and reply["count"] == len(reply["results"])
+        rows += reply["results"]
+        token = reply["next_token"]
+        if not token:
+            return rows
+
+
+def test_credit_goes_down_as_boxes_bill_and_charges_match_the_ledger(emulator: Emulator) -> None:
+    v = sdk(emulator)
+    start = v.show_user()
+    assert "api_key" not in start
+    assert start["credit"] == pytest.approx(emulator.credit_usd(), abs=1e-4)
+    offers = v.search_offers(query="num_gpus>=2", order="dph_total-", limit=3)
+    ids = [v.create_instance(id=o["id"], image="x", disk=10, label=f"bill-{n}")["new_contract"]
+           for n, o in enumerate(offers)]
+    emulator.wait_running(ids)
+    time.sleep(1.0)
+    mid = v.show_user()["credit"]
+    assert mid < start["credit"]
+    v.destroy_instance(id=ids[0])
+    time.sleep(0.5)
+    now = int(time.time())
+    # Paged one by one; the destroyed box is still charged; amounts are the ledger's to the micro-dollar.
+    rows = _charges(v, start_date=now - 86400, end_date=now, charge_type=["instance"], limit=1)
+    by_id = {int(r["source"].split("-")[1]): r for r in rows}
+    assert set(ids) <= set(by_id)
+    assert by_id[ids[0]]["amount"] == pytest.approx(emulator.ledger.instance_usd(ids[0]), abs=1e-9)
+    for iid in ids[1:]:
+        assert by_id[iid]["amount"] == pytest.approx(emulator.ledger.instance_usd(iid), abs=1e-4)
+    row = by_id[ids[1]]
+    assert row["type"] == "instance" and row["metadata"]["label"] == "bill-1"
+    assert row["start"] == row["end"] == now // 86400 * 86400  # one UTC day, named by its 00:00
+    parts = {i["type"]: i["amount"] for i in row["items"]}
+    assert set(parts) == {"gpu", "storage"} and sum(parts.values()) == pytest.approx(row["amount"], abs=1e-12)
+    assert parts["storage"] < parts["gpu"]
+    # A window of days that ends before today selects nothing; a type filter without instances neither.
+    assert _charges(v, start_date=now - 3 * 86400, end_date=now - 2 * 86400) == []
+    assert _charges(v, start_date=now - 86400, end_date=now, charge_type=["volume"]) == []
+    # Credit is the deposits minus everything billed.
+    assert v.show_user()["credit"] == pytest.approx(1000.0 - emulator.ledger.total_usd(), abs=1e-4)
+    invoices = v.show_invoices_v1(invoices=True, start_date=now - 86400, end_date=now + 60)
+    assert [(r["type"], r["amount"]) for r in invoices["results"]] == [("credit", -1000.0)]
+    for iid in ids[1:]:
+        v.destroy_instance(id=iid)
+
+
+def test_zero_credit_stops_every_box_which_keeps_billing_storage(ssh_keypair: Any) -> None:
+    with Emulator(seed=3, offers=40, boot_delay=0.2, credit=0.002, host_prefix="127.0.9") as emu:
+        emu.add_ssh_key(ssh_keypair.public)
+        v = sdk(emu)
+        offer = v.search_offers(query="num_gpus>=4", order="dph_total-", limit=1)[0]
+        assert offer["dph_total"] > 2.0, "an expensive box, so the credit runs out within seconds"
+        iid = v.create_instance(id=offer["id"], image="x", disk=10)["new_contract"]
+        deadline = time.time() + 30
+        while v.show_instance(id=iid)["actual_status"] != "stopped":
+            assert time.time() < deadline, "the box was not stopped at zero credit"
+            time.sleep(0.1)
+        rec = v.show_instance(id=iid)
+        assert rec["intended_status"] == "stopped" and "credit" in rec["status_msg"]
+        assert iid in emu.instance_ids(), "stopped, never destroyed"
+        assert emu.ledger.rate(iid) == pytest.approx(float(rec["storage_total_cost"]), abs=1e-6)
+        user = v.show_user()
+        assert -0.001 < user["credit"] <= 0 and user["balance"] == user["credit"] and user["can_pay"] is False
+        time.sleep(0.3)
+        assert v.show_user()["credit"] < user["credit"], "storage keeps billing a stopped box"
+        other = v.search_offers(query="num_gpus=1", limit=1)[0]
+        refused = requests.put(f"{emu.url}/api/v0/asks/{other['id']}/", json={"image": "x"},
+                               headers={"Authorization": f"Bearer {emu.api_key}"}, timeout=10)
+        assert refused.status_code == 400 and refused.json()["error"] == "insufficient_credit"
+        assert [e["type"] for e in emu.ledger.events if e["instance_id"] == iid][-1] == "out_of_credit"
+        topped = requests.post(f"{emu.url}/_emulator/credit", json={"usd": 5.0},
+                               headers={"Authorization": f"Bearer {emu.api_key}"}, timeout=10)
+        assert topped.status_code == 200 and topped.json()["credit"] > 4.99
+        assert v.create_instance(id=other["id"], image="x", disk=10)["success"] is True
+        now = int(time.time())
+        paid = v.show_invoices_v1(invoices=True, start_date=now - 86400, end_date=now + 60)["results"]
+        assert [r["amount"] for r in paid] == [-0.002, -5.0]
+
+
+def test_cli_shows_credit_charges_and_invoices(emulator: Emulator, tmp_path: Path) -> None:
+    v = sdk(emulator)
+    offer = v.search_offers(query="num_gpus=1", order="dph_total", limit=1)[0]
+    iid = v.create_instance(id=offer["id"], image="x", disk=10, label="cli-bill")["new_contract"]
+    emulator.wait_running([iid])
+    v.destroy_instance(id=iid)
+    user = cli(emulator, tmp_path, "show", "user", "--raw")
+    assert user.returncode == 0 and json.loads(user.stdout)["credit"] == pytest.approx(emulator.credit_usd(), abs=1e-4)
+    table = cli(emulator, tmp_path, "show", "user")
+    assert "Credit" in table.stdout and f"{emulator.credit_usd():0.2f}" in table.stdout
+    raw = cli(emulator, tmp_path, "show", "invoices-v1", "--charges", "--raw", "--limit", "100")
+    rows = json.loads(raw.stdout)["results"]
+    mine = [r for r in rows if r["source"] == f"instance-{iid}"]
+    assert len(mine) == 1 and mine[0]["amount"] == pytest.approx(emulator.ledger.instance_usd(iid), abs=1e-9)
+    tree = cli(emulator, tmp_path, "show", "invoices-v1", "--charges", "--format", "tree", "--verbose",
+               "--limit", "100", "--no-color")
+    assert tree.returncode == 0 and "Charges Breakdown" in tree.stdout and str(iid) in tree.stdout, tree.stderr
+    inv = cli(emulator, tmp_path, "show", "invoices-v1", "--invoices", "--no-color")
+    assert inv.returncode == 0 and "$1000.00" in inv.stdout and "Stripe" in inv.stdout, inv.stdout + inv.stderr
+    old = cli(emulator, tmp_path, "show", "invoices", "--raw")
+    kinds = {r["type"] for r in json.loads(old.stdout)}
+    assert kinds == {"charge", "payment"}
