@@ -38,6 +38,7 @@ log = logging.getLogger("rigsync.run")
 @dataclass
 class DaemonConfig:
     interval_s: float = 30.0
+    destroy_latency_s: float | None = None  # None: loop.DESTROY_LATENCY_S (the budget projects spend through it)
     lease_stale_s: float = 300.0
     lease_renew_s: float = 60.0
     remote_poll_s: float = 5.0
@@ -168,6 +169,7 @@ class FleetDaemon:
                 clock=self.clock,
                 should_stop=self.stop_event.is_set,
                 cycle_s=self.config.interval_s,
+                destroy_latency_s=self.config.destroy_latency_s,
             )
             self._fleet_key = key
         return self.reconciler

@@ -20,7 +20,7 @@ from pathlib import Path
 from reconciler.actions import Plan
 from reconciler.adapters.git import GitRepo
 from reconciler.archive import RunArchive
-from reconciler.loop import Reconciler, SystemClock, build_adapters, state_dir_for
+from reconciler.loop import DESTROY_LATENCY_S, Reconciler, SystemClock, build_adapters, state_dir_for
 from reconciler.model import Desired, Fleet, Observed
 from reconciler.observed.documents import ReconcilerStatus, render_observed
 from reconciler.observed.memory import read_fleet_memory
@@ -40,6 +40,7 @@ def open_fleet(
     clock: SystemClock | None = None,
     should_stop: Callable[[], bool] = lambda: False,
     cycle_s: float = 60.0,
+    destroy_latency_s: float | None = None,
 ) -> Reconciler:
     """A ``Reconciler`` for ``fleet`` acting through the checkout at ``checkout``.
 
@@ -63,6 +64,7 @@ def open_fleet(
         clock=clock,
         should_stop=should_stop,
         cycle_s=cycle_s,
+        destroy_latency_s=DESTROY_LATENCY_S if destroy_latency_s is None else destroy_latency_s,
     )
 
 

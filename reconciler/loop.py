@@ -59,6 +59,8 @@ class Reconciler:
     should_stop: Callable[[], bool] = lambda: False
     box_control: BoxControl | None = None  # what is done to boxes; None: the run protocol over ``shell``
     cycle_s: float = 60.0  # how often this controller decides (the daemon's --interval; a guess for one-shots)
+    destroy_latency_s: float = DESTROY_LATENCY_S
+    _last_wall_s: float = 0.0  # how long the last cycle took: the next decision comes that much later too
     _history: list[AttemptRecord] | None = None
     _endpoints: dict[int, tuple[Endpoint, ...]] = field(default_factory=dict)
 
@@ -79,8 +81,9 @@ class Reconciler:
     def observe_and_plan(self, desired: Desired) -> tuple[Observed, Plan, FleetMemory]:
         now = self.clock.now()
         observed, memory = observe(desired, self.provider, self.boxes, self.history, self.memory, now)
-        # the budget's horizon: until this controller decides again, plus the time a destroy takes to stop billing
-        observed = replace(observed, cycle_s=self.cycle_s + DESTROY_LATENCY_S)
+        # the budget's horizon: until this controller decides again (its interval after a cycle as long as the
+        # last one), plus the time a destroy takes to stop the billing
+        observed = replace(observed, cycle_s=self.cycle_s + self._last_wall_s + self.destroy_latency_s)
         self._forget_gone(observed)
         return observed, plan(desired, observed, now), memory
 
@@ -102,7 +105,9 @@ class Reconciler:
         if act:
             applied = self.apply(desired, observed, the_plan, memory)
             memory = self.memory
-        return CycleResult(desired, observed, the_plan, applied, memory, started, self.clock.now())
+        finished = self.clock.now()
+        self._last_wall_s = max(0.0, finished - started)
+        return CycleResult(desired, observed, the_plan, applied, memory, started, finished)
 
     def observed_after_apply(self, observed: Observed) -> Observed:
         """The snapshot as the next cycle will start from it: with this cycle's memory, in-flight and archive."""

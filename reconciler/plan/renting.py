@@ -247,6 +247,8 @@ def rent_for(
     for msg, (code, n) in sorted(blocked.items()):
         tail = f"; {n} pending run(s) wait" if n else ""
         out.noop(subj, code, f"{msg}{tail}")
+        if code is ReasonCode.CREDIT_REFUSED:
+            out.warnings.append(f"budget: {msg}{tail}")  # the account itself is short: say it where people look
     for sweep in sorted(set(waits_for_booting) | set(covered_by_rent) | set(no_capacity)):
         parts = []
         if waits_for_booting.get(sweep):
