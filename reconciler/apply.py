@@ -46,6 +46,7 @@ from reconciler.model import (
     RunDirState,
 )
 from reconciler.ports import BoxControl, LaunchJob, Provider
+from reconciler.remote import watchdog_onstart
 
 log = logging.getLogger("rigsync.apply")
 
@@ -132,8 +133,11 @@ def _box(instances: dict[int, Instance], instance_id: int) -> Instance:
 
 def _execute(action: Action, ctx: ApplyContext, instances: dict[int, Instance], result: ApplyResult) -> str:
     if isinstance(action, Rent):
+        # The box's own kill switch, with the fleet's limits as they are now (reconciler/remote/watchdog.py).
+        f = ctx.desired.fleet
+        onstart = watchdog_onstart(ttl_s=f.ttl_s, idle_timeout_s=f.idle_timeout_s, orphan_timeout_s=f.orphan_timeout_s)
         new_id = ctx.provider.create_instance(
-            action.offer_id, image=action.image, disk_gb=action.disk_gb, label=action.label, onstart="", env={}
+            action.offer_id, image=action.image, disk_gb=action.disk_gb, label=action.label, onstart=onstart, env={}
         )
         result.rented.append(new_id)
         return f"instance {new_id}"

@@ -459,6 +459,9 @@ def _fleet_checks(doc: _Doc, files: Mapping[str, bytes]) -> tuple[list[LoadError
                     "country name such as \"Germany\"",
                 )
             )
+    # The box's watchdog destroys a box this long after the controller's last probe: zero would end every box.
+    if "orphan_timeout" in data and parse_duration(data["orphan_timeout"]) <= 0:
+        errors.append(doc.error(("orphan_timeout",), "orphan_timeout must be longer than 0s"))
     bootstrap: tuple[str, str] | None = None
     if "bootstrap" in data:
         value = data["bootstrap"]
@@ -516,6 +519,7 @@ def _build_fleet(data: Mapping[str, Any], bootstrap: tuple[str, str] | None) -> 
         unreachable_grace_s=_duration(data, "unreachable_grace", defaults.unreachable_grace_s),
         heartbeat_stale_s=_duration(data, "heartbeat_stale", defaults.heartbeat_stale_s),
         suspend=bool(data.get("suspend", False)),
+        orphan_timeout_s=_duration(data, "orphan_timeout", defaults.orphan_timeout_s),
     )
 
 

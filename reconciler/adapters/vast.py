@@ -9,7 +9,9 @@ emulator is proven against the same client. This module adds what a reconciler n
   renting is retried only when the request certainly did not act (429, or the connection was never made),
   because a lost reply to a create may already have rented a box and a blind retry would rent a second one;
 * silence: the SDK may print, and rigsync's CLI prints JSON on stdout, so SDK calls run with stdout captured;
-* the API key comes from ``VAST_API_KEY`` or the vastai key files, never from YAML, and is never logged.
+* the API key comes from ``VAST_API_KEY`` or the vastai key files, never from YAML, and is never logged;
+* every rented box gets ``RIGSYNC_API_URL`` (this adapter's server URL) in its environment: the one URL its
+  watchdog may send the instance's own key to (``reconciler/remote/watchdog.py``).
 
 SSH addresses (the "port off by one" quirk): the direct address is ``public_ipaddr`` plus the host port mapped to
 ``22/tcp``, used whenever present because it is the box's real sshd. The proxy address is ``ssh_host:ssh_port``,
@@ -42,6 +44,7 @@ from reconciler.errors import (
     RejectedByProvider,
 )
 from reconciler.model import Endpoint, Instance, InstanceStatus, Offer, OfferFilters, Ranking
+from reconciler.remote import WATCHDOG_API_URL_ENV
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -255,6 +258,7 @@ class VastProvider:
         from vastai import VastAI  # imported here: the package is heavy and only live commands need it
 
         url = server_url.rstrip("/")
+        self.api_url = url  # also handed to every box's watchdog (create_instance): the one URL it may call
         self._sdk = VastAI(api_key=api_key, server_url=url, retry=sdk_retry, quiet=True)
         # Renting is not idempotent: its client makes one HTTP attempt per call and we decide about retries.
         self._sdk_once = VastAI(api_key=api_key, server_url=url, retry=1, quiet=True)
@@ -322,10 +326,14 @@ class VastProvider:
     def create_instance(
         self, offer_id: int, *, image: str, disk_gb: float, label: str, onstart: str, env: dict[str, str]
     ) -> int:
+        # The box's watchdog (reconciler/remote/watchdog.py) destroys its instance through this same URL, with the
+        # instance's own key: the URL this adapter was configured with, never one the box or desired/ names.
+        box_env = {**env, WATCHDOG_API_URL_ENV: self.api_url}
+
         def create() -> Any:
             return self._sdk_once.create_instance(
                 id=offer_id, image=image, disk=disk_gb, label=label, onstart_cmd=onstart or None,
-                env=dict(env), ssh=True, direct=True,
+                env=box_env, ssh=True, direct=True,
             )
 
         reply = self._call(f"rent offer {offer_id}", create, idempotent=False)

@@ -10,12 +10,35 @@ Each builder returns one command line that any POSIX login shell can execute, so
 ``Shell.run``: it exports ``RIGSYNC_ROOT`` (``ROOT``, the one place rigsync's directory on a box is named) and
 ``RIGSYNC_PYTHON_CANDIDATES``, then runs ``lib.sh`` followed by the script with ``exec bash -c``.
 
+The sixth program is the box's own kill switch. At rent, ``watchdog_onstart`` is the instance's onstart: at every
+boot it writes ``watchdog.py`` and its supervisor ``watchdog_run.sh`` under ``watchdog/`` (``watchdog_start.sh``)
+and starts them detached, so they outlive any SSH session and the controller itself. The watchdog destroys its own
+instance -- ``DELETE /api/v0/instances/$CONTAINER_ID/`` with ``CONTAINER_API_KEY``, the per-instance key the
+provider sets in every container (never the account key), at ``RIGSYNC_API_URL``, which the Provider adapter sets
+in the instance's environment from its own configured URL (never a value from desired/) -- and never stops it.
+It destroys the box (``watchdog.decide``, a pure function; the state is read afresh at every check):
+
+* ``ttl``: up for the fleet's ``ttl``, counted from the watchdog's first start on this disk, busy or not (a hung
+  run ends here);
+* ``orphan``: no controller for ``orphan_timeout``: the probe refreshes ``watchdog/touched`` every cycle (before
+  the first probe the box's start counts);
+* ``idle``: no run or bootstrap alive, nothing run-related for ``idle_timeout`` (a run directory created, started,
+  heartbeat, ended; a bootstrap finished), counted from the latest of that, the box's start and the last probe,
+  and no controller for at least ``CONTROLLER_GRACE_S`` (60 s). While a controller probes, idle boxes are its
+  call (it keeps ``min_instances``, bootstraps before the first launch, harvests before it destroys); once it is
+  gone, a box retires itself ``idle_timeout`` after its last run ends.
+
+The API call is retried (1 s doubling to 60 s) until the box is gone; the watchdog logs to ``watchdog/watchdog.log``
+and never writes the key. The limits are the fleet's at rent time. Like the probe it needs ``python3``; without
+one ``watchdog_start.sh`` logs that the box has no watchdog.
+
 Layout under ``$HOME/rigsync/``::
 
     code/<commit>/                       unpacked tree of a pinned commit (atomic rename into place)
     bootstrap/<hash>.sh|.run.sh|.log|.ok|.failed|.pid|.lock/
     runs/<run_id>.<attempt>/             meta.json, wrapper.sh, pid, started_at, heartbeat, stdout.log,
                                          stderr.log, exit_code, ended_at, killed_reason, metrics file
+    watchdog/                            watchdog.py, run.sh, pid, started_at, touched, watchdog.log
 
 The probe needs ``python3`` on the box (every Vast image has one); without it the probe prints a JSON document
 with only ``error`` and ``box_now`` and ``parse_probe`` raises ``RemoteCommandFailed`` saying so.
@@ -27,7 +50,9 @@ shared code tree and a relative write there would mix runs.
 
 from __future__ import annotations
 
+import base64
 import functools
+import gzip
 import json
 import math
 import re
@@ -39,6 +64,7 @@ from typing import Any
 from reconciler.errors import RemoteCommandFailed
 from reconciler.model import BoxProbe, GpuState, RunDirState, Scalar, run_dir_name
 from reconciler.remote.probe import FORMAT as PROBE_FORMAT
+from reconciler.remote.watchdog import API_URL_ENV as WATCHDOG_API_URL_ENV
 
 __all__ = [
     "HEARTBEAT_INTERVAL_S",
@@ -47,6 +73,7 @@ __all__ = [
     "PROBE_FORMAT",
     "PYTHON_CANDIDATES",
     "ROOT",
+    "WATCHDOG_API_URL_ENV",
     "bash_command",
     "bootstrap_script",
     "kill_script",
@@ -54,6 +81,7 @@ __all__ = [
     "parse_probe",
     "probe_script",
     "ship_code_script",
+    "watchdog_onstart",
 ]
 
 ROOT = "$HOME/rigsync"
@@ -318,3 +346,35 @@ def bootstrap_script(script_text: str, script_hash: str) -> str:
 def ship_code_script(commit: str) -> str:
     """A command that unpacks a tar stream from stdin into ``code/<commit>/`` atomically (idempotent)."""
     return _command("ship_code.sh", _check_name("commit", commit))
+
+
+# ---------------------------------------------------------------------------------------------- watchdog
+
+
+def _seconds(value: float) -> str:
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"a watchdog limit must be a positive number of seconds, not {value!r}")
+    return repr(float(value))
+
+
+def watchdog_onstart(*, ttl_s: float | None, idle_timeout_s: float, orphan_timeout_s: float) -> str:
+    """The instance's onstart script: start the box's watchdog (``watchdog.py``) at every boot.
+
+    The command that writes and starts it (``watchdog_start.sh`` with the program, its supervisor and the fleet's
+    limits as quoted arguments) travels gzipped and base64-encoded, so the onstart stays a few KiB and needs only
+    ``base64``, ``gzip`` and ``bash`` besides the watchdog's own ``python3``. It names no key and no URL: the
+    watchdog reads ``CONTAINER_ID``/``CONTAINER_API_KEY`` (set by the provider) and ``RIGSYNC_API_URL`` (set in the
+    instance's environment by the Provider adapter) from its environment.
+    """
+    ttl = "none" if ttl_s is None or math.isinf(ttl_s) else _seconds(ttl_s)
+    command = _command(
+        "watchdog_start.sh", _text("watchdog.py"), _text("watchdog_run.sh"), ttl, _seconds(idle_timeout_s),
+        _seconds(orphan_timeout_s),
+    )
+    blob = base64.b64encode(gzip.compress(command.encode(), mtime=0)).decode()
+    return (
+        "# rigsync: start this box's watchdog (rigsync's reconciler/remote/watchdog.py), which destroys the\n"
+        f"# instance past ttl {ttl}, idle_timeout {_seconds(idle_timeout_s)} or orphan_timeout "
+        f"{_seconds(orphan_timeout_s)} (seconds).\n"
+        f"printf %s {blob} | base64 -d | gzip -dc | bash\n"
+    )

@@ -6,6 +6,9 @@ uses the standard library only and keeps to Python 3.8 syntax. The reconciler im
 It reads ``RIGSYNC_ROOT`` (rigsync's directory on the box, set by the command line) and ``RS_BEST_PY`` (the
 interpreter running it, reported as the box's best Python). One ``nvidia-smi`` call per probe, started first so
 that it overlaps the file-system scan. Any crash still prints a document, with ``error`` set.
+
+Its one write: it refreshes ``watchdog/touched``, which tells the box's watchdog (``watchdog.py``) that a controller
+was here; without it for ``orphan_timeout`` the box destroys itself.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ NVIDIA_SMI = (
     "--format=csv,noheader,nounits",
 )
 SMI_TIMEOUT_S = 10
+WATCHDOG_TOUCH = ("watchdog", "touched")  # under RIGSYNC_ROOT; watchdog.py's DIR and TOUCH_FILE
 
 
 def alive(pid: int) -> bool:
@@ -193,8 +197,21 @@ def run_state(d: str, run_id: str, attempt: int, now: float) -> dict[str, Any]:
     }
 
 
+def touch_watchdog(root: str) -> None:
+    """Tell the box's watchdog that the controller was here (the file's mtime is what it reads)."""
+    path = os.path.join(root, *WATCHDOG_TOUCH)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "a"):
+            pass
+        os.utime(path, None)
+    except OSError:
+        pass
+
+
 def probe(root: str) -> dict[str, Any]:
     now = time.time()
+    touch_watchdog(root)
     out: dict[str, Any] = {"v": FORMAT, "box_now": now, "python": os.environ.get("RS_BEST_PY") or sys.executable}
     smi = smi_start()  # runs while the file system is read: on a real box it takes tens of milliseconds
 

@@ -31,7 +31,8 @@ def _shellcheck(args: list[str], stdin: str | None = None) -> subprocess.Complet
 
 def test_the_box_side_scripts_exist() -> None:
     names = {p.name for p in SCRIPTS}
-    assert names >= {"lib.sh", "probe.sh", "launch.sh", "wrapper.sh", "kill.sh", "bootstrap.sh", "ship_code.sh"}
+    assert names >= {"lib.sh", "probe.sh", "launch.sh", "wrapper.sh", "kill.sh", "bootstrap.sh", "ship_code.sh",
+                     "watchdog_start.sh", "watchdog_run.sh"}
 
 
 @pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: p.name)
@@ -58,7 +59,7 @@ def test_disabled_checks_say_why(path: Path) -> None:
 def test_box_files_do_not_name_the_root_directory() -> None:
     """``$HOME/rigsync`` is defined once, as ``remote.ROOT``; the box-side files get it as RIGSYNC_ROOT."""
     assert remote.ROOT == "$HOME/rigsync"
-    for path in [*SCRIPTS, PROBE]:
+    for path in [*SCRIPTS, PROBE, PKG / "watchdog.py"]:
         text = path.read_text()
         assert "HOME/rigsync" not in text and '"rigsync"' not in text, path.name
 
