@@ -6,6 +6,11 @@ the namespace), its own loopback address and two ports (the "proxy" and the "dir
 service). Killing the namespace's PID 1 makes the box vanish with everything it started (``nohup``/``setsid``
 jobs included); SIGSTOP on every process of the namespace makes it hang.
 
+A box boots as a Vast container does: from a clean environment plus its instance's variables (``CONTAINER_ID``,
+``CONTAINER_API_KEY``, the ``env`` it was rented with), it runs the instance's ``onstart`` detached (``setsid``,
+output in ``/root/onstart.log``) before its sshd starts, and again at every restart. The namespaces are PID and
+mount only, so whatever runs on the box reaches the emulator's API over loopback, as a box reaches Vast's.
+
 Processes are spawned from one long-lived thread with ``PR_SET_PDEATHSIG=SIGKILL``: the signal fires when the
 spawning *thread* exits, so spawning from short-lived HTTP handler threads would kill boxes early, and a
 crashed test run must leave no ``sshd`` behind.
@@ -41,6 +46,9 @@ from reconciler.emulator.nvidia_smi import SCRIPT as NVIDIA_SMI
 SSHD = "/usr/sbin/sshd"
 UNSHARE = "/usr/bin/unshare"
 _PR_SET_PDEATHSIG = 1
+# A box starts from a clean environment, as a container does, plus its own variables (boot.sh exports them): never
+# the emulator's, which may hold the account key (VAST_API_KEY) when tests or the demo run everything in one process.
+BOX_BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 _ENV_NAME_OK = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 T = TypeVar("T")
@@ -280,7 +288,7 @@ class Box:
         try:
             self.proc = spawner.call(
                 lambda: subprocess.Popen(
-                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                    argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=dict(BOX_BASE_ENV),
                     preexec_fn=_set_pdeathsig, close_fds=True,
                 )
             )
