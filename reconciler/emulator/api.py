@@ -316,7 +316,7 @@ def _invoices_v0(emu: Emulator, req: Request) -> Any:
     """The deprecated ``show invoices``: charges (``inc_charges``) and payments in ``[sdate, edate]``."""
     try:
         lo = float(req.query.get("sdate") or 0.0)
-        hi = float(req.query.get("edate") or time.time())
+        hi = float(req.query.get("edate") or emu.clock())
     except ValueError:
         raise ApiError(400, "invalid_args", "sdate and edate must be unix seconds") from None
     rows: list[dict[str, Any]] = []

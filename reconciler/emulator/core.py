@@ -16,6 +16,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -67,7 +68,11 @@ class Emulator:
         boot_delay: float = 0.5,
         host_prefix: str = "127.0.1",
         credit: float = 1000.0,
+        clock: Callable[[], float] | None = None,
     ) -> None:
+        # The wall clock of the emulated world (start dates, billing, charges); tests move it to cross a UTC
+        # midnight without waiting for one. Boot delays and timeouts still run on the monotonic clock.
+        self.clock: Callable[[], float] = clock or time.time
         self.api_key = api_key or secrets.token_hex(32)
         self.boot_delay = boot_delay
         self._port = port
@@ -75,7 +80,7 @@ class Emulator:
         self._state_dir_arg = state_dir
         self.state_dir = Path(state_dir) if state_dir is not None else Path("/nonexistent")
         self.market = Market(seed=seed, n=offers)
-        self.ledger = Ledger(credit=credit)
+        self.ledger = Ledger(clock=self.clock, credit=credit)
         self._pool = AddressPool(host_prefix)
         self._lock = threading.RLock()
         self._instances: dict[int, Instance] = {}
@@ -217,7 +222,7 @@ class Emulator:
                     return dict(existing)
             kid = self._next_key_id
             self._next_key_id += 1
-            rec = {"id": kid, "user_id": 1, "public_key": key, "key": key, "created_at": time.time(),
+            rec = {"id": kid, "user_id": 1, "public_key": key, "key": key, "created_at": self.clock(),
                    "deleted_at": None}
             self._account_keys[kid] = rec
             return dict(rec)
@@ -317,7 +322,7 @@ class Emulator:
                 disk=disk, env=env, onstart=spec.onstart, is_bid=bid is not None,
                 dph_total=float(priced["dph_total"]),
                 storage_per_hour=float(offer["storage_cost"]) * disk / (30 * 24),
-                api_key=api_key, start_date=time.time(), ssh_keys=keys,
+                api_key=api_key, start_date=self.clock(), ssh_keys=keys,
             )
             if self._never_boot_next:
                 self._never_boot_next = False
@@ -515,7 +520,7 @@ class Emulator:
                 if inst.id in self._instances and inst.actual_status == "loading":
                     inst.actual_status = "running"
                     inst.status_msg = f"success, running {inst.image}/ssh"
-                    inst.running_since = time.time()
+                    inst.running_since = self.clock()
                     self.ledger.log("running", inst.id)
             return
         if inst.actual_status in ("loading", "running") and not inst.box.running_process():
@@ -536,7 +541,7 @@ class Emulator:
     def record(self, inst: Instance) -> dict[str, Any]:
         o = inst.offer
         s = inst.box.spec
-        now = time.time()
+        now = self.clock()
         uptime = (now - inst.running_since) / 60 if inst.running_since else 0.0
         env_pairs = [[k, v] for k, v in inst.env.items()]
         return {

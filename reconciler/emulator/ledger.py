@@ -120,6 +120,14 @@ class Ledger:
     def total_usd(self) -> float:
         return sum(self.instance_usd(i) for i in self.instance_ids())
 
+    def usd_between(self, start: float, end: float) -> float:
+        """Everything billed inside ``[start, end]`` (e.g. one UTC day), across all instances."""
+        total = 0.0
+        for i in self.instance_ids():
+            c = self.charge(i, start, end)
+            total += c.usd if c is not None else 0.0
+        return total
+
     def burn_rate(self) -> float:
         """Current total $/h across all instances."""
         with self._lock:
