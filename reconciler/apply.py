@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from reconciler.actions import (
     APPLY_ORDER,
@@ -43,6 +43,7 @@ from reconciler.model import (
     InFlight,
     Instance,
     Observed,
+    OverheadRecord,
     RunDirState,
 )
 from reconciler.ports import BoxControl, LaunchJob, Provider
@@ -53,8 +54,11 @@ log = logging.getLogger("rigsync.apply")
 KILL_EXIT_CODE = 137  # what a killed attempt records (128 + SIGKILL), as a shell would report it
 
 
+R = TypeVar("R", AttemptRecord, OverheadRecord)
+
+
 class Archive(Protocol):
-    def append(self, records: list[AttemptRecord]) -> list[AttemptRecord]: ...
+    def append(self, records: list[R]) -> list[R]: ...
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,7 @@ class Outcome:
 class ApplyResult:
     outcomes: list[Outcome] = field(default_factory=list)
     archived: list[AttemptRecord] = field(default_factory=list)
+    overheads: list[OverheadRecord] = field(default_factory=list)  # boxes that ended, closed in the archive
     launched: list[InFlight] = field(default_factory=list)
     settled: set[tuple[str, int]] = field(default_factory=set)  # attempts recorded/requeued/killed this cycle
     rented: list[int] = field(default_factory=list)
@@ -111,7 +116,46 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
         except Exception as exc:  # the boundary: a library's surprise fails this action, not the plan
             log.exception("%s %s failed with an unexpected %s", action.kind.value, action.target, type(exc).__name__)
             result.outcomes.append(Outcome(action, False, _error_text(exc)))
+    try:
+        _archive_overheads(ctx, result)
+    except Exception as exc:  # the next cycle tries again (keyed once per box); the plan's outcomes stand
+        log.warning("cannot archive the overhead of ended boxes: %s", _error_text(exc))
     return result
+
+
+def _archive_overheads(ctx: ApplyContext, result: ApplyResult) -> None:
+    """One overhead line per box that ended: its bill minus the costs of the attempts archived on it.
+
+    A box is closed once it is gone from the provider's list, its bill is final (``BoxSpend.bill_final``) and no
+    attempt on it is still in flight after this apply (a vanished box's attempts are requeued first, so their
+    costs are in the archive before the remainder is taken).
+    """
+    unsettled = {f.instance_id for f in ctx.observed.in_flight if (f.run_id, f.attempt) not in result.settled}
+    unsettled.update(f.instance_id for f in result.launched)
+    for box in ctx.observed.spend.boxes:
+        if box.instance_id in unsettled or not box.bill_final(box.at):
+            continue
+        ran = [r for r in (*ctx.observed.history, *result.archived) if r.instance_id == box.instance_id]
+        attempts_usd = round(sum(r.cost_usd for r in ran), 6)
+        billed = round(box.usd, 6)
+        note = " (estimated: the provider did not say its final bill)" if box.estimated else ""
+        rec = OverheadRecord(
+            instance_id=box.instance_id,
+            billed_usd=billed,
+            attempts_usd=attempts_usd,
+            attempts=len(ran),
+            cost_usd=round(billed - attempts_usd, 6),
+            machine_id=box.machine_id,
+            gpu_name=box.gpu_name,
+            num_gpus=box.num_gpus,
+            dph=box.dph,
+            started_at=box.started_at,
+            ended_at=box.gone_at,
+            estimated=box.estimated,
+            reason=f"box ended: billed ${billed:.6f}, {len(ran)} attempt(s) ${attempts_usd:.6f}, the rest was boot, "
+            f"bootstrap and idle time{note}",
+        )
+        result.overheads.extend(ctx.archive.append([rec]))
 
 
 def _error_text(exc: Exception) -> str:
@@ -243,15 +287,18 @@ def _attempt_record(
 ) -> AttemptRecord:
     spec = ctx.desired.run(run_id)
     inst = instances.get(instance_id)
+    billed = ctx.observed.spend.box(instance_id)  # what the box is known by once the provider no longer lists it
     launched = next(
         (f for f in ctx.observed.in_flight if f.run_id == run_id and f.attempt == attempt), None
     )
     started = state.started_at if state and state.started_at else (launched.launched_at if launched else None)
     ended = state.ended_at if state and state.ended_at else ctx.now()
-    dph = inst.dph_total if inst else 0.0
-    share = 1.0
-    if inst and inst.num_gpus and state and state.gpu_mask:
-        share = len(state.gpu_mask) / inst.num_gpus
+    # Its share of the box's billed rate over its run time: the GPUs it held out of the box's (the rest of the
+    # box's bill goes to the box's overhead line when the box ends).
+    dph = inst.dph_total if inst else (billed.dph if billed else 0.0)
+    num_gpus = inst.num_gpus if inst else (billed.num_gpus if billed else 0)
+    mask = state.gpu_mask if state and state.gpu_mask else (launched.gpu_mask if launched else ())
+    share = min(1.0, len(mask) / num_gpus) if num_gpus and mask else 1.0
     cost = dph * share * max(0.0, ended - started) / 3600.0 if started else 0.0
     return AttemptRecord(
         run_id=run_id,
@@ -265,8 +312,8 @@ def _attempt_record(
         desired_commit=state.desired_commit if state and state.desired_commit else ctx.desired.commit,
         image=inst.image if inst else "",
         instance_id=instance_id,
-        machine_id=inst.machine_id if inst else 0,
-        gpu_name=inst.gpu_name if inst else "",
+        machine_id=inst.machine_id if inst else (billed.machine_id if billed else 0),
+        gpu_name=inst.gpu_name if inst else (billed.gpu_name if billed else ""),
         dph=dph,
         started_at=started,
         ended_at=ended,

@@ -3,6 +3,14 @@
 It is the long memory of every sweep (what ran where, for how long, at what cost, with what result) and
 lives in git so it can be diffed, grepped and analysed with nothing but the repository.
 
+**Two kinds of line.** An attempt line (``{"run_id": ..., "attempt": ..., ...}``) is one finished attempt. An
+overhead line (``{"kind": "overhead", "instance_id": ..., ...}``) is one box's billed money that no attempt ran
+on (boot, bootstrap, idle, GPUs no run held), appended once when the box ended: the attempts' ``cost_usd`` plus
+the overhead lines' add up to what the provider billed. Readers of attempts (the planner's history, run phases,
+the documents, diff, the demo) read ``records()``, which yields attempts only; ``overheads()`` yields the
+overhead lines and ``entries()`` both. Both kinds share the shards, the journal and the exactly-once rule below
+(an overhead line is keyed by ``("overhead", instance_id)``; run ids are hex digests, never that word).
+
 **One writer.** The shards reach the disk the way every other file under observed/ does: the cycle hands
 them to the one writer (``reconciler.observed.tree.write_observed``, which ``GitRepo.commit_observed`` calls
 before it commits) together with the rendered documents, so a commit holds exactly what the cycle handed
@@ -40,7 +48,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from reconciler.errors import ArchiveCorrupt, RepoError
-from reconciler.model import AttemptOutcome, AttemptRecord, Scalar
+from reconciler.model import OVERHEAD_KEY, AttemptOutcome, AttemptRecord, OverheadRecord, Scalar
 from reconciler.observed.codec import RUNS_DIR
 from reconciler.observed.tree import append_lines
 
@@ -48,6 +56,9 @@ UNDATED_SHARD = "undated"
 JOURNAL_FILE = "rigsync-archive.journal"  # under the checkout's .git/
 
 T = TypeVar("T")
+Record = AttemptRecord | OverheadRecord
+R = TypeVar("R", AttemptRecord, OverheadRecord)
+OVERHEAD_KIND = "overhead"
 log = logging.getLogger("rigsync.archive")
 
 # The order fields appear in on each line: identity first, then where it ran, then when, cost and result.
@@ -75,7 +86,26 @@ FIELD_ORDER = (
 )
 
 
-def shard_name(record: AttemptRecord) -> str:
+# The order of an overhead line's fields: its kind and box first, then the money, then when and what.
+OVERHEAD_FIELD_ORDER = (
+    "kind",
+    "instance_id",
+    "cost_usd",
+    "billed_usd",
+    "attempts_usd",
+    "attempts",
+    "estimated",
+    "reason",
+    "machine_id",
+    "gpu_name",
+    "num_gpus",
+    "dph",
+    "started_at",
+    "ended_at",
+)
+
+
+def shard_name(record: Record) -> str:
     """``YYYY-MM`` of the attempt's end (UTC), falling back to its start; ``undated`` when it has neither."""
     when = record.ended_at if record.ended_at is not None else record.started_at
     if when is None:
@@ -83,7 +113,7 @@ def shard_name(record: AttemptRecord) -> str:
     return dt.datetime.fromtimestamp(when, tz=dt.UTC).strftime("%Y-%m")
 
 
-def shard_path(record: AttemptRecord) -> str:
+def shard_path(record: Record) -> str:
     """The repository path of the shard ``record`` belongs in."""
     return f"{RUNS_DIR}/{shard_name(record)}.jsonl"
 
@@ -115,6 +145,32 @@ def record_to_json(record: AttemptRecord) -> str:
     return json.dumps(d, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+def overhead_to_json(record: OverheadRecord) -> str:
+    """One compact overhead line (no newline), fields in ``OVERHEAD_FIELD_ORDER``."""
+    d: dict[str, Any] = {
+        "kind": OVERHEAD_KIND,
+        "instance_id": record.instance_id,
+        "cost_usd": record.cost_usd,
+        "billed_usd": record.billed_usd,
+        "attempts_usd": record.attempts_usd,
+        "attempts": record.attempts,
+        "estimated": record.estimated,
+        "reason": record.reason,
+        "machine_id": record.machine_id,
+        "gpu_name": record.gpu_name,
+        "num_gpus": record.num_gpus,
+        "dph": record.dph,
+        "started_at": record.started_at,
+        "ended_at": record.ended_at,
+    }
+    return json.dumps(d, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def entry_to_json(record: Record) -> str:
+    """The archive line of either kind of record."""
+    return overhead_to_json(record) if isinstance(record, OverheadRecord) else record_to_json(record)
+
+
 def _opt_float(v: Any) -> float | None:
     return None if v is None else float(v)
 
@@ -123,14 +179,57 @@ def _opt_str(v: Any) -> str | None:
     return None if v is None else str(v)
 
 
-def record_from_json(line: str | bytes) -> AttemptRecord:
-    """Parse one archive line; raises ValueError (with the reason) on anything malformed."""
+def _line_object(line: str | bytes) -> dict[str, Any]:
     try:
         d = json.loads(line)
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON: {exc.msg}") from exc
     if not isinstance(d, dict):
         raise ValueError("not a JSON object")
+    kind = d.get("kind")
+    if kind is not None and kind not in ("attempt", OVERHEAD_KIND):
+        raise ValueError(f"unknown kind {kind!r}")
+    return d
+
+
+def entry_from_json(line: str | bytes) -> Record:
+    """Parse one archive line of either kind; raises ValueError (with the reason) on anything malformed."""
+    d = _line_object(line)
+    return _overhead(d) if d.get("kind") == OVERHEAD_KIND else _attempt(d)
+
+
+def record_from_json(line: str | bytes) -> AttemptRecord:
+    """Parse one attempt line; raises ValueError (with the reason) on anything malformed, or on an overhead line."""
+    d = _line_object(line)
+    if d.get("kind") == OVERHEAD_KIND:
+        raise ValueError("an overhead line, not an attempt")
+    return _attempt(d)
+
+
+def _overhead(d: dict[str, Any]) -> OverheadRecord:
+    try:
+        return OverheadRecord(
+            instance_id=int(d["instance_id"]),
+            billed_usd=float(d["billed_usd"]),
+            attempts_usd=float(d.get("attempts_usd", 0.0)),
+            attempts=int(d.get("attempts", 0)),
+            cost_usd=float(d["cost_usd"]),
+            machine_id=int(d.get("machine_id", 0)),
+            gpu_name=str(d.get("gpu_name", "")),
+            num_gpus=int(d.get("num_gpus", 0)),
+            dph=float(d.get("dph", 0.0)),
+            started_at=_opt_float(d.get("started_at")),
+            ended_at=_opt_float(d.get("ended_at")),
+            estimated=bool(d.get("estimated", False)),
+            reason=str(d.get("reason", "")),
+        )
+    except KeyError as exc:
+        raise ValueError(f"missing field {exc.args[0]!r}") from exc
+    except (TypeError, ValueError) as exc:
+        raise ValueError(str(exc)) from exc
+
+
+def _attempt(d: dict[str, Any]) -> AttemptRecord:
     try:
         params_raw = d.get("params") or {}
         if not isinstance(params_raw, dict):
@@ -167,13 +266,20 @@ def record_from_json(line: str | bytes) -> AttemptRecord:
 
 # Lines rigsync writes start with the key; reading just that keeps loading a million keys to about a second.
 _KEY_PREFIX = re.compile(rb'\{"run_id":"([^"\\]*)","attempt":([0-9]+),')
+_OVERHEAD_PREFIX = re.compile(rb'\{"kind":"overhead","instance_id":([0-9]+),')
 
 
 def _key_of(line: bytes) -> tuple[str, int]:
-    m = _KEY_PREFIX.match(line)
-    if m is not None and line.rstrip().endswith(b"}"):
-        return (m.group(1).decode("utf-8"), int(m.group(2)))
+    if line.rstrip().endswith(b"}"):
+        m = _KEY_PREFIX.match(line)
+        if m is not None:
+            return (m.group(1).decode("utf-8"), int(m.group(2)))
+        m = _OVERHEAD_PREFIX.match(line)
+        if m is not None:
+            return (OVERHEAD_KEY, int(m.group(1)))
     d = json.loads(line)
+    if d.get("kind") == OVERHEAD_KIND:
+        return (OVERHEAD_KEY, int(d["instance_id"]))
     return (str(d["run_id"]), int(d["attempt"]))
 
 
@@ -205,7 +311,7 @@ class RunArchive:
         self.dir = self.root / RUNS_DIR
         self.journal = journal if journal is not None else journal_path(self.root)
         self._shard_keys: set[tuple[str, int]] | None = None
-        self._pending: dict[tuple[str, int], AttemptRecord] | None = None  # journalled, not yet in a shard
+        self._pending: dict[tuple[str, int], Record] | None = None  # journalled, not yet in a shard
 
     def shards(self) -> list[Path]:
         if not self.dir.is_dir():
@@ -224,14 +330,14 @@ class RunArchive:
             self._shard_keys = keys
         return self._shard_keys
 
-    def _load_pending(self) -> dict[tuple[str, int], AttemptRecord]:
+    def _load_pending(self) -> dict[tuple[str, int], Record]:
         if self._pending is None:
             in_shards = self._load_shard_keys()
-            pending: dict[tuple[str, int], AttemptRecord] = {}
+            pending: dict[tuple[str, int], Record] = {}
             if self.journal.is_file():
                 for n, line in _lines(self.journal):
                     try:
-                        rec = record_from_json(line)
+                        rec = entry_from_json(line)
                     except ValueError as exc:
                         raise ArchiveCorrupt(f"{self.journal}:{n}: not an archive record ({exc})") from exc
                     if rec.key not in in_shards:
@@ -249,12 +355,27 @@ class RunArchive:
         return len(self._load_shard_keys()) + len(self._load_pending())
 
     def records(self) -> Iterator[AttemptRecord]:
-        """Every record: the shards in month order, then the journalled ones; each key once (the first wins)."""
+        """Every attempt: the shards in month order, then the journalled ones; each key once (the first wins).
+
+        Overhead lines are not attempts and are skipped (``overheads()`` reads them).
+        """
+        for rec in self.entries():
+            if isinstance(rec, AttemptRecord):
+                yield rec
+
+    def overheads(self) -> Iterator[OverheadRecord]:
+        """Every overhead line (one per box that ended), in archive order."""
+        for rec in self.entries():
+            if isinstance(rec, OverheadRecord):
+                yield rec
+
+    def entries(self) -> Iterator[Record]:
+        """Every line of either kind: the shards in month order, then the journalled ones; each key once."""
         seen: set[tuple[str, int]] = set()
         for shard in self.shards():
             for n, line in _lines(shard):
                 try:
-                    rec = record_from_json(line)
+                    rec = entry_from_json(line)
                 except ValueError as exc:
                     raise ArchiveCorrupt(f"{shard}:{n}: not an archive record ({exc})") from exc
                 if rec.key in seen:
@@ -266,12 +387,12 @@ class RunArchive:
                 seen.add(key)
                 yield rec
 
-    def encode_new(self, records: Iterable[AttemptRecord]) -> tuple[list[AttemptRecord], dict[str, bytes]]:
+    def encode_new(self, records: Iterable[R]) -> tuple[list[R], dict[str, bytes]]:
         """The records not yet archived (deduplicated among themselves too) and their lines per shard.
 
         Nothing is written and nothing is remembered; ``append`` journals them.
         """
-        fresh: list[AttemptRecord] = []
+        fresh: list[R] = []
         batch: set[tuple[str, int]] = set()
         for rec in records:
             if rec.key in batch or self._known(rec.key):
@@ -280,14 +401,14 @@ class RunArchive:
             fresh.append(rec)
         return fresh, _shard_lines(fresh)
 
-    def append(self, records: Iterable[AttemptRecord]) -> list[AttemptRecord]:
-        """Archive the records not archived yet; return them. Durable (journalled, fsynced) on return.
+    def append(self, records: Iterable[R]) -> list[R]:
+        """Archive the records (of one kind) not archived yet; return them. Durable (journalled, fsynced) on return.
 
         Re-appending is a no-op. The shards themselves are written by the next ``hand_off``.
         """
         fresh, _ = self.encode_new(records)
         if fresh:
-            blob = "".join(record_to_json(r) + "\n" for r in fresh).encode("utf-8")
+            blob = "".join(entry_to_json(r) + "\n" for r in fresh).encode("utf-8")
             try:
                 append_lines(self.journal, blob)
             except OSError as exc:
@@ -325,8 +446,8 @@ class RunArchive:
         return out
 
 
-def _shard_lines(records: Iterable[AttemptRecord]) -> dict[str, bytes]:
+def _shard_lines(records: Iterable[Record]) -> dict[str, bytes]:
     out: dict[str, list[str]] = {}
     for rec in records:
-        out.setdefault(shard_path(rec), []).append(record_to_json(rec) + "\n")
+        out.setdefault(shard_path(rec), []).append(entry_to_json(rec) + "\n")
     return {path: "".join(lines).encode("utf-8") for path, lines in sorted(out.items())}

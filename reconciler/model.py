@@ -444,20 +444,108 @@ class Drift:
 
 
 @dataclass(frozen=True)
+class OverheadRecord:
+    """A box's billed money that no attempt ran on (boot, bootstrap, idle time, GPUs no run held): one archive line.
+
+    Appended once per box, when the box ended (destroyed by rigsync, by its watchdog or by hand, or vanished from
+    the provider's list) and the attempts that ran on it are archived: ``cost_usd`` is the box's bill minus those
+    attempts' costs, so the archive's attempt costs plus its overhead lines add up to what the provider billed.
+    It is not an attempt: readers of attempts never see it (``RunArchive.records`` yields attempts only).
+    """
+
+    instance_id: int
+    billed_usd: float  # the box's whole bill, as the provider last said it (or the estimate, see ``estimated``)
+    attempts_usd: float  # the costs of the archived attempts that ran on it
+    attempts: int = 0  # how many they are
+    cost_usd: float = 0.0  # billed_usd - attempts_usd (negative only if an attempt's run time was overestimated)
+    machine_id: int = 0
+    gpu_name: str = ""
+    num_gpus: int = 0
+    dph: float = 0.0
+    started_at: float | None = None  # the rental's start
+    ended_at: float | None = None  # when rigsync first saw it gone from the provider's list
+    estimated: bool = False  # the provider could not say the final bill: billed_usd is rigsync's estimate
+    reason: str = ""
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """Its archive key: one overhead line per box (run ids are hex digests, never this word)."""
+        return (OVERHEAD_KEY, self.instance_id)
+
+
+OVERHEAD_KEY = "overhead"
+
+
+@dataclass(frozen=True)
+class BoxSpend:
+    """What one owned box has been billed so far, as last read from the provider (or estimated when it could not say).
+
+    Kept between cycles (``Spend.boxes``) so each read adds only what is new, and a box that is gone keeps its
+    money in the total: its last figure is final once the provider's list no longer has it.
+    """
+
+    instance_id: int
+    usd: float  # billed so far; never decreases
+    at: float  # when ``usd`` was read
+    dph: float = 0.0  # its listed $/h (what the estimate bills it at while the provider cannot say)
+    estimated: bool = False  # ``usd`` is not the provider's figure: it could not say, or said less than an estimate
+    gone_at: float | None = None  # when it was first missing from the provider's list (None: still listed)
+    started_at: float | None = None  # the rental's start, as listed
+    machine_id: int = 0
+    gpu_name: str = ""
+    num_gpus: int = 0
+
+    def bill_final(self, now: float) -> bool:
+        """The box is gone and its bill is final: the provider said it after the box left the list (or it could
+        not say for ``BILL_SETTLE_S``, and the estimate stands)."""
+        return self.gone_at is not None and (not self.estimated or now - self.gone_at >= BILL_SETTLE_S)
+
+
+BILL_SETTLE_S = 600.0  # a gone box whose final bill the provider cannot say is closed with its estimate after this
+
+
+@dataclass(frozen=True)
 class Spend:
-    """Money already spent, as the reconciler accounts it."""
+    """Money already spent, as the reconciler accounts it: billed by the provider, per box (``boxes``) and summed.
+
+    ``total_usd`` never decreases; ``today_usd`` restarts at UTC midnight (an increase read across midnight is
+    split pro rata over the time it covers). ``boxes`` are the owned boxes still billing, and the ones gone whose
+    overhead is not yet archived.
+    """
 
     today_usd: float = 0.0
     total_usd: float = 0.0
+    boxes: tuple[BoxSpend, ...] = ()
+
+    @property
+    def estimated(self) -> bool:
+        """Some box's figure is rigsync's estimate, not the provider's bill."""
+        return any(b.estimated for b in self.boxes)
+
+    def box(self, instance_id: int) -> BoxSpend | None:
+        for b in self.boxes:
+            if b.instance_id == instance_id:
+                return b
+        return None
+
+    def rolled(self, since: float, now: float) -> Spend:
+        """The spend at ``now`` if it was this at ``since`` and nothing more was billed: today restarts at midnight."""
+        midnight = now - (now % 86400.0)
+        return self if since >= midnight else Spend(today_usd=0.0, total_usd=self.total_usd, boxes=self.boxes)
+
+    def plus(self, usd: float, since: float, now: float) -> Spend:
+        """``usd`` more, billed evenly over ``[since, now]``: today gets its part after UTC midnight (roll first)."""
+        if usd <= 0:
+            return self
+        midnight = now - (now % 86400.0)
+        today = usd if since >= midnight or now <= since else usd * (now - midnight) / (now - since)
+        return Spend(today_usd=self.today_usd + today, total_usd=self.total_usd + usd, boxes=self.boxes)
 
     def accrued(self, dph: float, since: float, now: float) -> Spend:
         """Spend at ``now`` after billing ``dph`` $/h since ``since``; "today" restarts at UTC midnight."""
         if now <= since:
             return self
-        midnight = now - (now % 86400.0)
-        today = self.today_usd if since >= midnight else 0.0
-        today += dph * (now - max(since, midnight)) / 3600.0
-        return Spend(today_usd=today, total_usd=self.total_usd + dph * (now - since) / 3600.0)
+        return self.rolled(since, now).plus(dph * (now - since) / 3600.0, since, now)
 
 
 @dataclass(frozen=True)
@@ -465,8 +553,9 @@ class FleetMemory:
     """What one cycle hands to the next about a fleet, beyond what the world shows again on its own.
 
     Per box when it was first seen and since when it has not answered, the attempts launched and not yet
-    archived, and the spend brought up to ``spend_at``. It is persisted under observed/ (fleet.yaml,
-    runs.yaml, budget.yaml), so a restarted rigsync rebuilds it from the files plus the world.
+    archived, and the spend brought up to ``spend_at`` (with each owned box's last billed figure, so the next
+    read adds only what is new). It is persisted under observed/ (fleet.yaml, runs.yaml, budget.yaml), so a
+    restarted rigsync rebuilds it from the files plus the world.
     """
 
     boxes: tuple[BoxMemory, ...] = ()

@@ -5,10 +5,17 @@ does not answer in time is an "unreachable" observation for that box alone: the 
 observed and planned. Cross-cycle memory (when a box first went dark, which attempts are in flight) is passed
 in and carried forward, so the snapshot after a crash is rebuilt from the provider, the boxes and the files
 committed under observed/, never from process memory alone.
+
+Spend is what the provider billed (``read_billing``, ``accrue_billed``): each cycle reads every owned box's bill
+so far and the account's credit; each box's last figure is kept in the memory, so a read adds only what is new
+and a box that is gone (destroyed, vanished) keeps its money in the total. When the provider cannot say (an API
+error, no charge for a box), that box is estimated at its listed $/h since its last figure, and marked so.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
 from dataclasses import replace
 
 from reconciler.errors import ProviderError
@@ -16,8 +23,10 @@ from reconciler.model import (
     AttemptRecord,
     BoxMemory,
     BoxProbe,
+    BoxSpend,
     Desired,
     FleetMemory,
+    InFlight,
     Instance,
     InstanceStatus,
     Observed,
@@ -28,6 +37,9 @@ from reconciler.model import (
 from reconciler.ports import BoxControl, Provider
 
 PROBE_TIMEOUT_S = 10.0
+_FLOAT_SLACK_USD = 1e-9
+
+log = logging.getLogger("rigsync.observe")
 
 
 def probe_boxes(boxes: BoxControl, instances: list[Instance], timeout: float = PROBE_TIMEOUT_S) -> list[BoxProbe]:
@@ -56,10 +68,93 @@ def update_box_memory(
 
 
 def accrue_spend(memory: FleetMemory, instances: list[Instance], now: float) -> tuple[Spend, float]:
-    """Bring the spend up to ``now`` at the fleet's current $/h (boxes bill whether or not we watch)."""
+    """Bring the spend up to ``now`` at the fleet's current $/h (the estimate, for when nothing is billed)."""
     if memory.spend_at is None:
         return memory.spend, now
     return memory.spend.accrued(sum(i.dph_total for i in instances), memory.spend_at, now), now
+
+
+def read_billing(
+    provider: Provider, mine: list[Instance], spend: Spend, now: float
+) -> tuple[dict[int, float] | None, float | None]:
+    """(what the provider billed each instance so far, the account's credit); None where it cannot say.
+
+    Billing is not needed to plan the rest, so any failure here is logged and the spend falls back to estimates.
+    The bills are read only when there is an owned box to account for (listed now, or remembered).
+    """
+    credit: float | None = None
+    try:
+        credit = provider.account_credit()
+    except ProviderError as exc:
+        log.warning("cannot read the account's credit: %s", exc)
+    except Exception:  # an SDK surprise must not stop the cycle: the credit is just unknown this time
+        log.exception("cannot read the account's credit")
+    starts = [i.start_date for i in mine if i.start_date > 0]
+    starts += [b.started_at if b.started_at else b.at for b in spend.boxes]
+    if not starts:
+        return {}, credit
+    try:
+        return provider.billed_costs(min(min(starts), now), now), credit
+    except ProviderError as exc:
+        log.warning("cannot read what the boxes were billed (estimating at their $/h): %s", exc)
+    except Exception:
+        log.exception("cannot read what the boxes were billed (estimating at their $/h)")
+    return None, credit
+
+
+def accrue_billed(
+    spend: Spend,
+    spend_at: float | None,
+    mine: list[Instance],
+    billed: dict[int, float] | None,
+    in_flight: Iterable[InFlight],
+    now: float,
+) -> Spend:
+    """The spend at ``now``: per owned box, what the provider billed since its last figure, added to the totals.
+
+    - A box's figure never decreases (a bill below an earlier estimate keeps the estimate, marked estimated).
+    - An increase is spread evenly over the time since the box's last figure (its start for a new box), so the
+      part after UTC midnight goes to today and the rest only to the total.
+    - When the provider cannot say (``billed`` is None, or has no charge for the box), a listed box is estimated
+      at its listed $/h since its last figure; a gone box adds nothing more.
+    - A box missing from the list is kept (``gone_at``) until apply could archive its overhead line (its bill
+      was final at the previous read and no attempt on it is in flight), then dropped: its money stays in the total.
+    """
+    busy = {f.instance_id for f in in_flight}
+    out = spend.rolled(spend_at, now) if spend_at is not None else spend
+    listed = {i.id: i for i in mine}
+    previous = {b.instance_id: b for b in spend.boxes}
+    boxes: list[BoxSpend] = []
+    for iid in sorted(set(previous) | set(listed)):
+        old, inst = previous.get(iid), listed.get(iid)
+        if inst is None and old is not None and old.bill_final(old.at) and iid not in busy:
+            continue  # its overhead line was due last cycle; its money is in the total
+        since = old.at if old is not None else min(inst.start_date if inst and inst.start_date > 0 else now, now)
+        last = old.usd if old is not None else 0.0
+        figure = billed.get(iid) if billed is not None else None
+        if figure is not None:
+            usd = max(last, figure)
+            estimated = figure + _FLOAT_SLACK_USD < last
+        else:
+            rate = inst.dph_total if inst is not None else 0.0
+            usd = last + rate * max(0.0, now - since) / 3600.0
+            estimated = True
+        out = out.plus(usd - last, since, now)
+        boxes.append(
+            BoxSpend(
+                instance_id=iid,
+                usd=usd,
+                at=now,
+                dph=inst.dph_total if inst is not None else (old.dph if old else 0.0),
+                estimated=estimated,
+                gone_at=None if inst is not None else (old.gone_at if old and old.gone_at is not None else now),
+                started_at=inst.start_date if inst is not None else (old.started_at if old else None),
+                machine_id=inst.machine_id if inst is not None else (old.machine_id if old else 0),
+                gpu_name=inst.gpu_name if inst is not None else (old.gpu_name if old else ""),
+                num_gpus=inst.num_gpus if inst is not None else (old.num_gpus if old else 0),
+            )
+        )
+    return Spend(today_usd=out.today_usd, total_usd=out.total_usd, boxes=tuple(boxes))
 
 
 def observe(
@@ -74,6 +169,10 @@ def observe(
     fleet = desired.fleet
     instances = provider.list_instances()
     mine, _foreign = split_owned(instances, fleet.name)
+    billed, credit = read_billing(provider, mine, memory.spend, now)  # right after the list: the same moment
+    if billed:
+        instances = [replace(i, cost_usd=billed[i.id]) if i.id in billed else i for i in instances]
+        mine, _foreign = split_owned(instances, fleet.name)
     offers: list[Offer] = []
     if not fleet.suspend:
         try:
@@ -82,7 +181,7 @@ def observe(
             offers = []  # no offers this cycle: the plan rents nothing, everything else proceeds
     probes = probe_boxes(box_control, mine)
     boxes = update_box_memory(memory.boxes, mine, probes, now)
-    spend, spend_at = accrue_spend(memory, mine, now)
+    spend = accrue_billed(memory.spend, memory.spend_at, mine, billed, memory.in_flight, now)
     observed = Observed(
         instances=tuple(sorted(instances, key=lambda i: i.id)),
         probes=tuple(probes),
@@ -92,5 +191,6 @@ def observe(
         spend=spend,
         fleet_name=fleet.name,
         in_flight=memory.in_flight,
+        credit_usd=credit,
     )
-    return observed, replace(memory, boxes=boxes, spend=spend, spend_at=spend_at)
+    return observed, replace(memory, boxes=boxes, spend=spend, spend_at=now)

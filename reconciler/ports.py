@@ -42,6 +42,18 @@ class Provider(Protocol):
 
     def ensure_ssh_key(self, public_key: str) -> None: ...
 
+    def account_credit(self) -> float:
+        """What the account can still spend, $ (Vast stops every box of an account at zero). ``ProviderError``
+        when the provider cannot say."""
+        ...
+
+    def billed_costs(self, since: float, now: float) -> dict[int, float]:
+        """What the provider billed each instance of the account from ``since`` (counted from the start of its
+        UTC day) up to ``now``, $, by instance id; destroyed instances keep their charges, so a read after a
+        destroy is that box's final bill. An instance the provider has no charge for is absent. ``ProviderError``
+        when the provider cannot say."""
+        ...
+
 
 class Shell(Protocol):
     """Runs commands on boxes over SSH."""

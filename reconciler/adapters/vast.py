@@ -23,6 +23,7 @@ rigsync rents with ``runtype="ssh_direc ssh_proxy"`` so its own boxes have a dir
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import math
@@ -365,6 +366,59 @@ class VastProvider:
                 if isinstance(v, str) and _key_id(v) == want:
                     return
         self._call("add ssh key", lambda: self._sdk.create_ssh_key(ssh_key=public_key.strip()))
+
+
+    def account_credit(self) -> float:
+        """The account's ``credit`` from ``show user`` (what is left to spend, $)."""
+        user = self._call("show user", self._sdk.show_user)
+        credit = user.get("credit") if isinstance(user, dict) else None
+        if isinstance(credit, bool) or not isinstance(credit, int | float) or not math.isfinite(credit):
+            raise ProviderPermanent("show user: the reply has no numeric credit")
+        return float(credit)
+
+    def billed_costs(self, since: float, now: float) -> dict[int, float]:
+        """Per instance, what ``show invoices-v1 --charges`` says was billed from ``since``'s UTC day to ``now``.
+
+        Charges are kept per instance per UTC day, so the window starts at 00:00 of ``since``'s day; every page is
+        read (``next_token``) and an instance's rows are summed.
+        """
+        start, end = int(since // 86400 * 86400), max(int(now), int(since // 86400 * 86400))
+        out: dict[int, float] = {}
+        token: str | None = None
+        for _ in range(_MAX_CHARGE_PAGES):
+            reply = self._call("show charges", functools.partial(
+                self._sdk.show_invoices_v1, charges=True, start_date=start, end_date=end, charge_type=["instance"],
+                limit=CHARGES_PAGE, next_token=token,
+            ))
+            rows = reply.get("results") if isinstance(reply, dict) else None
+            if not isinstance(rows, list):
+                raise ProviderTransient("show charges: the reply has no results list")
+            for row in rows:
+                iid, usd = _charge_of(row)
+                if iid is not None:
+                    out[iid] = out.get(iid, 0.0) + usd
+            nxt = reply.get("next_token")
+            if not nxt:
+                return out
+            token = str(nxt)
+        raise ProviderPermanent(f"show charges: more than {_MAX_CHARGE_PAGES} pages")
+
+
+_MAX_CHARGE_PAGES = 100
+CHARGES_PAGE = 100  # rows per page of show charges (the API's maximum)
+
+
+def _charge_of(row: Any) -> tuple[int | None, float]:
+    """(instance id, $) of one instance charge row (``source`` ``instance-<id>``); (None, 0) for anything else."""
+    if not isinstance(row, dict) or row.get("type") not in (None, "instance"):
+        return None, 0.0
+    source = row.get("source")
+    if not isinstance(source, str) or not source.startswith("instance-") or not source[9:].isdigit():
+        return None, 0.0
+    usd = _f(row, "amount", math.nan)
+    if math.isnan(usd):
+        raise ProviderPermanent(f"show charges: {source} has no numeric amount")
+    return int(source[9:]), usd
 
 
 def _key_id(line: str) -> str:

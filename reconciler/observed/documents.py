@@ -7,7 +7,8 @@ Two values move with the clock and get special care:
 
 * ``status.yaml`` carries ``last_change_at``: the time of the last cycle in which anything else changed. The
   renderer compares with the previous files and keeps the old stamp when nothing else differs.
-* ``budget.yaml`` carries spend as an anchor (``memory.spend_anchor``), a straight line between anchors.
+* ``budget.yaml`` carries billed spend and the account's credit as an anchor (``memory.spend_anchor``): a
+  snapshot at ``as_of`` and the rates its figures grow at, kept while every figure stays on its line.
 
 The parts that are the fleet's cross-cycle memory (box memory, attempts in flight, the spend anchor) are
 encoded by ``reconciler.observed.memory``, which also reads them back.
@@ -23,11 +24,11 @@ from reconciler.actions import Plan
 from reconciler.model import (
     AttemptRecord,
     Desired,
+    InstanceStatus,
     MetricGoal,
     Observed,
     RunPhase,
     RunSpec,
-    Spend,
     owned_by,
     run_dir_name,
     split_owned,
@@ -230,8 +231,12 @@ def _render_drift(plan: Plan) -> dict[str, Any]:
     return {"format_version": FORMAT_VERSION, "drift": entries}
 
 
+# What bills at the listed $/h (a stopped or offline box bills storage only, a gone one nothing).
+_BILLING = frozenset({InstanceStatus.CREATED, InstanceStatus.LOADING, InstanceStatus.RUNNING, InstanceStatus.UNKNOWN})
+
+
 def _render_budget(
-    desired: Desired | None, fleet_dph: float, plan: Plan, spend: Spend, now: float, previous: Mapping[str, Any]
+    desired: Desired | None, fleet_dph: float, plan: Plan, observed: Observed, now: float, previous: Mapping[str, Any]
 ) -> dict[str, Any]:
     caps: dict[str, Any] | None = None
     if desired is not None:
@@ -244,12 +249,22 @@ def _render_budget(
             "on_exceed": b.on_exceed.value,
         }
     prev_spend = previous.get("spend")
+    billing = [i for i in observed.instances if i.status in _BILLING]
+    rates = {i.id: i.dph_total for i in billing}
+    anchor = spend_anchor(
+        prev_spend if isinstance(prev_spend, dict) else None,
+        observed.spend,
+        {b.instance_id: rates.get(b.instance_id, 0.0) for b in observed.spend.boxes if b.gone_at is None},
+        observed.credit_usd,
+        sum(rates.values()),
+        now,
+    )
     return {
         "format_version": FORMAT_VERSION,
         "caps": caps,
         "fleet_dph": money(fleet_dph),
         "planned_fleet_dph": money(plan.fleet_dph_after),
-        "spend": spend_anchor(prev_spend if isinstance(prev_spend, dict) else None, fleet_dph, spend, now),
+        "spend": anchor,
     }
 
 
@@ -275,7 +290,8 @@ HEADERS = {
     FLEET: "rigsync observed fleet: owned boxes, their GPUs and what runs on each, $/h; foreign instances",
     RUNS: "rigsync observed runs: per sweep, per run id: phase, attempts, instance, best metric",
     DRIFT: "rigsync observed drift: how the world differs from desired, and what the plan does about it",
-    BUDGET: "rigsync observed budget: caps, fleet $/h, spend anchor (spend grows at fleet_dph after as_of)",
+    BUDGET: "rigsync observed budget: caps, fleet $/h, billed spend and credit at as_of (they move at fleet_dph and "
+    "account_dph after it)",
     STATUS: "rigsync reconciler status: desired commit applied, errors, last change",
 }
 
@@ -303,7 +319,7 @@ def render_observed(
         RUNS: dump_yaml(_render_runs(desired, observed), HEADERS[RUNS]),
         DRIFT: dump_yaml(_render_drift(plan), HEADERS[DRIFT]),
         BUDGET: dump_yaml(
-            _render_budget(desired, fleet_doc["dph"], plan, observed.spend, now, prev_budget), HEADERS[BUDGET]
+            _render_budget(desired, fleet_doc["dph"], plan, observed, now, prev_budget), HEADERS[BUDGET]
         ),
     }
     status_doc = _render_status(status, plan)

@@ -2,13 +2,18 @@
 
 What one cycle hands to the next is written into the documents a human reads anyway, so nothing hidden
 lives beside them: per box ``first_seen_at``/``unreachable_since`` in ``fleet.yaml`` (``memory``), the
-attempts launched and not yet archived in ``runs.yaml`` (``in_flight``), and spend in ``budget.yaml``
-(``spend``) as an *anchor*: at ``as_of`` spend was ``today_usd``/``total_usd`` and it grows at ``fleet_dph``
-per hour from there. A new anchor is written only when the rate changes, the UTC day rolls over, or the
-accounted spend drifts off the line, so a quiet fleet makes no commit while its money still adds up.
+attempts launched and not yet archived in ``runs.yaml`` (``in_flight``), and billed spend in ``budget.yaml``
+(``spend``) as an *anchor*: a snapshot at ``as_of`` of today's and the total spend, the account's credit and
+every owned box's bill so far (``boxes``), each growing along a straight line from there (the boxes at their
+``rate``, the totals at ``fleet_dph``, the credit falling at ``account_dph``). A new anchor is written only when
+something other than those lines moved: a box came, went, changed rate or turned estimated, the credit became
+(un)known, the UTC day rolled over, or a figure left its line by more than a read's jitter (``JITTER_S`` of its
+rate). So a quiet fleet makes no commit while its money still adds up, and a fleet whose last box ended shows the
+exact final figures.
 
-Decoding is the reverse: after a restart, ``read_fleet_memory`` rebuilds the memory from the committed files,
-with spend extrapolated along the anchor to ``now`` (boxes kept billing while rigsync was down).
+Decoding is the reverse: after a restart, ``read_fleet_memory`` rebuilds the memory from the committed files as
+the snapshot at ``as_of``; the first cycle's billed read then adds what each box was billed since (an estimate
+along its line when the provider cannot say).
 """
 
 from __future__ import annotations
@@ -18,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.errors import ObservedInvalid
-from reconciler.model import BoxMemory, FleetMemory, InFlight, Spend
+from reconciler.model import BoxMemory, BoxSpend, FleetMemory, InFlight, Spend
 from reconciler.observed.codec import BUDGET, FLEET, RUNS, expect_mapping, iso, load_yaml, money, parse_iso, utc_day
 from reconciler.observed.tree import read_observed
 
-_SPEND_TOLERANCE_USD = 0.01
-_SPEND_TOLERANCE_REL = 0.005
+JITTER_S = 10.0  # how far apart in time two reads of the same line may be taken (list, bills, clock)
+_EPS_USD = 1e-6  # the rounding of money() and float noise
+_CREDIT_TOLERANCE_USD = 0.01  # the credit also moves by storage and foreign boxes, off any line rigsync can draw
 
 # ------------------------------------------------------------------------------------------------ encode
 
@@ -55,36 +61,81 @@ def in_flight_entries(in_flight: Iterable[InFlight]) -> list[dict[str, Any]]:
     ]
 
 
-def spend_anchor(previous: Mapping[str, Any] | None, fleet_dph: float, spend: Spend, now: float) -> dict[str, Any]:
-    """``budget.yaml``'s ``spend``: the previous anchor while ``spend`` stays on its line, else a new one at ``now``."""
+def _box_entry(box: BoxSpend, rate: float) -> dict[str, Any]:
+    return {
+        "instance_id": box.instance_id,
+        "usd": money(box.usd),
+        "rate": money(rate),
+        "dph": money(box.dph),
+        "estimated": box.estimated,
+        "gone_at": iso(box.gone_at),
+        "started_at": iso(box.started_at),
+        "machine_id": box.machine_id,
+        "gpu_name": box.gpu_name,
+        "num_gpus": box.num_gpus,
+    }
+
+
+def spend_anchor(
+    previous: Mapping[str, Any] | None,
+    spend: Spend,
+    rates: Mapping[int, float],
+    credit: float | None,
+    account_dph: float,
+    now: float,
+) -> dict[str, Any]:
+    """``budget.yaml``'s ``spend``: the previous anchor while every figure stays on its line, else a new one at ``now``.
+
+    ``rates`` is what each owned box bills per hour from now on (its listed $/h while it runs, 0 once it is gone
+    or stopped: storage is left to the tolerance), ``account_dph`` the same for every instance of the account.
+    """
+    boxes = [_box_entry(b, rates.get(b.instance_id, 0.0)) for b in sorted(spend.boxes, key=lambda b: b.instance_id)]
+    fleet_dph = money(sum(e["rate"] for e in boxes))
     fresh: dict[str, Any] = {
+        "source": "estimated" if spend.estimated else "billed",
         "as_of": iso(now),
         "day": utc_day(now),
-        "fleet_dph": money(fleet_dph),
+        "fleet_dph": fleet_dph,
         "today_usd": money(spend.today_usd),
         "total_usd": money(spend.total_usd),
+        "credit_usd": None if credit is None else money(credit),
+        "account_dph": money(account_dph),
+        "boxes": boxes,
     }
-    if not previous:
-        return fresh
-    try:
-        at = parse_iso(previous["as_of"], "spend.as_of")
-        rate = float(previous["fleet_dph"])
-        today0 = float(previous["today_usd"])
-        total0 = float(previous["total_usd"])
-        day0 = str(previous["day"])
-    except (KeyError, TypeError, ValueError, ObservedInvalid):
-        return fresh
-    if at is None or day0 != utc_day(now) or abs(rate - fresh["fleet_dph"]) > 1e-9:
-        return fresh
-    hours = max(0.0, now - at) / 3600.0
-    tol_total = max(_SPEND_TOLERANCE_USD, _SPEND_TOLERANCE_REL * spend.total_usd)
-    tol_today = max(_SPEND_TOLERANCE_USD, _SPEND_TOLERANCE_REL * spend.today_usd)
-    if (
-        abs(total0 + rate * hours - spend.total_usd) > tol_total
-        or abs(today0 + rate * hours - spend.today_usd) > tol_today
-    ):
+    if not previous or _moved_off(previous, fresh, now):
         return fresh
     return dict(previous)
+
+
+def _moved_off(previous: Mapping[str, Any], fresh: Mapping[str, Any], now: float) -> bool:
+    """Whether ``fresh`` says something the previous anchor's lines do not (beyond a read's jitter)."""
+    try:
+        at = parse_iso(previous["as_of"], "spend.as_of")
+        same = all(previous[k] == fresh[k] for k in ("source", "day", "fleet_dph", "account_dph"))
+        old_boxes = list(previous["boxes"])
+        credit0 = previous["credit_usd"]
+        if at is None or not same or len(old_boxes) != len(fresh["boxes"]) or (credit0 is None) != (
+            fresh["credit_usd"] is None
+        ):
+            return True
+        hours = max(0.0, now - at) / 3600.0
+
+        def off(value0: Any, rate: float, value: float, slack: float = _EPS_USD) -> bool:
+            return abs(float(value0) + rate * hours - value) > slack + abs(rate) * JITTER_S / 3600.0
+
+        for old, new in zip(old_boxes, fresh["boxes"], strict=True):
+            if {k: v for k, v in old.items() if k != "usd"} != {k: v for k, v in new.items() if k != "usd"}:
+                return True
+            if off(old["usd"], float(new["rate"]), new["usd"]):
+                return True
+        rate = float(fresh["fleet_dph"])
+        if off(previous["total_usd"], rate, fresh["total_usd"]) or off(previous["today_usd"], rate, fresh["today_usd"]):
+            return True
+        return credit0 is not None and off(
+            credit0, -float(fresh["account_dph"]), fresh["credit_usd"], _CREDIT_TOLERANCE_USD
+        )
+    except (KeyError, TypeError, ValueError, ObservedInvalid):
+        return True
 
 
 # ------------------------------------------------------------------------------------------------ decode
@@ -98,18 +149,20 @@ def read_fleet_memory(checkout: Path, *, now: float | None = None) -> FleetMemor
 def fleet_memory_from_files(files: Mapping[str, str], *, now: float | None = None) -> FleetMemory:
     """The fleet's memory from observed files keyed by repository path (missing files mean empty parts).
 
-    With ``now``, spend is extrapolated along the committed anchor to ``now`` (today's spend restarting at
-    UTC midnight) and counted from ``now`` on; without it, spend is the anchor's and counting starts at the
-    first cycle. A malformed entry is ``ObservedInvalid`` naming the file and the entry.
+    Spend is the committed anchor as it was at its ``as_of``, with every owned box's bill then: the first cycle
+    reads the bills again and adds what is new since, so nothing billed while rigsync was down is lost. An
+    anchor of the older estimate format (no ``boxes``) is extrapolated along its line to ``now`` (when given)
+    and counted from there. A malformed entry is ``ObservedInvalid`` naming the file and the entry.
     """
     fleet = expect_mapping(load_yaml(files[FLEET], FLEET), FLEET) if FLEET in files else {}
     runs = expect_mapping(load_yaml(files[RUNS], RUNS), RUNS) if RUNS in files else {}
     budget = expect_mapping(load_yaml(files[BUDGET], BUDGET), BUDGET) if BUDGET in files else {}
+    spend, spend_at = _spend(budget.get("spend"), now)
     return FleetMemory(
         boxes=_boxes(fleet.get("memory") or []),
         in_flight=_in_flight(runs.get("in_flight") or []),
-        spend=_spend(budget.get("spend"), now),
-        spend_at=now,
+        spend=spend,
+        spend_at=spend_at,
     )
 
 
@@ -152,9 +205,10 @@ def _in_flight(entries: list[Any]) -> tuple[InFlight, ...]:
     return tuple(out)
 
 
-def _spend(anchor: Any, now: float | None) -> Spend:
+def _spend(anchor: Any, now: float | None) -> tuple[Spend, float | None]:
+    """(the spend, when it was so): the anchor's snapshot at ``as_of``."""
     if not isinstance(anchor, dict):
-        return Spend()
+        return Spend(), now
     try:
         today = float(anchor.get("today_usd") or 0.0)
         total = float(anchor.get("total_usd") or 0.0)
@@ -162,7 +216,29 @@ def _spend(anchor: Any, now: float | None) -> Spend:
         at = parse_iso(anchor.get("as_of"), f"{BUDGET}: spend.as_of")
     except (TypeError, ValueError) as exc:
         raise ObservedInvalid(f"{BUDGET}: spend: malformed ({exc})") from exc
-    spend = Spend(today_usd=today, total_usd=total)
-    if now is not None and at is not None:
-        spend = spend.accrued(rate, at, now)
-    return spend
+    if "boxes" not in anchor:  # the older estimate anchor: extrapolate its line, count from now on
+        spend = Spend(today_usd=today, total_usd=total)
+        if now is not None and at is not None:
+            spend = spend.accrued(rate, at, now)
+        return spend, now
+    boxes: list[BoxSpend] = []
+    for n, b in enumerate(anchor.get("boxes") or []):
+        where = f"{BUDGET}: spend.boxes[{n}]"
+        try:
+            boxes.append(
+                BoxSpend(
+                    instance_id=int(b["instance_id"]),
+                    usd=float(b["usd"]),
+                    at=at if at is not None else (now or 0.0),
+                    dph=float(b.get("dph") or 0.0),
+                    estimated=bool(b.get("estimated", False)),
+                    gone_at=parse_iso(b.get("gone_at"), where + ".gone_at"),
+                    started_at=parse_iso(b.get("started_at"), where + ".started_at"),
+                    machine_id=int(b.get("machine_id") or 0),
+                    gpu_name=str(b.get("gpu_name") or ""),
+                    num_gpus=int(b.get("num_gpus") or 0),
+                )
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ObservedInvalid(f"{where}: malformed box spend ({exc})") from exc
+    return Spend(today_usd=today, total_usd=total, boxes=tuple(boxes)), at if at is not None else now

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Iterator
 
 import pytest
 
+from reconciler.adapters import vast
 from reconciler.adapters.vast import VastProvider
 from reconciler.emulator import Emulator
 from reconciler.emulator.testing import KeyPair
@@ -117,3 +120,45 @@ def test_ensure_ssh_key_is_idempotent(emulator: Emulator, provider: VastProvider
     assert provider.calls == 3 and len(emulator.ssh_keys()) == before + 1
     provider.ensure_ssh_key(fresh.replace(" rigsync", " another-comment"))
     assert provider.calls == 4 and len(emulator.ssh_keys()) == before + 1
+
+
+def test_billing_reads_credit_and_per_instance_bills_through_the_sdk(
+    emulator: Emulator, provider: VastProvider, cleanup: list[int], capsys: pytest.CaptureFixture[str]
+) -> None:
+    offers = provider.search_offers(OfferFilters(verified=False), disk_gb=10)[:3]
+    started = time.time()
+    ids = [provider.create_instance(o.id, image="x", disk_gb=10, label=f"rigsync:bill:s{n}", onstart="", env={})
+           for n, o in enumerate(offers)]
+    cleanup.extend(ids[1:])
+    emulator.wait_running(ids)
+    provider.destroy_instance(ids[0])  # its charges outlive it
+    billed = provider.billed_costs(started, time.time())
+    assert set(ids) <= set(billed)
+    assert billed[ids[0]] == pytest.approx(emulator.ledger.instance_usd(ids[0]), abs=1e-9)
+    for iid in ids[1:]:
+        assert billed[iid] == pytest.approx(emulator.ledger.instance_usd(iid), abs=1e-4)
+    assert sum(billed.values()) == pytest.approx(emulator.ledger.total_usd(), abs=1e-3)  # every instance ever
+    assert provider.account_credit() == pytest.approx(emulator.credit_usd(), abs=1e-4)
+    assert capsys.readouterr().out == ""
+    # Failures are rigsync's errors: 5xx transient (retried, then given up), a reply without credit permanent.
+    emulator.fail_next("/api/v0/charges", 15, 503)
+    with pytest.raises(ProviderTransient, match="show charges"):
+        provider.billed_costs(started, time.time())
+    emulator.fail_next("/api/v0/users/current", 2, 429)
+    assert provider.account_credit() == pytest.approx(emulator.credit_usd(), abs=1e-4)
+
+
+def test_billing_pages_through_every_charge(
+    emulator: Emulator, provider: VastProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More instances than a page holds: every page is read (``next_token``) and summed."""
+    offers = provider.search_offers(OfferFilters(verified=False), disk_gb=10)[:3]
+    for o in offers:
+        provider.destroy_instance(
+            provider.create_instance(o.id, image="x", disk_gb=10, label="rigsync:page:s", onstart="", env={}))
+    monkeypatch.setattr(vast, "CHARGES_PAGE", 2)
+    calls = provider.calls
+    billed = provider.billed_costs(time.time() - 3600, time.time())
+    assert len(billed) == len(emulator.ledger.instance_ids()) >= 3
+    assert provider.calls - calls == math.ceil(len(billed) / 2)
+    assert sum(billed.values()) == pytest.approx(emulator.ledger.total_usd(), abs=1e-3)

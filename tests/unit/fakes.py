@@ -5,7 +5,10 @@ kept small and honest — it does what the run protocol says a box does, not wha
 
 - ``FakeProvider`` (the ``Provider`` port): a market of offers (an offer is one machine: renting it takes it off
   the market), rentals that boot for ``boot_s`` (listed as loading, without an address) and then run, an idempotent
-  destroy (a gone instance counts as destroyed).
+  destroy (a gone instance counts as destroyed), and billing as Vast does it: every rental bills its ``dph_total``
+  per second from create until it is destroyed or vanishes (``billed``, ``ledger_usd``), its charges outlive it
+  (``billed_costs``), and the account's ``credit`` is what is left of ``credit0`` (None: the provider cannot say).
+  ``unbilled`` holds instances the provider has no charge for (a missing field).
 - ``FakeBoxes`` (the ``BoxControl`` port): one ``FakeBox`` per booted rental holding GPUs, run directories, shipped
   code commits and bootstrap markers. A launch takes the launch lock (a second launch of the same attempt is
   ``LaunchLockHeld``); a run holds its GPUs' memory while its process lives, beats its heartbeat while time
@@ -27,9 +30,15 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
-from reconciler.errors import HostUnreachable, LaunchLockHeld, RejectedByProvider, RemoteCommandFailed
+from reconciler.errors import (
+    HostUnreachable,
+    LaunchLockHeld,
+    ProviderPermanent,
+    RejectedByProvider,
+    RemoteCommandFailed,
+)
 from reconciler.model import (
     AttemptRecord,
     BoxProbe,
@@ -44,10 +53,13 @@ from reconciler.model import (
     Observed,
     Offer,
     OfferFilters,
+    OverheadRecord,
     RunDirState,
     RunSpec,
 )
 from reconciler.ports import CommandResult, LaunchJob
+
+R = TypeVar("R", AttemptRecord, OverheadRecord)
 
 T0 = 1_000_000.0
 RUN_GPU_MIB = 3000  # what a live run holds on each of its GPUs
@@ -215,6 +227,10 @@ class FakeWorld:
         self.bootstrap_s = bootstrap_s
         self.bootstrap_fails = bootstrap_fails
         self.work = work
+        self.credit0: float | None = 1000.0  # the account's deposits; None: the provider does not say its credit
+        self.unbilled: set[int] = set()  # instances the provider reports no charge for
+        self._bill_closed: dict[int, float] = {}
+        self._bill_open: dict[int, tuple[float, float]] = {}  # instance -> (billing since, $/h)
         self.calls: list[str] = []  # every port call, in order ("launch 1001 r1.1", ...)
         self.forgotten: list[int] = []
         self._faults: dict[str, list[BaseException]] = {}
@@ -233,6 +249,31 @@ class FakeWorld:
         """The rental is gone from the provider's list and its box with everything it ran (a host failure)."""
         self.rentals.pop(instance_id, None)
         self.boxes.pop(instance_id, None)
+        self.bill(instance_id, 0.0)
+
+    # ----------------------------------------------------------------------------------------------- billing
+
+    def bill(self, instance_id: int, usd_per_hour: float, since: float | None = None) -> None:
+        """From ``since`` (default now) on, ``instance_id`` bills ``usd_per_hour`` (0: stops billing)."""
+        now = self.clock.now() if since is None else since
+        seg = self._bill_open.pop(instance_id, None)
+        if seg is not None:
+            self._bill_closed[instance_id] = self._bill_closed.get(instance_id, 0.0) + seg[1] * max(
+                0.0, now - seg[0]) / 3600.0
+        if usd_per_hour > 0:
+            self._bill_open[instance_id] = (now, usd_per_hour)
+
+    def billed(self, instance_id: int) -> float:
+        """What the instance was billed so far (the provider's figure, and the ledger's)."""
+        total = self._bill_closed.get(instance_id, 0.0)
+        seg = self._bill_open.get(instance_id)
+        if seg is not None:
+            total += seg[1] * max(0.0, self.clock.now() - seg[0]) / 3600.0
+        return total
+
+    def ledger_usd(self) -> float:
+        """Everything the account was billed: the figure rigsync's spend must match."""
+        return sum(self.billed(i) for i in set(self._bill_closed) | set(self._bill_open))
 
     def hang(self, instance_id: int, hung: bool = True) -> None:
         self.boxes[instance_id].hung = hung
@@ -281,10 +322,13 @@ class FakeWorld:
     def from_observed(cls, observed: Observed, clock: FakeClock, **kwargs: object) -> FakeWorld:
         """A world that an ``observe()`` at ``clock.now()`` sees as ``observed`` (instances, probes, offers)."""
         world = cls(observed.offers, clock=clock, **kwargs)  # type: ignore[arg-type]
+        world.credit0 = observed.credit_usd  # what the snapshot's provider said the credit was
         probes = observed.probes_by_id()
         for inst in observed.instances:
             addressed = inst if inst.ssh is not None else replace(inst, direct=Endpoint(f"10.0.{inst.id}.1", 22))
             world.rentals[inst.id] = _Rental(addressed, ready_at=None)
+            # What it billed before the snapshot is in the snapshot's spend; this world bills it from now on.
+            world.bill(inst.id, inst.dph_total)
             probe = probes.get(inst.id)
             if probe is None:
                 continue
@@ -346,6 +390,7 @@ class FakeProvider:
             direct=Endpoint(f"10.0.{iid}.1", 22),
         )
         w.rentals[iid] = _Rental(inst, ready_at=now + w.boot_s)
+        w.bill(iid, offer.dph_total)
         w.tick()
         return iid
 
@@ -355,6 +400,19 @@ class FakeProvider:
 
     def ensure_ssh_key(self, public_key: str) -> None:
         self.world._enter("ensure_ssh_key")
+
+    def account_credit(self) -> float:
+        w = self.world
+        w._enter("account_credit")
+        if w.credit0 is None:
+            raise ProviderPermanent("show user: the reply has no numeric credit")
+        return w.credit0 - w.ledger_usd()
+
+    def billed_costs(self, since: float, now: float) -> dict[int, float]:
+        w = self.world
+        w._enter("billed_costs")
+        ids = set(w._bill_closed) | set(w._bill_open)
+        return {i: w.billed(i) for i in sorted(ids - w.unbilled)}
 
 
 class FakeBoxes:
@@ -472,16 +530,20 @@ class FakeShell:
 
 
 class FakeArchive:
-    """The run archive in memory: append-only, idempotent by (run_id, attempt)."""
+    """The run archive in memory: append-only, idempotent by key (attempts and boxes' overhead lines)."""
 
     def __init__(self, records: Iterable[AttemptRecord] = ()) -> None:
-        self._records: list[AttemptRecord] = []
+        self._records: list[AttemptRecord | OverheadRecord] = []
         self.append(list(records))
 
     def records(self) -> Iterator[AttemptRecord]:
-        return iter(list(self._records))
+        """The attempts, as ``RunArchive.records`` yields them (overhead lines are not attempts)."""
+        return iter([r for r in self._records if isinstance(r, AttemptRecord)])
 
-    def append(self, records: list[AttemptRecord]) -> list[AttemptRecord]:
+    def overheads(self) -> Iterator[OverheadRecord]:
+        return iter([r for r in self._records if isinstance(r, OverheadRecord)])
+
+    def append(self, records: list[R]) -> list[R]:
         keys = {r.key for r in self._records}
         new = []
         for r in records:

@@ -11,13 +11,15 @@ import pytest
 
 from reconciler.archive import (
     RunArchive,
+    entry_from_json,
     journal_path,
+    overhead_to_json,
     record_from_json,
     record_to_json,
     shard_path,
 )
 from reconciler.errors import ArchiveCorrupt, RepoError
-from reconciler.model import AttemptOutcome, AttemptRecord
+from reconciler.model import AttemptOutcome, AttemptRecord, OverheadRecord
 from reconciler.observed.tree import write_observed
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "schemas" / "archive-record.schema.json").read_text())
@@ -239,3 +241,65 @@ def test_a_torn_journal_line_is_cut_and_the_rest_kept(tmp_path: Path) -> None:
     assert [r.key for r in RunArchive(tmp_path).records()] == [("r1", 1), ("r2", 1)]
     written(b)
     assert (tmp_path / "observed/runs/2026-11.jsonl").read_text().splitlines() == [record_to_json(rec("r1")), full]
+
+
+def overhead(instance_id: int = 7, ended_at: float | None = NOV, **kw: object) -> OverheadRecord:
+    base: dict[str, object] = dict(
+        instance_id=instance_id, billed_usd=0.2, attempts_usd=0.12, attempts=1, cost_usd=0.08, machine_id=9,
+        gpu_name="RTX 3060", num_gpus=1, dph=0.12, started_at=NOV - 6000, ended_at=ended_at,
+        reason="box ended: billed $0.200000, 1 attempt(s) $0.120000, the rest was boot, bootstrap and idle time",
+    )
+    base.update(kw)
+    return OverheadRecord(**base)  # type: ignore[arg-type]
+
+
+def test_an_overhead_line_round_trips_validates_and_is_not_an_attempt() -> None:
+    o = overhead()
+    line = overhead_to_json(o)
+    assert line.startswith('{"kind":"overhead","instance_id":7,"cost_usd":0.08,"billed_usd":0.2,')
+    assert entry_from_json(line) == o and overhead_to_json(entry_from_json(line)) == line  # type: ignore[arg-type]
+    jsonschema.Draft202012Validator(SCHEMA).validate(json.loads(line))
+    with pytest.raises(ValueError, match="overhead line, not an attempt"):
+        record_from_json(line)
+    with pytest.raises(ValueError, match="unknown kind"):
+        entry_from_json('{"kind": "refund", "instance_id": 7}')
+    with pytest.raises(jsonschema.ValidationError):  # an attempt's fields on an overhead line are neither kind
+        jsonschema.Draft202012Validator(SCHEMA).validate({**json.loads(line), "run_id": "r1"})
+    assert shard_path(overhead(ended_at=DEC)) == "observed/runs/2026-12.jsonl"
+
+
+def test_overhead_lines_share_the_shards_once_per_box_and_readers_of_attempts_skip_them(tmp_path: Path) -> None:
+    a = RunArchive(tmp_path)
+    assert a.append([rec("r1")]) == [rec("r1")]
+    assert a.append([overhead(7), overhead(7)]) == [overhead(7)]
+    assert a.append([overhead(7, cost_usd=1.0)]) == []  # exactly once per box, whatever it says the second time
+    assert ("overhead", 7) in a and len(a) == 2
+    # Journalled before the hand-off: a killed process's successor knows and hands over both kinds.
+    b = RunArchive(tmp_path)
+    assert [r.key for r in b.records()] == [("r1", 1)]
+    assert list(b.overheads()) == [overhead(7)]
+    written(b)
+    shard = tmp_path / "observed/runs/2026-11.jsonl"
+    assert shard.read_text().splitlines() == [record_to_json(rec("r1")), overhead_to_json(overhead(7))]
+    c = RunArchive(tmp_path)
+    assert [r.key for r in c.records()] == [("r1", 1)] and list(c.overheads()) == [overhead(7)]
+    assert [type(e).__name__ for e in c.entries()] == ["AttemptRecord", "OverheadRecord"]
+    assert c.append([overhead(7)]) == [] and c.append([overhead(8)]) == [overhead(8)]
+
+
+def test_a_torn_overhead_line_is_cut_before_the_retry(tmp_path: Path) -> None:
+    a = RunArchive(tmp_path)
+    a.append([rec("r1")])
+    written(a)
+    shard = tmp_path / "observed/runs/2026-11.jsonl"
+    full = overhead_to_json(overhead(7))
+    with open(shard, "a") as fh:
+        fh.write(full[:30])  # the crash, mid-line
+    b = RunArchive(tmp_path)
+    assert ("overhead", 7) not in b and list(b.overheads()) == []
+    assert b.append([overhead(7)]) == [overhead(7)]
+    written(b)
+    assert shard.read_text().splitlines() == [record_to_json(rec("r1")), full]
+    # A union merge that repeats the line reads it once.
+    shard.write_text(shard.read_text() + full + "\n")
+    assert list(RunArchive(tmp_path).overheads()) == [overhead(7)]

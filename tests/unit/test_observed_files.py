@@ -19,6 +19,7 @@ from reconciler.model import (
     AttemptRecord,
     BoxMemory,
     BoxProbe,
+    BoxSpend,
     Desired,
     Drift,
     DriftClass,
@@ -76,8 +77,10 @@ def world(desired: Desired, *, extra_box: bool = False, spend: Spend | None = No
             start_date=T0 - 100,
         ),
     ]
+    boxes = [BoxSpend(11, usd=0.2, at=T0, dph=0.1, started_at=T0 - 7200.4, gpu_name="RTX 3060", num_gpus=1)]
     if extra_box:
         inst.append(replace(inst[0], id=12, label="rigsync:demo:a2", dph_total=0.12))
+        boxes.append(replace(boxes[0], instance_id=12, usd=0.001, dph=0.12))
     probe = BoxProbe(
         instance_id=11,
         reachable=True,
@@ -134,7 +137,8 @@ def world(desired: Desired, *, extra_box: bool = False, spend: Spend | None = No
             BoxMemory(11, first_seen_at=T0 - 7000.2),
             BoxMemory(5, first_seen_at=T0 - 9000, unreachable_since=T0 - 60),
         ),
-        spend=spend or Spend(today_usd=1.25, total_usd=7.5),
+        spend=spend or Spend(today_usd=1.25, total_usd=7.5, boxes=tuple(boxes)),
+        credit_usd=42.0,
         fleet_name="demo",
         in_flight=(
             InFlight(run_id=runs[1].id, attempt=1, instance_id=11, gpu_mask=(0,), launched_at=T0 - 61, sweep="tdmpc"),
@@ -215,21 +219,38 @@ def test_content_fleet_runs_drift(desired: Desired) -> None:
 def test_unchanged_world_renders_byte_identical_files(desired: Desired) -> None:
     obs = world(desired)
     first = render_observed(desired=desired, observed=obs, plan=a_plan(desired), status=STATUS_OK, now=T0)
-    # Ten minutes later; the GPU readings moved and spend grew along the fleet's rate (0.1 $/h).
+    # Ten minutes later; the GPU readings moved, the box billed along its rate (0.1 $/h), the credit went down at
+    # the account's (0.5 $/h, the foreign box included), each read a few seconds off the line.
     later = T0 + 600
     probe = replace(obs.probes[0], gpus=(GpuState(0, 5100, 12288, 12.0),), disk_free_gb=11.0)
-    obs2 = replace(obs, probes=(probe,), spend=Spend(today_usd=1.25 + 0.1 / 6, total_usd=7.5 + 0.1 / 6))
+    billed = replace(obs.spend.boxes[0], usd=0.2 + 0.1 / 6 + 0.1 * 3 / 3600, at=later)
+    spend2 = Spend(today_usd=1.25 + 0.1 / 6 + 0.1 * 3 / 3600, total_usd=7.5 + 0.1 / 6 + 0.1 * 3 / 3600, boxes=(billed,))
+    obs2 = replace(obs, probes=(probe,), spend=spend2, credit_usd=42.0 - 0.5 / 6 + 0.004)
     second = render_observed(
         desired=desired, observed=obs2, plan=a_plan(desired), status=STATUS_OK, now=later, previous=first
     )
     assert second == first
+    budget = yaml.safe_load(first[BUDGET])["spend"]
+    assert budget["source"] == "billed" and budget["credit_usd"] == 42.0 and budget["account_dph"] == 0.5
+    assert budget["boxes"] == [
+        {"instance_id": 11, "usd": 0.2, "rate": 0.1, "dph": 0.1, "estimated": False, "gone_at": None,
+         "started_at": "2026-11-03T10:00:00Z", "machine_id": 0, "gpu_name": "RTX 3060", "num_gpus": 1}
+    ]
+    # A box read 15 s of its rate off its line is news: a new anchor, with the figures as read.
+    drifted = replace(billed, usd=billed.usd + 0.1 * 15 / 3600)
+    third = render_observed(
+        desired=desired, observed=replace(obs2, spend=replace(spend2, boxes=(drifted,))), plan=a_plan(desired),
+        status=STATUS_OK, now=later, previous=first,
+    )
+    assert yaml.safe_load(third[BUDGET])["spend"]["as_of"] == "2026-11-03T12:10:00Z"
     # Without the previous files the stamps would move: that is what ``previous`` is for.
     assert render_observed(desired=desired, observed=obs2, plan=a_plan(desired), status=STATUS_OK, now=later) != first
 
 
 def test_a_change_moves_last_change_at_and_a_new_rate_moves_the_spend_anchor(desired: Desired) -> None:
     first = render_observed(desired=desired, observed=world(desired), plan=a_plan(desired), status=STATUS_OK, now=T0)
-    obs = world(desired, extra_box=True, spend=Spend(today_usd=1.26, total_usd=7.51))
+    obs = world(desired, extra_box=True)
+    obs = replace(obs, spend=replace(obs.spend, today_usd=1.26, total_usd=7.51))
     second = render_observed(
         desired=desired, observed=obs, plan=a_plan(desired), status=STATUS_OK, now=T0 + 60, previous=first
     )
@@ -237,15 +258,36 @@ def test_a_change_moves_last_change_at_and_a_new_rate_moves_the_spend_anchor(des
     spend = yaml.safe_load(second[BUDGET])["spend"]
     assert spend["as_of"] == "2026-11-03T12:01:00Z" and spend["fleet_dph"] == 0.22
     # Spend off the straight line (a box billed more than its listed rate) also re-anchors.
+    off = world(desired)
     third = render_observed(
         desired=desired,
-        observed=world(desired, spend=Spend(today_usd=3.0, total_usd=9.0)),
+        observed=replace(off, spend=replace(off.spend, today_usd=3.0, total_usd=9.0)),
         plan=a_plan(desired),
         status=STATUS_OK,
         now=T0 + 60,
         previous=first,
     )
     assert yaml.safe_load(third[BUDGET])["spend"]["total_usd"] == 9.0
+    # So does a box turning estimated (the provider could not say), a gone box, and a credit that became unknown.
+    for changed in (
+        replace(off, spend=replace(off.spend, boxes=(replace(off.spend.boxes[0], estimated=True),))),
+        replace(off, spend=replace(off.spend, boxes=(replace(off.spend.boxes[0], gone_at=T0 + 30),))),
+        replace(off, credit_usd=None),
+    ):
+        doc = yaml.safe_load(render_observed(
+            desired=desired, observed=changed, plan=a_plan(desired), status=STATUS_OK, now=T0 + 60, previous=first
+        )[BUDGET])["spend"]
+        assert doc["as_of"] == "2026-11-03T12:01:00Z", changed
+    estimated = replace(off, spend=replace(off.spend, boxes=(replace(off.spend.boxes[0], estimated=True),)))
+    doc = yaml.safe_load(render_observed(
+        desired=desired, observed=estimated, plan=a_plan(desired), status=STATUS_OK, now=T0
+    )[BUDGET])["spend"]
+    assert doc["source"] == "estimated" and doc["boxes"][0]["estimated"] is True
+    gone = replace(off, spend=replace(off.spend, boxes=(replace(off.spend.boxes[0], gone_at=T0 - 5),)))
+    doc = yaml.safe_load(render_observed(
+        desired=desired, observed=gone, plan=a_plan(desired), status=STATUS_OK, now=T0
+    )[BUDGET])["spend"]
+    assert doc["boxes"][0]["rate"] == 0.0 and doc["fleet_dph"] == 0.0 and doc["boxes"][0]["gone_at"]
 
 
 def test_status_reports_errors_and_a_changed_status_is_a_change(desired: Desired) -> None:
@@ -271,17 +313,25 @@ def test_fleet_memory_round_trip_and_spend_extrapolation(desired: Desired, tmp_p
         BoxMemory(11, first_seen_at=T0 - 7000),  # whole seconds
     )
     assert memory.in_flight == tuple(replace(f, launched_at=T0 - 61) for f in obs.in_flight)
-    assert memory.spend == Spend(today_usd=1.25, total_usd=7.5)
-    assert memory.spend_at is None  # counting starts at the first cycle
-    # Two hours later at 0.1 $/h: 0.2 $ more; past midnight, today restarts.
-    later = read_fleet_memory(tmp_path, now=T0 + 7200)
-    assert later.spend.total_usd == pytest.approx(7.7) and later.spend.today_usd == pytest.approx(1.45)
-    assert later.spend_at == T0 + 7200  # and from then on, counted by the cycles
-    next_day = T0 + 13 * 3600  # 01:00 UTC the next day
-    tomorrow = read_fleet_memory(tmp_path, now=next_day).spend
-    assert tomorrow.total_usd == pytest.approx(7.5 + 1.3) and tomorrow.today_usd == pytest.approx(0.1)
+    # Spend is the snapshot at as_of, with every box's bill then (whole seconds): the first cycle's billed read adds
+    # what each box was billed since, whenever that is.
+    assert memory.spend == replace(obs.spend, boxes=(replace(obs.spend.boxes[0], started_at=T0 - 7200),))
+    assert memory.spend_at == T0
+    assert read_fleet_memory(tmp_path, now=T0 + 7200) == memory
     # No files at all: empty memory.
     assert read_fleet_memory(tmp_path / "empty") == FleetMemory()
+
+
+def test_an_older_estimate_anchor_is_extrapolated_to_now() -> None:
+    """A budget.yaml from before billed spend (no boxes): its line is extrapolated to now and counted from there."""
+    old = {BUDGET: "spend:\n  as_of: '2026-11-03T12:00:00Z'\n  day: '2026-11-03'\n  fleet_dph: 0.1\n"
+                   "  today_usd: 1.25\n  total_usd: 7.5\n"}
+    later = fleet_memory_from_files(old, now=T0 + 7200)
+    assert later.spend.total_usd == pytest.approx(7.7) and later.spend.today_usd == pytest.approx(1.45)
+    assert later.spend_at == T0 + 7200
+    next_day = T0 + 13 * 3600  # 01:00 UTC the next day: today restarted at midnight
+    tomorrow = fleet_memory_from_files(old, now=next_day).spend
+    assert tomorrow.total_usd == pytest.approx(7.5 + 1.3) and tomorrow.today_usd == pytest.approx(0.1)
 
 
 def test_fleet_memory_rejects_malformed_files_with_location() -> None:
