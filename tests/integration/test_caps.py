@@ -1,0 +1,170 @@
+"""Caps that hold, on real parts: the emulator's ledger (what the provider bills) never passes a cap.
+
+A fleet repository like the demo's (a bare remote beside it), the real daemon cycle (``FleetDaemon``), the real
+``vastai`` SDK against the emulator and real sshd boxes. The budget is small enough to bind mid-sweep; the
+test runs cycles until the fleet is empty and checks the emulator's books against the cap, and that observed/
+and the git history say why work stopped.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reconciler.archive import RunArchive
+from reconciler.daemon import DaemonConfig, FleetDaemon
+from reconciler.demo import make_fleet_repo
+from reconciler.emulator import Emulator
+from reconciler.model import AttemptOutcome
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
+
+MAX_WALL_S = 240.0
+
+
+class ShiftedClock:
+    """The wall clock moved by ``offset`` seconds: the daemon and the emulator share it (a day that ends soon)."""
+
+    def __init__(self, offset: float) -> None:
+        self.offset = offset
+
+    def now(self) -> float:
+        return time.time() + self.offset
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+def _set_budget(repo: Path, **budget: object) -> None:
+    path = repo / "desired" / "budget.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc.update(budget)
+    doc = {k: v for k, v in doc.items() if v is not None}  # None: no such cap
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def _short_runs(repo: Path) -> None:
+    """Runs of a few seconds, priced by their expected runtime (the archive takes over once some finish)."""
+    path = repo / "desired" / "sweeps" / "tdmpc.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["max_runtime"] = "2m"
+    doc["expected_runtime"] = "15s"
+    doc.pop("promotion", None)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+@pytest.fixture
+def api_key_env() -> Iterator[None]:
+    """The daemon reads the account key from the environment, as a user's would: restore it afterwards."""
+    before = os.environ.get("VAST_API_KEY")
+    yield
+    if before is None:
+        os.environ.pop("VAST_API_KEY", None)
+    else:
+        os.environ["VAST_API_KEY"] = before
+
+
+def _drive(daemon: FleetDaemon, emu: Emulator, not_before: float | None = None) -> int:
+    """Cycles until nothing is left to do and no box is held (or the wall bound); returns the cycle count.
+
+    With ``not_before`` (on the daemon's clock), it goes on at least until then.
+    """
+    deadline = time.monotonic() + MAX_WALL_S
+    cycles = 0
+    quiet = 0
+    while time.monotonic() < deadline:
+        cyc = daemon.cycle()
+        cycles += 1
+        acted = bool(cyc.result and cyc.result.plan.actions)
+        waiting = not_before is not None and daemon.clock.now() < not_before
+        quiet = 0 if acted or emu.instance_ids() or waiting else quiet + 1
+        if quiet >= 2:
+            break
+        time.sleep(0.5)
+    return cycles
+
+
+def _run_capped(
+    tmp_path: Path, clock: ShiftedClock | None, not_before: float | None = None, **budget: object
+) -> tuple[Path, Emulator, float]:
+    workdir = tmp_path / "fleet"
+    state = tmp_path / "state"
+    emu = Emulator(seed=7, boot_delay=0.3, clock=clock.now if clock else None)
+    emu.start()
+    try:
+        os.environ["VAST_API_KEY"] = emu.api_key
+        make_fleet_repo(workdir, emu.url, runs=24)
+        _set_budget(workdir, **budget)
+        _short_runs(workdir)
+        _git(workdir, "commit", "-qam", "a budget that binds mid-sweep")
+        _git(workdir, "push", "-q", "origin", "main")
+        config = DaemonConfig(interval_s=0.5, lease_renew_s=30.0, destroy_latency_s=2.0)
+        daemon = FleetDaemon(workdir, config=config, state_dir=str(state), clock=clock)
+        daemon.acquire()
+        try:
+            _drive(daemon, emu, not_before)
+        finally:
+            if daemon.reconciler is not None:
+                daemon.reconciler.shell.close()
+            daemon.release()
+        billed = emu.ledger.total_usd()
+        assert emu.instance_ids() == [], "boxes left billing after the budget stopped the fleet"
+    finally:
+        emu.close()
+    return workdir, emu, billed
+
+
+def _why_stopped(workdir: Path) -> str:
+    status = yaml.safe_load((workdir / "observed" / "status.yaml").read_text())
+    drift = yaml.safe_load((workdir / "observed" / "drift.yaml").read_text())
+    log = _git(workdir, "log", "--format=%s")
+    lines = [w for w in status["last_plan"]["warnings"] if w.startswith("budget:")]
+    assert any(d["class"] == "over_budget" for d in drift["drift"]) or lines or "budget:" in log
+    return "\n".join(lines) + "\n" + log
+
+
+def test_a_total_cap_that_binds_mid_sweep_holds_on_the_ledger(tmp_path: Path, api_key_env: None) -> None:
+    cap = 0.0015
+    workdir, _emu, billed = _run_capped(tmp_path, None, max_total_usd=cap, max_daily_usd=None, on_exceed="drain")
+    records = list(RunArchive(workdir).records())
+    succeeded = {r.run_id for r in records if r.phase is AttemptOutcome.SUCCEEDED}
+    assert succeeded, "the budget allowed some work before it bound"
+    assert len(succeeded) < 24, "the cap was meant to bind mid-sweep"
+    assert billed <= cap + 1e-6, f"the ledger billed ${billed:.6f} past the total cap ${cap}"
+    assert billed >= cap / 3, f"only ${billed:.6f} of the ${cap} cap was used: the cap refused too early"
+    print(f"total cap ${cap}: billed ${billed:.6f}, {len(succeeded)} of 24 runs succeeded")
+    assert "budget:" in _why_stopped(workdir)
+
+
+def test_a_daily_cap_across_utc_midnight(tmp_path: Path, api_key_env: None) -> None:
+    """The day ends 20 s into the sweep: the daily cap binds before midnight, and work resumes after it."""
+    now = time.time()
+    midnight = (now // 86400 + 1) * 86400
+    clock = ShiftedClock(midnight - 20.0 - now)
+    cap = 0.0006
+    workdir, emu, billed = _run_capped(
+        tmp_path, clock, midnight + 5.0, max_daily_usd=cap, max_total_usd=1.0, on_exceed="drain"
+    )
+    day = dt.datetime.fromtimestamp(midnight, tz=dt.UTC).date()
+    before = emu.ledger.usd_between(midnight - 86400, midnight)
+    after = emu.ledger.usd_between(midnight, midnight + 86400)
+    assert before <= cap + 1e-6, f"the ledger billed ${before:.6f} on the day before {day}, past the cap ${cap}"
+    assert after <= cap + 1e-6, f"the ledger billed ${after:.6f} on {day}, past the daily cap ${cap}"
+    assert before > 0, "no work before midnight"
+    print(f"daily cap ${cap}: billed ${before:.6f} before midnight, ${after:.6f} after")
+    assert "budget:" in _why_stopped(workdir)
+    records = list(RunArchive(workdir).records())
+    ended_after = [r for r in records if r.ended_at and r.ended_at >= midnight]
+    assert ended_after, f"no work finished after midnight UTC ({day}): the new day's budget was never used"
+    assert billed <= 2 * cap + 1e-6
