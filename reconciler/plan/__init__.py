@@ -95,8 +95,9 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
     decided.extend(found)
     estimates, price_warnings = estimate(world, queue, live, budget)
     decided.warnings.extend(price_warnings)
-    no_work = not queue.pending and not queue.live_work
-    table, found = retire_idle(world, seen, placement.table, placement.launches, no_work, budget)
+    table, found = retire_idle(
+        world, seen, placement.table, placement.launches, len(placement.unplaced), queue.live_work, budget
+    )
     decided.extend(found)
     decided.extend(rent_for(world, placement.unplaced, table, budget, placement.spent))
     decided.extend(box_noops(world, seen, table))

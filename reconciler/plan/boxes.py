@@ -247,9 +247,20 @@ def prepare_boxes(
 
 
 def retire_idle(
-    world: World, seen: SeenAttempts, table: BoxTable, launches: Mapping[int, int], no_work: bool, budget: Purse
+    world: World,
+    seen: SeenAttempts,
+    table: BoxTable,
+    launches: Mapping[int, int],
+    waiting_runs: int,
+    live_work: bool,
+    budget: Purse,
 ) -> tuple[BoxTable, Decisions]:
-    """Destroy boxes idle past idle_timeout, and every idle box when the fleet has no work, down to min_instances."""
+    """Destroy idle boxes, down to min_instances: past idle_timeout, or at once when no run waits for a GPU.
+
+    ``waiting_runs`` is how many pending runs placement could not put on a free GPU. When it is 0 an idle box
+    can only bill: it is surplus even while other boxes still run work (a retry later rents again, which costs
+    a boot; an idle box costs its $/h for idle_timeout, usually more).
+    """
     f = world.desired.fleet
     now = world.now
     d = _Destroyer(world, table)
@@ -268,8 +279,10 @@ def retire_idle(
             candidates.append(
                 (box, ReasonCode.IDLE_TIMEOUT, f"idle for {fmt_duration(idle_for)} > idle_timeout {timeout}")
             )
-        elif no_work:
+        elif not waiting_runs and not live_work:
             candidates.append((box, ReasonCode.SURPLUS, "surplus: no pending or running work in the fleet"))
+        elif not waiting_runs:
+            candidates.append((box, ReasonCode.SURPLUS, "surplus: no pending run waits for a GPU"))
         elif idle_for is not None:
             d.noop(box, ReasonCode.IDLE_KEPT, f"idle for {fmt_duration(idle_for)} (idle_timeout {timeout}); kept")
     keep_at_least = min(count_cap(f.min_instances), count_cap(f.max_instances))
