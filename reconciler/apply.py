@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
 from reconciler.actions import (
@@ -42,6 +42,7 @@ from reconciler.model import (
     Desired,
     InFlight,
     Instance,
+    InstanceStatus,
     Observed,
     OverheadRecord,
     RunDirState,
@@ -325,7 +326,31 @@ def _attempt_record(
 
 
 def _archive(ctx: ApplyContext, result: ApplyResult, rec: AttemptRecord) -> None:
+    rec = _capped_to_bill(ctx, result, rec)
     result.archived.extend(ctx.archive.append([rec]))
+    result.settled.add(rec.key)
+
+
+_BILLING_FULL = (InstanceStatus.CREATED, InstanceStatus.LOADING, InstanceStatus.RUNNING)
+
+
+def _capped_to_bill(ctx: ApplyContext, result: ApplyResult, rec: AttemptRecord) -> AttemptRecord:
+    """An attempt never costs more than its box was billed, less what the box's earlier attempts cost.
+
+    A lost attempt's end is known only when it is noticed, by which time a vanished box may have billed storage
+    only for a while: without the cap, its run would be charged money the box never billed (and the box's
+    overhead line would go negative).
+    """
+    box = ctx.observed.spend.box(rec.instance_id)
+    if box is None:
+        return rec
+    bill = box.usd
+    listed = next((i for i in ctx.observed.instances if i.id == rec.instance_id), None)
+    if listed is not None and listed.status in _BILLING_FULL:  # still billing its price since the bill was read
+        bill += listed.dph_total * max(0.0, ctx.now() - box.at) / 3600.0
+    prior = sum(r.cost_usd for r in (*ctx.observed.history, *result.archived) if r.instance_id == rec.instance_id)
+    cap = round(max(0.0, bill - prior), 6)
+    return replace(rec, cost_usd=cap) if rec.cost_usd > cap else rec
     result.settled.add(rec.key)
 
 

@@ -2,7 +2,9 @@
 
 The demo is the README's main job; these tests hold it to its contract: exit 0 only when every run succeeded
 exactly once and nothing is left alive, a JSON summary with the promised fields, a kept repository whose history
-a reviewer can read, and no secret anywhere in that history.
+a reviewer can read, and no secret anywhere in that history. And the money adds up: the spend rigsync commits in
+``observed/budget.yaml`` is what the emulator's ledger billed, and every billed second is in the run archive (the
+attempts' costs plus one overhead line per box).
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import yaml
 
-from reconciler.archive import RunArchive, record_to_json
+from reconciler.archive import RunArchive, overhead_to_json, record_to_json
 
 ROOT = Path(__file__).resolve().parents[2]
 RIGSYNC = str(Path(sys.executable).parent / "rigsync")
@@ -40,6 +43,25 @@ def _demo(tmp_path: Path, *extra: str) -> tuple[dict[str, object], Path, subproc
 
 def _git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+
+def _assert_the_money_adds_up(summary: dict[str, object], keep: Path) -> None:
+    """budget.yaml's billed total and the archive (attempts + overhead lines) both match the emulator's ledger."""
+    ledger = float(summary["cost_usd"])  # type: ignore[arg-type]
+    tolerance = 0.01 * ledger + 0.0001
+    spend = yaml.safe_load((keep / "observed" / "budget.yaml").read_text())["spend"]
+    assert spend["source"] == "billed" and spend["fleet_dph"] == 0.0
+    assert abs(spend["total_usd"] - ledger) <= tolerance, (spend, ledger)
+    assert spend["credit_usd"] == pytest.approx(1000.0 - ledger, abs=0.01)
+    archive = RunArchive(keep)
+    attempts, overheads = list(archive.records()), list(archive.overheads())
+    attributed = sum(r.cost_usd for r in attempts) + sum(o.cost_usd for o in overheads)
+    assert abs(attributed - ledger) <= tolerance, (attributed, ledger)
+    assert len(overheads) == summary["instances_rented"] == len({o.instance_id for o in overheads})
+    schema = json.loads((ROOT / "schemas" / "archive-record.schema.json").read_text())
+    for o in overheads:
+        assert not o.estimated and o.billed_usd > 0
+        jsonschema.validate(json.loads(overhead_to_json(o)), schema)
 
 
 @pytest.mark.integration
@@ -68,6 +90,7 @@ def test_demo_runs_the_sweep_to_completion_and_leaves_a_readable_history(tmp_pat
     assert re.search(r"^rigsync\|observe: .*launched", log, re.M), log
     assert (keep.parent / "fleet.remote.git").is_dir(), "the bare remote is kept beside the repo"
     assert _git(keep, "status", "--porcelain") == ""
+    _assert_the_money_adds_up(summary, keep)
 
     history = _git(keep, "log", "-p", "--all")
     assert "PRIVATE KEY" not in history
@@ -89,3 +112,4 @@ def test_demo_chaos_still_finishes_every_run_exactly_once(tmp_path: Path) -> Non
     for rec in lost:
         later = [r for r in archive if r.run_id == rec.run_id and r.phase.value == "succeeded"]
         assert len(later) == 1 and later[0].attempt > rec.attempt and later[0].instance_id != rec.instance_id
+    _assert_the_money_adds_up(summary, keep)

@@ -248,3 +248,34 @@ def test_box_spend_is_final_once_gone_and_said_or_after_the_settle_time() -> Non
     assert gone.bill_final(MIDNIGHT)
     guessed = replace(gone, estimated=True)
     assert not guessed.bill_final(MIDNIGHT + 599) and guessed.bill_final(MIDNIGHT + 600)
+
+
+def test_a_lost_attempt_never_costs_more_than_its_box_was_billed() -> None:
+    """A box that vanished long before anyone noticed: its lost attempts are charged at most what the box billed,
+    so its overhead line never goes negative and the archive still adds up to the ledger."""
+    desired = desired_state(2, max_instances=1)
+    world = FakeWorld([offer(1, gpus=2, dph=0.4), offer(2, gpus=2, dph=0.4)], clock=FakeClock(MIDNIGHT + 60),
+                      boot_s=30.0, bootstrap_s=0.0, work=lambda job: Work(seconds=600.0))
+    archive = FakeArchive()
+    rec = _reconciler(world, archive)
+    for _ in range(20):
+        rec.cycle(desired)
+        world.clock.advance(20.0)
+        if len(world.live_runs()) == 2:
+            break
+    box = world.live_runs()[0][0]
+    world.vanish(box)
+    world.clock.advance(7200.0)  # rigsync was away for two hours
+    for _ in range(100):
+        res = rec.cycle(desired)
+        if not world.rentals and not res.observed.spend.boxes:
+            break
+        world.clock.advance(20.0)
+    lost = [r for r in archive.records() if r.phase is AttemptOutcome.LOST]
+    assert {r.instance_id for r in lost} == {box} and len(lost) == 2
+    line = next(o for o in archive.overheads() if o.instance_id == box)
+    assert sum(r.cost_usd for r in lost) == pytest.approx(line.attempts_usd)
+    assert line.attempts_usd <= line.billed_usd
+    assert line.cost_usd >= 0 and line.billed_usd == pytest.approx(world.billed(box), abs=1e-6)
+    attributed = sum(r.cost_usd for r in archive.records()) + sum(o.cost_usd for o in archive.overheads())
+    assert attributed == pytest.approx(world.ledger_usd(), abs=1e-5)
