@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 Scalar = str | int | float | bool
 
@@ -330,7 +330,26 @@ class BoxProbe:
     code_commits: tuple[str, ...] = ()  # commits whose tree is unpacked on the box
     runs: tuple[RunDirState, ...] = ()
     last_activity_at: float | None = None  # newest of: boot, bootstrap done, any run start/end
-    box_now: float | None = None
+    box_now: float | None = None  # the box's own clock when it answered
+
+    def on_clock(self, now: float) -> BoxProbe:
+        """This probe with the box's timestamps moved onto the controller's clock (``now`` when it answered).
+
+        A box's clock may be off, and the planner compares run start times with its own ``now``: read raw, a
+        box five minutes fast would make every run look five minutes older. Durations (heartbeat age) need no
+        change. Without ``box_now`` the probe is returned as it is.
+        """
+        if self.box_now is None:
+            return self
+        skew = now - self.box_now
+
+        def moved(t: float | None) -> float | None:
+            return None if t is None else t + skew
+
+        runs = tuple(
+            replace(r, started_at=moved(r.started_at), ended_at=moved(r.ended_at)) for r in self.runs
+        )
+        return replace(self, runs=runs, last_activity_at=moved(self.last_activity_at), box_now=now)
 
 
 class AttemptOutcome(enum.StrEnum):
