@@ -67,13 +67,6 @@ def update_box_memory(
     return tuple(out)
 
 
-def accrue_spend(memory: FleetMemory, instances: list[Instance], now: float) -> tuple[Spend, float]:
-    """Bring the spend up to ``now`` at the fleet's current $/h (the estimate, for when nothing is billed)."""
-    if memory.spend_at is None:
-        return memory.spend, now
-    return memory.spend.accrued(sum(i.dph_total for i in instances), memory.spend_at, now), now
-
-
 def read_billing(
     provider: Provider, mine: list[Instance], spend: Spend, now: float
 ) -> tuple[dict[int, float] | None, float | None]:
@@ -179,7 +172,7 @@ def observe(
             offers = provider.search_offers(fleet.filters, fleet.disk_gb)
         except ProviderError:
             offers = []  # no offers this cycle: the plan rents nothing, everything else proceeds
-    probes = probe_boxes(box_control, mine)
+    probes = [p.on_clock(now) for p in probe_boxes(box_control, mine)]  # box clocks may be off
     boxes = update_box_memory(memory.boxes, mine, probes, now)
     spend = accrue_billed(memory.spend, memory.spend_at, mine, billed, memory.in_flight, now)
     observed = Observed(
