@@ -44,11 +44,11 @@ def open_fleet(
 ) -> Reconciler:
     """A ``Reconciler`` for ``fleet`` acting through the checkout at ``checkout``.
 
-    Memory comes from the observed files in the working tree, spend extrapolated to now along the committed
-    anchor and counted from now on (without it a restarted rigsync would never count money, and the daily
-    and total caps would never bind). ``state_dir`` overrides where rigsync keeps its SSH key and pinned host
-    keys (``state_dir_for``). ``cycle_s`` is how often this controller decides: the budget projects spend to
-    the next decision, so a longer cycle stops work earlier.
+    Memory comes from the observed files in the working tree: spend as last billed, per box, so the next
+    read of the provider's bills adds only what is new (without it a restarted rigsync would count money
+    from zero and the daily and total caps would not bind). ``state_dir`` overrides where rigsync keeps its
+    SSH key and pinned host keys (``state_dir_for``). ``cycle_s`` is how often this controller decides: the
+    budget projects spend to the next decision, so a longer cycle stops work earlier.
     """
     checkout = Path(checkout)
     git = git if git is not None else GitRepo(checkout)

@@ -30,6 +30,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--offers", type=int, default=200, help="number of offers in the market (default 200)")
     p.add_argument("--boot-delay", type=float, default=0.5, help="seconds a box spends loading (default 0.5)")
     p.add_argument("--host-prefix", default="127.0.1", help="loopback /24 for boxes (default 127.0.1)")
+    p.add_argument("--credit", type=float, default=1000.0, help="the account's starting credit in $ (default 1000)")
     p.set_defaults(handler=run)
 
 
@@ -42,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--offers must be >= 0, got {args.offers}")
     if args.boot_delay < 0:
         raise UserError(f"--boot-delay must be >= 0, got {args.boot_delay}")
+    if not args.credit >= 0:  # also refuses NaN
+        raise UserError(f"--credit must be >= 0, got {args.credit}")
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -49,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
     emu = Emulator(port=args.port, api_key=args.api_key, state_dir=args.state_dir, seed=args.seed,
-                   offers=args.offers, boot_delay=args.boot_delay, host_prefix=args.host_prefix)
+                   offers=args.offers, boot_delay=args.boot_delay, host_prefix=args.host_prefix,
+                   credit=args.credit)
     try:
         try:
             emu.start()

@@ -469,7 +469,12 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         if self.command != "HEAD":
-            self.wfile.write(data)
+            try:
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                # The caller is gone before its reply: a box whose watchdog destroyed it dies mid-request,
+                # as a real client may. Nothing to tell it, and not an error of the server's.
+                self.close_connection = True
 
     def _error(self, status: int, error: str, msg: str) -> None:
         self._send(status, {"success": False, "error": error, "msg": msg})
