@@ -111,7 +111,13 @@ class Reconciler:
 
     def observed_after_apply(self, observed: Observed) -> Observed:
         """The snapshot as the next cycle will start from it: with this cycle's memory, in-flight and archive."""
-        return replace(observed, in_flight=self.memory.in_flight, history=self.history, memory=self.memory.boxes)
+        return replace(
+            observed,
+            in_flight=self.memory.in_flight,
+            history=self.history,
+            memory=self.memory.boxes,
+            spend=self.memory.spend,
+        )
 
     def apply(self, desired: Desired, observed: Observed, the_plan: Plan, memory: FleetMemory) -> ApplyResult:
         ctx = ApplyContext(
@@ -128,7 +134,11 @@ class Reconciler:
         if self._history is not None:
             self._history.extend(result.archived)
         in_flight = next_in_flight(memory.in_flight, observed, result)
-        self.memory = replace(memory, in_flight=in_flight)
+        spend = memory.spend
+        closed = {o.instance_id for o in result.overheads}
+        if closed:  # their bills are in the archive's overhead lines now: forget them in this cycle's files
+            spend = replace(spend, boxes=tuple(b for b in spend.boxes if b.instance_id not in closed))
+        self.memory = replace(memory, in_flight=in_flight, spend=spend)
         return result
 
 

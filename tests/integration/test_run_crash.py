@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from test_run_daemon import BoxRuns, World, log_text, run_ids_by_seed, validate_observed, wait_for, world_factory
+from test_run_daemon import BoxRuns, World, git, log_text, run_ids_by_seed, validate_observed, wait_for, world_factory
 
 from reconciler.archive import RunArchive
 
@@ -47,7 +47,9 @@ def test_kill_9_mid_sweep_then_restart(world_factory: Callable[..., World]) -> N
         tip = w.tip()
         wait_for("two more cycles", lambda: log_text(second_log).count("cycle:") >= settled + 2, 30)
         assert not w.owned_instances()
-        assert w.tip() == tip, "a cycle after convergence committed"
+        assert w.tip() == tip, "a cycle after convergence committed:\n" + git(
+            w.remote, "log", "-p", "--format=%s", f"{tip}..refs/heads/main"
+        )[-4000:]
         second.send_signal(signal.SIGTERM)
         assert second.wait(timeout=60) == 0, log_text(second_log)[-3000:]
     finally:
