@@ -76,6 +76,7 @@ _SEPARATORS = re.compile(r"[\s_]+")
 _QUERY_BREAKERS = frozenset('[],"')  # characters the vastai client's query parser cannot carry in a list value
 
 
+@lru_cache(maxsize=4096)
 def normalize_gpu_name(name: str) -> str:
     """The form GPU names are compared in: case-folded, runs of spaces/underscores as one space, stripped."""
     return _SEPARATORS.sub(" ", name).strip().casefold()

@@ -80,6 +80,7 @@ class PendingRun(NamedTuple):
 class RunQueue:
     pending: tuple[PendingRun, ...]  # launch order: priority, sweep order, desired order
     live_work: bool  # some run is running (or may be, on a box that cannot be checked)
+    pending_by_sweep: Mapping[str, int]  # how many of ``pending`` each sweep has (for the plan's price)
 
 
 def collect_attempts(world: World) -> SeenAttempts:
@@ -320,6 +321,7 @@ def run_queue(
     fresh: dict[int, RunPhase] = {}  # run_phase of a run with no attempts, per retries (it reads nothing else)
     max_attempt = seen.max_attempt
     new_run = tuple.__new__  # NamedTuple's own __new__ is one more Python call per run
+    by_sweep: dict[str, int] = {}
     for run_id, spec in world.runs.items():
         if run_id not in wanted:
             continue
@@ -334,6 +336,7 @@ def run_queue(
         if phase in LAUNCHABLE_PHASES:
             gpus = spec.gpus if spec.gpus > 1 else 1
             run = new_run(PendingRun, (spec, gpus, spec.min_gpu_ram_mib, tally.used, max_attempt.get(run_id, 0) + 1))
+            by_sweep[spec.sweep] = by_sweep.get(spec.sweep, 0) + 1
             key = (-spec.priority, spec.sweep_order)
             bucket = buckets.get(key)
             if bucket is None:
@@ -348,4 +351,4 @@ def run_queue(
                 "no more launches",
             )
     pending = [run for key in sorted(buckets) for run in buckets[key]]
-    return RunQueue(tuple(pending), bool(live.running) or bool(in_flight.waiting)), out
+    return RunQueue(tuple(pending), bool(live.running) or bool(in_flight.waiting), by_sweep), out

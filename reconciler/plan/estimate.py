@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from reconciler.actions import SweepEstimate
+from reconciler.model import RunSpec
 from reconciler.offers import normalize_gpu_name
 from reconciler.plan.attempts import LiveVerdicts, RunQueue
 from reconciler.plan.common import count_cap, effective_caps, usd
@@ -22,18 +24,55 @@ from reconciler.plan.money import Purse, Runtime, runtime_of
 from reconciler.plan.world import World
 
 
-def _where(world: World) -> list[tuple[float, float | None]]:
-    """($/h of one GPU, DLPerf of one GPU) for every place the work could run."""
+@dataclass(frozen=True)
+class _Prices:
+    """The extremes of where the work could run, so a sweep's range costs O(1) however large the market.
+
+    A place's cost for a sweep is gpu_hours x ($/h per GPU) x (the sweep's measured DLPerf / the place's DLPerf,
+    when both are known; else 1): its extremes are those of $/h (places without a DLPerf, or every place when the
+    sweep has none) and of $/h / DLPerf (the others).
+    """
+
+    dph: tuple[float, float] | None  # min, max $/h per GPU over every place
+    dph_no_dl: tuple[float, float] | None  # ... over places whose DLPerf is unknown
+    per_dl: tuple[float, float] | None  # min, max ($/h per GPU) / (DLPerf per GPU) over the others
+
+    def cost_range(self, gpu_hours: float, rt: Runtime) -> tuple[float, float] | None:
+        if self.dph is None:
+            return None
+        if not rt.dlperf_per_gpu:
+            return gpu_hours * self.dph[0], gpu_hours * self.dph[1]
+        costs = []
+        if self.per_dl is not None:
+            costs += [gpu_hours * rt.dlperf_per_gpu * x for x in self.per_dl]
+        if self.dph_no_dl is not None:
+            costs += [gpu_hours * x for x in self.dph_no_dl]
+        return min(costs), max(costs)
+
+
+def _span(values: list[float]) -> tuple[float, float] | None:
+    return (min(values), max(values)) if values else None
+
+
+def _prices(world: World) -> _Prices:
+    """Every place the work could run: offers passing the filters under the per-box cap, and the boxes held."""
     instance_cap, _ = effective_caps(world.desired)
-    places: list[tuple[float, float | None]] = []
-    for o in world.offers:
-        if o.num_gpus > 0 and o.dph_total <= instance_cap:
-            places.append((o.dph_total / o.num_gpus, world.gpu_dlperf.get(normalize_gpu_name(o.gpu_name))))
-    for box in world.boxes.values():
-        inst = box.inst
-        if inst.num_gpus > 0:
-            places.append((inst.dph_total / inst.num_gpus, world.gpu_dlperf.get(normalize_gpu_name(inst.gpu_name))))
-    return places
+    every: list[float] = []
+    no_dl: list[float] = []
+    per_dl: list[float] = []
+    gpus = [(o.dph_total, o.num_gpus, o.gpu_name) for o in world.offers if o.dph_total <= instance_cap]
+    gpus += [(b.inst.dph_total, b.inst.num_gpus, b.inst.gpu_name) for b in world.boxes.values()]
+    for dph, n, name in gpus:
+        if n <= 0:
+            continue
+        price = dph / n
+        every.append(price)
+        dl = world.gpu_dlperf.get(normalize_gpu_name(name))
+        if dl:
+            per_dl.append(price / dl)
+        else:
+            no_dl.append(price)
+    return _Prices(_span(every), _span(no_dl), _span(per_dl))
 
 
 def _fleet_gpus(world: World) -> int:
@@ -50,31 +89,39 @@ def estimate(
     world: World, queue: RunQueue, live: LiveVerdicts, budget: Purse
 ) -> tuple[tuple[SweepEstimate, ...], list[str]]:
     """Per sweep (in desired order), the price of its unfinished work; and warnings where it exceeds the budget."""
-    pending: dict[str, int] = {}
-    gpu_runs: dict[str, int] = {}  # GPU slots the pending runs need
+    pending = queue.pending_by_sweep
+    specs: dict[str, RunSpec] = {}  # one run of each sweep, for its runtime, GPUs and order
     for run in queue.pending:
-        pending[run.spec.sweep] = pending.get(run.spec.sweep, 0) + 1
-        gpu_runs[run.spec.sweep] = gpu_runs.get(run.spec.sweep, 0) + run.gpus
+        specs.setdefault(run.spec.sweep, run.spec)
+        if len(specs) == len(pending):
+            break
+    gpu_runs = {name: n * max(1, specs[name].gpus) for name, n in pending.items()}  # GPUs per run: the sweep's
     running: dict[str, list[float]] = {}  # sweep -> GPU-hours left of each running attempt
+    hours_of: dict[str, float] = {}
     for run_id, (_box, rd) in live.running.items():
         spec = world.runs.get(run_id)
         if spec is None:
             continue
-        hours = runtime_of(budget.runtimes, spec).hours
+        hours = hours_of.get(spec.sweep)
+        if hours is None:
+            hours = hours_of[spec.sweep] = runtime_of(budget.runtimes, spec).hours
         elapsed = (world.now - rd.started_at) / 3600.0 if rd.started_at is not None else 0.0
         running.setdefault(spec.sweep, []).append(max(0.0, hours - elapsed) * max(1, len(rd.gpu_mask)))
-    places = _where(world)
+    prices = _prices(world)
     slots = _fleet_gpus(world)
     out: list[SweepEstimate] = []
     warnings: list[str] = []
-    specs = {s.sweep: s for s in world.runs.values()}
+    for run_id in live.running:
+        spec = world.runs.get(run_id)
+        if spec is not None:
+            specs.setdefault(spec.sweep, spec)
     for sweep in sorted(set(pending) | set(running), key=lambda n: (specs[n].sweep_order, n)):
         rt: Runtime = runtime_of(budget.runtimes, specs[sweep])
         gpu_hours = gpu_runs.get(sweep, 0) * rt.hours + sum(running.get(sweep, ()))
         low = high = None
-        if places:
-            costs = [gpu_hours * (rt.on(dl) / rt.hours if rt.hours > 0 else 1.0) * dph for dph, dl in places]
-            low, high = min(costs), max(costs)
+        span = prices.cost_range(gpu_hours, rt)
+        if span is not None:
+            low, high = span
         eta = None
         if slots:
             waves = math.ceil(gpu_runs.get(sweep, 0) / slots) if gpu_runs.get(sweep) else 0

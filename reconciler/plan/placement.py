@@ -36,6 +36,7 @@ def place(world: World, queue: RunQueue, table: BoxTable, budget: Purse) -> tupl
     spending = Spending(budget)
     runtimes = budget.runtimes
     refused: list[tuple[PendingRun, float]] = []
+    hours_on: dict[tuple[str, str], float] = {}
     free: dict[int, list[GpuState]] = {i: list(g) for i, g in table.free.items()}
     open_boxes = [
         world.boxes[i]
@@ -73,7 +74,11 @@ def place(world: World, queue: RunQueue, table: BoxTable, budget: Purse) -> tupl
             continue
         box = open_boxes[i]
         share = box.inst.dph_total * len(chosen) / max(1, box.inst.num_gpus)
-        hours = runtime_of(runtimes, spec).on(world.gpu_dlperf.get(normalize_gpu_name(box.inst.gpu_name)))
+        key = (spec.sweep, box.inst.gpu_name)
+        hours = hours_on.get(key)
+        if hours is None:  # one figure per sweep and GPU model: thousands of launches share a few
+            gpu = world.gpu_dlperf.get(normalize_gpu_name(box.inst.gpu_name))
+            hours = hours_on[key] = runtime_of(runtimes, spec).on(gpu)
         cost = share * hours
         if not spending.fits(cost):
             refused.append((run, cost))  # the GPUs stay free: a cheaper run may still fit
