@@ -8,7 +8,7 @@ fate is already known); ``run_queue`` asks the one run-phase rule which runs are
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -297,6 +297,15 @@ def settle_in_flight(
     return InFlightVerdicts(frozenset(waiting), used), out
 
 
+def plan_tallies(world: World, recorded: Recorded, live: Iterable[str]) -> dict[str, RunTally]:
+    """Run id -> tally from the archive plus what this plan records, with ``live`` runs marked live."""
+    tallies = tally_runs(world.observed.history, live)
+    for run_id, done in recorded.outcomes.items():
+        for outcome, _metric in done:
+            tallies[run_id] = tallies.get(run_id, UNTOUCHED).with_outcome(outcome)
+    return tallies
+
+
 def run_queue(
     world: World,
     seen: SeenAttempts,
@@ -307,10 +316,7 @@ def run_queue(
 ) -> tuple[RunQueue, Decisions]:
     """Every wanted run through the one phase rule: launchable ones queue in launch order, blocked ones say so."""
     out = Decisions()
-    tallies = tally_runs(world.observed.history, (*live.running, *in_flight.waiting))
-    for run_id, done in recorded.outcomes.items():
-        for outcome, _metric in done:
-            tallies[run_id] = tallies.get(run_id, UNTOUCHED).with_outcome(outcome)
+    tallies = plan_tallies(world, recorded, (*live.running, *in_flight.waiting))
     for used in (live.used, in_flight.used):
         for run_id, n in used.items():
             t = tallies.get(run_id, UNTOUCHED)

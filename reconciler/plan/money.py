@@ -31,9 +31,10 @@ from dataclasses import dataclass, replace
 
 from reconciler.model import AttemptOutcome, Desired, Observed, OnExceed, RunSpec
 from reconciler.offers import normalize_gpu_name
-from reconciler.plan.attempts import Recorded, SeenAttempts
+from reconciler.plan.attempts import Recorded, SeenAttempts, plan_tallies
 from reconciler.plan.common import cap, effective_caps, fmt_duration, usd
 from reconciler.plan.world import World
+from reconciler.runphase import UNTOUCHED, run_phase
 
 
 class RuntimeSource(enum.StrEnum):
@@ -235,11 +236,13 @@ def budget_position(world: World, seen: SeenAttempts, recorded: Recorded, wanted
     prices: list[float] = []
     b = desired.budget
     if b.daily_usd is not None or b.total_usd is not None:  # without a cap nothing binds: skip the walk
-        done = {h.run_id for h in observed.history if h.phase is AttemptOutcome.SUCCEEDED}
-        done.update(r for r, outs in recorded.outcomes.items() if any(o is AttemptOutcome.SUCCEEDED for o, _ in outs))
+        # the runs that will need a launch: asked of the one run-phase rule, as the run queue does later
         live = {rd.run_id for rds in seen.live.values() for rd in rds}
         live.update(f.run_id for f in observed.in_flight if (f.run_id, f.attempt) not in world.archived)
-        waiting = [world.runs[r] for r in wanted if r not in done and r not in live]
+        tallies = plan_tallies(world, recorded, live)
+        waiting = [
+            world.runs[r] for r in wanted if run_phase(world.runs[r], tallies.get(r, UNTOUCHED)).launchable
+        ]
         instance_cap, _ = effective_caps(desired)
         prices = [box.inst.dph_total / box.inst.num_gpus for box in world.boxes.values() if box.inst.num_gpus > 0]
         prices += [o.dph_total / o.num_gpus for o in world.offers if o.num_gpus > 0 and o.dph_total <= instance_cap]
