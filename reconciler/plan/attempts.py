@@ -25,7 +25,7 @@ from reconciler.model import (
 )
 from reconciler.plan.common import Decisions, fmt_duration, gpus_text
 from reconciler.plan.world import World
-from reconciler.promotion import wanted_among
+from reconciler.promotion import succeeded_metrics, wanted_among
 from reconciler.runphase import UNTOUCHED, RunTally, allowed_attempts, run_phase, tally_runs
 
 AttemptKey = tuple[str, int]
@@ -143,9 +143,7 @@ def record_finished(seen: SeenAttempts) -> tuple[Recorded, Decisions]:
 def wanted_runs(world: World, recorded: Recorded) -> tuple[frozenset[str], Decisions]:
     """Base runs, plus promotion seeds whose cell's best base metric reached their threshold."""
     out = Decisions()
-    metrics: dict[str, list[float | None]] = {}
-    for run_id, recs in world.history.items():
-        metrics.setdefault(run_id, []).extend(h.best_metric for h in recs if h.phase is AttemptOutcome.SUCCEEDED)
+    metrics = succeeded_metrics(world.observed.history)
     for run_id, done in recorded.outcomes.items():
         metrics.setdefault(run_id, []).extend(m for o, m in done if o is AttemptOutcome.SUCCEEDED)
     wanted = frozenset(wanted_among(world.runs, metrics))
