@@ -448,7 +448,7 @@ def run_rigsync(sc: Scenario, ok: Acceptable, tmp: Path) -> PolicyRun:
     with Emulator(seed=sc.market_seed, offers=sc.offers, boot_delay=sc.boot_s) as emu:
         try:
             os.environ["VAST_API_KEY"] = emu.api_key
-            demo.make_fleet_repo(workdir, emu.url, None)
+            demo.make_fleet_repo(workdir, None)
             fleet = workdir / "desired" / "fleet.yaml"
             text = fleet.read_text()
             for key, secs in ok.timeouts.items():
@@ -462,7 +462,7 @@ def run_rigsync(sc: Scenario, ok: Acceptable, tmp: Path) -> PolicyRun:
             demo._git(workdir, "commit", "-q", "-m", "bench: the economics sweep, fleet timeouts scaled")
             demo._git(workdir, "push", "-q", "origin", "main")
             daemon = FleetDaemon(workdir, config=DaemonConfig(interval_s=interval, lease_renew_s=30.0),
-                                 state_dir=str(state))
+                                 state_dir=str(state), api_url=emu.url)
             daemon.acquire()
             res.tape = MarketTape(emu, ok)
             res.t0 = time.time()

@@ -174,7 +174,7 @@ def push_to_launch(tmp: Path, samples: int, poll: float) -> dict[str, object]:
     with Emulator(seed=11, boot_delay=0.2) as emu:
         os.environ["VAST_API_KEY"] = emu.api_key
         state = tmp / "watch-state"
-        work, remote = make_fleet_repo(tmp / "watch" / "rigsync", emu.url, None)
+        work, remote = make_fleet_repo(tmp / "watch" / "rigsync", None)
         fleet = work / "desired" / "fleet.yaml"
         text = _set(fleet.read_text(), "name", "bench-watch")
         # min 1 keeps the box when the sweep is done: it stays rented, bootstrapped and idle for the pushes.
@@ -186,7 +186,9 @@ def push_to_launch(tmp: Path, samples: int, poll: float) -> dict[str, object]:
         git(work, "push", "--quiet", "origin", "main")
 
         # Bring the fleet to "one box running and idle" with the same daemon, in process, then hand over.
-        daemon = FleetDaemon(work, config=DaemonConfig(interval_s=0.5, lease_renew_s=3600), state_dir=str(state))
+        daemon = FleetDaemon(
+            work, config=DaemonConfig(interval_s=0.5, lease_renew_s=3600), state_dir=str(state), api_url=emu.url
+        )
         daemon.acquire()
         deadline = time.monotonic() + 120
         while True:
@@ -205,7 +207,7 @@ def push_to_launch(tmp: Path, samples: int, poll: float) -> dict[str, object]:
 
         human = tmp / "watch" / "human"
         git(tmp, "clone", "--quiet", str(remote), str(human))
-        env = {**os.environ, "RIGSYNC_STATE_DIR": str(state)}
+        env = {**os.environ, "RIGSYNC_STATE_DIR": str(state), "RIGSYNC_API_URL": emu.url}
         log = open(tmp / "watch" / "run.log", "wb")  # noqa: SIM115 - closed below, after the process
         proc = subprocess.Popen(
             [sys.executable, "-m", "reconciler", "run", "--repo", str(work), "--interval", "60", "--poll", str(poll)],

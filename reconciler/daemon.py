@@ -85,11 +85,13 @@ class FleetDaemon:
         state_dir: str | None = None,
         adapters: AdapterFactory = build_adapters,
         clock: SystemClock | None = None,
+        api_url: str | None = None,
     ) -> None:
         self.repo_dir = Path(repo_dir).resolve()
         self.config = config or DaemonConfig()
         self.state_dir_override = state_dir
         self.adapters = adapters
+        self.api_url = api_url  # the controller's provider URL (None: RIGSYNC_API_URL or Vast.ai), never desired/'s
         self.clock = clock or SystemClock()
         self.git = GitRepo(
             self.repo_dir,
@@ -111,7 +113,7 @@ class FleetDaemon:
         self.local_lock = LocalLock(lock_path(self.repo_dir))
         self.last_valid: Desired | None = None
         self.reconciler: Reconciler | None = None
-        self._fleet_key: tuple[str, str, str | None] | None = None
+        self._fleet_key: tuple[str, str] | None = None
         self.stop_event = threading.Event()
         self.wake_event = threading.Event()
         self.pending_lease_files: dict[str, str | None] = {}
@@ -156,7 +158,7 @@ class FleetDaemon:
 
     def _reconciler_for(self, desired: Desired) -> Reconciler:
         fleet = desired.fleet
-        key = (fleet.name, fleet.provider, fleet.api_url)
+        key = (fleet.name, fleet.provider)
         if self.reconciler is None or key != self._fleet_key:
             if self.reconciler is not None:
                 self.reconciler.shell.close()
@@ -170,6 +172,7 @@ class FleetDaemon:
                 should_stop=self.stop_event.is_set,
                 cycle_s=self.config.interval_s,
                 destroy_latency_s=self.config.destroy_latency_s,
+                api_url=self.api_url,
             )
             self._fleet_key = key
         return self.reconciler

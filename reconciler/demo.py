@@ -136,12 +136,16 @@ def _git(cwd: Path, *args: str) -> str:
 def _set_key(text: str, key: str, value: str) -> str:
     pattern = re.compile(rf"^(\s*)#?\s*{re.escape(key)}:.*$", re.M)
     if not pattern.search(text):
-        raise UserError(f"the example fleet file has no {key!r} line to point at the emulator")
+        raise UserError(f"the example fleet file has no {key!r} line to set for the demo")
     return pattern.sub(lambda m: f"{m.group(1)}{key}: {value}", text, count=1)
 
 
-def make_fleet_repo(workdir: Path, api_url: str, runs: int | None) -> tuple[Path, Path]:
-    """A working clone and its bare remote, holding the example fleet pointed at the emulator."""
+def make_fleet_repo(workdir: Path, runs: int | None) -> tuple[Path, Path]:
+    """A working clone and its bare remote, holding the example fleet with the demo's short timeouts.
+
+    The emulator's URL is not written into it: the controller is pointed there (``FleetDaemon(api_url=...)``,
+    ``RIGSYNC_API_URL`` or ``--api-url``), since desired/ never says where the account's key goes.
+    """
     src = source_root()
     remote = workdir.parent / f"{workdir.name}.remote.git"
     if remote.exists():
@@ -160,11 +164,11 @@ def make_fleet_repo(workdir: Path, api_url: str, runs: int | None) -> tuple[Path
     _git(workdir, "add", "-A")
     _git(workdir, "commit", "-q", "-m", "example fleet: TD-MPC-shaped sweep on cheap consumer GPUs")
     fleet = workdir / "desired" / "fleet.yaml"
-    text = _set_key(fleet.read_text(), "api_url", api_url)
+    text = fleet.read_text()
     for key, value in DEMO_TIMEOUTS.items():
         text = _set_key(text, key, value)
     fleet.write_text(text)
-    msg = "demo: point the fleet at the local emulator, short timeouts"
+    msg = "demo: short timeouts"
     if runs is not None:
         for sweep_file in sorted((workdir / "desired" / "sweeps").glob("*.yaml")):
             body = sweep_file.read_text()
@@ -231,9 +235,9 @@ def run_demo(opts: DemoOptions) -> DemoSummary:
         with Emulator(seed=opts.seed, boot_delay=opts.boot_delay_s) as emu:
             os.environ["VAST_API_KEY"] = emu.api_key  # the key lives in the environment, never in the repo
             opts.say(f"emulator at {emu.url}; fleet repo {workdir}")
-            make_fleet_repo(workdir, emu.url, opts.runs)
+            make_fleet_repo(workdir, opts.runs)
             config = DaemonConfig(interval_s=opts.interval_s, lease_renew_s=30.0, author_name="rigsync")
-            daemon = FleetDaemon(workdir, config=config, state_dir=str(state))
+            daemon = FleetDaemon(workdir, config=config, state_dir=str(state), api_url=emu.url)
             opts.say(daemon.acquire())
             chaos = Chaos(emu, opts.say) if opts.chaos else None
             try:

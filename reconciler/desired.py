@@ -353,6 +353,13 @@ _FRIENDLY_PATTERNS = {
 }
 
 
+# Keys that moved out of desired/, by JSON pointer: where they went and why.
+_MOVED_OUT = {
+    "/provider/api_url": "'api_url' moved out of desired/ to the controller (RIGSYNC_API_URL or --api-url): the "
+    "account's API key is sent to that URL, and a pull request could point it anywhere; remove the key",
+}
+
+
 def _schema_errors(doc: _Doc, schema: str) -> list[LoadError]:
     out: list[LoadError] = []
     for err in _validator(schema).iter_errors(doc.data):
@@ -370,6 +377,7 @@ def _schema_errors(doc: _Doc, schema: str) -> list[LoadError]:
                     message += f" (allowed: {', '.join(allowed)})"
                 if _SECRETISH_RE.search(key):
                     message += "; secrets never belong in desired/ (they are committed to git)"
+                message = _MOVED_OUT.get(pointer_of((*path, key)), message)
                 out.append(doc.error((*path, key), message, at_key=True))
             continue
         if err.validator == "required" and isinstance(err.validator_value, list):
@@ -503,7 +511,6 @@ def _build_fleet(data: Mapping[str, Any], bootstrap: tuple[str, str] | None) -> 
     return Fleet(
         name=data["name"],
         provider=provider.get("name", "vast"),
-        api_url=provider.get("api_url"),
         min_instances=int(data["instances"].get("min", 0)),
         max_instances=int(data["instances"]["max"]),
         filters=filters,

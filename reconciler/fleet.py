@@ -27,7 +27,8 @@ from reconciler.observed.memory import read_fleet_memory
 from reconciler.observed.tree import read_observed
 from reconciler.ports import Provider, Shell
 
-AdapterFactory = Callable[[Fleet, Path], tuple[Provider, Shell]]
+# (fleet, state dir, the controller's provider URL or None for its default) -> the adapters
+AdapterFactory = Callable[[Fleet, Path, str | None], tuple[Provider, Shell]]
 
 
 def open_fleet(
@@ -41,6 +42,7 @@ def open_fleet(
     should_stop: Callable[[], bool] = lambda: False,
     cycle_s: float = 60.0,
     destroy_latency_s: float | None = None,
+    api_url: str | None = None,
 ) -> Reconciler:
     """A ``Reconciler`` for ``fleet`` acting through the checkout at ``checkout``.
 
@@ -48,13 +50,15 @@ def open_fleet(
     read of the provider's bills adds only what is new (without it a restarted rigsync would count money
     from zero and the daily and total caps would not bind). ``state_dir`` overrides where rigsync keeps its
     SSH key and pinned host keys (``state_dir_for``). ``cycle_s`` is how often this controller decides: the
-    budget projects spend to the next decision, so a longer cycle stops work earlier.
+    budget projects spend to the next decision, so a longer cycle stops work earlier. ``api_url`` is the provider
+    URL configured on the controller, handed to the adapter factory (None: its default, ``RIGSYNC_API_URL`` or
+    Vast.ai); desired/ never names one.
     """
     checkout = Path(checkout)
     git = git if git is not None else GitRepo(checkout)
     clock = clock if clock is not None else SystemClock()
     memory = read_fleet_memory(checkout, now=clock.now())
-    provider, shell = adapters(fleet, state_dir_for(fleet, state_dir))
+    provider, shell = adapters(fleet, state_dir_for(fleet, state_dir), api_url)
     return Reconciler(
         provider=provider,
         shell=shell,

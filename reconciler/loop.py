@@ -156,15 +156,22 @@ def state_dir_for(fleet: Fleet, override: str | os.PathLike[str] | None = None) 
     return path
 
 
-def build_adapters(fleet: Fleet, state_dir: Path) -> tuple[Provider, Shell]:
-    """The real adapters: the official vastai SDK and paramiko, with rigsync's own key on the account."""
+def build_adapters(fleet: Fleet, state_dir: Path, api_url: str | None = None) -> tuple[Provider, Shell]:
+    """The real adapters: the official vastai SDK and paramiko, with rigsync's own key on the account.
+
+    ``api_url`` is the provider URL configured on the controller (the CLI's ``--api-url``, or a caller's own);
+    None: ``RIGSYNC_API_URL`` or https://console.vast.ai (``reconciler.endpoint``). Never a URL
+    from desired/: the account's key goes where this URL says.
+    """
     from reconciler.adapters.ssh import SshShell, ensure_keypair
     from reconciler.adapters.vast import VastProvider, load_api_key
+    from reconciler.endpoint import controller_api_url
 
     if fleet.provider != "vast":
         raise UserError(f"unknown provider {fleet.provider!r}: only 'vast' is supported")
+    url = controller_api_url() if api_url is None else api_url  # an explicit URL is checked by VastProvider
     key_path, public = ensure_keypair(state_dir)
-    provider = VastProvider(api_key=load_api_key(), server_url=fleet.api_url or "https://console.vast.ai")
+    provider = VastProvider(api_key=load_api_key(), server_url=url)
     provider.ensure_ssh_key(public)
     shell = SshShell(private_key=key_path, known_hosts=state_dir / "known_hosts")
     return provider, shell

@@ -62,7 +62,6 @@ class OfferFilters:
 class Fleet:
     name: str
     provider: str = "vast"
-    api_url: str | None = None
     min_instances: int = 0
     max_instances: int = 1
     filters: OfferFilters = field(default_factory=OfferFilters)

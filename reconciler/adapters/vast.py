@@ -10,6 +10,11 @@ emulator is proven against the same client. This module adds what a reconciler n
   because a lost reply to a create may already have rented a box and a blind retry would rent a second one;
 * silence: the SDK may print, and rigsync's CLI prints JSON on stdout, so SDK calls run with stdout captured;
 * the API key comes from ``VAST_API_KEY`` or the vastai key files, never from YAML, and is never logged;
+* the key goes to one URL only, the one configured on the controller (``reconciler.endpoint``: ``--api-url``,
+  else ``RIGSYNC_API_URL``, else https://console.vast.ai), never one named under desired/; the constructor checks
+  it again (``check_api_url``) and hands it to the SDK explicitly (the SDK would otherwise fall back to
+  ``VAST_URL``). On a redirect the SDK's session keeps the key only for the same scheme, host and port (or a host
+  under vast.ai when it was pointed at vast.ai); anywhere else ``requests`` drops the Authorization header;
 * every rented box gets ``RIGSYNC_API_URL`` (this adapter's server URL) in its environment: the one URL its
   watchdog may send the instance's own key to (``reconciler/remote/watchdog.py``).
 
@@ -37,6 +42,7 @@ from typing import Any, TypeVar
 import requests
 
 from reconciler import offers
+from reconciler.endpoint import DEFAULT_URL, check_api_url
 from reconciler.errors import (
     ProviderAuthError,
     ProviderError,
@@ -50,7 +56,6 @@ from reconciler.remote import WATCHDOG_API_URL_ENV
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-DEFAULT_URL = "https://console.vast.ai"
 
 # contextlib.redirect_stdout swaps the process-wide sys.stdout: two threads doing it at once could leave it
 # pointing at a dead buffer, so SDK calls are serialised.
@@ -258,7 +263,7 @@ class VastProvider:
             logging.getLogger("vastai").setLevel(logging.WARNING)
         from vastai import VastAI  # imported here: the package is heavy and only live commands need it
 
-        url = server_url.rstrip("/")
+        url = check_api_url(server_url, "the provider URL")
         self.api_url = url  # also handed to every box's watchdog (create_instance): the one URL it may call
         self._sdk = VastAI(api_key=api_key, server_url=url, retry=sdk_retry, quiet=True)
         # Renting is not idempotent: its client makes one HTTP attempt per call and we decide about retries.

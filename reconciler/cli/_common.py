@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from reconciler.actions import Plan
 from reconciler.adapters.git import GitRepo
 from reconciler.apply import ApplyResult
 from reconciler.desired import errors_of, load_desired_from_dir
+from reconciler.endpoint import API_URL_ENV, API_URL_FLAG, DEFAULT_URL, controller_api_url
 from reconciler.errors import DesiredStateInvalid, RepoError, UserError
 from reconciler.fleet import open_fleet, render_cycle, write_back
 from reconciler.loop import Reconciler
@@ -19,6 +21,21 @@ from reconciler.observed.documents import ReconcilerStatus
 def add_repo_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repo", default=".", help="the fleet repository (default: current directory)")
     parser.add_argument("--state-dir", default=None, help="where rigsync keeps its SSH key and pinned host keys")
+    add_api_url_arg(parser)
+
+
+def add_api_url_arg(parser: argparse.ArgumentParser) -> None:
+    """``--api-url``, on every command that talks to the provider."""
+    parser.add_argument(
+        API_URL_FLAG, dest="api_url", default=None, metavar="URL",
+        help=f"the provider API the key is sent to (default: ${API_URL_ENV}, else {DEFAULT_URL}); https, or "
+        "plain http to a loopback host such as the local emulator; never read from desired/",
+    )
+
+
+def api_url_of(args: argparse.Namespace) -> str:
+    """The controller's provider URL for this command, checked before anything is read or contacted."""
+    return controller_api_url(args.api_url, os.environ)
 
 
 def load_local_desired(repo: Path) -> Desired:
@@ -40,9 +57,9 @@ def load_local_desired(repo: Path) -> Desired:
         return desired
 
 
-def open_reconciler(repo: Path, desired: Desired, state_dir: str | None) -> Reconciler:
+def open_reconciler(repo: Path, desired: Desired, state_dir: str | None, api_url: str) -> Reconciler:
     """The fleet opened as `rigsync run` opens it (``reconciler.fleet.open_fleet``)."""
-    return open_fleet(repo, desired.fleet, state_dir=state_dir)
+    return open_fleet(repo, desired.fleet, state_dir=state_dir, api_url=api_url)
 
 
 def write_observed_uncommitted(
@@ -59,9 +76,10 @@ def write_observed_uncommitted(
 
 def observe_once(args: argparse.Namespace) -> tuple[Desired, Observed, Plan]:
     """Desired from the working tree, one observation of the world, and the plan for it; nothing applied."""
+    api_url = api_url_of(args)
     repo = Path(args.repo)
     desired = load_local_desired(repo)
-    rec = open_reconciler(repo, desired, args.state_dir)
+    rec = open_reconciler(repo, desired, args.state_dir, api_url)
     try:
         observed, the_plan, _ = rec.observe_and_plan(desired)
     finally:

@@ -18,7 +18,13 @@ import jsonschema
 
 from reconciler import lease
 from reconciler.actions import PLAN_FORMAT_VERSION, Plan
-from reconciler.cli._common import add_repo_arg, load_local_desired, open_reconciler, write_observed_uncommitted
+from reconciler.cli._common import (
+    add_repo_arg,
+    api_url_of,
+    load_local_desired,
+    open_reconciler,
+    write_observed_uncommitted,
+)
 from reconciler.desired import schema_path
 from reconciler.errors import LeaseHeld, StalePlan, UserError
 from reconciler.lease import Lease, LocalLock, lock_path
@@ -84,19 +90,20 @@ def _refuse_if_a_reconciler_acts(repo: Path) -> LocalLock | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    api_url = api_url_of(args)
     repo = Path(args.repo)
     desired = load_local_desired(repo)
     saved = _load_saved(args.plan) if args.plan else None
     lock = _refuse_if_a_reconciler_acts(repo)
     try:
-        return _apply(args, repo, desired, saved)
+        return _apply(args, repo, desired, saved, api_url)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _apply(args: argparse.Namespace, repo: Path, desired: Desired, saved: Plan | None) -> int:
-    rec = open_reconciler(repo, desired, args.state_dir)
+def _apply(args: argparse.Namespace, repo: Path, desired: Desired, saved: Plan | None, api_url: str) -> int:
+    rec = open_reconciler(repo, desired, args.state_dir, api_url)
     try:
         observed, fresh, memory = rec.observe_and_plan(desired)
         the_plan = fresh

@@ -6,6 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from reconciler.cli._common import add_api_url_arg, api_url_of
 from reconciler.daemon import DaemonConfig, FleetDaemon
 from reconciler.errors import UserError
 
@@ -14,6 +15,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p = sub.add_parser("run", help="the loop: follow the remote, reconcile, commit observed/ back")
     p.add_argument("--repo", default=".", help="rigsync's git checkout of the fleet repository (default: .)")
     p.add_argument("--state-dir", default=None, help="where rigsync keeps its SSH key and pinned host keys")
+    add_api_url_arg(p)
     p.add_argument("--once", action="store_true", help="run one cycle and exit")
     p.add_argument("--interval", type=float, default=30.0, help="seconds between cycles (default 30)")
     p.add_argument("--lease-stale", type=float, default=300.0, help="seconds after which a silent lease is taken over")
@@ -28,6 +30,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
+    api_url = api_url_of(args)
     for flag in ("interval", "lease_stale", "lease_renew", "poll"):
         if getattr(args, flag) <= 0:
             raise UserError(f"--{flag.replace('_', '-')} must be a positive number of seconds")
@@ -40,5 +43,5 @@ def run(args: argparse.Namespace) -> int:
         author_name=args.author,
         branch=args.branch,
     )
-    daemon = FleetDaemon(Path(args.repo), config=config, state_dir=args.state_dir)
+    daemon = FleetDaemon(Path(args.repo), config=config, state_dir=args.state_dir, api_url=api_url)
     return daemon.run_forever(once=args.once)

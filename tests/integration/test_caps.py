@@ -104,13 +104,13 @@ def _run_capped(
     emu.start()
     try:
         os.environ["VAST_API_KEY"] = emu.api_key
-        make_fleet_repo(workdir, emu.url, runs=24)
+        make_fleet_repo(workdir, runs=24)
         _set_budget(workdir, **budget)
         _short_runs(workdir)
         _git(workdir, "commit", "-qam", "a budget that binds mid-sweep")
         _git(workdir, "push", "-q", "origin", "main")
         config = DaemonConfig(interval_s=0.5, lease_renew_s=30.0, destroy_latency_s=2.0)
-        daemon = FleetDaemon(workdir, config=config, state_dir=str(state), clock=clock)
+        daemon = FleetDaemon(workdir, config=config, state_dir=str(state), clock=clock, api_url=emu.url)
         daemon.acquire()
         try:
             _drive(daemon, emu, not_before)

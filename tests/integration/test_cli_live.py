@@ -66,7 +66,7 @@ def _set(text: str, key: str, value: str) -> str:
 @pytest.fixture(scope="module")
 def repo(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> Path:
     where = tmp_path_factory.mktemp("cli")
-    path, _ = make_fleet_repo(where / "fleet", emulator.url, None)
+    path, _ = make_fleet_repo(where / "fleet", None)
     fleet_file = path / "desired" / "fleet.yaml"
     text = _set(fleet_file.read_text(), "name", FLEET)
     for key, value in TIMEOUTS.items():
@@ -84,7 +84,9 @@ def repo(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def env(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     state = tmp_path_factory.mktemp("state")
-    return {**os.environ, "VAST_API_KEY": emulator.api_key, "RIGSYNC_STATE_DIR": str(state)}
+    # the controller is pointed at the emulator; desired/ never names a URL
+    return {**os.environ, "VAST_API_KEY": emulator.api_key, "RIGSYNC_API_URL": emulator.url,
+            "RIGSYNC_STATE_DIR": str(state)}
 
 
 def rigsync(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

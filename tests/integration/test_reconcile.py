@@ -83,7 +83,7 @@ def _set(text: str, key: str, value: str) -> str:
 
 def fleet_repo(where: Path, emu: Emulator, fleet: str, *, seconds: float) -> Path:
     """The example fleet repo (with its bare remote) renamed to ``fleet``: 2 runs, short timeouts, committed."""
-    repo, _ = make_fleet_repo(where / "fleet", emu.url, None)
+    repo, _ = make_fleet_repo(where / "fleet", None)
     fleet_file = repo / "desired" / "fleet.yaml"
     text = _set(fleet_file.read_text(), "name", fleet)
     for key, value in TIMEOUTS.items():
@@ -192,7 +192,7 @@ def clean(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> Itera
         )
         foreign_id = int(reply["new_contract"])
 
-        rec = open_reconciler(repo, desired, str(tmp / "state"))
+        rec = open_reconciler(repo, desired, str(tmp / "state"), emulator.url)
         out = Clean(repo, desired, rec, [], foreign_id)
 
         def duplicate_launch(res: CycleResult) -> None:
@@ -231,7 +231,7 @@ def clean(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> Itera
                 out.plans_after.append(p)
             observed, _, _ = rec.observe_and_plan(desired)
             out.status = status_json(desired, observed)
-            fresh = open_reconciler(repo, desired, str(tmp / "state"))
+            fresh = open_reconciler(repo, desired, str(tmp / "state"), emulator.url)
             try:  # a new process: nothing in memory, history from the archive, the world from the provider
                 _, out.fresh_plan, _ = fresh.observe_and_plan(desired)
             finally:
@@ -311,7 +311,7 @@ def test_box_vanished_mid_run_is_requeued_and_finished_elsewhere(
     monkeypatch.setenv("VAST_API_KEY", emulator.api_key)
     repo = fleet_repo(tmp_path, emulator, "itvanish", seconds=6.0)
     desired = load_local_desired(repo)
-    rec = open_reconciler(repo, desired, str(tmp_path / "state"))
+    rec = open_reconciler(repo, desired, str(tmp_path / "state"), emulator.url)
     victim: dict[str, Any] = {}
 
     def vanish_a_busy_box(res: CycleResult) -> None:

@@ -160,7 +160,9 @@ class World:
 
     @property
     def env(self) -> dict[str, str]:
-        return {**os.environ, "VAST_API_KEY": self.emu.api_key, "RIGSYNC_STATE_DIR": str(self.state)}
+        # the controller is pointed at the emulator through its environment; desired/ never names a URL
+        return {**os.environ, "VAST_API_KEY": self.emu.api_key, "RIGSYNC_API_URL": self.emu.url,
+                "RIGSYNC_STATE_DIR": str(self.state)}
 
     # ---- the remote, as a human or a reviewer sees it
     def tip(self) -> str:
@@ -244,7 +246,7 @@ class World:
 
     def daemon(self, **config: Any) -> FleetDaemon:
         cfg = DaemonConfig(**{"interval_s": 1.0, "lease_renew_s": 600.0, **config})
-        return FleetDaemon(self.work, config=cfg, state_dir=str(self.state))
+        return FleetDaemon(self.work, config=cfg, state_dir=str(self.state), api_url=self.emu.url)
 
     def owned_instances(self) -> list[int]:
         out = []
@@ -294,7 +296,7 @@ def make_world(
 ) -> World:
     """A fleet repo with a one-cell sweep (``seeds`` as YAML list items) of ``seconds``-long runs."""
     work = tmp / "rigsync"
-    work, remote = make_fleet_repo(work, emu.url, None)
+    work, remote = make_fleet_repo(work, None)
     git(remote, "config", "core.logAllRefUpdates", "true")
     git(remote, "config", "receive.denyNonFastForwards", "true")
     fleet = work / "desired" / "fleet.yaml"
