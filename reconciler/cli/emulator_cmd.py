@@ -61,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"cannot serve on 127.0.0.1:{args.port}: {exc.strerror or exc}") from None
         print(f"VAST_URL={emu.url}", flush=True)
         print(f"VAST_API_KEY={emu.api_key}", flush=True)
-        # what a shell needs to point rigsync (and the vastai CLI) at this emulator
-        print(f"export RIGSYNC_API_URL={emu.url} VAST_URL={emu.url} VAST_API_KEY={emu.api_key}", flush=True)
+        # what a shell needs to point rigsync at this emulator (the key only ever goes to the controller's URL)
+        print(f"export RIGSYNC_API_URL={emu.url} VAST_API_KEY={emu.api_key}", flush=True)
         print(f"state dir: {emu.state_dir}", file=sys.stderr, flush=True)
         while not stop.wait(0.5):
             pass

@@ -164,6 +164,9 @@ def test_rigsync_emulator_command_tears_down_on_sigterm(tmp_path: Path, ssh_keyp
         url_line = proc.stdout.readline().strip()
         key_line = proc.stdout.readline().strip()
         assert url_line.startswith("VAST_URL=http://127.0.0.1:") and key_line == "VAST_API_KEY=k-123"
+        url = url_line.split("=", 1)[1]
+        # the line a shell needs to point rigsync at it (desired/ never names a URL)
+        assert proc.stdout.readline().strip() == f"export RIGSYNC_API_URL={url} VAST_API_KEY=k-123"
         v = VastAI(api_key="k-123", server_url=url_line.split("=", 1)[1])
         v.create_ssh_key(ssh_key=ssh_keypair.public)
         offers = v.search_offers(query="num_gpus=1", limit=2)
