@@ -14,7 +14,8 @@ emulator is proven against the same client. This module adds what a reconciler n
   else ``RIGSYNC_API_URL``, else https://console.vast.ai), never one named under desired/; the constructor checks
   it again (``check_api_url``) and hands it to the SDK explicitly (the SDK would otherwise fall back to
   ``VAST_URL``). On a redirect the SDK's session keeps the key only for the same scheme, host and port (or a host
-  under vast.ai when it was pointed at vast.ai); anywhere else ``requests`` drops the Authorization header;
+  under vast.ai when it was pointed at vast.ai); anywhere else ``requests`` drops the Authorization header; and a
+  plain-http (loopback) URL is refused when a proxy from the environment would carry it off the machine;
 * every rented box gets ``RIGSYNC_API_URL`` (this adapter's server URL) in its environment: the one URL its
   watchdog may send the instance's own key to (``reconciler/remote/watchdog.py``).
 
@@ -38,6 +39,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import requests
 
@@ -49,6 +51,7 @@ from reconciler.errors import (
     ProviderPermanent,
     ProviderTransient,
     RejectedByProvider,
+    UserError,
 )
 from reconciler.model import Endpoint, Instance, InstanceStatus, Offer, OfferFilters, Ranking
 from reconciler.remote import WATCHDOG_API_URL_ENV
@@ -237,6 +240,22 @@ def _classify(exc: BaseException, what: str) -> ProviderError:
     return ProviderTransient(f"{what}: unreadable reply from the Vast API: {type(exc).__name__}")
 
 
+def _refuse_clear_text_proxy(url: str) -> None:
+    """Plain http (allowed only to loopback) must not leave the machine through a proxy from the environment.
+
+    The SDK's ``requests`` session honours ``HTTP_PROXY``/``ALL_PROXY`` (less ``NO_PROXY``): a loopback http URL
+    would then hand the key, in clear text, to the proxy. (Over https a proxy only tunnels the encrypted bytes.)
+    """
+    if not url.lower().startswith("http://"):
+        return
+    if requests.utils.select_proxy(url, requests.utils.get_environ_proxies(url)):
+        host = urlsplit(url).hostname or ""
+        raise UserError(
+            f"the provider URL {url} is plain http and a proxy from the environment (HTTP_PROXY or ALL_PROXY) "
+            f"would carry the API key to that proxy in clear text: add {host} to NO_PROXY, or unset the proxy"
+        )
+
+
 def _certainly_not_sent(exc: BaseException) -> bool:
     """True when the server certainly did not act on the request (safe to retry a non-idempotent call)."""
     if isinstance(exc, requests.HTTPError):
@@ -264,6 +283,7 @@ class VastProvider:
         from vastai import VastAI  # imported here: the package is heavy and only live commands need it
 
         url = check_api_url(server_url, "the provider URL")
+        _refuse_clear_text_proxy(url)
         self.api_url = url  # also handed to every box's watchdog (create_instance): the one URL it may call
         self._sdk = VastAI(api_key=api_key, server_url=url, retry=sdk_retry, quiet=True)
         # Renting is not idempotent: its client makes one HTTP attempt per call and we decide about retries.

@@ -11,6 +11,7 @@ query, headers, body). What is shown:
 * a plain-http URL to a non-loopback host is refused before any connection: with ``HTTP_PROXY``/``HTTPS_PROXY``
   pointed at a logging server, any request the process tried would arrive there (the positive control shows the
   SDK left to itself would have sent the key), and nothing does;
+* a loopback http URL is refused while a proxy from the environment would carry it (and the key) off the machine;
 * a redirect from the configured URL to another origin is followed without the key (the SDK's session drops the
   Authorization header when scheme, host or port change);
 * the key never appears in any committed file, commit message, the checkout, the state dir or the output.
@@ -287,6 +288,22 @@ def test_plain_http_to_a_non_loopback_host_is_refused_before_any_connection(
         assert result.stdout == ""
     assert detector.requests == []
     assert git(fleet.remote, "rev-parse", "main") == before  # run --once did not even take the lease
+    assert_key_nowhere(fleet, emulator.api_key)
+
+
+def test_loopback_http_is_refused_when_a_proxy_would_carry_the_key_off_the_machine(
+    emulator: Emulator, fleet: Fleet, servers: list[LoggingServer]
+) -> None:
+    detector = serve(servers)  # stands for a proxy elsewhere: plain http through it would show it the key
+    local = serve(servers, upstream=emulator.url)
+    env = base_env(emulator, fleet, RIGSYNC_API_URL=local.url, HTTP_PROXY=detector.url)
+    result = rigsync(fleet, env, "plan")
+    assert result.returncode == 1
+    assert "would carry the API key to that proxy in clear text: add 127.0.0.1 to NO_PROXY" in result.stderr
+    assert detector.requests == [] and local.requests == []
+    result = rigsync(fleet, {**env, "NO_PROXY": "127.0.0.1"}, "plan")  # the way out the message names
+    assert result.returncode == 0, result.stderr
+    assert detector.requests == [] and local.requests
     assert_key_nowhere(fleet, emulator.api_key)
 
 

@@ -105,3 +105,27 @@ def test_every_live_command_refuses_a_bad_environment_url_before_reading_anythin
     assert code == 1
     assert f"rigsync: error: the environment variable {API_URL_ENV}: " in err and "credentials" in err
     assert "hunter2" not in err
+
+
+@pytest.mark.parametrize("proxy_var", ["HTTP_PROXY", "http_proxy", "ALL_PROXY"])
+def test_plain_http_is_refused_when_a_proxy_would_carry_it_off_the_machine(
+    proxy_var: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from reconciler.adapters.vast import VastProvider
+
+    for var in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv(proxy_var, "http://user:hunter2@proxy.example:3128")
+    with pytest.raises(UserError, match=r"in clear text: add 127\.0\.0\.1 to NO_PROXY") as info:
+        VastProvider(api_key="k", server_url="http://127.0.0.1:9")
+    assert "hunter2" not in str(info.value)
+    VastProvider(api_key="k", server_url="https://console.vast.ai")  # a proxy only tunnels https: allowed
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    assert VastProvider(api_key="k", server_url="http://127.0.0.1:9/").api_url == "http://127.0.0.1:9"
+
+
+def test_the_provider_checks_any_url_it_is_handed() -> None:
+    from reconciler.adapters.vast import VastProvider
+
+    with pytest.raises(UserError, match=r"the provider URL: .http://example\.com. .*plain http"):
+        VastProvider(api_key="k", server_url="http://example.com")
