@@ -61,7 +61,9 @@ class LoggingServer:
     """An HTTP server on a loopback address that logs every request; it forwards to ``upstream`` (a logging
     proxy in front of the emulator), answers with a 307 to ``redirect_to`` + the path, or answers 404."""
 
-    def __init__(self, host: str = "127.0.0.1", *, upstream: str | None = None, redirect_to: str | None = None):
+    def __init__(
+        self, host: str = "127.0.0.1", *, upstream: str | None = None, redirect_to: str | None = None
+    ) -> None:
         self.requests: list[Seen] = []
         lock = threading.Lock()
         log = self.requests
