@@ -846,11 +846,13 @@ def _sweep_checks(
                 )
             )
     for i, path in enumerate(data.get("code", ())):
+        if path == ".":
+            continue  # the whole repository, as the schema documents
         if not _safe_relative(path):
             errors.append(
                 doc.error(("code", i), f"code path {path!r} must be relative to the repository root, without '..'")
             )
-        elif repo_paths is not None and path != "." and path not in repo_paths:
+        elif repo_paths is not None and path not in repo_paths:
             errors.append(
                 doc.error(("code", i), f"code path {path!r} is not in the repository: there is no such file or folder")
             )
