@@ -473,7 +473,7 @@ def parse_yaml(file: str, raw: bytes) -> tuple[_Doc | None, list[LoadError]]:
             message += f" (the construct began at line {cm.line + 1})"
         return fail(f"YAML syntax error: {message}", line, col)
     except yaml.YAMLError as exc:
-        return fail(f"YAML error: {exc}")
+        return fail(f"YAML error: {' '.join(str(exc).split())}")
     except RecursionError:
         return fail("nesting too deep")
     finally:
