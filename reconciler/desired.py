@@ -15,6 +15,17 @@ Hostile input is expected, not exceptional:
   non-finite numbers and explicit tags each get their own clear error.
 - Mapping keys are always the text as written, so ``on:`` or ``no:`` stay strings.
 - A sweep whose grid expands past ``MAX_RUNS_PER_SWEEP`` is refused before expansion.
+- Control, noncharacter and bidi-control characters are found before PyYAML's reader (which would raise on most
+  of them) and named with line and column; bidi controls are printable to YAML but let a reviewer read a diff in
+  another order than rigsync does.
+- People write YAML 1.2 but PyYAML reads 1.1: the plain scalars the two read differently (``1:30``, ``010``,
+  ``0x10``, ``1_000``, ``yes``) are refused, not silently taken the 1.1 way; integers are bounded in digits.
+- Values that can never work (zero durations, a heartbeat deadline inside the wrapper's period, a sweep no named
+  GPU can hold, a ``code`` path missing from the commit, a budget without a total cap) are refused here, where the
+  author is, rather than discovered by the planner on rented boxes.
+- The reader of the tree (disk or git) bounds what it reads — size before content, depth and entry count, no
+  symlinks — and hands the loader what it refused (``TreeFiles``). Finally, ``_guard`` turns any exception nobody
+  planned for into an error of the file being read, so a user's file never becomes a traceback.
 """
 
 from __future__ import annotations

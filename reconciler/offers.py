@@ -22,6 +22,8 @@ Semantics, decided once:
   below 1 counts as 1; a negative or NaN ``dph_max`` counts as 0. The offer's disk must hold the fleet's
   ``disk_gb``. An offer whose ``dph_total`` is not a finite non-negative number never passes.
 * ``verified: true`` accepts only verified hosts; ``false`` accepts any.
+* ``GPU_RAM_GIB`` is the most memory per GPU of each known model (its largest variant); the loader refuses a sweep
+  that needs more than every model a fleet names has, and says nothing about a model not in the table.
 """
 
 from __future__ import annotations
