@@ -283,6 +283,18 @@ def _yaml11_problem(text: str, tag: str) -> str | None:
     return None
 
 
+def _yaml12_number_hint(text: str) -> str:
+    """A hint for text YAML 1.2 reads as a number but PyYAML (1.1) as a string: ``1e3``, ``0o17``, ``.5E2``."""
+    if re.match(r"^[-+]?0o[0-7]+$", text):
+        return f" (YAML 1.1, which rigsync reads, takes {text} as text: write the number in decimal, {int(text, 8)})"
+    if _YAML12_FLOAT_RE.match(text) and re.search(r"[eE]", text):
+        return (
+            f" (YAML 1.1, which rigsync reads, takes {text} as text: write the number with a decimal point and a "
+            f"signed exponent, e.g. {float(text):.1e}, or in full)"
+        )
+    return ""
+
+
 def _sexagesimal(text: str) -> str | None:
     sign = -1 if text.startswith("-") else 1
     try:
@@ -552,6 +564,8 @@ def _schema_errors(doc: _Doc, schema: str) -> list[LoadError]:
             message = err.message
         if err.validator == "type" and isinstance(err.instance, bool) and "string" in str(err.validator_value):
             message += " (YAML reads unquoted yes/no/on/off/true/false as booleans: quote the text)"
+        if err.validator == "type" and isinstance(err.instance, str):
+            message += _yaml12_number_hint(err.instance)
         if err.validator == "type" and err.instance is None:
             message += " (an empty value is null: write the value or remove the key)"
 
