@@ -83,7 +83,6 @@ MAX_CHARACTER_ERRORS = 10
 HEARTBEAT_MARGIN = 3
 
 _DURATION_RE = re.compile(r"^(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?$")
-_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 # Characters no desired/ file may hold, anywhere (comments too): C0 controls but tab, LF and CR; DEL; C1 controls;
 # the noncharacters U+FFFE/U+FFFF; and the bidirectional embeddings, overrides and isolates, which make a reviewer
 # see text in another order than rigsync reads it ("Trojan Source", CVE-2021-42574). PyYAML's reader refuses the
@@ -91,6 +90,8 @@ _CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 _REFUSED_CHAR_RE = re.compile(
     "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ufffe\uffff\ud800-\udfff]"
 )
+# A value (after YAML's escapes, e.g. "\e" or "\u202e") may not carry them either, nor a carriage return.
+_VALUE_CONTROL_RE = re.compile(f"{_REFUSED_CHAR_RE.pattern}|\r")
 _C0_NAMES = (
     *("NUL", "SOH", "STX", "ETX", "EOT", "ENQ", "ACK", "BEL", "BS", "HT", "LF", "VT", "FF", "CR", "SO", "SI"),
     *("DLE", "DC1", "DC2", "DC3", "DC4", "NAK", "SYN", "ETB", "CAN", "EM", "SUB", "ESC", "FS", "GS", "RS", "US"),
@@ -809,9 +810,15 @@ def _sweep_checks(
         errors.append(doc.error(("command",), "command is blank: it would run nothing"))
     for key, values in grid.items():
         for i, value in enumerate(values):
-            if isinstance(value, str) and _CONTROL_RE.search(value):
+            found = _VALUE_CONTROL_RE.search(value) if isinstance(value, str) else None
+            if found is not None:
+                char = found.group()
                 errors.append(
-                    doc.error(("grid", key, i), "control characters (NUL, escape, ...) are not allowed in values")
+                    doc.error(
+                        ("grid", key, i),
+                        f"control characters (NUL, escape, ...) are not allowed in values: this one has "
+                        f"U+{ord(char):04X} {_character_name(char)}",
+                    )
                 )
     try:
         used = template_variables(data["command"])
