@@ -652,6 +652,11 @@ def _fleet_checks(doc: _Doc, files: Mapping[str, bytes]) -> tuple[list[LoadError
                     bootstrap = (target, raw.decode("utf-8"))
                 except UnicodeDecodeError:
                     errors.append(doc.error(("bootstrap",), f"bootstrap script {target} is not valid UTF-8"))
+                else:
+                    # A script is reviewed in the same diffs: the same characters would hide what it runs.
+                    hidden = _character_problems(target, bootstrap[1])
+                    errors += hidden
+                    bootstrap = None if hidden else bootstrap
     return errors, bootstrap
 
 
