@@ -1,7 +1,8 @@
 """The loader cannot crash: whatever bytes or mutations land in desired/, the only outcome is a valid ``Desired`` or
 ``DesiredStateInvalid`` whose every error names a file under desired/.
 
-Two families of input: arbitrary bytes (and arbitrary text) as each of fleet.yaml, budget.yaml and a sweep file;
+Two families of input: arbitrary bytes (and arbitrary text) as each of fleet.yaml, budget.yaml, a sweep file and
+(bytes only) the bootstrap script;
 and structured mutations of the valid example tree, which stay close enough to YAML to reach the schema, the
 cross-field rules and sweep expansion: characters (controls and bidi included) inserted anywhere, scalar values
 replaced by YAML 1.1 oddities (huge integers, sexagesimal, octal, dates, nulls, tags, anchors), keys renamed
@@ -52,7 +53,7 @@ def test_the_unmutated_example_is_valid() -> None:
 
 
 @FUZZ
-@given(target=st.sampled_from(TARGETS), data=st.binary(max_size=1500))
+@given(target=st.sampled_from((*TARGETS, "desired/bootstrap.sh")), data=st.binary(max_size=1500))
 def test_arbitrary_bytes(target: str, data: bytes) -> None:
     event(outcome(with_file(target, data)))
 
