@@ -970,6 +970,16 @@ def folder_is_symlink(folder: str) -> str:
     return f"{folder.rstrip('/')}/ is a symlink; it must be a folder in the repository"
 
 
+def too_many_entries(folder: str) -> str:
+    """The one message for a tree under ``folder`` (desired/) with more than ``MAX_DESIRED_ENTRIES`` entries."""
+    return f"{folder.rstrip('/')}/ holds more than {MAX_DESIRED_ENTRIES} entries"
+
+
+def too_deep(folder: str) -> str:
+    """The one message for folders nested past ``MAX_DESIRED_DEPTH`` levels under ``folder`` (desired/)."""
+    return f"folders nested deeper than {MAX_DESIRED_DEPTH} levels in {folder.rstrip('/')}/"
+
+
 def too_big(size: int, limit: int = MAX_FILE_BYTES) -> str:
     """The one message for a file over the size limit (also for blobs the git adapter leaves unread)."""
     return f"file is {size} bytes; the limit is {limit} bytes ({limit // 1024} KiB)"
@@ -1030,16 +1040,13 @@ def _walk(root: Path, errors: list[LoadError], repo: Path) -> Iterator[Path]:
         for entry in sorted(folder.iterdir()):
             seen += 1
             if seen > MAX_DESIRED_ENTRIES:
-                errors.append(
-                    LoadError(DESIRED_DIR, None, None, "", f"desired/ holds more than {MAX_DESIRED_ENTRIES} entries")
-                )
+                errors.append(LoadError(DESIRED_DIR, None, None, "", too_many_entries(DESIRED_DIR)))
                 return
             yield entry
             if entry.is_dir() and not entry.is_symlink():
                 if depth >= MAX_DESIRED_DEPTH:
                     rel = entry.relative_to(repo).as_posix()
-                    deeper = f"folders nested deeper than {MAX_DESIRED_DEPTH} levels in desired/"
-                    errors.append(LoadError(rel, None, None, "", deeper))
+                    errors.append(LoadError(rel, None, None, "", too_deep(DESIRED_DIR)))
                     continue
                 stack.append((entry, depth + 1))
 

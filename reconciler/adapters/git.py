@@ -26,7 +26,17 @@ from typing import Any
 import git
 from git.exc import GitCommandError, InvalidGitRepositoryError, NoSuchPathError
 
-from reconciler.desired import MAX_FILE_BYTES, TreeFiles, folder_is_symlink, symlink_refused, too_big
+from reconciler.desired import (
+    MAX_DESIRED_DEPTH,
+    MAX_DESIRED_ENTRIES,
+    MAX_FILE_BYTES,
+    TreeFiles,
+    folder_is_symlink,
+    symlink_refused,
+    too_big,
+    too_deep,
+    too_many_entries,
+)
 from reconciler.errors import PushRejected, RepoError
 from reconciler.model import Desired
 from reconciler.observed.codec import OBSERVED_DIR
@@ -225,13 +235,21 @@ class GitRepo:
             return None
 
     def files_at(
-        self, commit: str, prefix: str, *, max_bytes: int | None = None, only: Container[str] | None = None
+        self,
+        commit: str,
+        prefix: str,
+        *,
+        max_bytes: int | None = None,
+        only: Container[str] | None = None,
+        bounded: bool = False,
     ) -> TreeFiles:
         """Every blob under ``prefix`` (a directory, ending in ``/``) at ``commit``, keyed by full path.
 
         A blob over ``max_bytes`` is not read: its size comes from the object header (``git cat-file
         --batch-check``), and it is listed in ``refused`` instead, as are symlinks and submodules, and ``prefix``
-        itself when it is a symlink. ``only``, when given, limits which paths are read. The walk is iterative.
+        itself when it is a symlink. ``only``, when given, limits which paths are read. The walk is iterative;
+        ``bounded`` stops it at the loader's depth and entry limits (what desired/ may hold), saying so in
+        ``refused``.
         """
         try:
             tree = self._repo.commit(commit).tree
@@ -248,12 +266,22 @@ class GitRepo:
                 out.refused[top] = folder_is_symlink(top)
             return out
         found: dict[str, bytes] = {}
-        stack: list[Any] = [sub]
+        stack: list[tuple[Any, int]] = [(sub, 1)]
+        seen = 0
         while stack:
-            for item in stack.pop():
+            folder, depth = stack.pop()
+            for item in folder:
                 path = str(item.path)
+                seen += 1
+                if bounded and seen > MAX_DESIRED_ENTRIES:
+                    out.refused[top] = too_many_entries(top)
+                    stack.clear()
+                    break
                 if item.type == "tree":
-                    stack.append(item)
+                    if bounded and depth >= MAX_DESIRED_DEPTH:
+                        out.refused[path] = too_deep(top)
+                    else:
+                        stack.append((item, depth + 1))
                 elif only is not None and path not in only:
                     continue
                 elif item.type != "blob":
@@ -270,7 +298,7 @@ class GitRepo:
     def desired_files(self, commit: str) -> TreeFiles:
         """Every blob under ``desired/`` at ``commit``, keys ``desired/...``, none read past the loader's size limit;
         what the loader must refuse unread is in ``refused``, and ``repo_paths`` answers from the commit's tree."""
-        return self.files_at(commit, DESIRED_PREFIX, max_bytes=MAX_FILE_BYTES)
+        return self.files_at(commit, DESIRED_PREFIX, max_bytes=MAX_FILE_BYTES, bounded=True)
 
     def archive(self, commit: str, paths: Sequence[str]) -> bytes:
         """A tar of ``paths`` (``.`` for the whole tree) at ``commit``, as ``git archive`` makes it."""

@@ -153,3 +153,27 @@ def test_code_paths_are_checked_against_the_commit_tree(tmp_path: Path) -> None:
     (repo / "nope" / "x.py").write_text("")
     assert len(load_errors(repo, commit)) == 1
     load_desired(GitRepo(repo).desired_files(commit_all(repo, "add nope/")))
+
+
+def test_deep_and_crowded_desired_trees_are_refused_from_git_as_from_disk(tmp_path: Path) -> None:
+    repo = fleet_repo(tmp_path / "fleet")
+    deep = repo / "desired" / "sweeps"
+    for _ in range(30):
+        deep = deep / "d"
+    deep.mkdir(parents=True)
+    (deep / "x.yaml").write_text("name: x\n")
+    commit = commit_all(repo, "desired: a deep folder")
+    with pytest.raises(DesiredStateInvalid) as info:
+        read_desired_files(repo)
+    from_disk = [str(e) for e in errors_of(info.value)]
+    assert from_disk == ["desired/sweeps/d/d/d/d/d/d/d: /: folders nested deeper than 8 levels in desired/"]
+    assert load_errors(repo, commit) == from_disk
+
+    git(repo, "rm", "-r", "--quiet", "desired/sweeps/d")
+    crowd = repo / "desired" / "crowd"
+    crowd.mkdir()
+    for i in range(2001):
+        (crowd / f"{i}.txt").write_text("")
+    commit = commit_all(repo, "desired: 2001 files")
+    errors = load_errors(repo, commit)
+    assert "desired: /: desired/ holds more than 2000 entries" in errors, errors[:3]
