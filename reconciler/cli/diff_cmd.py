@@ -81,8 +81,8 @@ def _committed(repo: Path) -> tuple[Desired, dict[str, str]]:
     except RepoError:
         raise UserError(f"{repo}: no desired/ files committed") from None  # a fresh repository without commits
     committed = g.files_at(head, "observed/", max_bytes=MAX_OBSERVED_BYTES, only=REQUIRED)
-    for path, why in committed.refused.items():
-        raise ObservedInvalid(f"{path}: {why}")
+    if committed.refused:
+        raise ObservedInvalid("; ".join(f"{path}: {why}" for path, why in sorted(committed.refused.items())))
     observed = {p: b.decode("utf-8", "replace") for p, b in committed.items()}
     return g.pin(load_desired(_require_desired_files(repo, g.desired_files(head))), head), observed
 

@@ -177,3 +177,18 @@ def test_deep_and_crowded_desired_trees_are_refused_from_git_as_from_disk(tmp_pa
     commit = commit_all(repo, "desired: 2001 files")
     errors = load_errors(repo, commit)
     assert "desired: /: desired/ holds more than 2000 entries" in errors, errors[:3]
+
+
+def test_files_at_reads_only_what_is_asked_and_nothing_past_the_limit(tmp_path: Path) -> None:
+    """What `rigsync diff` relies on for observed/: only the named snapshots are read, none past its limit."""
+    repo = fleet_repo(tmp_path / "fleet")
+    (repo / "observed" / "runs").mkdir(parents=True)
+    (repo / "observed" / "status.yaml").write_text("x" * 100)
+    (repo / "observed" / "fleet.yaml").write_text("small\n")
+    (repo / "observed" / "runs" / "2026-12.jsonl").write_text("{}\n" * 1000)
+    commit = commit_all(repo, "observe")
+    files = GitRepo(repo).files_at(
+        commit, "observed/", max_bytes=50, only={"observed/status.yaml", "observed/fleet.yaml"}
+    )
+    assert dict(files) == {"observed/fleet.yaml": b"small\n"}
+    assert files.refused == {"observed/status.yaml": "file is 100 bytes; the limit is 50 bytes (0 KiB)"}
