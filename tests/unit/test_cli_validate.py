@@ -203,14 +203,20 @@ def test_demo_training_script(tmp_path: Path) -> None:
 
 def test_deep_folders_under_desired_are_refused_cleanly(repo: Path) -> None:
     deep = repo / "desired" / "sweeps"
+    made = []
     for _ in range(1200):
         deep = deep / "d"
         deep.mkdir()
-    result = rigsync("validate", "--repo", str(repo), "--json")
-    assert result.returncode == 1
-    errors = json.loads(result.stdout)["errors"]
-    assert [e["message"] for e in errors] == ["folders nested deeper than 8 levels in desired/"]
-    assert errors[0]["file"] == "desired/sweeps" + "/d" * 7
+        made.append(deep)
+    try:
+        result = rigsync("validate", "--repo", str(repo), "--json")
+        assert result.returncode == 1
+        errors = json.loads(result.stdout)["errors"]
+        assert [e["message"] for e in errors] == ["folders nested deeper than 8 levels in desired/"]
+        assert errors[0]["file"] == "desired/sweeps" + "/d" * 7
+    finally:
+        for folder in reversed(made):  # pytest's own (recursive) rmtree of old temp dirs would overflow on this
+            folder.rmdir()
 
 
 def test_a_symlinked_desired_is_refused_cleanly(repo: Path) -> None:
