@@ -79,6 +79,7 @@ MAX_INT_DIGITS = 18
 MAX_DESIRED_DEPTH = 8
 MAX_DESIRED_ENTRIES = 2000
 MAX_CHARACTER_ERRORS = 10
+MAX_ERRORS_PER_FILE = 50
 # A heartbeat must be able to miss a beat or two (a busy box, a slow disk) before its run is declared lost.
 HEARTBEAT_MARGIN = 3
 
@@ -1087,6 +1088,7 @@ def load_desired(
     errors: list[LoadError] = [LoadError(path, None, None, "", why) for path, why in refused.items()]
 
     docs: dict[str, _Doc] = {}
+    parsed: dict[str, _Doc] = {}
     sweep_files = sorted(k for k in files if k.startswith(SWEEPS_DIR) and _is_sweep_file(k))
     if len(sweep_files) > MAX_SWEEP_FILES:
         errors.append(LoadError(SWEEPS_DIR.rstrip("/"), None, None, "", f"more than {MAX_SWEEP_FILES} sweep files"))
@@ -1099,7 +1101,7 @@ def load_desired(
                 continue
             errors.append(LoadError(name, None, None, "", f"missing: {name} is required"))
             continue
-        doc = _guard(name, errors, partial(_parse_and_check, name, files[name], schema, errors))
+        doc = _guard(name, errors, partial(_parse_and_check, name, files[name], schema, errors, parsed))
         if doc is not None:
             docs[name] = doc
 
@@ -1113,7 +1115,7 @@ def load_desired(
             fleet_doc = None
 
     known = {FLEET_FILE, BUDGET_FILE, README_FILE, *sweep_files, *refused}
-    named = _guard(FLEET_FILE, [], partial(_bootstrap_named, files.get(FLEET_FILE)))
+    named = _guard(FLEET_FILE, [], partial(_bootstrap_named, parsed.get(FLEET_FILE)))
     fleet_readable, bootstrap_named = named if named is not None else (False, None)
     if bootstrap_named:
         known.add(bootstrap_named)
@@ -1159,17 +1161,36 @@ def load_desired(
     if desired is None:
         if not errors:
             errors.append(LoadError(DESIRED_DIR, None, None, "", "desired/ did not load; please report it"))
-        ordered: list[object] = [*sorted(errors, key=LoadError.sort_key)]
-        raise DesiredStateInvalid(ordered)
+        raise DesiredStateInvalid([*_capped(sorted(errors, key=LoadError.sort_key))])
     return desired
 
 
-def _parse_and_check(name: str, raw: bytes, schema: str, errors: list[LoadError]) -> _Doc | None:
-    """Parse one file and check it against its schema; its problems go to ``errors``, the doc back if clean."""
+def _capped(errors: list[LoadError]) -> list[LoadError]:
+    """At most ``MAX_ERRORS_PER_FILE`` errors per file, then one saying how many more: a generated file with
+    thousands of duplicate keys must not become thousands of lines in status.yaml and every commit message."""
+    out: list[LoadError] = []
+    per_file: dict[str, int] = {}
+    for error in errors:
+        n = per_file[error.file] = per_file.get(error.file, 0) + 1
+        if n <= MAX_ERRORS_PER_FILE:
+            out.append(error)
+    for file, n in sorted(per_file.items()):
+        if n > MAX_ERRORS_PER_FILE:
+            more = n - MAX_ERRORS_PER_FILE
+            out.append(LoadError(file, None, None, "", f"{more} more error(s) in this file not listed"))
+    return sorted(out, key=LoadError.sort_key)
+
+
+def _parse_and_check(
+    name: str, raw: bytes, schema: str, errors: list[LoadError], parsed: dict[str, _Doc]
+) -> _Doc | None:
+    """Parse one file and check it against its schema; its problems go to ``errors``, the doc back if clean.
+    A file that parses is kept in ``parsed`` whatever its schema says (what the fleet names is known even then)."""
     doc, problems = parse_yaml(name, raw)
     errors += problems
     if doc is None:
         return None
+    parsed[name] = doc
     schema_problems = _schema_errors(doc, schema)
     errors += schema_problems
     return None if schema_problems else doc
@@ -1198,11 +1219,8 @@ def _is_sweep_file(path: str) -> bool:
     return "/" not in rest and rest.endswith(".yaml") and not rest.startswith(".")
 
 
-def _bootstrap_named(raw: bytes | None) -> tuple[bool, str | None]:
+def _bootstrap_named(doc: _Doc | None) -> tuple[bool, str | None]:
     """(fleet file readable, the bootstrap path it names), read leniently: known even when the fleet is invalid."""
-    if raw is None:
-        return False, None
-    doc, _ = parse_yaml(FLEET_FILE, raw)
     if doc is None or not isinstance(doc.data, dict):
         return False, None
     return True, _bootstrap_file(doc.data)

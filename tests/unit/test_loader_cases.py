@@ -311,3 +311,12 @@ def test_oversized_file_on_disk_is_refused_unread(tmp_path: Path) -> None:
     why = f"file is {MAX_FILE_BYTES * 4} bytes; the limit is 262144 bytes (256 KiB)"
     assert files.refused == {"desired/budget.yaml": why}
     assert [str(e) for e in load_errors(files)] == [f"desired/budget.yaml: /: {why}"]
+
+
+def test_errors_are_capped_per_file() -> None:
+    files = example_files()
+    files["desired/budget.yaml"] = b"max_total_usd: 1\n" + b"max_total_usd: 1\n" * 120
+    errors = load_errors(files)
+    assert len(errors) == 51
+    assert all("duplicate key 'max_total_usd'" in e.message for e in errors[1:])
+    assert str(errors[0]) == "desired/budget.yaml: /: 70 more error(s) in this file not listed"
