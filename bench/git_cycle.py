@@ -61,6 +61,8 @@ def setup(tmp: Path) -> tuple[Path, Path]:
     seed = tmp / "seed"
     git(tmp, "init", "--quiet", "--initial-branch=main", str(seed))
     shutil.copytree(ROOT / "desired", seed / "desired")
+    # The sweep ships code: [experiments]; the loader checks the path is in the repository.
+    shutil.copytree(ROOT / "experiments", seed / "experiments", ignore=shutil.ignore_patterns("__pycache__"))
     git(seed, "add", ".")
     git(seed, "commit", "--quiet", "-m", "desired")
     git(seed, "push", "--quiet", str(remote), "main")

@@ -15,6 +15,17 @@ Hostile input is expected, not exceptional:
   non-finite numbers and explicit tags each get their own clear error.
 - Mapping keys are always the text as written, so ``on:`` or ``no:`` stay strings.
 - A sweep whose grid expands past ``MAX_RUNS_PER_SWEEP`` is refused before expansion.
+- Control, noncharacter and bidi-control characters are found before PyYAML's reader (which would raise on most
+  of them) and named with line and column; bidi controls are printable to YAML but let a reviewer read a diff in
+  another order than rigsync does.
+- People write YAML 1.2 but PyYAML reads 1.1: the plain scalars the two read differently (``1:30``, ``010``,
+  ``0x10``, ``1_000``, ``yes``) are refused, not silently taken the 1.1 way; integers are bounded in digits.
+- Values that can never work (zero durations, a heartbeat deadline inside the wrapper's period, a sweep no named
+  GPU can hold, a ``code`` path missing from the commit, a budget without a total cap) are refused here, where the
+  author is, rather than discovered by the planner on rented boxes.
+- The reader of the tree (disk or git) bounds what it reads — size before content, depth and entry count, no
+  symlinks — and hands the loader what it refused (``TreeFiles``). Finally, ``_guard`` turns any exception nobody
+  planned for into an error of the file being read, so a user's file never becomes a traceback.
 """
 
 from __future__ import annotations
@@ -23,18 +34,20 @@ import difflib
 import hashlib
 import json
 import math
+import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+import unicodedata
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, partial
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypeVar
 
 import jsonschema
 import yaml
 
 from reconciler.errors import DesiredStateInvalid, TemplateProblem, YamlRefused
-from reconciler.expand import RUN_VARIABLES, count_runs, expand, template_variables
+from reconciler.expand import RUN_VARIABLES, count_runs, expand, parameter_name_problem, template_variables
 from reconciler.model import (
     Budget,
     Desired,
@@ -47,7 +60,8 @@ from reconciler.model import (
     Scalar,
     Sweep,
 )
-from reconciler.offers import country_code, gpu_name_problem
+from reconciler.offers import country_code, gpu_name_problem, most_gpu_ram_gib
+from reconciler.remote import HEARTBEAT_INTERVAL_S
 
 DESIRED_DIR = "desired"
 FLEET_FILE = "desired/fleet.yaml"
@@ -61,11 +75,32 @@ MAX_RUNS_TOTAL = 50_000
 MAX_SWEEP_FILES = 500
 MAX_MESSAGE = 300
 
+MAX_INT_DIGITS = 18
+MAX_DESIRED_DEPTH = 8
+MAX_DESIRED_ENTRIES = 2000
+MAX_CHARACTER_ERRORS = 10
+MAX_ERRORS_PER_FILE = 50
+# A heartbeat must be able to miss a beat or two (a busy box, a slow disk) before its run is declared lost.
+HEARTBEAT_MARGIN = 3
+
 _DURATION_RE = re.compile(r"^(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?$")
-_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+# Characters no desired/ file may hold, anywhere (comments too): C0 controls but tab, LF and CR; DEL; C1 controls;
+# the noncharacters U+FFFE/U+FFFF; and the bidirectional embeddings, overrides and isolates, which make a reviewer
+# see text in another order than rigsync reads it ("Trojan Source", CVE-2021-42574). PyYAML's reader refuses the
+# first kinds with an exception; finding them first turns them into errors with a line, a column and a name.
+_REFUSED_CHAR_RE = re.compile(
+    "[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ufffe\uffff\ud800-\udfff]"
+)
+# A value (after YAML's escapes, e.g. "\e" or "\u202e") may not carry them either, nor a carriage return.
+_VALUE_CONTROL_RE = re.compile(f"{_REFUSED_CHAR_RE.pattern}|\r")
+_C0_NAMES = (
+    *("NUL", "SOH", "STX", "ETX", "EOT", "ENQ", "ACK", "BEL", "BS", "HT", "LF", "VT", "FF", "CR", "SO", "SI"),
+    *("DLE", "DC1", "DC2", "DC3", "DC4", "NAK", "SYN", "ETB", "CAN", "EM", "SUB", "ESC", "FS", "GS", "RS", "US"),
+)
 _SECRETISH_RE = re.compile(r"(api[_-]?key|secret|token|password|passwd|private[_-]?key)", re.IGNORECASE)
 
 Path_ = tuple[str | int, ...]
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -206,6 +241,90 @@ def _tag(tag: str) -> str:
     return tag.replace("tag:yaml.org,2002:", "!!")
 
 
+_YAML12_INT_RE = re.compile(r"^[-+]?(0|[1-9][0-9]*)$")
+_YAML12_FLOAT_RE = re.compile(
+    r"^[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?$|^[-+]?\.(inf|Inf|INF)$|^\.(nan|NaN|NAN)$"
+)
+_YAML12_BOOLS = frozenset({"true", "True", "TRUE", "false", "False", "FALSE"})
+
+
+def _yaml11_problem(text: str, tag: str) -> str | None:
+    """Why a plain scalar PyYAML resolved as a YAML 1.1 number or boolean must be refused, or None.
+
+    The files are read by PyYAML (YAML 1.1) but written by people and tools who expect YAML 1.2, where
+    ``1:30``, ``010``, ``0x10``, ``1_000`` and ``yes`` are not the numbers or booleans 1.1 makes of them.
+    Only the forms both versions read the same are accepted; the others would change meaning silently.
+    """
+    if tag == "tag:yaml.org,2002:bool":
+        if text in _YAML12_BOOLS:
+            return None
+        value = "true" if text.lower() in ("yes", "on", "y") else "false"
+        return (
+            f"{text!r} is a YAML 1.1 boolean ({value}) but text in YAML 1.2: write {value}, "
+            f'or quote it ("{text}") if you mean the text'
+        )
+    if tag == "tag:yaml.org,2002:int":
+        digits = text.lstrip("+-")
+        if _YAML12_INT_RE.match(text):
+            if len(digits) > MAX_INT_DIGITS:
+                return f"integer with {len(digits)} digits is out of range (at most {MAX_INT_DIGITS} digits)"
+            return None
+        if ":" in text:
+            return _yaml11_number(text, "base-60 (sexagesimal) number", _sexagesimal(text))
+        if "_" in text:
+            return _yaml11_number(text, "number with '_' separators", text.replace("_", ""))
+        if digits[:2] in ("0x", "0X"):
+            return _yaml11_number(text, "hexadecimal number", None)
+        if digits[:2] in ("0b", "0B"):
+            return _yaml11_number(text, "binary number", None)
+        return _yaml11_number(text, "octal number (leading zero)", None)
+    if tag == "tag:yaml.org,2002:float" and not _YAML12_FLOAT_RE.match(text):
+        if ":" in text:
+            return _yaml11_number(text, "base-60 (sexagesimal) number", _sexagesimal(text))
+        return _yaml11_number(text, "number with '_' separators", text.replace("_", ""))
+    return None
+
+
+def _yaml12_number_hint(text: str) -> str:
+    """A hint for text YAML 1.2 reads as a number but PyYAML (1.1) as a string: ``1e3``, ``0o17``, ``.5E2``."""
+    if re.match(r"^[-+]?0o[0-7]+$", text):
+        return f" (YAML 1.1, which rigsync reads, takes {text} as text: write the number in decimal, {int(text, 8)})"
+    if _YAML12_FLOAT_RE.match(text) and re.search(r"[eE]", text):
+        return (
+            f" (YAML 1.1, which rigsync reads, takes {text} as text: write the number with a decimal point and a "
+            f"signed exponent, e.g. {float(text):.1e}, or in full)"
+        )
+    return ""
+
+
+def _sexagesimal(text: str) -> str | None:
+    sign = -1 if text.startswith("-") else 1
+    try:
+        total = 0.0
+        for part in text.lstrip("+-").split(":"):
+            total = total * 60 + float(part.replace("_", "") or 0)
+    except ValueError:
+        return None
+    value = sign * total
+    if not math.isfinite(value) or abs(value) >= 10**MAX_INT_DIGITS:
+        return None
+    return str(int(value)) if value == int(value) else repr(value)
+
+
+def _yaml11_number(text: str, kind: str, plain: str | None) -> str:
+    if plain is None:
+        try:
+            plain = str(int(text.replace("_", ""), 0 if text.lstrip("+-")[:2].lower() in ("0x", "0b") else 8))
+        except ValueError:
+            plain = None
+    if plain is not None and len(plain) > MAX_INT_DIGITS:
+        plain = None
+    text = text if len(text) <= 40 else text[:37] + "..."
+    reads = f" (YAML 1.1 reads it as {plain})" if plain is not None else ""
+    instead = f"write {plain} if you mean that number, or " if plain is not None else ""
+    return f"{text!r} is a YAML 1.1 {kind}{reads}, which YAML 1.2 reads differently: {instead}quote it (\"{text}\")"
+
+
 class _Builder:
     """Builds Python data from a composed node tree, recording marks and collecting problems."""
 
@@ -216,7 +335,7 @@ class _Builder:
 
     def problem(self, mark: yaml.Mark, path: Path_, message: str) -> None:
         line, col = _mark(mark)
-        self.errors.append(LoadError(self.doc.file, line, col, pointer_of(path), message))
+        self.errors.append(LoadError(self.doc.file, line, col, pointer_of(path), _short(message)))
 
     def build(self, node: yaml.Node, path: Path_) -> Any:
         self.doc.value_marks[path] = _mark(node.start_mark)
@@ -261,6 +380,11 @@ class _Builder:
         if node.tag not in _PLAIN_SCALAR_TAGS:
             self.problem(node.start_mark, path, f"explicit tag {_tag(node.tag)} is not allowed")
             return str(node.value)
+        if node.style is None:
+            problem = _yaml11_problem(str(node.value), node.tag)
+            if problem is not None:
+                self.problem(node.start_mark, path, problem)
+                return str(node.value)
         try:
             value = self.loader.construct_object(node, deep=False)
         except yaml.YAMLError as exc:
@@ -270,6 +394,44 @@ class _Builder:
             self.problem(node.start_mark, path, f"{node.value!r} is not a finite number")
             return str(node.value)
         return value
+
+
+def _character_name(char: str) -> str:
+    code = ord(char)
+    if code < 0x20:
+        return _C0_NAMES[code]
+    if code == 0x7F:
+        return "DEL"
+    if 0x80 <= code <= 0x9F:
+        return "C1 control"
+    if 0xD800 <= code <= 0xDFFF:
+        return "surrogate"
+    return unicodedata.name(char, "noncharacter")
+
+
+def _character_problems(file: str, text: str) -> list[LoadError]:
+    """One error per refused character (the first ``MAX_CHARACTER_ERRORS``), naming it and where it is."""
+    errors: list[LoadError] = []
+    for found in _REFUSED_CHAR_RE.finditer(text):
+        if len(errors) == MAX_CHARACTER_ERRORS:
+            errors.append(LoadError(file, None, None, "", "more refused characters follow; only the first are listed"))
+            break
+        char = found.group()
+        line, col = _position(text, found.start())
+        what = f"U+{ord(char):04X} {_character_name(char)}"
+        if "\u202a" <= char <= "\u202e" or "\u2066" <= char <= "\u2069":
+            message = (
+                f"bidirectional control character {what} is not allowed in desired/ files: it makes a reviewer "
+                "see the text in a different order than rigsync reads it (Trojan Source)"
+            )
+        else:
+            kind = "control character" if ord(char) <= 0x9F else "character"
+            message = (
+                f"{kind} {what} is not allowed in desired/ files, comments included (terminals and diffs hide "
+                "or act on it)"
+            )
+        errors.append(LoadError(file, line, col, "", message))
+    return errors
 
 
 def _position(text: str, index: int) -> tuple[int, int]:
@@ -284,7 +446,7 @@ def parse_yaml(file: str, raw: bytes) -> tuple[_Doc | None, list[LoadError]]:
         return None, [LoadError(file, line, col, "", _short(message))]
 
     if len(raw) > MAX_FILE_BYTES:
-        return fail(f"file is {len(raw)} bytes; the limit is {MAX_FILE_BYTES} bytes ({MAX_FILE_BYTES // 1024} KiB)")
+        return fail(too_big(len(raw)))
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -296,12 +458,16 @@ def parse_yaml(file: str, raw: bytes) -> tuple[_Doc | None, list[LoadError]]:
         indent = line_text[: len(line_text) - len(line_text.lstrip(" \t"))]
         if "\t" in indent:
             return fail("tab character in indentation; YAML indents with spaces only", number, indent.index("\t") + 1)
+    refused = _character_problems(file, text)
+    if refused:
+        return None, refused
     if not text.strip():
         return fail("file is empty; expected a mapping of keys to values", 1, 1)
-    loader = _StrictLoader(text)
+    loader: _StrictLoader | None = None
     line: int | None
     col: int | None
     try:
+        loader = _StrictLoader(text)
         try:
             node = loader.get_single_node()
         except yaml.composer.ComposerError as exc:
@@ -332,11 +498,12 @@ def parse_yaml(file: str, raw: bytes) -> tuple[_Doc | None, list[LoadError]]:
             message += f" (the construct began at line {cm.line + 1})"
         return fail(f"YAML syntax error: {message}", line, col)
     except yaml.YAMLError as exc:
-        return fail(f"YAML error: {exc}")
+        return fail(f"YAML error: {' '.join(str(exc).split())}")
     except RecursionError:
         return fail("nesting too deep")
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 # ---------------------------------------------------------------------------------------- schema errors
@@ -347,7 +514,6 @@ _FRIENDLY_PATTERNS = {
         "is not a safe name: use lowercase letters, digits, '-' and '_', start with a letter or digit, "
         "at most 63 characters"
     ),
-    "^https?://[^\\s@?#]+$": "is not a plain http(s) URL (no spaces, credentials, query or fragment)",
     "^[a-z_][a-z0-9_]{0,62}$": "is not a valid parameter name: lowercase letters, digits and '_', not starting "
     "with a digit",
 }
@@ -357,6 +523,10 @@ _FRIENDLY_PATTERNS = {
 _MOVED_OUT = {
     "/provider/api_url": "'api_url' moved out of desired/ to the controller (RIGSYNC_API_URL or --api-url): the "
     "account's API key is sent to that URL, and a pull request could point it anywhere; remove the key",
+}
+
+_WHY_REQUIRED = {
+    ("budget", "max_total_usd"): "a budget must cap total spend; without it rigsync could spend without bound",
 }
 
 
@@ -386,7 +556,9 @@ def _schema_errors(doc: _Doc, schema: str) -> list[LoadError]:
             )
             line, col = doc.where_key(path)
             target = (*path, missing) if missing is not None else path
-            out.append(LoadError(doc.file, line, col, pointer_of(target), _short(err.message)))
+            why = _WHY_REQUIRED.get((schema, str(missing)))
+            message = f"{err.message}: {why}" if why else err.message
+            out.append(LoadError(doc.file, line, col, pointer_of(target), _short(message)))
             continue
         if "propertyNames" in err.absolute_schema_path:
             key = str(err.instance)
@@ -400,6 +572,8 @@ def _schema_errors(doc: _Doc, schema: str) -> list[LoadError]:
             message = err.message
         if err.validator == "type" and isinstance(err.instance, bool) and "string" in str(err.validator_value):
             message += " (YAML reads unquoted yes/no/on/off/true/false as booleans: quote the text)"
+        if err.validator == "type" and isinstance(err.instance, str):
+            message += _yaml12_number_hint(err.instance)
         if err.validator == "type" and err.instance is None:
             message += " (an empty value is null: write the value or remove the key)"
 
@@ -467,9 +641,7 @@ def _fleet_checks(doc: _Doc, files: Mapping[str, bytes]) -> tuple[list[LoadError
                     "country name such as \"Germany\"",
                 )
             )
-    # The box's watchdog destroys a box this long after the controller's last probe: zero would end every box.
-    if "orphan_timeout" in data and parse_duration(data["orphan_timeout"]) <= 0:
-        errors.append(doc.error(("orphan_timeout",), "orphan_timeout must be longer than 0s"))
+    errors += _fleet_duration_checks(doc)
     bootstrap: tuple[str, str] | None = None
     if "bootstrap" in data:
         value = data["bootstrap"]
@@ -487,7 +659,57 @@ def _fleet_checks(doc: _Doc, files: Mapping[str, bytes]) -> tuple[list[LoadError
                     bootstrap = (target, raw.decode("utf-8"))
                 except UnicodeDecodeError:
                     errors.append(doc.error(("bootstrap",), f"bootstrap script {target} is not valid UTF-8"))
+                else:
+                    # A script is reviewed in the same diffs: the same characters would hide what it runs.
+                    hidden = _character_problems(target, bootstrap[1])
+                    errors += hidden
+                    bootstrap = None if hidden else bootstrap
     return errors, bootstrap
+
+
+# Why zero cannot work for each fleet duration; none of them documents 0 as "off" (ttl is off when omitted).
+_ZERO_FLEET_DURATION = {
+    "ttl": "every box would be destroyed as soon as it is rented; omit ttl for no limit",
+    "boot_timeout": "every box would be destroyed before it could boot",
+    "unreachable_grace": "one missed probe would destroy a box and requeue its runs",
+    "heartbeat_stale": "every run would be declared lost at once",
+    "orphan_timeout": "each box's watchdog would destroy it at once (it runs after this long without a probe)",
+    "idle_timeout": "every box would be destroyed before it could take work",
+}
+
+
+def _fleet_duration_checks(doc: _Doc) -> list[LoadError]:
+    """Fleet durations that can never work: zero, too short for the run protocol, or contradicting each other."""
+    data = doc.data
+    errors: list[LoadError] = []
+    zero = {key for key in _ZERO_FLEET_DURATION if key in data and parse_duration(data[key]) <= 0}
+    for key in sorted(zero):
+        errors.append(doc.error((key,), f"{key} must be longer than 0s: {_ZERO_FLEET_DURATION[key]}"))
+    least_stale = HEARTBEAT_MARGIN * HEARTBEAT_INTERVAL_S
+    if "heartbeat_stale" not in zero and _duration(data, "heartbeat_stale", least_stale) < least_stale:
+        errors.append(
+            doc.error(
+                ("heartbeat_stale",),
+                f"heartbeat_stale {data['heartbeat_stale']} is shorter than {least_stale}s: a run's heartbeat is "
+                f"touched every {HEARTBEAT_INTERVAL_S}s, so a healthy run would be declared lost (use at least "
+                f"{HEARTBEAT_MARGIN}x the period)",
+            )
+        )
+    # Only when both are written: with the default boot_timeout a short ttl (a test fleet's 20s) simply ends first.
+    if (
+        "ttl" in data
+        and "boot_timeout" in data
+        and not zero & {"ttl", "boot_timeout"}
+        and parse_duration(data["boot_timeout"]) >= parse_duration(data["ttl"])
+    ):
+        errors.append(
+            doc.error(
+                ("boot_timeout",),
+                f"boot_timeout {data['boot_timeout']} is not shorter than ttl {data['ttl']}: a box would reach its "
+                "ttl before it is given up as not booting",
+            )
+        )
+    return errors
 
 
 def _build_fleet(data: Mapping[str, Any], bootstrap: tuple[str, str] | None) -> Fleet:
@@ -578,7 +800,9 @@ def _build_sweep(data: Mapping[str, Any], order: int) -> Sweep:
     )
 
 
-def _sweep_checks(doc: _Doc, fleet_data: Mapping[str, Any] | None) -> list[LoadError]:
+def _sweep_checks(
+    doc: _Doc, fleet_data: Mapping[str, Any] | None, repo_paths: Container[str] | None
+) -> list[LoadError]:
     data = doc.data
     errors: list[LoadError] = []
     grid: Mapping[str, Any] = data.get("grid", {})
@@ -589,11 +813,23 @@ def _sweep_checks(doc: _Doc, fleet_data: Mapping[str, Any] | None) -> list[LoadE
                     ("grid", key), f"grid parameter '{key}' clashes with the run variable of that name", at_key=True
                 )
             )
+        elif (reserved := parameter_name_problem(key)) is not None:
+            errors.append(
+                doc.error(("grid", key), f"grid parameter '{key}' cannot be used in a command: {reserved}", at_key=True)
+            )
+    if not data["command"].strip():
+        errors.append(doc.error(("command",), "command is blank: it would run nothing"))
     for key, values in grid.items():
         for i, value in enumerate(values):
-            if isinstance(value, str) and _CONTROL_RE.search(value):
+            found = _VALUE_CONTROL_RE.search(value) if isinstance(value, str) else None
+            if found is not None:
+                char = found.group()
                 errors.append(
-                    doc.error(("grid", key, i), "control characters (NUL, escape, ...) are not allowed in values")
+                    doc.error(
+                        ("grid", key, i),
+                        f"control characters (NUL, escape, ...) are not allowed in values: this one has "
+                        f"U+{ord(char):04X} {_character_name(char)}",
+                    )
                 )
     try:
         used = template_variables(data["command"])
@@ -618,9 +854,23 @@ def _sweep_checks(doc: _Doc, fleet_data: Mapping[str, Any] | None) -> list[LoadE
                     at_key=True,
                 )
             )
+    longest = _duration(data, "max_runtime", 3600.0)
+    if longest <= 0:
+        errors.append(doc.error(("max_runtime",), "max_runtime must be longer than 0s: every run would be killed"))
+    # max_runtime is only a cap (runs may end long before it), so it may exceed ttl; a run *expected* to outlast
+    # ttl, though, can never finish: its box is destroyed ttl after it is rented, every attempt.
+    ttl = parse_duration(fleet_data["ttl"]) if fleet_data is not None and "ttl" in fleet_data else 0.0
+    if "expected_runtime" in data and fleet_data is not None and 0 < ttl <= parse_duration(data["expected_runtime"]):
+        errors.append(
+            doc.error(
+                ("expected_runtime",),
+                f"expected_runtime {data['expected_runtime']} is not shorter than the fleet's ttl {fleet_data['ttl']} "
+                f"({FLEET_FILE}): every box is destroyed ttl after it is rented, so such a run could never finish; "
+                "raise ttl",
+            )
+        )
     if "expected_runtime" in data:
         expected = parse_duration(data["expected_runtime"])
-        longest = _duration(data, "max_runtime", 3600.0)
         if expected <= 0:
             errors.append(doc.error(("expected_runtime",), "expected_runtime must be longer than 0s"))
         elif expected > longest:
@@ -632,9 +882,15 @@ def _sweep_checks(doc: _Doc, fleet_data: Mapping[str, Any] | None) -> list[LoadE
                 )
             )
     for i, path in enumerate(data.get("code", ())):
+        if path == ".":
+            continue  # the whole repository, as the schema documents
         if not _safe_relative(path):
             errors.append(
                 doc.error(("code", i), f"code path {path!r} must be relative to the repository root, without '..'")
+            )
+        elif repo_paths is not None and path not in repo_paths:
+            errors.append(
+                doc.error(("code", i), f"code path {path!r} is not in the repository: there is no such file or folder")
             )
     metrics = data.get("metrics", {})
     if ".." in PurePosixPath(metrics.get("file", "x")).parts:
@@ -661,6 +917,18 @@ def _sweep_checks(doc: _Doc, fleet_data: Mapping[str, Any] | None) -> list[LoadE
         )
     gpus = int(data.get("resources", {}).get("gpus", 1))
     if fleet_data is not None:
+        need_ram = data.get("resources", {}).get("min_gpu_ram_gib")
+        named = fleet_data.get("offers", {}).get("gpu_names", ())
+        most_ram = most_gpu_ram_gib(named)
+        if need_ram is not None and most_ram is not None and need_ram > most_ram:
+            errors.append(
+                doc.error(
+                    ("resources", "min_gpu_ram_gib"),
+                    f"a run needs {need_ram} GiB of GPU memory but no GPU model the fleet accepts has that much "
+                    f"(offers.gpu_names in {FLEET_FILE}: {', '.join(named)}; the most is {most_ram:g} GiB); it "
+                    "could never be scheduled",
+                )
+            )
         gpus_max = fleet_data.get("offers", {}).get("gpus_max")
         if gpus_max is not None and gpus > gpus_max:
             errors.append(
@@ -676,39 +944,117 @@ def _sweep_checks(doc: _Doc, fleet_data: Mapping[str, Any] | None) -> list[LoadE
 # ----------------------------------------------------------------------------------------------- public
 
 
-def read_desired_files(repo: Path) -> dict[str, bytes]:
+class TreeFiles(dict[str, bytes]):
+    """The files under desired/ in one tree (a commit, or the working tree), as a reader found them.
+
+    A plain mapping of repo-relative path to bytes, plus what only the reader knows: ``refused`` maps a path it
+    left unread to why (too big to read, a symlink, not a regular file), and ``repo_paths`` answers whether a
+    repo-relative path is a file or folder in that tree (None when the reader cannot say cheaply), which is how
+    a sweep's ``code`` paths are checked. The git adapter and ``read_desired_files`` build one; ``load_desired``
+    reads both.
+    """
+
+    def __init__(
+        self,
+        files: Mapping[str, bytes] | None = None,
+        *,
+        refused: Mapping[str, str] | None = None,
+        repo_paths: Container[str] | None = None,
+    ) -> None:
+        super().__init__(files or {})
+        self.refused: dict[str, str] = dict(refused or {})
+        self.repo_paths = repo_paths
+
+
+def symlink_refused(folder: str) -> str:
+    """The one message for a symlink inside ``folder`` (desired/), from the working tree or a git tree."""
+    return f"symlinks are not allowed in {folder.rstrip('/')}/"
+
+
+def folder_is_symlink(folder: str) -> str:
+    """The one message for ``folder`` (desired/) itself being a symlink."""
+    return f"{folder.rstrip('/')}/ is a symlink; it must be a folder in the repository"
+
+
+def too_many_entries(folder: str) -> str:
+    """The one message for a tree under ``folder`` (desired/) with more than ``MAX_DESIRED_ENTRIES`` entries."""
+    return f"{folder.rstrip('/')}/ holds more than {MAX_DESIRED_ENTRIES} entries"
+
+
+def too_deep(folder: str) -> str:
+    """The one message for folders nested past ``MAX_DESIRED_DEPTH`` levels under ``folder`` (desired/)."""
+    return f"folders nested deeper than {MAX_DESIRED_DEPTH} levels in {folder.rstrip('/')}/"
+
+
+def too_big(size: int, limit: int = MAX_FILE_BYTES) -> str:
+    """The one message for a file over the size limit (also for blobs the git adapter leaves unread)."""
+    return f"file is {size} bytes; the limit is {limit} bytes ({limit // 1024} KiB)"
+
+
+class _WorkTreePaths(Container[str]):
+    """Whether a repo-relative path exists in a working tree (file, folder or symlink)."""
+
+    def __init__(self, repo: Path) -> None:
+        self.repo = repo
+
+    def __contains__(self, path: object) -> bool:
+        return isinstance(path, str) and _safe_relative(path) and os.path.lexists(self.repo / path)
+
+
+def read_desired_files(repo: Path) -> TreeFiles:
     """Every regular file under ``repo/desired/``, keyed by repo-relative POSIX path ("desired/...").
 
-    Raises ``DesiredStateInvalid`` when desired/ is missing or holds symlinks or special files. Oversized files
-    are read only up to one byte past the limit, which is enough for the loader to refuse them.
+    Raises ``DesiredStateInvalid`` when desired/ is missing or a symlink, holds symlinks or special files, or is
+    deeper or larger than the limits. Oversized files are not read: they are listed in ``refused`` with their size.
     """
     root = repo / DESIRED_DIR
+    if root.is_symlink():
+        symlinked: list[object] = [LoadError(DESIRED_DIR, None, None, "", folder_is_symlink(DESIRED_DIR))]
+        raise DesiredStateInvalid(symlinked)
     if not root.is_dir():
         missing: list[object] = [LoadError(DESIRED_DIR, None, None, "", f"no {DESIRED_DIR}/ directory in {repo}")]
         raise DesiredStateInvalid(missing)
-    out: dict[str, bytes] = {}
+    out = TreeFiles(repo_paths=_WorkTreePaths(repo))
     errors: list[LoadError] = []
-    for path in sorted(_walk(root)):
+    for path in sorted(_walk(root, errors, repo)):
         rel = path.relative_to(repo).as_posix()
         if path.is_symlink():
-            errors.append(LoadError(rel, None, None, "", "symlinks are not allowed in desired/"))
+            errors.append(LoadError(rel, None, None, "", symlink_refused(DESIRED_DIR)))
         elif path.is_dir():
             continue
         elif not path.is_file():
             errors.append(LoadError(rel, None, None, "", "not a regular file"))
         else:
             with path.open("rb") as fh:
-                out[rel] = fh.read(MAX_FILE_BYTES + 1)
+                size = os.fstat(fh.fileno()).st_size
+                if size > MAX_FILE_BYTES:
+                    out.refused[rel] = too_big(size)
+                else:
+                    out[rel] = fh.read(MAX_FILE_BYTES + 1)
     if errors:
         raise DesiredStateInvalid([*errors])
     return out
 
 
-def _walk(root: Path) -> Iterator[Path]:
-    for entry in root.iterdir():
-        yield entry
-        if entry.is_dir() and not entry.is_symlink():
-            yield from _walk(entry)
+def _walk(root: Path, errors: list[LoadError], repo: Path) -> Iterator[Path]:
+    """Entries under ``root``, iteratively, stopping (with an error) past ``MAX_DESIRED_DEPTH`` folders deep or
+    ``MAX_DESIRED_ENTRIES`` entries: desired/ holds a handful of files, and a hostile tree must not exhaust us."""
+    stack: list[tuple[Path, int]] = [(root, 1)]
+    seen = 0
+    while stack:
+        folder, depth = stack.pop()
+        for entry in sorted(folder.iterdir()):
+            seen += 1
+            if seen > MAX_DESIRED_ENTRIES:
+                errors.append(LoadError(DESIRED_DIR, None, None, "", too_many_entries(DESIRED_DIR)))
+                return
+            yield entry
+            if entry.is_dir() and not entry.is_symlink():
+                if depth >= MAX_DESIRED_DEPTH:
+                    rel = entry.relative_to(repo).as_posix()
+                    errors.append(LoadError(rel, None, None, "", too_deep(DESIRED_DIR)))
+                    continue
+                stack.append((entry, depth + 1))
 
 
 def load_desired_from_dir(repo: Path) -> Desired:
@@ -716,45 +1062,66 @@ def load_desired_from_dir(repo: Path) -> Desired:
     return load_desired(read_desired_files(repo))
 
 
-def load_desired(files: Mapping[str, bytes], *, commit: str | None = None) -> Desired:
+def _guard(file: str, errors: list[LoadError], step: Callable[[], _T]) -> _T | None:
+    """Run one step of loading ``file``; an exception nobody planned for becomes that file's error, not a crash.
+
+    Every known way a file can fail has its own check and message; this is the belt to those braces, so a user's
+    file can never take the CLI or the daemon down with a traceback.
+    """
+    try:
+        return step()
+    except Exception as exc:  # anything at all: a bad file must not crash the loader
+        message = f"internal error reading this file: {type(exc).__name__}: {exc}"
+        errors.append(LoadError(file, None, None, "", _short(message[: MAX_MESSAGE - 20] + "; please report it")))
+        return None
+
+
+def load_desired(
+    files: Mapping[str, bytes], *, commit: str | None = None, repo_paths: Container[str] | None = None
+) -> Desired:
     """Validate the desired tree and build the model; raise ``DesiredStateInvalid`` with every problem found.
 
     ``files`` maps repo-relative paths to contents; paths outside desired/ are ignored, so a whole commit tree
-    may be passed.
+    may be passed. ``repo_paths`` says which paths exist in the repository (files and folders), to check each
+    sweep's ``code``; it defaults to what a ``TreeFiles`` knows, and when unknown that check is skipped.
     """
+    refused: dict[str, str] = {}
+    if isinstance(files, TreeFiles):
+        refused = files.refused
+        repo_paths = files.repo_paths if repo_paths is None else repo_paths
     files = {k: v for k, v in files.items() if k.startswith(DESIRED_DIR + "/")}
-    errors: list[LoadError] = []
+    errors: list[LoadError] = [LoadError(path, None, None, "", why) for path, why in refused.items()]
 
     docs: dict[str, _Doc] = {}
+    parsed: dict[str, _Doc] = {}
     sweep_files = sorted(k for k in files if k.startswith(SWEEPS_DIR) and _is_sweep_file(k))
     if len(sweep_files) > MAX_SWEEP_FILES:
         errors.append(LoadError(SWEEPS_DIR.rstrip("/"), None, None, "", f"more than {MAX_SWEEP_FILES} sweep files"))
         sweep_files = sweep_files[:MAX_SWEEP_FILES]
     for name, schema in ((FLEET_FILE, "fleet"), (BUDGET_FILE, "budget"), *((f, "sweep") for f in sweep_files)):
+        if name in refused:
+            continue
         if name not in files:
             if name != FLEET_FILE and name != BUDGET_FILE:
                 continue
             errors.append(LoadError(name, None, None, "", f"missing: {name} is required"))
             continue
-        doc, problems = parse_yaml(name, files[name])
-        errors += problems
-        if doc is None:
-            continue
-        schema_problems = _schema_errors(doc, schema)
-        errors += schema_problems
-        if not schema_problems:
+        doc = _guard(name, errors, partial(_parse_and_check, name, files[name], schema, errors, parsed))
+        if doc is not None:
             docs[name] = doc
 
     fleet_doc = docs.get(FLEET_FILE)
     bootstrap: tuple[str, str] | None = None
     if fleet_doc is not None:
-        problems, bootstrap = _fleet_checks(fleet_doc, files)
+        checked = _guard(FLEET_FILE, errors, partial(_fleet_checks, fleet_doc, files))
+        problems, bootstrap = checked if checked is not None else ([], None)
         errors += problems
-        if problems:
+        if problems or checked is None:
             fleet_doc = None
 
-    known = {FLEET_FILE, BUDGET_FILE, README_FILE, *sweep_files}
-    fleet_readable, bootstrap_named = _bootstrap_named(files.get(FLEET_FILE))
+    known = {FLEET_FILE, BUDGET_FILE, README_FILE, *sweep_files, *refused}
+    named = _guard(FLEET_FILE, [], partial(_bootstrap_named, parsed.get(FLEET_FILE)))
+    fleet_readable, bootstrap_named = named if named is not None else (False, None)
     if bootstrap_named:
         known.add(bootstrap_named)
     for name in sorted(files):
@@ -780,27 +1147,76 @@ def load_desired(files: Mapping[str, bytes], *, commit: str | None = None) -> De
         doc = docs.get(name)
         if doc is None:
             continue
-        problems = _sweep_checks(doc, fleet_data)
-        sweep_name = doc.data["name"]
-        if sweep_name in names:
-            problems.append(doc.error(("name",), f"sweep name '{sweep_name}' is already used by {names[sweep_name]}"))
-        else:
-            names[sweep_name] = name
-        errors += problems
-        if not problems:
-            sweeps.append(_build_sweep(doc.data, order))
+        sweep = _guard(name, errors, partial(_checked_sweep, doc, order, fleet_data, repo_paths, names, errors))
+        if sweep is not None:
+            sweeps.append(sweep)
 
     if not errors and sum(count_runs(s) for s in sweeps) > MAX_RUNS_TOTAL:
         errors.append(
             LoadError(SWEEPS_DIR.rstrip("/"), None, None, "", f"all sweeps together exceed {MAX_RUNS_TOTAL} runs")
         )
 
-    if errors or fleet_doc is None or BUDGET_FILE not in docs:
-        ordered: list[object] = [*sorted(errors, key=LoadError.sort_key)]
-        raise DesiredStateInvalid(ordered)
-    fleet = _build_fleet(fleet_doc.data, bootstrap)
-    budget = _build_budget(docs[BUDGET_FILE].data)
-    return Desired(fleet=fleet, budget=budget, sweeps=tuple(sweeps), runs=expand(sweeps), commit=commit)
+    desired: Desired | None = None
+    if not errors and fleet_doc is not None and BUDGET_FILE in docs:
+        fleet = _guard(FLEET_FILE, errors, partial(_build_fleet, fleet_doc.data, bootstrap))
+        budget = _guard(BUDGET_FILE, errors, partial(_build_budget, docs[BUDGET_FILE].data))
+        runs = _guard(SWEEPS_DIR.rstrip("/"), errors, partial(expand, sweeps))
+        if fleet is not None and budget is not None and runs is not None:
+            desired = Desired(fleet=fleet, budget=budget, sweeps=tuple(sweeps), runs=runs, commit=commit)
+    if desired is None:
+        if not errors:
+            errors.append(LoadError(DESIRED_DIR, None, None, "", "desired/ did not load; please report it"))
+        raise DesiredStateInvalid([*_capped(sorted(errors, key=LoadError.sort_key))])
+    return desired
+
+
+def _capped(errors: list[LoadError]) -> list[LoadError]:
+    """At most ``MAX_ERRORS_PER_FILE`` errors per file, then one saying how many more: a generated file with
+    thousands of duplicate keys must not become thousands of lines in status.yaml and every commit message."""
+    out: list[LoadError] = []
+    per_file: dict[str, int] = {}
+    for error in errors:
+        n = per_file[error.file] = per_file.get(error.file, 0) + 1
+        if n <= MAX_ERRORS_PER_FILE:
+            out.append(error)
+    for file, n in sorted(per_file.items()):
+        if n > MAX_ERRORS_PER_FILE:
+            more = n - MAX_ERRORS_PER_FILE
+            out.append(LoadError(file, None, None, "", f"{more} more error(s) in this file not listed"))
+    return sorted(out, key=LoadError.sort_key)
+
+
+def _parse_and_check(
+    name: str, raw: bytes, schema: str, errors: list[LoadError], parsed: dict[str, _Doc]
+) -> _Doc | None:
+    """Parse one file and check it against its schema; its problems go to ``errors``, the doc back if clean.
+    A file that parses is kept in ``parsed`` whatever its schema says (what the fleet names is known even then)."""
+    doc, problems = parse_yaml(name, raw)
+    errors += problems
+    if doc is None:
+        return None
+    parsed[name] = doc
+    schema_problems = _schema_errors(doc, schema)
+    errors += schema_problems
+    return None if schema_problems else doc
+
+
+def _checked_sweep(
+    doc: _Doc,
+    order: int,
+    fleet_data: Mapping[str, Any] | None,
+    repo_paths: Container[str] | None,
+    names: dict[str, str],
+    errors: list[LoadError],
+) -> Sweep | None:
+    problems = _sweep_checks(doc, fleet_data, repo_paths)
+    sweep_name = doc.data["name"]
+    if sweep_name in names:
+        problems.append(doc.error(("name",), f"sweep name '{sweep_name}' is already used by {names[sweep_name]}"))
+    else:
+        names[sweep_name] = doc.file
+    errors += problems
+    return None if problems else _build_sweep(doc.data, order)
 
 
 def _is_sweep_file(path: str) -> bool:
@@ -808,11 +1224,8 @@ def _is_sweep_file(path: str) -> bool:
     return "/" not in rest and rest.endswith(".yaml") and not rest.startswith(".")
 
 
-def _bootstrap_named(raw: bytes | None) -> tuple[bool, str | None]:
+def _bootstrap_named(doc: _Doc | None) -> tuple[bool, str | None]:
     """(fleet file readable, the bootstrap path it names), read leniently: known even when the fleet is invalid."""
-    if raw is None:
-        return False, None
-    doc, _ = parse_yaml(FLEET_FILE, raw)
     if doc is None or not isinstance(doc.data, dict):
         return False, None
     return True, _bootstrap_file(doc.data)

@@ -21,6 +21,7 @@ import json
 import math
 import shlex
 from collections.abc import Iterable, Sequence
+from functools import lru_cache
 
 from jinja2 import StrictUndefined, TemplateSyntaxError, nodes
 from jinja2.sandbox import SandboxedEnvironment
@@ -110,6 +111,25 @@ def template_variables(template: str) -> list[str]:
     for name in _check_nodes(tree):
         seen.setdefault(name, None)
     return list(seen)
+
+
+@lru_cache(maxsize=1024)
+def parameter_name_problem(name: str) -> str | None:
+    """Why a grid parameter called ``name`` cannot be substituted, or None when ``{{ name }}`` renders its value.
+
+    Decided by trying it, so every name Jinja2 reads as something else is caught, whatever it is: ``self`` is
+    the template itself, ``true``/``none`` are constants, ``not`` is an operator.
+    """
+    try:
+        if template_variables(f"{{{{ {name} }}}}") != [name]:
+            return "Jinja2 does not read it as a variable"
+        if _ENV.from_string(f"{{{{ {name} }}}}").render({name: 0}) == "0":
+            return None
+    except TemplateProblem:
+        return "Jinja2 reads it as a keyword or constant, not a variable"
+    except Exception:  # whatever Jinja2 does with the name instead, it is not substitution
+        pass
+    return "Jinja2 binds it to an object of its own (the template itself for 'self'), not the parameter's value"
 
 
 def _canonical(obj: object) -> bytes:

@@ -22,6 +22,8 @@ Semantics, decided once:
   below 1 counts as 1; a negative or NaN ``dph_max`` counts as 0. The offer's disk must hold the fleet's
   ``disk_gb``. An offer whose ``dph_total`` is not a finite non-negative number never passes.
 * ``verified: true`` accepts only verified hosts; ``false`` accepts any.
+* ``GPU_RAM_GIB`` is the most memory per GPU of each known model (its largest variant); the loader refuses a sweep
+  that needs more than every model a fleet names has, and says nothing about a model not in the table.
 """
 
 from __future__ import annotations
@@ -38,11 +40,13 @@ from reconciler.countries import ALIASES, NAMES
 from reconciler.model import Offer, OfferFilters, Ranking
 
 __all__ = [
+    "GPU_RAM_GIB",
     "KNOWN_GPU_NAMES",
     "RULES",
     "Rule",
     "country_code",
     "gpu_name_problem",
+    "most_gpu_ram_gib",
     "normalize_gpu_name",
     "offer_countries",
     "offer_passes",
@@ -72,6 +76,25 @@ KNOWN_GPU_NAMES: tuple[str, ...] = (
     "L4", "L40", "L40S", "H100 PCIE", "H100 SXM", "H100 NVL", "H200", "B200",
 )
 
+# The most memory per GPU each known model comes with, in GiB (the largest variant: A100 80, not 40). Used only to
+# refuse a sweep that asks more of every model a fleet names; a model missing here is never refused.
+GPU_RAM_GIB: dict[str, float] = {
+    "GTX 1070": 8, "GTX 1070 Ti": 8, "GTX 1080": 8, "GTX 1080 Ti": 11, "GTX 1660": 6, "GTX 1660 Ti": 6,
+    "RTX 2060": 12, "RTX 2060S": 8, "RTX 2070": 8, "RTX 2070S": 8, "RTX 2080": 8, "RTX 2080S": 8, "RTX 2080 Ti": 11,
+    "RTX 3050": 8, "RTX 3060": 12, "RTX 3060 Ti": 8, "RTX 3070": 8, "RTX 3070 Ti": 8, "RTX 3080": 12,
+    "RTX 3080 Ti": 12, "RTX 3090": 24, "RTX 3090 Ti": 24,
+    "RTX 4060": 8, "RTX 4060 Ti": 16, "RTX 4070": 12, "RTX 4070S": 12, "RTX 4070 Ti": 16, "RTX 4080": 16,
+    "RTX 4080S": 16, "RTX 4090": 24,
+    "RTX 5060 Ti": 16, "RTX 5070": 12, "RTX 5070 Ti": 16, "RTX 5080": 16, "RTX 5090": 32,
+    "RTX A2000": 12, "RTX A4000": 16, "RTX A4500": 20, "RTX A5000": 24, "RTX A6000": 48,
+    "RTX 4000Ada": 20, "RTX 5000Ada": 32, "RTX 6000Ada": 48,
+    "Q RTX 4000": 8, "Q RTX 5000": 16, "Q RTX 6000": 24, "Q RTX 8000": 48,
+    "Titan V": 12, "Titan RTX": 24, "Titan Xp": 12,
+    "Tesla K80": 12, "Tesla P4": 8, "Tesla P40": 24, "Tesla P100": 16, "Tesla T4": 16, "Tesla V100": 32,
+    "A10": 24, "A16": 16, "A30": 24, "A40": 48, "A100 PCIE": 80, "A100 SXM4": 80, "A100X": 80,
+    "L4": 24, "L40": 48, "L40S": 48, "H100 PCIE": 80, "H100 SXM": 80, "H100 NVL": 94, "H200": 141, "B200": 192,
+}
+
 _SEPARATORS = re.compile(r"[\s_]+")
 _QUERY_BREAKERS = frozenset('[],"')  # characters the vastai client's query parser cannot carry in a list value
 
@@ -83,6 +106,7 @@ def normalize_gpu_name(name: str) -> str:
 
 
 _CANONICAL_GPU = {normalize_gpu_name(n): n for n in KNOWN_GPU_NAMES}
+_GPU_RAM_BY_NAME = {normalize_gpu_name(n): ram for n, ram in GPU_RAM_GIB.items()}
 
 
 def gpu_name_problem(name: str) -> str | None:
@@ -111,6 +135,18 @@ def vast_gpu_spellings(names: Iterable[str]) -> list[str]:
             if term not in out:
                 out.append(term)
     return out
+
+
+def most_gpu_ram_gib(names: Iterable[str]) -> float | None:
+    """The most GPU memory any of ``names`` can have, in GiB; None when a name is not in ``GPU_RAM_GIB`` (or none
+    is given), since then nothing is known about it."""
+    most = 0.0
+    for name in names:
+        ram = _GPU_RAM_BY_NAME.get(normalize_gpu_name(name))
+        if ram is None:
+            return None
+        most = max(most, ram)
+    return most or None
 
 
 @lru_cache(maxsize=256)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,17 @@ from typing import Any
 import git
 from git.exc import GitCommandError, InvalidGitRepositoryError, NoSuchPathError
 
+from reconciler.desired import (
+    MAX_DESIRED_DEPTH,
+    MAX_DESIRED_ENTRIES,
+    MAX_FILE_BYTES,
+    TreeFiles,
+    folder_is_symlink,
+    symlink_refused,
+    too_big,
+    too_deep,
+    too_many_entries,
+)
 from reconciler.errors import PushRejected, RepoError
 from reconciler.model import Desired
 from reconciler.observed.codec import OBSERVED_DIR
@@ -58,6 +69,25 @@ _RACE_MARKERS = (
     "is at ",  # "... is at <sha> but expected <sha>"
     "unable to update local ref",
 )
+
+
+_SYMLINK_MODE = 0o120000
+
+
+class _TreePaths(Container[str]):
+    """Whether a repo-relative path is a file or folder in one commit's tree (looked up, never listed)."""
+
+    def __init__(self, tree: Any) -> None:
+        self.tree = tree
+
+    def __contains__(self, path: object) -> bool:
+        if not isinstance(path, str) or not path or path.startswith("/"):
+            return False
+        try:
+            self.tree / path.rstrip("/")
+        except KeyError:
+            return False
+        return True
 
 
 def _stderr(exc: GitCommandError) -> str:
@@ -204,28 +234,71 @@ class GitRepo:
         except RepoError:
             return None
 
-    def files_at(self, commit: str, prefix: str) -> dict[str, bytes]:
-        """Every blob under ``prefix`` (a directory, ending in ``/``) at ``commit``, keyed by full path."""
+    def files_at(
+        self,
+        commit: str,
+        prefix: str,
+        *,
+        max_bytes: int | None = None,
+        only: Container[str] | None = None,
+        bounded: bool = False,
+    ) -> TreeFiles:
+        """Every blob under ``prefix`` (a directory, ending in ``/``) at ``commit``, keyed by full path.
+
+        A blob over ``max_bytes`` is not read: its size comes from the object header (``git cat-file
+        --batch-check``), and it is listed in ``refused`` instead, as are symlinks and submodules, and ``prefix``
+        itself when it is a symlink. ``only``, when given, limits which paths are read. The walk is iterative;
+        ``bounded`` stops it at the loader's depth and entry limits (what desired/ may hold), saying so in
+        ``refused``.
+        """
         try:
             tree = self._repo.commit(commit).tree
         except (ValueError, GitCommandError, git.BadName) as exc:
             raise RepoError(f"no such commit {commit!r} in {self.path}") from exc
         top = prefix.rstrip("/")
+        out = TreeFiles(repo_paths=_TreePaths(tree))
         try:
             sub = tree / top
         except KeyError:
-            return {}
+            return out
         if sub.type != "tree":
-            return {}
-        out: dict[str, bytes] = {}
-        for item in sub.traverse():
-            if item.type == "blob":  # type: ignore[union-attr]
-                out[str(item.path)] = item.data_stream.read()  # type: ignore[union-attr]
-        return dict(sorted(out.items()))
+            if sub.mode == _SYMLINK_MODE:
+                out.refused[top] = folder_is_symlink(top)
+            return out
+        found: dict[str, bytes] = {}
+        stack: list[tuple[Any, int]] = [(sub, 1)]
+        seen = 0
+        while stack:
+            folder, depth = stack.pop()
+            for item in folder:
+                path = str(item.path)
+                seen += 1
+                if bounded and seen > MAX_DESIRED_ENTRIES:
+                    out.refused[top] = too_many_entries(top)
+                    stack.clear()
+                    break
+                if item.type == "tree":
+                    if bounded and depth >= MAX_DESIRED_DEPTH:
+                        out.refused[path] = too_deep(top)
+                    else:
+                        stack.append((item, depth + 1))
+                elif only is not None and path not in only:
+                    continue
+                elif item.type != "blob":
+                    out.refused[path] = "not a regular file (a submodule)"
+                elif item.mode == _SYMLINK_MODE:
+                    out.refused[path] = symlink_refused(top)
+                elif max_bytes is not None and item.size > max_bytes:
+                    out.refused[path] = too_big(item.size, max_bytes)
+                else:
+                    found[path] = item.data_stream.read()
+        out.update(sorted(found.items()))
+        return out
 
-    def desired_files(self, commit: str) -> dict[str, bytes]:
-        """Every blob under ``desired/`` at ``commit``, keys ``desired/...``."""
-        return self.files_at(commit, DESIRED_PREFIX)
+    def desired_files(self, commit: str) -> TreeFiles:
+        """Every blob under ``desired/`` at ``commit``, keys ``desired/...``, none read past the loader's size limit;
+        what the loader must refuse unread is in ``refused``, and ``repo_paths`` answers from the commit's tree."""
+        return self.files_at(commit, DESIRED_PREFIX, max_bytes=MAX_FILE_BYTES, bounded=True)
 
     def archive(self, commit: str, paths: Sequence[str]) -> bytes:
         """A tar of ``paths`` (``.`` for the whole tree) at ``commit``, as ``git archive`` makes it."""

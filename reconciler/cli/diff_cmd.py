@@ -29,6 +29,8 @@ from reconciler.observed.codec import DRIFT, FLEET, RUNS, STATUS, load_yaml
 from reconciler.render import estimate_line
 
 REQUIRED = (FLEET, RUNS, DRIFT, STATUS)
+# The snapshots rigsync writes stay far below this even at the loader's 50,000 runs; a blob past it is not read.
+MAX_OBSERVED_BYTES = 64 * 1024 * 1024
 # The diff's buckets (its JSON contract) over the one run phase: "failed" counts runs that will not run again.
 _BUCKETS = {
     RunPhase.PENDING: "pending",
@@ -78,7 +80,10 @@ def _committed(repo: Path) -> tuple[Desired, dict[str, str]]:
         head = g.head()
     except RepoError:
         raise UserError(f"{repo}: no desired/ files committed") from None  # a fresh repository without commits
-    observed = {p: b.decode("utf-8", "replace") for p, b in g.files_at(head, "observed/").items() if p in REQUIRED}
+    committed = g.files_at(head, "observed/", max_bytes=MAX_OBSERVED_BYTES, only=REQUIRED)
+    if committed.refused:
+        raise ObservedInvalid("; ".join(f"{path}: {why}" for path, why in sorted(committed.refused.items())))
+    observed = {p: b.decode("utf-8", "replace") for p, b in committed.items()}
     return g.pin(load_desired(_require_desired_files(repo, g.desired_files(head))), head), observed
 
 

@@ -62,6 +62,8 @@ def fleet_repo(tmp_path: Path) -> Path:
     repo.mkdir()
     git(repo, "init", "--quiet", "--initial-branch=main")
     shutil.copytree(ROOT / "desired", repo / "desired")
+    # The sweep ships code: [experiments]; the loader checks that path exists in the commit.
+    shutil.copytree(ROOT / "experiments", repo / "experiments", ignore=shutil.ignore_patterns("__pycache__"))
     git(repo, "add", ".")
     git(repo, "commit", "--quiet", "-m", "desired: demo fleet")
     head = git(repo, "rev-parse", "HEAD")

@@ -230,7 +230,8 @@ def test_kill_9_then_every_box_destroys_itself_and_a_restart_finishes_the_sweep(
 def test_a_hung_run_is_ended_at_ttl_by_the_watchdog(world_factory: Callable[..., World]) -> None:
     ttl_s = 20.0
     w = world_factory("t-hung", seeds="1", max_instances=1, idle_timeout="5s")
-    configure(w, {"orphan_timeout": "10m", "ttl": "20s"}, HUNG_SWEEP)
+    # boot_timeout below ttl: the loader refuses a written boot_timeout that the ttl would always beat.
+    configure(w, {"orphan_timeout": "10m", "ttl": "20s", "boot_timeout": "15s"}, HUNG_SWEEP)
     boxes = Watched(w.emu, w.name).start()
     proc, log = w.start("--interval", "1", tag="hung")
     try:

@@ -24,6 +24,8 @@ def rigsync(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     shutil.copytree(REPO / "desired", tmp_path / "desired")
+    # The example sweep ships code: [experiments]; the loader checks that the path exists.
+    shutil.copytree(REPO / "experiments", tmp_path / "experiments", ignore=shutil.ignore_patterns("__pycache__"))
     return tmp_path
 
 
@@ -95,6 +97,11 @@ HOSTILE: dict[str, bytes] = {
     "python_object": b"name: !!python/object/apply:os.system ['touch /tmp/pwned']\n",
     "unclosed": b'name: "abc\n',
     "binary": bytes(range(256)),
+    # What an adversary found crashing the loader with a traceback before issue 10:
+    "escape_in_comment": b'name: s\ncommand: "run {{ seed }}"\nseeds: [1]\n# \x1b[31mnote\n',
+    "noncharacter": 'name: s\ncommand: "run {{ seed }}"\nseeds: [1]\n# \ufffe\n'.encode(),
+    "grid_param_self": b'name: s\ncommand: "run {{ self }}"\ngrid: {self: [1]}\nseeds: [1]\n',
+    "int_past_python_limit": b'name: s\ncommand: "run {{ seed }}"\nseeds: [' + b"9" * 5000 + b"]\n",
 }
 
 
@@ -192,3 +199,29 @@ def test_demo_training_script(tmp_path: Path) -> None:
         timeout=60,
     )
     assert again.read_text() == (tmp_path / "walker-walk" / "0.001" / "3" / "metrics.jsonl").read_text()
+
+
+def test_deep_folders_under_desired_are_refused_cleanly(repo: Path) -> None:
+    deep = repo / "desired" / "sweeps"
+    made = []
+    for _ in range(1200):
+        deep = deep / "d"
+        deep.mkdir()
+        made.append(deep)
+    try:
+        result = rigsync("validate", "--repo", str(repo), "--json")
+        assert result.returncode == 1
+        errors = json.loads(result.stdout)["errors"]
+        assert [e["message"] for e in errors] == ["folders nested deeper than 8 levels in desired/"]
+        assert errors[0]["file"] == "desired/sweeps" + "/d" * 7
+    finally:
+        for folder in reversed(made):  # pytest's own (recursive) rmtree of old temp dirs would overflow on this
+            folder.rmdir()
+
+
+def test_a_symlinked_desired_is_refused_cleanly(repo: Path) -> None:
+    (repo / "desired").rename(repo / "elsewhere")
+    (repo / "desired").symlink_to("elsewhere")
+    result = rigsync("validate", "--repo", str(repo))
+    assert result.returncode == 1
+    assert "desired: /: desired/ is a symlink; it must be a folder in the repository" in result.stdout

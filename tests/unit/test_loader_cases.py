@@ -20,6 +20,7 @@ from jsonschema import Draft202012Validator
 from reconciler.desired import (
     MAX_FILE_BYTES,
     LoadError,
+    TreeFiles,
     errors_of,
     load_desired,
     load_desired_from_dir,
@@ -263,3 +264,59 @@ def test_example_files_point_editors_at_their_schema(file: str, name: str) -> No
 def test_schema_path_unknown() -> None:
     with pytest.raises(FileNotFoundError):
         schema_path("nope")
+
+
+def test_an_unexpected_exception_becomes_an_error_of_its_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The safety net: a bug below the loader is reported against the file being read, not raised."""
+    import reconciler.desired as desired_module
+
+    def broken(data: object) -> object:
+        raise KeyError("surprise")
+
+    monkeypatch.setattr(desired_module, "_build_budget", broken)
+    errors = load_errors(example_files())
+    assert [str(e) for e in errors] == [
+        "desired/budget.yaml: /: internal error reading this file: KeyError: 'surprise'; please report it"
+    ]
+
+
+def test_what_the_reader_refused_is_reported_and_repo_paths_check_code() -> None:
+    files = TreeFiles(example_files(), refused={"desired/sweeps/big.yaml": "file is 9 bytes; the limit is 8 bytes"})
+    errors = load_errors(files)
+    assert [str(e) for e in errors] == ["desired/sweeps/big.yaml: /: file is 9 bytes; the limit is 8 bytes"]
+    # Without a tree to look in, code paths are not checked; with one, they are, and the keyword wins.
+    plain = dict(example_files())
+    assert load_desired(plain).sweeps[0].code_paths == ("experiments",)
+    errors = load_errors_with(plain, repo_paths={"src"})
+    assert [e.message for e in errors] == [
+        "code path 'experiments' is not in the repository: there is no such file or folder"
+    ]
+    assert load_desired(plain, repo_paths={"experiments"}).sweeps
+
+
+def load_errors_with(files: dict[str, bytes], *, repo_paths: set[str]) -> list[LoadError]:
+    with pytest.raises(DesiredStateInvalid) as info:
+        load_desired(files, repo_paths=repo_paths)
+    return errors_of(info.value)
+
+
+def test_oversized_file_on_disk_is_refused_unread(tmp_path: Path) -> None:
+    (tmp_path / "desired" / "sweeps").mkdir(parents=True)
+    for rel, data in example_files().items():
+        (tmp_path / rel).write_bytes(data)
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "desired" / "budget.yaml").write_bytes(b"#" * (MAX_FILE_BYTES * 4))
+    files = read_desired_files(tmp_path)
+    assert "desired/budget.yaml" not in files
+    why = f"file is {MAX_FILE_BYTES * 4} bytes; the limit is 262144 bytes (256 KiB)"
+    assert files.refused == {"desired/budget.yaml": why}
+    assert [str(e) for e in load_errors(files)] == [f"desired/budget.yaml: /: {why}"]
+
+
+def test_errors_are_capped_per_file() -> None:
+    files = example_files()
+    files["desired/budget.yaml"] = b"max_total_usd: 1\n" + b"max_total_usd: 1\n" * 120
+    errors = load_errors(files)
+    assert len(errors) == 51
+    assert all("duplicate key 'max_total_usd'" in e.message for e in errors[1:])
+    assert str(errors[0]) == "desired/budget.yaml: /: 70 more error(s) in this file not listed"

@@ -395,3 +395,13 @@ def test_non_finite_limits_leave_the_query_looser_never_broken() -> None:
     q = offers.vast_query_terms(OfferFilters(cuda_min=math.nan, reliability_min=math.inf), 20)
     assert q == ["num_gpus>=1", "verified=true", "disk_space>=20"]
     assert offers.vast_query_terms(OfferFilters(dph_max=math.nan), 20)[1] == "dph<=0"
+
+
+def test_gpu_ram_table_covers_the_known_models_and_unknown_names_say_nothing() -> None:
+    from reconciler.offers import GPU_RAM_GIB, KNOWN_GPU_NAMES, most_gpu_ram_gib
+
+    assert set(GPU_RAM_GIB) == set(KNOWN_GPU_NAMES)
+    assert most_gpu_ram_gib(["rtx_3060", "RTX  2060", "Titan V"]) == 12
+    assert most_gpu_ram_gib(["A100 SXM4", "RTX 4090"]) == 80
+    assert most_gpu_ram_gib(["RTX 3060", "Some Future GPU"]) is None
+    assert most_gpu_ram_gib([]) is None

