@@ -179,17 +179,8 @@ class Box:
         """Write the box's files; keeps ``/root`` if it already exists (a stopped box restarts with its disk)."""
         (self.dir / "bin").mkdir(parents=True, exist_ok=True)
         (self.root / ".ssh").mkdir(parents=True, exist_ok=True, mode=0o700)
-        key_path = self.dir / "ssh_host_ed25519_key"
-        if not key_path.exists():
-            key = Ed25519PrivateKey.generate()
-            key_path.write_bytes(
-                key.private_bytes(
-                    serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
-                )
-            )
-            key_path.chmod(0o600)
-            pub = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-            (self.dir / "ssh_host_ed25519_key.pub").write_bytes(pub + b"\n")
+        if not (self.dir / "ssh_host_ed25519_key").exists():
+            self._new_host_key()
         self.write_keys(authorized_keys)
         smi = self.dir / "bin" / "nvidia-smi"
         smi.write_text(NVIDIA_SMI)
@@ -206,6 +197,27 @@ class Box:
         (self.dir / "onstart.sh").write_text(self.spec.onstart or "")
         self._write_sshd_config()
         self._write_wrapper()
+
+    def _new_host_key(self) -> None:
+        key_path = self.dir / "ssh_host_ed25519_key"
+        key = Ed25519PrivateKey.generate()
+        tmp = key_path.with_name(key_path.name + ".tmp")
+        pem = serialization.PrivateFormat.OpenSSH
+        tmp.write_bytes(key.private_bytes(serialization.Encoding.PEM, pem, serialization.NoEncryption()))
+        tmp.chmod(0o600)
+        os.replace(tmp, key_path)
+        pub = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        (self.dir / "ssh_host_ed25519_key.pub").write_bytes(pub + b"\n")
+
+    def rekey(self) -> None:
+        """A new SSH host key, as after a reinstall (or another machine answering at this address): sshd re-reads it.
+
+        sshd re-executes itself on SIGHUP; sessions already open stay up, new connections see the new key.
+        """
+        self._new_host_key()
+        init = self._find_init()
+        if init is not None:
+            os.kill(init, signal.SIGHUP)
 
     def write_keys(self, keys: list[str]) -> None:
         ak = self.root / ".ssh" / "authorized_keys"
