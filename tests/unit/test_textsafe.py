@@ -165,3 +165,23 @@ def test_commit_messages_are_made_visible(tmp_path: Path) -> None:
                          check=True).stdout
     assert_clean(msg)
     assert "\\x1b[31mRED" in msg and "\\u202e" in msg
+
+
+def test_observed_files_and_archive_lines_hold_escapes_not_raw_characters() -> None:
+    import json
+
+    from reconciler.archive import record_from_json, record_to_json
+    from reconciler.model import AttemptOutcome, AttemptRecord
+    from reconciler.observed.codec import dump_yaml, load_yaml
+
+    doc = {"drift": [{"detail": f"api said {HOSTILE}", "subject": "instance/1"}], "name": "ünï"}
+    text = dump_yaml(doc, "header")
+    assert_clean(text)
+    assert load_yaml(text, "observed/drift.yaml") == doc  # the same values
+    assert "ünï" in dump_yaml({"name": "ünï"}, "header")  # plain unicode is still written as it is
+
+    rec = AttemptRecord(run_id="r1", attempt=1, sweep="s", phase=AttemptOutcome.LOST, reason=f"box said {HOSTILE}",
+                        gpu_name="RTX\u202e 3090")
+    line = record_to_json(rec)
+    assert_clean(line)
+    assert json.loads(line)["reason"] == rec.reason and record_from_json(line) == rec
