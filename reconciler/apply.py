@@ -141,7 +141,6 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
     if result.lease_lost is not None:
         return result
     try:
-        ctx.fence()
         _archive_overheads(ctx, result)
     except LeaseLost as exc:
         log.error("lease lost before archiving the overheads of ended boxes: %s", exc)
@@ -158,6 +157,7 @@ def _archive_overheads(ctx: ApplyContext, result: ApplyResult) -> None:
     attempt on it is still in flight after this apply (a vanished box's attempts are requeued first, so their
     costs are in the archive before the remainder is taken).
     """
+    fenced = False
     unsettled = {f.instance_id for f in ctx.observed.in_flight if (f.run_id, f.attempt) not in result.settled}
     unsettled.update(f.instance_id for f in result.launched)
     for box in ctx.observed.spend.boxes:
@@ -183,6 +183,9 @@ def _archive_overheads(ctx: ApplyContext, result: ApplyResult) -> None:
             reason=f"box ended: billed ${billed:.6f}, {len(ran)} attempt(s) ${attempts_usd:.6f}, the rest was boot, "
             f"bootstrap and idle time{note}",
         )
+        if not fenced:  # it writes the archive: fenced like an action (only when there is something to write)
+            ctx.fence()
+            fenced = True
         result.overheads.extend(ctx.archive.append([rec]))
 
 

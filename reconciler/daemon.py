@@ -32,10 +32,10 @@ from reconciler.errors import (
     TransientError,
 )
 from reconciler.fleet import AdapterFactory, open_fleet, render_cycle, write_back
-from reconciler.lease import Lease, LocalLock, lock_path
+from reconciler.lease import Lease, LocalLock, from_yaml, lock_path
 from reconciler.loop import CycleResult, Reconciler, SystemClock, build_adapters
 from reconciler.model import Desired
-from reconciler.observed.codec import STATUS, load_yaml
+from reconciler.observed.codec import LEASE, STATUS, load_yaml
 from reconciler.observed.documents import ReconcilerStatus, status_only
 from reconciler.observed.summary import summarize_change
 from reconciler.observed.tree import read_observed
@@ -185,7 +185,7 @@ class FleetDaemon:
             if on_disk is not None and on_disk.holder != self.lease.holder:
                 raise LeaseLost(f"the fleet's lease was taken over by {on_disk.describe()}")
             files = self.lease.beat(self.clock.now())
-            if self.git.commit_observed(files, {}, "lease: heartbeat during a long apply") is not None:
+            if self.git.commit_observed(files, {}, "lease: heartbeat") is not None:
                 self.git.push(max_tries=2)
             self.lease.confirm()
         except LeaseLost:
@@ -200,6 +200,19 @@ class FleetDaemon:
             if on_disk is not None and on_disk.holder != self.lease.holder:
                 raise LeaseLost(f"the fleet's lease was taken over by {on_disk.describe()}") from exc
             log.warning("could not push the lease's heartbeat (acting on until its deadline): %s", exc)
+
+    def _lost_if_taken_over(self, exc: RigsyncError) -> None:
+        """After git refused us (a rebase conflict, a rejected push): raise ``LeaseLost`` if the remote's lease is
+        someone else's now. Reads the lease at the fetched remote tip, not the working tree (which may be mid-way)."""
+        try:
+            tip = self.git.remote_tip()
+            text = self.git.files_at(tip, "observed/").get(LEASE) if tip else None
+            remote = from_yaml(text.decode("utf-8", "replace")) if text else None
+        except RigsyncError:
+            return
+        if remote is not None and remote.holder != self.lease.holder:
+            self.lease_lost = f"the fleet's lease was taken over by {remote.describe()} ({exc})"
+            raise LeaseLost(self.lease_lost) from exc
 
     def release(self) -> None:
         if self.lease_lost is not None:  # the lease may be someone else's now: never write over it
@@ -239,7 +252,11 @@ class FleetDaemon:
 
     def cycle(self) -> DaemonCycle:
         started = self.clock.now()
-        self.git.sync_to_remote()
+        try:
+            self.git.sync_to_remote()
+        except RepoError as exc:  # our unpushed commit conflicts with the remote: a takeover's lease, perhaps
+            self._lost_if_taken_over(exc)
+            raise
         try:
             lease_files = self.lease.renew(started)
         except LeaseHeld as exc:  # taken over while we were away: ours no more
@@ -290,7 +307,11 @@ class FleetDaemon:
             self._fenced(renew=False)
         commit = write_back(self.git, rec.archive, rendered, message)
         if commit:
-            self.git.push()
+            try:
+                self.git.push()
+            except RepoError as exc:  # PushRejected included: a takeover since our fetch conflicts on the lease
+                self._lost_if_taken_over(exc)
+                raise
             self.lease.confirm()
         counts = result.plan.counts()
         return DaemonCycle(
@@ -397,6 +418,10 @@ class FleetDaemon:
                         "the new holder acts (restart to queue for the lease again)", exc
                     )
                     print(f"cycle: LEASE LOST: {exc}; stopped acting, committing nothing, exiting", flush=True)
+                    try:  # commits made while we thought we held the lease are not the fleet's record: drop them
+                        self.git.drop_unpushed()
+                    except RigsyncError as drop:
+                        log.warning("could not drop unpushed commits after losing the lease: %s", drop)
                     raise
                 except LeaseHeld:
                     raise

@@ -94,4 +94,6 @@ class SafeStream:
         self.inner.flush()
 
     def __getattr__(self, name: str) -> Any:  # isatty, fileno, encoding, buffer ...: the wrapped stream's
+        if name == "inner" or name.startswith("__"):  # not set yet (copy, pickle): no recursion through inner
+            raise AttributeError(name)
         return getattr(self.inner, name)

@@ -635,3 +635,43 @@ def test_a_holder_past_its_lease_deadline_stops_acting_and_the_taker_launches_ea
     lock = LocalLock(lock_path(w.work)).acquire()  # A's local lock is free again
     lock.release()
     w.assert_never_forced()
+
+
+def test_a_takeover_racing_our_commit_is_lease_lost_and_none_of_ours_lands(
+    world_factory: Callable[..., World],
+) -> None:
+    """Another reconciler's takeover lands between our fetch and our push: our push conflicts on the lease file,
+    the daemon sees the remote's lease is someone else's, exits with LeaseLost and drops what it committed."""
+    from reconciler.errors import LeaseLost
+    from reconciler.lease import LeaseState, to_yaml
+
+    w = world_factory("t-race", suspend=True)
+    human = w.clone("human")
+    a = w.daemon(lease_renew_s=0.2, lease_stale_s=600.0)
+    armed: list[bool] = []
+    taker: dict[str, str] = {}
+    original_push = a.git.push
+
+    def racing_push(max_tries: int = 6) -> None:
+        # A commit carrying our heartbeat: its push is the compare-and-swap that a takeover must make fail. (One
+        # without a heartbeat is guarded by the deadline instead: a legitimate taker cannot be here before it.)
+        ours = "observed/lease.yaml" in git(w.work, "show", "--name-only", "--format=", "HEAD").split()
+        if armed and not taker and ours:
+            now = time.time()
+            b = LeaseState(holder="rigsync@elsewhere:/b", host="elsewhere", pid=7, acquired_at=now, heartbeat_at=now)
+
+            def take(clone: Path) -> None:
+                (clone / "observed" / "lease.yaml").write_text(to_yaml(b))
+
+            taker["sha"] = w.human_push(human, take, "lease: taken over (another reconciler)")
+        original_push(max_tries)
+
+    a.git.push = racing_push  # type: ignore[method-assign]
+    # the conflict of our push, not a later cycle's fetch, is how it is seen: the message carries git's refusal
+    with pytest.raises(LeaseLost, match=r"taken over by rigsync@elsewhere:/b on elsewhere \(pid 7\) \(.+\)"):
+        a.run_forever(on_cycle=lambda c: armed.append(True))
+    assert taker, "no cycle after the first one pushed"
+    assert w.tip() == taker["sha"], "nothing of ours landed after the takeover"
+    assert w.remote_yaml("observed/lease.yaml")["holder"] == "rigsync@elsewhere:/b"
+    assert git(w.work, "rev-parse", "HEAD") == taker["sha"], "our unpushed commits were dropped"
+    w.assert_never_forced()
