@@ -88,7 +88,9 @@ def test_plan_and_status_text_through_the_cli_stream() -> None:
     p = Plan(actions=(Destroy(reason=f"unreachable ({HOSTILE})", code=ReasonCode.UNREACHABLE_PAST_GRACE,
                               instance_id=1),), warnings=(f"host key changed on instance/1: {HOSTILE}",))
     doc = {
-        "fleet": "lab", "dph": 0.1, "boxes": [], "runs": {"pending": 1},
+        "fleet": "lab", "dph": 0.1, "runs": {"pending": 1},
+        "boxes": [{"id": 5, "status": "running", "gpu": "1x RTX 3090", "dph": 0.1, "reachable": False,
+                   "host_key_changed": True, "runs": []}],
         "foreign": [{"id": 9, "label": HOSTILE}], "spend": {"today_usd": 0.0, "total_usd": 0.0},
         "credit_usd": None, "price": [], "budget": [],
     }
@@ -97,6 +99,7 @@ def test_plan_and_status_text_through_the_cli_stream() -> None:
         print(text, file=SafeStream(buf))  # what `rigsync plan` / `rigsync status` print goes through this
         assert_clean(buf.getvalue())
         assert "\\x1b[31m" in buf.getvalue() and "\\u202e" in buf.getvalue()
+    assert "HOST KEY CHANGED (untrusted)" in status_text(doc)
 
 
 def _fleet_dir(tmp_path: Path) -> Path:
