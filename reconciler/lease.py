@@ -26,15 +26,17 @@ commit + push takes seconds). With the defaults (stale 300 s) that is 60 s, so w
 our last pushed heartbeat; with a tiny ``--lease-stale`` the margin shrinks with it (a quarter).
 
 ``apply()`` calls the fence (``Lease.check``, through ``FleetDaemon.fence``) just before every action that
-changes the world, and the daemon calls it again before it commits the cycle's observed files: once it raises
-``LeaseLost`` the controller stops acting, commits nothing (the new holder's lease and observed files must not be
-overwritten), and exits non-zero. The daemon also *renews* the lease from inside the fence when a heartbeat is
-due (``renew_due``): fetch, refuse if someone else holds the lease, commit the lease alone and push. The push is a
-compare-and-swap on the remote branch, so a renewal racing a takeover either wins (and the taker sees a fresh
-lease) or loses with a conflict on the lease file (and we stop). So a long apply keeps its lease while it is
-alive, and loses it only by going silent. Checking the remote before every action (``git ls-remote`` per
-action) would cost a round trip per launch and still leave the same window between check and act; the deadline
-bounds that window instead.
+changes the world, and the daemon checks the deadline again before it commits the cycle's observed files (a commit
+that carries a new heartbeat needs no check: its push is itself a compare-and-swap, see below). Once the fence
+raises ``LeaseLost`` the controller stops acting, commits nothing (the new holder's lease and observed files must
+not be overwritten, nor its lease "released"), and exits non-zero. The daemon also *renews* the lease from inside
+the fence when a heartbeat is due mid-apply (``renew_due``: half ``stale_after`` since the last one pushed):
+fetch, refuse if someone else holds the lease, commit the lease alone and push. A push of the lease is a
+compare-and-swap on the remote branch (the lease file is merged as binary), so a renewal racing a takeover either
+wins (and the taker sees a fresh lease) or loses with a conflict on the lease file (and we stop). So a long apply
+keeps its lease while it is alive, and loses it only by going silent. Checking the remote before every action (a
+``git ls-remote`` or fetch per launch) would cost a round trip each and still leave a window between check and
+act; the deadline bounds that window instead.
 
 Why the next holder's first cycle is safe: it plans from the world, not from the old holder's memory — the
 provider's instance list (rented boxes carry the fleet label), the run directories on the boxes (a launch is an
@@ -286,10 +288,16 @@ class Lease:
         return fence_deadline(self.confirmed_at, self.stale_after)
 
     def renew_due(self, now: float) -> bool:
-        """A heartbeat should be pushed now: the one the remote has is ``renew_every`` old (or none is there)."""
+        """A heartbeat should be pushed *now*, between two actions of a long apply: the one the remote has is half a
+        ``stale_after`` old (and at least ``renew_every``), or none is there.
+
+        Short cycles never get here: their heartbeat (``renew``) goes in the cycle's own commit, so a long apply is
+        the only thing that adds a lease-only commit to the history.
+        """
         if self.state is None:
             return False
-        return self.confirmed_at is None or now - self.confirmed_at >= self.renew_every
+        due = max(self.renew_every, self.stale_after / 2.0)
+        return self.confirmed_at is None or now - self.confirmed_at >= due
 
     def beat(self, now: float) -> dict[str, str | None]:
         """A heartbeat at ``now`` whether due or not, as the files to commit (the daemon pushes it mid-apply)."""

@@ -151,7 +151,7 @@ def test_the_fence_counts_from_the_pushed_heartbeat_and_refuses_after_the_deadli
     a.check(T0 + 239)
     with pytest.raises(LeaseLost, match="fencing deadline passed 1s ago"):
         a.check(T0 + 241)
-    assert not a.renew_due(T0 + 59) and a.renew_due(T0 + 60)
+    assert not a.renew_due(T0 + 149) and a.renew_due(T0 + 150)  # mid-apply: half of stale_after, at least renew
     assert LEASE in a.renew(T0 + 100)  # renewed in the working tree, not pushed: the deadline stays
     with pytest.raises(LeaseLost):
         a.check(T0 + 241)
