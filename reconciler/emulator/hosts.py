@@ -144,6 +144,18 @@ def banner_ok(ip: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+def _sockets(pid: int) -> set[str]:
+    """The socket inodes a process holds open (``socket:[123]``)."""
+    out: set[str] = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:"):
+                    out.add(target)
+    return out
+
+
 def _pidns(pid: int) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/pid")
@@ -212,12 +224,21 @@ class Box:
     def rekey(self) -> None:
         """A new SSH host key, as after a reinstall (or another machine answering at this address): sshd re-reads it.
 
-        sshd re-executes itself on SIGHUP; sessions already open stay up, new connections see the new key.
+        sshd re-executes itself on SIGHUP; sessions already open stay up, new connections see the new key. Returns
+        once the re-executed sshd listens again (its listening sockets are new ones and answer with a banner).
         """
         self._new_host_key()
         init = self._find_init()
-        if init is not None:
-            os.kill(init, signal.SIGHUP)
+        if init is None:
+            return
+        before = _sockets(init)
+        os.kill(init, signal.SIGHUP)
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            now = _sockets(init)
+            if now and not (now & before) and banner_ok(self.spec.ip, self.spec.direct_port):
+                return
+            time.sleep(0.02)
 
     def write_keys(self, keys: list[str]) -> None:
         ak = self.root / ".ssh" / "authorized_keys"
