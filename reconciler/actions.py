@@ -87,6 +87,7 @@ class ReasonCode(enum.StrEnum):
     PAST_TTL = "past_ttl"
     BOOT_TIMEOUT = "boot_timeout"
     UNREACHABLE_PAST_GRACE = "unreachable_past_grace"
+    HOST_KEY_CHANGED = "host_key_changed"  # its SSH host key is not the pinned one: untrusted, destroyed at once
     BOOTSTRAP_FAILED = "bootstrap_failed"
     OVER_MAX_INSTANCES = "over_max_instances"
     SPEC_DRIFTED = "spec_drifted"  # built from another image/disk/bootstrap than the fleet now says

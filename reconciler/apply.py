@@ -35,7 +35,7 @@ from reconciler.actions import (
     Requeue,
     ShipCode,
 )
-from reconciler.errors import RemoteCommandFailed, RigsyncError
+from reconciler.errors import LeaseLost, RemoteCommandFailed, RigsyncError
 from reconciler.model import (
     AttemptOutcome,
     AttemptRecord,
@@ -47,7 +47,7 @@ from reconciler.model import (
     OverheadRecord,
     RunDirState,
 )
-from reconciler.ports import BoxControl, LaunchJob, Provider
+from reconciler.ports import BoxControl, Fence, LaunchJob, Provider, no_fence
 from reconciler.remote import watchdog_onstart
 
 log = logging.getLogger("rigsync.apply")
@@ -67,7 +67,7 @@ class Outcome:
     action: Action
     ok: bool
     detail: str = ""
-    skipped: bool = False  # not attempted because rigsync is shutting down; the next cycle plans it again
+    skipped: bool = False  # not attempted (shutting down, or the lease was lost); the next cycle plans it again
 
 
 @dataclass
@@ -79,6 +79,7 @@ class ApplyResult:
     settled: set[tuple[str, int]] = field(default_factory=set)  # attempts recorded/requeued/killed this cycle
     rented: list[int] = field(default_factory=list)
     destroyed: list[int] = field(default_factory=list)
+    lease_lost: str | None = None  # why the fence stopped this apply (the rest was skipped); None: it did not
 
     @property
     def failures(self) -> list[Outcome]:
@@ -98,15 +99,35 @@ class ApplyContext:
     code_tar: Callable[[str, tuple[str, ...]], bytes]  # (commit, paths) -> tar of those paths at that commit
     now: Callable[[], float]
     should_stop: Callable[[], bool] = lambda: False
+    fence: Fence = no_fence  # raises LeaseLost when this controller may no longer act (ports.Fence)
 
 
 def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
+    """Run ``plan``'s actions in ``APPLY_ORDER``; every outcome recorded, one failure never stops the rest.
+
+    **Fencing.** Just before each action the fence is asked whether this controller still holds the fleet's
+    lease (``ports.Fence``, ``lease.Lease.check``). Every action changes the world — a rent or destroy the
+    market, a launch, kill, bootstrap or code shipment a box, a record or requeue the archive — so each is fenced.
+    Once the fence raises ``LeaseLost`` nothing more is done: that action and the rest are skipped (``not run:
+    lease lost: ...``), the overheads of ended boxes are not archived, and ``result.lease_lost`` says why; the
+    daemon then must not commit this cycle (another controller may own the fleet now).
+    """
     result = ApplyResult()
     instances = {i.id: i for i in ctx.observed.instances}
     ordered = sorted(plan.actions, key=lambda a: (APPLY_ORDER[a.kind], a.target))
     for action in ordered:
+        if result.lease_lost is not None:
+            result.outcomes.append(Outcome(action, False, f"not run: lease lost: {result.lease_lost}", skipped=True))
+            continue
         if ctx.should_stop():
             result.outcomes.append(Outcome(action, False, "not run: shutting down", skipped=True))
+            continue
+        try:
+            ctx.fence()
+        except LeaseLost as exc:
+            log.error("lease lost before %s %s: %s; acting no more", action.kind.value, action.target, exc)
+            result.lease_lost = str(exc)
+            result.outcomes.append(Outcome(action, False, f"not run: lease lost: {exc}", skipped=True))
             continue
         try:
             detail = _execute(action, ctx, instances, result)
@@ -117,8 +138,13 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
         except Exception as exc:  # the boundary: a library's surprise fails this action, not the plan
             log.exception("%s %s failed with an unexpected %s", action.kind.value, action.target, type(exc).__name__)
             result.outcomes.append(Outcome(action, False, _error_text(exc)))
+    if result.lease_lost is not None:
+        return result
     try:
         _archive_overheads(ctx, result)
+    except LeaseLost as exc:
+        log.error("lease lost before archiving the overheads of ended boxes: %s", exc)
+        result.lease_lost = str(exc)
     except Exception as exc:  # the next cycle tries again (keyed once per box); the plan's outcomes stand
         log.warning("cannot archive the overhead of ended boxes: %s", _error_text(exc))
     return result
@@ -131,6 +157,7 @@ def _archive_overheads(ctx: ApplyContext, result: ApplyResult) -> None:
     attempt on it is still in flight after this apply (a vanished box's attempts are requeued first, so their
     costs are in the archive before the remainder is taken).
     """
+    fenced = False
     unsettled = {f.instance_id for f in ctx.observed.in_flight if (f.run_id, f.attempt) not in result.settled}
     unsettled.update(f.instance_id for f in result.launched)
     for box in ctx.observed.spend.boxes:
@@ -156,6 +183,9 @@ def _archive_overheads(ctx: ApplyContext, result: ApplyResult) -> None:
             reason=f"box ended: billed ${billed:.6f}, {len(ran)} attempt(s) ${attempts_usd:.6f}, the rest was boot, "
             f"bootstrap and idle time{note}",
         )
+        if not fenced:  # it writes the archive: fenced like an action (only when there is something to write)
+            ctx.fence()
+            fenced = True
         result.overheads.extend(ctx.archive.append([rec]))
 
 

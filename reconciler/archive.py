@@ -51,6 +51,7 @@ from reconciler.errors import ArchiveCorrupt, RepoError
 from reconciler.model import OVERHEAD_KEY, AttemptOutcome, AttemptRecord, OverheadRecord, Scalar
 from reconciler.observed.codec import RUNS_DIR
 from reconciler.observed.tree import append_lines
+from reconciler.textsafe import visible
 
 UNDATED_SHARD = "undated"
 JOURNAL_FILE = "rigsync-archive.journal"  # under the checkout's .git/
@@ -118,6 +119,12 @@ def shard_path(record: Record) -> str:
     return f"{RUNS_DIR}/{shard_name(record)}.jsonl"
 
 
+def _line(d: dict[str, Any]) -> str:
+    """Compact JSON, unicode kept, but DEL, C1 and bidi characters as ``\\u`` escapes (``textsafe.visible``): the
+    same values, and a reviewer reading the archive in a diff sees them (json already escapes the C0 controls)."""
+    return visible(json.dumps(d, separators=(",", ":"), ensure_ascii=False, allow_nan=False))
+
+
 def record_to_json(record: AttemptRecord) -> str:
     """One compact line (no newline), fields in ``FIELD_ORDER``, params as an object in grid order."""
     d: dict[str, Any] = {
@@ -142,7 +149,7 @@ def record_to_json(record: AttemptRecord) -> str:
         "best_metric": record.best_metric,
         "final_metric": record.final_metric,
     }
-    return json.dumps(d, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _line(d)
 
 
 def overhead_to_json(record: OverheadRecord) -> str:
@@ -163,7 +170,7 @@ def overhead_to_json(record: OverheadRecord) -> str:
         "started_at": record.started_at,
         "ended_at": record.ended_at,
     }
-    return json.dumps(d, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _line(d)
 
 
 def entry_to_json(record: Record) -> str:

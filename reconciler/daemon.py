@@ -22,12 +22,20 @@ from types import FrameType
 
 from reconciler.adapters.git import GitRepo
 from reconciler.desired import load_desired
-from reconciler.errors import DesiredStateInvalid, LeaseHeld, PushRejected, RepoError, RigsyncError, TransientError
+from reconciler.errors import (
+    DesiredStateInvalid,
+    LeaseHeld,
+    LeaseLost,
+    PushRejected,
+    RepoError,
+    RigsyncError,
+    TransientError,
+)
 from reconciler.fleet import AdapterFactory, open_fleet, render_cycle, write_back
-from reconciler.lease import Lease, LocalLock, lock_path
+from reconciler.lease import Lease, LocalLock, from_yaml, lock_path
 from reconciler.loop import CycleResult, Reconciler, SystemClock, build_adapters
 from reconciler.model import Desired
-from reconciler.observed.codec import STATUS, load_yaml
+from reconciler.observed.codec import LEASE, STATUS, load_yaml
 from reconciler.observed.documents import ReconcilerStatus, status_only
 from reconciler.observed.summary import summarize_change
 from reconciler.observed.tree import read_observed
@@ -119,6 +127,7 @@ class FleetDaemon:
         self.pending_lease_files: dict[str, str | None] = {}
         self.takeover_note = ""
         self._reported_invalid: str | None = None
+        self.lease_lost: str | None = None  # set once the fence fired: act no more, commit nothing, exit non-zero
 
     # ------------------------------------------------------------------------------------------ the lease
 
@@ -136,18 +145,84 @@ class FleetDaemon:
                 self.takeover_note = f" ({decision.message})"
             message = f"lease: {decision.message}"
             if self.git.commit_observed(files, {}, message) is None:
+                self.lease.confirm()
                 return decision.message
             try:
                 self.git.push(max_tries=1)
+                self.lease.confirm()
                 return decision.message
             except (PushRejected, RepoError):
                 self.git.drop_unpushed()  # someone moved the branch: decide again on what they pushed
         raise LeaseHeld("could not take the fleet's lease: the remote branch kept moving")
 
+    def fence(self) -> None:
+        """``ports.Fence``: return while this daemon may act, else raise ``LeaseLost`` (and remember it).
+
+        When a heartbeat is due it is pushed first, on its own (``_push_heartbeat``), so a long apply keeps the
+        lease while it is alive; then the deadline rule decides (``Lease.check``, explained in ``reconciler.lease``).
+        """
+        self._fenced(renew=True)
+
+    def _fenced(self, *, renew: bool) -> None:
+        if self.lease_lost is not None:
+            raise LeaseLost(self.lease_lost)
+        try:
+            if renew and self.lease.renew_due(self.clock.now()):
+                self._push_heartbeat()
+            self.lease.check(self.clock.now())
+        except LeaseLost as exc:
+            self.lease_lost = str(exc)
+            raise
+
+    def _push_heartbeat(self) -> None:
+        """Fetch, refuse if the lease is someone else's now, commit our heartbeat alone and push it (a CAS).
+
+        A failed push is not fatal by itself: the deadline still counts from the last heartbeat pushed, and the
+        next fence tries again. A lease taken over (seen after the fetch, or as the conflict of our rebase) is.
+        """
+        state = self.lease.state
+        try:
+            self.git.sync_to_remote()
+            on_disk = self.lease.read()
+            if on_disk is not None and on_disk.holder != self.lease.holder:
+                raise LeaseLost(f"the fleet's lease was taken over by {on_disk.describe()}")
+            files = self.lease.beat(self.clock.now())
+            if self.git.commit_observed(files, {}, "lease: heartbeat") is not None:
+                self.git.push(max_tries=2)
+            self.lease.confirm()
+        except LeaseLost:
+            raise
+        except RigsyncError as exc:
+            self.lease.state = state  # what the remote has; the deadline counts from it
+            try:
+                self.git.drop_unpushed()
+                on_disk = self.lease.read()
+            except RigsyncError:
+                on_disk = None
+            if on_disk is not None and on_disk.holder != self.lease.holder:
+                raise LeaseLost(f"the fleet's lease was taken over by {on_disk.describe()}") from exc
+            log.warning("could not push the lease's heartbeat (acting on until its deadline): %s", exc)
+
+    def _lost_if_taken_over(self, exc: RigsyncError) -> None:
+        """After git refused us (a rebase conflict, a rejected push): raise ``LeaseLost`` if the remote's lease is
+        someone else's now. Reads the lease at the fetched remote tip, not the working tree (which may be mid-way)."""
+        try:
+            tip = self.git.remote_tip()
+            text = self.git.files_at(tip, "observed/").get(LEASE) if tip else None
+            remote = from_yaml(text.decode("utf-8", "replace")) if text else None
+        except RigsyncError:
+            return
+        if remote is not None and remote.holder != self.lease.holder:
+            self.lease_lost = f"the fleet's lease was taken over by {remote.describe()} ({exc})"
+            raise LeaseLost(self.lease_lost) from exc
+
     def release(self) -> None:
+        if self.lease_lost is not None:  # the lease may be someone else's now: never write over it
+            self.local_lock.release()
+            return
         try:
             files = self.lease.release()
-            if self.git.commit_observed(files, {}, "lease: released") is not None:
+            if files and self.git.commit_observed(files, {}, "lease: released") is not None:
                 self.git.push()
         except RigsyncError as exc:
             log.warning("could not release the lease: %s", exc)
@@ -175,12 +250,20 @@ class FleetDaemon:
                 api_url=self.api_url,
             )
             self._fleet_key = key
+        self.reconciler.fence = self.fence
         return self.reconciler
 
     def cycle(self) -> DaemonCycle:
         started = self.clock.now()
-        self.git.sync_to_remote()
-        lease_files = self.lease.renew(started)
+        try:
+            self.git.sync_to_remote()
+        except RepoError as exc:  # our unpushed commit conflicts with the remote: a takeover's lease, perhaps
+            self._lost_if_taken_over(exc)
+            raise
+        try:
+            lease_files = self.lease.renew(started)
+        except LeaseHeld as exc:  # taken over while we were away: ours no more
+            raise LeaseLost(str(exc)) from exc
         files = self.git.desired_files("HEAD")
         desired_errors: tuple[str, ...] = ()
         desired_commit = self.git.desired_commit("HEAD")
@@ -201,6 +284,10 @@ class FleetDaemon:
         rec = self._reconciler_for(desired)
         result = rec.cycle(desired)
         applied = result.applied
+        if applied is not None and applied.lease_lost is not None:
+            self.lease_lost = applied.lease_lost
+        if self.lease_lost is not None:
+            raise LeaseLost(self.lease_lost)
         # Actions apply skipped because we were asked to stop are not failures: the next run plans them again.
         failures = applied.failure_lines() if applied else ()
         status = ReconcilerStatus(
@@ -211,13 +298,24 @@ class FleetDaemon:
             holder=self.lease.holder,
         )
         previous, documents = render_cycle(rec, desired, result.observed, result.plan, status, self.repo_dir)
-        rendered: dict[str, str | None] = {**documents, **lease_files}
+        # the lease as it stands now (a heartbeat may have been pushed mid-apply since ``lease_files`` was made)
+        rendered: dict[str, str | None] = {**documents, **(self.lease.files() if lease_files else {})}
         appended = len(applied.archived) if applied else 0
         message = summarize_change(previous, rendered, appended) + self.takeover_note
         self.takeover_note = ""
+        # The commit speaks for the fleet too: not once another reconciler may hold it. With a heartbeat in it, its
+        # push is itself the compare-and-swap (a takeover since our fetch conflicts on the lease file and nothing is
+        # pushed); without one, the deadline must still be ahead.
+        if not lease_files:
+            self._fenced(renew=False)
         commit = write_back(self.git, rec.archive, rendered, message)
         if commit:
-            self.git.push()
+            try:
+                self.git.push()
+            except RepoError as exc:  # PushRejected included: a takeover since our fetch conflicts on the lease
+                self._lost_if_taken_over(exc)
+                raise
+            self.lease.confirm()
         counts = result.plan.counts()
         return DaemonCycle(
             desired_commit=desired.commit,
@@ -248,9 +346,12 @@ class FleetDaemon:
         self, desired_commit: str, errors: tuple[str, ...], lease_files: dict[str, str | None], started: float
     ) -> DaemonCycle:
         files: dict[str, str | None] = {**status_only(desired_commit, errors), **lease_files}
+        if not lease_files:
+            self._fenced(renew=False)
         commit = self.git.commit_observed(files, {}, f"observe: desired {desired_commit[:12]} invalid, not acting")
         if commit:
             self.git.push()
+            self.lease.confirm()
         return DaemonCycle(desired_commit, False, commit, {}, 0, errors, None, self.clock.now() - started)
 
     # ------------------------------------------------------------------------------------------- forever
@@ -313,6 +414,18 @@ class FleetDaemon:
                         on_cycle(cyc)
                     backoff = 0.0
                     code = 1 if cyc.desired_errors or cyc.failures else 0
+                except LeaseLost as exc:
+                    self.lease_lost = str(exc)
+                    log.error(
+                        "LEASE LOST: %s. Stopped acting; nothing of this cycle is committed; exiting so that only "
+                        "the new holder acts (restart to queue for the lease again)", exc
+                    )
+                    print(f"cycle: LEASE LOST: {exc}; stopped acting, committing nothing, exiting", flush=True)
+                    try:  # commits made while we thought we held the lease are not the fleet's record: drop them
+                        self.git.drop_unpushed()
+                    except RigsyncError as drop:
+                        log.warning("could not drop unpushed commits after losing the lease: %s", drop)
+                    raise
                 except LeaseHeld:
                     raise
                 except Exception as exc:  # the cycle failed, the daemon does not: back off and try again

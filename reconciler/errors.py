@@ -12,6 +12,7 @@ Every concrete error that an adapter raises says which of the two it is; the ada
     │   │   ├── DesiredStateInvalid       desired/ did not validate (``errors`` lists every problem)
     │   │   ├── ObservedInvalid           a file under observed/ does not parse
     │   │   ├── LeaseHeld                 another reconciler holds the fleet
+    │   │   │   └── LeaseLost             (also PermanentError) our lease's deadline passed mid-apply: stop acting
     │   │   ├── StalePlan                 a saved plan no longer matches the world
     │   │   └── ProviderAuthError         (also ProviderPermanent) the API key is missing or rejected
     │   ├── TransientError                may succeed if tried again: back off and retry
@@ -82,6 +83,14 @@ class TransientError(RigsyncError):
 
 class PermanentError(RigsyncError):
     """Will not succeed by retrying: bad credentials, unknown object, rejected request."""
+
+
+class LeaseLost(LeaseHeld, PermanentError):
+    """The lease this reconciler held can no longer be trusted: its fencing deadline passed, or another holder took it.
+
+    Permanent for the cycle (and the process): nothing more is done to the world, nothing is committed as if the
+    lease were still held, and ``rigsync run`` exits non-zero like it does when the lease is refused at start.
+    """
 
 
 # ------------------------------------------------------------------------------------------------ provider

@@ -22,7 +22,7 @@ from reconciler.errors import UserError
 from reconciler.model import AttemptRecord, Desired, Endpoint, Fleet, FleetMemory, Observed
 from reconciler.observe import observe
 from reconciler.plan import plan
-from reconciler.ports import BoxControl, Provider, Shell
+from reconciler.ports import BoxControl, Fence, Provider, Shell, no_fence
 
 log = logging.getLogger("rigsync.loop")
 
@@ -60,6 +60,7 @@ class Reconciler:
     box_control: BoxControl | None = None  # what is done to boxes; None: the run protocol over ``shell``
     cycle_s: float = 60.0  # how often this controller decides (the daemon's --interval; a guess for one-shots)
     destroy_latency_s: float = DESTROY_LATENCY_S
+    fence: Fence = no_fence  # apply asks it before every action (the daemon's lease fence; ports.Fence)
     _last_wall_s: float = 0.0  # how long the last cycle took: the next decision comes that much later too
     _history: list[AttemptRecord] | None = None
     _endpoints: dict[int, tuple[Endpoint, ...]] = field(default_factory=dict)
@@ -129,6 +130,7 @@ class Reconciler:
             code_tar=self.code_tar,
             now=self.clock.now,
             should_stop=self.should_stop,
+            fence=self.fence,
         )
         result = apply(the_plan, ctx)
         if self._history is not None:

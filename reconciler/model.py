@@ -330,6 +330,10 @@ class BoxProbe:
     runs: tuple[RunDirState, ...] = ()
     last_activity_at: float | None = None  # newest of: boot, bootstrap done, any run start/end
     box_now: float | None = None  # the box's own clock when it answered
+    # The box answered with another SSH host key than the one pinned on first contact (``HostKeyMismatch``): it is
+    # not reachable, and not trusted either (someone may be impersonating it). Its drift class is
+    # ``host_key_changed``: destroyed at once, never sent another command.
+    host_key_changed: bool = False
 
     def on_clock(self, now: float) -> BoxProbe:
         """This probe with the box's timestamps moved onto the controller's clock (``now`` when it answered).
@@ -444,6 +448,9 @@ class InFlight:
 class DriftClass(enum.StrEnum):
     OUTBID = "outbid"  # provider stopped the box (interruptible outbid, or stopped by someone)
     UNREACHABLE = "unreachable"
+    # its SSH host key no longer matches the pinned one: destroyed at once (never reused, never sent a command),
+    # its attempts requeued as lost (they count against retries, like those of a vanished box)
+    HOST_KEY_CHANGED = "host_key_changed"
     BOOT_TIMEOUT = "boot_timeout"
     JOB_CRASHED = "job_crashed"  # wrapper gone without an exit code, or heartbeat stale
     DESTROYED_BY_HAND = "destroyed_by_hand"  # an owned box we remembered is no longer listed

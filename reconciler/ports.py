@@ -13,7 +13,7 @@ world instead, without having to interpret bash.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -125,6 +125,19 @@ class BoxControl(Protocol):
     def forget(self, box: Instance) -> None:
         """The box is gone: drop its pooled connections and pinned host keys (its address will be reused)."""
         ...
+
+
+Fence = Callable[[], None]
+"""Called by ``apply()`` just before every action that changes the world (a box, the market or the archive).
+
+Returns when this controller may still act; raises ``errors.LeaseLost`` when it may not (its lease's fencing
+deadline has passed, or another holder took the lease). The daemon's is ``FleetDaemon.fence`` over
+``lease.Lease.check``; one-shot commands that hold no lease pass a no-op. Apply knows nothing of git.
+"""
+
+
+def no_fence() -> None:
+    """The fence of a caller that holds no lease (``rigsync apply`` checks the lease once, up front)."""
 
 
 class Clock(Protocol):

@@ -85,6 +85,7 @@ def status_json(desired: Desired, observed: Observed, plan: Plan | None = None) 
             "gpu": f"{inst.num_gpus}x {inst.gpu_name}",
             "dph": inst.dph_total,
             "reachable": None if probe is None else probe.reachable,
+            "host_key_changed": probe is not None and probe.host_key_changed,
             "runs": sorted(f"{r.run_id}.{r.attempt}" for r in (probe.runs if probe else ()) if r.exit_code is None),
         }
         (mine if owns(desired.fleet.name, inst.label) else foreign).append(row)
@@ -105,6 +106,8 @@ def status_text(doc: dict[str, Any]) -> str:
     lines = [f"fleet {doc['fleet']}: {len(doc['boxes'])} box(es), ${doc['dph']:.4f}/h now"]
     for b in doc["boxes"]:
         reach = {None: "-", True: "reachable", False: "UNREACHABLE"}[b["reachable"]]
+        if b.get("host_key_changed"):
+            reach = "HOST KEY CHANGED (untrusted)"
         runs = ", ".join(b["runs"]) or "idle"
         lines.append(f"  {b['id']:>10}  {b['status']:<8} {b['gpu']:<18} ${b['dph']:.4f}/h  {reach:<11} {runs}")
     for f in doc["foreign"]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from reconciler import remote
-from reconciler.errors import LaunchLockHeld, RemoteCommandFailed, RigsyncError
+from reconciler.errors import HostKeyMismatch, LaunchLockHeld, RemoteCommandFailed, RigsyncError
 from reconciler.model import BoxProbe, Endpoint, Instance
 from reconciler.ports import CommandResult, LaunchJob, Shell
 
@@ -87,6 +87,8 @@ class ShellBoxes:
 def _probe_from(instance_id: int, result: CommandResult | Exception | None) -> BoxProbe:
     if result is None:
         return BoxProbe(instance_id=instance_id, reachable=False, error="no answer from the shell")
+    if isinstance(result, HostKeyMismatch):  # not merely unreachable: untrusted (the planner's host_key_changed)
+        return BoxProbe(instance_id=instance_id, reachable=False, error=one_line(result), host_key_changed=True)
     if isinstance(result, Exception):
         return BoxProbe(instance_id=instance_id, reachable=False, error=one_line(result))
     if result.exit_code != 0:

@@ -41,6 +41,7 @@ from reconciler.errors import PushRejected, RepoError
 from reconciler.model import Desired
 from reconciler.observed.codec import OBSERVED_DIR
 from reconciler.observed.tree import write_observed
+from reconciler.textsafe import visible
 
 OBSERVED_PREFIX = OBSERVED_DIR + "/"
 DESIRED_PREFIX = "desired/"
@@ -381,6 +382,8 @@ class GitRepo:
         except GitCommandError as exc:
             if exc.status != 1:
                 raise RepoError(f"git diff failed in {root}: {_stderr(exc)}") from exc
+        # the message names values from the world (holders, hosts, sweeps): shown to reviewers by `git log`
+        message = visible(message, block=True)
         self._run("commit", "--quiet", "--no-verify", "-m", message, "--", OBSERVED_PREFIX.rstrip("/"))
         return self.head()
 

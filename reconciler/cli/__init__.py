@@ -26,6 +26,7 @@ from reconciler.cli import (
 )
 from reconciler.emulator.errors import EmulatorError
 from reconciler.errors import RigsyncError, UserError
+from reconciler.textsafe import SafeStream
 
 SUBCOMMANDS = (validate_cmd, runs_cmd, emulator_cmd, plan_cmd, apply_cmd, status_cmd, demo_cmd, run_cmd, diff_cmd)
 
@@ -42,6 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. Everything it prints goes through ``textsafe.SafeStream``: values from desired/, the
+    provider and the boxes reach a person's terminal with their control and bidi characters made visible."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = SafeStream(out), SafeStream(err)
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout, sys.stderr = out, err
+
+
+def _main(argv: Sequence[str] | None) -> int:
     # The SSH adapter turns every paramiko failure into one line of ours (an unreachable box is an
     # observation, not a crash); paramiko's own tracebacks on stderr would only bury that.
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)

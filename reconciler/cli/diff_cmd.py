@@ -27,6 +27,7 @@ from reconciler.errors import DesiredStateInvalid, ObservedInvalid, RepoError, U
 from reconciler.model import Desired, RunPhase
 from reconciler.observed.codec import DRIFT, FLEET, RUNS, STATUS, load_yaml
 from reconciler.render import estimate_line
+from reconciler.textsafe import md_section
 
 REQUIRED = (FLEET, RUNS, DRIFT, STATUS)
 # The snapshots rigsync writes stay far below this even at the loader's 50,000 runs; a blob past it is not read.
@@ -51,6 +52,10 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("--repo", default=".", help="the fleet repository checkout (default: current directory)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
+    p.add_argument(
+        "--markdown", action="store_true",
+        help="print the text as a markdown section for a pull-request comment (a fence no value can close)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -201,6 +206,8 @@ def run(args: argparse.Namespace) -> int:
     doc = compute_diff(desired, observed, desired.commit)
     if args.json:
         print(json.dumps(doc, indent=2))
+    elif args.markdown:
+        print(md_section("rigsync: desired vs observed", _text(doc)), end="")
     else:
         print(_text(doc))
     return 0

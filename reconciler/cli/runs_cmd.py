@@ -15,7 +15,8 @@ from typing import Any
 from reconciler.desired import errors_of, load_desired_from_dir
 from reconciler.errors import DesiredStateInvalid
 from reconciler.expand import scalar_text
-from reconciler.model import RunSpec
+from reconciler.model import Desired, RunSpec
+from reconciler.textsafe import md_section
 
 
 def add_parser(subparsers: Any) -> None:
@@ -26,6 +27,10 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON list of runs")
     parser.add_argument(
         "--promotions", action="store_true", help="also list promotion candidates, with their thresholds"
+    )
+    parser.add_argument(
+        "--markdown", action="store_true",
+        help="print the list as a markdown section for a pull-request comment (a fence no value can close)",
     )
     parser.set_defaults(handler=run)
 
@@ -58,19 +63,28 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([run_json(r) for r in shown], indent=2, ensure_ascii=False))
         return 0
+    text = _text(desired, shown, len(base), 0 if args.promotions else len(candidates))
+    if args.markdown:
+        print(md_section("Runs this revision asks for", text), end="")
+    else:
+        print(text)
+    return 0
+
+
+def _text(desired: Desired, shown: list[RunSpec], base: int, unlisted: int) -> str:
+    lines: list[str] = []
     for spec in shown:
         params = " ".join(f"{k}={scalar_text(v)}" for k, v in spec.params)
         extra = f"  (promotion: best >= {spec.promotion_threshold:g})" if spec.promotion_threshold is not None else ""
         if spec.promotion_threshold is not None and spec.metric_goal.value == "min":
             extra = f"  (promotion: best <= {spec.promotion_threshold:g})"
-        print(f"{spec.id}  seed={spec.seed}  {params}{extra}".rstrip())
-        print(f"    {spec.command}")
-    print(f"{len(base)} run(s) in {len(desired.sweeps)} sweep(s)", end="")
-    if candidates and not args.promotions:
-        print(
-            f"; {len(candidates)} promotion candidate(s) not listed (they run only when a cell's best metric "
+        lines.append(f"{spec.id}  seed={spec.seed}  {params}{extra}".rstrip())
+        lines.append(f"    {spec.command}")
+    last = f"{base} run(s) in {len(desired.sweeps)} sweep(s)"
+    if unlisted:
+        last += (
+            f"; {unlisted} promotion candidate(s) not listed (they run only when a cell's best metric "
             "reaches a threshold; see --promotions)"
         )
-    else:
-        print()
-    return 0
+    lines.append(last)
+    return "\n".join(lines)

@@ -445,6 +445,12 @@ class Emulator:
             self._get(instance_id).box.hang()
             self.ledger.log("hang", instance_id)
 
+    def rekey(self, instance_id: int) -> None:
+        """The box's SSH host key changes (reinstalled, or impersonated): new connections see another key."""
+        with self._lock:
+            self._get(instance_id).box.rekey()
+            self.ledger.log("rekey", instance_id)
+
     def resume(self, instance_id: int) -> None:
         with self._lock:
             self._get(instance_id).box.resume()

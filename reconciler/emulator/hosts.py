@@ -144,6 +144,18 @@ def banner_ok(ip: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+def _sockets(pid: int) -> set[str]:
+    """The socket inodes a process holds open (``socket:[123]``)."""
+    out: set[str] = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            with contextlib.suppress(OSError):
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                if target.startswith("socket:"):
+                    out.add(target)
+    return out
+
+
 def _pidns(pid: int) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/pid")
@@ -179,17 +191,8 @@ class Box:
         """Write the box's files; keeps ``/root`` if it already exists (a stopped box restarts with its disk)."""
         (self.dir / "bin").mkdir(parents=True, exist_ok=True)
         (self.root / ".ssh").mkdir(parents=True, exist_ok=True, mode=0o700)
-        key_path = self.dir / "ssh_host_ed25519_key"
-        if not key_path.exists():
-            key = Ed25519PrivateKey.generate()
-            key_path.write_bytes(
-                key.private_bytes(
-                    serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
-                )
-            )
-            key_path.chmod(0o600)
-            pub = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
-            (self.dir / "ssh_host_ed25519_key.pub").write_bytes(pub + b"\n")
+        if not (self.dir / "ssh_host_ed25519_key").exists():
+            self._new_host_key()
         self.write_keys(authorized_keys)
         smi = self.dir / "bin" / "nvidia-smi"
         smi.write_text(NVIDIA_SMI)
@@ -206,6 +209,36 @@ class Box:
         (self.dir / "onstart.sh").write_text(self.spec.onstart or "")
         self._write_sshd_config()
         self._write_wrapper()
+
+    def _new_host_key(self) -> None:
+        key_path = self.dir / "ssh_host_ed25519_key"
+        key = Ed25519PrivateKey.generate()
+        tmp = key_path.with_name(key_path.name + ".tmp")
+        pem = serialization.PrivateFormat.OpenSSH
+        tmp.write_bytes(key.private_bytes(serialization.Encoding.PEM, pem, serialization.NoEncryption()))
+        tmp.chmod(0o600)
+        os.replace(tmp, key_path)
+        pub = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+        (self.dir / "ssh_host_ed25519_key.pub").write_bytes(pub + b"\n")
+
+    def rekey(self) -> None:
+        """A new SSH host key, as after a reinstall (or another machine answering at this address): sshd re-reads it.
+
+        sshd re-executes itself on SIGHUP; sessions already open stay up, new connections see the new key. Returns
+        once the re-executed sshd listens again (its listening sockets are new ones and answer with a banner).
+        """
+        self._new_host_key()
+        init = self._find_init()
+        if init is None:
+            return
+        before = _sockets(init)
+        os.kill(init, signal.SIGHUP)
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            now = _sockets(init)
+            if now and not (now & before) and banner_ok(self.spec.ip, self.spec.direct_port):
+                return
+            time.sleep(0.02)
 
     def write_keys(self, keys: list[str]) -> None:
         ak = self.root / ".ssh" / "authorized_keys"

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from reconciler.errors import ObservedInvalid
+from reconciler.textsafe import has_hazard
 
 OBSERVED_DIR = "observed"
 FLEET = f"{OBSERVED_DIR}/fleet.yaml"
@@ -64,8 +65,15 @@ _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def dump_yaml(data: Any, header: str) -> str:
-    """The one YAML style of observed/: a comment header, sorted keys, block style, unicode, no wrapping."""
+    """The one YAML style of observed/: a comment header, sorted keys, block style, unicode, no wrapping.
+
+    A document holding a control or bidi character (a host name, an API error, a label from the world) is written
+    with every non-ASCII character escaped instead (``"\\u202E"``): the same values, and a reviewer reading the file
+    in a diff sees the escape, not a reordered or recoloured line.
+    """
     body = yaml.safe_dump(data, sort_keys=True, default_flow_style=False, allow_unicode=True, width=10_000)
+    if has_hazard(body):
+        body = yaml.safe_dump(data, sort_keys=True, default_flow_style=False, allow_unicode=False, width=10_000)
     return f"# {header}\n# Written by rigsync; do not edit (rigsync never reads desired/ from here).\n{body}"
 
 

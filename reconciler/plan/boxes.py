@@ -83,6 +83,16 @@ def classify_boxes(world: World, seen: SeenAttempts, budget: Purse) -> tuple[Box
     d = _Destroyer(world)
     for box in world.boxes.values():
         inst, subj = box.inst, box.subject
+        if box.probe is not None and box.probe.host_key_changed:
+            # First, whatever else holds: a box answering with another host key is not trusted (it may not be our
+            # box at all). Destroyed at once through the provider, never reused, never sent a command; the attempts
+            # launched on it are requeued by settle_in_flight (it shows none: it is not probed).
+            why = box.probe.error or "host key changed"
+            reason = f"SSH host key changed since it was pinned: untrusted, destroyed and never reused ({why})"
+            d.destroy(box, ReasonCode.HOST_KEY_CHANGED, reason)
+            d.out.drift.append(Drift(DriftClass.HOST_KEY_CHANGED, subj, reason, f"destroy {subj}"))
+            d.out.warnings.append(f"host key changed on {subj}: {why}; the box is destroyed, never reused")
+            continue
         if budget.exhausted:
             d.destroy(box, ReasonCode.BUDGET_EXHAUSTED, f"budget exhausted: {budget.describe()}")
             continue

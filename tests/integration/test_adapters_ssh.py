@@ -194,3 +194,34 @@ def test_launch_over_ssh_and_see_the_run_finish(
     assert commit in probe.code_commits
     out = emulator.host_root(inst.id) / "rigsync" / "runs" / "sshrun.0" / "stdout.log"
     assert out.read_text() == "trained on 0\n"
+
+
+def test_a_box_whose_real_host_key_changed_probes_as_host_key_changed(
+    ssh_keypair: KeyPair, emulator: Emulator, tmp_path: Path
+) -> None:
+    """The box's sshd really gets a new key (the emulator rewrites it and HUPs sshd): the probe says so, apart from
+    an unreachable box, and nothing runs on the box over the refused connection."""
+    from reconciler.adapters.boxes import ShellBoxes
+
+    provider = VastProvider(api_key=emulator.api_key, server_url=emulator.url)
+    offer = provider.search_offers(OfferFilters(verified=False), disk_gb=10)[0]
+    iid = provider.create_instance(offer.id, image="img", disk_gb=10, label="rigsync:ssh:rekey", onstart="", env={})
+    try:
+        emulator.wait_running([iid])
+        box = next(i for i in provider.list_instances() if i.id == iid)
+        ep = _ep(box)
+        kh = tmp_path / "kh"
+        with SshShell(private_key=ssh_keypair.private_path, known_hosts=kh, connect_timeout=3) as s:
+            [before] = ShellBoxes(s).probe_many([box], timeout=10)
+            assert before.reachable and not before.host_key_changed
+        emulator.rekey(iid)  # returns once the re-executed sshd listens again
+        marker = emulator.host_root(iid) / "touched-after-rekey"
+        with SshShell(private_key=ssh_keypair.private_path, known_hosts=kh, connect_timeout=3) as s:
+            [after] = ShellBoxes(s).probe_many([box], timeout=10)
+            assert not after.reachable and after.host_key_changed
+            assert after.error is not None and after.error.startswith("HostKeyMismatch:")
+            with pytest.raises(HostKeyMismatch):
+                s.run(ep, "touch /root/touched-after-rekey")
+        assert not marker.exists()
+    finally:
+        provider.destroy_instance(iid)

@@ -345,3 +345,70 @@ def test_box_vanished_mid_run_is_requeued_and_finished_elsewhere(
     assert owned_alive(emulator, "itvanish") == []
     kinds = [e["type"] for e in emulator.ledger.events if e.get("instance_id") == victim["instance_id"]]
     assert "vanish" in kinds and "destroy" in kinds
+
+
+# ------------------------------------------------------------------------------ a box whose host key changed
+
+
+def test_host_key_changed_box_is_destroyed_never_trusted_and_its_run_requeued(
+    emulator: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from reconciler.actions import Destroy, ReasonCode
+
+    monkeypatch.setenv("VAST_API_KEY", emulator.api_key)
+    repo = fleet_repo(tmp_path, emulator, "itrekey", seconds=6.0)
+    desired = load_local_desired(repo)
+    rec = open_reconciler(repo, desired, str(tmp_path / "state"))
+    victim: dict[str, Any] = {}
+    after: list[CycleResult] = []
+
+    def rekey_a_busy_box(res: CycleResult) -> None:
+        if victim:
+            after.append(res)
+            return
+        for probe in res.observed.probes:
+            live = [r for r in probe.runs if r.exit_code is None and r.pid_alive]
+            if probe.reachable and live:
+                emulator.rekey(probe.instance_id)  # the real sshd now answers with another host key
+                rec.shell.close()  # open connections drop (as a reinstall would drop them): the next one sees it
+                victim.update(instance_id=probe.instance_id, run_id=live[0].run_id, attempt=live[0].attempt)
+                return
+
+    try:
+        drive(rec, desired, emulator, rekey_a_busy_box)
+    finally:
+        rec.shell.close()
+        for iid in owned_alive(emulator, "itrekey"):
+            emulator.destroy_instance(iid)
+
+    assert victim, "no run was ever seen live on a box"
+    iid = victim["instance_id"]
+    subject = f"instance/{iid}"
+    # The very next cycle saw it: host_key_changed (not merely unreachable), destroyed at once, without grace.
+    first = after[0]
+    probe = first.observed.probe(iid)
+    assert probe is not None and probe.host_key_changed and not probe.reachable
+    assert "HostKeyMismatch" in (probe.error or "")
+    assert [(d.cls, d.action) for d in first.plan.drift if d.subject == subject] == [
+        (DriftClass.HOST_KEY_CHANGED, f"destroy {subject}")
+    ]
+    destroys = [a for a in first.plan.actions if isinstance(a, Destroy) and a.instance_id == iid]
+    assert [a.code for a in destroys] == [ReasonCode.HOST_KEY_CHANGED]
+    assert first.applied is not None
+    assert [o.ok for o in first.applied.outcomes if o.action in destroys] == [True]
+    assert any(w.startswith(f"host key changed on {subject}") for w in first.plan.warnings)
+    # Nothing but the destroy was ever aimed at the box again: no launch, kill, bootstrap or code shipment.
+    for res in after:
+        for a in res.plan.actions:
+            assert getattr(a, "instance_id", None) != iid or isinstance(a, Destroy) or a.kind.value == "requeue", a
+    # Its attempt was requeued as lost and the run finished once, elsewhere.
+    records = list(RunArchive(repo).records())
+    mine = [r for r in records if r.run_id == victim["run_id"]]
+    lost = [r for r in mine if r.phase is AttemptOutcome.LOST]
+    assert [(r.attempt, r.instance_id) for r in lost] == [(victim["attempt"], iid)]
+    assert "host key changed" in lost[0].reason
+    won = [r for r in mine if r.phase is AttemptOutcome.SUCCEEDED]
+    assert len(won) == 1 and won[0].instance_id != iid
+    assert successes(records) == Counter({r.id: 1 for r in desired.runs})
+    kinds = [e["type"] for e in emulator.ledger.events if e.get("instance_id") == iid]
+    assert "rekey" in kinds and "destroy" in kinds

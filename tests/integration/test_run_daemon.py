@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -585,4 +586,94 @@ def test_sigterm_mid_action_finishes_it_and_starts_no_other(world_factory: Calla
     status = w.remote_yaml("observed/status.yaml")
     assert status["apply_errors"] == []
     assert signal.getsignal(signal.SIGTERM) is not None
+    w.assert_never_forced()
+
+
+def test_a_holder_past_its_lease_deadline_stops_acting_and_the_taker_launches_each_run_once(
+    world_factory: Callable[..., World], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Fencing: A's apply stalls (a slow code shipment) past its lease; B takes the lease over and acts; A, back,
+    does no further action (its launch is skipped, not attempted), commits nothing, and exits with LeaseLost."""
+    from reconciler.errors import LeaseLost
+
+    w = world_factory("t-fence", seeds="1", seconds=20.0)
+    other = w.clone("other")
+    a = w.daemon(lease_stale_s=6.0, lease_renew_s=1.0)
+    boxes = BoxRuns(w.emu, w.name).start()
+    taken: dict[str, Any] = {}
+    original_archive = a.git.archive
+
+    def slow_archive(commit: str, paths: Any) -> bytes:
+        data = original_archive(commit, paths)
+        if taken:
+            return data
+        # A is stuck in this action until its lease is stale; meanwhile B takes the fleet over and acts.
+        beat = _ts(w.remote_yaml("observed/lease.yaml")["heartbeat_at"])
+        wait_for("A's lease to go stale", lambda: time.time() - beat > 6.5, 20, every=0.1)
+        b = w.run_once("--lease-stale", "6", repo=other)
+        taken.update(code=b.returncode, out=b.stdout + b.stderr, tip=w.tip())
+        return data
+
+    a.git.archive = slow_archive  # type: ignore[method-assign]
+    lines: list[str] = []
+    try:
+        with caplog.at_level(logging.ERROR, logger="rigsync"), pytest.raises(LeaseLost):
+            a.run_forever(on_cycle=lambda c: lines.append(c.line()))
+    finally:
+        boxes.stop()
+
+    assert taken, f"A never shipped code: {lines}"
+    assert taken["code"] == 0, taken["out"]
+    assert "taken over" in taken["out"]
+    ids = set(run_ids_by_seed(w).values())
+    # B launched the run; A, after its deadline, launched nothing: one run directory per run, attempt 1.
+    assert boxes.run_ids() == ids
+    assert sorted(boxes.dirs()) == sorted(f"{i}.1" for i in ids)
+    skipped = [r.getMessage() for r in caplog.records if "lease lost before launch" in r.getMessage()]
+    assert skipped, [r.getMessage() for r in caplog.records]
+    # A committed nothing after B took over, and never removed B's lease.
+    assert w.tip() == taken["tip"]
+    assert w.remote_yaml("observed/lease.yaml")["holder"] == f"rigsync@{os.uname().nodename}:{other}"
+    lock = LocalLock(lock_path(w.work)).acquire()  # A's local lock is free again
+    lock.release()
+    w.assert_never_forced()
+
+
+def test_a_takeover_racing_our_commit_is_lease_lost_and_none_of_ours_lands(
+    world_factory: Callable[..., World],
+) -> None:
+    """Another reconciler's takeover lands between our fetch and our push: our push conflicts on the lease file,
+    the daemon sees the remote's lease is someone else's, exits with LeaseLost and drops what it committed."""
+    from reconciler.errors import LeaseLost
+    from reconciler.lease import LeaseState, to_yaml
+
+    w = world_factory("t-race", suspend=True)
+    human = w.clone("human")
+    a = w.daemon(lease_renew_s=0.2, lease_stale_s=600.0)
+    armed: list[bool] = []
+    taker: dict[str, str] = {}
+    original_push = a.git.push
+
+    def racing_push(max_tries: int = 6) -> None:
+        # A commit carrying our heartbeat: its push is the compare-and-swap that a takeover must make fail. (One
+        # without a heartbeat is guarded by the deadline instead: a legitimate taker cannot be here before it.)
+        ours = "observed/lease.yaml" in git(w.work, "show", "--name-only", "--format=", "HEAD").split()
+        if armed and not taker and ours:
+            now = time.time()
+            b = LeaseState(holder="rigsync@elsewhere:/b", host="elsewhere", pid=7, acquired_at=now, heartbeat_at=now)
+
+            def take(clone: Path) -> None:
+                (clone / "observed" / "lease.yaml").write_text(to_yaml(b))
+
+            taker["sha"] = w.human_push(human, take, "lease: taken over (another reconciler)")
+        original_push(max_tries)
+
+    a.git.push = racing_push  # type: ignore[method-assign]
+    # the conflict of our push, not a later cycle's fetch, is how it is seen: the message carries git's refusal
+    with pytest.raises(LeaseLost, match=r"taken over by rigsync@elsewhere:/b on elsewhere \(pid 7\) \(.+\)"):
+        a.run_forever(on_cycle=lambda c: armed.append(True))
+    assert taker, "no cycle after the first one pushed"
+    assert w.tip() == taker["sha"], "nothing of ours landed after the takeover"
+    assert w.remote_yaml("observed/lease.yaml")["holder"] == "rigsync@elsewhere:/b"
+    assert git(w.work, "rev-parse", "HEAD") == taker["sha"], "our unpushed commits were dropped"
     w.assert_never_forced()

@@ -163,6 +163,7 @@ def build_probe(d: J, now: float, inst: Instance | None, desired: Desired) -> Bo
         instance_id=int(d["instance_id"]),
         reachable=d.get("reachable", True),
         error=d.get("error"),
+        host_key_changed=bool(d.get("host_key_changed", False)),
         gpus=gpus if d.get("reachable", True) else (),
         bootstrap_hashes=tuple(d.get("bootstrap_hashes", [bh] if bh else [])),
         bootstrap_failed=tuple(d.get("bootstrap_failed", [])),

@@ -7,15 +7,21 @@ carries them out through the ``Provider`` and ``BoxControl`` ports, into which f
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from fakes import FakeArchive, FakeClock, FakeWorld, code_tar, desired_state, offer
 
 from reconciler.actions import Launch, Plan, Rent, ShipCode
 from reconciler.apply import ApplyContext, ApplyResult, apply
+from reconciler.errors import LeaseLost
+from reconciler.lease import Lease
 from reconciler.model import Desired, FleetMemory, Observed
 from reconciler.observe import observe
+from reconciler.observed.codec import LEASE
 from reconciler.plan import plan
+from reconciler.ports import Fence
 
 
 def _observe_and_plan(world: FakeWorld, desired: Desired, archive: FakeArchive) -> tuple[Observed, Plan]:
@@ -24,8 +30,8 @@ def _observe_and_plan(world: FakeWorld, desired: Desired, archive: FakeArchive) 
     return observed, plan(desired, observed, now)
 
 
-def _apply(world: FakeWorld, desired: Desired, observed: Observed, p: Plan, archive: FakeArchive) -> ApplyResult:
-    ctx = ApplyContext(
+def _ctx(world: FakeWorld, desired: Desired, observed: Observed, archive: FakeArchive) -> ApplyContext:
+    return ApplyContext(
         provider=world.provider,
         boxes=world.box_control,
         desired=desired,
@@ -34,7 +40,10 @@ def _apply(world: FakeWorld, desired: Desired, observed: Observed, p: Plan, arch
         code_tar=code_tar,
         now=world.clock.now,
     )
-    return apply(p, ctx)
+
+
+def _apply(world: FakeWorld, desired: Desired, observed: Observed, p: Plan, archive: FakeArchive) -> ApplyResult:
+    return apply(p, _ctx(world, desired, observed, archive))
 
 
 def _ready_box(desired: Desired) -> tuple[FakeWorld, FakeArchive]:
@@ -119,3 +128,77 @@ def test_keyboard_interrupt_is_not_an_action_failure() -> None:
     world.fail_next("launch", KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
         _apply(world, desired, observed, p, archive)
+
+
+# ------------------------------------------------------------------------------------------------ fencing
+
+
+def _lease_fence(world: FakeWorld, lease_dir: Path, *, stale_after: float, action_s: float) -> tuple[Lease, Fence]:
+    """Holder A's lease, acquired now and never renewed; each fenced action takes ``action_s`` of the world's time."""
+    lease = Lease(lease_dir, holder="a", host="hostA", pid=1, stale_after=stale_after, renew_every=10_000)
+    _, files = lease.acquire(world.clock.now())
+    (lease_dir / LEASE).parent.mkdir(parents=True, exist_ok=True)
+    (lease_dir / LEASE).write_text(files[LEASE] or "")
+    lease.confirm()  # as if pushed
+
+    def fence() -> None:
+        lease.check(world.clock.now())
+        world.clock.advance(action_s)  # the action about to run takes this long
+
+    return lease, fence
+
+
+def test_the_fence_stops_apply_at_the_deadline_and_the_rest_is_skipped(tmp_path: Path) -> None:
+    desired = desired_state(2, max_instances=1)
+    world, archive = _ready_box(desired)
+    observed, p = _observe_and_plan(world, desired, archive)
+    assert [type(a) for a in p.actions] == [ShipCode, Launch, Launch]
+    # stale after 100 s, margin 25 s: A may act until 75 s after its heartbeat; each action takes 40 s.
+    lease, fence = _lease_fence(world, tmp_path, stale_after=100.0, action_s=40.0)
+    assert lease.deadline() == world.clock.now() + 75.0
+
+    result = apply(p, replace(_ctx(world, desired, observed, archive), fence=fence))
+
+    assert [o.ok for o in result.outcomes] == [True, True, False]
+    last = result.outcomes[-1]
+    assert last.skipped and last.detail.startswith("not run: lease lost: the lease's fencing deadline passed")
+    assert result.lease_lost is not None and result.failures == []  # skipped, not failed
+    assert [c for c in world.calls if c.startswith("launch")] == [f"launch {last.action.target.split('@')[1]} "
+                                                                   f"{result.launched[0].run_id}.1"]
+    assert len(world.live_runs()) == 1
+
+
+def test_holder_a_lost_mid_apply_holder_b_takes_over_and_no_run_is_launched_twice(tmp_path: Path) -> None:
+    desired = desired_state(4, max_instances=1)
+    world = FakeWorld([offer(1, gpus=4)], clock=FakeClock(), boot_s=10.0)
+    archive = FakeArchive()
+    observed, p = _observe_and_plan(world, desired, archive)
+    assert _apply(world, desired, observed, p, archive).failures == []
+    world.clock.advance(11.0)
+
+    # A plans 4 launches, then its apply is slow (25 s an action): its lease (stale after 100 s, so it may act
+    # until 75 s) runs out after shipping the code and 2 launches.
+    observed, p = _observe_and_plan(world, desired, archive)
+    assert sum(isinstance(a, Launch) for a in p.actions) == 4
+    a_lease, fence = _lease_fence(world, tmp_path, stale_after=100.0, action_s=25.0)
+    a_result = apply(p, replace(_ctx(world, desired, observed, archive), fence=fence))
+    assert a_result.lease_lost is not None and len(a_result.launched) == 2
+    assert sum(o.skipped for o in a_result.outcomes) == 2
+
+    # A acts no more. B takes the lease over once it is stale, and plans from the world alone: no memory of
+    # what A launched this cycle (A committed nothing), the same archive in git.
+    world.clock.advance(100.0)
+    b_lease = Lease(tmp_path, holder="b", host="hostB", pid=2, stale_after=100.0)
+    decision, _ = b_lease.acquire(world.clock.now())
+    assert decision.takeover
+    with pytest.raises(LeaseLost):
+        a_lease.check(world.clock.now())
+    observed, p = _observe_and_plan(world, desired, archive)
+    b_launches = [a for a in p.actions if isinstance(a, Launch)]
+    assert {a.run_id for a in b_launches}.isdisjoint({f.run_id for f in a_result.launched})
+    b_result = _apply(world, desired, observed, p, archive)
+    assert b_result.failures == []
+
+    launched = [c.split()[2] for c in world.calls if c.startswith("launch")]
+    assert len(launched) == 4 and len(set(launched)) == 4  # every run once, each as attempt 1
+    assert {run.run_id for _, run in world.live_runs()} == {r.id for r in desired.runs}

@@ -11,8 +11,18 @@ import jsonschema
 import pytest
 import yaml
 
-from reconciler.errors import LeaseHeld, ObservedInvalid
-from reconciler.lease import Lease, LeaseState, LocalLock, acquire, from_yaml, renew, to_yaml
+from reconciler.errors import LeaseHeld, LeaseLost, ObservedInvalid
+from reconciler.lease import (
+    Lease,
+    LeaseState,
+    LocalLock,
+    acquire,
+    fence_deadline,
+    fence_margin,
+    from_yaml,
+    renew,
+    to_yaml,
+)
 from reconciler.observed.codec import LEASE
 from reconciler.observed.summary import summarize_change
 
@@ -121,3 +131,40 @@ def test_local_lock_refuses_a_second_holder(tmp_path: Path) -> None:
     assert not lock.held
     proc = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_fencing_deadline_is_the_takeover_time_less_a_margin() -> None:
+    assert fence_margin(300) == 60 and fence_margin(40) == 10  # min(60 s, a quarter of stale_after)
+    assert fence_deadline(T0, 300) == T0 + 240
+    assert fence_deadline(T0, 40) == T0 + 30
+
+
+def test_the_fence_counts_from_the_pushed_heartbeat_and_refuses_after_the_deadline(tmp_path: Path) -> None:
+    a = Lease(tmp_path, holder="a", host="hostA", pid=1, stale_after=300, renew_every=60)
+    with pytest.raises(LeaseLost, match="no lease of ours"):
+        a.check(T0)
+    _, files = a.acquire(T0)
+    with pytest.raises(LeaseLost):  # written, not yet pushed: nobody else has seen it
+        a.check(T0)
+    write(tmp_path, files)
+    a.confirm()
+    a.check(T0 + 239)
+    with pytest.raises(LeaseLost, match="fencing deadline passed 1s ago"):
+        a.check(T0 + 241)
+    assert not a.renew_due(T0 + 149) and a.renew_due(T0 + 150)  # mid-apply: half of stale_after, at least renew
+    assert LEASE in a.renew(T0 + 100)  # renewed in the working tree, not pushed: the deadline stays
+    with pytest.raises(LeaseLost):
+        a.check(T0 + 241)
+    a.confirm()  # pushed
+    a.check(T0 + 339)
+    beat = a.beat(T0 + 200)
+    assert a.state is not None and a.state.heartbeat_at == T0 + 200 and LEASE in beat
+
+
+def test_release_never_removes_a_lease_someone_else_took_over(tmp_path: Path) -> None:
+    a = Lease(tmp_path, holder="a", host="hostA", pid=1, stale_after=300, renew_every=60)
+    write(tmp_path, a.acquire(T0)[1])
+    b = Lease(tmp_path, holder="b", host="hostB", pid=2, stale_after=300, renew_every=60)
+    write(tmp_path, b.acquire(T0 + 400)[1])
+    assert a.release() == {}
+    assert b.release() == {LEASE: None}

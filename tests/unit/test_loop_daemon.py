@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from reconciler.daemon import DaemonConfig, DaemonCycle, FleetDaemon
-from reconciler.errors import HostUnreachable
+from reconciler.errors import HostUnreachable, LeaseLost
 
 
 def _daemon(script: list[Callable[[], DaemonCycle]]) -> tuple[FleetDaemon, list[str]]:
@@ -81,3 +81,18 @@ def test_once_reports_a_failed_cycle() -> None:
     d.local_lock = type("Lock", (), {"release": lambda self: events.append("unlocked")})()
     assert d.run_forever(once=True) == 1
     assert events == ["cycle", "unlocked"]
+
+
+def test_a_lost_lease_ends_the_daemon_loudly_without_retrying_or_writing_the_lease(
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    d, events = _daemon([_raise(LeaseLost("the lease's fencing deadline passed 3s ago"))])
+    d.lease_lost = None
+    d.git = type("Git", (), {"drop_unpushed": lambda self: events.append("dropped unpushed") or "tip"})()
+    d.local_lock = type("Lock", (), {"release": lambda self: events.append("unlocked")})()
+    del d.release  # the real release: it must not touch the lease once it is lost (it may be someone else's)
+    with caplog.at_level(logging.ERROR, logger="rigsync.run"), pytest.raises(LeaseLost):
+        d.run_forever()
+    assert events == ["cycle", "dropped unpushed", "watch stopped", "unlocked"]  # one cycle: no retry, no commit
+    assert "cycle: LEASE LOST: the lease's fencing deadline passed 3s ago" in capsys.readouterr().out
+    assert any("LEASE LOST" in r.getMessage() for r in caplog.records)
