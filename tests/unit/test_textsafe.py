@@ -106,6 +106,8 @@ def _fleet_dir(tmp_path: Path) -> Path:
     repo = tmp_path / "fleet"
     shutil.copytree(ROOT / "desired", repo / "desired")
     shutil.copytree(ROOT / "observed", repo / "observed")
+    # the example sweep ships code: [experiments]; the loader checks that the path exists
+    shutil.copytree(ROOT / "experiments", repo / "experiments", ignore=shutil.ignore_patterns("__pycache__"))
     return repo
 
 
