@@ -358,7 +358,7 @@ def test_host_key_changed_box_is_destroyed_never_trusted_and_its_run_requeued(
     monkeypatch.setenv("VAST_API_KEY", emulator.api_key)
     repo = fleet_repo(tmp_path, emulator, "itrekey", seconds=6.0)
     desired = load_local_desired(repo)
-    rec = open_reconciler(repo, desired, str(tmp_path / "state"))
+    rec = open_reconciler(repo, desired, str(tmp_path / "state"), emulator.url)
     victim: dict[str, Any] = {}
     after: list[CycleResult] = []
 
