@@ -36,6 +36,7 @@ from reconciler.actions import (
     ShipCode,
 )
 from reconciler.errors import RemoteCommandFailed, RigsyncError
+from reconciler.failpoints import failpoint
 from reconciler.model import (
     AttemptOutcome,
     AttemptRecord,
@@ -185,6 +186,7 @@ def _execute(action: Action, ctx: ApplyContext, instances: dict[int, Instance], 
             action.offer_id, image=action.image, disk_gb=action.disk_gb, label=action.label, onstart=onstart, env={}
         )
         result.rented.append(new_id)
+        failpoint("apply.rent.after")
         return f"instance {new_id}"
     if isinstance(action, Destroy):
         ctx.provider.destroy_instance(action.instance_id)
