@@ -110,6 +110,7 @@ KILL_POINTS = {
     "kill_push_after": "git.push.after",
     "kill_rebase_before": "git.rebase.before",
     "kill_rebase_after": "git.rebase.after",
+    "kill_launch_hang": "boxes.launch.locked",
 }
 DAEMON_KINDS = (*KILL_POINTS, "kill_random", "second_daemon", "lease_expiry")
 KINDS = (*BOX_KINDS, *API_KINDS, *BOOT_KINDS, *DAEMON_KINDS, "human_push")
@@ -146,7 +147,7 @@ def git(cwd: Path, *args: str, check: bool = True) -> str:
     proc = subprocess.run(["git", *args], cwd=cwd, env={**os.environ, **HUMAN}, capture_output=True, text=True,
                           check=False, timeout=60)
     if check and proc.returncode != 0:
-        raise RuntimeError(f"git {' '.join(args)} failed in {cwd}: {proc.stderr.strip()}")
+        raise RuntimeError(f"git {' '.join(args)} failed in {cwd}: {(proc.stderr + proc.stdout).strip()}")
     return proc.stdout.strip()
 
 
@@ -429,7 +430,8 @@ class Schedule:
                 with open(self.human / "README.md", "a") as fh:
                     fh.write(f"\nnote {time.time():.3f}\n")
                 msg = "README: a note"
-            git(self.human, "commit", "-q", "-am", msg)
+            git(self.human, "add", "-A")
+            git(self.human, "commit", "-q", "-m", msg)
             proc = subprocess.run(["git", "push", "-q", "origin", "HEAD:main"], cwd=self.human,
                                   env={**os.environ, **HUMAN}, capture_output=True, check=False)
             if proc.returncode == 0:
@@ -593,7 +595,7 @@ class Schedule:
 
         def arm(fp: str) -> None:
             self.kill(self.main)
-            hits = 1 if fp != "boxes.launch.locked" else self.rng.randint(1, 2)
+            hits = self.rng.randint(1, 2) if kind == "kill_launch" else 1
             self.main = self.start(checkout, author, failpoint=f"{fp}:{hits}")
             state["proc"], state["t"] = self.main, time.time()
 
@@ -605,7 +607,10 @@ class Schedule:
             fp = (p.failpoint or "").split(":")[0]
             rc = p.popen.poll()
             if rc == -signal.SIGKILL:
-                self.record(Fault(kind if fp == point else "kill_push_before", time.time(), detail=f"at {fp}"))
+                f = Fault(kind if fp == point else "kill_push_before", time.time(), detail=f"at {fp}")
+                if kind == "kill_launch_hang":
+                    self.hang_fresh_launch(f, state["t"])
+                self.record(f)
                 stages.pop(0)
                 if stages:
                     self.human_push(False)
@@ -623,6 +628,23 @@ class Schedule:
             return False
 
         self._begin(step)
+
+    def hang_fresh_launch(self, f: Fault, since: float) -> None:
+        """The box of the attempt launched just before the kill hangs before any controller sees it again."""
+        self.scanner.scan()
+        with self.scanner.lock:
+            fresh = [(info.first_seen, iid, name) for (iid, name), info in self.scanner.seen.items()
+                     if info.first_seen >= since and info.exit_code is None]
+        if not fresh:
+            f.detail += "; no fresh attempt dir found"
+            return
+        _, iid, name = max(fresh)
+        with contextlib.suppress(Exception):
+            self.emu.hang(iid)
+            self.hung.add(iid)
+        f.box = iid
+        f.runs = ((name.rsplit(".", 1)[0], int(name.rsplit(".", 1)[1])),)
+        f.detail += f"; then box {iid} (holding {name}, not yet recorded) hung"
 
     def start_second_daemon(self) -> None:
         clone = self.new_clone()
@@ -870,7 +892,8 @@ class Schedule:
             where[name].append(iid)
         for name, iids in where.items():
             if len(iids) > 1:
-                v["attempt_on_two_boxes"].append(f"{tag}: {name} on boxes {iids}")
+                info = {i: self.scanner.seen[(i, name)] for i in iids}
+                v["attempt_on_two_boxes"].append(f"{tag}: {name} on boxes {iids}: {info}")
             rid, att = name.rsplit(".", 1)
             if (rid, int(att)) not in keys:
                 v["attempt_unarchived"].append(f"{tag}: {name} ran on box {iids} but was never archived")
@@ -974,8 +997,8 @@ class Schedule:
         seen = self.scanner.seen
         first_dir: dict[tuple[str, int], float] = {}
         for (_iid, name), info in seen.items():
-            rid, att = name.rsplit(".", 1)
-            k = (rid, int(att))
+            run_name, att_text = name.rsplit(".", 1)
+            k = (run_name, int(att_text))
             first_dir[k] = min(first_dir.get(k, info.first_seen), info.first_seen)
         done_at: dict[str, float] = {}
         for r in self.archive():
@@ -1011,7 +1034,7 @@ class Schedule:
 # ------------------------------------------------------------------------------------------------ the table
 
 
-def run_schedules(cfg: Config, schedules: int, faults: int, baseline: bool) -> dict[str, Any]:
+def run_schedules(cfg: Config, schedules: int, faults: int, baseline: bool, keep: bool = False) -> dict[str, Any]:
     started = time.monotonic()
     out: dict[str, Any] = {"bench": "chaos", "seed": cfg.seed, "schedules": schedules, "faults_per_schedule": faults,
                            "config": {"runs": cfg.runs, "run_seconds": cfg.run_seconds, "max_boxes": cfg.max_boxes,
@@ -1036,7 +1059,10 @@ def run_schedules(cfg: Config, schedules: int, faults: int, baseline: bool) -> d
             results.append(res)
             cfg.say(f"== schedule {i}: {json.dumps({k: x for k, x in res.items() if k != 'recovery_cycles'})}")
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if keep:
+            cfg.say(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
     kinds: Counter[str] = Counter()
     skipped: Counter[str] = Counter()
     violations: dict[str, int] = dict.fromkeys(INVARIANTS, 0)  # every invariant listed, 0 when it held
@@ -1098,10 +1124,16 @@ def main() -> int:
     ap.add_argument("--faults", type=int, default=25, help="faults per schedule (default 25)")
     ap.add_argument("--schedules", type=int, default=8, help="schedules (default 8: 200 faults)")
     ap.add_argument("--runs", type=int, default=12, help="the sweep's starting size")
+    ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated fault kinds (default: all)")
+    ap.add_argument("--keep", action="store_true", help="keep the fleet repositories and daemon logs")
     ap.add_argument("--no-baseline", action="store_true", help="skip the fault-free baseline (no extra_usd)")
     args = ap.parse_args()
-    cfg = Config(seed=args.seed, faults=args.faults, runs=args.runs)
-    out = run_schedules(cfg, args.schedules, args.faults, not args.no_baseline)
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        ap.error(f"unknown fault kinds: {sorted(unknown)}; known: {', '.join(KINDS)}")
+    cfg = Config(seed=args.seed, faults=args.faults, runs=args.runs, kinds=kinds)
+    out = run_schedules(cfg, args.schedules, args.faults, not args.no_baseline, args.keep)
     print(json.dumps(out, indent=2))
     return 0
 
