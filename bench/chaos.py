@@ -892,8 +892,8 @@ class Schedule:
             where[name].append(iid)
         for name, iids in where.items():
             if len(iids) > 1:
-                info = {i: self.scanner.seen[(i, name)] for i in iids}
-                v["attempt_on_two_boxes"].append(f"{tag}: {name} on boxes {iids}: {info}")
+                dirs = {i: self.scanner.seen[(i, name)] for i in iids}
+                v["attempt_on_two_boxes"].append(f"{tag}: {name} on boxes {iids}: {dirs}")
             rid, att = name.rsplit(".", 1)
             if (rid, int(att)) not in keys:
                 v["attempt_unarchived"].append(f"{tag}: {name} ran on box {iids} but was never archived")
