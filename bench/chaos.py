@@ -2,7 +2,7 @@
 
 Each schedule is a fresh emulator (real sshd boxes on loopback), a fresh fleet repository with a bare remote, and
 ``rigsync run`` as real subprocesses (``python -m reconciler run``), while this driver injects faults drawn from a
-seeded RNG, one every 1-3 s, for as long as it has faults left; then it stops injecting, lets the fleet converge,
+seeded RNG, one every 0.8-2 s, for as long as it has faults left; then it stops injecting, lets the fleet converge,
 waits two more cycles and checks every invariant against the emulator, the boxes and the remote.
 
 Fault kinds (how each is injected):
@@ -26,7 +26,9 @@ Fault kinds (how each is injected):
 - ``second_daemon``: `rigsync run` from another clone while the first lives: it must be refused by the lease (exit
   non-zero, no cycle run).
 - ``lease_expiry``: the daemon is SIGSTOPped past its ``--lease-stale``, a second one (another clone) takes the lease
-  over, then the first is SIGCONTed: it must not act after that (no cycle with actions, no commit of its own).
+  over, then the first is SIGCONTed: it must not act after that (no completed cycle with actions in its output, no
+  commit of its author pushed after the takeover). Not attributable: the rest of an apply that SIGSTOP froze midway
+  (launches and rents carry no holder), so a resumed half-cycle that acts and then fails to push is not counted.
 
 Invariants (each violation counted under its name; the target is 0):
 - ``attempt_on_two_boxes``: an attempt's directory (``runs/<run>.<attempt>``) seen on two boxes (boxes are scanned
@@ -134,7 +136,7 @@ class Config:
     interval_s: float = 1.0
     lease_stale_s: float = 8.0
     lease_renew_s: float = 2.0
-    gap_s: tuple[float, float] = (1.0, 3.0)
+    gap_s: tuple[float, float] = (0.8, 2.0)
     boot_delay_s: float = 0.3
     converge_timeout_s: float = 180.0
     max_total_usd: float = 1.0
@@ -709,7 +711,7 @@ class Schedule:
             self.read_logs()
             after = first.log.read_bytes()[state["offset"]:].decode(errors="replace")
             acted = [ln for ln in after.splitlines()
-                     if ln.startswith("cycle:") and "not acting" not in ln and "no changes" not in ln]
+                     if ln.startswith("cycle: desired") and "not acting" not in ln and "no changes" not in ln]
             own = git(self.remote, "log", "--format=%H %an %s", f"{state['tip']}..refs/heads/main")
             own_commits = [ln for ln in own.splitlines() if f" {first.author} " in f" {ln} "]
             if acted or own_commits:
