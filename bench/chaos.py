@@ -1130,6 +1130,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the fleet repositories and daemon logs")
     ap.add_argument("--no-baseline", action="store_true", help="skip the fault-free baseline (no extra_usd)")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # clean up daemons and boxes
     kinds = tuple(k for k in args.kinds.split(",") if k)
     unknown = set(kinds) - set(KINDS)
     if unknown:

@@ -99,6 +99,7 @@ class ApplyContext:
     code_tar: Callable[[str, tuple[str, ...]], bytes]  # (commit, paths) -> tar of those paths at that commit
     now: Callable[[], float]
     should_stop: Callable[[], bool] = lambda: False
+    note_launch: Callable[[InFlight], None] = lambda flight: None  # the launch journal, before each launch
 
 
 def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
@@ -253,17 +254,17 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
         metric_goal=spec.metric_goal,
         max_runtime_s=spec.max_runtime_s,
     )
-    out = ctx.boxes.launch(_box(instances, action.instance_id), job)
-    result.launched.append(
-        InFlight(
-            run_id=action.run_id,
-            attempt=action.attempt,
-            instance_id=action.instance_id,
-            gpu_mask=action.gpu_mask,
-            launched_at=ctx.now(),
-            sweep=spec.sweep,
-        )
+    flight = InFlight(
+        run_id=action.run_id,
+        attempt=action.attempt,
+        instance_id=action.instance_id,
+        gpu_mask=action.gpu_mask,
+        launched_at=ctx.now(),
+        sweep=spec.sweep,
     )
+    ctx.note_launch(flight)  # written ahead: a crash right after the launch must not lose the attempt's number
+    out = ctx.boxes.launch(_box(instances, action.instance_id), job)
+    result.launched.append(flight)
     return f"pid {out}" if out else "launched"
 
 
