@@ -19,7 +19,8 @@ Fault kinds (how each is injected):
   ``apply.rent.after`` / ``boxes.launch.locked`` / ``git.push.before`` / ``git.push.after`` /
   ``git.rebase.before`` / ``git.rebase.after`` (``reconciler/failpoints.py``); counted when the point fired (the
   process died of SIGKILL). A rebase needs unpushed commits and a moved remote: the driver first lets a daemon die
-  at ``git.push.before``, pushes as a human, then arms the rebase point. A point not reached within 20 s is skipped.
+  at ``git.push.before``, pushes as a human, then arms the rebase point. A point not reached within
+  ``occasion_wait_s`` (20 s) is skipped.
 - ``kill_random``: SIGKILL of the daemon at an arbitrary moment.
 - ``human_push``: a researcher's commit pushed to the remote while the daemon runs: an edit of README.md, or of
   desired/ (two more seeds for the sweep, which also keeps work available while faults remain).
@@ -139,6 +140,7 @@ class Config:
     gap_s: tuple[float, float] = (0.8, 2.0)
     boot_delay_s: float = 0.3
     converge_timeout_s: float = 180.0
+    occasion_wait_s: float = 20.0  # a fault whose precondition (a live box, a healthy daemon, a failpoint) never came
     max_total_usd: float = 1.0
     max_daily_usd: float = 1.0
     kinds: tuple[str, ...] = KINDS
@@ -194,7 +196,7 @@ def build_fleet_repo(workdir: Path, emu: Emulator, cfg: Config, name: str) -> tu
     text = fleet.read_text()
     for key, value in {
         "name": name, "max": str(cfg.max_boxes), "idle_timeout": "3s", "unreachable_grace": "5s",
-        "heartbeat_stale": "10s", "boot_timeout": "12s", "ttl": "30m", "orphan_timeout": "10m",
+        "heartbeat_stale": "10s", "boot_timeout": "8s", "ttl": "30m", "orphan_timeout": "10m",
     }.items():
         text = demo._set_key(text, key, value)
     fleet.write_text(text)
@@ -621,7 +623,7 @@ class Schedule:
                     return False
                 self.main = self.start(checkout, author)
                 return True
-            if rc is not None or time.time() - state["t"] > 20.0:
+            if rc is not None or time.time() - state["t"] > self.cfg.occasion_wait_s:
                 self.skipped[kind] += 1
                 self.cfg.say(f"  [{self.name}] {kind}: {fp} not reached (rc {rc})")
                 if rc is not None:
@@ -744,7 +746,7 @@ class Schedule:
             self.record(f)
             self.bootstrap_plant = None
             return
-        if time.time() - f.t > 40:
+        if time.time() - f.t > 2 * self.cfg.occasion_wait_s:
             self.skipped["bootstrap_fail"] += 1
             self.bootstrap_plant = None
 
@@ -829,9 +831,9 @@ class Schedule:
                     next_at = now + self.rng.uniform(*self.cfg.gap_s)
                 else:
                     waiting_since = waiting_since or now
-                    if now - waiting_since > 20.0:
+                    if now - waiting_since > self.cfg.occasion_wait_s:
                         self.skipped[kind] += 1
-                        self.cfg.say(f"  [{self.name}] skipped {kind}: no occasion in 20s")
+                        self.cfg.say(f"  [{self.name}] skipped {kind}: no occasion in {self.cfg.occasion_wait_s:g}s")
                         kinds.pop(0)
                         waiting_since = None
                 # keep work available while faults remain: a human adds seeds when the sweep runs dry

@@ -22,20 +22,20 @@ import chaos  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-# kill_launch_hang is the exact reproduction of a known violation (see test_an_unrecorded_launch_...): it has its
-# own test; the random schedule draws from every other kind.
-SMALL_KINDS = tuple(k for k in chaos.KINDS if k != "kill_launch_hang")
+# lease_expiry reproduces a known violation in the lease code (owned elsewhere, fencing in progress): it has its
+# own test below, expected to fail until that lands; the random schedule draws from every other kind.
+SMALL_KINDS = tuple(k for k in chaos.KINDS if k != "lease_expiry")
 
 
 def _table(out: dict[str, object]) -> str:
-    keep = ("faults_injected", "faults_by_kind", "faults_skipped_by_kind", "violations_by_invariant",
-            "violation_details", "recovery_cycles", "money", "wall_s")
+    keep = ("schedules_detail", "faults_injected", "faults_by_kind", "faults_skipped_by_kind",
+            "violations_by_invariant", "violation_details", "recovery_cycles", "money", "wall_s")
     return json.dumps({k: out[k] for k in keep if k in out}, indent=2)
 
 
 def test_a_small_seeded_schedule_keeps_every_invariant() -> None:
-    cfg = chaos.Config(seed=11, faults=16, runs=8, gap_s=(0.5, 1.5), lease_stale_s=5.0, converge_timeout_s=90.0,
-                       kinds=SMALL_KINDS)
+    cfg = chaos.Config(seed=11, faults=15, runs=6, gap_s=(0.4, 1.0), lease_stale_s=5.0, converge_timeout_s=90.0,
+                       occasion_wait_s=8.0, kinds=SMALL_KINDS)
     out = chaos.run_schedules(cfg, schedules=1, faults=cfg.faults, baseline=False)
     print(_table(out))
     assert out["violations_total"] == 0, _table(out)
@@ -44,3 +44,18 @@ def test_a_small_seeded_schedule_keeps_every_invariant() -> None:
     assert isinstance(kinds, dict)
     assert any(k.startswith("kill_") for k in kinds), "no kill -9 at a failpoint fired"
     assert all(d["converged"] for d in out["schedules_detail"]), _table(out)  # type: ignore[attr-defined]
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="known: a daemon SIGSTOPped past --lease-stale and taken over, once resumed, sees the takeover in its "
+    "renew (LeaseHeld), and run_forever's finally calls release(), whose Lease.release() deletes "
+    "observed/lease.yaml unconditionally and pushes 'lease: released': the new holder's lease is deleted at the "
+    "remote (lease fencing is being added on another branch)",
+)
+def test_a_daemon_whose_lease_was_taken_over_does_not_act_or_push() -> None:
+    cfg = chaos.Config(seed=5, faults=1, runs=4, lease_stale_s=4.0, converge_timeout_s=60.0, kinds=("lease_expiry",))
+    out = chaos.run_schedules(cfg, schedules=1, faults=1, baseline=False)
+    print(_table(out))
+    assert out["faults_by_kind"] == {"lease_expiry": 1}, _table(out)
+    assert out["violations_total"] == 0, _table(out)
