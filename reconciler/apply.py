@@ -36,6 +36,7 @@ from reconciler.actions import (
     ShipCode,
 )
 from reconciler.errors import LeaseLost, RemoteCommandFailed, RigsyncError
+from reconciler.failpoints import failpoint
 from reconciler.model import (
     AttemptOutcome,
     AttemptRecord,
@@ -100,6 +101,7 @@ class ApplyContext:
     now: Callable[[], float]
     should_stop: Callable[[], bool] = lambda: False
     fence: Fence = no_fence  # raises LeaseLost when this controller may no longer act (ports.Fence)
+    note_launch: Callable[[InFlight], None] = lambda flight: None  # the launch journal, before each launch
 
 
 def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
@@ -215,6 +217,7 @@ def _execute(action: Action, ctx: ApplyContext, instances: dict[int, Instance], 
             action.offer_id, image=action.image, disk_gb=action.disk_gb, label=action.label, onstart=onstart, env={}
         )
         result.rented.append(new_id)
+        failpoint("apply.rent.after")
         return f"instance {new_id}"
     if isinstance(action, Destroy):
         ctx.provider.destroy_instance(action.instance_id)
@@ -281,17 +284,17 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
         metric_goal=spec.metric_goal,
         max_runtime_s=spec.max_runtime_s,
     )
-    out = ctx.boxes.launch(_box(instances, action.instance_id), job)
-    result.launched.append(
-        InFlight(
-            run_id=action.run_id,
-            attempt=action.attempt,
-            instance_id=action.instance_id,
-            gpu_mask=action.gpu_mask,
-            launched_at=ctx.now(),
-            sweep=spec.sweep,
-        )
+    flight = InFlight(
+        run_id=action.run_id,
+        attempt=action.attempt,
+        instance_id=action.instance_id,
+        gpu_mask=action.gpu_mask,
+        launched_at=ctx.now(),
+        sweep=spec.sweep,
     )
+    ctx.note_launch(flight)  # written ahead: a crash right after the launch must not lose the attempt's number
+    out = ctx.boxes.launch(_box(instances, action.instance_id), job)
+    result.launched.append(flight)
     return f"pid {out}" if out else "launched"
 
 

@@ -15,11 +15,13 @@ the demo, all open a fleet here and write back through here, so the wiring canno
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from reconciler.actions import Plan
 from reconciler.adapters.git import GitRepo
 from reconciler.archive import RunArchive
+from reconciler.launch_journal import LaunchJournal, merge_in_flight
 from reconciler.loop import DESTROY_LATENCY_S, Reconciler, SystemClock, build_adapters, state_dir_for
 from reconciler.model import Desired, Fleet, Observed
 from reconciler.observed.documents import ReconcilerStatus, render_observed
@@ -58,11 +60,20 @@ def open_fleet(
     git = git if git is not None else GitRepo(checkout)
     clock = clock if clock is not None else SystemClock()
     memory = read_fleet_memory(checkout, now=clock.now())
-    provider, shell = adapters(fleet, state_dir_for(fleet, state_dir), api_url)
+    state = state_dir_for(fleet, state_dir)
+    provider, shell = adapters(fleet, state, api_url)
+    archive = RunArchive(checkout)
+    # Launches a crash kept out of observed/runs.yaml: known again before anything is planned.
+    journal = LaunchJournal(state)
+    written = journal.read()
+    if written:
+        archived = {r.key for r in archive.records()}
+        memory = replace(memory, in_flight=merge_in_flight(memory.in_flight, written, archived))
     return Reconciler(
         provider=provider,
         shell=shell,
-        archive=RunArchive(checkout),
+        archive=archive,
+        journal=journal,
         code_tar=git.archive,
         memory=memory,
         clock=clock,

@@ -19,6 +19,7 @@ from reconciler.actions import Plan
 from reconciler.apply import ApplyContext, ApplyResult, apply, next_in_flight
 from reconciler.archive import RunArchive
 from reconciler.errors import UserError
+from reconciler.launch_journal import LaunchJournal
 from reconciler.model import AttemptRecord, Desired, Endpoint, Fleet, FleetMemory, Observed
 from reconciler.observe import observe
 from reconciler.plan import plan
@@ -61,6 +62,7 @@ class Reconciler:
     cycle_s: float = 60.0  # how often this controller decides (the daemon's --interval; a guess for one-shots)
     destroy_latency_s: float = DESTROY_LATENCY_S
     fence: Fence = no_fence  # apply asks it before every action (the daemon's lease fence; ports.Fence)
+    journal: LaunchJournal | None = None  # launches written down before they happen (reconciler/launch_journal.py)
     _last_wall_s: float = 0.0  # how long the last cycle took: the next decision comes that much later too
     _history: list[AttemptRecord] | None = None
     _endpoints: dict[int, tuple[Endpoint, ...]] = field(default_factory=dict)
@@ -131,6 +133,7 @@ class Reconciler:
             now=self.clock.now,
             should_stop=self.should_stop,
             fence=self.fence,
+            note_launch=self.journal.note if self.journal is not None else (lambda flight: None),
         )
         result = apply(the_plan, ctx)
         if self._history is not None:
@@ -141,6 +144,8 @@ class Reconciler:
         if closed:  # their bills are in the archive's overhead lines now: forget them in this cycle's files
             spend = replace(spend, boxes=tuple(b for b in spend.boxes if b.instance_id not in closed))
         self.memory = replace(memory, in_flight=in_flight, spend=spend)
+        if self.journal is not None:
+            self.journal.reset(in_flight)
         return result
 
 

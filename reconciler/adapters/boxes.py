@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from reconciler import remote
 from reconciler.errors import HostKeyMismatch, LaunchLockHeld, RemoteCommandFailed, RigsyncError
+from reconciler.failpoints import failpoint
 from reconciler.model import BoxProbe, Endpoint, Instance
 from reconciler.ports import CommandResult, LaunchJob, Shell
 
@@ -62,6 +63,7 @@ class ShellBoxes:
         res = self._run(box, script)
         if res.exit_code == remote.LAUNCH_LOCK_EXIT:
             raise LaunchLockHeld(_text(res.stderr) or "run directory already exists")
+        failpoint("boxes.launch.locked")
         return _checked(res)
 
     def kill(self, box: Instance, run_id: str, attempt: int, *, exit_code: int, reason: str) -> None:

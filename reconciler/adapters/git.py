@@ -38,6 +38,7 @@ from reconciler.desired import (
     too_many_entries,
 )
 from reconciler.errors import PushRejected, RepoError
+from reconciler.failpoints import failpoint
 from reconciler.model import Desired
 from reconciler.observed.codec import OBSERVED_DIR
 from reconciler.observed.tree import write_observed
@@ -339,8 +340,10 @@ class GitRepo:
         cfg: list[str] = []
         for c in _MERGE_CONFIG:
             cfg += ["-c", c]
+        failpoint("git.rebase.before")
         try:
             self._git.execute(["git", *cfg, "rebase", "--autostash", "--quiet", onto], env=self._env)
+            failpoint("git.rebase.after")
         except GitCommandError as exc:
             conflicted = ""
             try:
@@ -392,10 +395,12 @@ class GitRepo:
         last = ""
         for attempt in range(max_tries):
             try:
+                failpoint("git.push.before")
                 self._git.execute(
                     ["git", "push", "--quiet", "--porcelain", self.remote, f"HEAD:refs/heads/{self.branch}"],
                     env=self._env,
                 )
+                failpoint("git.push.after")
                 # A successful push also moves the remote-tracking ref; keep it right for remote_tip().
                 self._run("update-ref", self._remote_ref, "HEAD")
                 return

@@ -1,0 +1,90 @@
+"""The launch journal: every launch written down locally before it happens, so a crash cannot lose its number.
+
+An attempt becomes known to the next cycle through ``observed/runs.yaml`` (``in_flight``), committed after the
+cycle's apply, and through the probes of the boxes. A controller killed between a launch and that commit, whose
+box then stops answering (hung, partitioned) before anyone probes it again, leaves an attempt nobody knows of: the
+restarted controller would launch the same attempt number of that run on another box, and if the first box came
+back both would run at once. So before each launch its ``InFlight`` is appended (and fsynced) to
+``launches.jsonl`` in the controller's state directory; after each apply the file is rewritten to exactly the
+attempts in flight; and opening a fleet adds the journal's attempts that neither ``in_flight`` nor the archive
+knows. A launch that failed before a crash becomes an in-flight attempt no box shows: the planner requeues it
+("launch never happened"), which costs that run one attempt and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from reconciler.model import InFlight
+
+JOURNAL = "launches.jsonl"
+
+
+def _entry(f: InFlight) -> str:
+    return json.dumps(
+        {
+            "run_id": f.run_id,
+            "attempt": f.attempt,
+            "instance_id": f.instance_id,
+            "gpu_mask": list(f.gpu_mask),
+            "launched_at": f.launched_at,
+            "sweep": f.sweep,
+        },
+        sort_keys=True,
+    )
+
+
+class LaunchJournal:
+    def __init__(self, state_dir: Path) -> None:
+        self.path = Path(state_dir) / JOURNAL
+
+    def note(self, flight: InFlight) -> None:
+        """Append one launch about to happen, durably."""
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(_entry(flight) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def reset(self, in_flight: Iterable[InFlight]) -> None:
+        """After an apply: the journal holds exactly the attempts in flight (atomic replace)."""
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(_entry(f) + "\n" for f in in_flight), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+    def read(self) -> list[InFlight]:
+        """Every well-formed entry (a line torn by a crash is skipped)."""
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except OSError:
+            return []
+        out: list[InFlight] = []
+        for line in text.splitlines():
+            try:
+                d = json.loads(line)
+                out.append(
+                    InFlight(
+                        run_id=str(d["run_id"]),
+                        attempt=int(d["attempt"]),
+                        instance_id=int(d["instance_id"]),
+                        gpu_mask=tuple(int(g) for g in d["gpu_mask"]),
+                        launched_at=float(d["launched_at"]),
+                        sweep=str(d.get("sweep") or ""),
+                    )
+                )
+            except (ValueError, KeyError, TypeError):
+                continue
+        return out
+
+
+def merge_in_flight(
+    in_flight: tuple[InFlight, ...], journal: Iterable[InFlight], archived: set[tuple[str, int]]
+) -> tuple[InFlight, ...]:
+    """``in_flight`` plus the journal's attempts it lacks that the archive does not know either."""
+    known = {(f.run_id, f.attempt) for f in in_flight} | archived
+    extra = {(f.run_id, f.attempt): f for f in journal if (f.run_id, f.attempt) not in known}
+    if not extra:
+        return in_flight
+    return tuple(sorted((*in_flight, *extra.values()), key=lambda f: (f.run_id, f.attempt)))

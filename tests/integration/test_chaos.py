@@ -1,0 +1,54 @@
+"""Chaos, bounded: one small seeded schedule of bench/chaos.py's faults over a real sweep, zero invariant violations.
+
+The same engine as ``bench/chaos.py`` (which runs >= 200 faults and prints the figures): a fresh emulator with real
+sshd boxes, a fleet repository with a bare remote, ``rigsync run`` as real subprocesses killed -9 at failpoints, a
+second daemon refused by the lease, a lease taken over from a SIGSTOPped daemon, human pushes, box and API faults.
+After the schedule the fleet must converge and every invariant hold (see the bench's docstring for each one). The
+JSON table is printed (``pytest -s`` shows it); how fast recovery was is a figure, not an assertion.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import chaos  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+# lease_expiry reproduces a known violation in the lease code (owned elsewhere, fencing in progress): it has its
+# own test below, expected to fail until that lands; the random schedule draws from every other kind.
+SMALL_KINDS = tuple(k for k in chaos.KINDS if k != "lease_expiry")
+
+
+def _table(out: dict[str, object]) -> str:
+    keep = ("schedules_detail", "faults_injected", "faults_by_kind", "faults_skipped_by_kind",
+            "violations_by_invariant", "violation_details", "recovery_cycles", "money", "wall_s")
+    return json.dumps({k: out[k] for k in keep if k in out}, indent=2)
+
+
+def test_a_small_seeded_schedule_keeps_every_invariant() -> None:
+    cfg = chaos.Config(seed=11, faults=15, runs=6, gap_s=(0.4, 1.0), lease_stale_s=5.0, converge_timeout_s=90.0,
+                       occasion_wait_s=8.0, kinds=SMALL_KINDS)
+    out = chaos.run_schedules(cfg, schedules=1, faults=cfg.faults, baseline=False)
+    print(_table(out))
+    assert out["violations_total"] == 0, _table(out)
+    assert out["faults_injected"] >= 15, _table(out)
+    kinds = out["faults_by_kind"]
+    assert isinstance(kinds, dict)
+    assert any(k.startswith("kill_") for k in kinds), "no kill -9 at a failpoint fired"
+    assert all(d["converged"] for d in out["schedules_detail"]), _table(out)  # type: ignore[attr-defined]
+
+
+def test_a_daemon_whose_lease_was_taken_over_does_not_act_or_push() -> None:
+    cfg = chaos.Config(seed=5, faults=1, runs=4, lease_stale_s=4.0, converge_timeout_s=60.0, kinds=("lease_expiry",))
+    out = chaos.run_schedules(cfg, schedules=1, faults=1, baseline=False)
+    print(_table(out))
+    assert out["faults_by_kind"] == {"lease_expiry": 1}, _table(out)
+    assert out["violations_total"] == 0, _table(out)
