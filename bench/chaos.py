@@ -470,6 +470,15 @@ class Schedule:
             out += [json.loads(line) for line in text.splitlines() if line.strip()]
         return [r for r in out if r.get("kind") != "overhead"]
 
+    def budget_binds(self) -> bool:
+        """rigsync's own verdict at the remote: the last plan said a cap stops new work (a "budget:" warning)."""
+        text = git(self.remote, "show", "refs/heads/main:observed/status.yaml", check=False)
+        with contextlib.suppress(yaml.YAMLError):
+            doc = yaml.safe_load(text) or {}
+            warnings = (doc.get("last_plan") or {}).get("warnings") or []
+            return any(str(w).startswith("budget:") for w in warnings)
+        return False
+
     def unfinished(self, expected: dict[str, int], lines: list[dict[str, Any]]) -> set[str]:
         done: set[str] = set()
         tries: Counter[str] = Counter()
@@ -855,7 +864,7 @@ class Schedule:
         while time.time() < deadline:
             self.tick()
             lines = self.archive()
-            if not self.unfinished(expected, lines) and not self.scanner.owned():
+            if not self.scanner.owned() and (not self.unfinished(expected, lines) or self.budget_binds()):
                 settled = len(self.cycle_lines)
                 while len(self.cycle_lines) < settled + 2 and time.time() < deadline + 30:
                     self.tick()
@@ -886,7 +895,8 @@ class Schedule:
         for rid, n in succ.items():
             if n > 1:
                 v["duplicate_success"].append(f"{tag}: run {rid} succeeded {n} times")
-        for rid in sorted(self.unfinished(expected, lines)):
+        held = self.unfinished(expected, lines) if self.budget_binds() else set()
+        for rid in sorted(self.unfinished(expected, lines) - held):
             tries = [(r["attempt"], r["phase"]) for r in lines if r["run_id"] == rid]
             v["run_lost"].append(f"{tag}: run {rid} neither succeeded nor exhausted: {tries}"
                                  + ("" if converged else " (did not converge in time)"))
@@ -986,6 +996,8 @@ class Schedule:
             "runs": len(expected),
             "runs_succeeded": len(succ),
             "runs_failed_exhausted": len(expected) - len(succ) - len(self.unfinished(expected, lines)),
+            "runs_held_by_budget": len(held),
+            "ledger_vs_total_cap": round(self.emu.ledger.total_usd() / float(budget["max_total_usd"]), 4),
             "attempts": len(keys),
             "boxes_rented": len(self.scanner.box_seen),
             "cycles": len(self.cycle_lines),
@@ -1108,6 +1120,8 @@ def run_schedules(cfg: Config, schedules: int, faults: int, baseline: bool, keep
         "ledger_usd": round(ledger, 6),
         "runs_succeeded": succeeded,
         "unproductive_usd": round(ledger - sum(r["succeeded_attempts_usd"] for r in results), 6),
+        "runs_held_by_budget": sum(r.get("runs_held_by_budget", 0) for r in results),
+        "max_ledger_vs_total_cap": max((r.get("ledger_vs_total_cap", 0.0) for r in results), default=0.0),
     }
     if base is not None and base["runs_succeeded"]:
         per_run = base["ledger_usd"] / base["runs_succeeded"]
@@ -1131,13 +1145,17 @@ def main() -> int:
     ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated fault kinds (default: all)")
     ap.add_argument("--keep", action="store_true", help="keep the fleet repositories and daemon logs")
     ap.add_argument("--no-baseline", action="store_true", help="skip the fault-free baseline (no extra_usd)")
+    ap.add_argument("--max-total-usd", type=float, default=Config.max_total_usd,
+                    help="the budget's total (and daily) cap; set it below what the sweep costs to prove a binding "
+                    "cap holds under faults (on_exceed: drain): runs it holds back count as held, not lost")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # clean up daemons and boxes
     kinds = tuple(k for k in args.kinds.split(",") if k)
     unknown = set(kinds) - set(KINDS)
     if unknown:
         ap.error(f"unknown fault kinds: {sorted(unknown)}; known: {', '.join(KINDS)}")
-    cfg = Config(seed=args.seed, faults=args.faults, runs=args.runs, kinds=kinds)
+    cfg = Config(seed=args.seed, faults=args.faults, runs=args.runs, kinds=kinds, max_total_usd=args.max_total_usd,
+                 max_daily_usd=args.max_total_usd)
     out = run_schedules(cfg, args.schedules, args.faults, not args.no_baseline, args.keep)
     print(json.dumps(out, indent=2))
     return 0

@@ -22,8 +22,8 @@ import chaos  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-# lease_expiry reproduces a known violation in the lease code (owned elsewhere, fencing in progress): it has its
-# own test below, expected to fail until that lands; the random schedule draws from every other kind.
+# lease_expiry has its own test below (a takeover needs a quiet moment to be attributed); the random schedule
+# draws from every other kind.
 SMALL_KINDS = tuple(k for k in chaos.KINDS if k != "lease_expiry")
 
 
@@ -52,3 +52,18 @@ def test_a_daemon_whose_lease_was_taken_over_does_not_act_or_push() -> None:
     print(_table(out))
     assert out["faults_by_kind"] == {"lease_expiry": 1}, _table(out)
     assert out["violations_total"] == 0, _table(out)
+
+
+def test_a_binding_total_cap_holds_under_faults() -> None:
+    """on_exceed: drain with a total cap below what the sweep costs: work stops, and the ledger stays under the cap
+    through box faults and kills at failpoints (the runs the cap holds back are counted as held, not lost)."""
+    kinds = ("vanish", "outbid", "hang_resume", "kill_rent", "kill_launch", "kill_random", "api_5xx")
+    cfg = chaos.Config(seed=3, faults=8, runs=8, gap_s=(0.4, 1.0), lease_stale_s=5.0, converge_timeout_s=90.0,
+                       occasion_wait_s=8.0, kinds=kinds, max_total_usd=0.0006, max_daily_usd=0.0006)
+    out = chaos.run_schedules(cfg, schedules=1, faults=cfg.faults, baseline=False)
+    print(_table(out))
+    assert out["violations_total"] == 0, _table(out)
+    money = out["money"]
+    assert isinstance(money, dict)
+    assert money["runs_held_by_budget"] > 0, "the cap never bound: the test proves nothing " + _table(out)
+    assert money["max_ledger_vs_total_cap"] <= 1.0, _table(out)
