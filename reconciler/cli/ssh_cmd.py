@@ -1,10 +1,11 @@
 """``rigsync ssh BOX|RUN``: an interactive shell on a box, as rigsync itself reaches it.
 
-BOX is an instance id (a number); RUN a run id or unique prefix (``observed.attempts``), meaning the box its latest
-attempt runs on. The box must be listed by the provider, owned by the fleet (``model.owned_by``) and running.
-The command replaces itself (``os.execvp``) with the system OpenSSH client using rigsync's key and only the host
-key pinned in rigsync's ``known_hosts`` (``adapters.ssh.openssh_argv``: ``StrictHostKeyChecking=yes``), so a box
-that answers with another key is refused exactly as the reconciler refuses it.
+BOX is an instance id (a number, always: a run prefix of digits alone needs its sweep, ``tdmpc-9165``); RUN a run id
+or unique prefix (``observed.attempts``), meaning the box its latest attempt runs on. The box must be listed by the
+provider, owned by the fleet (``model.owned_by``) and running. The command replaces itself (``os.execvp``) with the
+system OpenSSH client using rigsync's key and only the host key pinned in rigsync's ``known_hosts``
+(``adapters.ssh.openssh_argv``: ``StrictHostKeyChecking=yes``), so a box that answers with another key is refused
+exactly as the reconciler refuses it.
 
 A box whose host key was never pinned (this state dir has not probed it yet) is pinned first the way the reconciler
 pins every box, trust on first use through ``SshShell`` (a connection running ``true``): the reconciler would do the
@@ -38,7 +39,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "key (the system ssh client, StrictHostKeyChecking=yes). With --print, the command is printed: append "
         "`-- COMMAND` to it to run one command non-interactively.",
     )
-    p.add_argument("target", metavar="BOX|RUN", help="an instance id, or a run id or unique prefix (its live box)")
+    p.add_argument("target", metavar="BOX|RUN",
+                   help="an instance id (a number), or a run id or unique prefix (the box its live attempt is on)")
     p.add_argument("--print", action="store_true", dest="print_only",
                    help="print the ssh command (shell-quoted) instead of running it")
     add_repo_arg(p)

@@ -48,7 +48,8 @@ class LogSlice:
         return self.exit_code is not None
 
 
-_HEADER = re.compile(rb"^rigsync-log (-|-?\d+) (-|0|1) (\d+) (\d+) (\d+)\n")
+# the first such line: a login banner or a chatty .bashrc may print before it, the log's own bytes only after it
+_HEADER = re.compile(rb"(?m)^rigsync-log (-|-?\d+) (-|0|1) (\d+) (\d+) (\d+)\n")
 
 
 def read_log_script(
@@ -69,7 +70,7 @@ def read_log_script(
 
 def parse_log_slice(stdout: bytes) -> LogSlice:
     """The answer of ``read_log_script``; ``RemoteCommandFailed`` when it is not one."""
-    m = _HEADER.match(stdout)
+    m = _HEADER.search(stdout)
     if m is None:
         head = stdout[:80].decode("utf-8", "replace")
         raise RemoteCommandFailed(f"unexpected answer from the log reader: {head!r}")
