@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -177,6 +178,19 @@ def test_logs_and_ssh_through_a_run_and_after_its_box(
     refused = subprocess.run([*swapped, "--", "echo", "ok"], capture_output=True, text=True, timeout=60,
                              stdin=subprocess.DEVNULL)
     assert refused.returncode == 255 and "Host key verification failed" in refused.stderr, refused.stderr
+
+    # a state dir that never reached the box (rigsync's key, no pins): its first contact pins the key, as a probe does
+    fresh = tmp_path / "fresh-state"
+    (fresh / FLEET).mkdir(parents=True)
+    shutil.copy2(state / "id_ed25519", fresh / FLEET / "id_ed25519")
+    first = rigsync({**env, "RIGSYNC_STATE_DIR": str(fresh)}, "ssh", str(box), "--print", "--repo", str(repo))
+    assert first.returncode == 0, first.stderr
+    assert first.stderr == f"rigsync: pinned box {box}'s host key in {fresh / FLEET / 'known_hosts'} (first contact)\n"
+    assert (fresh / FLEET / "known_hosts").read_text() == pinned
+    fresh_argv = shlex.split(first.stdout)
+    again = subprocess.run([fresh_argv[0], "-o", "BatchMode=yes", *fresh_argv[1:], "--", "echo", "ok"],
+                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert (again.returncode, again.stdout) == (0, "ok\n"), again.stderr
 
     # Ctrl-C during --follow: a clean stop, no traceback
     follower = subprocess.Popen([str(RIGSYNC), "logs", run_id, "--follow", "--repo", str(repo)], env=env,

@@ -17,9 +17,9 @@ from reconciler import remote
 from reconciler.adapters.ssh import _host_id, is_pinned, openssh_argv
 from reconciler.cli import main
 from reconciler.cli._boxes import BoxAccess, FleetFacts
-from reconciler.cli.logs_cmd import StoreSource, pump
+from reconciler.cli.logs_cmd import BoxSource, StoreSource, pump
 from reconciler.cli.ssh_cmd import box_of
-from reconciler.errors import RemoteCommandFailed, UserError
+from reconciler.errors import HostKeyMismatch, HostUnreachable, RemoteCommandFailed, UserError
 from reconciler.model import (
     AttemptOutcome,
     AttemptRecord,
@@ -31,6 +31,7 @@ from reconciler.model import (
     InstanceStatus,
 )
 from reconciler.observed.attempts import AttemptIndex
+from reconciler.ports import CommandResult
 from reconciler.remote.logs import LogSlice, LogStream, parse_log_slice, read_log_script
 
 REPO = Path(__file__).resolve().parents[2]
@@ -354,3 +355,44 @@ def test_cli_pending_run(fleet_repo: Path, tmp_path: Path, capsys: pytest.Captur
     code, out, err = _cli(capsys, "logs", "tdmpc-9165", "--repo", str(fleet_repo))
     assert (code, out) == (1, "")
     assert err == "rigsync: error: run tdmpc-9165e5518277 has not been launched yet (pending)\n"
+
+
+class FailingShell:
+    """A ``Shell`` whose every command ends the way it was told to."""
+
+    def __init__(self, outcome: Exception | CommandResult) -> None:
+        self.outcome = outcome
+        self.commands: list[str] = []
+
+    def run(self, endpoint: Endpoint, command: str, *, stdin: bytes | None = None,
+            timeout: float = 30.0) -> CommandResult:
+        self.commands.append(command)
+        if isinstance(self.outcome, Exception):
+            raise self.outcome
+        return self.outcome
+
+    def run_many(self, targets: object, *, timeout: float = 10.0) -> dict[int, CommandResult | Exception]:
+        raise NotImplementedError
+
+    def forget(self, endpoint: Endpoint) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@pytest.mark.parametrize(
+    ("outcome", "message"),
+    [
+        (HostUnreachable("127.0.0.9:2222: no answer within 30s"),
+         r"^box 5 \(127.0.0.9:2222\) is unreachable: 127.0.0.9:2222: no answer within 30s$"),
+        (HostKeyMismatch("127.0.0.9:2222: host key changed since it was pinned; refusing to connect"),
+         r"^box 5 \(127.0.0.9:2222\): 127.0.0.9:2222: host key changed since it was pinned; refusing to connect$"),
+        (CommandResult(remote.NO_SUCH_RUN_EXIT, b"", b"no run directory"),
+         rf"^box 5 \(127.0.0.9:2222\) has no run directory for attempt {A}.2$"),
+    ],
+)
+def test_box_reader_failures_are_one_clear_line(outcome: Exception | CommandResult, message: str) -> None:
+    shell = FailingShell(outcome)
+    src = BoxSource(shell, Endpoint("127.0.0.9", 2222), 5, _index().resolve(A), LogStream.STDOUT)
+    with pytest.raises(UserError, match=message):
+        src.read(0, None)
+    assert len(shell.commands) == 1 and "read_log" in shell.commands[0]
