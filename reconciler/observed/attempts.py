@@ -23,8 +23,8 @@ from reconciler.observed.codec import FLEET, RUNS, expect_mapping, load_yaml
 from reconciler.observed.memory import fleet_memory_from_files
 from reconciler.observed.tree import read_observed
 
-_ATTEMPT_SUFFIX = re.compile(r"^(?P<run>.+)\.(?P<attempt>\d+)$")  # sweep names hold no '.' (schemas/sweep)
-_RUN_DIR = re.compile(r"^(?P<run>.+)\.(?P<attempt>\d+)$")
+# RUN.ATTEMPT, as typed and as a run directory is named (``model.run_dir_name``); sweep names hold no '.'
+_RUN_DOT_ATTEMPT = re.compile(r"^(?P<run>.+)\.(?P<attempt>\d+)$")
 _SHOWN = 5  # candidates named in an ambiguity error
 
 
@@ -103,7 +103,7 @@ class AttemptIndex:
             if not isinstance(box, Mapping) or _int(box.get("id")) is None:
                 continue
             for gpu in box.get("gpus") or []:
-                m = _RUN_DIR.match(str(gpu.get("run") or "")) if isinstance(gpu, Mapping) else None
+                m = _RUN_DOT_ATTEMPT.match(str(gpu.get("run") or "")) if isinstance(gpu, Mapping) else None
                 if m:
                     put(AttemptPlace(m["run"], int(m["attempt"]), _int(box.get("id"))), replace=True)
         for rid, attempt, instance_id in in_flight:
@@ -135,7 +135,7 @@ class AttemptIndex:
         """The attempt ``RUN[.ATTEMPT]`` names (the run's latest when no attempt is given)."""
         text = text.strip()
         attempt: int | None = None
-        m = _ATTEMPT_SUFFIX.match(text)
+        m = _RUN_DOT_ATTEMPT.match(text)
         if m and text not in self.runs:
             text, attempt = m["run"], int(m["attempt"])
         run = self.resolve_run(text)
