@@ -10,7 +10,8 @@ Where the bytes come from, in order:
 3. otherwise a one-line error: the box was destroyed and the logs were not harvested.
 
 ``--follow`` polls the box for new bytes until the attempt's ``exit_code`` appears (or its wrapper is gone
-without one), then says so on stderr; stdout carries the log alone. ``--tail N`` starts with the last N lines.
+without one), then says so on stderr; stdout carries the log alone. A dropped connection is tried again a couple of
+times before the box counts as unreachable. ``--tail N`` starts with the last N lines.
 The log passes through the CLI's ``SafeStream`` like everything rigsync prints: control and bidi characters
 (a colour code, a carriage return of a progress bar) are shown as escapes; ``--raw`` writes the bytes as they are.
 """
@@ -46,6 +47,7 @@ from reconciler.remote.logs import (
 
 POLL_S = 1.0  # --follow: how often the box is asked for new bytes
 READ_TIMEOUT_S = 30.0
+FOLLOW_RETRIES = 2  # --follow: a dropped connection is tried again this many times (POLL_S apart) before giving up
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -149,23 +151,29 @@ class BoxSource:
     finished = False
 
     def __init__(self, shell: Shell, endpoint: Endpoint, instance_id: int, place: AttemptPlace,
-                 stream: LogStream) -> None:
+                 stream: LogStream, *, retries: int = 0, sleep: Callable[[float], None] = time.sleep) -> None:
         self.shell = shell
         self.endpoint = endpoint
         self.instance_id = instance_id
         self.place = place
         self.stream = stream
+        self.retries = retries
+        self.sleep = sleep
 
     def read(self, offset: int, last_lines: int | None) -> LogSlice:
         command = read_log_script(self.place.run_id, self.place.attempt, self.stream, offset=offset,
                                   last_lines=last_lines)
         where = f"box {self.instance_id} ({self.endpoint.host}:{self.endpoint.port})"
-        try:
-            res = self.shell.run(self.endpoint, command, timeout=READ_TIMEOUT_S)
-        except HostKeyMismatch as exc:
-            raise UserError(f"{where}: {exc}") from None
-        except HostUnreachable as exc:
-            raise UserError(f"{where} is unreachable: {exc}") from None
+        for tried in range(self.retries + 1):
+            try:
+                res = self.shell.run(self.endpoint, command, timeout=READ_TIMEOUT_S)
+                break
+            except HostKeyMismatch as exc:
+                raise UserError(f"{where}: {exc}") from None
+            except HostUnreachable as exc:
+                if tried >= self.retries:
+                    raise UserError(f"{where} is unreachable: {exc}") from None
+                self.sleep(POLL_S)
         if res.exit_code == NO_SUCH_RUN_EXIT:
             raise UserError(f"{where} has no run directory for attempt {self.place.name}")
         if res.exit_code != 0:
@@ -256,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
         if stored.is_dir():
             source = StoreSource(stored, stream, place.record.exit_code if place.record else None)
         else:
-            source = _box_source(boxes, place, stream, stored)
+            source = _box_source(boxes, place, stream, stored, retries=FOLLOW_RETRIES if args.follow else 0)
         printer = Printer(raw=args.raw)
         try:
             last = pump(source, printer, follow=args.follow, tail=args.tail)
@@ -278,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _box_source(boxes: BoxAccess, place: AttemptPlace, stream: LogStream, stored: Path) -> BoxSource:
+def _box_source(boxes: BoxAccess, place: AttemptPlace, stream: LogStream, stored: Path, *, retries: int) -> BoxSource:
     if place.instance_id is None:
         raise UserError(f"rigsync does not know which box attempt {place.name} ran on, and its logs were not "
                         f"harvested (nothing at {stored})")
@@ -289,4 +297,4 @@ def _box_source(boxes: BoxAccess, place: AttemptPlace, stream: LogStream, stored
     instance = boxes.owned(instance)
     if instance.ssh is None:
         raise UserError(f"box {instance.id} has no SSH address yet (the provider says {instance.status.value})")
-    return BoxSource(boxes.shell(), instance.ssh, instance.id, place, stream)
+    return BoxSource(boxes.shell(), instance.ssh, instance.id, place, stream, retries=retries)

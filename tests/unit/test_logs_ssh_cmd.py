@@ -360,16 +360,17 @@ def test_cli_pending_run(fleet_repo: Path, tmp_path: Path, capsys: pytest.Captur
 class FailingShell:
     """A ``Shell`` whose every command ends the way it was told to."""
 
-    def __init__(self, outcome: Exception | CommandResult) -> None:
-        self.outcome = outcome
+    def __init__(self, *outcomes: Exception | CommandResult) -> None:
+        self.outcomes = list(outcomes)
         self.commands: list[str] = []
 
     def run(self, endpoint: Endpoint, command: str, *, stdin: bytes | None = None,
             timeout: float = 30.0) -> CommandResult:
         self.commands.append(command)
-        if isinstance(self.outcome, Exception):
-            raise self.outcome
-        return self.outcome
+        outcome = self.outcomes.pop(0) if len(self.outcomes) > 1 else self.outcomes[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
     def run_many(self, targets: object, *, timeout: float = 10.0) -> dict[int, CommandResult | Exception]:
         raise NotImplementedError
@@ -396,3 +397,18 @@ def test_box_reader_failures_are_one_clear_line(outcome: Exception | CommandResu
     with pytest.raises(UserError, match=message):
         src.read(0, None)
     assert len(shell.commands) == 1 and "read_log" in shell.commands[0]
+
+
+def test_follow_tries_a_dropped_connection_again() -> None:
+    answer = CommandResult(0, b"rigsync-log 0 0 0 3 3\nok\n", b"")
+    sleeps: list[float] = []
+    shell = FailingShell(HostUnreachable("dropped"), HostUnreachable("dropped"), answer)
+    src = BoxSource(shell, Endpoint("h", 22), 5, _index().resolve(A), LogStream.STDOUT, retries=2,
+                    sleep=sleeps.append)
+    assert src.read(0, None).data == b"ok\n" and len(shell.commands) == 3 and len(sleeps) == 2
+    shell = FailingShell(HostUnreachable("dropped"))
+    src = BoxSource(shell, Endpoint("h", 22), 5, _index().resolve(A), LogStream.STDOUT, retries=2,
+                    sleep=sleeps.append)
+    with pytest.raises(UserError, match="is unreachable: dropped"):
+        src.read(0, None)
+    assert len(shell.commands) == 3
