@@ -38,6 +38,7 @@ T = TypeVar("T")
 
 KEY_FILE = "id_ed25519"
 KEY_COMMENT = "rigsync"
+BOX_USER = "root"  # who rigsync is on a box
 
 
 def ensure_keypair(directory: Path) -> tuple[Path, str]:
@@ -131,7 +132,7 @@ class SshShell:
         *,
         private_key: Path,
         known_hosts: Path,
-        user: str = "root",
+        user: str = BOX_USER,
         connect_timeout: float = 5.0,
         max_workers: int = 32,
     ) -> None:
@@ -361,3 +362,49 @@ class SshShell:
                 raise TimeoutError("no exit status")
             code = chan.recv_exit_status()
         return CommandResult(exit_code=code, stdout=b"".join(out), stderr=b"".join(err))
+
+
+# ---------------------------------------------------------------------------------------- the system ssh client
+
+
+def is_pinned(known_hosts: Path, endpoint: Endpoint) -> bool:
+    """Whether ``known_hosts`` (rigsync's, as ``SshShell`` writes it) holds a host key for ``endpoint``."""
+    if not known_hosts.is_file():
+        return False
+    keys = paramiko.HostKeys()
+    try:
+        keys.load(str(known_hosts))
+    except (OSError, paramiko.SSHException) as exc:
+        raise ShellError(f"cannot read {known_hosts}: {exc}") from None
+    found = keys.lookup(_host_id(endpoint))
+    return found is not None and len(found) > 0
+
+
+def openssh_argv(endpoint: Endpoint, *, private_key: Path, known_hosts: Path, user: str = BOX_USER) -> list[str]:
+    """The OpenSSH client command reaching ``endpoint`` as ``SshShell`` does: rigsync's key only, and only the host
+    key pinned in rigsync's ``known_hosts``.
+
+    ``SshShell`` saves its pins with paramiko in the OpenSSH format, plain host names, ``[host]:port`` for a port
+    other than 22, which is how OpenSSH looks a host up: so ``StrictHostKeyChecking=yes`` against that file accepts
+    exactly the pinned key and refuses any other (and never adds one). The system-wide known hosts and the agent's
+    keys play no part.
+    """
+    return [
+        "ssh",
+        "-i", str(private_key),
+        "-o", "IdentitiesOnly=yes",
+        "-o", f"UserKnownHostsFile={_config_path(known_hosts)}",
+        "-o", "GlobalKnownHostsFile=/dev/null",
+        "-o", "StrictHostKeyChecking=yes",
+        "-o", "UpdateHostKeys=no",
+        "-p", str(endpoint.port),
+        f"{user}@{endpoint.host}",
+    ]
+
+
+def _config_path(path: Path) -> str:
+    """A path as an ``ssh -o`` value: OpenSSH splits such values at whitespace unless they are double-quoted."""
+    text = str(path)
+    if '"' in text:
+        raise ShellError(f"{text}: a path with a double quote cannot be given to ssh")
+    return f'"{text}"' if any(c.isspace() for c in text) else text

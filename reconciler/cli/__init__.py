@@ -18,9 +18,11 @@ from reconciler.cli import (
     demo_cmd,
     diff_cmd,
     emulator_cmd,
+    logs_cmd,
     plan_cmd,
     run_cmd,
     runs_cmd,
+    ssh_cmd,
     status_cmd,
     validate_cmd,
 )
@@ -28,7 +30,10 @@ from reconciler.emulator.errors import EmulatorError
 from reconciler.errors import RigsyncError, UserError
 from reconciler.textsafe import SafeStream
 
-SUBCOMMANDS = (validate_cmd, runs_cmd, emulator_cmd, plan_cmd, apply_cmd, status_cmd, demo_cmd, run_cmd, diff_cmd)
+SUBCOMMANDS = (
+    validate_cmd, runs_cmd, emulator_cmd, plan_cmd, apply_cmd, status_cmd, demo_cmd, run_cmd, diff_cmd, logs_cmd,
+    ssh_cmd,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,5 +1,6 @@
 """observed/: what rigsync saw and did, as committed files. Persistence here, presentation kept apart.
 
+* ``attempts``: which box each attempt of a run ran on, and which run a person means (``rigsync logs``/``ssh``).
 * ``codec``: the one YAML style of observed/ (dump/load), UTC times, the file paths.
 * ``documents``: the five ``observed/*.yaml`` documents rendered from one cycle's facts.
 * ``memory``: the cross-cycle ``FleetMemory`` to and from those files (what a restart rebuilds from them).

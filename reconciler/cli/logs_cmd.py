@@ -1,0 +1,300 @@
+"""``rigsync logs RUN[.ATTEMPT]``: an attempt's stdout (or ``--stderr``), from the local store or from its box.
+
+Where the bytes come from, in order:
+
+1. the local result store, once the harvest brought the attempt home (``adapters.store.attempt_dir``: the run
+   directory's ``stdout.log``/``stderr.log`` under ``--data-dir``); nothing is contacted;
+2. the box the attempt ran on (``observed.attempts``: the observed files and the run archive say which), looked
+   up in the provider's instance list for its address, read over SSH with rigsync's key and pinned host keys
+   (``remote.logs``: bounded slices from a byte offset, so a large log comes home in pieces);
+3. otherwise a one-line error: the box was destroyed and the logs were not harvested.
+
+``--follow`` polls the box for new bytes until the attempt's ``exit_code`` appears (or its wrapper is gone
+without one), then says so on stderr; stdout carries the log alone. A dropped connection is tried again a couple of
+times before the box counts as unreachable. ``--tail N`` starts with the last N lines.
+The log passes through the CLI's ``SafeStream`` like everything rigsync prints: control and bidi characters
+(a colour code, a carriage return of a progress bar) are shown as escapes; ``--raw`` writes the bytes as they are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import codecs
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+from reconciler.adapters.store import attempt_dir, data_dir_for
+from reconciler.cli._boxes import BoxAccess, read_fleet_facts
+from reconciler.cli._common import add_repo_arg, api_url_of
+from reconciler.errors import HostKeyMismatch, HostUnreachable, RemoteCommandFailed, UserError
+from reconciler.model import Endpoint
+from reconciler.observed.attempts import AttemptPlace
+from reconciler.ports import Shell
+from reconciler.remote import NO_SUCH_RUN_EXIT
+from reconciler.remote.logs import (
+    EXIT_CODE_FILE,
+    MAX_SLICE_BYTES,
+    LogSlice,
+    LogStream,
+    parse_log_slice,
+    read_log_script,
+)
+
+POLL_S = 1.0  # --follow: how often the box is asked for new bytes
+READ_TIMEOUT_S = 30.0
+FOLLOW_RETRIES = 2  # --follow: a dropped connection is tried again this many times (POLL_S apart) before giving up
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "logs",
+        help="an attempt's stdout/stderr, from its box while it lives, from the local store afterwards",
+        description="Print the log of RUN's latest attempt (or RUN.ATTEMPT): from the local result store when the "
+        "harvest brought it home, else from the box over SSH. RUN is a run id or a unique prefix of it.",
+    )
+    p.add_argument("target", metavar="RUN[.ATTEMPT]", help="a run id or unique prefix (tdmpc-9165, 9165e5), .N for "
+                   "attempt N (default: the latest)")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new output until the attempt ends")
+    p.add_argument("--stderr", action="store_true", help="the attempt's stderr.log instead of stdout.log")
+    p.add_argument("--tail", type=_non_negative, default=None, metavar="N", help="start with the last N lines")
+    p.add_argument("--raw", action="store_true",
+                   help="write the log's bytes as they are (default: control characters shown as escapes)")
+    p.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="the local result store (default: $RIGSYNC_DATA_DIR, else $XDG_DATA_HOME/rigsync)")
+    add_repo_arg(p)
+    p.set_defaults(handler=run)
+
+
+def _non_negative(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n} is negative")
+    return n
+
+
+# ------------------------------------------------------------------------------------------------- sources
+
+
+class LogSource(Protocol):
+    def read(self, offset: int, last_lines: int | None) -> LogSlice: ...
+
+    @property
+    def finished(self) -> bool:
+        """The attempt is known to have ended whatever ``read`` says (its logs were harvested)."""
+        ...
+
+
+class StoreSource:
+    """A harvested attempt: its run directory as the harvest copied it into the local store."""
+
+    finished = True
+
+    def __init__(self, directory: Path, stream: LogStream, exit_code: int | None = None) -> None:
+        self.path = directory / stream.value
+        self.exit_code = exit_code
+        code_file = directory / EXIT_CODE_FILE
+        with contextlib.suppress(OSError, ValueError):
+            self.exit_code = int(code_file.read_text().strip())
+
+    def read(self, offset: int, last_lines: int | None) -> LogSlice:
+        try:
+            with open(self.path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if last_lines is not None:
+                    offset = _last_lines_start(fh, size, last_lines)
+                offset = min(offset, size)
+                fh.seek(offset)
+                data = fh.read(min(MAX_SLICE_BYTES, size - offset))
+        except FileNotFoundError:
+            data, offset, size = b"", 0, 0
+        except OSError as exc:
+            raise UserError(f"cannot read {self.path}: {exc.strerror or exc}") from None
+        return LogSlice(data, offset, offset + len(data), size, self.exit_code, False)
+
+
+def _last_lines_start(fh: BinaryIO, size: int, lines: int) -> int:
+    """The offset where the last ``lines`` lines of the file's first ``size`` bytes start (as ``tail -n``)."""
+    if lines == 0 or size == 0:
+        return size
+    pos, seen, block = size, 0, 1 << 16
+    fh.seek(size - 1)
+    # a final newline ends the last line; it does not start another one
+    if fh.read(1) == b"\n":
+        pos -= 1
+    while pos > 0:
+        step = min(block, pos)
+        fh.seek(pos - step)
+        chunk = fh.read(step)
+        at = len(chunk)
+        while True:
+            at = chunk.rfind(b"\n", 0, at)
+            if at < 0:
+                break
+            seen += 1
+            if seen == lines:
+                return pos - step + at + 1
+        pos -= step
+    return 0
+
+
+class BoxSource:
+    """A live (or not yet harvested) attempt, read on its box over SSH."""
+
+    finished = False
+
+    def __init__(self, shell: Shell, endpoint: Endpoint, instance_id: int, place: AttemptPlace,
+                 stream: LogStream, *, retries: int = 0, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.shell = shell
+        self.endpoint = endpoint
+        self.instance_id = instance_id
+        self.place = place
+        self.stream = stream
+        self.retries = retries
+        self.sleep = sleep
+
+    def read(self, offset: int, last_lines: int | None) -> LogSlice:
+        command = read_log_script(self.place.run_id, self.place.attempt, self.stream, offset=offset,
+                                  last_lines=last_lines)
+        where = f"box {self.instance_id} ({self.endpoint.host}:{self.endpoint.port})"
+        for tried in range(self.retries + 1):
+            try:
+                res = self.shell.run(self.endpoint, command, timeout=READ_TIMEOUT_S)
+                break
+            except HostKeyMismatch as exc:
+                raise UserError(f"{where}: {exc}") from None
+            except HostUnreachable as exc:
+                if tried >= self.retries:
+                    raise UserError(f"{where} is unreachable: {exc}") from None
+                self.sleep(POLL_S)
+        if res.exit_code == NO_SUCH_RUN_EXIT:
+            raise UserError(f"{where} has no run directory for attempt {self.place.name}")
+        if res.exit_code != 0:
+            err = res.stderr.decode("utf-8", "replace").strip()[-300:]
+            raise RemoteCommandFailed(f"{where}: reading the log exited {res.exit_code}: {err}")
+        return parse_log_slice(res.stdout)
+
+
+# ------------------------------------------------------------------------------------------------ printing
+
+
+class Printer:
+    """Where the log's bytes go: decoded and written to the CLI's (escaping) stdout, or as bytes with ``raw``."""
+
+    def __init__(self, *, raw: bool) -> None:
+        self.raw = raw
+        self._decoder = codecs.getincrementaldecoder("utf-8")("backslashreplace")
+
+    def __call__(self, data: bytes) -> None:
+        if self.raw:
+            sys.stdout.flush()
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        else:
+            sys.stdout.write(self._decoder.decode(data))
+            sys.stdout.flush()
+
+    def close(self) -> None:
+        if not self.raw:
+            rest = self._decoder.decode(b"", final=True)
+            if rest:
+                sys.stdout.write(rest)
+            sys.stdout.flush()
+
+
+def pump(
+    source: LogSource,
+    write: Callable[[bytes], None],
+    *,
+    follow: bool,
+    tail: int | None = None,
+    poll_s: float = POLL_S,
+    sleep: Callable[[float], None] = time.sleep,
+) -> LogSlice:
+    """Copy the log from ``source`` to ``write``: what is there now, or with ``follow`` until the attempt ended.
+
+    Returns the last slice read (its ``exit_code`` says how the attempt ended, if it did). Without ``follow`` the
+    log is read up to the size it had at the first read, so a busy log cannot keep the command running. With
+    ``follow`` it ends when the exit code appears or the source is finished, and when the wrapper is gone without
+    an exit code on two reads in a row (the wrapper writes the exit code just before it exits).
+    """
+    offset, target, gone = 0, -1, 0
+    last_lines = tail
+    while True:
+        sl = source.read(offset, last_lines)
+        last_lines = None
+        if sl.data:
+            write(sl.data)
+        offset = sl.end
+        if target < 0:
+            target = sl.size
+        if not follow:
+            if offset >= min(target, sl.size):
+                return sl
+            continue
+        if sl.end < sl.size:
+            continue  # more is there already
+        if sl.ended or source.finished:
+            return sl
+        gone = gone + 1 if sl.wrapper_alive is False else 0
+        if gone >= 2:
+            return sl
+        sleep(poll_s)
+
+
+# ------------------------------------------------------------------------------------------------- command
+
+
+def run(args: argparse.Namespace) -> int:
+    api_url = api_url_of(args)
+    facts = read_fleet_facts(args)
+    place = facts.index.resolve(args.target)
+    stream = LogStream.STDERR if args.stderr else LogStream.STDOUT
+    stored = attempt_dir(data_dir_for(facts.desired.fleet.name, args.data_dir), place.run_id, place.attempt)
+    boxes = BoxAccess(facts, api_url)
+    try:
+        source: LogSource
+        if stored.is_dir():
+            source = StoreSource(stored, stream, place.record.exit_code if place.record else None)
+        else:
+            source = _box_source(boxes, place, stream, stored, retries=FOLLOW_RETRIES if args.follow else 0)
+        printer = Printer(raw=args.raw)
+        try:
+            last = pump(source, printer, follow=args.follow, tail=args.tail)
+        except BrokenPipeError:  # `rigsync logs ... | head`: the reader has what it wanted
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+        printer.close()
+    finally:
+        boxes.close()
+    if args.follow:
+        if last.exit_code is not None:
+            print(f"rigsync: attempt {place.name} ended with exit code {last.exit_code}", file=sys.stderr)
+        elif source.finished:
+            print(f"rigsync: attempt {place.name} ended (no exit code recorded)", file=sys.stderr)
+        else:
+            print(f"rigsync: attempt {place.name} ended without an exit code: its wrapper is gone (killed, or its "
+                  "box restarted)", file=sys.stderr)
+    return 0
+
+
+def _box_source(boxes: BoxAccess, place: AttemptPlace, stream: LogStream, stored: Path, *, retries: int) -> BoxSource:
+    if place.instance_id is None:
+        raise UserError(f"rigsync does not know which box attempt {place.name} ran on, and its logs were not "
+                        f"harvested (nothing at {stored})")
+    instance = boxes.listed(place.instance_id)
+    if instance is None:
+        raise UserError(f"box {place.instance_id} was destroyed and its logs were not harvested (attempt "
+                        f"{place.name}: nothing at {stored})")
+    instance = boxes.owned(instance)
+    if instance.ssh is None:
+        raise UserError(f"box {instance.id} has no SSH address yet (the provider says {instance.status.value})")
+    return BoxSource(boxes.shell(), instance.ssh, instance.id, place, stream, retries=retries)

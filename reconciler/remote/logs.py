@@ -1,0 +1,88 @@
+"""Reading an attempt's log on its box, for ``rigsync logs``: the command (``read_log.sh``) and its answer.
+
+The wrapper (``wrapper.sh``) writes the command's output to ``stdout.log`` and ``stderr.log`` in the attempt's run
+directory and records ``exit_code`` once the command ended; the harvest keeps the same file names in the local
+store (``adapters.store.attempt_dir``). ``read_log_script`` asks for a slice of one of them from a byte offset
+(or the last lines), bounded in size so a large log comes home in pieces and ``--follow`` can poll for new bytes;
+``parse_log_slice`` turns the answer into a ``LogSlice``. Pure: no I/O beyond reading the package's script.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+from reconciler.errors import RemoteCommandFailed
+from reconciler.model import run_dir_name
+from reconciler.remote import NO_SUCH_RUN_EXIT, _check_name, _command
+
+EXIT_CODE_FILE = "exit_code"
+MAX_SLICE_BYTES = 1 << 20  # one answer carries at most this much of a log
+
+
+class LogStream(enum.StrEnum):
+    """Which of an attempt's two logs; the value is its file name in the run directory (on the box and in the store)."""
+
+    STDOUT = "stdout.log"
+    STDERR = "stderr.log"
+
+
+@dataclass(frozen=True)
+class LogSlice:
+    """Bytes ``[start, end)`` of a log whose size was ``size`` when read, and what the attempt's directory said then.
+
+    ``exit_code`` is set once the attempt ended (then ``size`` is final); ``wrapper_alive`` is None before the
+    wrapper recorded its pid, False once it is gone (with no exit code: it died, or its box rebooted).
+    """
+
+    data: bytes
+    start: int
+    end: int
+    size: int
+    exit_code: int | None
+    wrapper_alive: bool | None
+
+    @property
+    def ended(self) -> bool:
+        return self.exit_code is not None
+
+
+# the first such line: a login banner or a chatty .bashrc may print before it, the log's own bytes only after it
+_HEADER = re.compile(rb"(?m)^rigsync-log (-|-?\d+) (-|0|1) (\d+) (\d+) (\d+)\n")
+
+
+def read_log_script(
+    run_id: str, attempt: int, stream: LogStream, *, offset: int = 0, max_bytes: int = MAX_SLICE_BYTES,
+    last_lines: int | None = None,
+) -> str:
+    """The command printing a ``LogSlice`` of one attempt's log: from ``offset``, or its last ``last_lines`` lines.
+
+    Exits ``NO_SUCH_RUN_EXIT`` when the box has no such run directory.
+    """
+    name = _check_name("run directory", run_dir_name(run_id, attempt))
+    lines = -1 if last_lines is None else max(0, int(last_lines))
+    return _command(
+        "read_log.sh", name, stream.value, str(max(0, int(offset))), str(max(1, int(max_bytes))), str(lines),
+        str(NO_SUCH_RUN_EXIT),
+    )
+
+
+def parse_log_slice(stdout: bytes) -> LogSlice:
+    """The answer of ``read_log_script``; ``RemoteCommandFailed`` when it is not one."""
+    m = _HEADER.search(stdout)
+    if m is None:
+        head = stdout[:80].decode("utf-8", "replace")
+        raise RemoteCommandFailed(f"unexpected answer from the log reader: {head!r}")
+    code, alive, start, end, size = (g.decode() for g in m.groups())
+    data = stdout[m.end():]
+    if int(start) + len(data) != int(end):
+        raise RemoteCommandFailed(f"the log reader sent {len(data)} bytes for [{start}, {end})")
+    return LogSlice(
+        data=data,
+        start=int(start),
+        end=int(end),
+        size=int(size),
+        exit_code=None if code == "-" else int(code),
+        wrapper_alive=None if alive == "-" else alive == "1",
+    )
