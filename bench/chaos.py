@@ -170,6 +170,7 @@ seeds: [{seeds}]
 resources:
   gpus: 1
 max_runtime: 90s
+expected_runtime: 5s
 retries: {retries}
 metrics:
   file: metrics.jsonl
@@ -374,7 +375,7 @@ class Schedule:
             popen = subprocess.Popen(
                 [*RIGSYNC, "run", "--repo", str(checkout), "--interval", f"{self.cfg.interval_s:g}",
                  "--lease-stale", f"{self.cfg.lease_stale_s:g}", "--lease-renew", f"{self.cfg.lease_renew_s:g}",
-                 "--poll", "1", "--author", author],
+                 "--poll", "1", "--destroy-latency", "2", "--author", author],
                 env=self.env(failpoint), stdout=fh, stderr=subprocess.STDOUT, cwd=self.tmp,
             )
         p = Proc(popen, log, checkout, author, failpoint)

@@ -24,6 +24,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--poll", type=float, default=5.0,
         help="seconds between checks of the remote branch for new commits (default 5)",
     )
+    p.add_argument(
+        "--destroy-latency", type=float, default=None, metavar="S",
+        help="seconds from deciding to destroy a box until the provider stops billing it; the budget projects "
+        "spend through it (default 30)",
+    )
     p.add_argument("--author", default="rigsync", help="author name of rigsync's commits")
     p.add_argument("--branch", default="main", help="the tracked branch (default main)")
     p.set_defaults(handler=run)
@@ -40,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
         lease_stale_s=args.lease_stale,
         lease_renew_s=args.lease_renew,
         remote_poll_s=args.poll,
+        destroy_latency_s=args.destroy_latency,
         author_name=args.author,
         branch=args.branch,
     )
