@@ -3,6 +3,24 @@
 # the wrapper, start the wrapper detached in a session of its own, and print its pid.
 # Arguments: the attempt's directory name, the exit code for "lock held", the meta.json text, the wrapper's
 # text, then the wrapper's own arguments after its first (see wrapper.sh).
+# Stdin: the job's own environment (a sweep's env:, secrets resolved on the controller) as NAME=VALUE records,
+# each ended by a NUL byte. It never travels as an argument (every user of the box sees arguments in `ps`) and is
+# never written to a file: it is held in this shell's memory and piped to the wrapper, which exports it for the
+# command only. Read before the lock is taken, so a refused record leaves nothing behind; no message quotes one.
+job_env=()
+while IFS= read -r -d '' record; do
+  case ${record%%=*} in
+    '' | [!A-Z_]* | *[!A-Z0-9_]*)
+      echo "launch: refused a job environment record: its name is not an uppercase variable name" >&2
+      exit 1
+      ;;
+  esac
+  if [ "${record#*=}" = "$record" ]; then
+    echo "launch: refused a job environment record without '='" >&2
+    exit 1
+  fi
+  job_env+=("$record")
+done
 name=$1
 lock_exit=$2
 meta=$3
@@ -17,7 +35,9 @@ fi
 printf "%s\n" "$meta" >"$RUN_DIR/meta.json" || exit 1
 printf "%s" "$wrapper" >"$RUN_DIR/wrapper.sh" || exit 1
 cd "$RUN_DIR" || exit 1
-setsid nohup bash "$RUN_DIR/wrapper.sh" "$RUN_DIR" "$@" >/dev/null 2>&1 </dev/null &
+# printf is a builtin: the records reach the pipe without ever being a process's argument.
+{ [ "${#job_env[@]}" -eq 0 ] || printf '%s\0' "${job_env[@]}"; } |
+  setsid nohup bash "$RUN_DIR/wrapper.sh" "$RUN_DIR" "$@" >/dev/null 2>&1 &
 spawned=$!
 # The wrapper records its own pid (the session leader, which setsid may have forked); wait for it briefly.
 for _ in $(seq 1 50); do
