@@ -22,7 +22,8 @@ from reconciler import jobenv, remote
 from reconciler.actions import Launch, Plan, ReasonCode
 from reconciler.adapters.boxes import ShellBoxes
 from reconciler.apply import ApplyContext, apply
-from reconciler.errors import SecretMissing
+from reconciler.desired import errors_of, load_desired, read_desired_files
+from reconciler.errors import DesiredStateInvalid, SecretMissing
 from reconciler.expand import run_id
 from reconciler.jobenv import ControllerEnv, JobEnv
 from reconciler.model import Budget, Desired, Endpoint, Fleet, Instance, InstanceStatus, MetricGoal, Observed, RunSpec
@@ -251,3 +252,41 @@ def test_the_box_refuses_a_bad_record_before_the_lock_and_without_echoing_it(hom
     assert res.returncode == 1
     assert b"hunter2-value" not in res.stderr + res.stdout and b"refused" in res.stderr
     assert not (home / "rigsync" / "runs" / "r1.1").exists()
+
+
+# ------------------------------------------------------------------------------------------------ loader
+
+REPO = Path(__file__).resolve().parents[2]
+CASES = Path(__file__).resolve().parent / "loader_cases"
+
+
+def _with_sweep(text: str) -> dict[str, bytes]:
+    files = dict(read_desired_files(REPO))
+    files["desired/sweeps/tdmpc.yaml"] = text.encode()
+    return files
+
+
+SWEEP = """\
+name: tdmpc
+code: [experiments]
+command: "{{ python }} experiments/train.py --seed {{ seed }}"
+seeds: [1, 2]
+"""
+
+
+def test_a_valid_env_loads_as_written_and_joins_the_run_ids() -> None:
+    plain = load_desired(_with_sweep(SWEEP))
+    desired = load_desired(_with_sweep(SWEEP + "env:\n  WANDB_API_KEY: ${WANDB_API_KEY}\n  OMP_NUM_THREADS: 4\n"))
+    (sweep,) = desired.sweeps
+    assert sweep.env == (("WANDB_API_KEY", "${WANDB_API_KEY}"), ("OMP_NUM_THREADS", "4"))
+    assert all(r.env == sweep.env for r in desired.runs)
+    assert {r.id for r in desired.runs}.isdisjoint({r.id for r in plain.runs})
+
+
+@pytest.mark.parametrize("case", ["env_secret_literal", "env_schema"])
+def test_loader_errors_never_quote_an_env_value(case: str) -> None:
+    text = (CASES / case / "desired" / "sweeps" / "tdmpc.yaml").read_text()
+    with pytest.raises(DesiredStateInvalid) as caught:
+        load_desired(_with_sweep(text))
+    shown = str(caught.value) + "\n".join(str(e) for e in errors_of(caught.value))
+    assert "0123456789abcdef" not in shown and "s3cr3t" not in shown
