@@ -55,6 +55,7 @@ SECRET_WORDS = r"api[_-]?key|secret|token|password|passwd|private[_-]?key|access
 # WANDB_API_KEY, AWS_SECRET_ACCESS_KEY), not a prefix of another word (TOKENIZERS_PARALLELISM is not one).
 SECRETISH_NAME_RE = re.compile(rf"(?:^|_)(?:{SECRET_WORDS})(?:_|$)", re.IGNORECASE)
 
+SECRET_WARNING = "secret missing: "  # how a plan warning about a held-back sweep begins (status and diff pick it)
 SECRET_ADVICE = "secrets never belong in desired/; write `${NAME}` and set it in the controller's environment"
 
 
@@ -115,6 +116,11 @@ def missing_text(sweep: str, names: Sequence[str]) -> str:
     listed = ", ".join(names)
     verb = "it is" if len(names) == 1 else "they are"
     return f"sweep {sweep} needs {listed} from the controller's environment; {verb} not set"
+
+
+def held_back(warnings: Iterable[object]) -> list[str]:
+    """The plan warnings about sweeps held back for a missing variable, without their prefix (status, diff)."""
+    return [str(w).removeprefix(SECRET_WARNING) for w in warnings if str(w).startswith(SECRET_WARNING)]
 
 
 def expands_reference(command: str, names: Iterable[str]) -> str | None:

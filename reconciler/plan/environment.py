@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from reconciler.actions import ReasonCode
-from reconciler.jobenv import missing, missing_text
+from reconciler.jobenv import SECRET_WARNING, missing, missing_text
 from reconciler.plan.attempts import PendingRun, RunQueue
 from reconciler.plan.common import Decisions
 from reconciler.plan.world import World
@@ -45,6 +45,3 @@ def withhold_missing_secrets(world: World, queue: RunQueue) -> tuple[RunQueue, D
     if not held:
         return queue, out
     return replace(queue, pending=tuple(kept)), out
-
-
-SECRET_WARNING = "secret missing: "  # the prefix of its plan warnings (status picks them out by it)
