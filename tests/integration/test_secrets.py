@@ -25,6 +25,7 @@ from test_run_daemon import (
     log_text,
     run_ids_by_seed,
     set_key,
+    validate_observed,
     wait_for,
     world_factory,
 )
@@ -243,6 +244,7 @@ def test_a_missing_secret_holds_its_sweep_back_and_the_others_run(world_factory:
         status = _cli(w, env, "status")
         assert f"BLOCKED: {reason}" in status, status
         assert proc.poll() is None, "a missing secret must not stop the daemon"
+        validate_observed(w)
     finally:
         boxes.stop()
         proc.terminate()
