@@ -58,6 +58,7 @@ class ShellBoxes:
             sweep=job.sweep,
             params=dict(job.params),
             seed=job.seed,
+            env_records=len(job.env.names),
         )
         # The job's environment goes on the channel's stdin, never into the command line (``launch.sh``).
         res = self._run(box, script, stdin=job.env.stdin() or None)

@@ -1,14 +1,26 @@
 # shellcheck shell=bash
 # Launch one run attempt: take the launch lock (an atomic mkdir of the attempt's directory), write meta.json and
 # the wrapper, start the wrapper detached in a session of its own, and print its pid.
-# Arguments: the attempt's directory name, the exit code for "lock held", the meta.json text, the wrapper's
-# text, then the wrapper's own arguments after its first (see wrapper.sh).
-# Stdin: the job's own environment (a sweep's env:, secrets resolved on the controller) as NAME=VALUE records,
-# each ended by a NUL byte. It never travels as an argument (every user of the box sees arguments in `ps`) and is
+# Arguments: the attempt's directory name, the exit code for "lock held", how many job environment records
+# stdin holds, the meta.json text, the wrapper's text, then the wrapper's own arguments after its first (see
+# wrapper.sh).
+# Stdin: that many records of the job's own environment (a sweep's env:, secrets resolved on the controller), each
+# NAME=VALUE ended by a NUL byte; with 0, stdin is not read at all. It never travels as an argument (every user of the box sees arguments in `ps`) and is
 # never written to a file: it is held in this shell's memory and piped to the wrapper, which exports it for the
 # command only. Read before the lock is taken, so a refused record leaves nothing behind; no message quotes one.
+env_count=$3
+case $env_count in
+  '' | *[!0-9]*)
+    echo "launch: the job environment record count is not a number" >&2
+    exit 1
+    ;;
+esac
 job_env=()
-while IFS= read -r -d '' record; do
+while [ "${#job_env[@]}" -lt "$env_count" ]; do
+  if ! IFS= read -r -d '' record; then
+    echo "launch: stdin ended after ${#job_env[@]} of $env_count job environment records" >&2
+    exit 1
+  fi
   case ${record%%=*} in
     '' | [!A-Z_]* | *[!A-Z0-9_]*)
       echo "launch: refused a job environment record: its name is not an uppercase variable name" >&2
@@ -23,9 +35,9 @@ while IFS= read -r -d '' record; do
 done
 name=$1
 lock_exit=$2
-meta=$3
-wrapper=$4
-shift 4
+meta=$4
+wrapper=$5
+shift 5
 RUN_DIR=$RIGSYNC_ROOT/runs/$name
 mkdir -p "$RIGSYNC_ROOT/runs" || exit 1
 if ! mkdir "$RUN_DIR" 2>/dev/null; then

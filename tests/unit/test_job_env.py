@@ -193,11 +193,11 @@ def _box_env(home: Path) -> dict[str, str]:
     return {"HOME": str(home), "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
-def _launch(home: Path, command: str, stdin: bytes) -> subprocess.CompletedProcess[bytes]:
+def _launch(home: Path, command: str, stdin: bytes, records: int) -> subprocess.CompletedProcess[bytes]:
     script = remote.launch_script(
         run_id="r1", attempt=1, gpu_mask=(0,), command=command, code_commit="c0ffee", desired_commit=None,
         metrics_file="metrics.jsonl", metric_key=None, metric_goal="max", max_runtime_s=60.0, sweep="s",
-        params={}, seed=0,
+        params={}, seed=0, env_records=records,
     )
     return subprocess.run(["bash", "-c", script], env=_box_env(home), input=stdin, capture_output=True,
                           timeout=30, check=False)
@@ -220,7 +220,7 @@ def test_the_box_gives_the_value_to_the_job_only(home: Path) -> None:
         'python3 -c "import hashlib,os; print(hashlib.sha256(os.environ[\'WANDB_API_KEY\'].encode()).hexdigest())"'
         ' > "$RIGSYNC_RUN_DIR/hash"; echo "$MUJOCO_GL" > "$RIGSYNC_RUN_DIR/gl"; sleep 2'
     )
-    res = _launch(home, command, JobEnv([("WANDB_API_KEY", value), ("MUJOCO_GL", "egl")]).stdin())
+    res = _launch(home, command, JobEnv([("WANDB_API_KEY", value), ("MUJOCO_GL", "egl")]).stdin(), 2)
     assert res.returncode == 0, res.stderr
     run_dir = home / "rigsync" / "runs" / "r1.1"
     pid = int((run_dir / "pid").read_text())
@@ -248,10 +248,33 @@ def test_the_box_gives_the_value_to_the_job_only(home: Path) -> None:
 
 
 def test_the_box_refuses_a_bad_record_before_the_lock_and_without_echoing_it(home: Path) -> None:
-    res = _launch(home, "true", b"bad name=hunter2-value\0")
-    assert res.returncode == 1
-    assert b"hunter2-value" not in res.stderr + res.stdout and b"refused" in res.stderr
-    assert not (home / "rigsync" / "runs" / "r1.1").exists()
+    for stdin, records in ((b"bad name=hunter2-value\0", 1), (b"NOEQUALS-hunter2-value\0", 1),
+                           (b"A=hunter2-value\0", 2)):
+        res = _launch(home, "true", stdin, records)
+        assert res.returncode == 1
+        assert b"hunter2-value" not in res.stderr + res.stdout and b"launch: " in res.stderr
+        assert not (home / "rigsync" / "runs" / "r1.1").exists()
+
+
+def test_without_records_the_launch_never_reads_its_stdin(home: Path) -> None:
+    script = remote.launch_script(
+        run_id="r2", attempt=1, gpu_mask=(0,), command="true", code_commit="c0ffee", desired_commit=None,
+        metrics_file="metrics.jsonl", metric_key=None, metric_goal="max", max_runtime_s=60.0, sweep="s",
+        params={}, seed=0,
+    )
+    read_end, write_end = os.pipe()  # a stdin that never ends: reading it would hang the launch
+    try:
+        res = subprocess.run(["bash", "-c", script], env=_box_env(home), stdin=read_end, capture_output=True,
+                             timeout=30, check=False)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert res.returncode == 0, res.stderr
+    run_dir = home / "rigsync" / "runs" / "r2.1"
+    deadline = time.monotonic() + 20
+    while not (run_dir / "exit_code").exists():
+        assert time.monotonic() < deadline, "the run never ended"
+        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------------------------------------ loader
