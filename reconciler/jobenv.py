@@ -55,6 +55,11 @@ SECRET_WORDS = r"api[_-]?key|secret|token|password|passwd|private[_-]?key|access
 # WANDB_API_KEY, AWS_SECRET_ACCESS_KEY), not a prefix of another word (TOKENIZERS_PARALLELISM is not one).
 SECRETISH_NAME_RE = re.compile(rf"(?:^|_)(?:{SECRET_WORDS})(?:_|$)", re.IGNORECASE)
 
+# Literal values that are well-known credential formats, whatever their variable is called.
+_SECRET_VALUE_RE = re.compile(
+    r"gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}|sk-[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{30,}"
+    r"|AKIA[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,}|-----BEGIN [A-Z ]*PRIVATE KEY-----"
+)
 SECRET_WARNING = "secret missing: "  # how a plan warning about a held-back sweep begins (status and diff pick it)
 SECRET_ADVICE = "secrets never belong in desired/; write `${NAME}` and set it in the controller's environment"
 
@@ -93,6 +98,8 @@ def value_problem(name: str, text: str) -> str | None:
         )
     if SECRETISH_NAME_RE.search(name):
         return f"{name} looks like a secret but its value is written here: {SECRET_ADVICE}"
+    if _SECRET_VALUE_RE.search(text):
+        return f"the value of {name} looks like a credential (an API token or private key): {SECRET_ADVICE}"
     return None
 
 

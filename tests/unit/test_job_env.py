@@ -56,6 +56,10 @@ def test_a_secret_looking_literal_is_refused_without_quoting_it() -> None:
     assert jobenv.value_problem("HF_TOKEN", "${HF_TOKEN}") is None
     assert jobenv.value_problem("TOKENIZERS_PARALLELISM", "false") is None  # a word part, not a prefix
     assert jobenv.value_problem("X", "${VAST_API_KEY}") is not None  # rigsync's own key never goes to a job
+    leaked = "ghp_" + "a1B2" * 9  # a GitHub token's shape, under an innocent name
+    why = jobenv.value_problem("CONFIG", leaked)
+    assert why is not None and "credential" in why and leaked not in why
+    assert jobenv.value_problem("CONFIG", "sk-learn") is None
     assert jobenv.value_problem("X", "${RIGSYNC_API_URL}") is not None
 
 
