@@ -41,10 +41,12 @@ SET_BY_RIGSYNC = frozenset({"CUDA_VISIBLE_DEVICES"})
 # Names that change how the shell running the command starts or how programs are found and loaded: set as a
 # whole value (no expansion) they break the run in ways its command does not show. The command can still set
 # them (``PATH=/x:$PATH python ...``), where a reviewer sees it.
+# Bash's read-only variables (UID, EUID, PPID, ...) could not be exported at all.
 REFUSED_NAMES = frozenset(
-    {"PATH", "HOME", "SHELL", "USER", "LOGNAME", "PWD", "OLDPWD", "IFS", "ENV", "BASH_ENV", "SHELLOPTS", "BASHOPTS",
-     "PS4", "CDPATH", "GLOBIGNORE", "TMOUT"}
+    {"PATH", "HOME", "SHELL", "USER", "LOGNAME", "PWD", "OLDPWD", "IFS", "ENV", "SHELLOPTS", "BASHOPTS", "PS4",
+     "CDPATH", "GLOBIGNORE", "TMOUT", "UID", "EUID", "PPID"}
 )
+REFUSED_PREFIXES = ("LD_", "BASH_")
 # References the controller never hands to a job: rigsync's own credentials and settings. A pull request could
 # otherwise send the account's key to a box (and from there anywhere).
 REFUSED_REFERENCES = frozenset({"VAST_API_KEY"})
@@ -76,7 +78,7 @@ def name_problem(name: str) -> str | None:
         return "is not a valid variable name: uppercase letters, digits and '_', not starting with a digit"
     if name.startswith(RIGSYNC_PREFIX) or name in SET_BY_RIGSYNC:
         return "is set by rigsync's run wrapper for every run; choose another name"
-    if name in REFUSED_NAMES or name.startswith("LD_"):
+    if name in REFUSED_NAMES or name.startswith(REFUSED_PREFIXES):
         return (
             "changes how the run's shell starts or how programs are found and loaded; set it in the command "
             "instead (e.g. `PATH=/x:$PATH python ...`), where it is reviewed with what it affects"

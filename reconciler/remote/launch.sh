@@ -4,10 +4,11 @@
 # Arguments: the attempt's directory name, the exit code for "lock held", how many job environment records
 # stdin holds, the meta.json text, the wrapper's text, then the wrapper's own arguments after its first (see
 # wrapper.sh).
-# Stdin: that many records of the job's own environment (a sweep's env:, secrets resolved on the controller), each
-# NAME=VALUE ended by a NUL byte; with 0, stdin is not read at all. It never travels as an argument (every user of the box sees arguments in `ps`) and is
-# never written to a file: it is held in this shell's memory and piped to the wrapper, which exports it for the
-# command only. Read before the lock is taken, so a refused record leaves nothing behind; no message quotes one.
+# Stdin: that many records of the job's own environment (a sweep's env:, secrets resolved on the controller),
+# each NAME=VALUE ended by a NUL byte; with 0, stdin is not read at all. It never travels as an argument (every
+# user of the box sees arguments in `ps`) and is never written to a file: it is held in this shell's memory and
+# piped to the wrapper, which exports it for the command only. Read before the lock is taken, so a refused record
+# leaves nothing behind; no message quotes one.
 env_count=$3
 case $env_count in
   '' | *[!0-9]*)

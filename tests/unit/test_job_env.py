@@ -43,7 +43,7 @@ def test_reference_is_the_whole_value_only() -> None:
 
 
 def test_names_rigsync_sets_or_that_change_how_the_shell_starts_are_refused() -> None:
-    for name in ("RIGSYNC_RESUME_DIR", "CUDA_VISIBLE_DEVICES", "PATH", "HOME", "BASH_ENV", "LD_PRELOAD", "IFS"):
+    for name in ("RIGSYNC_RESUME_DIR", "CUDA_VISIBLE_DEVICES", "PATH", "HOME", "BASH_ENV", "LD_PRELOAD", "IFS", "UID"):
         assert jobenv.name_problem(name) is not None, name
     for name in ("WANDB_API_KEY", "MUJOCO_GL", "OMP_NUM_THREADS", "_X", "TOKENIZERS_PARALLELISM"):
         assert jobenv.name_problem(name) is None, name
