@@ -108,6 +108,7 @@ class ReasonCode(enum.StrEnum):
     STATUS_UNKNOWN = "status_unknown"  # a provider status rigsync does not act on
     BUSY = "busy"  # GPUs in use by rigsync's runs
     NOT_LAUNCHED = "not_launched"  # pending runs waiting for boxes (booting, rented now, no capacity)
+    SECRET_MISSING = "secret_missing"  # the sweep's env references a variable the controller does not set
     BUDGET_REFUSED = "budget_refused"  # a launch or a rent would not fit what the budget leaves
     CREDIT_REFUSED = "credit_refused"  # a rent the account's credit cannot cover
     INSTANCE_COUNT_CAP = "instance_count_cap"  # max_instances reached

@@ -37,6 +37,7 @@ from reconciler.actions import (
 )
 from reconciler.errors import LeaseLost, RemoteCommandFailed, RigsyncError
 from reconciler.failpoints import failpoint
+from reconciler.jobenv import ControllerEnv, JobEnv
 from reconciler.model import (
     AttemptOutcome,
     AttemptRecord,
@@ -102,6 +103,8 @@ class ApplyContext:
     should_stop: Callable[[], bool] = lambda: False
     fence: Fence = no_fence  # raises LeaseLost when this controller may no longer act (ports.Fence)
     note_launch: Callable[[InFlight], None] = lambda flight: None  # the launch journal, before each launch
+    # where a sweep's ``${NAME}`` references are resolved, at launch and nowhere else (reconciler.jobenv)
+    controller_env: ControllerEnv = field(default_factory=ControllerEnv)
 
 
 def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
@@ -269,6 +272,7 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
     spec = ctx.desired.run(action.run_id)
     if spec is None:
         raise RemoteCommandFailed(f"run {action.run_id} is not in the desired state this plan was made from")
+    env = ctx.controller_env.resolve(spec.sweep, spec.env)  # SecretMissing names the variable, never a value
     job = LaunchJob(
         run_id=action.run_id,
         attempt=action.attempt,
@@ -283,6 +287,7 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
         metric_key=spec.metric_key,
         metric_goal=spec.metric_goal,
         max_runtime_s=spec.max_runtime_s,
+        env=env,
     )
     flight = InFlight(
         run_id=action.run_id,
@@ -293,9 +298,25 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
         sweep=spec.sweep,
     )
     ctx.note_launch(flight)  # written ahead: a crash right after the launch must not lose the attempt's number
-    out = ctx.boxes.launch(_box(instances, action.instance_id), job)
+    out = _redacted(env, lambda: ctx.boxes.launch(_box(instances, action.instance_id), job))
     result.launched.append(flight)
     return f"pid {out}" if out else "launched"
+
+
+def _redacted(env: JobEnv, step: Callable[[], str]) -> str:
+    """Run ``step``; should its error or its answer carry a value of ``env`` (a box echoing its input), the value
+    is replaced by ``${NAME}`` before it reaches an outcome, a log line or a commit."""
+    if not env:
+        return step()
+    try:
+        return env.redact(step())
+    except RigsyncError as exc:
+        text = env.redact(str(exc))
+        if text == str(exc):
+            raise
+        raise RemoteCommandFailed(text) from None
+    except Exception as exc:
+        raise RemoteCommandFailed(env.redact(f"{type(exc).__name__}: {exc}")) from None
 
 
 def _run_state(observed: Observed, instance_id: int, run_id: str, attempt: int) -> RunDirState | None:

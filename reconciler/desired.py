@@ -46,6 +46,7 @@ from typing import Any, TypeVar
 import jsonschema
 import yaml
 
+from reconciler import jobenv
 from reconciler.errors import DesiredStateInvalid, TemplateProblem, YamlRefused
 from reconciler.expand import RUN_VARIABLES, count_runs, expand, parameter_name_problem, template_variables
 from reconciler.model import (
@@ -97,7 +98,7 @@ _C0_NAMES = (
     *("NUL", "SOH", "STX", "ETX", "EOT", "ENQ", "ACK", "BEL", "BS", "HT", "LF", "VT", "FF", "CR", "SO", "SI"),
     *("DLE", "DC1", "DC2", "DC3", "DC4", "NAK", "SYN", "ETB", "CAN", "EM", "SUB", "ESC", "FS", "GS", "RS", "US"),
 )
-_SECRETISH_RE = re.compile(r"(api[_-]?key|secret|token|password|passwd|private[_-]?key)", re.IGNORECASE)
+_SECRETISH_RE = re.compile(f"({jobenv.SECRET_WORDS})", re.IGNORECASE)  # the words: one home, in jobenv
 
 Path_ = tuple[str | int, ...]
 _T = TypeVar("_T")
@@ -516,6 +517,8 @@ _FRIENDLY_PATTERNS = {
     ),
     "^[a-z_][a-z0-9_]{0,62}$": "is not a valid parameter name: lowercase letters, digits and '_', not starting "
     "with a digit",
+    jobenv.NAME_RE.pattern: "is not a valid environment variable name: uppercase letters, digits and '_', not "
+    "starting with a digit, at most 128 characters",
 }
 
 
@@ -566,6 +569,9 @@ def _schema_errors(doc: _Doc, schema: str) -> list[LoadError]:
             message = f"key '{key}' {friendly}" if friendly else err.message
             out.append(doc.error((*path, key), message, at_key=True))
             continue
+        if path[:1] == ("env",):
+            out.append(doc.error(path, _env_schema_message(path, err)))  # never quotes a value: it may be a secret
+            continue
         if err.validator == "pattern" and str(err.validator_value) in _FRIENDLY_PATTERNS:
             message = f"{err.instance!r} {_FRIENDLY_PATTERNS[str(err.validator_value)]}"
         else:
@@ -579,6 +585,22 @@ def _schema_errors(doc: _Doc, schema: str) -> list[LoadError]:
 
         out.append(doc.error(path, message))
     return out
+
+
+def _env_schema_message(path: Path_, err: Any) -> str:
+    """A schema error under a sweep's ``env`` in words that never quote the value (jsonschema's would)."""
+    if len(path) == 1:
+        if err.validator == "maxProperties":
+            return f"env sets more than {err.validator_value} variables"
+        return "env must be a mapping of variable names to values"
+    if err.validator == "type":
+        return (
+            "an env value is text or an integer: quote other numbers and booleans (YAML reads unquoted "
+            "yes/no/on/off/true/false as booleans, and 1e-3 as a number whose spelling would change)"
+        )
+    if err.validator == "maxLength":
+        return f"an env value is at most {err.validator_value} characters"
+    return f"invalid env value ({err.validator})"
 
 
 # ------------------------------------------------------------------------------------------- conversion
@@ -797,6 +819,7 @@ def _build_sweep(data: Mapping[str, Any], order: int) -> Sweep:
         metric_goal=goal,
         promotion=tuple(rules),
         order=order,
+        env=tuple((str(k), str(v)) for k, v in data.get("env", {}).items()),
     )
 
 
@@ -831,6 +854,7 @@ def _sweep_checks(
                         f"U+{ord(char):04X} {_character_name(char)}",
                     )
                 )
+    errors += _env_checks(doc)
     try:
         used = template_variables(data["command"])
     except TemplateProblem as exc:
@@ -938,6 +962,40 @@ def _sweep_checks(
                     f"in {FLEET_FILE}); it could never be scheduled",
                 )
             )
+    return errors
+
+
+def _env_checks(doc: _Doc) -> list[LoadError]:
+    """A sweep's ``env`` beyond the schema (``reconciler.jobenv`` holds the rules). No message quotes a value."""
+    env: Mapping[str, Any] = doc.data.get("env", {})
+    errors: list[LoadError] = []
+    for name, value in env.items():
+        if (why := jobenv.name_problem(name)) is not None:
+            errors.append(doc.error(("env", name), f"env variable {name} {why}", at_key=True))
+            continue
+        text = str(value)
+        found = _VALUE_CONTROL_RE.search(text)
+        if found is not None:
+            char = found.group()
+            errors.append(
+                doc.error(
+                    ("env", name),
+                    f"control characters (NUL, escape, ...) are not allowed in env values: this one has "
+                    f"U+{ord(char):04X} {_character_name(char)}",
+                )
+            )
+        elif (why := jobenv.value_problem(name, text)) is not None:
+            errors.append(doc.error(("env", name), why))
+    refs = jobenv.references(tuple((str(k), str(v)) for k, v in env.items()))
+    expanded = jobenv.expands_reference(doc.data["command"], refs)
+    if expanded is not None:
+        errors.append(
+            doc.error(
+                ("command",),
+                f"the command expands ${expanded} itself, which puts the value into the job's command line (seen "
+                f"by every user of the box in `ps`); read {expanded} from the environment in the program instead",
+            )
+        )
     return errors
 
 

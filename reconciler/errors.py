@@ -14,6 +14,7 @@ Every concrete error that an adapter raises says which of the two it is; the ada
     │   │   ├── LeaseHeld                 another reconciler holds the fleet
     │   │   │   └── LeaseLost             (also PermanentError) our lease's deadline passed mid-apply: stop acting
     │   │   ├── StalePlan                 a saved plan no longer matches the world
+    │   │   ├── SecretMissing             (also PermanentError) a sweep's ``${NAME}`` is not set on the controller
     │   │   └── ProviderAuthError         (also ProviderPermanent) the API key is missing or rejected
     │   ├── TransientError                may succeed if tried again: back off and retry
     │   │   ├── ProviderTransient         (ProviderError) 429, 5xx, timeouts
@@ -83,6 +84,13 @@ class TransientError(RigsyncError):
 
 class PermanentError(RigsyncError):
     """Will not succeed by retrying: bad credentials, unknown object, rejected request."""
+
+
+class SecretMissing(UserError, PermanentError):
+    """A sweep references ``${NAME}`` and the controller's environment does not set it (or sets it empty).
+
+    The message names the variables, never a value. The planner withholds such launches; this is raised only
+    when a launch is applied anyway (a saved plan applied from a shell without the variable)."""
 
 
 class LeaseLost(LeaseHeld, PermanentError):

@@ -140,11 +140,19 @@ def _param_pairs(params: Iterable[tuple[str, Scalar]]) -> list[list[object]]:
     return [[k, v] for k, v in sorted(params, key=lambda kv: kv[0])]
 
 
-def run_id(sweep: str, params: Iterable[tuple[str, Scalar]], seed: int, template: str) -> str:
-    """``<sweep>-<12 hex>`` over (sweep, sorted params, seed, command template)."""
-    digest = hashlib.sha256(
-        _canonical({"sweep": sweep, "params": _param_pairs(params), "seed": seed, "command": template})
-    ).hexdigest()
+def run_id(
+    sweep: str, params: Iterable[tuple[str, Scalar]], seed: int, template: str, env: Sequence[tuple[str, str]] = ()
+) -> str:
+    """``<sweep>-<12 hex>`` over (sweep, sorted params, seed, command template, and the env as written if any).
+
+    The env is what the job runs with, like its command: changing a literal (``MUJOCO_GL: egl``) is another
+    experiment, so another id. A reference counts by its text ``${NAME}`` only, never the value it resolves to:
+    rotating a secret changes no id. A sweep without env hashes exactly as before env existed.
+    """
+    identity: dict[str, object] = {"sweep": sweep, "params": _param_pairs(params), "seed": seed, "command": template}
+    if env:
+        identity["env"] = sorted([k, v] for k, v in env)
+    digest = hashlib.sha256(_canonical(identity)).hexdigest()
     return f"{sweep}-{digest[:12]}"
 
 
@@ -216,7 +224,7 @@ def expand_sweep(sweep: Sweep) -> list[RunSpec]:
         params = tuple(zip(keys, values, strict=True))
         cell = cell_id(sweep.name, params)
         for seed, threshold in seeds:
-            rid = run_id(sweep.name, params, seed, sweep.command)
+            rid = run_id(sweep.name, params, seed, sweep.command, sweep.env)
             specs.append(
                 RunSpec(
                     id=rid,
@@ -242,6 +250,7 @@ def expand_sweep(sweep: Sweep) -> list[RunSpec]:
                     metric_key=sweep.metric_key,
                     metric_goal=sweep.metric_goal,
                     promotion_threshold=threshold,
+                    env=sweep.env,
                 )
             )
     return specs

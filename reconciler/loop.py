@@ -19,6 +19,7 @@ from reconciler.actions import Plan
 from reconciler.apply import ApplyContext, ApplyResult, apply, next_in_flight
 from reconciler.archive import RunArchive
 from reconciler.errors import UserError
+from reconciler.jobenv import ControllerEnv, references
 from reconciler.launch_journal import LaunchJournal
 from reconciler.model import AttemptRecord, Desired, Endpoint, Fleet, FleetMemory, Observed
 from reconciler.observe import observe
@@ -63,6 +64,9 @@ class Reconciler:
     destroy_latency_s: float = DESTROY_LATENCY_S
     fence: Fence = no_fence  # apply asks it before every action (the daemon's lease fence; ports.Fence)
     journal: LaunchJournal | None = None  # launches written down before they happen (reconciler/launch_journal.py)
+    # what the sweeps' ``${NAME}`` references resolve to (this process's environment): plan() learns which names
+    # are set, apply() reads the values at launch (reconciler.jobenv)
+    controller_env: ControllerEnv = field(default_factory=lambda: ControllerEnv(os.environ))
     _last_wall_s: float = 0.0  # how long the last cycle took: the next decision comes that much later too
     _history: list[AttemptRecord] | None = None
     _endpoints: dict[int, tuple[Endpoint, ...]] = field(default_factory=dict)
@@ -86,7 +90,13 @@ class Reconciler:
         observed, memory = observe(desired, self.provider, self.boxes, self.history, self.memory, now)
         # the budget's horizon: until this controller decides again (its interval after a cycle as long as the
         # last one), plus the time a destroy takes to stop the billing
-        observed = replace(observed, cycle_s=self.cycle_s + self._last_wall_s + self.destroy_latency_s)
+        envs = {sweep.env for sweep in desired.sweeps} | {run.env for run in desired.runs}
+        wanted = {name for env in envs for name in references(env)}
+        observed = replace(
+            observed,
+            cycle_s=self.cycle_s + self._last_wall_s + self.destroy_latency_s,
+            controller_env=self.controller_env.available(wanted),
+        )
         self._forget_gone(observed)
         return observed, plan(desired, observed, now), memory
 
@@ -134,6 +144,7 @@ class Reconciler:
             should_stop=self.should_stop,
             fence=self.fence,
             note_launch=self.journal.note if self.journal is not None else (lambda flight: None),
+            controller_env=self.controller_env,
         )
         result = apply(the_plan, ctx)
         if self._history is not None:

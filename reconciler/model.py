@@ -115,6 +115,8 @@ class Sweep:
     promotion: tuple[PromotionRule, ...] = ()
     expected_runtime_s: float | None = None  # what a run usually takes, when the archive cannot tell yet
     order: int = 0  # position among sweeps (file name order); the tie-break after priority
+    # the job's environment as written: (name, literal or "${NAME}"); never a resolved secret (reconciler.jobenv)
+    env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ class RunSpec:
     metric_goal: MetricGoal
     promotion_threshold: float | None = None
     expected_runtime_s: float | None = None  # the sweep's expected_runtime, if it gives one
+    env: tuple[tuple[str, str], ...] = ()  # the sweep's env as written (references by name only)
 
     @property
     def params_dict(self) -> dict[str, Scalar]:
@@ -603,6 +606,8 @@ class Observed:
     in_flight: tuple[InFlight, ...] = ()
     credit_usd: float | None = None  # what the account can still spend, as the provider says (None: unknown)
     cycle_s: float = 60.0  # until the controller decides again: its cycle interval plus the destroy latency
+    # names (never values) of the controller's environment variables the sweeps reference and that are set
+    controller_env: frozenset[str] = frozenset()
 
     def probe(self, instance_id: int) -> BoxProbe | None:
         for p in self.probes:

@@ -14,9 +14,10 @@ world instead, without having to interpret bash.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
+from reconciler.jobenv import JobEnv
 from reconciler.model import BoxProbe, Endpoint, Instance, MetricGoal, Offer, OfferFilters, Scalar
 
 
@@ -88,6 +89,9 @@ class LaunchJob:
     metric_key: str | None
     metric_goal: MetricGoal
     max_runtime_s: float
+    # the job's own environment, secrets resolved: sent on the SSH channel's stdin, never in a command line or a
+    # file; its repr shows names only (``reconciler.jobenv.JobEnv``)
+    env: JobEnv = field(default_factory=JobEnv)
 
 
 class BoxControl(Protocol):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from reconciler.actions import SIGNS, Kind, Plan, SweepEstimate
+from reconciler.jobenv import held_back
 from reconciler.model import Desired, Observed, owns
 from reconciler.runphase import count_phases, run_phases
 
@@ -99,6 +100,8 @@ def status_json(desired: Desired, observed: Observed, plan: Plan | None = None) 
         "credit_usd": None if observed.credit_usd is None else round(observed.credit_usd, 6),
         "budget": [w for w in (plan.warnings if plan else ()) if w.startswith("budget:")],
         "price": [e.to_json() for e in plan.estimates] if plan else [],
+        # sweeps whose launches are held back, and why (a secret the controller does not set)
+        "blocked": held_back(plan.warnings if plan else ()),
     }
 
 
@@ -123,4 +126,5 @@ def status_text(doc: dict[str, Any]) -> str:
     for e in doc.get("price") or []:
         lines.append(estimate_line(SweepEstimate.from_json(e)))
     lines.extend(doc.get("budget") or [])
+    lines.extend(f"BLOCKED: {b}" for b in doc.get("blocked") or [])
     return "\n".join(lines)

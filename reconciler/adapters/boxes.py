@@ -59,8 +59,10 @@ class ShellBoxes:
             sweep=job.sweep,
             params=dict(job.params),
             seed=job.seed,
+            env_records=len(job.env.names),
         )
-        res = self._run(box, script)
+        # The job's environment goes on the channel's stdin, never into the command line (``launch.sh``).
+        res = self._run(box, script, stdin=job.env.stdin() or None)
         if res.exit_code == remote.LAUNCH_LOCK_EXIT:
             raise LaunchLockHeld(_text(res.stderr) or "run directory already exists")
         failpoint("boxes.launch.locked")

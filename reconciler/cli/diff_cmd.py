@@ -24,6 +24,7 @@ import jsonschema
 
 from reconciler.actions import SweepEstimate
 from reconciler.errors import DesiredStateInvalid, ObservedInvalid, RepoError, UserError
+from reconciler.jobenv import held_back
 from reconciler.model import Desired, RunPhase
 from reconciler.observed.codec import DRIFT, FLEET, RUNS, STATUS, load_yaml
 from reconciler.render import estimate_line
@@ -163,6 +164,7 @@ def compute_diff(
         # the last cycle's price of the unfinished work (it saw the market; diff does not)
         "price": list(last_plan.get("price") or []),
         "budget_warnings": [w for w in last_plan.get("warnings") or [] if str(w).startswith("budget:")],
+        "blocked": held_back(last_plan.get("warnings") or []),
     }
 
 
@@ -183,6 +185,8 @@ def _text(d: Mapping[str, Any]) -> str:
         lines.append(f"{estimate_line(SweepEstimate.from_json(e))} (as of the last cycle)")
     for w in d.get("budget_warnings") or []:
         lines.append(f"warning: {w}")
+    for b in d.get("blocked") or []:
+        lines.append(f"BLOCKED: {b} (as of the last cycle)")
     if d["drift"]:
         lines.append("drift:")
         for x in d["drift"]:

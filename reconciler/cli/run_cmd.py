@@ -31,6 +31,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     p.add_argument("--author", default="rigsync", help="author name of rigsync's commits")
     p.add_argument("--branch", default="main", help="the tracked branch (default main)")
+    p.add_argument(
+        "--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="what is logged to stderr; DEBUG and INFO include paramiko's logs (default WARNING)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -39,7 +43,10 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("interval", "lease_stale", "lease_renew", "poll"):
         if getattr(args, flag) <= 0:
             raise UserError(f"--{flag.replace('_', '-')} must be a positive number of seconds")
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    level = getattr(logging, args.log_level)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    if level < logging.WARNING:  # asked for more: paramiko, quieted by default, speaks too
+        logging.getLogger("paramiko").setLevel(level)
     config = DaemonConfig(
         interval_s=args.interval,
         lease_stale_s=args.lease_stale,

@@ -11,6 +11,7 @@ carries a reason (a ``ReasonCode`` and a text), and what was considered and left
     attempts   what the boxes show; record finished attempts; which runs are wanted (promotion)
     boxes      limits that do not depend on the work (halt, status, ttl, boot, reachability, bootstrap)
     attempts   kill or requeue live attempts that must end; settle in-flight ones; queue the pending runs
+    environment  hold back the runs of sweeps whose env references a variable the controller does not set
     boxes      replace drifted boxes, bootstrap new ones, find free GPUs
     placement  launch pending runs onto free GPU slots (shipping code first)
     boxes      destroy idle and surplus boxes
@@ -46,6 +47,7 @@ from reconciler.plan.attempts import (
 )
 from reconciler.plan.boxes import BoxState, box_noops, classify_boxes, enforce_max_instances, prepare_boxes, retire_idle
 from reconciler.plan.common import Decisions, effective_caps, fmt_duration
+from reconciler.plan.environment import withhold_missing_secrets
 from reconciler.plan.estimate import estimate
 from reconciler.plan.money import Purse, budget_position
 from reconciler.plan.placement import place
@@ -88,10 +90,12 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
     decided.extend(found)
     queue, found = run_queue(world, seen, recorded, wanted, live, in_flight)
     decided.extend(found)
+    launchable, found = withhold_missing_secrets(world, queue)
+    decided.extend(found)
 
     table, found = prepare_boxes(world, seen, table, budget)
     decided.extend(found)
-    placement, found = place(world, queue, table, budget)
+    placement, found = place(world, launchable, table, budget)
     decided.extend(found)
     estimates, price_warnings = estimate(world, queue, live, budget)
     decided.warnings.extend(price_warnings)

@@ -4,8 +4,10 @@ Everything rigsync does on a rented box is one of five small programs kept as fi
 (``probe.py``, run by ``probe.sh``), launch (``launch.sh``, which installs and starts ``wrapper.sh``), kill
 (``kill.sh``), bootstrap (``bootstrap.sh``, which installs and starts ``bootstrap_run.sh``) and ship-code
 (``ship_code.sh``). The files are static: every parameter reaches them as a shell-quoted positional argument,
-never as text formatted into a script. The builders here are pure (no I/O beyond reading those package files),
-so the unit tests run the commands with a local bash in a temporary HOME, and the SSH adapter stays a dumb pipe.
+never as text formatted into a script. The one exception is a job's environment (it may hold secrets, and every
+user of a box sees arguments in ``ps``): it arrives on the launch command's stdin (``launch.sh``). The builders
+here are pure (no I/O beyond reading those package files), so the unit tests run the commands with a local bash
+in a temporary HOME, and the SSH adapter stays a dumb pipe.
 Each builder returns one command line that any POSIX login shell can execute, so it can be handed straight to
 ``Shell.run``: it exports ``RIGSYNC_ROOT`` (``ROOT``, the one place rigsync's directory on a box is named) and
 ``RIGSYNC_PYTHON_CANDIDATES``, then runs ``lib.sh`` followed by the script with ``exec bash -c``.
@@ -268,8 +270,12 @@ def launch_script(
     sweep: str,
     params: Mapping[str, Scalar],
     seed: int,
+    env_records: int = 0,
 ) -> str:
     """A command that takes the launch lock (atomic mkdir), writes meta + wrapper, and starts it detached.
+
+    ``env_records``: how many job environment records (``jobenv.JobEnv.stdin``) the command reads from its stdin;
+    the values never appear in the command itself.
 
     Exit 0 printing the wrapper's pid; exit ``LAUNCH_LOCK_EXIT`` (17) if this attempt's directory exists.
     """
@@ -299,6 +305,7 @@ def launch_script(
         "launch.sh",
         run_dir_name(run_id, attempt),
         str(LAUNCH_LOCK_EXIT),
+        str(int(env_records)),
         json.dumps(meta, sort_keys=True),
         _script("wrapper.sh"),
         # wrapper.sh's arguments after the run directory:

@@ -1,13 +1,44 @@
 # shellcheck shell=bash
 # Launch one run attempt: take the launch lock (an atomic mkdir of the attempt's directory), write meta.json and
 # the wrapper, start the wrapper detached in a session of its own, and print its pid.
-# Arguments: the attempt's directory name, the exit code for "lock held", the meta.json text, the wrapper's
-# text, then the wrapper's own arguments after its first (see wrapper.sh).
+# Arguments: the attempt's directory name, the exit code for "lock held", how many job environment records
+# stdin holds, the meta.json text, the wrapper's text, then the wrapper's own arguments after its first (see
+# wrapper.sh).
+# Stdin: that many records of the job's own environment (a sweep's env:, secrets resolved on the controller),
+# each NAME=VALUE ended by a NUL byte; with 0, stdin is not read at all. It never travels as an argument (every
+# user of the box sees arguments in `ps`) and is never written to a file: it is held in this shell's memory and
+# piped to the wrapper, which exports it for the command only. Read before the lock is taken, so a refused record
+# leaves nothing behind; no message quotes one.
+env_count=$3
+case $env_count in
+  '' | *[!0-9]*)
+    echo "launch: the job environment record count is not a number" >&2
+    exit 1
+    ;;
+esac
+job_env=()
+while [ "${#job_env[@]}" -lt "$env_count" ]; do
+  if ! IFS= read -r -d '' record; then
+    echo "launch: stdin ended after ${#job_env[@]} of $env_count job environment records" >&2
+    exit 1
+  fi
+  case ${record%%=*} in
+    '' | [!A-Z_]* | *[!A-Z0-9_]*)
+      echo "launch: refused a job environment record: its name is not an uppercase variable name" >&2
+      exit 1
+      ;;
+  esac
+  if [ "${record#*=}" = "$record" ]; then
+    echo "launch: refused a job environment record without '='" >&2
+    exit 1
+  fi
+  job_env+=("$record")
+done
 name=$1
 lock_exit=$2
-meta=$3
-wrapper=$4
-shift 4
+meta=$4
+wrapper=$5
+shift 5
 RUN_DIR=$RIGSYNC_ROOT/runs/$name
 mkdir -p "$RIGSYNC_ROOT/runs" || exit 1
 if ! mkdir "$RUN_DIR" 2>/dev/null; then
@@ -17,7 +48,9 @@ fi
 printf "%s\n" "$meta" >"$RUN_DIR/meta.json" || exit 1
 printf "%s" "$wrapper" >"$RUN_DIR/wrapper.sh" || exit 1
 cd "$RUN_DIR" || exit 1
-setsid nohup bash "$RUN_DIR/wrapper.sh" "$RUN_DIR" "$@" >/dev/null 2>&1 </dev/null &
+# printf is a builtin: the records reach the pipe without ever being a process's argument.
+{ [ "${#job_env[@]}" -eq 0 ] || printf '%s\0' "${job_env[@]}"; } |
+  setsid nohup bash "$RUN_DIR/wrapper.sh" "$RUN_DIR" "$@" >/dev/null 2>&1 &
 spawned=$!
 # The wrapper records its own pid (the session leader, which setsid may have forked); wait for it briefly.
 for _ in $(seq 1 50); do

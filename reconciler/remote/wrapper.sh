@@ -5,6 +5,11 @@
 # Arguments: the run directory, the code commit ('' runs in $HOME), the metrics file (relative to the run
 # directory unless absolute), run id, attempt, CUDA_VISIBLE_DEVICES, max runtime in whole seconds (0: none),
 # heartbeat interval in seconds, the command.
+# Stdin: the job's environment as NUL-ended NAME=VALUE records (from launch.sh); read into memory, then stdin is
+# closed. Only the command's own process exports them: not this wrapper, not its heartbeat, not a file.
+job_env=()
+while IFS= read -r -d '' record; do job_env+=("$record"); done
+exec </dev/null
 RUN_DIR=$1
 commit=$2
 metrics_file=$3
@@ -32,7 +37,10 @@ export RIGSYNC_RUN_ID="$run_id"
 export RIGSYNC_METRICS_FILE="$metrics_file"
 export CUDA_VISIBLE_DEVICES="$gpus"
 if cd "$RIGSYNC_CODE_DIR"; then
-  bash -c "$command" >"$RUN_DIR/stdout.log" 2>"$RUN_DIR/stderr.log" </dev/null &
+  (
+    for record in "${job_env[@]}"; do export "${record?}"; done # a builtin: no value becomes an argument
+    exec bash -c "$command"
+  ) >"$RUN_DIR/stdout.log" 2>"$RUN_DIR/stderr.log" </dev/null &
   CMD=$!
 else
   echo "rigsync: code directory $RIGSYNC_CODE_DIR is missing" >"$RUN_DIR/stderr.log"

@@ -119,7 +119,8 @@ def test_diff_json_on_a_committed_repo(fleet_repo: Path) -> None:
     doc = json.loads(proc.stdout)
     first = git(fleet_repo, "rev-parse", "HEAD~1")  # HEAD is the observe commit
     assert set(doc) == {
-        "desired_commit", "observed_desired_commit", "sweeps", "fleet", "drift", "price", "budget_warnings"
+        "desired_commit", "observed_desired_commit", "sweeps", "fleet", "drift", "price", "budget_warnings",
+        "blocked",
     }
     assert doc["desired_commit"] == first and doc["observed_desired_commit"] == first
     # 12 base runs (4 cells x 3 seeds): 1 done, 1 running, 1 failed (3 attempts > 2 retries), 9 pending.

@@ -96,6 +96,7 @@ def build_run(d: J, i: int) -> RunSpec:
         metric_goal=MetricGoal(d.get("metric_goal", "max")),
         promotion_threshold=d.get("promotion_threshold"),
         expected_runtime_s=d.get("expected_runtime_s"),
+        env=tuple((k, str(v)) for k, v in d.get("env", {}).items()),
     )
 
 
@@ -235,6 +236,7 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
         spend=Spend(**d.get("spend", {})),
         credit_usd=d.get("credit_usd"),
         cycle_s=float(d.get("cycle_s", 60.0)),
+        controller_env=frozenset(d.get("controller_env", [])),
         fleet_name=desired.fleet.name,
         in_flight=tuple(
             InFlight(
