@@ -35,7 +35,8 @@ from reconciler.actions import (
     Requeue,
     ShipCode,
 )
-from reconciler.errors import LeaseLost, RemoteCommandFailed, RigsyncError
+from reconciler.curves import curve_path, points_from_metrics, render_curve
+from reconciler.errors import HostUnreachable, LeaseLost, RemoteCommandFailed, RigsyncError
 from reconciler.model import (
     AttemptOutcome,
     AttemptRecord,
@@ -47,12 +48,14 @@ from reconciler.model import (
     OverheadRecord,
     RunDirState,
 )
-from reconciler.ports import BoxControl, Fence, LaunchJob, Provider, no_fence
+from reconciler.ports import BoxControl, Fence, Harvested, LaunchJob, Provider, ResultStore, no_fence
 from reconciler.remote import watchdog_onstart
 
 log = logging.getLogger("rigsync.apply")
 
 KILL_EXIT_CODE = 137  # what a killed attempt records (128 + SIGKILL), as a shell would report it
+HARVEST_CAP_BYTES = 256 << 20  # at most this much of an attempt's files comes home (logs first, then artifacts)
+STDERR_TAIL_BYTES = 4096  # how much of a failed attempt's stderr its archive record carries
 
 
 R = TypeVar("R", AttemptRecord, OverheadRecord)
@@ -77,6 +80,7 @@ class ApplyResult:
     overheads: list[OverheadRecord] = field(default_factory=list)  # boxes that ended, closed in the archive
     launched: list[InFlight] = field(default_factory=list)
     settled: set[tuple[str, int]] = field(default_factory=set)  # attempts recorded/requeued/killed this cycle
+    curves: dict[str, str] = field(default_factory=dict)  # observed/curves/... files of the attempts settled
     rented: list[int] = field(default_factory=list)
     destroyed: list[int] = field(default_factory=list)
     lease_lost: str | None = None  # why the fence stopped this apply (the rest was skipped); None: it did not
@@ -100,6 +104,8 @@ class ApplyContext:
     now: Callable[[], float]
     should_stop: Callable[[], bool] = lambda: False
     fence: Fence = no_fence  # raises LeaseLost when this controller may no longer act (ports.Fence)
+    store: ResultStore | None = None  # where harvests go; None: nothing is harvested (and records say nothing)
+    harvest_cap_bytes: int = HARVEST_CAP_BYTES
 
 
 def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
@@ -238,28 +244,108 @@ def _execute(action: Action, ctx: ApplyContext, instances: dict[int, Instance], 
         ctx.boxes.kill(box, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason)
         rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
                               AttemptOutcome.FAILED, KILL_EXIT_CODE, action.reason)
+        rec = _harvest(ctx, result, box, rec, required=True)
         _archive(ctx, result, rec)
         return "killed"
     if isinstance(action, Requeue):
         state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
         probe = ctx.observed.probe(action.instance_id)
         listed = instances.get(action.instance_id)
+        rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
+                              AttemptOutcome.LOST, None, action.reason)
         if probe is not None and probe.reachable and listed is not None:
             try:  # a stale attempt may still be running half-alive: make sure it cannot come back
                 ctx.boxes.kill(listed, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason)
             except Exception as exc:  # best effort: the attempt is requeued (and archived as lost) either way
                 log.info("requeue %s: best-effort kill failed: %s", action.target, _error_text(exc))
-        rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
-                              AttemptOutcome.LOST, None, action.reason)
+            rec = _harvest(ctx, result, listed, rec, required=False)  # what it wrote before it was lost
+        elif ctx.store is not None:
+            why = "host key changed, not contacted" if probe is not None and probe.host_key_changed else (
+                "box vanished" if listed is None else "box unreachable")
+            rec = replace(rec, harvest=f"lost: {why}")
         _archive(ctx, result, rec)
         return "requeued"
     if isinstance(action, Record):
         state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
         rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
                               AttemptOutcome(action.phase), action.exit_code, action.reason)
+        rec = _harvest(ctx, result, _box(instances, action.instance_id), rec, required=True)
         _archive(ctx, result, rec)
         return "archived"
     return "nothing to do"
+
+
+def _harvest(
+    ctx: ApplyContext, result: ApplyResult, box: Instance, rec: AttemptRecord, *, required: bool
+) -> AttemptRecord:
+    """Bring the attempt's run directory home (logs, meta.json, metrics file, the sweep's artifacts) before its
+    record is written, and say in the record what came home (``harvest``), a failed attempt's ``stderr_tail``, and
+    its curve under observed/curves/.
+
+    ``required`` (an attempt that finished or was killed on a box that answers): a box that stops answering mid-way
+    fails the action, nothing is archived, and the next cycle harvests again (the planner keeps the box until its
+    finished attempts are archived). Otherwise (a lost attempt) what cannot come home is noted as lost.
+    """
+    if ctx.store is None:
+        return rec
+    spec = ctx.desired.run(rec.run_id)
+    sweep = ctx.desired.sweep(spec.sweep) if spec else None
+    patterns = [spec.metrics_file] if spec and not spec.metrics_file.startswith("/") else []
+    patterns.extend(sweep.artifacts if sweep else ())
+    try:
+        tar = ctx.boxes.harvest(
+            box, rec.run_id, rec.attempt, what="run", patterns=patterns, cap_bytes=ctx.harvest_cap_bytes
+        )
+        got = ctx.store.put_attempt(rec.run_id, rec.attempt, tar)
+    except HostUnreachable as exc:
+        if required:
+            raise
+        return replace(rec, harvest=f"lost: box unreachable ({_error_text(exc)[:200]})")
+    except RigsyncError as exc:  # no run directory, no python, a stream the store refuses: say so, do not block
+        return replace(rec, harvest=f"lost: {_error_text(exc)[:300]}")
+    tail: str | None = None
+    if rec.phase is not AttemptOutcome.SUCCEEDED:
+        raw = ctx.store.read_attempt(rec.run_id, rec.attempt, "stderr.log", tail=STDERR_TAIL_BYTES)
+        tail = _tail_text(raw) if raw else None
+    resumed = rec.resumed_from if rec.resumed_from is not None else got.resumed_from
+    if spec is not None and spec.metric_key and not spec.metrics_file.startswith("/"):
+        metrics = ctx.store.read_attempt(rec.run_id, rec.attempt, spec.metrics_file)
+        points = points_from_metrics(metrics, spec.metric_key) if metrics else []
+        if points:
+            result.curves[curve_path(spec.sweep, rec.run_id, rec.attempt)] = render_curve(
+                sweep=spec.sweep, run_id=rec.run_id, attempt=rec.attempt, key=spec.metric_key,
+                goal=spec.metric_goal.value, points=points, resumed_from=resumed,
+            )
+    return replace(rec, harvest=harvest_note(got), stderr_tail=tail, resumed_from=resumed)
+
+
+def harvest_note(got: Harvested) -> str:
+    """The archive record's ``harvest``: what came home, and what the size cap (or anything else) left behind."""
+    text = f"{len(got.files)} file(s), {_size(got.bytes)}"
+    if not got.skipped:
+        return f"ok: {text}"
+    shown = ", ".join(
+        f"{path} ({_size(size) if size is not None else '?'}, {why})" for path, size, why in got.skipped[:5]
+    )
+    more = f" and {len(got.skipped) - 5} more" if len(got.skipped) > 5 else ""
+    return f"partial: {text} kept within the {_size(got.cap)} cap; skipped {shown}{more}"
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _tail_text(raw: bytes) -> str | None:
+    """The last whole lines of a stderr tail (at most ``STDERR_TAIL_BYTES``), as text."""
+    if len(raw) >= STDERR_TAIL_BYTES and b"\n" in raw[:-1]:
+        raw = raw[raw.index(b"\n") + 1 :]  # cut at a line start
+    text = raw.decode("utf-8", "replace").rstrip()
+    while len(text.encode("utf-8")) > STDERR_TAIL_BYTES:  # a replacement character is 3 bytes
+        text = text[1:]
+    return text or None
 
 
 def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], result: ApplyResult) -> str:

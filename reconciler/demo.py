@@ -48,6 +48,7 @@ class DemoOptions:
     boot_delay_s: float = 1.0
     interval_s: float = 1.0
     say: Callable[[str], None] = print
+    data_dir: Path | None = None  # where harvests and checkpoints go (None: a temporary directory, removed)
 
 
 @dataclass
@@ -63,6 +64,8 @@ class DemoSummary:
     cycles: int = 0
     commits: int = 0
     duplicate_successes: int = 0
+    runs_resumed: int = 0  # runs that succeeded in an attempt resumed from an earlier attempt's checkpoint
+    harvested: int = 0  # attempts whose results came home to the data dir (archive records with harvest ok/partial)
     chaos: list[str] = field(default_factory=list)
     repo: str | None = None
     timed_out: bool = False
@@ -91,6 +94,8 @@ class DemoSummary:
             "cycles": self.cycles,
             "commits": self.commits,
             "duplicate_successes": self.duplicate_successes,
+            "runs_resumed": self.runs_resumed,
+            "harvested": self.harvested,
             "chaos": self.chaos,
             "repo": self.repo,
             "timed_out": self.timed_out,
@@ -104,6 +109,7 @@ class DemoSummary:
             f"  boxes rented {self.instances_rented}, alive at the end {self.instances_alive}, "
             f"spent ${self.cost_usd:.4f} (emulator ledger), wall {self.wall_s:.1f}s, "
             f"{self.cycles} cycles, {self.commits} observed commits",
+            f"  {self.harvested} attempt(s) harvested, {self.runs_resumed} run(s) resumed from a checkpoint",
         ]
         if self.chaos:
             lines.append("  chaos: " + "; ".join(self.chaos))
@@ -230,6 +236,7 @@ def run_demo(opts: DemoOptions) -> DemoSummary:
         tmp = tempfile.TemporaryDirectory(prefix="rigsync-demo-")
         workdir = Path(tmp.name) / "fleet"
     state = Path(tempfile.mkdtemp(prefix="rigsync-demo-state-"))
+    data = opts.data_dir if opts.data_dir is not None else Path(tempfile.mkdtemp(prefix="rigsync-demo-data-"))
     old_key = os.environ.get("VAST_API_KEY")
     try:
         with Emulator(seed=opts.seed, boot_delay=opts.boot_delay_s) as emu:
@@ -237,7 +244,7 @@ def run_demo(opts: DemoOptions) -> DemoSummary:
             opts.say(f"emulator at {emu.url}; fleet repo {workdir}")
             make_fleet_repo(workdir, opts.runs)
             config = DaemonConfig(interval_s=opts.interval_s, lease_renew_s=30.0, author_name="rigsync")
-            daemon = FleetDaemon(workdir, config=config, state_dir=str(state), api_url=emu.url)
+            daemon = FleetDaemon(workdir, config=config, state_dir=str(state), api_url=emu.url, data_dir=str(data))
             opts.say(daemon.acquire())
             chaos = Chaos(emu, opts.say) if opts.chaos else None
             try:
@@ -255,11 +262,17 @@ def run_demo(opts: DemoOptions) -> DemoSummary:
         else:
             os.environ["VAST_API_KEY"] = old_key
         shutil.rmtree(state, ignore_errors=True)
+        if opts.data_dir is None:
+            shutil.rmtree(data, ignore_errors=True)
     archive = list(RunArchive(workdir).records())
     successes = Counter(r.run_id for r in archive if r.phase is AttemptOutcome.SUCCEEDED)
     summary.attempts = len(archive)
     summary.runs_succeeded = len(successes)
     summary.duplicate_successes = sum(n - 1 for n in successes.values() if n > 1)
+    summary.runs_resumed = len(
+        {r.run_id for r in archive if r.phase is AttemptOutcome.SUCCEEDED and r.resumed_from is not None}
+    )
+    summary.harvested = sum(1 for r in archive if r.harvest and not r.harvest.startswith("lost"))
     summary.commits = int(_git(workdir, "rev-list", "--count", "--author=rigsync", "HEAD") or 0)
     summary.wall_s = time.monotonic() - started
     if opts.keep is not None:

@@ -22,7 +22,7 @@ from reconciler.errors import UserError
 from reconciler.model import AttemptRecord, Desired, Endpoint, Fleet, FleetMemory, Observed
 from reconciler.observe import observe
 from reconciler.plan import plan
-from reconciler.ports import BoxControl, Fence, Provider, Shell, no_fence
+from reconciler.ports import BoxControl, Fence, Provider, ResultStore, Shell, no_fence
 
 log = logging.getLogger("rigsync.loop")
 
@@ -61,6 +61,8 @@ class Reconciler:
     cycle_s: float = 60.0  # how often this controller decides (the daemon's --interval; a guess for one-shots)
     destroy_latency_s: float = DESTROY_LATENCY_S
     fence: Fence = no_fence  # apply asks it before every action (the daemon's lease fence; ports.Fence)
+    store: ResultStore | None = None  # the local result store harvests go to (None: nothing is harvested)
+    pending_curves: dict[str, str] = field(default_factory=dict)  # observed/curves/ files for the next write
     _last_wall_s: float = 0.0  # how long the last cycle took: the next decision comes that much later too
     _history: list[AttemptRecord] | None = None
     _endpoints: dict[int, tuple[Endpoint, ...]] = field(default_factory=dict)
@@ -110,6 +112,11 @@ class Reconciler:
         self._last_wall_s = max(0.0, finished - started)
         return CycleResult(desired, observed, the_plan, applied, memory, started, finished)
 
+    def take_curves(self) -> dict[str, str]:
+        """The curve files of the attempts settled since the last write (``fleet.render_cycle`` writes them)."""
+        curves, self.pending_curves = self.pending_curves, {}
+        return curves
+
     def observed_after_apply(self, observed: Observed) -> Observed:
         """The snapshot as the next cycle will start from it: with this cycle's memory, in-flight and archive."""
         return replace(
@@ -131,8 +138,10 @@ class Reconciler:
             now=self.clock.now,
             should_stop=self.should_stop,
             fence=self.fence,
+            store=self.store,
         )
         result = apply(the_plan, ctx)
+        self.pending_curves.update(result.curves)
         if self._history is not None:
             self._history.extend(result.archived)
         in_flight = next_in_flight(memory.in_flight, observed, result)

@@ -126,6 +126,59 @@ class BoxControl(Protocol):
         """The box is gone: drop its pooled connections and pinned host keys (its address will be reused)."""
         ...
 
+    def harvest(
+        self, box: Instance, run_id: str, attempt: int, *, what: str, patterns: Sequence[str], cap_bytes: int
+    ) -> bytes:
+        """A tar stream of the attempt's results (``what="run"``: stdout.log, stderr.log, meta.json and the files
+        ``patterns`` match in its run directory) or of its checkpoint (``what="checkpoint"``: the files under
+        ``patterns``), at most ``cap_bytes`` of file data, ending with the ``.rigsync-harvest.json`` manifest
+        (``reconciler/remote/harvest.py``). ``RemoteCommandFailed`` if the box has no such attempt."""
+        ...
+
+    def stage_resume(self, box: Instance, run_id: str, attempt: int, tar: bytes) -> None:
+        """Put a checkpoint (a tar) where the attempt about to launch finds it: its run directory's ``resume/``,
+        named by ``RIGSYNC_RESUME_DIR`` in the run's environment."""
+        ...
+
+
+@dataclass(frozen=True)
+class Harvested:
+    """What came home from a box into the local store (the manifest of one harvest)."""
+
+    files: tuple[tuple[str, int], ...]  # (path in the run directory, bytes)
+    skipped: tuple[tuple[str, int | None, str], ...]  # (path, bytes if known, why)
+    bytes: int
+    cap: int
+    resumed_from: int | None = None  # the attempt whose checkpoint this attempt resumed from
+
+
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    """A run's last complete checkpoint sync in the local store."""
+
+    run_id: str
+    attempt: int  # the attempt it was synced from
+    synced_at: float
+    tar: bytes  # its files, as a tar stream (what ``BoxControl.stage_resume`` ships)
+
+
+class ResultStore(Protocol):
+    """The local result store (``adapters.store``): where attempts' outputs and runs' checkpoints live once home."""
+
+    def put_attempt(self, run_id: str, attempt: int, tar: bytes) -> Harvested:
+        """Unpack a harvest into the attempt's directory, replacing an earlier harvest of it whole (idempotent)."""
+        ...
+
+    def read_attempt(self, run_id: str, attempt: int, name: str, *, tail: int | None = None) -> bytes | None:
+        """A harvested file (its last ``tail`` bytes when given); None when it did not come home."""
+        ...
+
+    def put_checkpoint(self, run_id: str, attempt: int, tar: bytes, *, at: float) -> Harvested:
+        """Keep this sync as the run's checkpoint if it is complete (nothing skipped); else keep the last one."""
+        ...
+
+    def checkpoint(self, run_id: str) -> StoredCheckpoint | None: ...
+
 
 Fence = Callable[[], None]
 """Called by ``apply()`` just before every action that changes the world (a box, the market or the archive).

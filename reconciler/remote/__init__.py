@@ -37,7 +37,9 @@ Layout under ``$HOME/rigsync/``::
     code/<commit>/                       unpacked tree of a pinned commit (atomic rename into place)
     bootstrap/<hash>.sh|.run.sh|.log|.ok|.failed|.pid|.lock/
     runs/<run_id>.<attempt>/             meta.json, wrapper.sh, pid, started_at, heartbeat, stdout.log,
-                                         stderr.log, exit_code, ended_at, killed_reason, metrics file
+                                         stderr.log, exit_code, ended_at, killed_reason, metrics file,
+                                         resume/ (the checkpoint it resumed from, if any)
+    resume/<run_id>.<attempt>/           a checkpoint staged for an attempt about to launch (stage_resume.sh)
     watchdog/                            watchdog.py, run.sh, pid, started_at, touched, watchdog.log
 
 The probe needs ``python3`` on the box (every Vast image has one); without it the probe prints a JSON document
@@ -76,11 +78,13 @@ __all__ = [
     "WATCHDOG_API_URL_ENV",
     "bash_command",
     "bootstrap_script",
+    "harvest_script",
     "kill_script",
     "launch_script",
     "parse_probe",
     "probe_script",
     "ship_code_script",
+    "stage_resume_script",
     "watchdog_onstart",
 ]
 
@@ -346,6 +350,29 @@ def bootstrap_script(script_text: str, script_hash: str) -> str:
 def ship_code_script(commit: str) -> str:
     """A command that unpacks a tar stream from stdin into ``code/<commit>/`` atomically (idempotent)."""
     return _command("ship_code.sh", _check_name("commit", commit))
+
+
+# ----------------------------------------------------------------------------------------------- harvest
+
+
+def harvest_script(run_id: str, attempt: int, *, what: str, patterns: Sequence[str], cap_bytes: int) -> str:
+    """A command writing a tar stream of the attempt's results (``what="run"``: logs, ``meta.json`` and the files
+    ``patterns`` match) or of its checkpoint (``what="checkpoint"``: the files under ``patterns``) to stdout, at
+    most ``cap_bytes`` of file data, ending with the ``.rigsync-harvest.json`` manifest (``harvest.py``). A missing
+    run directory exits ``NO_SUCH_RUN_EXIT`` (3)."""
+    if what not in ("run", "checkpoint"):
+        raise ValueError(f"harvest what must be 'run' or 'checkpoint', not {what!r}")
+    name = run_dir_name(_check_name("run id", run_id), int(attempt))
+    return _command(
+        "harvest.sh", _text("harvest.py"), name, what, str(max(0, int(cap_bytes))), json.dumps(list(patterns)),
+        str(NO_SUCH_RUN_EXIT),
+    )
+
+
+def stage_resume_script(run_id: str, attempt: int) -> str:
+    """A command unpacking a checkpoint tar from stdin into ``resume/<run_id>.<attempt>/``, which ``launch.sh``
+    moves into the attempt's run directory (``resume/``) and the wrapper names in ``RIGSYNC_RESUME_DIR``."""
+    return _command("stage_resume.sh", run_dir_name(_check_name("run id", run_id), int(attempt)))
 
 
 # ---------------------------------------------------------------------------------------------- watchdog
