@@ -106,6 +106,8 @@ class ApplyContext:
     fence: Fence = no_fence  # raises LeaseLost when this controller may no longer act (ports.Fence)
     store: ResultStore | None = None  # where harvests go; None: nothing is harvested (and records say nothing)
     harvest_cap_bytes: int = HARVEST_CAP_BYTES
+    # (run id, attempt) -> when its checkpoint was last pulled (complete or not); kept by the caller across cycles
+    checkpoint_pulls: dict[tuple[str, int], float] = field(default_factory=dict)
 
 
 def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
@@ -146,6 +148,7 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
             result.outcomes.append(Outcome(action, False, _error_text(exc)))
     if result.lease_lost is not None:
         return result
+    _sync_checkpoints(ctx, instances, result)
     try:
         _archive_overheads(ctx, result)
     except LeaseLost as exc:
@@ -292,6 +295,8 @@ def _harvest(
     sweep = ctx.desired.sweep(spec.sweep) if spec else None
     patterns = [spec.metrics_file] if spec and not spec.metrics_file.startswith("/") else []
     patterns.extend(sweep.artifacts if sweep else ())
+    if sweep is not None and sweep.checkpoint is not None and rec.phase is not AttemptOutcome.SUCCEEDED:
+        _pull_checkpoint(ctx, box, rec.run_id, rec.attempt, sweep.checkpoint.path)  # what a retry resumes from
     try:
         tar = ctx.boxes.harvest(
             box, rec.run_id, rec.attempt, what="run", patterns=patterns, cap_bytes=ctx.harvest_cap_bytes
@@ -317,6 +322,67 @@ def _harvest(
                 goal=spec.metric_goal.value, points=points, resumed_from=resumed,
             )
     return replace(rec, harvest=harvest_note(got), stderr_tail=tail, resumed_from=resumed)
+
+
+def _pull_checkpoint(ctx: ApplyContext, box: Instance, run_id: str, attempt: int, path: str) -> None:
+    """Sync the attempt's checkpoint directory home (the store keeps it only when complete). Best effort."""
+    if ctx.store is None:
+        return
+    ctx.checkpoint_pulls[(run_id, attempt)] = ctx.now()
+    try:
+        tar = ctx.boxes.harvest(box, run_id, attempt, what="checkpoint", patterns=[path],
+                                cap_bytes=ctx.harvest_cap_bytes)
+        got = ctx.store.put_checkpoint(run_id, attempt, tar, at=ctx.now())
+    except Exception as exc:  # the last complete sync stays; the next period tries again
+        log.info("checkpoint %s.%s: not synced: %s", run_id, attempt, _error_text(exc))
+        return
+    if got.skipped:
+        log.warning("checkpoint %s.%s: incomplete (%s), the last complete sync is kept", run_id, attempt,
+                    harvest_note(got))
+
+
+def _sync_checkpoints(ctx: ApplyContext, instances: dict[int, Instance], result: ApplyResult) -> None:
+    """Running attempts of sweeps with a ``checkpoint``: pull it home when the last pull is older than ``every``.
+
+    Reads only (nothing on the box or the market changes), after the plan's actions, on boxes that answered this
+    cycle's probe and are not destroyed by it.
+    """
+    if ctx.store is None:
+        return
+    for probe in ctx.observed.probes:
+        box = instances.get(probe.instance_id)
+        if not probe.reachable or box is None or probe.instance_id in result.destroyed:
+            continue
+        for r in probe.runs:
+            if r.exit_code is not None or not r.pid_alive or (r.run_id, r.attempt) in result.settled:
+                continue
+            spec = ctx.desired.run(r.run_id)
+            sweep = ctx.desired.sweep(spec.sweep) if spec else None
+            if sweep is None or sweep.checkpoint is None or ctx.should_stop():
+                continue
+            last = ctx.checkpoint_pulls.get((r.run_id, r.attempt))
+            if last is None:
+                synced = ctx.store.checkpoint_synced(r.run_id)
+                last = synced[1] if synced is not None and synced[0] == r.attempt else None
+            if last is None or ctx.now() - last >= sweep.checkpoint.every_s:
+                _pull_checkpoint(ctx, box, r.run_id, r.attempt, sweep.checkpoint.path)
+
+
+def _stage_checkpoint(ctx: ApplyContext, box: Instance, action: Launch, sweep_name: str) -> int | None:
+    """Ship the run's last synced checkpoint (from an earlier attempt) to the attempt about to launch; the attempt
+    it came from, or None when it starts fresh."""
+    sweep = ctx.desired.sweep(sweep_name)
+    if ctx.store is None or sweep is None or sweep.checkpoint is None:
+        return None
+    ck = ctx.store.checkpoint(action.run_id)
+    if ck is None or ck.attempt >= action.attempt:
+        return None
+    try:
+        ctx.boxes.stage_resume(box, action.run_id, action.attempt, ck.tar)
+    except RemoteCommandFailed as exc:  # the box would not take it: start fresh rather than not at all
+        log.warning("launch %s: checkpoint not shipped, starting fresh: %s", action.target, _error_text(exc))
+        return None
+    return ck.attempt
 
 
 def harvest_note(got: Harvested) -> str:
@@ -367,7 +433,9 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
         metric_goal=spec.metric_goal,
         max_runtime_s=spec.max_runtime_s,
     )
-    out = ctx.boxes.launch(_box(instances, action.instance_id), job)
+    box = _box(instances, action.instance_id)
+    resumed_from = _stage_checkpoint(ctx, box, action, spec.sweep)
+    out = ctx.boxes.launch(box, job)
     result.launched.append(
         InFlight(
             run_id=action.run_id,
@@ -376,9 +444,11 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
             gpu_mask=action.gpu_mask,
             launched_at=ctx.now(),
             sweep=spec.sweep,
+            resumed_from=resumed_from,
         )
     )
-    return f"pid {out}" if out else "launched"
+    resumed = f", resumed from attempt {resumed_from}'s checkpoint" if resumed_from is not None else ""
+    return (f"pid {out}" if out else "launched") + resumed
 
 
 def _run_state(observed: Observed, instance_id: int, run_id: str, attempt: int) -> RunDirState | None:
@@ -438,6 +508,7 @@ def _attempt_record(
         best_metric=state.best_metric if state else None,
         final_metric=state.final_metric if state else None,
         reason=reason,
+        resumed_from=launched.resumed_from if launched else None,
     )
 
 

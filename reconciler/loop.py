@@ -63,6 +63,7 @@ class Reconciler:
     fence: Fence = no_fence  # apply asks it before every action (the daemon's lease fence; ports.Fence)
     store: ResultStore | None = None  # the local result store harvests go to (None: nothing is harvested)
     pending_curves: dict[str, str] = field(default_factory=dict)  # observed/curves/ files for the next write
+    checkpoint_pulls: dict[tuple[str, int], float] = field(default_factory=dict)  # apply's, across cycles
     _last_wall_s: float = 0.0  # how long the last cycle took: the next decision comes that much later too
     _history: list[AttemptRecord] | None = None
     _endpoints: dict[int, tuple[Endpoint, ...]] = field(default_factory=dict)
@@ -139,6 +140,7 @@ class Reconciler:
             should_stop=self.should_stop,
             fence=self.fence,
             store=self.store,
+            checkpoint_pulls=self.checkpoint_pulls,
         )
         result = apply(the_plan, ctx)
         self.pending_curves.update(result.curves)

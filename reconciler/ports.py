@@ -177,7 +177,13 @@ class ResultStore(Protocol):
         """Keep this sync as the run's checkpoint if it is complete (nothing skipped); else keep the last one."""
         ...
 
-    def checkpoint(self, run_id: str) -> StoredCheckpoint | None: ...
+    def checkpoint(self, run_id: str) -> StoredCheckpoint | None:
+        """The run's last complete checkpoint sync, its files as a tar; None when there is none."""
+        ...
+
+    def checkpoint_synced(self, run_id: str) -> tuple[int, float] | None:
+        """(the attempt it came from, when) of the run's last complete checkpoint sync, without reading it."""
+        ...
 
 
 Fence = Callable[[], None]

@@ -147,6 +147,13 @@ class LocalStore:
             shutil.rmtree(tmp, ignore_errors=True)
         return got
 
+    def checkpoint_synced(self, run_id: str) -> tuple[int, float] | None:
+        try:
+            mark = json.loads((checkpoint_dir(self.fleet_data, run_id) / CHECKPOINT_MARK).read_text(encoding="utf-8"))
+            return int(mark["attempt"]), float(mark["synced_at"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def checkpoint(self, run_id: str) -> StoredCheckpoint | None:
         directory = checkpoint_dir(self.fleet_data, run_id)
         try:
