@@ -27,7 +27,7 @@ import reconciler
 from reconciler.archive import RunArchive
 from reconciler.daemon import DaemonConfig, FleetDaemon
 from reconciler.errors import UserError
-from reconciler.model import AttemptOutcome, InstanceStatus, owns, split_owned
+from reconciler.model import AttemptOutcome, Desired, InstanceStatus, Observed, owns, split_owned
 from reconciler.runphase import count_phases, run_phases
 
 DEMO_TIMEOUTS = {
@@ -36,6 +36,7 @@ DEMO_TIMEOUTS = {
     "heartbeat_stale": "12s",
     "boot_timeout": "2m",
 }
+DEMO_CHECKPOINT_EVERY = "1s"  # the demo's runs last seconds: sync their checkpoints every second
 
 
 @dataclass
@@ -174,7 +175,11 @@ def make_fleet_repo(workdir: Path, runs: int | None) -> tuple[Path, Path]:
     for key, value in DEMO_TIMEOUTS.items():
         text = _set_key(text, key, value)
     fleet.write_text(text)
-    msg = "demo: short timeouts"
+    msg = "demo: short timeouts, checkpoints synced every " + DEMO_CHECKPOINT_EVERY
+    for sweep_file in sorted((workdir / "desired" / "sweeps").glob("*.yaml")):
+        body = sweep_file.read_text()
+        body = re.sub(r"(checkpoint: \{path: [^,]+, every: )[0-9dhms]+\}", rf"\g<1>{DEMO_CHECKPOINT_EVERY}}}", body)
+        sweep_file.write_text(body)
     if runs is not None:
         for sweep_file in sorted((workdir / "desired" / "sweeps").glob("*.yaml")):
             body = sweep_file.read_text()
@@ -209,9 +214,13 @@ class Chaos:
         self.hung: int | None = None
         self.hung_at = 0.0
 
-    def step(self, busy_boxes: list[int]) -> None:
-        if not self.done and len(busy_boxes) >= 2:
-            victim, frozen = busy_boxes[0], busy_boxes[1]
+    def step(self, busy_boxes: list[int], resumable: list[int] | None = None) -> None:
+        """``resumable``: the busy boxes whose running attempt already has a checkpoint home (None: the sweep
+        declares no checkpoint); the victim is one of them, so its run can show the resume."""
+        candidates = busy_boxes if resumable is None else [b for b in busy_boxes if b in resumable]
+        if not self.done and len(busy_boxes) >= 2 and candidates:
+            victim = candidates[0]
+            frozen = next(b for b in busy_boxes if b != victim)
             self.emu.fail_next("/api/", 4, 429)
             self.events.append("a burst of 4 HTTP 429s on the API")
             self.emu.vanish(victim)
@@ -307,7 +316,7 @@ def _drive(daemon: FleetDaemon, emu: Any, opts: DemoOptions, chaos: Chaos | None
             p.instance_id for p in res.observed.probes if p.reachable and any(r.exit_code is None for r in p.runs)
         )
         if chaos is not None:
-            chaos.step(busy)
+            chaos.step(busy, _resumable(daemon, res.desired, res.observed))
             if chaos.hung is not None and time.monotonic() - chaos.hung_at > 30 and chaos.hung in emu.instance_ids():
                 emu.resume(chaos.hung)
         after = daemon.reconciler.observed_after_apply(res.observed) if daemon.reconciler else res.observed
@@ -331,6 +340,21 @@ def _drive(daemon: FleetDaemon, emu: Any, opts: DemoOptions, chaos: Chaos | None
         time.sleep(opts.interval_s)
     summary.instances_rented = len(rented)
     return summary
+
+
+def _resumable(daemon: FleetDaemon, desired: Desired, observed: Observed) -> list[int] | None:
+    """Busy boxes whose running attempt has a checkpoint home; None when no sweep declares a checkpoint."""
+    rec = daemon.reconciler
+    if rec is None or rec.store is None or not any(s.checkpoint for s in desired.sweeps):
+        return None
+    out = []
+    for p in observed.probes:
+        for r in p.runs:
+            synced = rec.store.checkpoint_synced(r.run_id) if p.reachable and r.exit_code is None else None
+            if synced is not None and synced[0] == r.attempt:
+                out.append(p.instance_id)
+                break
+    return out
 
 
 def _destroy_everything(daemon: FleetDaemon, emu: Any) -> None:
