@@ -10,12 +10,13 @@ import tarfile
 import time
 from pathlib import Path
 
+import jsonschema
 from fakes import FakeArchive, FakeClock, FakeWorld, code_tar, desired_state, offer
 
 from reconciler import remote
 from reconciler.actions import Plan, ReasonCode, Requeue
 from reconciler.adapters.store import LocalStore, attempt_dir, checkpoint_dir
-from reconciler.apply import ApplyContext, ApplyResult, apply, harvest_note
+from reconciler.apply import STDERR_TAIL_BYTES, ApplyContext, ApplyResult, _tail_text, apply, harvest_note
 from reconciler.curves import MAX_POINTS, downsample, points_from_metrics, render_curve
 from reconciler.errors import HostUnreachable
 from reconciler.model import AttemptOutcome, Desired, FleetMemory, Observed
@@ -151,6 +152,15 @@ def test_curve_file_is_small_and_deterministic() -> None:
     assert a == render_curve(sweep="s", run_id="r", attempt=2, key="episode_reward", goal="max", points=pts,
                              resumed_from=1)
     assert len(a) < 8000
+    schema = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "observed-curve.schema.json").read_text())
+    jsonschema.validate(doc, schema)
+
+
+def test_stderr_tail_is_at_most_4_kib_and_starts_at_a_line() -> None:
+    raw = b"".join(f"line {i} \u2713\n".encode() for i in range(2000))[-STDERR_TAIL_BYTES:]
+    tail = _tail_text(raw)
+    assert tail is not None and len(tail.encode()) <= STDERR_TAIL_BYTES
+    assert tail.startswith("line ") and tail.endswith("line 1999 \u2713")
 
 
 def _observe_and_plan(world: FakeWorld, desired: Desired, archive: FakeArchive) -> tuple[Observed, Plan]:
