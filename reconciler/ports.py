@@ -59,8 +59,17 @@ class Shell(Protocol):
     """Runs commands on boxes over SSH."""
 
     def run(
-        self, endpoint: Endpoint, command: str, *, stdin: bytes | None = None, timeout: float = 30.0
-    ) -> CommandResult: ...
+        self,
+        endpoint: Endpoint,
+        command: str,
+        *,
+        stdin: bytes | None = None,
+        timeout: float = 30.0,
+        max_stdout: int | None = None,
+    ) -> CommandResult:
+        """``max_stdout``: a command printing more than this many bytes fails (``RemoteCommandFailed``) instead of
+        filling the controller's memory (a harvest stream from a box that ignores its cap)."""
+        ...
 
     def run_many(
         self, targets: dict[int, tuple[Endpoint, str]], *, timeout: float = 10.0

@@ -16,6 +16,7 @@ from reconciler.model import BoxProbe, Endpoint, Instance
 from reconciler.ports import CommandResult, LaunchJob, Shell
 
 COMMAND_TIMEOUT_S = 60.0
+HARVEST_SLACK = 64 << 20  # tar headers and the manifest on top of a harvest's capped file data
 
 
 class ShellBoxes:
@@ -80,7 +81,9 @@ class ShellBoxes:
         if box.ssh is None:
             raise RemoteCommandFailed(f"instance {box.id} has no ssh address")
         # the stream may be large: a minute plus one per 2 MiB/s of the cap (the deadline closes the channel)
-        res = self.shell.run(box.ssh, script, timeout=self.command_timeout + cap_bytes / (2 << 20))
+        res = self.shell.run(
+            box.ssh, script, timeout=self.command_timeout + cap_bytes / (2 << 20), max_stdout=cap_bytes + HARVEST_SLACK
+        )
         if res.exit_code != 0:
             raise RemoteCommandFailed(f"harvest exited {res.exit_code}: {_text(res.stderr)[-300:]}")
         return res.stdout

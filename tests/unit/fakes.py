@@ -541,7 +541,8 @@ class FakeShell:
         self.closed = False
 
     def run(
-        self, endpoint: Endpoint, command: str, *, stdin: bytes | None = None, timeout: float = 30.0
+        self, endpoint: Endpoint, command: str, *, stdin: bytes | None = None, timeout: float = 30.0,
+        max_stdout: int | None = None,
     ) -> CommandResult:
         raise AssertionError("the unit tier reaches boxes through BoxControl, never with shell commands")
 
