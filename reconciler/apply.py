@@ -394,7 +394,7 @@ def harvest_note(got: Harvested) -> str:
         f"{path} ({_size(size) if size is not None else '?'}, {why})" for path, size, why in got.skipped[:5]
     )
     more = f" and {len(got.skipped) - 5} more" if len(got.skipped) > 5 else ""
-    return f"partial: {text} kept within the {_size(got.cap)} cap; skipped {shown}{more}"
+    return f"partial: {text} kept within the {_size(got.cap)} cap; skipped {shown}{more}"[:2000]
 
 
 def _size(n: int) -> str:
