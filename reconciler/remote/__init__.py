@@ -6,9 +6,9 @@ Everything rigsync does on a rented box is one of five small programs kept as fi
 (``ship_code.sh``); and, when an attempt ends or its checkpoint is due, the harvest (``harvest.py``, run by
 ``harvest.sh``: a capped tar stream of the run directory's results on stdout) and, before a resumed launch,
 ``stage_resume.sh`` (a checkpoint tar from stdin into ``resume/``). The files are static: every parameter reaches
-them as a shell-quoted positional argument,
-never as text formatted into a script. The builders here are pure (no I/O beyond reading those package files),
-so the unit tests run the commands with a local bash in a temporary HOME, and the SSH adapter stays a dumb pipe.
+them as a shell-quoted positional argument, never as text formatted into a script. The builders here are pure
+(no I/O beyond reading those package files), so the unit tests run the commands with a local bash in a temporary
+HOME, and the SSH adapter stays a dumb pipe.
 Each builder returns one command line that any POSIX login shell can execute, so it can be handed straight to
 ``Shell.run``: it exports ``RIGSYNC_ROOT`` (``ROOT``, the one place rigsync's directory on a box is named) and
 ``RIGSYNC_PYTHON_CANDIDATES``, then runs ``lib.sh`` followed by the script with ``exec bash -c``.
