@@ -7,6 +7,12 @@ only, because it runs with whatever Python the box has.
 
 Wall time: ``--seconds`` or env ``RIGSYNC_DEMO_SECONDS`` (default 4), divided by env ``EMULATOR_SPEED_FACTOR``
 (default 1). Output: JSON lines ``{"step": N, "episode_reward": R}`` appended to ``--out``.
+
+Checkpoints: after every evaluation, its state (the evaluations done, the step reached) goes to
+``$RIGSYNC_RUN_DIR/ckpt/state.json`` (written whole: a temporary file renamed over it), which rigsync syncs home
+while the run runs when the sweep declares ``checkpoint: {path: ckpt/, ...}``. Started with ``RIGSYNC_RESUME_DIR``
+(a retried or requeued attempt, given the last synced checkpoint), it resumes: its curve continues from the step
+reached, and only the remaining evaluations (and their share of the wall time) are run.
 """
 
 from __future__ import annotations
@@ -62,6 +68,37 @@ def _env_float(name: str, default: float) -> float:
     return value if value > 0 and math.isfinite(value) else default
 
 
+CKPT_DIR = "ckpt"
+CKPT_FILE = "state.json"
+
+
+def _resume_from(task: str, lr: float, seed: int, evals: int) -> int:
+    """Evaluations already done by the attempt whose checkpoint is in ``$RIGSYNC_RESUME_DIR`` (0: start fresh)."""
+    resume = os.environ.get("RIGSYNC_RESUME_DIR")
+    if not resume:
+        return 0
+    try:
+        state = json.loads((Path(resume) / CKPT_DIR / CKPT_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        print(f"train.py: no usable checkpoint in {resume} ({exc}); starting fresh", file=sys.stderr)
+        return 0
+    if [state.get("task"), state.get("lr"), state.get("seed"), state.get("evals")] != [task, lr, seed, evals]:
+        print("train.py: the checkpoint is another run's; starting fresh", file=sys.stderr)
+        return 0
+    return max(0, min(evals, int(state.get("done", 0))))
+
+
+def _checkpoint(state: dict[str, object]) -> None:
+    run_dir = os.environ.get("RIGSYNC_RUN_DIR")
+    if not run_dir:
+        return
+    d = Path(run_dir) / CKPT_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{CKPT_FILE}.tmp"
+    tmp.write_text(json.dumps(state, sort_keys=True) + "\n", encoding="utf-8")
+    os.replace(tmp, d / CKPT_FILE)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--task", required=True)
@@ -76,15 +113,20 @@ def main(argv: list[str] | None = None) -> int:
     wall = max(0.0, seconds) / _env_float("EMULATOR_SPEED_FACTOR", 1.0)
     evals = max(1, args.evals)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    print(f"training {args.task} lr={args.lr} seed={args.seed} for {wall:.2f}s", flush=True)
+    done = _resume_from(args.task, args.lr, args.seed, evals)
+    start = time.monotonic() - wall * done / evals  # the schedule as if the evaluations done had just run
+    resumed = f", resuming after evaluation {done}" if done else ""
+    print(f"training {args.task} lr={args.lr} seed={args.seed} for {wall:.2f}s{resumed}", flush=True)
     with args.out.open("a", encoding="utf-8") as fh:
         for i, (step, reward) in enumerate(curve(args.task, args.lr, args.seed, evals), start=1):
+            if i <= done:
+                continue
             delay = start + wall * i / evals - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
             fh.write(json.dumps({"step": step, "episode_reward": reward}) + "\n")
             fh.flush()
+            _checkpoint({"task": args.task, "lr": args.lr, "seed": args.seed, "evals": evals, "done": i, "step": step})
             print(f"step {step} episode_reward {reward}", flush=True)
     return 0
 

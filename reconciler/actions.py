@@ -100,6 +100,7 @@ class ReasonCode(enum.StrEnum):
     UNCHECKABLE = "uncheckable"  # launched on a box that cannot be checked now
     BLOCKED = "blocked"  # the run used all its attempts
     DRIFTED_BUSY = "drifted_busy"  # drifted box kept until its attempts finish
+    HARVEST_PENDING = "harvest_pending"  # would be destroyed: waits for its finished attempts to be harvested
     BOOTSTRAP_RUNNING = "bootstrap_running"
     IDLE_KEPT = "idle_kept"  # idle, but within idle_timeout
     MIN_INSTANCES_KEPT = "min_instances_kept"  # would go, but min_instances holds it

@@ -35,7 +35,8 @@ from reconciler.actions import (
     Requeue,
     ShipCode,
 )
-from reconciler.errors import LeaseLost, RemoteCommandFailed, RigsyncError
+from reconciler.curves import curve_path, points_from_metrics, render_curve
+from reconciler.errors import HostUnreachable, LeaseLost, RemoteCommandFailed, RigsyncError
 from reconciler.failpoints import failpoint
 from reconciler.jobenv import ControllerEnv, JobEnv
 from reconciler.model import (
@@ -49,12 +50,14 @@ from reconciler.model import (
     OverheadRecord,
     RunDirState,
 )
-from reconciler.ports import BoxControl, Fence, LaunchJob, Provider, no_fence
+from reconciler.ports import BoxControl, Fence, Harvested, LaunchJob, Provider, ResultStore, no_fence
 from reconciler.remote import watchdog_onstart
 
 log = logging.getLogger("rigsync.apply")
 
 KILL_EXIT_CODE = 137  # what a killed attempt records (128 + SIGKILL), as a shell would report it
+HARVEST_CAP_BYTES = 256 << 20  # at most this much of an attempt's files comes home (logs first, then artifacts)
+STDERR_TAIL_BYTES = 4096  # how much of a failed attempt's stderr its archive record carries
 
 
 R = TypeVar("R", AttemptRecord, OverheadRecord)
@@ -79,6 +82,7 @@ class ApplyResult:
     overheads: list[OverheadRecord] = field(default_factory=list)  # boxes that ended, closed in the archive
     launched: list[InFlight] = field(default_factory=list)
     settled: set[tuple[str, int]] = field(default_factory=set)  # attempts recorded/requeued/killed this cycle
+    curves: dict[str, str] = field(default_factory=dict)  # observed/curves/... files of the attempts settled
     rented: list[int] = field(default_factory=list)
     destroyed: list[int] = field(default_factory=list)
     lease_lost: str | None = None  # why the fence stopped this apply (the rest was skipped); None: it did not
@@ -105,6 +109,10 @@ class ApplyContext:
     note_launch: Callable[[InFlight], None] = lambda flight: None  # the launch journal, before each launch
     # where a sweep's ``${NAME}`` references are resolved, at launch and nowhere else (reconciler.jobenv)
     controller_env: ControllerEnv = field(default_factory=ControllerEnv)
+    store: ResultStore | None = None  # where harvests go; None: nothing is harvested (and records say nothing)
+    harvest_cap_bytes: int = HARVEST_CAP_BYTES
+    # (run id, attempt) -> when its checkpoint was last pulled (complete or not); kept by the caller across cycles
+    checkpoint_pulls: dict[tuple[str, int], float] = field(default_factory=dict)
 
 
 def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
@@ -145,6 +153,7 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
             result.outcomes.append(Outcome(action, False, _error_text(exc)))
     if result.lease_lost is not None:
         return result
+    _sync_checkpoints(ctx, instances, result)
     try:
         _archive_overheads(ctx, result)
     except LeaseLost as exc:
@@ -244,28 +253,171 @@ def _execute(action: Action, ctx: ApplyContext, instances: dict[int, Instance], 
         ctx.boxes.kill(box, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason)
         rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
                               AttemptOutcome.FAILED, KILL_EXIT_CODE, action.reason)
+        rec = _harvest(ctx, result, box, rec, required=True)
         _archive(ctx, result, rec)
         return "killed"
     if isinstance(action, Requeue):
         state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
         probe = ctx.observed.probe(action.instance_id)
         listed = instances.get(action.instance_id)
+        rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
+                              AttemptOutcome.LOST, None, action.reason)
         if probe is not None and probe.reachable and listed is not None:
             try:  # a stale attempt may still be running half-alive: make sure it cannot come back
                 ctx.boxes.kill(listed, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason)
             except Exception as exc:  # best effort: the attempt is requeued (and archived as lost) either way
                 log.info("requeue %s: best-effort kill failed: %s", action.target, _error_text(exc))
-        rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
-                              AttemptOutcome.LOST, None, action.reason)
+            rec = _harvest(ctx, result, listed, rec, required=False)  # what it wrote before it was lost
+        elif ctx.store is not None:
+            why = "host key changed, not contacted" if probe is not None and probe.host_key_changed else (
+                "box vanished" if listed is None else "box unreachable")
+            rec = replace(rec, harvest=f"lost: {why}")
         _archive(ctx, result, rec)
         return "requeued"
     if isinstance(action, Record):
         state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
         rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
                               AttemptOutcome(action.phase), action.exit_code, action.reason)
+        rec = _harvest(ctx, result, _box(instances, action.instance_id), rec, required=True)
         _archive(ctx, result, rec)
         return "archived"
     return "nothing to do"
+
+
+def _harvest(
+    ctx: ApplyContext, result: ApplyResult, box: Instance, rec: AttemptRecord, *, required: bool
+) -> AttemptRecord:
+    """Bring the attempt's run directory home (logs, meta.json, metrics file, the sweep's artifacts) before its
+    record is written, and say in the record what came home (``harvest``), a failed attempt's ``stderr_tail``, and
+    its curve under observed/curves/.
+
+    ``required`` (an attempt that finished or was killed on a box that answers): a box that stops answering mid-way
+    fails the action, nothing is archived, and the next cycle harvests again (the planner keeps the box until its
+    finished attempts are archived). Otherwise (a lost attempt) what cannot come home is noted as lost.
+    """
+    if ctx.store is None:
+        return rec
+    spec = ctx.desired.run(rec.run_id)
+    sweep = ctx.desired.sweep(spec.sweep) if spec else None
+    patterns = [spec.metrics_file] if spec and not spec.metrics_file.startswith("/") else []
+    patterns.extend(sweep.artifacts if sweep else ())
+    if sweep is not None and sweep.checkpoint is not None and rec.phase is not AttemptOutcome.SUCCEEDED:
+        _pull_checkpoint(ctx, box, rec.run_id, rec.attempt, sweep.checkpoint.path)  # what a retry resumes from
+    try:
+        tar = ctx.boxes.harvest(
+            box, rec.run_id, rec.attempt, what="run", patterns=patterns, cap_bytes=ctx.harvest_cap_bytes
+        )
+        got = ctx.store.put_attempt(rec.run_id, rec.attempt, tar)
+    except HostUnreachable as exc:
+        if required:
+            raise
+        return replace(rec, harvest=f"lost: box unreachable ({_error_text(exc)[:200]})")
+    except RigsyncError as exc:  # no run directory, no python, a stream the store refuses: say so, do not block
+        return replace(rec, harvest=f"lost: {_error_text(exc)[:300]}")
+    tail: str | None = None
+    if rec.phase is not AttemptOutcome.SUCCEEDED:
+        raw = ctx.store.read_attempt(rec.run_id, rec.attempt, "stderr.log", tail=STDERR_TAIL_BYTES)
+        tail = _tail_text(raw) if raw else None
+    resumed = rec.resumed_from if rec.resumed_from is not None else got.resumed_from
+    if spec is not None and spec.metric_key and not spec.metrics_file.startswith("/"):
+        metrics = ctx.store.read_attempt(rec.run_id, rec.attempt, spec.metrics_file)
+        points = points_from_metrics(metrics, spec.metric_key) if metrics else []
+        if points:
+            result.curves[curve_path(spec.sweep, rec.run_id, rec.attempt)] = render_curve(
+                sweep=spec.sweep, run_id=rec.run_id, attempt=rec.attempt, key=spec.metric_key,
+                goal=spec.metric_goal.value, points=points, resumed_from=resumed,
+            )
+    return replace(rec, harvest=harvest_note(got), stderr_tail=tail, resumed_from=resumed)
+
+
+def _pull_checkpoint(ctx: ApplyContext, box: Instance, run_id: str, attempt: int, path: str) -> None:
+    """Sync the attempt's checkpoint directory home (the store keeps it only when complete). Best effort."""
+    if ctx.store is None:
+        return
+    ctx.checkpoint_pulls[(run_id, attempt)] = ctx.now()
+    try:
+        tar = ctx.boxes.harvest(box, run_id, attempt, what="checkpoint", patterns=[path],
+                                cap_bytes=ctx.harvest_cap_bytes)
+        got = ctx.store.put_checkpoint(run_id, attempt, tar, at=ctx.now())
+    except Exception as exc:  # the last complete sync stays; the next period tries again
+        log.info("checkpoint %s.%s: not synced: %s", run_id, attempt, _error_text(exc))
+        return
+    if got.skipped:
+        log.warning("checkpoint %s.%s: incomplete (%s), the last complete sync is kept", run_id, attempt,
+                    harvest_note(got))
+
+
+def _sync_checkpoints(ctx: ApplyContext, instances: dict[int, Instance], result: ApplyResult) -> None:
+    """Running attempts of sweeps with a ``checkpoint``: pull it home when the last pull is older than ``every``.
+
+    Reads only (nothing on the box or the market changes), after the plan's actions, on boxes that answered this
+    cycle's probe and are not destroyed by it.
+    """
+    if ctx.store is None:
+        return
+    for probe in ctx.observed.probes:
+        box = instances.get(probe.instance_id)
+        if not probe.reachable or box is None or probe.instance_id in result.destroyed:
+            continue
+        for r in probe.runs:
+            if r.exit_code is not None or not r.pid_alive or (r.run_id, r.attempt) in result.settled:
+                continue
+            spec = ctx.desired.run(r.run_id)
+            sweep = ctx.desired.sweep(spec.sweep) if spec else None
+            if sweep is None or sweep.checkpoint is None or ctx.should_stop():
+                continue
+            last = ctx.checkpoint_pulls.get((r.run_id, r.attempt))
+            if last is None:
+                synced = ctx.store.checkpoint_synced(r.run_id)
+                last = synced[1] if synced is not None and synced[0] == r.attempt else None
+            if last is None or ctx.now() - last >= sweep.checkpoint.every_s:
+                _pull_checkpoint(ctx, box, r.run_id, r.attempt, sweep.checkpoint.path)
+
+
+def _stage_checkpoint(ctx: ApplyContext, box: Instance, action: Launch, sweep_name: str) -> int | None:
+    """Ship the run's last synced checkpoint (from an earlier attempt) to the attempt about to launch; the attempt
+    it came from, or None when it starts fresh."""
+    sweep = ctx.desired.sweep(sweep_name)
+    if ctx.store is None or sweep is None or sweep.checkpoint is None:
+        return None
+    ck = ctx.store.checkpoint(action.run_id)
+    if ck is None or ck.attempt >= action.attempt:
+        return None
+    try:
+        ctx.boxes.stage_resume(box, action.run_id, action.attempt, ck.tar)
+    except RemoteCommandFailed as exc:  # the box would not take it: start fresh rather than not at all
+        log.warning("launch %s: checkpoint not shipped, starting fresh: %s", action.target, _error_text(exc))
+        return None
+    return ck.attempt
+
+
+def harvest_note(got: Harvested) -> str:
+    """The archive record's ``harvest``: what came home, and what the size cap (or anything else) left behind."""
+    text = f"{len(got.files)} file(s), {_size(got.bytes)}"
+    if not got.skipped:
+        return f"ok: {text}"
+    shown = ", ".join(
+        f"{path} ({_size(size) if size is not None else '?'}, {why})" for path, size, why in got.skipped[:5]
+    )
+    more = f" and {len(got.skipped) - 5} more" if len(got.skipped) > 5 else ""
+    return f"partial: {text} kept within the {_size(got.cap)} cap; skipped {shown}{more}"[:2000]
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _tail_text(raw: bytes) -> str | None:
+    """The last whole lines of a stderr tail (at most ``STDERR_TAIL_BYTES``), as text."""
+    if len(raw) >= STDERR_TAIL_BYTES and b"\n" in raw[:-1]:
+        raw = raw[raw.index(b"\n") + 1 :]  # cut at a line start
+    text = raw.decode("utf-8", "replace").rstrip()
+    while len(text.encode("utf-8")) > STDERR_TAIL_BYTES:  # a replacement character is 3 bytes
+        text = text[1:]
+    return text or None
 
 
 def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], result: ApplyResult) -> str:
@@ -301,6 +453,22 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
     out = _redacted(env, lambda: ctx.boxes.launch(_box(instances, action.instance_id), job))
     result.launched.append(flight)
     return f"pid {out}" if out else "launched"
+    box = _box(instances, action.instance_id)
+    resumed_from = _stage_checkpoint(ctx, box, action, spec.sweep)
+    out = ctx.boxes.launch(box, job)
+    result.launched.append(
+        InFlight(
+            run_id=action.run_id,
+            attempt=action.attempt,
+            instance_id=action.instance_id,
+            gpu_mask=action.gpu_mask,
+            launched_at=ctx.now(),
+            sweep=spec.sweep,
+            resumed_from=resumed_from,
+        )
+    )
+    resumed = f", resumed from attempt {resumed_from}'s checkpoint" if resumed_from is not None else ""
+    return (f"pid {out}" if out else "launched") + resumed
 
 
 def _redacted(env: JobEnv, step: Callable[[], str]) -> str:
@@ -376,6 +544,7 @@ def _attempt_record(
         best_metric=state.best_metric if state else None,
         final_metric=state.final_metric if state else None,
         reason=reason,
+        resumed_from=launched.resumed_from if launched else None,
     )
 
 

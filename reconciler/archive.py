@@ -84,7 +84,11 @@ FIELD_ORDER = (
     "cost_usd",
     "best_metric",
     "final_metric",
+    "harvest",
+    "resumed_from",
+    "stderr_tail",
 )
+OPTIONAL_FIELDS = ("harvest", "resumed_from", "stderr_tail")  # written only when set: older lines stay as they were
 
 
 # The order of an overhead line's fields: its kind and box first, then the money, then when and what.
@@ -149,6 +153,10 @@ def record_to_json(record: AttemptRecord) -> str:
         "best_metric": record.best_metric,
         "final_metric": record.final_metric,
     }
+    for name in OPTIONAL_FIELDS:
+        value = getattr(record, name)
+        if value is not None:
+            d[name] = value
     return _line(d)
 
 
@@ -264,6 +272,9 @@ def _attempt(d: dict[str, Any]) -> AttemptRecord:
             best_metric=_opt_float(d.get("best_metric")),
             final_metric=_opt_float(d.get("final_metric")),
             reason=str(d.get("reason", "")),
+            harvest=_opt_str(d.get("harvest")),
+            stderr_tail=_opt_str(d.get("stderr_tail")),
+            resumed_from=None if d.get("resumed_from") is None else int(d["resumed_from"]),
         )
     except KeyError as exc:
         raise ValueError(f"missing field {exc.args[0]!r}") from exc

@@ -94,10 +94,12 @@ class FleetDaemon:
         adapters: AdapterFactory = build_adapters,
         clock: SystemClock | None = None,
         api_url: str | None = None,
+        data_dir: str | None = None,
     ) -> None:
         self.repo_dir = Path(repo_dir).resolve()
         self.config = config or DaemonConfig()
         self.state_dir_override = state_dir
+        self.data_dir = data_dir  # where harvests and checkpoints go (``adapters.store``); None: its default
         self.adapters = adapters
         self.api_url = api_url  # the controller's provider URL (None: RIGSYNC_API_URL or Vast.ai), never desired/'s
         self.clock = clock or SystemClock()
@@ -248,6 +250,7 @@ class FleetDaemon:
                 cycle_s=self.config.interval_s,
                 destroy_latency_s=self.config.destroy_latency_s,
                 api_url=self.api_url,
+                data_dir=self.data_dir,
             )
             self._fleet_key = key
         self.reconciler.fence = self.fence

@@ -27,7 +27,7 @@ import reconciler
 from reconciler.archive import RunArchive
 from reconciler.daemon import DaemonConfig, FleetDaemon
 from reconciler.errors import UserError
-from reconciler.model import AttemptOutcome, InstanceStatus, owns, split_owned
+from reconciler.model import AttemptOutcome, Desired, InstanceStatus, Observed, owns, split_owned
 from reconciler.runphase import count_phases, run_phases
 
 DEMO_TIMEOUTS = {
@@ -36,6 +36,7 @@ DEMO_TIMEOUTS = {
     "heartbeat_stale": "12s",
     "boot_timeout": "2m",
 }
+DEMO_CHECKPOINT_EVERY = "1s"  # the demo's runs last seconds: sync their checkpoints every second
 
 
 @dataclass
@@ -48,6 +49,7 @@ class DemoOptions:
     boot_delay_s: float = 1.0
     interval_s: float = 1.0
     say: Callable[[str], None] = print
+    data_dir: Path | None = None  # where harvests and checkpoints go (None: a temporary directory, removed)
 
 
 @dataclass
@@ -63,6 +65,8 @@ class DemoSummary:
     cycles: int = 0
     commits: int = 0
     duplicate_successes: int = 0
+    runs_resumed: int = 0  # runs that succeeded in an attempt resumed from an earlier attempt's checkpoint
+    harvested: int = 0  # attempts whose results came home to the data dir (archive records with harvest ok/partial)
     chaos: list[str] = field(default_factory=list)
     repo: str | None = None
     timed_out: bool = False
@@ -91,6 +95,8 @@ class DemoSummary:
             "cycles": self.cycles,
             "commits": self.commits,
             "duplicate_successes": self.duplicate_successes,
+            "runs_resumed": self.runs_resumed,
+            "harvested": self.harvested,
             "chaos": self.chaos,
             "repo": self.repo,
             "timed_out": self.timed_out,
@@ -104,6 +110,7 @@ class DemoSummary:
             f"  boxes rented {self.instances_rented}, alive at the end {self.instances_alive}, "
             f"spent ${self.cost_usd:.4f} (emulator ledger), wall {self.wall_s:.1f}s, "
             f"{self.cycles} cycles, {self.commits} observed commits",
+            f"  {self.harvested} attempt(s) harvested, {self.runs_resumed} run(s) resumed from a checkpoint",
         ]
         if self.chaos:
             lines.append("  chaos: " + "; ".join(self.chaos))
@@ -168,7 +175,11 @@ def make_fleet_repo(workdir: Path, runs: int | None) -> tuple[Path, Path]:
     for key, value in DEMO_TIMEOUTS.items():
         text = _set_key(text, key, value)
     fleet.write_text(text)
-    msg = "demo: short timeouts"
+    msg = "demo: short timeouts, checkpoints synced every " + DEMO_CHECKPOINT_EVERY
+    for sweep_file in sorted((workdir / "desired" / "sweeps").glob("*.yaml")):
+        body = sweep_file.read_text()
+        body = re.sub(r"(checkpoint: \{path: [^,]+, every: )[0-9dhms]+\}", rf"\g<1>{DEMO_CHECKPOINT_EVERY}}}", body)
+        sweep_file.write_text(body)
     if runs is not None:
         for sweep_file in sorted((workdir / "desired" / "sweeps").glob("*.yaml")):
             body = sweep_file.read_text()
@@ -203,9 +214,13 @@ class Chaos:
         self.hung: int | None = None
         self.hung_at = 0.0
 
-    def step(self, busy_boxes: list[int]) -> None:
-        if not self.done and len(busy_boxes) >= 2:
-            victim, frozen = busy_boxes[0], busy_boxes[1]
+    def step(self, busy_boxes: list[int], resumable: list[int] | None = None) -> None:
+        """``resumable``: the busy boxes whose running attempt already has a checkpoint home (None: the sweep
+        declares no checkpoint); the victim is one of them, so its run can show the resume."""
+        candidates = busy_boxes if resumable is None else [b for b in busy_boxes if b in resumable]
+        if not self.done and len(busy_boxes) >= 2 and candidates:
+            victim = candidates[0]
+            frozen = next(b for b in busy_boxes if b != victim)
             self.emu.fail_next("/api/", 4, 429)
             self.events.append("a burst of 4 HTTP 429s on the API")
             self.emu.vanish(victim)
@@ -230,6 +245,7 @@ def run_demo(opts: DemoOptions) -> DemoSummary:
         tmp = tempfile.TemporaryDirectory(prefix="rigsync-demo-")
         workdir = Path(tmp.name) / "fleet"
     state = Path(tempfile.mkdtemp(prefix="rigsync-demo-state-"))
+    data = opts.data_dir if opts.data_dir is not None else Path(tempfile.mkdtemp(prefix="rigsync-demo-data-"))
     old_key = os.environ.get("VAST_API_KEY")
     try:
         with Emulator(seed=opts.seed, boot_delay=opts.boot_delay_s) as emu:
@@ -237,7 +253,7 @@ def run_demo(opts: DemoOptions) -> DemoSummary:
             opts.say(f"emulator at {emu.url}; fleet repo {workdir}")
             make_fleet_repo(workdir, opts.runs)
             config = DaemonConfig(interval_s=opts.interval_s, lease_renew_s=30.0, author_name="rigsync")
-            daemon = FleetDaemon(workdir, config=config, state_dir=str(state), api_url=emu.url)
+            daemon = FleetDaemon(workdir, config=config, state_dir=str(state), api_url=emu.url, data_dir=str(data))
             opts.say(daemon.acquire())
             chaos = Chaos(emu, opts.say) if opts.chaos else None
             try:
@@ -255,11 +271,17 @@ def run_demo(opts: DemoOptions) -> DemoSummary:
         else:
             os.environ["VAST_API_KEY"] = old_key
         shutil.rmtree(state, ignore_errors=True)
+        if opts.data_dir is None:
+            shutil.rmtree(data, ignore_errors=True)
     archive = list(RunArchive(workdir).records())
     successes = Counter(r.run_id for r in archive if r.phase is AttemptOutcome.SUCCEEDED)
     summary.attempts = len(archive)
     summary.runs_succeeded = len(successes)
     summary.duplicate_successes = sum(n - 1 for n in successes.values() if n > 1)
+    summary.runs_resumed = len(
+        {r.run_id for r in archive if r.phase is AttemptOutcome.SUCCEEDED and r.resumed_from is not None}
+    )
+    summary.harvested = sum(1 for r in archive if r.harvest and not r.harvest.startswith("lost"))
     summary.commits = int(_git(workdir, "rev-list", "--count", "--author=rigsync", "HEAD") or 0)
     summary.wall_s = time.monotonic() - started
     if opts.keep is not None:
@@ -294,7 +316,7 @@ def _drive(daemon: FleetDaemon, emu: Any, opts: DemoOptions, chaos: Chaos | None
             p.instance_id for p in res.observed.probes if p.reachable and any(r.exit_code is None for r in p.runs)
         )
         if chaos is not None:
-            chaos.step(busy)
+            chaos.step(busy, _resumable(daemon, res.desired, res.observed))
             if chaos.hung is not None and time.monotonic() - chaos.hung_at > 30 and chaos.hung in emu.instance_ids():
                 emu.resume(chaos.hung)
         after = daemon.reconciler.observed_after_apply(res.observed) if daemon.reconciler else res.observed
@@ -318,6 +340,21 @@ def _drive(daemon: FleetDaemon, emu: Any, opts: DemoOptions, chaos: Chaos | None
         time.sleep(opts.interval_s)
     summary.instances_rented = len(rented)
     return summary
+
+
+def _resumable(daemon: FleetDaemon, desired: Desired, observed: Observed) -> list[int] | None:
+    """Busy boxes whose running attempt has a checkpoint home; None when no sweep declares a checkpoint."""
+    rec = daemon.reconciler
+    if rec is None or rec.store is None or not any(s.checkpoint for s in desired.sweeps):
+        return None
+    out = []
+    for p in observed.probes:
+        for r in p.runs:
+            synced = rec.store.checkpoint_synced(r.run_id) if p.reachable and r.exit_code is None else None
+            if synced is not None and synced[0] == r.attempt:
+                out.append(p.instance_id)
+                break
+    return out
 
 
 def _destroy_everything(daemon: FleetDaemon, emu: Any) -> None:

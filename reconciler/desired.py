@@ -51,6 +51,7 @@ from reconciler.errors import DesiredStateInvalid, TemplateProblem, YamlRefused
 from reconciler.expand import RUN_VARIABLES, count_runs, expand, parameter_name_problem, template_variables
 from reconciler.model import (
     Budget,
+    Checkpoint,
     Desired,
     Fleet,
     MetricGoal,
@@ -820,7 +821,16 @@ def _build_sweep(data: Mapping[str, Any], order: int) -> Sweep:
         promotion=tuple(rules),
         order=order,
         env=tuple((str(k), str(v)) for k, v in data.get("env", {}).items()),
+        artifacts=tuple(data.get("artifacts", ())),
+        checkpoint=_checkpoint(data.get("checkpoint")),
     )
+
+
+def _checkpoint(data: Mapping[str, Any] | None) -> Checkpoint | None:
+    """A sweep's ``checkpoint: {path, every}`` (validated by the schema and ``_sweep_checks``)."""
+    if not data:
+        return None
+    return Checkpoint(path=str(data["path"]).rstrip("/"), every_s=parse_duration(data["every"]))
 
 
 def _sweep_checks(
@@ -919,6 +929,15 @@ def _sweep_checks(
     metrics = data.get("metrics", {})
     if ".." in PurePosixPath(metrics.get("file", "x")).parts:
         errors.append(doc.error(("metrics", "file"), "metrics file must stay inside the run directory (no '..')"))
+    for i, pattern in enumerate(data.get("artifacts", ())):
+        if pattern.startswith("/") or ".." in PurePosixPath(pattern).parts:
+            errors.append(doc.error(("artifacts", i), "artifacts must stay inside the run directory (no '/', no '..')"))
+    checkpoint = data.get("checkpoint")
+    if checkpoint:
+        if ".." in PurePosixPath(checkpoint["path"]).parts:
+            errors.append(doc.error(("checkpoint", "path"), "checkpoint path must stay inside the run directory"))
+        if parse_duration(checkpoint["every"]) <= 0:
+            errors.append(doc.error(("checkpoint", "every"), "checkpoint every must be longer than 0s"))
     promotion = data.get("promotion", [])
     if promotion and "key" not in metrics:
         errors.append(doc.error(("promotion",), "promotion rules need metrics.key (which metric to compare)"))

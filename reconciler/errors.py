@@ -27,7 +27,8 @@ Every concrete error that an adapter raises says which of the two it is; the ada
     │   │   ├── HostKeyMismatch           (ShellError) the box's host key changed since it was pinned
     │   │   ├── RemoteCommandFailed       (ShellError) a command on the box exited non-zero
     │   │   │   └── LaunchLockHeld        this attempt's run directory exists: launched before
-    │   │   └── ArchiveCorrupt            (RepoError) a run archive line is not a record
+    │   │   ├── ArchiveCorrupt            (RepoError) a run archive line is not a record
+    │   │   └── StoreError                the local result store cannot take a harvest (disk, a bad stream)
     │   ├── ProviderError                 raised by a Provider adapter
     │   ├── ShellError                    raised by a Shell adapter (also: rigsync's own SSH key is unusable)
     │   └── RepoError                     raised by the git adapter
@@ -165,6 +166,13 @@ class PushRejected(RepoError, TransientError):
 
 class ArchiveCorrupt(RepoError, PermanentError):
     """A shard holds a line that is not a valid archive record (and is not a crash-truncated last line)."""
+
+
+# --------------------------------------------------------------------------------------------------- store
+
+
+class StoreError(PermanentError):
+    """The local result store (``adapters.store``) cannot take or give a harvest: a full disk, a bad stream."""
 
 
 # ------------------------------------------------------------------------- internal to loading desired/

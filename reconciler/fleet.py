@@ -20,6 +20,7 @@ from pathlib import Path
 
 from reconciler.actions import Plan
 from reconciler.adapters.git import GitRepo
+from reconciler.adapters.store import LocalStore, data_dir_for
 from reconciler.archive import RunArchive
 from reconciler.launch_journal import LaunchJournal, merge_in_flight
 from reconciler.loop import DESTROY_LATENCY_S, Reconciler, SystemClock, build_adapters, state_dir_for
@@ -45,6 +46,7 @@ def open_fleet(
     cycle_s: float = 60.0,
     destroy_latency_s: float | None = None,
     api_url: str | None = None,
+    data_dir: str | None = None,
 ) -> Reconciler:
     """A ``Reconciler`` for ``fleet`` acting through the checkout at ``checkout``.
 
@@ -54,7 +56,8 @@ def open_fleet(
     SSH key and pinned host keys (``state_dir_for``). ``cycle_s`` is how often this controller decides: the
     budget projects spend to the next decision, so a longer cycle stops work earlier. ``api_url`` is the provider
     URL configured on the controller, handed to the adapter factory (None: its default, ``RIGSYNC_API_URL`` or
-    Vast.ai); desired/ never names one.
+    Vast.ai); desired/ never names one. ``data_dir`` overrides where harvested results and checkpoints go
+    (``adapters.store.data_dir_for``: ``--data-dir``, ``$RIGSYNC_DATA_DIR``, ``$XDG_DATA_HOME/rigsync``).
     """
     checkout = Path(checkout)
     git = git if git is not None else GitRepo(checkout)
@@ -80,6 +83,7 @@ def open_fleet(
         should_stop=should_stop,
         cycle_s=cycle_s,
         destroy_latency_s=DESTROY_LATENCY_S if destroy_latency_s is None else destroy_latency_s,
+        store=LocalStore(data_dir_for(fleet.name, data_dir)),
     )
 
 
@@ -96,6 +100,8 @@ def render_cycle(
         now=rec.clock.now(),
         previous=previous,
     )
+    # each settled attempt's learning curve (reconciler/curves.py), written once beside the documents
+    rendered.update(rec.take_curves())
     return previous, rendered
 
 

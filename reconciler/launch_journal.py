@@ -32,6 +32,7 @@ def _entry(f: InFlight) -> str:
             "gpu_mask": list(f.gpu_mask),
             "launched_at": f.launched_at,
             "sweep": f.sweep,
+            "resumed_from": f.resumed_from,
         },
         sort_keys=True,
     )
@@ -72,6 +73,7 @@ class LaunchJournal:
                         gpu_mask=tuple(int(g) for g in d["gpu_mask"]),
                         launched_at=float(d["launched_at"]),
                         sweep=str(d.get("sweep") or ""),
+                        resumed_from=None if d.get("resumed_from") is None else int(d["resumed_from"]),
                     )
                 )
             except (ValueError, KeyError, TypeError):

@@ -24,7 +24,7 @@ from reconciler.launch_journal import LaunchJournal
 from reconciler.model import AttemptRecord, Desired, Endpoint, Fleet, FleetMemory, Observed
 from reconciler.observe import observe
 from reconciler.plan import plan
-from reconciler.ports import BoxControl, Fence, Provider, Shell, no_fence
+from reconciler.ports import BoxControl, Fence, Provider, ResultStore, Shell, no_fence
 
 log = logging.getLogger("rigsync.loop")
 
@@ -67,6 +67,9 @@ class Reconciler:
     # what the sweeps' ``${NAME}`` references resolve to (this process's environment): plan() learns which names
     # are set, apply() reads the values at launch (reconciler.jobenv)
     controller_env: ControllerEnv = field(default_factory=lambda: ControllerEnv(os.environ))
+    store: ResultStore | None = None  # the local result store harvests go to (None: nothing is harvested)
+    pending_curves: dict[str, str] = field(default_factory=dict)  # observed/curves/ files for the next write
+    checkpoint_pulls: dict[tuple[str, int], float] = field(default_factory=dict)  # apply's, across cycles
     _last_wall_s: float = 0.0  # how long the last cycle took: the next decision comes that much later too
     _history: list[AttemptRecord] | None = None
     _endpoints: dict[int, tuple[Endpoint, ...]] = field(default_factory=dict)
@@ -122,6 +125,11 @@ class Reconciler:
         self._last_wall_s = max(0.0, finished - started)
         return CycleResult(desired, observed, the_plan, applied, memory, started, finished)
 
+    def take_curves(self) -> dict[str, str]:
+        """The curve files of the attempts settled since the last write (``fleet.render_cycle`` writes them)."""
+        curves, self.pending_curves = self.pending_curves, {}
+        return curves
+
     def observed_after_apply(self, observed: Observed) -> Observed:
         """The snapshot as the next cycle will start from it: with this cycle's memory, in-flight and archive."""
         return replace(
@@ -145,8 +153,11 @@ class Reconciler:
             fence=self.fence,
             note_launch=self.journal.note if self.journal is not None else (lambda flight: None),
             controller_env=self.controller_env,
+            store=self.store,
+            checkpoint_pulls=self.checkpoint_pulls,
         )
         result = apply(the_plan, ctx)
+        self.pending_curves.update(result.curves)
         if self._history is not None:
             self._history.extend(result.archived)
         in_flight = next_in_flight(memory.in_flight, observed, result)

@@ -117,6 +117,16 @@ class Sweep:
     order: int = 0  # position among sweeps (file name order); the tie-break after priority
     # the job's environment as written: (name, literal or "${NAME}"); never a resolved secret (reconciler.jobenv)
     env: tuple[tuple[str, str], ...] = ()
+    artifacts: tuple[str, ...] = ()  # globs in the run directory harvested with the logs when an attempt ends
+    checkpoint: Checkpoint | None = None  # a directory in the run directory synced home while it runs
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A sweep's checkpoint: the directory (relative to the run directory) synced home every ``every_s``."""
+
+    path: str
+    every_s: float
 
 
 @dataclass(frozen=True)
@@ -173,6 +183,12 @@ class Desired:
         for r in self.runs:
             if r.id == run_id:
                 return r
+        return None
+
+    def sweep(self, name: str) -> Sweep | None:
+        for s in self.sweeps:
+            if s.name == name:
+                return s
         return None
 
 
@@ -418,6 +434,11 @@ class AttemptRecord:
     best_metric: float | None = None
     final_metric: float | None = None
     reason: str = ""
+    # what came home to the local store before the run directory or its box went (``apply``): "ok: ...",
+    # "partial: ... skipped", "lost: box unreachable"; None when rigsync ran without a store
+    harvest: str | None = None
+    stderr_tail: str | None = None  # a failed attempt's last lines of stderr (at most STDERR_TAIL_BYTES)
+    resumed_from: int | None = None  # the attempt whose checkpoint this one started from
 
     @property
     def key(self) -> tuple[str, int]:
@@ -446,6 +467,7 @@ class InFlight:
     gpu_mask: tuple[int, ...]
     launched_at: float
     sweep: str = ""
+    resumed_from: int | None = None  # launched from the checkpoint synced from this attempt
 
 
 class DriftClass(enum.StrEnum):

@@ -60,8 +60,17 @@ class Shell(Protocol):
     """Runs commands on boxes over SSH."""
 
     def run(
-        self, endpoint: Endpoint, command: str, *, stdin: bytes | None = None, timeout: float = 30.0
-    ) -> CommandResult: ...
+        self,
+        endpoint: Endpoint,
+        command: str,
+        *,
+        stdin: bytes | None = None,
+        timeout: float = 30.0,
+        max_stdout: int | None = None,
+    ) -> CommandResult:
+        """``max_stdout``: a command printing more than this many bytes fails (``RemoteCommandFailed``) instead of
+        filling the controller's memory (a harvest stream from a box that ignores its cap)."""
+        ...
 
     def run_many(
         self, targets: dict[int, tuple[Endpoint, str]], *, timeout: float = 10.0
@@ -128,6 +137,65 @@ class BoxControl(Protocol):
 
     def forget(self, box: Instance) -> None:
         """The box is gone: drop its pooled connections and pinned host keys (its address will be reused)."""
+        ...
+
+    def harvest(
+        self, box: Instance, run_id: str, attempt: int, *, what: str, patterns: Sequence[str], cap_bytes: int
+    ) -> bytes:
+        """A tar stream of the attempt's results (``what="run"``: stdout.log, stderr.log, meta.json and the files
+        ``patterns`` match in its run directory) or of its checkpoint (``what="checkpoint"``: the files under
+        ``patterns``), at most ``cap_bytes`` of file data, ending with the ``.rigsync-harvest.json`` manifest
+        (``reconciler/remote/harvest.py``). ``RemoteCommandFailed`` if the box has no such attempt."""
+        ...
+
+    def stage_resume(self, box: Instance, run_id: str, attempt: int, tar: bytes) -> None:
+        """Put a checkpoint (a tar) where the attempt about to launch finds it: its run directory's ``resume/``,
+        named by ``RIGSYNC_RESUME_DIR`` in the run's environment."""
+        ...
+
+
+@dataclass(frozen=True)
+class Harvested:
+    """What came home from a box into the local store (the manifest of one harvest)."""
+
+    files: tuple[tuple[str, int], ...]  # (path in the run directory, bytes)
+    skipped: tuple[tuple[str, int | None, str], ...]  # (path, bytes if known, why)
+    bytes: int
+    cap: int
+    resumed_from: int | None = None  # the attempt whose checkpoint this attempt resumed from
+
+
+@dataclass(frozen=True)
+class StoredCheckpoint:
+    """A run's last complete checkpoint sync in the local store."""
+
+    run_id: str
+    attempt: int  # the attempt it was synced from
+    synced_at: float
+    tar: bytes  # its files, as a tar stream (what ``BoxControl.stage_resume`` ships)
+
+
+class ResultStore(Protocol):
+    """The local result store (``adapters.store``): where attempts' outputs and runs' checkpoints live once home."""
+
+    def put_attempt(self, run_id: str, attempt: int, tar: bytes) -> Harvested:
+        """Unpack a harvest into the attempt's directory, replacing an earlier harvest of it whole (idempotent)."""
+        ...
+
+    def read_attempt(self, run_id: str, attempt: int, name: str, *, tail: int | None = None) -> bytes | None:
+        """A harvested file (its last ``tail`` bytes when given); None when it did not come home."""
+        ...
+
+    def put_checkpoint(self, run_id: str, attempt: int, tar: bytes, *, at: float) -> Harvested:
+        """Keep this sync as the run's checkpoint if it is complete (nothing skipped); else keep the last one."""
+        ...
+
+    def checkpoint(self, run_id: str) -> StoredCheckpoint | None:
+        """The run's last complete checkpoint sync, its files as a tar; None when there is none."""
+        ...
+
+    def checkpoint_synced(self, run_id: str) -> tuple[int, float] | None:
+        """(the attempt it came from, when) of the run's last complete checkpoint sync, without reading it."""
         ...
 
 

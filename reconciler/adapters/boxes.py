@@ -17,6 +17,7 @@ from reconciler.model import BoxProbe, Endpoint, Instance
 from reconciler.ports import CommandResult, LaunchJob, Shell
 
 COMMAND_TIMEOUT_S = 60.0
+HARVEST_SLACK = 64 << 20  # tar headers and the manifest on top of a harvest's capped file data
 
 
 class ShellBoxes:
@@ -76,6 +77,23 @@ class ShellBoxes:
 
     def ship_code(self, box: Instance, commit: str, tar: bytes) -> None:
         _checked(self._run(box, remote.ship_code_script(commit), stdin=tar))
+
+    def harvest(
+        self, box: Instance, run_id: str, attempt: int, *, what: str, patterns: Sequence[str], cap_bytes: int
+    ) -> bytes:
+        script = remote.harvest_script(run_id, attempt, what=what, patterns=patterns, cap_bytes=cap_bytes)
+        if box.ssh is None:
+            raise RemoteCommandFailed(f"instance {box.id} has no ssh address")
+        # the stream may be large: a minute plus one per 2 MiB/s of the cap (the deadline closes the channel)
+        res = self.shell.run(
+            box.ssh, script, timeout=self.command_timeout + cap_bytes / (2 << 20), max_stdout=cap_bytes + HARVEST_SLACK
+        )
+        if res.exit_code != 0:
+            raise RemoteCommandFailed(f"harvest exited {res.exit_code}: {_text(res.stderr)[-300:]}")
+        return res.stdout
+
+    def stage_resume(self, box: Instance, run_id: str, attempt: int, tar: bytes) -> None:
+        _checked(self._run(box, remote.stage_resume_script(run_id, attempt), stdin=tar))
 
     def forget(self, box: Instance) -> None:
         for endpoint in (box.direct, box.proxy):

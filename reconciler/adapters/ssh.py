@@ -30,7 +30,7 @@ import paramiko
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from reconciler.errors import HostKeyMismatch, HostUnreachable, RigsyncError, ShellError
+from reconciler.errors import HostKeyMismatch, HostUnreachable, RemoteCommandFailed, RigsyncError, ShellError
 from reconciler.model import Endpoint
 from reconciler.ports import CommandResult
 
@@ -160,10 +160,17 @@ class SshShell:
     # ------------------------------------------------------------------------------------------ public API
 
     def run(
-        self, endpoint: Endpoint, command: str, *, stdin: bytes | None = None, timeout: float = 30.0
+        self,
+        endpoint: Endpoint,
+        command: str,
+        *,
+        stdin: bytes | None = None,
+        timeout: float = 30.0,
+        max_stdout: int | None = None,
     ) -> CommandResult:
-        """Run one command; its exit code is returned, not raised. Connection trouble raises ``ShellError``."""
-        return self._bounded(endpoint, timeout, lambda dl: self._run_on(endpoint, command, stdin, dl))
+        """Run one command; its exit code is returned, not raised. Connection trouble raises ``ShellError``; more
+        than ``max_stdout`` bytes of output, ``RemoteCommandFailed``."""
+        return self._bounded(endpoint, timeout, lambda dl: self._run_on(endpoint, command, stdin, dl, max_stdout))
 
     def run_many(
         self, targets: dict[int, tuple[Endpoint, str]], *, timeout: float = 10.0
@@ -329,7 +336,9 @@ class SshShell:
         self._host_keys.save(str(tmp))
         os.replace(tmp, path)
 
-    def _run_on(self, endpoint: Endpoint, command: str, stdin: bytes | None, dl: _Deadline) -> CommandResult:
+    def _run_on(
+        self, endpoint: Endpoint, command: str, stdin: bytes | None, dl: _Deadline, max_stdout: int | None = None
+    ) -> CommandResult:
         conn, pooled = self._conn(endpoint, dl)
         dl.watch(conn.close)
         try:
@@ -350,9 +359,15 @@ class SshShell:
             chan.shutdown_write()
             out: list[bytes] = []
             err: list[bytes] = []
+            got = 0
             while True:
                 while chan.recv_ready():
                     out.append(chan.recv(1 << 16))
+                    got += len(out[-1])
+                    if max_stdout is not None and got > max_stdout:
+                        raise RemoteCommandFailed(
+                            f"{endpoint.host}:{endpoint.port}: output over {max_stdout} bytes; stopped reading"
+                        )
                 while chan.recv_stderr_ready():
                     err.append(chan.recv_stderr(1 << 16))
                 if (chan.eof_received or chan.closed) and not chan.recv_ready() and not chan.recv_stderr_ready():

@@ -13,8 +13,16 @@ The data dir is ``--data-dir``, else ``$RIGSYNC_DATA_DIR``, else ``$XDG_DATA_HOM
 
 from __future__ import annotations
 
+import io
+import json
 import os
+import shutil
+import tarfile
+import uuid
 from pathlib import Path
+
+from reconciler.errors import StoreError
+from reconciler.ports import Harvested, StoredCheckpoint
 
 DATA_DIR_ENV = "RIGSYNC_DATA_DIR"
 
@@ -41,3 +49,122 @@ def attempt_dir(fleet_data: Path, run_id: str, attempt: int) -> Path:
 def checkpoint_dir(fleet_data: Path, run_id: str) -> Path:
     """Where a run's last synced checkpoint lives (not created here)."""
     return fleet_data / "checkpoints" / run_id
+
+
+MANIFEST = ".rigsync-harvest.json"  # the harvest's own manifest (``reconciler/remote/harvest.py``), kept beside
+CHECKPOINT_MARK = ".rigsync-checkpoint.json"  # in a checkpoint dir: {"run_id", "attempt", "synced_at"}
+
+
+def _unpack(tar: bytes, into: Path) -> None:
+    """Unpack a harvest stream into the new directory ``into``: regular files only, no path out of it."""
+    into.mkdir(parents=True, mode=0o700)
+    try:
+        with tarfile.open(fileobj=io.BytesIO(tar), mode="r:*") as tf:
+            for member in tf.getmembers():
+                if not member.isfile():
+                    continue
+                tf.extract(member, into, filter="data")
+    except (tarfile.TarError, OSError) as exc:
+        raise StoreError(f"cannot unpack the harvest into {into}: {type(exc).__name__}: {exc}") from None
+
+
+def _manifest(directory: Path) -> Harvested:
+    try:
+        doc = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"the harvest in {directory} has no readable manifest: {exc}") from None
+    resumed = doc.get("resumed_from")
+    return Harvested(
+        files=tuple((str(p), int(n)) for p, n in doc.get("files") or ()),
+        skipped=tuple(
+            (str(s.get("path")), None if s.get("size") is None else int(s["size"]), str(s.get("why", "")))
+            for s in doc.get("skipped") or ()
+        ),
+        bytes=int(doc.get("bytes", 0)),
+        cap=int(doc.get("cap", 0)),
+        resumed_from=resumed if isinstance(resumed, int) and not isinstance(resumed, bool) else None,
+    )
+
+
+def _swap_in(tmp: Path, final: Path) -> None:
+    """Replace ``final`` with ``tmp`` (a directory): the old one is moved aside, then removed."""
+    old = final.with_name(f".{final.name}.old.{os.getpid()}")
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+class LocalStore:
+    """The ``ResultStore`` port on local disk, in the layout above. Every write lands whole (a temporary directory
+    renamed into place), so a reader (``rigsync logs``) sees the last complete harvest or none, and harvesting
+    twice is harmless."""
+
+    def __init__(self, fleet_data: Path) -> None:
+        self.fleet_data = Path(fleet_data)
+
+    def _tmp(self, final: Path) -> Path:
+        final.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return final.with_name(f".{final.name}.tmp.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+
+    def put_attempt(self, run_id: str, attempt: int, tar: bytes) -> Harvested:
+        final = attempt_dir(self.fleet_data, run_id, attempt)
+        tmp = self._tmp(final)
+        try:
+            _unpack(tar, tmp)
+            got = _manifest(tmp)
+            _swap_in(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return got
+
+    def read_attempt(self, run_id: str, attempt: int, name: str, *, tail: int | None = None) -> bytes | None:
+        base = attempt_dir(self.fleet_data, run_id, attempt)
+        path = base / name
+        try:
+            if not path.resolve().is_relative_to(base.resolve()) or not path.is_file():
+                return None
+            with path.open("rb") as f:
+                if tail is not None:
+                    f.seek(max(0, path.stat().st_size - tail))
+                return f.read()
+        except OSError:
+            return None
+
+    def put_checkpoint(self, run_id: str, attempt: int, tar: bytes, *, at: float) -> Harvested:
+        final = checkpoint_dir(self.fleet_data, run_id)
+        tmp = self._tmp(final)
+        try:
+            _unpack(tar, tmp)
+            got = _manifest(tmp)
+            if got.skipped or not got.files:  # incomplete (or nothing yet): keep the last complete sync
+                return got
+            (tmp / MANIFEST).unlink()
+            mark = {"run_id": run_id, "attempt": attempt, "synced_at": at}
+            (tmp / CHECKPOINT_MARK).write_text(json.dumps(mark, sort_keys=True) + "\n", encoding="utf-8")
+            _swap_in(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return got
+
+    def checkpoint_synced(self, run_id: str) -> tuple[int, float] | None:
+        try:
+            mark = json.loads((checkpoint_dir(self.fleet_data, run_id) / CHECKPOINT_MARK).read_text(encoding="utf-8"))
+            return int(mark["attempt"]), float(mark["synced_at"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def checkpoint(self, run_id: str) -> StoredCheckpoint | None:
+        directory = checkpoint_dir(self.fleet_data, run_id)
+        try:
+            mark = json.loads((directory / CHECKPOINT_MARK).read_text(encoding="utf-8"))
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+                for path in sorted(directory.rglob("*")):
+                    if path.is_file() and not path.is_symlink():
+                        tf.add(path, arcname=path.relative_to(directory).as_posix(), recursive=False)
+            return StoredCheckpoint(
+                run_id=run_id, attempt=int(mark["attempt"]), synced_at=float(mark["synced_at"]), tar=buf.getvalue()
+            )
+        except (OSError, ValueError, KeyError, TypeError, tarfile.TarError):
+            return None

@@ -24,6 +24,15 @@ def add_repo_arg(parser: argparse.ArgumentParser) -> None:
     add_api_url_arg(parser)
 
 
+def add_data_dir_arg(parser: argparse.ArgumentParser) -> None:
+    """``--data-dir``, on every command that may settle attempts (their results are harvested there)."""
+    parser.add_argument(
+        "--data-dir", default=None, metavar="DIR",
+        help="where attempts' harvested results and checkpoints go (default: $RIGSYNC_DATA_DIR, else "
+        "$XDG_DATA_HOME/rigsync); never in the repository",
+    )
+
+
 def add_api_url_arg(parser: argparse.ArgumentParser) -> None:
     """``--api-url``, on every command that talks to the provider."""
     parser.add_argument(
@@ -57,9 +66,11 @@ def load_local_desired(repo: Path) -> Desired:
         return desired
 
 
-def open_reconciler(repo: Path, desired: Desired, state_dir: str | None, api_url: str) -> Reconciler:
+def open_reconciler(
+    repo: Path, desired: Desired, state_dir: str | None, api_url: str, data_dir: str | None = None
+) -> Reconciler:
     """The fleet opened as `rigsync run` opens it (``reconciler.fleet.open_fleet``)."""
-    return open_fleet(repo, desired.fleet, state_dir=state_dir, api_url=api_url)
+    return open_fleet(repo, desired.fleet, state_dir=state_dir, api_url=api_url, data_dir=data_dir)
 
 
 def write_observed_uncommitted(

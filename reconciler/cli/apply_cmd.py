@@ -19,6 +19,7 @@ import jsonschema
 from reconciler import lease
 from reconciler.actions import PLAN_FORMAT_VERSION, Plan
 from reconciler.cli._common import (
+    add_data_dir_arg,
     add_repo_arg,
     api_url_of,
     load_local_desired,
@@ -36,6 +37,7 @@ from reconciler.saved_plan import stale_reasons
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("apply", help="apply a fresh plan (after showing it) or a saved one")
     add_repo_arg(p)
+    add_data_dir_arg(p)
     p.add_argument("--plan", default=None, help="a plan saved by `rigsync plan --out`; applied exactly or refused")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     p.set_defaults(handler=run)
@@ -103,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _apply(args: argparse.Namespace, repo: Path, desired: Desired, saved: Plan | None, api_url: str) -> int:
-    rec = open_reconciler(repo, desired, args.state_dir, api_url)
+    rec = open_reconciler(repo, desired, args.state_dir, api_url, args.data_dir)
     try:
         observed, fresh, memory = rec.observe_and_plan(desired)
         the_plan = fresh

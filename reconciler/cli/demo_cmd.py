@@ -14,6 +14,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--runs", type=int, default=None, help="at least N runs (whole grid cells x enough seeds)")
     p.add_argument("--chaos", action="store_true", help="vanish a box mid-run, hang another, burst 429s")
     p.add_argument("--keep", default=None, help="leave the fleet repo here (its bare remote beside it)")
+    p.add_argument("--data-dir", default=None, help="keep the attempts' harvested results here (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--seed", type=int, default=7, help="the emulator market's seed")
     p.add_argument("--timeout", type=float, default=600.0, help="give up (and destroy everything) after this")
@@ -29,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
         keep=Path(args.keep) if args.keep else None,
         seed=args.seed,
         timeout_s=args.timeout,
+        data_dir=Path(args.data_dir) if args.data_dir else None,
         say=say_stderr if args.json else print,
     )
     summary = run_demo(opts)

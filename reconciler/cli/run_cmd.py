@@ -6,7 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from reconciler.cli._common import add_api_url_arg, api_url_of
+from reconciler.cli._common import add_api_url_arg, add_data_dir_arg, api_url_of
 from reconciler.daemon import DaemonConfig, FleetDaemon
 from reconciler.errors import UserError
 
@@ -16,6 +16,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--repo", default=".", help="rigsync's git checkout of the fleet repository (default: .)")
     p.add_argument("--state-dir", default=None, help="where rigsync keeps its SSH key and pinned host keys")
     add_api_url_arg(p)
+    add_data_dir_arg(p)
     p.add_argument("--once", action="store_true", help="run one cycle and exit")
     p.add_argument("--interval", type=float, default=30.0, help="seconds between cycles (default 30)")
     p.add_argument("--lease-stale", type=float, default=300.0, help="seconds after which a silent lease is taken over")
@@ -56,5 +57,7 @@ def run(args: argparse.Namespace) -> int:
         author_name=args.author,
         branch=args.branch,
     )
-    daemon = FleetDaemon(Path(args.repo), config=config, state_dir=args.state_dir, api_url=api_url)
+    daemon = FleetDaemon(
+        Path(args.repo), config=config, state_dir=args.state_dir, api_url=api_url, data_dir=args.data_dir
+    )
     return daemon.run_forever(once=args.once)

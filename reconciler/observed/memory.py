@@ -48,8 +48,9 @@ def box_memory_entries(boxes: Iterable[BoxMemory]) -> list[dict[str, Any]]:
 
 def in_flight_entries(in_flight: Iterable[InFlight]) -> list[dict[str, Any]]:
     """``runs.yaml``'s ``in_flight``: attempts launched and not yet archived."""
-    return [
-        {
+    out: list[dict[str, Any]] = []
+    for f in sorted(in_flight, key=lambda f: (f.run_id, f.attempt)):
+        entry: dict[str, Any] = {
             "run_id": f.run_id,
             "attempt": f.attempt,
             "instance_id": f.instance_id,
@@ -57,8 +58,10 @@ def in_flight_entries(in_flight: Iterable[InFlight]) -> list[dict[str, Any]]:
             "launched_at": iso(f.launched_at),
             "sweep": f.sweep,
         }
-        for f in sorted(in_flight, key=lambda f: (f.run_id, f.attempt))
-    ]
+        if f.resumed_from is not None:  # only when it resumed: other entries stay as they were
+            entry["resumed_from"] = f.resumed_from
+        out.append(entry)
+    return out
 
 
 def _box_entry(box: BoxSpend, rate: float) -> dict[str, Any]:
@@ -198,6 +201,7 @@ def _in_flight(entries: list[Any]) -> tuple[InFlight, ...]:
                     gpu_mask=tuple(int(g) for g in f.get("gpu_mask") or ()),
                     launched_at=launched if launched is not None else 0.0,
                     sweep=str(f.get("sweep") or ""),
+                    resumed_from=None if f.get("resumed_from") is None else int(f["resumed_from"]),
                 )
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -33,6 +33,7 @@ class BoxState(enum.StrEnum):
     DRIFTED = "drifted"  # built for another spec: replaced once its work is done
     UNKNOWN = "unknown"  # a provider status rigsync does not act on
     DESTROYED = "destroyed"  # this plan destroys it
+    HARVESTING = "harvesting"  # would be destroyed, but its finished attempts come home first (this plan records them)
 
 
 @dataclass(frozen=True)
@@ -53,18 +54,53 @@ class BoxTable:
         return bool(seen.live.get(box_id) or seen.zombies.get(box_id) or self.waiting.get(box_id))
 
 
-class _Destroyer:
-    """Collects destroys for one phase; a box is destroyed once, for the first reason found."""
+# Destroys that do not wait for a harvest: money already spent (a cap binds before the next decision) and an
+# untrusted box (never contacted again; it shows no attempts anyway).
+NO_HARVEST_WAIT = frozenset({ReasonCode.BUDGET_EXHAUSTED, ReasonCode.OVER_BUDGET_HALT, ReasonCode.HOST_KEY_CHANGED})
 
-    def __init__(self, world: World, table: BoxTable | None = None) -> None:
+
+def harvest_pending(seen: SeenAttempts) -> dict[int, tuple[str, ...]]:
+    """Per reachable box, its finished attempts not yet archived: recording one harvests it (``apply``), so the
+    box must not be destroyed before that record is in the archive."""
+    out: dict[int, list[str]] = {}
+    for box_id, rd in seen.finished:
+        out.setdefault(box_id, []).append(f"run/{rd.run_id}.{rd.attempt}")
+    return {k: tuple(v) for k, v in out.items()}
+
+
+class _Destroyer:
+    """Collects destroys for one phase; a box is destroyed once, for the first reason found.
+
+    Nothing is destroyed before its finished runs are harvested: a box showing finished attempts that are not yet
+    archived (``harvest_pending``) is not destroyed in this plan, which records them (the record harvests them);
+    it waits, saying why (``harvest_pending``), and the next plan destroys it. A box that does not answer shows
+    no attempts, so nothing holds it: what it had is archived as lost. Spent money does not wait
+    (``NO_HARVEST_WAIT``): the record still runs before the destroy in the same apply (``APPLY_ORDER``), so the
+    harvest is tried first, but a box past a spent cap goes in this plan whatever it brings home.
+    """
+
+    def __init__(self, world: World, seen: SeenAttempts, table: BoxTable | None = None) -> None:
         self.world = world
         self.out = Decisions()
         self.states: dict[int, BoxState] = dict(table.states) if table else {}
         self.destroyed: dict[int, str] = dict(table.destroyed) if table else {}
         self.considered: set[int] = set(table.considered) if table else set()
+        self.pending = harvest_pending(seen)
 
     def destroy(self, box: OwnedBox, code: ReasonCode, reason: str) -> None:
         if box.id in self.destroyed:
+            return
+        waiting = self.pending.get(box.id)
+        if waiting and code not in NO_HARVEST_WAIT:
+            if self.states.get(box.id) is not BoxState.HARVESTING:
+                self.states[box.id] = BoxState.HARVESTING
+                self.considered.add(box.id)
+                self.out.noop(
+                    box.subject,
+                    ReasonCode.HARVEST_PENDING,
+                    f"destroy ({code.value}) waits until its finished attempt(s) {', '.join(waiting)} are "
+                    f"harvested and archived: {reason}",
+                )
             return
         self.destroyed[box.id] = reason
         self.states[box.id] = BoxState.DESTROYED
@@ -80,7 +116,7 @@ def classify_boxes(world: World, seen: SeenAttempts, budget: Purse) -> tuple[Box
     """Destroys that do not depend on the work, and every other box's state."""
     f = world.desired.fleet
     now = world.now
-    d = _Destroyer(world)
+    d = _Destroyer(world, seen)
     for box in world.boxes.values():
         inst, subj = box.inst, box.subject
         if box.probe is not None and box.probe.host_key_changed:
@@ -191,7 +227,7 @@ def enforce_max_instances(world: World, seen: SeenAttempts, table: BoxTable) -> 
     extra = len(alive) - limit
     if extra <= 0:
         return table, Decisions()
-    d = _Destroyer(world, table)
+    d = _Destroyer(world, seen, table)
     order = sorted(alive, key=lambda b: (table.has_work(seen, b.id), -b.inst.dph_total, b.id))
     for b in order[:extra]:
         what = "busy" if table.has_work(seen, b.id) else "idle"
@@ -208,7 +244,7 @@ def prepare_boxes(
 ) -> tuple[BoxTable, Decisions]:
     """Replace drifted boxes once idle, bootstrap new ones, and list the free GPUs of ready ones."""
     f = world.desired.fleet
-    d = _Destroyer(world, table)
+    d = _Destroyer(world, seen, table)
     free: dict[int, tuple[GpuState, ...]] = {}
     for box in world.boxes.values():
         state = table.states.get(box.id)
@@ -273,7 +309,7 @@ def retire_idle(
     """
     f = world.desired.fleet
     now = world.now
-    d = _Destroyer(world, table)
+    d = _Destroyer(world, seen, table)
     candidates: list[tuple[OwnedBox, ReasonCode, str]] = []
     timeout = fmt_duration(f.idle_timeout_s)
     for box in world.boxes.values():

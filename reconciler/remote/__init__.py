@@ -3,11 +3,13 @@
 Everything rigsync does on a rented box is one of five small programs kept as files beside this module: the probe
 (``probe.py``, run by ``probe.sh``), launch (``launch.sh``, which installs and starts ``wrapper.sh``), kill
 (``kill.sh``), bootstrap (``bootstrap.sh``, which installs and starts ``bootstrap_run.sh``) and ship-code
-(``ship_code.sh``). The files are static: every parameter reaches them as a shell-quoted positional argument,
-never as text formatted into a script. The one exception is a job's environment (it may hold secrets, and every
-user of a box sees arguments in ``ps``): it arrives on the launch command's stdin (``launch.sh``). The builders
-here are pure (no I/O beyond reading those package files), so the unit tests run the commands with a local bash
-in a temporary HOME, and the SSH adapter stays a dumb pipe.
+(``ship_code.sh``); and, when an attempt ends or its checkpoint is due, the harvest (``harvest.py``, run by
+``harvest.sh``: a capped tar stream of the run directory's results on stdout) and, before a resumed launch,
+``stage_resume.sh`` (a checkpoint tar from stdin into ``resume/``). The files are static: every parameter reaches
+them as a shell-quoted positional argument, never as text formatted into a script. The one exception is a job's
+environment (it may hold secrets, and every user of a box sees arguments in ``ps``): it arrives on the launch
+command's stdin (``launch.sh``). The builders here are pure (no I/O beyond reading those package files), so the
+unit tests run the commands with a local bash in a temporary HOME, and the SSH adapter stays a dumb pipe.
 Each builder returns one command line that any POSIX login shell can execute, so it can be handed straight to
 ``Shell.run``: it exports ``RIGSYNC_ROOT`` (``ROOT``, the one place rigsync's directory on a box is named) and
 ``RIGSYNC_PYTHON_CANDIDATES``, then runs ``lib.sh`` followed by the script with ``exec bash -c``.
@@ -39,7 +41,9 @@ Layout under ``$HOME/rigsync/``::
     code/<commit>/                       unpacked tree of a pinned commit (atomic rename into place)
     bootstrap/<hash>.sh|.run.sh|.log|.ok|.failed|.pid|.lock/
     runs/<run_id>.<attempt>/             meta.json, wrapper.sh, pid, started_at, heartbeat, stdout.log,
-                                         stderr.log, exit_code, ended_at, killed_reason, metrics file
+                                         stderr.log, exit_code, ended_at, killed_reason, metrics file,
+                                         resume/ (the checkpoint it resumed from, if any)
+    resume/<run_id>.<attempt>/           a checkpoint staged for an attempt about to launch (stage_resume.sh)
     watchdog/                            watchdog.py, run.sh, pid, started_at, touched, watchdog.log
 
 The probe needs ``python3`` on the box (every Vast image has one); without it the probe prints a JSON document
@@ -78,11 +82,13 @@ __all__ = [
     "WATCHDOG_API_URL_ENV",
     "bash_command",
     "bootstrap_script",
+    "harvest_script",
     "kill_script",
     "launch_script",
     "parse_probe",
     "probe_script",
     "ship_code_script",
+    "stage_resume_script",
     "watchdog_onstart",
 ]
 
@@ -353,6 +359,29 @@ def bootstrap_script(script_text: str, script_hash: str) -> str:
 def ship_code_script(commit: str) -> str:
     """A command that unpacks a tar stream from stdin into ``code/<commit>/`` atomically (idempotent)."""
     return _command("ship_code.sh", _check_name("commit", commit))
+
+
+# ----------------------------------------------------------------------------------------------- harvest
+
+
+def harvest_script(run_id: str, attempt: int, *, what: str, patterns: Sequence[str], cap_bytes: int) -> str:
+    """A command writing a tar stream of the attempt's results (``what="run"``: logs, ``meta.json`` and the files
+    ``patterns`` match) or of its checkpoint (``what="checkpoint"``: the files under ``patterns``) to stdout, at
+    most ``cap_bytes`` of file data, ending with the ``.rigsync-harvest.json`` manifest (``harvest.py``). A missing
+    run directory exits ``NO_SUCH_RUN_EXIT`` (3)."""
+    if what not in ("run", "checkpoint"):
+        raise ValueError(f"harvest what must be 'run' or 'checkpoint', not {what!r}")
+    name = run_dir_name(_check_name("run id", run_id), int(attempt))
+    return _command(
+        "harvest.sh", _text("harvest.py"), name, what, str(max(0, int(cap_bytes))), json.dumps(list(patterns)),
+        str(NO_SUCH_RUN_EXIT),
+    )
+
+
+def stage_resume_script(run_id: str, attempt: int) -> str:
+    """A command unpacking a checkpoint tar from stdin into ``resume/<run_id>.<attempt>/``, which ``launch.sh``
+    moves into the attempt's run directory (``resume/``) and the wrapper names in ``RIGSYNC_RESUME_DIR``."""
+    return _command("stage_resume.sh", run_dir_name(_check_name("run id", run_id), int(attempt)))
 
 
 # ---------------------------------------------------------------------------------------------- watchdog

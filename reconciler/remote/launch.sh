@@ -46,6 +46,8 @@ if ! mkdir "$RUN_DIR" 2>/dev/null; then
   exit "$lock_exit"
 fi
 printf "%s\n" "$meta" >"$RUN_DIR/meta.json" || exit 1
+# A checkpoint staged for this attempt (stage_resume.sh) moves into the run directory it resumes in.
+if [ -d "$RIGSYNC_ROOT/resume/$name" ]; then mv -T "$RIGSYNC_ROOT/resume/$name" "$RUN_DIR/resume" || exit 1; fi
 printf "%s" "$wrapper" >"$RUN_DIR/wrapper.sh" || exit 1
 cd "$RUN_DIR" || exit 1
 # printf is a builtin: the records reach the pipe without ever being a process's argument.

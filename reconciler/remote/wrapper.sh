@@ -35,6 +35,7 @@ export RIGSYNC_PYTHON
 export RIGSYNC_ATTEMPT="$attempt"
 export RIGSYNC_RUN_ID="$run_id"
 export RIGSYNC_METRICS_FILE="$metrics_file"
+if [ -d "$RUN_DIR/resume" ]; then export RIGSYNC_RESUME_DIR="$RUN_DIR/resume"; fi
 export CUDA_VISIBLE_DEVICES="$gpus"
 if cd "$RIGSYNC_CODE_DIR"; then
   (

@@ -6,12 +6,25 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 
 from reconciler.emulator import Emulator
 from reconciler.emulator.testing import KeyPair, make_keypair
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _data_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Harvests go to a temporary data dir, never the user's ``~/.local/share/rigsync`` (unless a test says)."""
+    old = os.environ.get("RIGSYNC_DATA_DIR")
+    os.environ["RIGSYNC_DATA_DIR"] = str(tmp_path_factory.mktemp("data"))
+    yield
+    if old is None:
+        os.environ.pop("RIGSYNC_DATA_DIR", None)
+    else:
+        os.environ["RIGSYNC_DATA_DIR"] = old
 
 
 @pytest.fixture(scope="session")

@@ -106,7 +106,13 @@ def test_demo_chaos_still_finishes_every_run_exactly_once(tmp_path: Path) -> Non
     assert isinstance(chaos, list) and any("vanished" in c for c in chaos) and any("hung" in c for c in chaos)
     assert summary["duplicate_successes"] == 0
     assert summary["instances_alive"] == 0
+    assert int(summary["runs_resumed"]) >= 1, "the vanished run resumed from its checkpoint"  # type: ignore[call-overload]
     archive = list(RunArchive(keep).records())
+    resumed = [r for r in archive if r.resumed_from is not None and r.phase.value == "succeeded"]
+    assert resumed and all(any(x.run_id == r.run_id and x.attempt == r.resumed_from for x in archive) for r in resumed)
+    for r in resumed:  # its curve, committed under observed/curves/, says so and starts past step 1000
+        curve = json.loads((keep / "observed" / "curves" / r.sweep / f"{r.run_id}.{r.attempt}.json").read_text())
+        assert curve["resumed_from"] == r.resumed_from and curve["points"][0][0] > 1000
     lost = [r for r in archive if r.phase.value == "lost"]
     assert lost, "the vanished box's run was archived as lost"
     for rec in lost:

@@ -26,8 +26,11 @@ kept small and honest — it does what the run protocol says a box does, not wha
 from __future__ import annotations
 
 import hashlib
+import io
 import itertools
+import json
 import math
+import tarfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -500,6 +503,31 @@ class FakeBoxes:
         if commit not in b.code_commits:
             b.code_commits.append(commit)
 
+    def harvest(
+        self, box: Instance, run_id: str, attempt: int, *, what: str, patterns: Sequence[str], cap_bytes: int
+    ) -> bytes:
+        """A harvest stream as the box program writes it: the logs (empty here) and the manifest."""
+        w = self.world
+        w._enter("harvest", f"{box.id} {run_id}.{attempt} {what}")
+        b = self._box(box)
+        if (run_id, attempt) not in b.runs:
+            raise RemoteCommandFailed(f"exit 3: no run directory runs/{run_id}.{attempt} on this box")
+        files = {"stderr.log": b"", "stdout.log": b""} if what == "run" else {}
+        manifest = {"v": 1, "what": what, "cap": cap_bytes, "bytes": 0, "files": [[k, 0] for k in files],
+                    "skipped": [], "resumed_from": None}
+        files[".rigsync-harvest.json"] = json.dumps(manifest).encode()
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            for name, data in files.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+
+    def stage_resume(self, box: Instance, run_id: str, attempt: int, tar: bytes) -> None:
+        self.world._enter("stage_resume", f"{box.id} {run_id}.{attempt}")
+        self._box(box)
+
     def forget(self, box: Instance) -> None:
         self.world.calls.append(f"forget {box.id}")
         self.world.forgotten.append(box.id)
@@ -513,7 +541,8 @@ class FakeShell:
         self.closed = False
 
     def run(
-        self, endpoint: Endpoint, command: str, *, stdin: bytes | None = None, timeout: float = 30.0
+        self, endpoint: Endpoint, command: str, *, stdin: bytes | None = None, timeout: float = 30.0,
+        max_stdout: int | None = None,
     ) -> CommandResult:
         raise AssertionError("the unit tier reaches boxes through BoxControl, never with shell commands")
 

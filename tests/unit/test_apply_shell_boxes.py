@@ -45,7 +45,8 @@ class LocalShell:
         return home
 
     def run(
-        self, endpoint: Endpoint, command: str, *, stdin: bytes | None = None, timeout: float = 30.0
+        self, endpoint: Endpoint, command: str, *, stdin: bytes | None = None, timeout: float = 30.0,
+        max_stdout: int | None = None,
     ) -> CommandResult:
         if endpoint.host in self.down:
             raise HostUnreachable(f"{endpoint.host}: no answer within {timeout:g}s")
@@ -54,6 +55,8 @@ class LocalShell:
         env = {"HOME": str(self.home(endpoint)), "PATH": self.path, "LANG": "C.UTF-8"}
         res = subprocess.run(["sh", "-c", command], env=env, input=stdin, capture_output=True, timeout=timeout,
                              check=False)
+        if max_stdout is not None and len(res.stdout) > max_stdout:
+            raise RemoteCommandFailed(f"{endpoint.host}: output over {max_stdout} bytes; stopped reading")
         return CommandResult(res.returncode, res.stdout, res.stderr)
 
     def run_many(
@@ -166,3 +169,42 @@ def test_ship_launch_kill_and_bootstrap_through_the_real_run_protocol(shell: Loc
         boxes.launch(_box(2, ssh=False), _job("r2", "true"))
     boxes.forget(box)
     assert shell.forgotten == [box.direct, box.proxy]
+
+
+def test_harvest_and_stage_resume_through_the_shell(shell: LocalShell, tmp_path: Path) -> None:
+    """The harvest stream comes back over the shell (capped), and a staged checkpoint lands in resume/."""
+    from reconciler.adapters.store import LocalStore
+
+    boxes = ShellBoxes(shell)
+    box = _box(5)
+    run_dir = shell.home(Endpoint("box5", 22)) / "rigsync" / "runs" / "r9.1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "stderr.log").write_text("Traceback: boom\n")
+    (run_dir / "out.bin").write_bytes(b"z" * 4096)
+    store = LocalStore(tmp_path / "data")
+    got = store.put_attempt("r9", 1, boxes.harvest(box, "r9", 1, what="run", patterns=["*.bin"], cap_bytes=1024))
+    assert [p for p, _ in got.files] == ["stderr.log"] and got.skipped == (("out.bin", 4096, "over the size cap"),)
+    with pytest.raises(RemoteCommandFailed):
+        boxes.harvest(box, "nope", 1, what="run", patterns=[], cap_bytes=1024)
+    boxes.stage_resume(box, "r9", 2, _tar({"ckpt/state.json": "{}"}))
+    staged = shell.home(Endpoint("box5", 22)) / "rigsync" / "resume" / "r9.2" / "ckpt" / "state.json"
+    assert staged.read_text() == "{}"
+
+
+def test_a_harvest_stream_past_its_cap_is_refused(shell: LocalShell) -> None:
+    """A box that ignores its cap cannot fill the controller's memory: the shell stops reading past cap + slack."""
+    from reconciler.adapters import boxes as boxes_mod
+
+    boxes = ShellBoxes(shell)
+    box = _box(6)
+    shell.scripted.pop("box6", None)
+    run_dir = shell.home(Endpoint("box6", 22)) / "rigsync" / "runs" / "r8.1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "stderr.log").write_bytes(b"x" * 3000)
+    old = boxes_mod.HARVEST_SLACK
+    boxes_mod.HARVEST_SLACK = 0  # the tar's own headers are now more than the cap allows
+    try:
+        with pytest.raises(RemoteCommandFailed, match="output over"):
+            boxes.harvest(box, "r8", 1, what="run", patterns=[], cap_bytes=3000)
+    finally:
+        boxes_mod.HARVEST_SLACK = old

@@ -1,0 +1,130 @@
+"""rigsync's harvest: one attempt's results (or its checkpoint) as a tar stream on stdout.
+
+This program runs on the box under the best interpreter (``harvest.sh``), standard library only, Python 3.8
+syntax. The reconciler reads the stream over the SSH channel it already holds (``Shell.run``: rigsync's key, the
+pinned host key, the connection pool and its deadline) and unpacks it into the local store
+(``reconciler.adapters.store``). A tar over the existing exec channel rather than SFTP: the ``Shell`` port stays
+one method, the box picks the files (globs, containment, the size cap) in the same round trip, and it is the
+same shape as ship-code in the other direction.
+
+Arguments: the attempt's directory name under ``$RIGSYNC_ROOT/runs/``, what to take (``run``: the logs,
+``meta.json``, the metrics file and the declared artifacts; ``checkpoint``: the files under the given
+directories), the size cap in bytes, the patterns (a JSON list, relative to the run directory) and the exit code
+for "no such run directory".
+
+Every file taken is read whole first (a log being appended or a checkpoint being replaced is taken as it was at
+that moment), resolved paths must stay inside the run directory (a symlink out of it is skipped), and files are
+taken in order (stderr.log, stdout.log, meta.json, then the patterns' matches sorted) while the total stays within
+the cap; the rest are listed as skipped. The last member is ``.rigsync-harvest.json``: what was taken, what was
+skipped and why, and which attempt this one resumed from (``resume/.rigsync-checkpoint.json``), if any.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import json
+import os
+import sys
+import tarfile
+import time
+from typing import Any
+
+MANIFEST = ".rigsync-harvest.json"
+RESUME_MARK = os.path.join("resume", ".rigsync-checkpoint.json")
+FIXED = ("stderr.log", "stdout.log", "meta.json")
+
+
+def _inside(root: str, path: str) -> bool:
+    real = os.path.realpath(path)
+    return real == root or real.startswith(root + os.sep)
+
+
+def _expand(run_dir: str, root: str, pattern: str) -> list[str]:
+    if os.path.isabs(pattern) or ".." in pattern.replace("\\", "/").split("/"):
+        return []
+    out: list[str] = []
+    for match in sorted(glob.glob(os.path.join(run_dir, pattern), recursive=True)):
+        if os.path.isdir(match) and not os.path.islink(match) and _inside(root, match):
+            for base, dirs, files in os.walk(match):
+                dirs.sort()
+                for name in sorted(files):
+                    out.append(os.path.join(base, name))
+        else:
+            out.append(match)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    name, what, cap_text, patterns_text, missing_exit = argv[1:6]
+    run_dir = os.path.join(os.environ["RIGSYNC_ROOT"], "runs", name)
+    if not os.path.isdir(run_dir):
+        sys.stderr.write(f"no run directory runs/{name} on this box\n")
+        return int(missing_exit)
+    root = os.path.realpath(run_dir)
+    cap = int(cap_text)
+    patterns = [p for p in json.loads(patterns_text) if isinstance(p, str)]
+    candidates: list[str] = []
+    if what == "run":
+        candidates.extend(os.path.join(run_dir, f) for f in FIXED)
+    for pattern in patterns:
+        candidates.extend(_expand(run_dir, root, pattern))
+    with tarfile.open(fileobj=sys.stdout.buffer, mode="w|", format=tarfile.PAX_FORMAT) as out:
+        _write(out, run_dir, root, what, cap, candidates)
+    sys.stdout.buffer.flush()
+    return 0
+
+
+def _write(out: tarfile.TarFile, run_dir: str, root: str, what: str, cap: int, candidates: list[str]) -> None:
+    taken: list[list[Any]] = []
+    skipped: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    total = 0
+    for path in candidates:
+        rel = os.path.relpath(path, run_dir)
+        if rel in seen or rel == MANIFEST:
+            continue
+        seen.add(rel)
+        if not os.path.isfile(path):
+            continue
+        if not _inside(root, path):
+            skipped.append({"path": rel, "size": None, "why": "outside the run directory"})
+            continue
+        try:
+            size = os.path.getsize(path)
+            if total + size > cap:
+                skipped.append({"path": rel, "size": size, "why": "over the size cap"})
+                continue
+            with open(path, "rb") as f:
+                data = f.read(cap - total + 1)
+        except OSError as exc:
+            skipped.append({"path": rel, "size": None, "why": f"unreadable: {exc.strerror}"})
+            continue
+        if total + len(data) > cap:
+            skipped.append({"path": rel, "size": len(data), "why": "over the size cap"})
+            continue
+        info = tarfile.TarInfo(rel)
+        info.size = len(data)
+        info.mtime = int(time.time())
+        info.mode = 0o644
+        out.addfile(info, io.BytesIO(data))
+        total += len(data)
+        taken.append([rel, len(data)])
+    resumed_from = None
+    try:
+        with open(os.path.join(run_dir, RESUME_MARK)) as f:
+            resumed_from = json.load(f).get("attempt")
+    except (OSError, ValueError, AttributeError):
+        pass
+    manifest = {"v": 1, "what": what, "cap": cap, "bytes": total, "files": taken, "skipped": skipped,
+                "resumed_from": resumed_from}
+    blob = json.dumps(manifest, sort_keys=True).encode()
+    info = tarfile.TarInfo(MANIFEST)
+    info.size = len(blob)
+    info.mtime = int(time.time())
+    info.mode = 0o644
+    out.addfile(info, io.BytesIO(blob))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
