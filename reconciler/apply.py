@@ -36,9 +36,9 @@ from reconciler.actions import (
     ShipCode,
 )
 from reconciler.curves import curve_path, points_from_metrics, render_curve
-from reconciler.errors import HostUnreachable, LeaseLost, RemoteCommandFailed, RigsyncError
+from reconciler.errors import HostUnreachable, LeaseLost, RemoteCommandFailed, RigsyncError, SecretMissing
 from reconciler.failpoints import failpoint
-from reconciler.jobenv import ControllerEnv, JobEnv
+from reconciler.jobenv import ControllerEnv, JobEnv, reference
 from reconciler.model import (
     AttemptOutcome,
     AttemptRecord,
@@ -49,6 +49,7 @@ from reconciler.model import (
     Observed,
     OverheadRecord,
     RunDirState,
+    RunSpec,
 )
 from reconciler.ports import BoxControl, Fence, Harvested, LaunchJob, Provider, ResultStore, no_fence
 from reconciler.remote import watchdog_onstart
@@ -317,7 +318,8 @@ def _harvest(
     tail: str | None = None
     if rec.phase is not AttemptOutcome.SUCCEEDED:
         raw = ctx.store.read_attempt(rec.run_id, rec.attempt, "stderr.log", tail=STDERR_TAIL_BYTES)
-        tail = _tail_text(raw) if raw else None
+        text = _tail_text(raw) if raw else None
+        tail = _secrets_hidden(ctx, spec, text) if text else None
     resumed = rec.resumed_from if rec.resumed_from is not None else got.resumed_from
     if spec is not None and spec.metric_key and not spec.metrics_file.startswith("/"):
         metrics = ctx.store.read_attempt(rec.run_id, rec.attempt, spec.metrics_file)
@@ -328,6 +330,18 @@ def _harvest(
                 goal=spec.metric_goal.value, points=points, resumed_from=resumed,
             )
     return replace(rec, harvest=harvest_note(got), stderr_tail=tail, resumed_from=resumed)
+
+
+def _secrets_hidden(ctx: ApplyContext, spec: RunSpec | None, text: str) -> str:
+    """``text`` (what the job printed, on its way into git) with the values of its sweep's ``${NAME}`` references
+    shown as ``${NAME}``: a job that prints its own token must not commit it. Literals are in git already."""
+    refs = tuple((name, value) for name, value in (spec.env if spec else ()) if reference(value) is not None)
+    if not refs or spec is None:
+        return text
+    try:
+        return ctx.controller_env.resolve(spec.sweep, refs).redact(text)
+    except SecretMissing:  # unset since the launch: nothing to hide that this controller knows of
+        return text
 
 
 def _pull_checkpoint(ctx: ApplyContext, box: Instance, run_id: str, attempt: int, path: str) -> None:

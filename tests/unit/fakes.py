@@ -229,6 +229,7 @@ class FakeWorld:
         self.boot_s = boot_s
         self.bootstrap_s = bootstrap_s
         self.bootstrap_fails = bootstrap_fails
+        self.job_stderr: dict[tuple[str, int], bytes] = {}  # what an attempt's job wrote to stderr (default: nothing)
         self.work = work
         self.credit0: float | None = 1000.0  # the account's deposits; None: the provider does not say its credit
         self.unbilled: set[int] = set()  # instances the provider reports no charge for
@@ -512,8 +513,10 @@ class FakeBoxes:
         b = self._box(box)
         if (run_id, attempt) not in b.runs:
             raise RemoteCommandFailed(f"exit 3: no run directory runs/{run_id}.{attempt} on this box")
-        files = {"stderr.log": b"", "stdout.log": b""} if what == "run" else {}
-        manifest = {"v": 1, "what": what, "cap": cap_bytes, "bytes": 0, "files": [[k, 0] for k in files],
+        stderr = w.job_stderr.get((run_id, attempt), b"")
+        files = {"stderr.log": stderr, "stdout.log": b""} if what == "run" else {}
+        manifest = {"v": 1, "what": what, "cap": cap_bytes, "bytes": sum(len(v) for v in files.values()),
+                    "files": [[k, len(v)] for k, v in files.items()],
                     "skipped": [], "resumed_from": None}
         files[".rigsync-harvest.json"] = json.dumps(manifest).encode()
         buf = io.BytesIO()

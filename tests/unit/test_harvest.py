@@ -8,6 +8,7 @@ import json
 import subprocess
 import tarfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
@@ -19,6 +20,7 @@ from reconciler.adapters.store import LocalStore, attempt_dir, checkpoint_dir
 from reconciler.apply import STDERR_TAIL_BYTES, ApplyContext, ApplyResult, _tail_text, apply, harvest_note
 from reconciler.curves import MAX_POINTS, downsample, points_from_metrics, render_curve
 from reconciler.errors import HostUnreachable
+from reconciler.jobenv import ControllerEnv
 from reconciler.model import AttemptOutcome, Desired, FleetMemory, Observed
 from reconciler.observe import observe
 from reconciler.plan import plan
@@ -163,17 +165,21 @@ def test_stderr_tail_is_at_most_4_kib_and_starts_at_a_line() -> None:
     assert tail.startswith("line ") and tail.endswith("line 1999 \u2713")
 
 
-def _observe_and_plan(world: FakeWorld, desired: Desired, archive: FakeArchive) -> tuple[Observed, Plan]:
+def _observe_and_plan(
+    world: FakeWorld, desired: Desired, archive: FakeArchive, env_names: frozenset[str] = frozenset()
+) -> tuple[Observed, Plan]:
     now = world.clock.now()
     observed, _ = observe(desired, world.provider, world.box_control, tuple(archive.records()), FleetMemory(), now)
+    observed = replace(observed, controller_env=env_names)
     return observed, plan(desired, observed, now)
 
 
 def _apply(world: FakeWorld, desired: Desired, observed: Observed, p: Plan, archive: FakeArchive,
-           data: Path) -> ApplyResult:
+           data: Path, controller_env: ControllerEnv | None = None) -> ApplyResult:
     ctx = ApplyContext(
         provider=world.provider, boxes=world.box_control, desired=desired, observed=observed, archive=archive,
         code_tar=code_tar, now=world.clock.now, store=LocalStore(data),
+        controller_env=controller_env or ControllerEnv(),
     )
     return apply(p, ctx)
 
@@ -226,3 +232,27 @@ def test_a_lost_attempt_says_what_was_lost(tmp_path: Path) -> None:
     lost = Requeue(reason="box vanished", code=ReasonCode.BOX_VANISHED, run_id=run_id, attempt=1, instance_id=iid)
     out = _apply(world, desired, observed, Plan(actions=(lost,)), archive, tmp_path)
     assert out.archived[0].harvest == "lost: box vanished"
+
+
+def test_a_failed_attempts_stderr_tail_hides_its_secrets_values(tmp_path: Path) -> None:
+    """A job that prints its own token: the tail committed to the archive shows ``${NAME}``, literals stay."""
+    base = desired_state(1, max_instances=1, retries=0)
+    env = (("WANDB_API_KEY", "${WANDB_API_KEY}"), ("MODE", "fast"))
+    desired = replace(
+        base, sweeps=tuple(replace(w, env=env) for w in base.sweeps), runs=tuple(replace(r, env=env) for r in base.runs)
+    )
+    secret = "tok-5f1c0d6e9a"
+    controller = ControllerEnv({"WANDB_API_KEY": secret})
+    world = FakeWorld([offer(1, gpus=1)], clock=FakeClock(), boot_s=10.0)
+    archive = FakeArchive()
+    for _ in range(3):
+        observed, p = _observe_and_plan(world, desired, archive, frozenset({"WANDB_API_KEY"}))
+        assert _apply(world, desired, observed, p, archive, tmp_path, controller).failures == []
+        world.clock.advance(11.0)
+    ((_iid, run),) = world.live_runs()
+    world.job_stderr[(desired.runs[0].id, 1)] = f"mode fast\nwandb: key {secret} rejected\n".encode()
+    run.end(world.clock.now(), 1)
+    observed, p = _observe_and_plan(world, desired, archive, frozenset({"WANDB_API_KEY"}))
+    (rec,) = _apply(world, desired, observed, p, archive, tmp_path, controller).archived
+    assert rec.stderr_tail == "mode fast\nwandb: key ${WANDB_API_KEY} rejected"
+    assert all(secret not in repr(r) for r in archive.records())
