@@ -455,6 +455,8 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
         max_runtime_s=spec.max_runtime_s,
         env=env,
     )
+    box = _box(instances, action.instance_id)
+    resumed_from = _stage_checkpoint(ctx, box, action, spec.sweep)
     flight = InFlight(
         run_id=action.run_id,
         attempt=action.attempt,
@@ -462,25 +464,11 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
         gpu_mask=action.gpu_mask,
         launched_at=ctx.now(),
         sweep=spec.sweep,
+        resumed_from=resumed_from,
     )
     ctx.note_launch(flight)  # written ahead: a crash right after the launch must not lose the attempt's number
-    out = _redacted(env, lambda: ctx.boxes.launch(_box(instances, action.instance_id), job))
+    out = _redacted(env, lambda: ctx.boxes.launch(box, job))
     result.launched.append(flight)
-    return f"pid {out}" if out else "launched"
-    box = _box(instances, action.instance_id)
-    resumed_from = _stage_checkpoint(ctx, box, action, spec.sweep)
-    out = ctx.boxes.launch(box, job)
-    result.launched.append(
-        InFlight(
-            run_id=action.run_id,
-            attempt=action.attempt,
-            instance_id=action.instance_id,
-            gpu_mask=action.gpu_mask,
-            launched_at=ctx.now(),
-            sweep=spec.sweep,
-            resumed_from=resumed_from,
-        )
-    )
     resumed = f", resumed from attempt {resumed_from}'s checkpoint" if resumed_from is not None else ""
     return (f"pid {out}" if out else "launched") + resumed
 
