@@ -925,10 +925,12 @@ class Schedule:
                                            f"archived attempt {r['attempt']}"))
         for rid, ss in spans.items():
             ss.sort()
-            for i, (_s, e, att_a, a) in enumerate(ss):
-                for s2, _e2, att_b, b in ss[i + 1:]:
+            for i, (s1, e, att_a, a) in enumerate(ss):
+                for s2, e2, att_b, b in ss[i + 1:]:
                     if att_b != att_a and s2 < e - 0.05:
-                        v["concurrent_attempts"].append(f"{tag}: run {rid}: {a} and {b} overlap")
+                        v["concurrent_attempts"].append(
+                            f"{tag}: run {rid}: {a} [{s1:.2f}, {e:.2f}] and {b} [{s2:.2f}, {e2:.2f}] overlap"
+                        )
         # Orphans.
         left = self.scanner.owned()
         if left:
