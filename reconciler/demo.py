@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -70,6 +71,7 @@ class DemoSummary:
     chaos: list[str] = field(default_factory=list)
     repo: str | None = None
     timed_out: bool = False
+    logs_command: str | None = None  # with --keep: how to read a finished run's output from the store
 
     @property
     def ok(self) -> bool:
@@ -100,6 +102,7 @@ class DemoSummary:
             "chaos": self.chaos,
             "repo": self.repo,
             "timed_out": self.timed_out,
+            "logs_command": self.logs_command,
         }
 
     def text(self) -> str:
@@ -116,6 +119,10 @@ class DemoSummary:
             lines.append("  chaos: " + "; ".join(self.chaos))
         if self.repo:
             lines.append(f"  fleet repo kept at {self.repo}  (try: git -C {self.repo} log --stat)")
+        if self.logs_command:
+            lines.append(f"  a finished run's output: {self.logs_command}")
+        elif not self.repo:
+            lines.append("  (with --keep DIR the fleet repo and the harvests stay: rigsync logs RUN --repo DIR)")
         return "\n".join(lines)
 
 
@@ -245,7 +252,10 @@ def run_demo(opts: DemoOptions) -> DemoSummary:
         tmp = tempfile.TemporaryDirectory(prefix="rigsync-demo-")
         workdir = Path(tmp.name) / "fleet"
     state = Path(tempfile.mkdtemp(prefix="rigsync-demo-state-"))
-    data = opts.data_dir if opts.data_dir is not None else Path(tempfile.mkdtemp(prefix="rigsync-demo-data-"))
+    # Harvests go where `rigsync logs --repo DIR` finds them when the repo is kept (the user's data dir, as for a
+    # real fleet); otherwise to a temporary directory removed with everything else.
+    data_is_temp = opts.data_dir is None and opts.keep is None
+    data = opts.data_dir if not data_is_temp else Path(tempfile.mkdtemp(prefix="rigsync-demo-data-"))
     old_key = os.environ.get("VAST_API_KEY")
     try:
         with Emulator(seed=opts.seed, boot_delay=opts.boot_delay_s) as emu:
@@ -253,7 +263,10 @@ def run_demo(opts: DemoOptions) -> DemoSummary:
             opts.say(f"emulator at {emu.url}; fleet repo {workdir}")
             make_fleet_repo(workdir, opts.runs)
             config = DaemonConfig(interval_s=opts.interval_s, lease_renew_s=30.0, author_name="rigsync")
-            daemon = FleetDaemon(workdir, config=config, state_dir=str(state), api_url=emu.url, data_dir=str(data))
+            daemon = FleetDaemon(
+                workdir, config=config, state_dir=str(state), api_url=emu.url,
+                data_dir=str(data) if data is not None else None,
+            )
             opts.say(daemon.acquire())
             chaos = Chaos(emu, opts.say) if opts.chaos else None
             try:
@@ -271,7 +284,7 @@ def run_demo(opts: DemoOptions) -> DemoSummary:
         else:
             os.environ["VAST_API_KEY"] = old_key
         shutil.rmtree(state, ignore_errors=True)
-        if opts.data_dir is None:
+        if data_is_temp and data is not None:
             shutil.rmtree(data, ignore_errors=True)
     archive = list(RunArchive(workdir).records())
     successes = Counter(r.run_id for r in archive if r.phase is AttemptOutcome.SUCCEEDED)
@@ -286,6 +299,10 @@ def run_demo(opts: DemoOptions) -> DemoSummary:
     summary.wall_s = time.monotonic() - started
     if opts.keep is not None:
         summary.repo = str(workdir)
+        done = sorted(r.run_id for r in archive if r.phase is AttemptOutcome.SUCCEEDED and r.harvest)
+        if done:
+            where = f" --data-dir {shlex.quote(str(opts.data_dir))}" if opts.data_dir is not None else ""
+            summary.logs_command = f"rigsync logs {done[0]} --repo {shlex.quote(str(workdir))}{where}"
     if tmp is not None:
         tmp.cleanup()
     return summary

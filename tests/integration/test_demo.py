@@ -10,7 +10,9 @@ attempts' costs plus one overhead line per box).
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +36,7 @@ def _demo(tmp_path: Path, *extra: str) -> tuple[dict[str, object], Path, subproc
     proc = subprocess.run(
         [RIGSYNC, "demo", "--runs", "2", "--json", "--keep", str(keep), "--timeout", "240", *extra],
         capture_output=True, text=True, timeout=400,
+        env={**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg-data")},  # the kept harvests, not the user's
     )
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
@@ -91,6 +94,16 @@ def test_demo_runs_the_sweep_to_completion_and_leaves_a_readable_history(tmp_pat
     assert (keep.parent / "fleet.remote.git").is_dir(), "the bare remote is kept beside the repo"
     assert _git(keep, "status", "--porcelain") == ""
     _assert_the_money_adds_up(summary, keep)
+
+    # What the demo says to try next works: a finished run's output, from the harvested store, by the console script.
+    command = summary["logs_command"]
+    assert isinstance(command, str) and command.startswith("rigsync logs "), summary
+    logs = subprocess.run([RIGSYNC, *shlex.split(command)[1:]], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg-data")})
+    assert logs.returncode == 0, logs.stderr
+    assert "training " in logs.stdout and "episode_reward" in logs.stdout, logs.stdout[-2000:]
+    curves = list((keep / "observed" / "curves").rglob("*.json"))
+    assert len(curves) >= int(summary["runs_succeeded"]), "a learning curve per finished attempt is in observed/"  # type: ignore[call-overload]
 
     history = _git(keep, "log", "-p", "--all")
     assert "PRIVATE KEY" not in history
