@@ -185,6 +185,12 @@ def state_dir_for(fleet: Fleet, override: str | os.PathLike[str] | None = None) 
     return path
 
 
+def require_supported_provider(fleet: Fleet) -> None:
+    """The one place that says which providers rigsync can drive (a UserError for any other)."""
+    if fleet.provider != "vast":
+        raise UserError(f"unknown provider {fleet.provider!r}: only 'vast' is supported")
+
+
 def build_adapters(fleet: Fleet, state_dir: Path, api_url: str | None = None) -> tuple[Provider, Shell]:
     """The real adapters: the official vastai SDK and paramiko, with rigsync's own key on the account.
 
@@ -196,8 +202,7 @@ def build_adapters(fleet: Fleet, state_dir: Path, api_url: str | None = None) ->
     from reconciler.adapters.vast import VastProvider, load_api_key
     from reconciler.endpoint import controller_api_url
 
-    if fleet.provider != "vast":
-        raise UserError(f"unknown provider {fleet.provider!r}: only 'vast' is supported")
+    require_supported_provider(fleet)
     url = controller_api_url() if api_url is None else api_url  # an explicit URL is checked by VastProvider
     key_path, public = ensure_keypair(state_dir)
     provider = VastProvider(api_key=load_api_key(), server_url=url)

@@ -17,7 +17,7 @@ from reconciler.adapters.ssh import KEY_FILE, SshShell
 from reconciler.archive import RunArchive
 from reconciler.cli._common import load_local_desired
 from reconciler.errors import UserError
-from reconciler.loop import state_dir_for
+from reconciler.loop import require_supported_provider, state_dir_for
 from reconciler.model import Desired, Instance, InstanceStatus, owned_by
 from reconciler.observed.attempts import AttemptIndex, read_attempt_index
 from reconciler.ports import Provider
@@ -70,8 +70,7 @@ class BoxAccess:
     def listed(self, instance_id: int) -> Instance | None:
         """The instance as the provider lists it now; None when it is not listed (destroyed)."""
         if self._listed is None:
-            if self.facts.desired.fleet.provider != "vast":
-                raise UserError(f"unknown provider {self.facts.desired.fleet.provider!r}: only 'vast' is supported")
+            require_supported_provider(self.facts.desired.fleet)
             from reconciler.adapters.vast import VastProvider, load_api_key
 
             self._provider = VastProvider(api_key=load_api_key(), server_url=self.api_url)
