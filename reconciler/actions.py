@@ -98,6 +98,7 @@ class ReasonCode(enum.StrEnum):
     PROMOTION_WAITING = "promotion_waiting"  # promotion seeds wait for their cell's metric
     RUNNING = "running"  # a live attempt within its limits
     UNCHECKABLE = "uncheckable"  # launched on a box that cannot be checked now
+    LOST_ATTEMPT_UNVERIFIED = "lost_attempt_unverified"  # a lost attempt's box is listed and cannot be checked
     BLOCKED = "blocked"  # the run used all its attempts
     DRIFTED_BUSY = "drifted_busy"  # drifted box kept until its attempts finish
     HARVEST_PENDING = "harvest_pending"  # would be destroyed: waits for its finished attempts to be harvested

@@ -36,7 +36,14 @@ from reconciler.actions import (
     ShipCode,
 )
 from reconciler.curves import curve_path, points_from_metrics, render_curve
-from reconciler.errors import HostUnreachable, LeaseLost, RemoteCommandFailed, RigsyncError, SecretMissing
+from reconciler.errors import (
+    HostUnreachable,
+    LaunchLockHeld,
+    LeaseLost,
+    RemoteCommandFailed,
+    RigsyncError,
+    SecretMissing,
+)
 from reconciler.failpoints import failpoint
 from reconciler.jobenv import ControllerEnv, JobEnv, reference
 from reconciler.model import (
@@ -82,6 +89,13 @@ class ApplyResult:
     archived: list[AttemptRecord] = field(default_factory=list)
     overheads: list[OverheadRecord] = field(default_factory=list)  # boxes that ended, closed in the archive
     launched: list[InFlight] = field(default_factory=list)
+    # launches whose command failed after it was written down: it may still have reached the box (a timeout,
+    # a dropped connection), so the attempt stays in flight and its number stays used; the next cycle sees its
+    # run directory or fences it off as "launch never happened" (kill.sh's tombstone)
+    in_doubt: list[InFlight] = field(default_factory=list)
+    # runs not to launch in this apply: an attempt of theirs could not be made safe here (its kill or requeue
+    # failed), so it may still run
+    unsafe_runs: dict[str, str] = field(default_factory=dict)
     settled: set[tuple[str, int]] = field(default_factory=set)  # attempts recorded/requeued/killed this cycle
     curves: dict[str, str] = field(default_factory=dict)  # observed/curves/... files of the attempts settled
     rented: list[int] = field(default_factory=list)
@@ -143,15 +157,21 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
             result.lease_lost = str(exc)
             result.outcomes.append(Outcome(action, False, f"not run: lease lost: {exc}", skipped=True))
             continue
+        if isinstance(action, Launch) and action.run_id in result.unsafe_runs:
+            why = result.unsafe_runs[action.run_id]
+            result.outcomes.append(Outcome(action, False, f"not run: {why}", skipped=True))
+            continue
         try:
             detail = _execute(action, ctx, instances, result)
             result.outcomes.append(Outcome(action, True, detail))
         except RigsyncError as exc:
             log.warning("%s %s failed: %s", action.kind.value, action.target, exc)
             result.outcomes.append(Outcome(action, False, _error_text(exc)))
+            _mark_unsafe(action, result, _error_text(exc))
         except Exception as exc:  # the boundary: a library's surprise fails this action, not the plan
             log.exception("%s %s failed with an unexpected %s", action.kind.value, action.target, type(exc).__name__)
             result.outcomes.append(Outcome(action, False, _error_text(exc)))
+            _mark_unsafe(action, result, _error_text(exc))
     if result.lease_lost is not None:
         return result
     _sync_checkpoints(ctx, instances, result)
@@ -163,6 +183,14 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
     except Exception as exc:  # the next cycle tries again (keyed once per box); the plan's outcomes stand
         log.warning("cannot archive the overhead of ended boxes: %s", _error_text(exc))
     return result
+
+
+def _mark_unsafe(action: Action, result: ApplyResult, error: str) -> None:
+    """After a failed kill or requeue: that attempt may still run, so its run is not launched again in this apply
+    (the next cycle sees the world again). A requeue from a box that cannot be checked is held back by the planner
+    (``plan.attempts.unverified_lost``); this covers a box that stopped answering between the probe and now."""
+    if isinstance(action, Kill | Requeue):
+        result.unsafe_runs[action.run_id] = f"{action.kind.value} of attempt {action.attempt} failed ({error[:120]})"
 
 
 def _archive_overheads(ctx: ApplyContext, result: ApplyResult) -> None:
@@ -264,10 +292,10 @@ def _execute(action: Action, ctx: ApplyContext, instances: dict[int, Instance], 
         rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
                               AttemptOutcome.LOST, None, action.reason)
         if probe is not None and probe.reachable and listed is not None:
-            try:  # a stale attempt may still be running half-alive: make sure it cannot come back
-                ctx.boxes.kill(listed, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason)
-            except Exception as exc:  # best effort: the attempt is requeued (and archived as lost) either way
-                log.info("requeue %s: best-effort kill failed: %s", action.target, _error_text(exc))
+            # The attempt may still run half-alive, or its launch may still be on its way (kill.sh then leaves a
+            # tombstone): it must not come back beside the next attempt. A box that stops answering now fails the
+            # requeue, so nothing is archived and the run is not launched again in this apply (``_mark_unsafe``).
+            ctx.boxes.kill(listed, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason)
             rec = _harvest(ctx, result, listed, rec, required=False)  # what it wrote before it was lost
         elif ctx.store is not None:
             why = "host key changed, not contacted" if probe is not None and probe.host_key_changed else (
@@ -467,7 +495,13 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
         resumed_from=resumed_from,
     )
     ctx.note_launch(flight)  # written ahead: a crash right after the launch must not lose the attempt's number
-    out = _redacted(env, lambda: ctx.boxes.launch(box, job))
+    try:
+        out = _redacted(env, lambda: ctx.boxes.launch(box, job))
+    except LaunchLockHeld:
+        raise  # the attempt's directory was there already: the probe shows what it holds
+    except Exception:
+        result.in_doubt.append(flight)
+        raise
     result.launched.append(flight)
     resumed = f", resumed from attempt {resumed_from}'s checkpoint" if resumed_from is not None else ""
     return (f"pid {out}" if out else "launched") + resumed
@@ -592,7 +626,7 @@ def next_in_flight(previous: tuple[InFlight, ...], observed: Observed, result: A
                     gpu_mask=r.gpu_mask,
                     launched_at=r.started_at or 0.0,
                 )
-    for f in result.launched:
+    for f in (*result.in_doubt, *result.launched):
         by_key[(f.run_id, f.attempt)] = f
     archived_keys = {rec.key for rec in observed.history}
     for key in list(by_key):

@@ -43,6 +43,7 @@ from reconciler.plan.attempts import (
     run_queue,
     settle_in_flight,
     settle_live,
+    unverified_lost,
     wanted_runs,
 )
 from reconciler.plan.boxes import BoxState, box_noops, classify_boxes, enforce_max_instances, prepare_boxes, retire_idle
@@ -50,7 +51,7 @@ from reconciler.plan.common import Decisions, effective_caps, fmt_duration
 from reconciler.plan.environment import withhold_missing_secrets
 from reconciler.plan.estimate import estimate
 from reconciler.plan.money import Purse, budget_position
-from reconciler.plan.placement import place
+from reconciler.plan.placement import place, without_free_gpus
 from reconciler.plan.renting import rent_for
 from reconciler.plan.world import World, index_world
 
@@ -88,7 +89,7 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
     decided.extend(found)
     in_flight, found = settle_in_flight(world, seen, recorded.keys | live.settled, table.destroyed, table.states)
     decided.extend(found)
-    queue, found = run_queue(world, seen, recorded, wanted, live, in_flight)
+    queue, found = run_queue(world, seen, recorded, wanted, live, in_flight, unverified_lost(world, in_flight))
     decided.extend(found)
     launchable, found = withhold_missing_secrets(world, queue)
     decided.extend(found)
@@ -100,10 +101,18 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
     estimates, price_warnings = estimate(world, queue, live, budget)
     decided.warnings.extend(price_warnings)
     table, found = retire_idle(
-        world, seen, placement.table, placement.launches, len(placement.unplaced), queue.live_work, budget
+        world, seen, placement.table, placement.launches, len(placement.unplaced) + len(queue.held), queue.live_work,
+        budget,
     )
     decided.extend(found)
-    decided.extend(rent_for(world, placement.unplaced, table, budget, placement.spent))
+    unplaced = placement.unplaced
+    held = without_free_gpus(world, placement.table, queue.held)
+    if held:  # renting sees them in launch order too
+        order = world.run_index
+        unplaced = tuple(
+            sorted((*unplaced, *held), key=lambda r: (-r.spec.priority, r.spec.sweep_order, order[r.spec.id]))
+        )
+    decided.extend(rent_for(world, unplaced, table, budget, placement.spent))
     decided.extend(box_noops(world, seen, table))
     return _finish(world, budget, decided, estimates)
 

@@ -64,6 +64,9 @@ class LiveVerdicts:
 class InFlightVerdicts:
     waiting: frozenset[str]  # runs launched on a box that cannot be checked now: they count as running
     used: Mapping[str, int]  # run id -> attempts requeued here
+    # run id -> why its lost attempt may still run: requeued here from a box that is still listed and cannot be
+    # checked (being destroyed, or no longer carrying our label)
+    unverified: Mapping[str, str]
 
 
 class PendingRun(NamedTuple):
@@ -80,7 +83,10 @@ class PendingRun(NamedTuple):
 class RunQueue:
     pending: tuple[PendingRun, ...]  # launch order: priority, sweep order, desired order
     live_work: bool  # some run is running (or may be, on a box that cannot be checked)
-    pending_by_sweep: Mapping[str, int]  # how many of ``pending`` each sweep has (for the plan's price)
+    pending_by_sweep: Mapping[str, int]  # how many of ``pending`` and ``held`` each sweep has (for the price)
+    # launchable runs not launched by this plan: an attempt of theirs was lost on a box that is still listed and
+    # cannot be checked, so it may still run (``unverified_lost``); renting may still provide for them
+    held: tuple[PendingRun, ...] = ()
 
 
 def collect_attempts(world: World) -> SeenAttempts:
@@ -259,6 +265,7 @@ def settle_in_flight(
     out = Decisions()
     waiting: set[str] = set()
     used: dict[str, int] = {}
+    unverified: dict[str, str] = {}
     for fl in sorted(world.observed.in_flight, key=lambda x: (x.run_id, x.attempt, x.instance_id)):
         key = (fl.run_id, fl.attempt)
         if key in world.archived or key in seen.visible or key in settled:
@@ -273,6 +280,8 @@ def settle_in_flight(
         if box is None:
             why = "vanished" if fl.instance_id not in world.listed_ids else "no longer carries our label"
             requeue(fl, ReasonCode.BOX_VANISHED, f"box {subj_inst} {why}")
+            if fl.instance_id in world.listed_ids:
+                unverified[fl.run_id] = f"attempt {fl.attempt} was lost on {subj_inst}, still listed but not ours"
             out.drift.append(
                 Drift(
                     DriftClass.DESTROYED_BY_HAND,
@@ -283,6 +292,8 @@ def settle_in_flight(
             )
         elif fl.instance_id in destroyed:
             requeue(fl, ReasonCode.BOX_DESTROYED, f"its box {subj_inst} is destroyed: {destroyed[fl.instance_id]}")
+            if not box.reachable:
+                unverified[fl.run_id] = f"attempt {fl.attempt} was lost on {subj_inst}, which cannot be checked"
         elif box.reachable:
             requeue(fl, ReasonCode.LAUNCH_NEVER_HAPPENED, f"launch never happened: no run dir on {subj_inst}")
         else:
@@ -292,7 +303,29 @@ def settle_in_flight(
                 ReasonCode.UNCHECKABLE,
                 f"launched on {subj_inst} which cannot be checked now ({box_states.get(fl.instance_id, '')}); waiting",
             )
-    return InFlightVerdicts(frozenset(waiting), used), out
+    return InFlightVerdicts(frozenset(waiting), used, unverified), out
+
+
+def unverified_lost(world: World, in_flight: InFlightVerdicts) -> dict[str, str]:
+    """Runs whose lost attempt may still be running: its box is still listed and cannot be checked.
+
+    A lost attempt is requeued at once, but its next attempt waits while the box that had it is listed and
+    does not answer: a hung box that comes back (or a launch still on its way to it) would run both attempts
+    at once. A box that answers is safe (apply kills the attempt, or fences a launch that never came, before
+    the requeue counts); a box no longer listed is gone. The run launches again once either is true.
+    """
+    held = dict(in_flight.unverified)
+    for run_id, records in world.history.items():
+        if run_id in held:
+            continue
+        for rec in records:
+            if rec.phase is not AttemptOutcome.LOST:
+                continue
+            box = world.boxes.get(rec.instance_id)
+            if box is not None and not box.reachable:
+                held[run_id] = f"attempt {rec.attempt} was lost on {box.subject}, still listed and cannot be checked"
+                break
+    return held
 
 
 def plan_tallies(world: World, recorded: Recorded, live: Iterable[str]) -> dict[str, RunTally]:
@@ -311,9 +344,12 @@ def run_queue(
     wanted: frozenset[str],
     live: LiveVerdicts,
     in_flight: InFlightVerdicts,
+    unverified: Mapping[str, str],
 ) -> tuple[RunQueue, Decisions]:
-    """Every wanted run through the one phase rule: launchable ones queue in launch order, blocked ones say so."""
+    """Every wanted run through the one phase rule: launchable ones queue in launch order (or are held while a
+    lost attempt of theirs may still run, ``unverified_lost``), blocked ones say so."""
     out = Decisions()
+    held: list[PendingRun] = []
     tallies = plan_tallies(world, recorded, (*live.running, *in_flight.waiting))
     for used in (live.used, in_flight.used):
         for run_id, n in used.items():
@@ -341,6 +377,11 @@ def run_queue(
             gpus = spec.gpus if spec.gpus > 1 else 1
             run = new_run(PendingRun, (spec, gpus, spec.min_gpu_ram_mib, tally.used, max_attempt.get(run_id, 0) + 1))
             by_sweep[spec.sweep] = by_sweep.get(spec.sweep, 0) + 1
+            doubt = unverified.get(run_id) if unverified else None
+            if doubt is not None:
+                held.append(run)
+                out.noop(f"run/{run_id}", ReasonCode.LOST_ATTEMPT_UNVERIFIED, f"not launched again yet: {doubt}")
+                continue
             key = (-spec.priority, spec.sweep_order)
             bucket = buckets.get(key)
             if bucket is None:
@@ -355,4 +396,5 @@ def run_queue(
                 "no more launches",
             )
     pending = [run for key in sorted(buckets) for run in buckets[key]]
-    return RunQueue(tuple(pending), bool(live.running) or bool(in_flight.waiting), by_sweep), out
+    live_work = bool(live.running) or bool(in_flight.waiting) or bool(held)
+    return RunQueue(tuple(pending), live_work, by_sweep, tuple(held)), out

@@ -91,7 +91,7 @@ def estimate(
     """Per sweep (in desired order), the price of its unfinished work; and warnings where it exceeds the budget."""
     pending = queue.pending_by_sweep
     specs: dict[str, RunSpec] = {}  # one run of each sweep, for its runtime, GPUs and order
-    for run in queue.pending:
+    for run in (*queue.pending, *queue.held):
         specs.setdefault(run.spec.sweep, run.spec)
         if len(specs) == len(pending):
             break

@@ -7,7 +7,7 @@ commit is shipped before the first launch on a box that lacks it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from reconciler.actions import Launch, ReasonCode, ShipCode
@@ -38,11 +38,7 @@ def place(world: World, queue: RunQueue, table: BoxTable, budget: Purse) -> tupl
     refused: list[tuple[PendingRun, float]] = []
     hours_on: dict[tuple[str, str], float] = {}
     free: dict[int, list[GpuState]] = {i: list(g) for i, g in table.free.items()}
-    open_boxes = [
-        world.boxes[i]
-        for i in world.boxes
-        if table.states.get(i) is BoxState.READY and i not in table.destroyed and free.get(i)
-    ]
+    open_boxes = [world.boxes[i] for i in _open_boxes(world, table)]
     launches: dict[int, int] = {}
     considered = set(table.considered)
     unplaced: list[PendingRun] = []
@@ -63,8 +59,7 @@ def place(world: World, queue: RunQueue, table: BoxTable, budget: Purse) -> tupl
             continue
         chosen: list[GpuState] = []
         while i < len(open_boxes):
-            box_free = free[open_boxes[i].id]
-            chosen = [gpu for gpu in box_free if gpu.memory_total_mib >= ram][:g] if ram else box_free[:g]
+            chosen = _fit(free[open_boxes[i].id], g, ram)
             if len(chosen) >= g:
                 break
             i += 1
@@ -123,3 +118,22 @@ def place(world: World, queue: RunQueue, table: BoxTable, budget: Purse) -> tupl
         )
     new_table = replace(table, free={i: tuple(g) for i, g in free.items()}, considered=frozenset(considered))
     return Placement(tuple(unplaced), launches, new_table, spending.committed), out
+
+
+def _fit(box_free: Sequence[GpuState], gpus: int, ram_mib: int) -> list[GpuState]:
+    """The first ``gpus`` of a box's free GPUs with ``ram_mib`` each (fewer: the box cannot take the run)."""
+    return [gpu for gpu in box_free if gpu.memory_total_mib >= ram_mib][:gpus] if ram_mib else list(box_free[:gpus])
+
+
+def _open_boxes(world: World, table: BoxTable) -> list[int]:
+    return [
+        i for i in world.boxes
+        if table.states.get(i) is BoxState.READY and i not in table.destroyed and table.free.get(i)
+    ]
+
+
+def without_free_gpus(world: World, table: BoxTable, runs: Sequence[PendingRun]) -> tuple[PendingRun, ...]:
+    """Those of ``runs`` no ready box has free GPUs for now: held back from launching this plan, they may still
+    need a box rented (one that boots while they wait), but not when a free slot will take them next cycle."""
+    boxes = _open_boxes(world, table)
+    return tuple(r for r in runs if not any(len(_fit(table.free[i], r.gpus, r.gpu_ram_mib)) >= r.gpus for i in boxes))

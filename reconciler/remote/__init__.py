@@ -332,8 +332,9 @@ def launch_script(
 def kill_script(run_id: str, attempt: int, *, exit_code: int = 137, reason: str) -> str:
     """A command that ends an attempt's whole process group and records ``exit_code`` and ``killed_reason``.
 
-    Idempotent: killing a finished attempt keeps its real exit code and only adds the reason; a missing run
-    directory exits ``NO_SUCH_RUN_EXIT`` (3).
+    Idempotent: killing a finished attempt keeps its real exit code and only adds the reason. An attempt with no
+    run directory gets a tombstone (the directory, holding the exit code and reason): a launch of it that is still
+    on its way finds the launch lock taken and never starts.
     """
     _check_name("run id", run_id)
     name = run_dir_name(run_id, int(attempt))

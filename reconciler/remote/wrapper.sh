@@ -21,6 +21,8 @@ heartbeat_s=$8
 command=$9
 cd "$RUN_DIR" || exit 1
 printf "%s\n" "$$" >pid.tmp && mv -f pid.tmp pid
+# Killed before it started (kill.sh records the end, then looks for this pid): do not start the command.
+[ -e exit_code ] && exit 0
 date +%s.%N >started_at.tmp && mv -f started_at.tmp started_at
 : >heartbeat
 case $metrics_file in

@@ -14,14 +14,14 @@ import pytest
 from fakes import FakeArchive, FakeClock, FakeWorld, code_tar, desired_state, offer
 
 from reconciler.actions import Launch, Plan, Rent, ShipCode
-from reconciler.apply import ApplyContext, ApplyResult, apply
-from reconciler.errors import LeaseLost
+from reconciler.apply import ApplyContext, ApplyResult, apply, next_in_flight
+from reconciler.errors import HostUnreachable, LaunchLockHeld, LeaseLost
 from reconciler.lease import Lease
-from reconciler.model import Desired, FleetMemory, Observed
+from reconciler.model import Desired, FleetMemory, InFlight, MetricGoal, Observed
 from reconciler.observe import observe
 from reconciler.observed.codec import LEASE
 from reconciler.plan import plan
-from reconciler.ports import Fence
+from reconciler.ports import Fence, LaunchJob
 
 
 def _observe_and_plan(world: FakeWorld, desired: Desired, archive: FakeArchive) -> tuple[Observed, Plan]:
@@ -202,3 +202,65 @@ def test_holder_a_lost_mid_apply_holder_b_takes_over_and_no_run_is_launched_twic
     launched = [c.split()[2] for c in world.calls if c.startswith("launch")]
     assert len(launched) == 4 and len(set(launched)) == 4  # every run once, each as attempt 1
     assert {run.run_id for _, run in world.live_runs()} == {r.id for r in desired.runs}
+
+
+def _plan_with(
+    world: FakeWorld, desired: Desired, archive: FakeArchive, in_flight: tuple[InFlight, ...]
+) -> tuple[Observed, Plan]:
+    now = world.clock.now()
+    memory = FleetMemory(in_flight=in_flight)
+    observed, _ = observe(desired, world.provider, world.box_control, tuple(archive.records()), memory, now)
+    return observed, plan(desired, observed, now)
+
+
+def test_a_launch_that_failed_stays_in_flight_and_is_fenced_off_before_its_run_launches_again() -> None:
+    """A launch whose command failed may still reach its box (a dropped connection, a box that hung with the
+    command queued): its attempt stays in flight with its number, and the next cycle, finding no run directory,
+    leaves a tombstone that a late arrival of that launch cannot pass before it starts the next attempt."""
+    desired = desired_state(1, max_instances=1)
+    world, archive = _ready_box(desired)
+    observed, p = _observe_and_plan(world, desired, archive)
+    (launch,) = [a for a in p.actions if isinstance(a, Launch)]
+    world.fail_next("launch", OSError("Socket is closed"))
+    result = _apply(world, desired, observed, p, archive)
+    assert [(f.run_id, f.attempt) for f in result.in_doubt] == [(launch.run_id, launch.attempt)]
+    in_flight = next_in_flight((), observed, result)
+    assert [(f.run_id, f.attempt, f.instance_id) for f in in_flight] == [
+        (launch.run_id, launch.attempt, launch.instance_id)
+    ]
+
+    observed, p = _plan_with(world, desired, archive, in_flight)
+    kinds = [(a.kind.value, a.target, a.code.value) for a in p.actions]
+    assert ("requeue", f"run/{launch.run_id}.1", "launch_never_happened") in kinds
+    assert ("launch", f"run/{launch.run_id}.2@{launch.instance_id}", "pending_run") in kinds
+    result = _apply(world, desired, observed, p, archive)
+    assert result.failures == []
+    assert [(r.run_id, r.attempt, r.phase.value) for r in archive.records()] == [(launch.run_id, 1, "lost")]
+
+    box = next(i for i in observed.instances if i.id == launch.instance_id)
+    late = LaunchJob(run_id=launch.run_id, attempt=1, gpu_mask=launch.gpu_mask, command=launch.command,
+                     code_commit=launch.code_commit, desired_commit=None, sweep=launch.sweep, params=(), seed=0,
+                     metrics_file="metrics.jsonl", metric_key=None, metric_goal=MetricGoal.MAX, max_runtime_s=60.0)
+    with pytest.raises(LaunchLockHeld):
+        world.box_control.launch(box, late)
+    assert [(r.run_id, r.attempt) for _, r in world.live_runs()] == [(launch.run_id, 2)]
+
+
+def test_a_requeue_whose_kill_fails_is_not_counted_and_its_run_is_not_launched_again_in_that_apply() -> None:
+    desired = desired_state(1, max_instances=1)
+    world, archive = _ready_box(desired)
+    observed, p = _observe_and_plan(world, desired, archive)
+    (launch,) = [a for a in p.actions if isinstance(a, Launch)]
+    world.fail_next("launch", OSError("Socket is closed"))
+    in_flight = next_in_flight((), observed, _apply(world, desired, observed, p, archive))
+
+    observed, p = _plan_with(world, desired, archive, in_flight)
+    assert {a.kind.value for a in p.actions} == {"requeue", "launch"}
+    world.fail_next("kill", HostUnreachable("127.0.0.1:22: no answer within 10s"))  # the box stops answering
+    result = _apply(world, desired, observed, p, archive)
+    outcome = {o.action.kind.value: o for o in result.outcomes}
+    assert not outcome["requeue"].ok and "no answer" in outcome["requeue"].detail
+    assert outcome["launch"].skipped and outcome["launch"].detail.startswith("not run: requeue of attempt 1 failed")
+    assert list(archive.records()) == [] and world.live_runs() == []
+    # still in flight: the next cycle decides again
+    assert [(f.run_id, f.attempt) for f in next_in_flight(in_flight, observed, result)] == [(launch.run_id, 1)]

@@ -158,8 +158,9 @@ def test_ship_launch_kill_and_bootstrap_through_the_real_run_protocol(shell: Loc
     assert (run.run_id, run.attempt, run.gpu_mask, run.code_commit) == ("r1", 1, (1,), "c0ffee")
     boxes.kill(box, "r1", 1, exit_code=137, reason="past max_runtime")
     _wait(lambda: boxes.probe_many([box], timeout=10.0)[0].runs[0].exit_code == 137)
-    with pytest.raises(RemoteCommandFailed, match="exit 3"):
-        boxes.kill(box, "r9", 1, exit_code=137, reason="no such attempt")
+    boxes.kill(box, "r9", 1, exit_code=137, reason="launch never happened")  # a tombstone: a late launch is refused
+    with pytest.raises(LaunchLockHeld):
+        boxes.launch(box, _job("r9", "sleep 30"))
 
     assert boxes.bootstrap(box, "true", "bh01").startswith("started")
     _wait(lambda: "bh01" in boxes.probe_many([box], timeout=10.0)[0].bootstrap_hashes)

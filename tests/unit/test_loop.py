@@ -10,6 +10,7 @@ succeeded exactly once and every box was destroyed.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from fakes import FakeArchive, FakeClock, FakeShell, FakeWorld, Work, code_tar, desired_state, offer
 
@@ -23,10 +24,17 @@ STEP_S = 20.0
 MAX_CYCLES = 150
 
 
-def _work(job: LaunchJob) -> Work:
-    if job.run_id == "r2" and job.attempt == 1:
-        return Work(seconds=120.0, exit_code=1)  # fails once, then succeeds on its retry
-    return Work(seconds=200.0 + 10 * int(job.run_id[1:]), best_metric=float(job.run_id[1:]))
+def _work_failing_r2_once() -> Callable[[LaunchJob], Work]:
+    """Each run succeeds, except r2's first attempt to reach a box, which fails (then its retry succeeds)."""
+    failed: list[int] = []
+
+    def work(job: LaunchJob) -> Work:
+        if job.run_id == "r2" and not failed:
+            failed.append(job.attempt)
+            return Work(seconds=120.0, exit_code=1)
+        return Work(seconds=200.0 + 10 * int(job.run_id[1:]), best_metric=float(job.run_id[1:]))
+
+    return work
 
 
 def _reconciler(world: FakeWorld, archive: FakeArchive) -> Reconciler:
@@ -73,7 +81,7 @@ def _drive(desired: Desired, world: FakeWorld, archive: FakeArchive, on_cycle=No
 def test_cycles_converge_through_a_vanished_box_a_failed_run_and_library_exceptions() -> None:
     desired = desired_state(6, max_instances=2, bootstrap="pip install -r requirements.txt")
     world = FakeWorld([offer(i, gpus=2, dph=0.2 + i / 100) for i in range(1, 7)], clock=FakeClock(),
-                      boot_s=45.0, bootstrap_s=25.0, work=_work)
+                      boot_s=45.0, bootstrap_s=25.0, work=_work_failing_r2_once())
     archive = FakeArchive()
     world.fail_next("create_instance", KeyError("new_contract"))  # the SDK indexing a reply that lacks the field
     vanished: list[int] = []
@@ -97,8 +105,18 @@ def test_cycles_converge_through_a_vanished_box_a_failed_run_and_library_excepti
     succeeded = Counter(r.run_id for r in records if r.phase is AttemptOutcome.SUCCEEDED)
     assert succeeded == Counter({r.id: 1 for r in desired.runs})
     lost = [r for r in records if r.phase is AttemptOutcome.LOST]
-    assert lost and {r.instance_id for r in lost} == set(vanished)
-    assert [(r.run_id, r.attempt, r.exit_code) for r in records if r.phase is AttemptOutcome.FAILED] == [("r2", 1, 1)]
+    # The launch that failed may have reached its box (a dropped connection): its attempt stays in flight, and the
+    # next cycle, finding no run directory, fences it off and requeues it as lost, so it can never start late.
+    (failed_launch,) = [o.action for res in results for o in _failed(res) if isinstance(o.action, Launch)]
+    never = [r for r in lost if r.reason.startswith("launch never happened")]
+    assert [(r.run_id, r.attempt, r.instance_id) for r in never] == [
+        (failed_launch.run_id, failed_launch.attempt, failed_launch.instance_id)
+    ]
+    assert lost and {r.instance_id for r in lost if r not in never} == set(vanished)
+    first_r2 = min(r.attempt for r in records if r.run_id == "r2" and r not in never)
+    assert [(r.run_id, r.attempt, r.exit_code) for r in records if r.phase is AttemptOutcome.FAILED] == [
+        ("r2", first_r2, 1)
+    ]
     assert all(r.code_commit == "c0ffee" and r.desired_commit == "d35173d" for r in records if r.phase
                is AttemptOutcome.SUCCEEDED)
     assert not world.rentals and not world.boxes, "every box is destroyed once the work is done"

@@ -230,8 +230,40 @@ def test_long_run_shows_alive_with_fresh_heartbeat_then_kill_ends_the_group(box:
 
     again = box.sh(remote.kill_script("r5", 0, exit_code=99, reason="second"))
     assert again.returncode == 0 and (d / "exit_code").read_text().strip() == "137"
-    missing = box.sh(remote.kill_script("nope", 0, reason="x"))
-    assert missing.returncode == remote.NO_SUCH_RUN_EXIT
+
+
+def test_kill_of_an_attempt_never_launched_leaves_a_tombstone_a_late_launch_cannot_pass(box: Box) -> None:
+    res = box.sh(remote.kill_script("late", 1, exit_code=137, reason="launch never happened"))
+    assert res.returncode == 0, res.stderr
+    d = box.run_dir("late", 1)
+    assert (d / "tombstone").exists() and (d / "exit_code").read_text().strip() == "137"
+    assert "never launched here: launch never happened" in (d / "killed_reason").read_text()
+    r = _run(box.probe(), "late", 1)
+    assert r.exit_code == 137 and not r.pid_alive and r.started_at is None
+    # the launch that was on its way arrives now: the lock is taken, nothing starts
+    late = _launch(box, "late", "touch started_anyway", attempt=1)
+    assert late.returncode == remote.LAUNCH_LOCK_EXIT, late.stderr
+    assert not (d / "pid").exists() and not (d / "started_anyway").exists()
+    again = box.sh(remote.kill_script("late", 1, exit_code=137, reason="again"))
+    assert again.returncode == 0 and (d / "exit_code").read_text().strip() == "137"
+
+
+def test_a_kill_that_comes_while_the_launch_starts_wins(box: Box) -> None:
+    """The kill takes the attempt between launch.sh's lock and the wrapper's pid: the command never runs."""
+    d = box.run_dir("race", 0)
+    d.mkdir(parents=True)  # launch.sh has taken the lock; its wrapper is not running yet
+    killed = box.sh(remote.kill_script("race", 0, exit_code=137, reason="requeued"))
+    assert killed.returncode == 0, killed.stderr
+    assert (d / "exit_code").read_text().strip() == "137"
+    # the wrapper starts after the kill: it writes its pid, sees the exit code, and never runs the command
+    started = subprocess.run(
+        ["bash", "-c", remote._script("wrapper.sh"), "rigsync-wrapper", str(d), "", "metrics.jsonl", "race", "0", "",
+         "0", "2", f"touch {d}/ran"],
+        env={**box.env, "RIGSYNC_ROOT": str(box.home / "rigsync")}, input=b"", capture_output=True, timeout=60,
+        check=False,
+    )
+    assert started.returncode == 0, started.stderr
+    assert (d / "pid").exists() and not (d / "ran").exists() and not (d / "started_at").exists()
 
 
 def _pgid_state(pid: int, pgid: int) -> bool:
