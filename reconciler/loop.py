@@ -22,13 +22,14 @@ from reconciler.errors import UserError
 from reconciler.jobenv import ControllerEnv, references
 from reconciler.launch_journal import LaunchJournal
 from reconciler.model import AttemptRecord, Desired, Endpoint, Fleet, FleetMemory, Observed
-from reconciler.observe import observe
+from reconciler.observe import PROBE_TIMEOUT_S, observe
 from reconciler.plan import plan
 from reconciler.ports import BoxControl, Fence, Provider, ResultStore, Shell, no_fence
 
 log = logging.getLogger("rigsync.loop")
 
 DESTROY_LATENCY_S = 30.0  # from deciding to destroy until the provider stops billing the box (apply + API)
+RECENT_CYCLES = 20  # how many cycles' lengths the budget's horizon looks back on
 
 
 class SystemClock:
@@ -70,7 +71,7 @@ class Reconciler:
     store: ResultStore | None = None  # the local result store harvests go to (None: nothing is harvested)
     pending_curves: dict[str, str] = field(default_factory=dict)  # observed/curves/ files for the next write
     checkpoint_pulls: dict[tuple[str, int], float] = field(default_factory=dict)  # apply's, across cycles
-    _last_wall_s: float = 0.0  # how long the last cycle took: the next decision comes that much later too
+    _walls_s: list[float] = field(default_factory=list)  # how long the last cycles took (at most RECENT_CYCLES)
     _history: list[AttemptRecord] | None = None
     _endpoints: dict[int, tuple[Endpoint, ...]] = field(default_factory=dict)
 
@@ -92,16 +93,21 @@ class Reconciler:
         now = self.clock.now()
         observed, memory = observe(desired, self.provider, self.boxes, self.history, self.memory, now)
         # the budget's horizon: until this controller decides again (its interval after a cycle as long as the
-        # last one), plus the time a destroy takes to stop the billing
+        # slowest it can be), plus the time a destroy takes to stop the billing
         envs = {sweep.env for sweep in desired.sweeps} | {run.env for run in desired.runs}
         wanted = {name for env in envs for name in references(env)}
         observed = replace(
             observed,
-            cycle_s=self.cycle_s + self._last_wall_s + self.destroy_latency_s,
+            cycle_s=self.cycle_s + self.slowest_cycle_s() + self.destroy_latency_s,
             controller_env=self.controller_env.available(wanted),
         )
         self._forget_gone(observed)
         return observed, plan(desired, observed, now), memory
+
+    def slowest_cycle_s(self) -> float:
+        """How long the next cycle may take before it can act: the slowest of the recent ones, and never less than
+        the probe's deadline (one hung box makes a cycle that long, however quick the last ones were)."""
+        return max((PROBE_TIMEOUT_S, *self._walls_s))
 
     def _forget_gone(self, observed: Observed) -> None:
         """Boxes no longer listed (destroyed by hand, vanished): drop their connections and host-key pins."""
@@ -122,7 +128,7 @@ class Reconciler:
             applied = self.apply(desired, observed, the_plan, memory)
             memory = self.memory
         finished = self.clock.now()
-        self._last_wall_s = max(0.0, finished - started)
+        self._walls_s = [*self._walls_s[-(RECENT_CYCLES - 1):], max(0.0, finished - started)]
         return CycleResult(desired, observed, the_plan, applied, memory, started, finished)
 
     def take_curves(self) -> dict[str, str]:

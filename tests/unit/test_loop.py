@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
 from fakes import FakeArchive, FakeClock, FakeShell, FakeWorld, Work, code_tar, desired_state, offer
 
 from reconciler.actions import Destroy, Launch, Rent
 from reconciler.apply import Outcome
-from reconciler.loop import CycleResult, Reconciler
-from reconciler.model import AttemptOutcome, Desired
+from reconciler.loop import RECENT_CYCLES, CycleResult, Reconciler
+from reconciler.model import AttemptOutcome, Desired, Instance
+from reconciler.observe import PROBE_TIMEOUT_S
 from reconciler.ports import LaunchJob
 
 STEP_S = 20.0
@@ -164,3 +166,34 @@ def test_a_hung_box_is_waited_for_then_replaced() -> None:
     )
     assert destroyed_at - hung_at[0] > desired.fleet.unreachable_grace_s
     assert hung[0] in world.forgotten  # its connections and pinned host key are dropped
+
+
+class _SlowListing:
+    """The provider, with ``list_instances`` taking ``delay_s`` of the world's clock while ``slow`` is set."""
+
+    def __init__(self, world: FakeWorld, delay_s: float) -> None:
+        self._world, self.delay_s, self.slow = world, delay_s, False
+
+    def list_instances(self) -> list[Instance]:
+        if self.slow:
+            self._world.clock.advance(self.delay_s)
+        return self._world.provider.list_instances()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._world.provider, name)
+
+
+def test_the_budget_horizon_covers_the_slowest_recent_cycle_and_never_less_than_the_probe_deadline() -> None:
+    """What a held box costs until the next decision is priced over the interval plus the slowest recent cycle
+    (a hung box or a slow API makes one cycle much longer than the last), never less than the probe deadline."""
+    desired = desired_state(1, max_instances=1)
+    world = FakeWorld([offer(1)], clock=FakeClock(), work=lambda job: Work(seconds=1e6))
+    slow = _SlowListing(world, delay_s=40.0)
+    rec = replace(_reconciler(world, FakeArchive()), provider=slow, cycle_s=5.0, destroy_latency_s=2.0)
+    assert rec.cycle(desired).observed.cycle_s == 5.0 + PROBE_TIMEOUT_S + 2.0
+    slow.slow = True
+    rec.cycle(desired)  # takes 40 s
+    slow.slow = False
+    horizons = [rec.cycle(desired).observed.cycle_s for _ in range(RECENT_CYCLES + 1)]
+    assert horizons[:RECENT_CYCLES - 1] == [5.0 + 40.0 + 2.0] * (RECENT_CYCLES - 1)
+    assert horizons[-1] == 5.0 + PROBE_TIMEOUT_S + 2.0  # the slow cycle is no longer recent
