@@ -20,6 +20,7 @@ from reconciler.cli import (
     emulator_cmd,
     logs_cmd,
     plan_cmd,
+    review_cmd,
     run_cmd,
     runs_cmd,
     ssh_cmd,
@@ -32,7 +33,7 @@ from reconciler.textsafe import SafeStream
 
 SUBCOMMANDS = (
     validate_cmd, runs_cmd, emulator_cmd, plan_cmd, apply_cmd, status_cmd, demo_cmd, run_cmd, diff_cmd, logs_cmd,
-    ssh_cmd,
+    ssh_cmd, review_cmd,
 )
 
 
