@@ -18,6 +18,7 @@ from reconciler.cli import (
     demo_cmd,
     diff_cmd,
     emulator_cmd,
+    init_cmd,
     logs_cmd,
     plan_cmd,
     review_cmd,
@@ -32,8 +33,8 @@ from reconciler.errors import RigsyncError, UserError
 from reconciler.textsafe import SafeStream
 
 SUBCOMMANDS = (
-    validate_cmd, runs_cmd, emulator_cmd, plan_cmd, apply_cmd, status_cmd, demo_cmd, run_cmd, diff_cmd, logs_cmd,
-    ssh_cmd, review_cmd,
+    init_cmd, validate_cmd, runs_cmd, emulator_cmd, plan_cmd, apply_cmd, status_cmd, demo_cmd, run_cmd, diff_cmd,
+    logs_cmd, ssh_cmd, review_cmd,
 )
 
 
