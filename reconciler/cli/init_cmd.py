@@ -111,7 +111,9 @@ def run(args: argparse.Namespace) -> int:
             "overwrites: use an empty directory, or --force to add only the files that are missing"
         )
     files = _fill(_templates(), fleet)
-    differ, same, new = [], [], []
+    differ: list[str] = []
+    same: list[str] = []
+    new: list[str] = []
     for rel, blob in files.items():
         dest = target / rel
         if dest.is_symlink() or (dest.exists() and not dest.is_file()):

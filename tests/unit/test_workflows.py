@@ -18,13 +18,19 @@ from reconciler.review import MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+# what `rigsync init` writes into a new fleet repository (``dot-`` stands for ``.`` in the package data)
+TEMPLATE_WORKFLOWS = sorted((ROOT / "reconciler" / "example" / "fleet" / "dot-github" / "workflows").glob("*.yml"))
 
 
 def test_there_are_workflows() -> None:
     assert {p.name for p in WORKFLOWS} >= {"ci.yml", "review.yml"}
 
 
-@pytest.mark.parametrize("path", WORKFLOWS, ids=lambda p: p.name)
+def test_init_writes_both_workflows() -> None:
+    assert {p.name for p in TEMPLATE_WORKFLOWS} == {"review.yml", "rigsync-run.yml"}
+
+
+@pytest.mark.parametrize("path", WORKFLOWS + TEMPLATE_WORKFLOWS, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_workflow_validates_offline(path: Path) -> None:
     exe = Path(sys.executable).parent / "check-jsonschema"
     proc = subprocess.run(
@@ -49,7 +55,7 @@ def test_ci_runs_exactly_the_readme_commands() -> None:
 # The review workflow as this repository runs it, and as `rigsync init` writes it into a new fleet repository.
 REVIEW_WORKFLOWS = [
     ROOT / ".github" / "workflows" / "review.yml",
-    ROOT / "reconciler" / "example" / "fleet" / ".github" / "workflows" / "review.yml",
+    ROOT / "reconciler" / "example" / "fleet" / "dot-github" / "workflows" / "review.yml",
 ]
 RIGSYNC = Path(sys.executable).parent / "rigsync"
 
@@ -128,8 +134,16 @@ def _run_workflow(workflow: Path, repo: Path, base: str, tmp_path: Path) -> tupl
     return results, summary.read_text()
 
 
-@pytest.mark.parametrize("workflow", REVIEW_WORKFLOWS, ids=lambda p: p.parent.parent.parent.name)
-def test_review_workflow_on_a_valid_change(workflow: Path, tmp_path: Path) -> None:
+def test_init_template_runs_the_same_review_steps() -> None:
+    """The steps after installing rigsync are the same in both, so running this repository's covers both."""
+    jobs = [next(iter(yaml.safe_load(w.read_text())["jobs"].values())) for w in REVIEW_WORKFLOWS]
+    ours, template = ([s for s in job["steps"] if s.get("id") != "install"] for job in jobs)
+    assert ours == template
+    assert "pip install" in next(s for s in jobs[1]["steps"] if s.get("id") == "install")["run"]
+
+
+def test_review_workflow_on_a_valid_change(tmp_path: Path) -> None:
+    workflow = REVIEW_WORKFLOWS[0]
     repo, base = _fixture(tmp_path, "add-lr")
     steps, summary = _run_workflow(workflow, repo, base, tmp_path)
     assert steps["validate"].returncode == 0, steps["validate"].stdout
@@ -141,8 +155,8 @@ def test_review_workflow_on_a_valid_change(workflow: Path, tmp_path: Path) -> No
     assert (repo / "rigsync-review.md").read_text() == summary
 
 
-@pytest.mark.parametrize("workflow", REVIEW_WORKFLOWS, ids=lambda p: p.parent.parent.parent.name)
-def test_review_workflow_on_an_invalid_change(workflow: Path, tmp_path: Path) -> None:
+def test_review_workflow_on_an_invalid_change(tmp_path: Path) -> None:
+    workflow = REVIEW_WORKFLOWS[0]
     repo, base = _fixture(tmp_path, "bad-seed")
     steps, summary = _run_workflow(workflow, repo, base, tmp_path)
     assert steps["validate"].returncode == 1
@@ -154,7 +168,7 @@ def test_review_workflow_on_an_invalid_change(workflow: Path, tmp_path: Path) ->
     assert "Validation failed" in summary and "is not of type" in summary
 
 
-@pytest.mark.parametrize("workflow", REVIEW_WORKFLOWS, ids=lambda p: p.parent.parent.parent.name)
+@pytest.mark.parametrize("workflow", REVIEW_WORKFLOWS, ids=["this-repo", "init-template"])
 def test_review_workflow_comments_once_and_never_fails_on_a_fork(workflow: Path) -> None:
     job = next(iter(yaml.safe_load(workflow.read_text())["jobs"].values()))
     comment = next(s for s in job["steps"] if "github-script" in str(s.get("uses", "")))
