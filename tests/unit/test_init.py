@@ -46,6 +46,8 @@ def test_init_makes_a_committed_repository(fleet: Path) -> None:
     assert _git(fleet, "rev-list", "--count", "HEAD") == "1"
     assert yaml.safe_load((fleet / "desired" / "fleet.yaml").read_text())["name"] == "lab-fleet"
     assert (fleet / "desired" / "bootstrap.sh").stat().st_mode & 0o111
+    # the stand-in script is the one the demo runs from this repository (one copy kept in step with the other)
+    assert (fleet / "experiments" / "train.py").read_bytes() == (ROOT / "experiments" / "train.py").read_bytes()
 
 
 def test_init_repository_validates_and_reviews(fleet: Path) -> None:
