@@ -39,13 +39,25 @@ def _side(g: GitRepo, ref: str, sha: str) -> tuple[Side, dict[str, bytes]]:
     return Side(ref, sha, desired), dict(files)
 
 
-def _observed(g: GitRepo, sha: str) -> tuple[Observed, list[Place]]:
-    """The committed observed/ at ``sha``: spend, the run archive, and the boxes held as price places."""
+def _observed(g: GitRepo, sha: str, now: float) -> tuple[Observed, list[Place]]:
+    """The committed observed/ at ``sha``: spend, the run archive, and the boxes held as price places.
+
+    Spend is the committed anchor carried along its line to ``now`` (``Spend.accrued``: the boxes held bill on,
+    and "today" restarts at UTC midnight), as the controller's next cycle would start from it.
+    """
     files = g.files_at(sha, "observed/", max_bytes=MAX_OBSERVED_BYTES, only=(FLEET, RUNS, BUDGET))
     if files.refused:
         raise ObservedInvalid("; ".join(f"{p}: {why}" for p, why in sorted(files.refused.items())))
     texts = {p: b.decode("utf-8", "replace") for p, b in files.items()}
     memory = fleet_memory_from_files(texts)
+    spend = memory.spend
+    if memory.spend_at is not None and BUDGET in texts:
+        anchor = expect_mapping(load_yaml(texts[BUDGET], BUDGET), BUDGET).get("spend") or {}
+        try:
+            rate = float(anchor.get("fleet_dph") or 0.0)
+        except (TypeError, ValueError) as exc:
+            raise ObservedInvalid(f"{BUDGET}: spend.fleet_dph: malformed ({exc})") from exc
+        spend = spend.accrued(rate, memory.spend_at, now)
     held: list[Place] = []
     if FLEET in texts:
         fleet = expect_mapping(load_yaml(texts[FLEET], FLEET), FLEET)
@@ -66,7 +78,7 @@ def _observed(g: GitRepo, sha: str) -> tuple[Observed, list[Place]]:
                 raise ObservedInvalid(f"{path}:{number}: {exc}") from exc
             if isinstance(record, AttemptRecord):
                 history.append(record)
-    return Observed(history=tuple(history), spend=memory.spend, in_flight=memory.in_flight), held
+    return Observed(history=tuple(history), spend=spend, in_flight=memory.in_flight), held
 
 
 def _changed(a: Mapping[str, bytes], b: Mapping[str, bytes]) -> list[str]:
@@ -89,9 +101,8 @@ def review(repo: Path, base: str, head: str = "HEAD", *, now: float | None = Non
             shas[flag] = g.rev(ref)
         except RepoError:
             raise UserError(f"{flag} {ref!r} names no commit in {repo}") from None
+    at = time.time() if now is None else now
     base_side, base_files = _side(g, base, shas["--base"])
     head_side, head_files = _side(g, head, shas["--head"])
-    observed, held = _observed(g, shas["--base"])
-    return compute_review(
-        base_side, head_side, observed, held, time.time() if now is None else now, _changed(base_files, head_files)
-    )
+    observed, held = _observed(g, shas["--base"], at)
+    return compute_review(base_side, head_side, observed, held, at, _changed(base_files, head_files))

@@ -218,3 +218,15 @@ def test_cli_bad_ref_is_one_line(fleet: Path, tmp_path: Path) -> None:
     assert proc.stderr.strip() == "rigsync: error: --base 'nope' names no commit in ."
     proc = rigsync("review", "--base", "main", "--repo", str(tmp_path), cwd=fleet)
     assert proc.returncode == 1 and "is not a git checkout" in proc.stderr
+
+
+def test_review_function_is_the_json_document_and_spend_rolls_over_midnight(fleet: Path) -> None:
+    """``review_git.review`` (what an MCP tool calls) returns what ``--json`` prints; the committed spend anchor
+    (observed/budget.yaml: $0.002717 today, as of 2026-12-01T09:20:56Z) counts for the day it was spent on only."""
+    from reconciler.review_git import review
+
+    same_day = _valid(review(fleet, "main", "add", now=1_796_122_800.0))  # 2026-12-01 11:00 UTC
+    assert same_day["estimate"]["budget"]["remaining"] == pytest.approx(5.0 - 0.002717, abs=1e-4)
+    next_day = _valid(review(fleet, "main", "add", now=1_796_122_800.0 + 86_400))
+    assert next_day["estimate"]["budget"]["remaining"] == pytest.approx(5.0)
+    assert json.loads(json.dumps(next_day)) == next_day
