@@ -108,7 +108,8 @@ def compute_review(
         "base_errors": len(base.errors),
         "changed_files": list(changed_files),
     }
-    before, after = _base_runs(base.desired), _base_runs(head.desired)
+    # an invalid head expands to nothing: comparing it would list every base run as removed, which it is not
+    before, after = (_base_runs(base.desired), _base_runs(head.desired)) if head.desired is not None else ({}, {})
     added = [r for k, r in after.items() if k not in before]
     removed = [r for k, r in before.items() if k not in after]
     changed = [(before[k], r) for k, r in after.items() if k in before and before[k].id != r.id]
@@ -120,7 +121,7 @@ def compute_review(
                    "promotion_candidates_base": 0, "promotion_candidates_head": 0},
         )
 
-    for d in (base.desired, head.desired):
+    for d in (base.desired, head.desired) if head.desired is not None else ():
         for s in d.sweeps if d is not None else ():
             row(s.name)
     for r in before.values():
@@ -136,7 +137,7 @@ def compute_review(
         row(r.sweep)["removed"] += 1
     for _, r in changed:
         row(r.sweep)["changed"] += 1
-    for name, n in _candidates(base.desired).items():
+    for name, n in _candidates(base.desired if head.desired is not None else None).items():
         row(name)["promotion_candidates_base"] = n
     for name, n in _candidates(head.desired).items():
         row(name)["promotion_candidates_head"] = n

@@ -208,7 +208,8 @@ def test_cli_invalid_head_exits_1_with_the_errors(fleet: Path) -> None:
     proc = rigsync("review", "--base", "main", "--head", "bad", "--json", cwd=fleet)
     assert proc.returncode == 1
     doc = _valid(json.loads(proc.stdout))
-    assert doc["valid"] is False
+    assert doc["valid"] is False and doc["estimate"] is None
+    assert doc["sweeps"] == {} and doc["removed"] == []  # nothing is compared with a head that does not load
     assert [(e["file"], e["pointer"]) for e in doc["errors"]] == [("desired/sweeps/tdmpc.yaml", "/seeds/1")]
 
 
