@@ -51,6 +51,7 @@ class DemoOptions:
     interval_s: float = 1.0
     say: Callable[[str], None] = print
     data_dir: Path | None = None  # where harvests and checkpoints go (None: a temporary directory, removed)
+    source: Path | None = None  # a fleet repository to run instead of the example (`rigsync demo --repo DIR`)
 
 
 @dataclass
@@ -154,13 +155,15 @@ def _set_key(text: str, key: str, value: str) -> str:
     return pattern.sub(lambda m: f"{m.group(1)}{key}: {value}", text, count=1)
 
 
-def make_fleet_repo(workdir: Path, runs: int | None) -> tuple[Path, Path]:
-    """A working clone and its bare remote, holding the example fleet with the demo's short timeouts.
+def make_fleet_repo(workdir: Path, runs: int | None, source: Path | None = None) -> tuple[Path, Path]:
+    """A working clone and its bare remote, holding the example fleet (or a copy of the fleet repository
+    ``source``'s files) with the demo's short timeouts. The source itself is never changed.
 
     The emulator's URL is not written into it: the controller is pointed there (``FleetDaemon(api_url=...)``,
     ``RIGSYNC_API_URL`` or ``--api-url``), since desired/ never says where the account's key goes.
     """
-    src = source_root()
+    if source is not None and not (source / "desired" / "fleet.yaml").is_file():
+        raise UserError(f"{source}: no desired/fleet.yaml (make one with `rigsync init {source}`)")
     remote = workdir.parent / f"{workdir.name}.remote.git"
     if remote.exists():
         raise UserError(f"{remote} already exists; choose another --keep directory")
@@ -170,11 +173,22 @@ def make_fleet_repo(workdir: Path, runs: int | None) -> tuple[Path, Path]:
         raise UserError(f"{workdir} is not empty")
     _git(workdir.parent, "clone", "-q", str(remote), str(workdir))
     _git(workdir, "checkout", "-q", "-b", "main")
-    shutil.copytree(src / "desired", workdir / "desired")
-    shutil.copytree(src / "experiments", workdir / "experiments", ignore=shutil.ignore_patterns("__pycache__"))
-    schemas = src / "schemas"
-    if schemas.is_dir():
-        shutil.copytree(schemas, workdir / "schemas")
+    if source is not None:
+        skip = shutil.ignore_patterns(".git", ".venv", "__pycache__")
+        for item in sorted(source.iterdir()):
+            if skip(str(source), [item.name]):
+                continue
+            if item.is_dir():
+                shutil.copytree(item, workdir / item.name, ignore=skip)
+            else:
+                shutil.copy2(item, workdir / item.name)
+    else:
+        src = source_root()
+        shutil.copytree(src / "desired", workdir / "desired")
+        shutil.copytree(src / "experiments", workdir / "experiments", ignore=shutil.ignore_patterns("__pycache__"))
+        schemas = src / "schemas"
+        if schemas.is_dir():
+            shutil.copytree(schemas, workdir / "schemas")
     _git(workdir, "add", "-A")
     _git(workdir, "commit", "-q", "-m", "example fleet: TD-MPC-shaped sweep on cheap consumer GPUs")
     fleet = workdir / "desired" / "fleet.yaml"
@@ -261,7 +275,7 @@ def run_demo(opts: DemoOptions) -> DemoSummary:
         with Emulator(seed=opts.seed, boot_delay=opts.boot_delay_s) as emu:
             os.environ["VAST_API_KEY"] = emu.api_key  # the key lives in the environment, never in the repo
             opts.say(f"emulator at {emu.url}; fleet repo {workdir}")
-            make_fleet_repo(workdir, opts.runs)
+            make_fleet_repo(workdir, opts.runs, opts.source)
             config = DaemonConfig(interval_s=opts.interval_s, lease_renew_s=30.0, author_name="rigsync")
             daemon = FleetDaemon(
                 workdir, config=config, state_dir=str(state), api_url=emu.url,

@@ -18,8 +18,10 @@ from reconciler.cli import (
     demo_cmd,
     diff_cmd,
     emulator_cmd,
+    init_cmd,
     logs_cmd,
     plan_cmd,
+    review_cmd,
     run_cmd,
     runs_cmd,
     ssh_cmd,
@@ -31,8 +33,8 @@ from reconciler.errors import RigsyncError, UserError
 from reconciler.textsafe import SafeStream
 
 SUBCOMMANDS = (
-    validate_cmd, runs_cmd, emulator_cmd, plan_cmd, apply_cmd, status_cmd, demo_cmd, run_cmd, diff_cmd, logs_cmd,
-    ssh_cmd,
+    init_cmd, validate_cmd, runs_cmd, emulator_cmd, plan_cmd, apply_cmd, status_cmd, demo_cmd, run_cmd, diff_cmd,
+    logs_cmd, ssh_cmd, review_cmd,
 )
 
 

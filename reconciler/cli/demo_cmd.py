@@ -16,6 +16,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--keep", default=None, help="leave the fleet repo here (its bare remote beside it)")
     p.add_argument("--data-dir", default=None, help="keep the attempts' harvested results here (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.add_argument(
+        "--repo", default=None,
+        help="run this fleet repository's desired/ (e.g. one `rigsync init` made) instead of the example; "
+        "it is copied, never changed",
+    )
     p.add_argument("--seed", type=int, default=7, help="the emulator market's seed")
     p.add_argument("--timeout", type=float, default=600.0, help="give up (and destroy everything) after this")
     p.set_defaults(handler=run)
@@ -31,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         timeout_s=args.timeout,
         data_dir=Path(args.data_dir) if args.data_dir else None,
+        source=Path(args.repo).resolve() if args.repo else None,
         say=say_stderr if args.json else print,
     )
     summary = run_demo(opts)

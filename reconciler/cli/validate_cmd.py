@@ -1,7 +1,9 @@
 """``rigsync validate``: check the desired/ tree and report every problem at once, for people, agents and CI.
 
 Exit 0 when valid, 1 when not. Human output is one ``file:line:col: pointer: message`` line per problem and a
-summary; ``--json`` prints ``{"valid": bool, "errors": [...]}`` (a contract other tools read).
+summary; ``--json`` prints ``{"valid": bool, "errors": [...]}`` (a contract other tools read); ``--github`` prints
+each problem as a GitHub Actions workflow command (``::error file=…,line=…,col=…::…``), so a pull request shows
+it on the offending line.
 """
 
 from __future__ import annotations
@@ -20,8 +22,33 @@ def add_parser(subparsers: Any) -> None:
         "validate", help="validate desired/ (fleet, budget, sweeps) against the schemas and rules"
     )
     parser.add_argument("--repo", type=Path, default=Path("."), help="repository root holding desired/ (default: .)")
-    parser.add_argument("--json", action="store_true", help='print {"valid": bool, "errors": [...]}')
+    fmt = parser.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help='print {"valid": bool, "errors": [...]}')
+    fmt.add_argument(
+        "--github", action="store_true",
+        help="print each problem as a GitHub Actions annotation (::error file=...,line=...::message)",
+    )
     parser.set_defaults(handler=run)
+
+
+def _escape_data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _escape_property(text: str) -> str:
+    return _escape_data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def github_annotation(error: LoadError) -> str:
+    """One problem as a GitHub Actions ``error`` workflow command, escaped as the runner expects."""
+    props = [f"file={_escape_property(error.file)}"]
+    if error.line is not None:
+        props.append(f"line={error.line}")
+        if error.column is not None:
+            props.append(f"col={error.column}")
+    props.append("title=rigsync validate")
+    message = f"{error.pointer or '/'}: {error.message}"
+    return f"::error {','.join(props)}::{_escape_data(message)}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,6 +59,10 @@ def run(args: argparse.Namespace) -> int:
         errors: list[LoadError] = errors_of(exc)
         if args.json:
             print(json.dumps({"valid": False, "errors": [e.to_json() for e in errors]}, indent=2))
+        elif args.github:
+            for error in errors:
+                print(github_annotation(error))
+            print(f"desired state is invalid: {len(errors)} error(s)")
         else:
             for error in errors:
                 print(error)

@@ -54,15 +54,22 @@ def _span(values: list[float]) -> tuple[float, float] | None:
     return (min(values), max(values)) if values else None
 
 
-def _prices(world: World) -> _Prices:
+Place = tuple[float, int, str]  # a box the work could run on: ($/h of the box, its GPUs, its GPU name)
+
+
+def market_places(world: World) -> list[Place]:
     """Every place the work could run: offers passing the filters under the per-box cap, and the boxes held."""
     instance_cap, _ = effective_caps(world.desired)
+    places = [(o.dph_total, o.num_gpus, o.gpu_name) for o in world.offers if o.dph_total <= instance_cap]
+    places += [(b.inst.dph_total, b.inst.num_gpus, b.inst.gpu_name) for b in world.boxes.values()]
+    return places
+
+
+def _prices(world: World, places: list[Place]) -> _Prices:
     every: list[float] = []
     no_dl: list[float] = []
     per_dl: list[float] = []
-    gpus = [(o.dph_total, o.num_gpus, o.gpu_name) for o in world.offers if o.dph_total <= instance_cap]
-    gpus += [(b.inst.dph_total, b.inst.num_gpus, b.inst.gpu_name) for b in world.boxes.values()]
-    for dph, n, name in gpus:
+    for dph, n, name in places:
         if n <= 0:
             continue
         price = dph / n
@@ -75,20 +82,29 @@ def _prices(world: World) -> _Prices:
     return _Prices(_span(every), _span(no_dl), _span(per_dl))
 
 
-def _fleet_gpus(world: World) -> int:
-    """GPUs of the fleet at its full size: max_instances boxes like the best-ranked offer (or the boxes held)."""
+def _fleet_gpus(world: World, places: list[Place]) -> int:
+    """GPUs of the fleet at its full size: max_instances boxes like the best-ranked offer (or the boxes held, or
+    the first place given)."""
     f = world.desired.fleet
     held = sum(b.inst.num_gpus for b in world.boxes.values())
     per_box = world.offers[0].num_gpus if world.offers else 0
+    if not per_box and not world.boxes and places:
+        per_box = places[0][1]
     if not per_box and world.boxes:
         per_box = max(1, held // len(world.boxes))
     return max(held, count_cap(f.max_instances) * per_box)
 
 
 def estimate(
-    world: World, queue: RunQueue, live: LiveVerdicts, budget: Purse
+    world: World, queue: RunQueue, live: LiveVerdicts, budget: Purse, places: list[Place] | None = None
 ) -> tuple[tuple[SweepEstimate, ...], list[str]]:
-    """Per sweep (in desired order), the price of its unfinished work; and warnings where it exceeds the budget."""
+    """Per sweep (in desired order), the price of its unfinished work; and warnings where it exceeds the budget.
+
+    ``places`` are where the work could run (default: ``market_places``, what the market and the fleet show now);
+    ``rigsync review`` passes the places the committed files know instead, having no market to ask.
+    """
+    if places is None:
+        places = market_places(world)
     pending = queue.pending_by_sweep
     specs: dict[str, RunSpec] = {}  # one run of each sweep, for its runtime, GPUs and order
     for run in (*queue.pending, *queue.held):
@@ -107,8 +123,8 @@ def estimate(
             hours = hours_of[spec.sweep] = runtime_of(budget.runtimes, spec).hours
         elapsed = (world.now - rd.started_at) / 3600.0 if rd.started_at is not None else 0.0
         running.setdefault(spec.sweep, []).append(max(0.0, hours - elapsed) * max(1, len(rd.gpu_mask)))
-    prices = _prices(world)
-    slots = _fleet_gpus(world)
+    prices = _prices(world, places)
+    slots = _fleet_gpus(world, places)
     out: list[SweepEstimate] = []
     warnings: list[str] = []
     for run_id in live.running:

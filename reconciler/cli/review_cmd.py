@@ -1,0 +1,51 @@
+"""``rigsync review``: what a change to desired/ means, for the person reviewing its pull request.
+
+Runs added, removed and changed per sweep (by content id, against ``--base``), the price and time of the added
+work checked against the budget left, and the validation errors of the head: from committed files alone, so it
+runs in CI without a single credential. Exit 1 when the head's desired/ is invalid (the errors are still
+printed, as data); ``--markdown`` is one pull-request comment, bounded to fit GitHub's limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from reconciler import review as reviewing
+from reconciler.errors import UserError
+from reconciler.review_git import review
+
+
+def add_parser(subparsers: Any) -> None:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "review",
+        help="what a change to desired/ means: runs added/removed/changed, price, budget (no credentials)",
+        description="Compare desired/ at --head with --base from committed files alone: runs per sweep by "
+        "content id, the price and time of the added work against the budget left (observed/ at the base), and "
+        "the head's validation errors. Exit 1 when the head is invalid.",
+    )
+    p.add_argument("--repo", type=Path, default=Path("."), help="the fleet repository checkout (default: .)")
+    p.add_argument("--base", required=True, help="the revision the change is compared with (e.g. origin/main)")
+    p.add_argument("--head", default="HEAD", help="the revision under review (default: HEAD)")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print one JSON document (schemas/review.schema.json)")
+    fmt.add_argument(
+        "--markdown", action="store_true",
+        help="print one pull-request comment (bounded under GitHub's 65,536 characters; values made safe)",
+    )
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.repo.is_dir():
+        raise UserError(f"{args.repo}: not a directory")
+    doc = review(args.repo, args.base, args.head)
+    if args.json:
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
+    elif args.markdown:
+        print(reviewing.markdown(doc), end="")
+    else:
+        print(reviewing.text(doc))
+    return 0 if doc["valid"] else 1

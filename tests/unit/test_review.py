@@ -1,0 +1,233 @@
+"""``rigsync review``: the pure comparison and price (``reconciler.review``) as data, and the command as a user runs
+it against a git repository with a base and a head commit (the real console script)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from reconciler.desired import load_desired, read_desired_files
+from reconciler.model import AttemptOutcome, AttemptRecord, Desired, Observed, Spend
+from reconciler.review import MARKER, MAX_MARKDOWN, Side, compute_review, headline, markdown
+
+ROOT = Path(__file__).resolve().parents[2]
+RIGSYNC = Path(sys.executable).parent / "rigsync"
+SCHEMA = json.loads((ROOT / "schemas" / "review.schema.json").read_text())
+NOW = 1_796_000_000.0
+
+
+def _desired(tmp_path: Path, sweep_edit: tuple[str, str] | None = None, budget: str | None = None) -> Desired:
+    repo = tmp_path / f"r{len(list(tmp_path.iterdir()))}"
+    shutil.copytree(ROOT / "desired", repo / "desired")
+    (repo / "experiments").mkdir()
+    sweep = repo / "desired" / "sweeps" / "tdmpc.yaml"
+    if sweep_edit:
+        text = sweep.read_text()
+        assert sweep_edit[0] in text
+        sweep.write_text(text.replace(*sweep_edit))
+    if budget is not None:
+        (repo / "desired" / "budget.yaml").write_text(budget)
+    return load_desired(read_desired_files(repo))
+
+
+def _valid(doc: dict[str, Any]) -> dict[str, Any]:
+    jsonschema.Draft202012Validator(SCHEMA).validate(doc)
+    return doc
+
+
+def _review(base: Desired, head: Desired, observed: Observed | None = None, held: Any = ()) -> dict[str, Any]:
+    return _valid(compute_review(Side("main", "a" * 40, base), Side("HEAD", "b" * 40, head),
+                                 observed or Observed(), held, NOW))
+
+
+ADD_LR = ("lr: [3.0e-4, 1.0e-3]", "lr: [3.0e-4, 1.0e-3, 3.0e-3]")
+
+
+def test_added_grid_value_adds_its_runs_and_prices_them(tmp_path: Path) -> None:
+    base = _desired(tmp_path)
+    head = _desired(tmp_path, ADD_LR)
+    doc = _review(base, head, held=[(0.10, 1, "RTX 3060"), (0.05, 1, "RTX 2060")])
+    assert doc["totals"] == {"added": 6, "removed": 0, "changed": 0, "unchanged": 12}
+    assert doc["sweeps"]["tdmpc"]["head_runs"] == 18 and doc["sweeps"]["tdmpc"]["base_runs"] == 12
+    assert {r["params"]["lr"] for r in doc["added"]} == {3.0e-3}
+    e = doc["estimate"]
+    # 6 runs x 1 GPU x max_runtime 30m (no archive, no expected_runtime) = 3 GPU-h at $0.05-$0.10 per GPU-h
+    assert e["runs"] == 6 and e["gpu_hours"] == pytest.approx(3.0)
+    assert (e["usd_low"], e["usd_high"]) == (pytest.approx(0.15), pytest.approx(0.30))
+    assert e["price_source"] == "held boxes" and not e["upper_bound"]
+    # the tightest cap is the daily $5.00 with nothing spent
+    assert e["budget"]["remaining"] == 5.0 and e["budget"]["fits"] == "yes"
+    assert e["budget"]["left_low"] == pytest.approx(4.70) and e["budget"]["left_high"] == pytest.approx(4.85)
+    assert headline(doc) == (
+        "+6 run(s), -0, 0 changed, ~3.00 GPU-h, $0.1500-$0.3000, fits: $4.70-$4.85 of $5.00 left after it"
+    )
+
+
+def test_archive_runtimes_and_prices_are_used_and_spend_counts(tmp_path: Path) -> None:
+    base, head = _desired(tmp_path), _desired(tmp_path, ADD_LR)
+    history = tuple(
+        AttemptRecord(f"tdmpc-{i:012x}", 1, "tdmpc", AttemptOutcome.SUCCEEDED, gpu_name="Titan V", dph=0.08,
+                      started_at=NOW - 7200, ended_at=NOW - 7200 + 600)
+        for i in range(3)
+    )
+    doc = _review(base, head, Observed(history=history, spend=Spend(today_usd=4.95, total_usd=19.0)))
+    e = doc["estimate"]
+    assert e["sweeps"][0]["runtime_source"] == "archive" and e["sweeps"][0]["runtime_samples"] == 3
+    assert e["gpu_hours"] == pytest.approx(1.0)  # 6 x 10 minutes
+    assert e["usd_low"] == pytest.approx(0.08) and e["price_source"] == "3 archived attempt(s)"
+    assert e["budget"]["remaining"] == pytest.approx(0.05)
+    assert e["budget"]["fits"] == "no" and "does NOT fit" in headline(doc)
+    assert any(w.startswith("budget: sweep tdmpc needs at least") for w in e["warnings"])
+
+
+def test_without_prices_the_per_box_cap_is_an_upper_bound(tmp_path: Path) -> None:
+    doc = _review(_desired(tmp_path), _desired(tmp_path, ADD_LR))
+    e = doc["estimate"]
+    assert e["price_source"] == "cap" and e["upper_bound"]
+    assert e["usd_low"] == e["usd_high"] == pytest.approx(3.0 * 0.15)
+    assert "at most $0.4500" in headline(doc)
+
+
+def test_changed_command_is_a_changed_run_and_removed_seeds_are_removed(tmp_path: Path) -> None:
+    base = _desired(tmp_path)
+    head = _desired(tmp_path, ("--out {{ run_dir }}/metrics.jsonl", "--out {{ run_dir }}/metrics.jsonl --fast"))
+    doc = _review(base, head)
+    assert doc["totals"] == {"added": 0, "removed": 0, "changed": 12, "unchanged": 0}
+    c = doc["changed"][0]
+    assert c["base_id"] != c["head_id"] and c["head_command"].endswith("--fast")
+    assert doc["estimate"]["runs"] == 12
+
+    fewer = _review(base, _desired(tmp_path, ("seeds: [1, 2, 3]", "seeds: [1, 2]")))
+    assert fewer["totals"] == {"added": 0, "removed": 4, "changed": 0, "unchanged": 8}
+    assert fewer["estimate"]["runs"] == 0
+
+
+def test_runs_that_already_succeeded_are_not_priced_again(tmp_path: Path) -> None:
+    base, head = _desired(tmp_path), _desired(tmp_path, ADD_LR)
+    first = _review(base, head)
+    done = AttemptRecord(first["added"][0]["id"], 1, "tdmpc", AttemptOutcome.SUCCEEDED)  # a reverted revert
+    doc = _review(base, head, Observed(history=(done,)))
+    assert doc["estimate"]["runs"] == 5 and doc["estimate"]["already_done"] == 1
+
+
+def test_invalid_head_is_data() -> None:
+    error = {"file": "desired/sweeps/x.yaml", "line": 3, "column": 1, "pointer": "/seeds", "message": "bad"}
+    head = Side("HEAD", "b" * 40, None, [error])
+    doc = _valid(compute_review(Side("main", "a" * 40, None), head, Observed(), (), NOW))
+    assert doc["valid"] is False and doc["errors"] == [error] and doc["estimate"] is None
+    md = markdown(doc)
+    assert "Validation failed" in md and "desired/sweeps/x.yaml:3:1: /seeds: bad" in md
+
+
+def test_markdown_is_bounded_and_values_cannot_break_out(tmp_path: Path) -> None:
+    base = _desired(tmp_path)
+    doc = _review(base, _desired(tmp_path, ("seeds: [1, 2, 3]", "seeds: [" + ", ".join(map(str, range(1, 31))) + "]")))
+    assert doc["totals"]["added"] == 108
+    md = markdown(doc)
+    assert md.startswith(MARKER) and len(md) < MAX_MARKDOWN
+    assert "... and 58 more" in md
+    hostile = _desired(tmp_path, ("task: [walker-walk, cheetah-run]", 'task: [walker-walk, "x`````</details>"]'))
+    md = markdown(_review(base, hostile))
+    added = md.split("<summary>Added runs (6)</summary>")[1]
+    assert added.split("\n")[2] == "``````"  # the fence is longer than the value's backtick run
+    assert added.count("``````") == 2
+
+
+def test_huge_change_stays_under_the_comment_limit(tmp_path: Path) -> None:
+    grid = "lr: [" + ", ".join(f"{i}.0e-6" for i in range(1, 400)) + "]"
+    head = _desired(tmp_path, ("lr: [3.0e-4, 1.0e-3]", grid))
+    doc = _review(_desired(tmp_path), head)
+    assert doc["totals"]["added"] > 2000
+    assert len(markdown(doc)) < MAX_MARKDOWN
+
+
+# ---------------------------------------------------------------------------------------- the console script
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
+           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
+    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def rigsync(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([str(RIGSYNC), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fleet repository with this repository's example and observed/ as base, and three heads on branches."""
+    repo = tmp_path_factory.mktemp("review") / "fleet"
+    repo.mkdir()
+    for d in ("desired", "experiments", "observed"):
+        shutil.copytree(ROOT / d, repo / d, ignore=shutil.ignore_patterns("__pycache__"))
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "base")
+    sweep = repo / "desired" / "sweeps" / "tdmpc.yaml"
+    original = sweep.read_text()
+    heads = {"add": original.replace(*ADD_LR), "bad": original.replace("seeds: [1, 2, 3]", "seeds: [1, x]")}
+    for branch, text in heads.items():
+        _git(repo, "checkout", "-q", "-b", branch, "main")
+        sweep.write_text(text)
+        _git(repo, "commit", "-qam", branch)
+    _git(repo, "checkout", "-q", "main")
+    return repo
+
+
+def test_cli_json_from_git_alone(fleet: Path) -> None:
+    proc = rigsync("review", "--base", "main", "--head", "add", "--json", cwd=fleet)
+    assert proc.returncode == 0, proc.stderr
+    doc = _valid(json.loads(proc.stdout))
+    assert doc["totals"]["added"] == 6 and doc["changed_files"] == ["desired/sweeps/tdmpc.yaml"]
+    # observed/ at the base has 20 succeeded attempts: their runtime and the boxes they ran on price the work
+    assert doc["estimate"]["sweeps"][0]["runtime_source"] == "archive"
+    assert "archived attempt" in doc["estimate"]["price_source"]
+    assert doc["estimate"]["budget"]["fits"] == "yes"
+
+
+def test_cli_markdown_and_text(fleet: Path) -> None:
+    md = rigsync("review", "--repo", str(fleet), "--base", "main", "--head", "add", "--markdown", cwd=ROOT)
+    assert md.returncode == 0 and md.stdout.startswith(MARKER)
+    assert "| tdmpc | 6 | 0 | 0 | 12 | 18 |" in md.stdout
+    text = rigsync("review", "--base", "main", "--head", "add", cwd=fleet)
+    assert text.stdout.splitlines()[0].startswith("+6 run(s), -0, 0 changed, ")
+
+
+def test_cli_invalid_head_exits_1_with_the_errors(fleet: Path) -> None:
+    proc = rigsync("review", "--base", "main", "--head", "bad", "--json", cwd=fleet)
+    assert proc.returncode == 1
+    doc = _valid(json.loads(proc.stdout))
+    assert doc["valid"] is False and doc["estimate"] is None
+    assert doc["sweeps"] == {} and doc["removed"] == []  # nothing is compared with a head that does not load
+    assert [(e["file"], e["pointer"]) for e in doc["errors"]] == [("desired/sweeps/tdmpc.yaml", "/seeds/1")]
+
+
+def test_cli_bad_ref_is_one_line(fleet: Path, tmp_path: Path) -> None:
+    proc = rigsync("review", "--base", "nope", cwd=fleet)
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == "rigsync: error: --base 'nope' names no commit in ."
+    proc = rigsync("review", "--base", "main", "--repo", str(tmp_path), cwd=fleet)
+    assert proc.returncode == 1 and "is not a git checkout" in proc.stderr
+
+
+def test_review_function_is_the_json_document_and_spend_rolls_over_midnight(fleet: Path) -> None:
+    """``review_git.review`` (what an MCP tool calls) returns what ``--json`` prints; the committed spend anchor
+    (observed/budget.yaml: $0.002717 today, as of 2026-12-01T09:20:56Z) counts for the day it was spent on only."""
+    from reconciler.review_git import review
+
+    same_day = _valid(review(fleet, "main", "add", now=1_796_122_800.0))  # 2026-12-01 11:00 UTC
+    assert same_day["estimate"]["budget"]["remaining"] == pytest.approx(5.0 - 0.002717, abs=1e-4)
+    next_day = _valid(review(fleet, "main", "add", now=1_796_122_800.0 + 86_400))
+    assert next_day["estimate"]["budget"]["remaining"] == pytest.approx(5.0)
+    assert json.loads(json.dumps(next_day)) == next_day
