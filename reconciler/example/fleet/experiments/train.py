@@ -12,7 +12,9 @@ Checkpoints: after every evaluation, its state (the evaluations done, the step r
 ``$RIGSYNC_RUN_DIR/ckpt/state.json`` (written whole: a temporary file renamed over it), which rigsync syncs home
 while the run runs when the sweep declares ``checkpoint: {path: ckpt/, ...}``. Started with ``RIGSYNC_RESUME_DIR``
 (a retried or requeued attempt, given the last synced checkpoint), it resumes: its curve continues from the step
-reached, and only the remaining evaluations (and their share of the wall time) are run.
+reached, and only the remaining evaluations (and their share of the wall time) are run. A checkpoint of a finished
+training (its attempt was lost between its last evaluation and its exit) is evaluated once more, as a real job
+restoring a trained policy would: the attempt still reports its final reward, so it has a metric and a curve.
 """
 
 from __future__ import annotations
@@ -128,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
             fh.flush()
             _checkpoint({"task": args.task, "lr": args.lr, "seed": args.seed, "evals": evals, "done": i, "step": step})
             print(f"step {step} episode_reward {reward}", flush=True)
+        if done >= evals:
+            step, reward = curve(args.task, args.lr, args.seed, evals)[-1]
+            fh.write(json.dumps({"step": step, "episode_reward": reward}) + "\n")
+            print(f"step {step} episode_reward {reward} (the restored policy, evaluated again)", flush=True)
     return 0
 
 
