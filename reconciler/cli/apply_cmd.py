@@ -18,6 +18,7 @@ import jsonschema
 
 from reconciler import lease
 from reconciler.actions import PLAN_FORMAT_VERSION, Plan
+from reconciler.adapters.git import GitRepo
 from reconciler.cli._common import (
     add_data_dir_arg,
     add_repo_arg,
@@ -27,8 +28,8 @@ from reconciler.cli._common import (
     write_observed_uncommitted,
 )
 from reconciler.desired import schema_path
-from reconciler.errors import LeaseHeld, StalePlan, UserError
-from reconciler.lease import Lease, LocalLock, lock_path
+from reconciler.errors import LeaseHeld, RepoError, StalePlan, UserError
+from reconciler.lease import Lease, LeaseState, LocalLock, lock_path
 from reconciler.model import Desired
 from reconciler.render import plan_text
 from reconciler.saved_plan import stale_reasons
@@ -67,6 +68,20 @@ def _load_saved(path: str) -> Plan:
         raise UserError(f"{path}: not a rigsync plan: {exc}") from None
 
 
+def _lease_on_the_remote(repo: Path) -> LeaseState | None:
+    """The fleet's lease as the checkout's remote has it (its own ref); None without a git checkout or a remote."""
+    try:
+        git = GitRepo(repo)
+    except RepoError:
+        return None
+    if not git.has_remote():
+        return None
+    try:
+        return Lease(git, holder="", host="", pid=0).read()
+    except RepoError as exc:
+        raise UserError(f"cannot read the fleet's lease, so cannot tell whether a reconciler acts: {exc}") from None
+
+
 def _refuse_if_a_reconciler_acts(repo: Path) -> LocalLock | None:
     """One actor per fleet: not while `rigsync run` holds this checkout's lock or the fleet's lease is fresh.
 
@@ -76,7 +91,7 @@ def _refuse_if_a_reconciler_acts(repo: Path) -> LocalLock | None:
     if lock_path(repo).parent.is_dir():
         lock = LocalLock(lock_path(repo)).acquire()
     try:
-        current = Lease(repo, holder="", host="", pid=0).read()
+        current = _lease_on_the_remote(repo)
         if current is not None:
             decision = lease.acquire(
                 current, holder=f"rigsync apply pid {os.getpid()}", host=socket.gethostname(), pid=os.getpid(),
