@@ -405,6 +405,31 @@ class GitRepo:
         self._run("commit", "--quiet", "--no-verify", "-m", message, "--", OBSERVED_PREFIX.rstrip("/"))
         return self.head()
 
+    def uncommitted(self, paths: Sequence[str]) -> list[str]:
+        """The files under ``paths`` whose working-tree content is not HEAD's (modified, staged, deleted, untracked
+        and not ignored), as ``path (how)`` lines; observed/ never counts (rigsync writes it)."""
+        out = str(
+            self._git.execute(
+                ["git", "status", "--porcelain", "-z", "--untracked-files=all", "--", *paths,
+                 f":(exclude){OBSERVED_DIR}"],
+                env=self._env, strip_newline_in_stdout=False,
+            )
+        )
+        found: list[str] = []
+        entries = out.split("\0")
+        i = 0
+        while i < len(entries):
+            entry = entries[i]
+            i += 1
+            if len(entry) < 4:
+                continue
+            code, path = entry[:2], entry[3:]
+            if "R" in code or "C" in code:
+                i += 1  # a rename's source path follows
+            how = {"?": "untracked", "D": "deleted", "A": "added", "R": "renamed"}.get(code.strip()[:1], "modified")
+            found.append(f"{visible(path)} ({how})")
+        return sorted(found)
+
     def archive_uncommitted(self) -> bool:
         """Whether archive shards or curves under observed/ differ from HEAD in the working tree (a cycle that died
         between writing and committing, or `rigsync apply`): lines that must reach a commit whatever else changed."""

@@ -415,7 +415,8 @@ def test_human_push_during_a_cycle_survives_and_is_applied_next(world_factory: C
     try:
         before = d.cycle()
         d.git.push = push_after_a_human  # type: ignore[method-assign]
-        racing = d.cycle()
+        # cycles without a change worth a commit push nothing: the race is with the next one that commits
+        racing = wait_for("a cycle that commits", lambda: (lambda c: c if c.commit else None)(d.cycle()), 60, 0.3)
         assert pushed and racing.commit is not None
         h = pushed[0]
         tip = w.tip()
