@@ -310,11 +310,11 @@ class Lease:
 
     def renew_due(self, now: float) -> bool:
         """A heartbeat should be pushed *now*, between two actions of a long apply: the one the remote has is half a
-        ``stale_after`` old (and at least ``renew_every``), or none is there."""
+        ``stale_after`` old, or none is there. Half, whatever ``renew_every`` says: a live holder's lease must never
+        reach its fencing deadline (``stale_after`` less at most a quarter) for want of a heartbeat."""
         if self.state is None:
             return False
-        due = max(self.renew_every, self.stale_after / 2.0)
-        return self.confirmed_at is None or now - self.confirmed_at >= due
+        return self.confirmed_at is None or now - self.confirmed_at >= self.stale_after / 2.0
 
     def renew(self, now: float) -> bool:
         """Push a heartbeat when one is due (``renew``: every ``renew_every``); False when none was due.

@@ -526,7 +526,6 @@ class GitRepo:
         cmd = ["git", "push", "--quiet", "--porcelain", f"--force-with-lease={self.lease_ref}:{expected or ''}"]
         cmd += [self.remote, f"{new or ''}:{self.lease_ref}"]
         try:
-            failpoint("git.lease.push.before")
             self._git.execute(cmd, env=self._env)
             return new
         except GitCommandError as exc:

@@ -59,8 +59,8 @@ def _plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
-def _listed(items: Sequence[str]) -> str:
-    shown = ", ".join(items[:_MAX_LISTED])
+def _listed(items: Sequence[str], sep: str = ", ") -> str:
+    shown = sep.join(items[:_MAX_LISTED])
     return shown + (f" and {len(items) - _MAX_LISTED} more" if len(items) > _MAX_LISTED else "")
 
 
@@ -104,7 +104,7 @@ def _sweep_parts(
         for outcome in AttemptOutcome:
             recs = sorted((r for r in archived if r.sweep == sweep and r.phase is outcome), key=lambda r: r.key)
             if recs:
-                what = _listed([_attempt_text(r, metric_keys.get(sweep)) for r in recs])
+                what = _listed([_attempt_text(r, metric_keys.get(sweep)) for r in recs], "; ")
                 bits.append(f"{len(recs)} {outcome.value} ({what})")
         parts.append(f"{sweep or 'runs'}: " + ", ".join(bits))
     return parts
