@@ -45,6 +45,7 @@ from reconciler.desired import (
 )
 from reconciler.errors import LeaseRace, PushRejected, RepoError
 from reconciler.failpoints import failpoint
+from reconciler.lease import LEASE_FILE
 from reconciler.model import Desired
 from reconciler.observed.codec import OBSERVED_DIR
 from reconciler.observed.tree import write_observed
@@ -53,7 +54,6 @@ from reconciler.textsafe import visible
 OBSERVED_PREFIX = OBSERVED_DIR + "/"
 DESIRED_PREFIX = "desired/"
 LEASE_REF_PREFIX = "refs/heads/rigsync/lease/"
-LEASE_FILE = "lease.yaml"
 _LEASE_SEEN = "refs/rigsync/lease-seen"  # local: the lease as last fetched
 _ARCHIVE_PATHS = (f"{OBSERVED_DIR}/runs", f"{OBSERVED_DIR}/curves")  # append-only records, never probe noise
 

@@ -56,15 +56,14 @@ def add_allow_dirty_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def dirty_files(repo: Path, desired: Desired | None) -> list[str]:
-    """Uncommitted files under desired/ and (once desired/ is known) the sweeps' code paths; [] outside git."""
+def dirty_files(repo: Path, desired: Desired) -> list[str]:
+    """Uncommitted files under desired/ and the sweeps' code paths; [] outside a git checkout with commits."""
     try:
         git = GitRepo(repo)
         git.head()
     except RepoError:
         return []
-    paths = ["desired", *(desired.code_paths() if desired is not None else ())]
-    return git.uncommitted(paths)
+    return git.uncommitted(["desired", *desired.code_paths()])
 
 
 def dirty_banner(dirty: list[str]) -> str:
@@ -87,11 +86,9 @@ def refuse_dirty(repo: Path, dirty: list[str], what: str) -> None:
 def load_live_desired(repo: Path, *, allow_dirty: bool, what: str) -> tuple[Desired, list[str]]:
     """desired/ from the working tree for `plan`/`apply`, and the uncommitted files it rests on.
 
-    Without ``allow_dirty`` a dirty desired/ is refused before it is even parsed, and dirty code paths right after.
+    An invalid desired/ is reported first (file:line, whether committed or not: it must be fixed either way); then,
+    without ``allow_dirty``, uncommitted files under desired/ or the sweeps' code paths are refused.
     """
-    early = dirty_files(repo, None) if repo.is_dir() else []
-    if not allow_dirty:
-        refuse_dirty(repo, early, what)
     desired = load_local_desired(repo)
     dirty = dirty_files(repo, desired)
     if not allow_dirty:

@@ -226,7 +226,7 @@ def test_plan_and_apply_refuse_a_dirty_tree_naming_the_files(
             assert f"refusing to {command[0]} uncommitted changes" in refused.stderr, refused.stderr
             assert "desired/fleet.yaml (modified)" in refused.stderr and "--allow-dirty" in refused.stderr
             assert refused.stdout == ""
-        # desired/ alone is checked before it is parsed; the code paths once the sweeps name them
+        # the sweeps' code paths count too, untracked files included
         fleet_file.write_text(committed)
         refused = rigsync(env, "plan", "--repo", str(repo))
         assert refused.returncode == 1 and "experiments/scratch.py (untracked)" in refused.stderr, refused.stderr
