@@ -374,12 +374,19 @@ def log_text(log: Path) -> str:
 
 def test_unchanged_cycles_make_no_commit(world_factory: Callable[..., World]) -> None:
     w = world_factory("t-quiet", suspend=True)
+    legacy = w.work / "observed" / "lease.yaml"  # where an older rigsync kept the lease, on the branch itself
+    legacy.parent.mkdir()
+    legacy.write_text("holder: rigsync@old:/fleet\nheartbeat_at: 2026-01-01T00:00:00Z\n")
+    git(w.work, "add", "observed/lease.yaml")
+    git(w.work, "commit", "-q", "-m", "lease: an older rigsync's")
+    git(w.work, "push", "-q", "origin", "main")
     d = w.daemon()
     d.acquire()
     try:
         first = d.cycle()
         assert first.commit is not None, "the first cycle writes observed/ for the first time"
         assert not first.acted
+        assert w.remote_file("observed/lease.yaml") is None, "the stale lease file left the branch with that commit"
         tip = w.tip()
         count = w.commit_count()
         for _ in range(4):
