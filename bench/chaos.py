@@ -192,7 +192,8 @@ def build_fleet_repo(workdir: Path, emu: Emulator, cfg: Config, name: str) -> tu
     """The one place a chaos fleet repository is made (adapt here when desired/ changes shape)."""
     work, remote = demo.make_fleet_repo(workdir, None)
     git(remote, "config", "core.logAllRefUpdates", "true")
-    git(remote, "config", "receive.denyNonFastForwards", "true")
+    # no receive.denyNonFastForwards: each lease write replaces the lease ref (a compare-and-swap, never a
+    # fast-forward); the reflog check proves main itself is never forced
     fleet = work / "desired" / "fleet.yaml"
     text = fleet.read_text()
     for key, value in {
@@ -686,7 +687,7 @@ class Schedule:
         self._begin(step)
 
     def lease_holder(self) -> str | None:
-        text = git(self.remote, "show", "refs/heads/main:observed/lease.yaml", check=False)
+        text = git(self.remote, "show", "refs/heads/rigsync/lease/main:lease.yaml", check=False)
         doc = yaml.safe_load(text) if text else None
         return str(doc.get("holder")) if isinstance(doc, dict) else None
 

@@ -37,7 +37,7 @@ from reconciler.desired import load_desired_from_dir
 from reconciler.fleet import write_back
 from reconciler.model import AttemptOutcome, AttemptRecord, Instance, InstanceStatus, Observed, Spend
 from reconciler.observed.documents import ReconcilerStatus, render_observed
-from reconciler.observed.summary import summarize_change
+from reconciler.observed.summary import describe_change
 from reconciler.observed.tree import read_observed, write_observed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,8 +96,8 @@ def cycles(checkout: Path, n: int, *, change: bool) -> dict[str, float | int]:
         files = render_observed(
             desired=desired, observed=observed, plan=Plan(actions=()), status=status, now=now, previous=previous
         )
-        message = summarize_change(previous, files, appended)
-        if write_back(repo, archive, files, message) is not None:
+        message = describe_change(previous, files, archive_pending=appended > 0)
+        if message is not None and write_back(repo, archive, files, message) is not None:
             commits += 1
             repo.push()
     wall = time.perf_counter() - start

@@ -99,6 +99,7 @@ class ApplyResult:
     settled: set[tuple[str, int]] = field(default_factory=set)  # attempts recorded/requeued/killed this cycle
     curves: dict[str, str] = field(default_factory=dict)  # observed/curves/... files of the attempts settled
     rented: list[int] = field(default_factory=list)
+    rented_as: dict[int, Rent] = field(default_factory=dict)  # each new instance id with the rent that made it
     destroyed: list[int] = field(default_factory=list)
     lease_lost: str | None = None  # why the fence stopped this apply (the rest was skipped); None: it did not
 
@@ -258,6 +259,7 @@ def _execute(action: Action, ctx: ApplyContext, instances: dict[int, Instance], 
             action.offer_id, image=action.image, disk_gb=action.disk_gb, label=action.label, onstart=onstart, env={}
         )
         result.rented.append(new_id)
+        result.rented_as[new_id] = action
         failpoint("apply.rent.after")
         return f"instance {new_id}"
     if isinstance(action, Destroy):

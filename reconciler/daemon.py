@@ -2,10 +2,12 @@
 
 Each cycle: fetch and replay rigsync's own commits onto the remote tip; read desired/ at HEAD (a commit, never the
 dirty working tree); if it is invalid keep acting on the last valid revision and report the errors; observe →
-plan → apply; render observed/ deterministically and commit only when something changed; push with
-fetch/rebase/retry, never force. Exactly one reconciler acts on a fleet: a local fcntl lock on the checkout
-plus a lease in ``observed/lease.yaml`` that is taken with a fast-forward-only push (a compare-and-swap on the
-remote branch) and renewed every ``lease_renew_s``.
+plan → apply; render observed/ deterministically and commit only when the record changed
+(``observed.summary.describe_change``: boxes, launches, finished attempts, the desired revision, errors, budget,
+drift; never probe noise or clock-driven fields); push with fetch/rebase/retry, never force. Exactly one reconciler
+acts on a fleet: a local fcntl lock on the checkout plus a lease on its own ref of the remote
+(``refs/heads/rigsync/lease/<branch>``, ``reconciler.lease``), taken and renewed every ``lease_renew_s`` by
+compare-and-swap pushes that never touch the tracked branch.
 """
 
 from __future__ import annotations
@@ -20,24 +22,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from reconciler.actions import Destroy
 from reconciler.adapters.git import GitRepo
 from reconciler.desired import load_desired
 from reconciler.errors import (
     DesiredStateInvalid,
     LeaseHeld,
     LeaseLost,
-    PushRejected,
-    RepoError,
     RigsyncError,
     TransientError,
 )
 from reconciler.fleet import AdapterFactory, open_fleet, render_cycle, write_back
-from reconciler.lease import Lease, LocalLock, from_yaml, lock_path
+from reconciler.lease import Lease, LocalLock, lock_path
 from reconciler.loop import CycleResult, Reconciler, SystemClock, build_adapters
 from reconciler.model import Desired
-from reconciler.observed.codec import LEASE, STATUS, load_yaml
+from reconciler.observed.codec import LEASE, OBSERVED_DIR, RENDERED, STATUS, load_yaml
 from reconciler.observed.documents import ReconcilerStatus, status_only
-from reconciler.observed.summary import summarize_change
+from reconciler.observed.summary import describe_change
 from reconciler.observed.tree import read_observed
 
 log = logging.getLogger("rigsync.run")
@@ -113,7 +114,7 @@ class FleetDaemon:
         host = socket.gethostname()
         holder = self.config.holder or f"rigsync@{host}:{self.repo_dir}"
         self.lease = Lease(
-            self.repo_dir,
+            self.git,
             holder=holder,
             host=host,
             pid=os.getpid(),
@@ -126,8 +127,6 @@ class FleetDaemon:
         self._fleet_key: tuple[str, str] | None = None
         self.stop_event = threading.Event()
         self.wake_event = threading.Event()
-        self.pending_lease_files: dict[str, str | None] = {}
-        self.takeover_note = ""
         self._reported_invalid: str | None = None
         self.lease_lost: str | None = None  # set once the fence fired: act no more, commit nothing, exit non-zero
 
@@ -138,24 +137,10 @@ class FleetDaemon:
         self.local_lock.acquire()
         for what in self.git.recover():
             log.warning("cleared %s left by an earlier rigsync in %s", what, self.repo_dir)
-        for _ in range(5):
-            self.git.sync_to_remote()
-            decision, files = self.lease.acquire(self.clock.now())
-            if not files:
-                return decision.message
-            if decision.takeover:
-                self.takeover_note = f" ({decision.message})"
-            message = f"lease: {decision.message}"
-            if self.git.commit_observed(files, {}, message) is None:
-                self.lease.confirm()
-                return decision.message
-            try:
-                self.git.push(max_tries=1)
-                self.lease.confirm()
-                return decision.message
-            except (PushRejected, RepoError):
-                self.git.drop_unpushed()  # someone moved the branch: decide again on what they pushed
-        raise LeaseHeld("could not take the fleet's lease: the remote branch kept moving")
+        decision = self.lease.acquire(self.clock.now())
+        if decision.takeover:
+            log.warning("%s", decision.message)
+        return decision.message
 
     def fence(self) -> None:
         """``ports.Fence``: return while this daemon may act, else raise ``LeaseLost`` (and remember it).
@@ -177,55 +162,34 @@ class FleetDaemon:
             raise
 
     def _push_heartbeat(self) -> None:
-        """Fetch, refuse if the lease is someone else's now, commit our heartbeat alone and push it (a CAS).
+        """A heartbeat now, by compare-and-swap on the lease ref (``Lease.beat``).
 
         A failed push is not fatal by itself: the deadline still counts from the last heartbeat pushed, and the
-        next fence tries again. A lease taken over (seen after the fetch, or as the conflict of our rebase) is.
+        next fence tries again. A lease that is someone else's now (the swap lost to a takeover) is: ``LeaseLost``.
         """
-        state = self.lease.state
         try:
-            self.git.sync_to_remote()
-            on_disk = self.lease.read()
-            if on_disk is not None and on_disk.holder != self.lease.holder:
-                raise LeaseLost(f"the fleet's lease was taken over by {on_disk.describe()}")
-            files = self.lease.beat(self.clock.now())
-            if self.git.commit_observed(files, {}, "lease: heartbeat") is not None:
-                self.git.push(max_tries=2)
-            self.lease.confirm()
+            self.lease.beat(self.clock.now())
         except LeaseLost:
             raise
         except RigsyncError as exc:
-            self.lease.state = state  # what the remote has; the deadline counts from it
-            try:
-                self.git.drop_unpushed()
-                on_disk = self.lease.read()
-            except RigsyncError:
-                on_disk = None
-            if on_disk is not None and on_disk.holder != self.lease.holder:
-                raise LeaseLost(f"the fleet's lease was taken over by {on_disk.describe()}") from exc
             log.warning("could not push the lease's heartbeat (acting on until its deadline): %s", exc)
 
-    def _lost_if_taken_over(self, exc: RigsyncError) -> None:
-        """After git refused us (a rebase conflict, a rejected push): raise ``LeaseLost`` if the remote's lease is
-        someone else's now. Reads the lease at the fetched remote tip, not the working tree (which may be mid-way)."""
+    def _push(self) -> None:
+        """Push the branch with a heartbeat in the same atomic push: it lands only while the lease is ours."""
         try:
-            tip = self.git.remote_tip()
-            text = self.git.files_at(tip, "observed/").get(LEASE) if tip else None
-            remote = from_yaml(text.decode("utf-8", "replace")) if text else None
-        except RigsyncError:
-            return
-        if remote is not None and remote.holder != self.lease.holder:
-            self.lease_lost = f"the fleet's lease was taken over by {remote.describe()} ({exc})"
-            raise LeaseLost(self.lease_lost) from exc
+            self.lease.beat(
+                self.clock.now(), lambda expected, text, message: self.git.push(lease=(expected, text, message))
+            )
+        except LeaseLost as exc:
+            self.lease_lost = str(exc)
+            raise
 
     def release(self) -> None:
         if self.lease_lost is not None:  # the lease may be someone else's now: never write over it
             self.local_lock.release()
             return
         try:
-            files = self.lease.release()
-            if files and self.git.commit_observed(files, {}, "lease: released") is not None:
-                self.git.push()
+            self.lease.release()
         except RigsyncError as exc:
             log.warning("could not release the lease: %s", exc)
         finally:
@@ -258,15 +222,8 @@ class FleetDaemon:
 
     def cycle(self) -> DaemonCycle:
         started = self.clock.now()
-        try:
-            self.git.sync_to_remote()
-        except RepoError as exc:  # our unpushed commit conflicts with the remote: a takeover's lease, perhaps
-            self._lost_if_taken_over(exc)
-            raise
-        try:
-            lease_files = self.lease.renew(started)
-        except LeaseHeld as exc:  # taken over while we were away: ours no more
-            raise LeaseLost(str(exc)) from exc
+        self.git.sync_to_remote()
+        self.lease.renew(started)  # a heartbeat on the lease ref when one is due; LeaseLost if it is not ours
         files = self.git.desired_files("HEAD")
         desired_errors: tuple[str, ...] = ()
         desired_commit = self.git.desired_commit("HEAD")
@@ -282,7 +239,7 @@ class FleetDaemon:
             if self.last_valid is None:
                 self.last_valid = self._last_valid_from_status()
             if self.last_valid is None:
-                return self._commit_status_only(desired_commit, desired_errors, lease_files, started)
+                return self._commit_status_only(desired_commit, desired_errors, started)
             desired = self.last_valid
         rec = self._reconciler_for(desired)
         result = rec.cycle(desired)
@@ -300,25 +257,27 @@ class FleetDaemon:
             apply_errors=failures,
             holder=self.lease.holder,
         )
-        previous, documents = render_cycle(rec, desired, result.observed, result.plan, status, self.repo_dir)
-        # the lease as it stands now (a heartbeat may have been pushed mid-apply since ``lease_files`` was made)
-        rendered: dict[str, str | None] = {**documents, **(self.lease.files() if lease_files else {})}
-        appended = len(applied.archived) if applied else 0
-        message = summarize_change(previous, rendered, appended) + self.takeover_note
-        self.takeover_note = ""
-        # The commit speaks for the fleet too: not once another reconciler may hold it. With a heartbeat in it, its
-        # push is itself the compare-and-swap (a takeover since our fetch conflicts on the lease file and nothing is
-        # pushed); without one, the deadline must still be ahead.
-        if not lease_files:
+        _, rendered = render_cycle(rec, desired, result.observed, result.plan, status, self.repo_dir)
+        committed = self._committed_observed()
+        message = describe_change(
+            committed,
+            rendered,
+            archived=applied.archived if applied else (),
+            overheads=applied.overheads if applied else (),
+            destroyed={a.instance_id: a.reason for a in result.plan.actions if isinstance(a, Destroy)},
+            metric_keys={r.sweep: r.metric_key for r in desired.runs if r.metric_key},
+            archive_pending=bool(rec.archive.pending_lines()) or self.git.archive_uncommitted(),
+        )
+        commit = None
+        if message is not None:  # probe noise and the clock alone leave observed/ (and git) untouched
+            out: dict[str, str | None] = dict(rendered)
+            if LEASE in committed:  # the lease lived here before it got its own ref: drop the stale copy
+                out[LEASE] = None
+            # The commit speaks for the fleet: not once another reconciler may hold it.
             self._fenced(renew=False)
-        commit = write_back(self.git, rec.archive, rendered, message)
-        if commit:
-            try:
-                self.git.push()
-            except RepoError as exc:  # PushRejected included: a takeover since our fetch conflicts on the lease
-                self._lost_if_taken_over(exc)
-                raise
-            self.lease.confirm()
+            commit = write_back(self.git, rec.archive, out, message)
+        if commit or self.git.unpushed():
+            self._push()
         counts = result.plan.counts()
         return DaemonCycle(
             desired_commit=desired.commit,
@@ -330,6 +289,11 @@ class FleetDaemon:
             result=result,
             wall_s=self.clock.now() - started,
         )
+
+    def _committed_observed(self) -> dict[str, str]:
+        """The observed documents as HEAD has them: what this cycle's change is measured against."""
+        blobs = self.git.files_at("HEAD", OBSERVED_DIR + "/", only={*RENDERED, LEASE})
+        return {path: blob.decode("utf-8", "replace") for path, blob in blobs.items()}
 
     def _last_valid_from_status(self) -> Desired | None:
         """After a restart, the last valid revision is the one observed/status.yaml says was applied."""
@@ -345,16 +309,12 @@ class FleetDaemon:
         except (RigsyncError, DesiredStateInvalid):
             return None
 
-    def _commit_status_only(
-        self, desired_commit: str, errors: tuple[str, ...], lease_files: dict[str, str | None], started: float
-    ) -> DaemonCycle:
-        files: dict[str, str | None] = {**status_only(desired_commit, errors), **lease_files}
-        if not lease_files:
-            self._fenced(renew=False)
-        commit = self.git.commit_observed(files, {}, f"observe: desired {desired_commit[:12]} invalid, not acting")
-        if commit:
-            self.git.push()
-            self.lease.confirm()
+    def _commit_status_only(self, desired_commit: str, errors: tuple[str, ...], started: float) -> DaemonCycle:
+        files: dict[str, str | None] = dict(status_only(desired_commit, errors))
+        self._fenced(renew=False)
+        commit = self.git.commit_observed(files, {}, f"desired {desired_commit[:12]} invalid, not acting")
+        if commit or self.git.unpushed():
+            self._push()
         return DaemonCycle(desired_commit, False, commit, {}, 0, errors, None, self.clock.now() - started)
 
     # ------------------------------------------------------------------------------------------- forever

@@ -65,6 +65,7 @@ class DemoSummary:
     cost_usd: float = 0.0
     wall_s: float = 0.0
     cycles: int = 0
+    acting_cycles: int = 0  # cycles that rented, destroyed, launched or finished something (a run, a box's bill)
     commits: int = 0
     duplicate_successes: int = 0
     runs_resumed: int = 0  # runs that succeeded in an attempt resumed from an earlier attempt's checkpoint
@@ -96,6 +97,7 @@ class DemoSummary:
             "cost_usd": round(self.cost_usd, 6),
             "wall_s": round(self.wall_s, 2),
             "cycles": self.cycles,
+            "acting_cycles": self.acting_cycles,
             "commits": self.commits,
             "duplicate_successes": self.duplicate_successes,
             "runs_resumed": self.runs_resumed,
@@ -113,7 +115,8 @@ class DemoSummary:
             f"{self.attempts} attempts",
             f"  boxes rented {self.instances_rented}, alive at the end {self.instances_alive}, "
             f"spent ${self.cost_usd:.4f} (emulator ledger), wall {self.wall_s:.1f}s, "
-            f"{self.cycles} cycles, {self.commits} observed commits",
+            f"{self.cycles} cycles ({self.acting_cycles} rented, destroyed, launched or finished something), "
+            f"{self.commits} observed commits",
             f"  {self.harvested} attempt(s) harvested, {self.runs_resumed} run(s) resumed from a checkpoint",
         ]
         if self.chaos:
@@ -343,6 +346,9 @@ def _drive(daemon: FleetDaemon, emu: Any, opts: DemoOptions, chaos: Chaos | None
         rented.update(i.id for i in owned)
         if res.applied:
             rented.update(res.applied.rented)
+            a = res.applied
+            if a.rented or a.destroyed or a.launched or a.archived or a.overheads:
+                summary.acting_cycles += 1
         busy = sorted(
             p.instance_id for p in res.observed.probes if p.reachable and any(r.exit_code is None for r in p.runs)
         )

@@ -75,6 +75,11 @@ class LeaseHeld(UserError):
     """Another reconciler holds the fleet's lease."""
 
 
+class LeaseRace(RigsyncError):
+    """A compare-and-swap on the fleet's lease lost: the lease is not the version we last read or wrote (someone
+    else wrote or deleted it since). ``Lease`` turns it into ``LeaseHeld``/``LeaseLost`` naming the holder."""
+
+
 class StalePlan(UserError):
     """A saved plan no longer matches the world (an offer or a box it relies on is gone)."""
 

@@ -1,15 +1,22 @@
-"""One master per fleet: a local file lock plus a lease recorded in git under ``observed/lease.yaml``.
+"""One master per fleet: a local file lock plus a lease on its own git ref, taken by compare-and-swap pushes.
 
 Two reconcilers acting on one fleet would rent twice and fight over runs, so exactly one may act. On one
 machine ``LocalLock`` (``fcntl.flock`` on ``lock_path(checkout)``, a file in the checkout's ``.git/``) stops a
-second process at once. Across machines the lease in git does it: the holder renews a heartbeat; anyone
-else refuses to act while it is fresh, and may take it over once it is older than ``stale_after`` seconds.
-The takeover is recorded in the file (``taken_over_from``) and so in the commit message.
+second process at once. Across machines the lease does it: a one-file commit (``lease.yaml``) on its own ref of the
+remote, ``refs/heads/rigsync/lease/<branch>`` (``ports.LeaseStore``, implemented by ``adapters.git.GitRepo``), never
+on the branch humans and rigsync's observed/ commits share: main carries state changes only. The holder renews a
+heartbeat; anyone else refuses to act while it is fresh, and may take it over once it is older than ``stale_after``
+seconds. The takeover is recorded in the file (``taken_over_from``) and in the lease commit's message.
+
+Every write of the lease is a compare-and-swap: a push that names the version it replaces
+(``--force-with-lease=<ref>:<expected sha>``; "no lease" expects the ref to be absent). A rejected push means
+someone else wrote the lease since we read it (``errors.LeaseRace``): an acquirer decides again on what they wrote,
+a holder has lost the lease. So of two reconcilers racing for a stale (or free) lease exactly one wins, and a
+renewal racing a takeover either lands first (the taker then sees a fresh lease) or loses and stops. Each write is a
+new parentless commit, so the ref does not grow a history of heartbeats.
 
 The decisions are pure functions over the parsed file and ``now``; the heartbeat is renewed only every
-``renew_every`` seconds so that cycles in between leave the file, and git, untouched. Because the lease is a
-file in git, a lease written by someone else between our fetch and our push makes our rebase conflict (the
-git adapter marks the file binary), so two takeovers cannot both win.
+``renew_every`` seconds, and on the lease ref only: no renewal ever makes a commit on the tracked branch.
 
 **Fencing: acting only while the lease is certainly ours.** Taking the lease once per cycle is not enough: a
 cycle may act for minutes (rents, code shipments, launches over SSH), and a controller that stalls (a slow
@@ -26,17 +33,15 @@ commit + push takes seconds). With the defaults (stale 300 s) that is 60 s, so w
 our last pushed heartbeat; with a tiny ``--lease-stale`` the margin shrinks with it (a quarter).
 
 ``apply()`` calls the fence (``Lease.check``, through ``FleetDaemon.fence``) just before every action that
-changes the world, and the daemon checks the deadline again before it commits the cycle's observed files (a commit
-that carries a new heartbeat needs no check: its push is itself a compare-and-swap, see below). Once the fence
-raises ``LeaseLost`` the controller stops acting, commits nothing (the new holder's lease and observed files must
-not be overwritten, nor its lease "released"), and exits non-zero. The daemon also *renews* the lease from inside
-the fence when a heartbeat is due mid-apply (``renew_due``: half ``stale_after`` since the last one pushed):
-fetch, refuse if someone else holds the lease, commit the lease alone and push. A push of the lease is a
-compare-and-swap on the remote branch (the lease file is merged as binary), so a renewal racing a takeover either
-wins (and the taker sees a fresh lease) or loses with a conflict on the lease file (and we stop). So a long apply
-keeps its lease while it is alive, and loses it only by going silent. Checking the remote before every action (a
-``git ls-remote`` or fetch per launch) would cost a round trip each and still leave a window between check and
-act; the deadline bounds that window instead.
+changes the world, and the daemon checks the deadline again before it commits the cycle's observed files. The
+push of that commit carries a heartbeat too, in one ``--atomic`` push with the branch: the branch moves only if
+the lease is still the version we wrote, so nothing of ours lands once another reconciler holds the lease. Once the
+fence raises ``LeaseLost`` the controller stops acting, commits nothing (the new holder's lease and observed files
+must not be overwritten, nor its lease "released"), and exits non-zero. The daemon also *renews* the lease from
+inside the fence when a heartbeat is due mid-apply (``renew_due``: half ``stale_after`` since the last one pushed):
+one compare-and-swap push, so a long apply keeps its lease while it is alive, and loses it only by going silent.
+Checking the remote before every action (a ``git ls-remote`` per launch) would cost a round trip each and still
+leave a window between check and act; the deadline bounds that window instead.
 
 Why the next holder's first cycle is safe: it plans from the world, not from the old holder's memory — the
 provider's instance list (rented boxes carry the fleet label), the run directories on the boxes (a launch is an
@@ -48,18 +53,21 @@ from __future__ import annotations
 
 import fcntl
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
-from reconciler.errors import LeaseHeld, LeaseLost, ObservedInvalid
-from reconciler.observed.codec import LEASE, dump_yaml, iso, load_yaml, parse_iso
+from reconciler.errors import LeaseHeld, LeaseLost, LeaseRace, ObservedInvalid
+from reconciler.observed.codec import dump_yaml, iso, load_yaml, parse_iso
+from reconciler.ports import LeaseStore
 
 DEFAULT_STALE_AFTER_S = 300.0
 DEFAULT_RENEW_EVERY_S = 60.0
 FENCE_MARGIN_MAX_S = 60.0  # the fencing margin's ceiling: clock skew plus one action's duration
 LOCK_FILE = "rigsync.lock"
+LEASE_FILE = "lease.yaml"  # the one file of a lease commit
 
 
 def lock_path(checkout: Path) -> Path:
@@ -116,7 +124,7 @@ class LocalLock:
 
 @dataclass(frozen=True)
 class LeaseState:
-    """The content of ``observed/lease.yaml``."""
+    """The content of the lease (``lease.yaml`` in the lease ref's commit)."""
 
     holder: str
     host: str
@@ -204,7 +212,7 @@ def to_yaml(state: LeaseState) -> str:
     return dump_yaml(doc, "rigsync lease: the one reconciler acting on this fleet, and its last heartbeat")
 
 
-def from_yaml(text: str, path: str = LEASE) -> LeaseState | None:
+def from_yaml(text: str, path: str = LEASE_FILE) -> LeaseState | None:
     """Parse the lease file; an empty file means no lease."""
     doc = load_yaml(text, path)
     if doc is None:
@@ -230,17 +238,20 @@ def from_yaml(text: str, path: str = LEASE) -> LeaseState | None:
 
 # ---------------------------------------------------------------------------------------------- thin I/O
 
+# (expected version, lease text, commit message) -> the new version: a compare-and-swap of the lease, by default
+# ``LeaseStore.swap_lease``; the daemon passes its atomic push of the branch plus the lease instead
+Swap = Callable[[str | None, str, str], str | None]
+
 
 class Lease:
-    """The lease over the checkout at ``root``: reads ``observed/lease.yaml``, returns files to commit.
+    """This reconciler's lease over the store (``ports.LeaseStore``): taken, renewed and released by compare-and-swap.
 
-    It never commits by itself; the loop passes the returned mapping to ``GitRepo.commit_observed`` (and
-    should fetch and sync before ``acquire`` so it decides on the remote's lease, not a stale local copy).
+    ``version`` is the store's version of the lease as we last read or wrote it: the value every write expects.
     """
 
     def __init__(
         self,
-        root: Path,
+        store: LeaseStore,
         *,
         holder: str,
         host: str,
@@ -248,34 +259,44 @@ class Lease:
         stale_after: float = DEFAULT_STALE_AFTER_S,
         renew_every: float = DEFAULT_RENEW_EVERY_S,
     ) -> None:
-        self.root = Path(root)
+        self.store = store
         self.holder, self.host, self.pid = holder, host, pid
         self.stale_after = stale_after
         self.renew_every = renew_every
         self.state: LeaseState | None = None
+        self.version: str | None = None
         self.confirmed_at: float | None = None  # the heartbeat of our lease as the remote has it (fencing's T)
 
-    def read(self) -> LeaseState | None:
-        p = self.root / LEASE
-        if not p.is_file():
-            return None
-        return from_yaml(p.read_text(encoding="utf-8"))
+    def read_versioned(self) -> tuple[str | None, LeaseState | None]:
+        """(version, lease) as the store has it now."""
+        version, text = self.store.read_lease()
+        return version, (from_yaml(text) if text else None)
 
-    def acquire(self, now: float) -> tuple[LeaseDecision, dict[str, str | None]]:
-        """Take, resume or take over the lease; raises ``LeaseHeld`` naming the holder when refused."""
-        decision = acquire(
-            self.read(), holder=self.holder, host=self.host, pid=self.pid, now=now, stale_after=self.stale_after
-        )
-        if not decision.granted:
-            raise LeaseHeld(decision.message)
-        self.state = decision.state
-        self.confirmed_at = None
-        files: dict[str, str | None] = {}
-        if decision.changed and decision.state is not None:
-            files[LEASE] = to_yaml(decision.state)
-        else:
-            self.confirm()  # resumed as the remote has it (the caller synced before deciding)
-        return decision, files
+    def read(self) -> LeaseState | None:
+        return self.read_versioned()[1]
+
+    def acquire(self, now: float, tries: int = 5) -> LeaseDecision:
+        """Take, resume or take over the lease; raises ``LeaseHeld`` naming the holder when refused.
+
+        A lost compare-and-swap (someone wrote the lease between our read and our push) decides again on what they
+        wrote: of two reconcilers racing for a free or stale lease, the loser sees the winner's fresh one and refuses.
+        """
+        for _ in range(tries):
+            version, current = self.read_versioned()
+            decision = acquire(
+                current, holder=self.holder, host=self.host, pid=self.pid, now=now, stale_after=self.stale_after
+            )
+            if not decision.granted or decision.state is None:
+                raise LeaseHeld(decision.message)
+            if decision.changed:
+                try:
+                    version = self.store.swap_lease(version, to_yaml(decision.state), f"lease: {decision.message}")
+                except LeaseRace:
+                    continue
+            self.state, self.version = decision.state, version
+            self.confirm()  # written by us, or resumed as the remote has it
+            return decision
+        raise LeaseHeld("could not take the fleet's lease: it kept changing under us")
 
     def confirm(self) -> None:
         """Our current lease is on the remote now (pushed, or read from it unchanged): the fence counts from it."""
@@ -289,22 +310,44 @@ class Lease:
 
     def renew_due(self, now: float) -> bool:
         """A heartbeat should be pushed *now*, between two actions of a long apply: the one the remote has is half a
-        ``stale_after`` old (and at least ``renew_every``), or none is there.
-
-        Short cycles never get here: their heartbeat (``renew``) goes in the cycle's own commit, so a long apply is
-        the only thing that adds a lease-only commit to the history.
-        """
+        ``stale_after`` old, or none is there. Half, whatever ``renew_every`` says: a live holder's lease must never
+        reach its fencing deadline (``stale_after`` less at most a quarter) for want of a heartbeat."""
         if self.state is None:
             return False
-        due = max(self.renew_every, self.stale_after / 2.0)
-        return self.confirmed_at is None or now - self.confirmed_at >= due
+        return self.confirmed_at is None or now - self.confirmed_at >= self.stale_after / 2.0
 
-    def beat(self, now: float) -> dict[str, str | None]:
-        """A heartbeat at ``now`` whether due or not, as the files to commit (the daemon pushes it mid-apply)."""
+    def renew(self, now: float) -> bool:
+        """Push a heartbeat when one is due (``renew``: every ``renew_every``); False when none was due.
+
+        Raises ``LeaseLost`` when the remote's lease is not ours any more (taken over, or removed).
+        """
         if self.state is None:
             raise LeaseLost("the lease was never acquired")
-        self.state = replace(self.state, heartbeat_at=now)
-        return self.files()
+        new = renew(self.state, now, self.renew_every)
+        if new is None:
+            return False
+        self._swap(new, self.store.swap_lease)
+        return True
+
+    def beat(self, now: float, swap: Swap | None = None) -> None:
+        """A heartbeat at ``now`` whether due or not, through ``swap`` (default: the store's compare-and-swap).
+
+        The daemon pushes one mid-apply, and one with every commit of the tracked branch (its atomic push).
+        """
+        if self.state is None:
+            raise LeaseLost("the lease was never acquired")
+        self._swap(replace(self.state, heartbeat_at=now), swap or self.store.swap_lease)
+
+    def _swap(self, new: LeaseState, swap: Swap) -> None:
+        try:
+            version = swap(self.version, to_yaml(new), "lease: heartbeat")
+        except LeaseRace as exc:
+            _, remote = self.read_versioned()
+            if remote is None:
+                raise LeaseLost(f"the fleet's lease was removed from the remote ({exc})") from exc
+            raise LeaseLost(f"the fleet's lease was taken over by {remote.describe()}") from exc
+        self.state, self.version = new, version
+        self.confirm()
 
     def check(self, now: float) -> None:
         """The fence: return while we may act, raise ``LeaseLost`` once the deadline has passed."""
@@ -319,34 +362,19 @@ class Lease:
                 f"(margin {fence_margin(self.stale_after):.0f}s)"
             )
 
-    def files(self) -> dict[str, str | None]:
-        """Our lease as it stands, to commit (``{}`` when we hold none)."""
-        return {LEASE: to_yaml(self.state)} if self.state is not None else {}
+    def release(self) -> bool:
+        """Give the lease up (so another reconciler need not wait for it to go stale); whether it was removed.
 
-    def renew(self, now: float) -> dict[str, str | None]:
-        """``{lease path: content}`` when a heartbeat is due, else ``{}``.
-
-        Raises ``LeaseHeld`` if the committed lease now names someone else (we were taken over).
+        A compare-and-swap delete: a lease someone else wrote since (a takeover) is never removed.
         """
-        if self.state is None:
-            raise LeaseHeld("the lease was never acquired")
-        on_disk = self.read()
-        if on_disk is not None and on_disk.holder != self.holder:
-            raise LeaseHeld(f"the fleet's lease was taken over by {on_disk.describe()}")
-        new = renew(self.state, now, self.renew_every)
-        if new is None:
-            return {}
-        self.state = new
-        return {LEASE: to_yaml(new)}
-
-    def release(self) -> dict[str, str | None]:
-        """Give the lease up (so another reconciler need not wait for it to go stale).
-
-        ``{}`` when the lease in the checkout is not ours (taken over): someone else's lease is never removed.
-        """
+        state, version = self.state, self.version
         self.state = None
         self.confirmed_at = None
-        on_disk = self.read()
-        if on_disk is not None and on_disk.holder != self.holder:
-            return {}
-        return {LEASE: None}
+        if state is None or version is None:
+            return False
+        try:
+            self.store.swap_lease(version, None, f"lease: released by {self.holder}")
+        except LeaseRace:
+            return False
+        self.version = None
+        return True

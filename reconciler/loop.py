@@ -21,7 +21,16 @@ from reconciler.archive import RunArchive
 from reconciler.errors import UserError
 from reconciler.jobenv import ControllerEnv, references
 from reconciler.launch_journal import LaunchJournal
-from reconciler.model import AttemptRecord, Desired, Endpoint, Fleet, FleetMemory, Observed
+from reconciler.model import (
+    AttemptRecord,
+    Desired,
+    Endpoint,
+    Fleet,
+    FleetMemory,
+    Instance,
+    InstanceStatus,
+    Observed,
+)
 from reconciler.observe import PROBE_TIMEOUT_S, observe
 from reconciler.plan import plan
 from reconciler.ports import BoxControl, Fence, Provider, ResultStore, Shell, no_fence
@@ -74,6 +83,7 @@ class Reconciler:
     _walls_s: list[float] = field(default_factory=list)  # how long the last cycles took (at most RECENT_CYCLES)
     _history: list[AttemptRecord] | None = None
     _endpoints: dict[int, tuple[Endpoint, ...]] = field(default_factory=dict)
+    _applied: ApplyResult | None = None  # this cycle's apply, until the next cycle observes
 
     @property
     def boxes(self) -> BoxControl:
@@ -90,6 +100,7 @@ class Reconciler:
         return tuple(self._history)
 
     def observe_and_plan(self, desired: Desired) -> tuple[Observed, Plan, FleetMemory]:
+        self._applied = None  # a new cycle: what the last apply did is in the world's lists now
         now = self.clock.now()
         observed, memory = observe(desired, self.provider, self.boxes, self.history, self.memory, now)
         # the budget's horizon: until this controller decides again (its interval after a cycle as long as the
@@ -137,9 +148,33 @@ class Reconciler:
         return curves
 
     def observed_after_apply(self, observed: Observed) -> Observed:
-        """The snapshot as the next cycle will start from it: with this cycle's memory, in-flight and archive."""
+        """The snapshot as the next cycle will start from it: with this cycle's memory, in-flight and archive, and
+        its boxes as this cycle's apply left them (rented ones listed, destroyed ones gone), so that a rent or a
+        destroy is recorded in the cycle that made it, not when the provider's list shows it a cycle later."""
+        instances = observed.instances
+        applied = self._applied
+        if applied is not None:
+            gone = set(applied.destroyed)
+            instances = tuple(i for i in instances if i.id not in gone)
+            listed = {i.id for i in instances}
+            instances += tuple(
+                Instance(
+                    id=new_id,
+                    label=rent.label,
+                    status=InstanceStatus.CREATED,
+                    gpu_name=rent.gpu_name,
+                    num_gpus=rent.num_gpus,
+                    gpu_ram_mib=0,
+                    dph_total=rent.dph,
+                    start_date=self.clock.now(),
+                    image=rent.image,
+                )
+                for new_id, rent in sorted(applied.rented_as.items())
+                if new_id not in listed
+            )
         return replace(
             observed,
+            instances=instances,
             in_flight=self.memory.in_flight,
             history=self.history,
             memory=self.memory.boxes,
@@ -163,6 +198,7 @@ class Reconciler:
             checkpoint_pulls=self.checkpoint_pulls,
         )
         result = apply(the_plan, ctx)
+        self._applied = result
         self.pending_curves.update(result.curves)
         if self._history is not None:
             self._history.extend(result.archived)

@@ -199,6 +199,20 @@ class ResultStore(Protocol):
         ...
 
 
+class LeaseStore(Protocol):
+    """Where the fleet's lease lives, read and replaced only by compare-and-swap (``adapters.git.GitRepo``: its own
+    ref on the remote, ``refs/heads/rigsync/lease/<branch>``; the rules over it are ``reconciler.lease``)."""
+
+    def read_lease(self) -> tuple[str | None, str | None]:
+        """(version, text) of the lease as the remote has it now; (None, None) when there is none."""
+        ...
+
+    def swap_lease(self, expected: str | None, text: str | None, message: str) -> str | None:
+        """Replace the lease with ``text`` (None: delete it) only if its version is still ``expected`` (None: that
+        there is none); return the new version. Raises ``errors.LeaseRace`` when ``expected`` no longer holds."""
+        ...
+
+
 Fence = Callable[[], None]
 """Called by ``apply()`` just before every action that changes the world (a box, the market or the archive).
 

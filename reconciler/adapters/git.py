@@ -7,16 +7,22 @@ commits onto the new tip and tries again, so a human's commit is never lost and 
 
 Rebase conflicts can only come from two writers touching ``observed/`` at once. They are resolved by path
 through repository-local attributes (``.git/info/attributes``, never committed): the run archive shards are
-merged as a union of lines (the archive de-duplicates by run id + attempt on load), the rendered snapshots
-take rigsync's newer version, and ``observed/lease.yaml`` is binary, so a concurrent lease change stops the
-rebase and surfaces as an error instead of silently overwriting another reconciler's lease.
+merged as a union of lines (the archive de-duplicates by run id + attempt on load) and the rendered snapshots
+take rigsync's newer version.
+
+The fleet's lease is not on the tracked branch: it lives on its own ref, ``refs/heads/rigsync/lease/<branch>``, one
+parentless commit holding ``lease.yaml``, replaced only by compare-and-swap pushes (``--force-with-lease`` naming
+the sha it replaces; ``ports.LeaseStore``, the rules in ``reconciler.lease``). A push of the branch can carry a new
+heartbeat in the same ``--atomic`` push, so the branch moves only while the lease is still the one we wrote.
 
 gitpython exceptions are wrapped in ``RepoError``/``PushRejected`` here; callers never see them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
+import tempfile
 import time
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import replace
@@ -37,8 +43,9 @@ from reconciler.desired import (
     too_deep,
     too_many_entries,
 )
-from reconciler.errors import PushRejected, RepoError
+from reconciler.errors import LeaseRace, PushRejected, RepoError
 from reconciler.failpoints import failpoint
+from reconciler.lease import LEASE_FILE
 from reconciler.model import Desired
 from reconciler.observed.codec import OBSERVED_DIR
 from reconciler.observed.tree import write_observed
@@ -46,12 +53,14 @@ from reconciler.textsafe import visible
 
 OBSERVED_PREFIX = OBSERVED_DIR + "/"
 DESIRED_PREFIX = "desired/"
+LEASE_REF_PREFIX = "refs/heads/rigsync/lease/"
+_LEASE_SEEN = "refs/rigsync/lease-seen"  # local: the lease as last fetched
+_ARCHIVE_PATHS = (f"{OBSERVED_DIR}/runs", f"{OBSERVED_DIR}/curves")  # append-only records, never probe noise
 
 _ATTRIBUTES = (
     "# written by rigsync: how its rebase resolves concurrent edits under observed/\n"
     "observed/runs/*.jsonl merge=union\n"
     "observed/*.yaml merge=rigsync-replayed\n"
-    "observed/lease.yaml merge=binary\n"
 )
 # During a rebase %B is the commit being replayed (rigsync's own): its rendering is the newer one.
 _MERGE_CONFIG = (
@@ -155,6 +164,12 @@ class GitRepo:
     @property
     def _remote_ref(self) -> str:
         return f"refs/remotes/{self.remote}/{self.branch}"
+
+    @property
+    def lease_ref(self) -> str:
+        """The remote ref holding the fleet's lease: one per tracked branch, so its name never depends on whether
+        desired/ parses (two reconcilers must always race for the same ref)."""
+        return LEASE_REF_PREFIX + self.branch
 
     # -------------------------------------------------------------------------------------------- reading
 
@@ -390,26 +405,157 @@ class GitRepo:
         self._run("commit", "--quiet", "--no-verify", "-m", message, "--", OBSERVED_PREFIX.rstrip("/"))
         return self.head()
 
-    def push(self, max_tries: int = 6) -> None:
-        """Push HEAD to the tracked branch; on a race fetch, rebase and retry. Never forces."""
+    def uncommitted(self, paths: Sequence[str]) -> list[str]:
+        """The files under ``paths`` whose working-tree content is not HEAD's (modified, staged, deleted, untracked
+        and not ignored), as ``path (how)`` lines; observed/ never counts (rigsync writes it)."""
+        out = str(
+            self._git.execute(
+                ["git", "status", "--porcelain", "-z", "--untracked-files=all", "--", *paths,
+                 f":(exclude){OBSERVED_DIR}"],
+                env=self._env, strip_newline_in_stdout=False,
+            )
+        )
+        found: list[str] = []
+        entries = out.split("\0")
+        i = 0
+        while i < len(entries):
+            entry = entries[i]
+            i += 1
+            if len(entry) < 4:
+                continue
+            code, path = entry[:2], entry[3:]
+            if "R" in code or "C" in code:
+                i += 1  # a rename's source path follows
+            how = {"?": "untracked", "D": "deleted", "A": "added", "R": "renamed"}.get(code.strip()[:1], "modified")
+            found.append(f"{visible(path)} ({how})")
+        return sorted(found)
+
+    def archive_uncommitted(self) -> bool:
+        """Whether archive shards or curves under observed/ differ from HEAD in the working tree (a cycle that died
+        between writing and committing, or `rigsync apply`): lines that must reach a commit whatever else changed."""
+        out = str(self._run("status", "--porcelain", "--untracked-files=all", "--", *_ARCHIVE_PATHS))
+        return bool(out.strip())
+
+    def unpushed(self) -> bool:
+        """Whether HEAD holds commits the remote branch (as last fetched) does not: a push is owed."""
+        tip = self.remote_tip()
+        head = self.head()
+        return tip != head and (tip is None or self._is_ancestor(tip, head))
+
+    def push(self, max_tries: int = 6, lease: tuple[str | None, str, str] | None = None) -> str | None:
+        """Push HEAD to the tracked branch; on a race fetch, rebase and retry. Never forces the branch.
+
+        ``lease`` = (expected version, text, message): push a new lease commit in the same ``--atomic`` push,
+        replacing the lease only if it is still ``expected``; returns the lease's new version. If the lease moved,
+        nothing is pushed and ``LeaseRace`` is raised.
+        """
+        new_lease = self._lease_commit(lease[1], lease[2]) if lease is not None else None
         last = ""
         for attempt in range(max_tries):
+            cmd = ["git", "push", "--quiet", "--porcelain"]
+            if lease is not None:
+                cmd += ["--atomic", f"--force-with-lease={self.lease_ref}:{lease[0] or ''}"]
+            cmd += [self.remote, f"HEAD:refs/heads/{self.branch}"]
+            if new_lease is not None:
+                cmd.append(f"{new_lease}:{self.lease_ref}")
             try:
                 failpoint("git.push.before")
-                self._git.execute(
-                    ["git", "push", "--quiet", "--porcelain", self.remote, f"HEAD:refs/heads/{self.branch}"],
-                    env=self._env,
-                )
+                self._git.execute(cmd, env=self._env)
                 failpoint("git.push.after")
                 # A successful push also moves the remote-tracking ref; keep it right for remote_tip().
                 self._run("update-ref", self._remote_ref, "HEAD")
-                return
+                return new_lease
             except GitCommandError as exc:
                 out = exc.stdout if isinstance(exc.stdout, str) else ""
                 last = f"{_stderr(exc)} {out}".strip()
+                if lease is not None:
+                    current, _ = self.read_lease()
+                    if current == new_lease:  # it landed (atomically, with the branch); only the answer was lost
+                        self._run("update-ref", self._remote_ref, "HEAD")
+                        return new_lease
+                    if current != lease[0]:
+                        raise LeaseRace(
+                            f"the lease at {self.remote} {self.lease_ref} moved (expected {_short(lease[0])}, "
+                            f"found {_short(current)}): nothing pushed"
+                        ) from exc
                 if not any(m in last for m in _RACE_MARKERS):
                     raise RepoError(f"git push to {self.remote} failed: {last}") from exc
             if attempt + 1 < max_tries:
                 time.sleep(min(2.0, 0.05 * (2**attempt)) * (0.5 + random.random()))
                 self.sync_to_remote()
         raise PushRejected(f"push to {self.remote}/{self.branch} still rejected after {max_tries} tries: {last}")
+
+    # ---------------------------------------------------------------------------------------------- the lease
+
+    def has_remote(self) -> bool:
+        """Whether the checkout names its remote at all (a local-only repository holds no lease)."""
+        return self.remote in str(self._run("remote")).split()
+
+    def read_lease(self) -> tuple[str | None, str | None]:
+        """(sha, lease.yaml) of the lease ref on the remote, fetched now; (None, None) when there is none."""
+        try:
+            self._git.execute(
+                ["git", "fetch", "--quiet", "--no-tags", self.remote, f"+{self.lease_ref}:{_LEASE_SEEN}"],
+                env=self._env,
+            )
+        except GitCommandError as exc:
+            err = _stderr(exc)
+            if "couldn't find remote ref" not in err.lower():
+                raise RepoError(f"cannot read the lease {self.lease_ref} from {self.remote}: {err or exc}") from exc
+            with contextlib.suppress(GitCommandError):
+                self._git.execute(["git", "update-ref", "-d", _LEASE_SEEN], env=self._env)
+            return None, None
+        sha = self.rev(_LEASE_SEEN)
+        try:
+            text = self._git.execute(
+                ["git", "show", f"{sha}:{LEASE_FILE}"], env=self._env, strip_newline_in_stdout=False
+            )
+        except GitCommandError:
+            text = ""  # a ref without the file: a lease nobody can hold (from_yaml reads it as none)
+        return sha, str(text)
+
+    def swap_lease(self, expected: str | None, text: str | None, message: str) -> str | None:
+        """Replace the lease ref with a new commit of ``text`` (None: delete the ref) if it is still ``expected``.
+
+        One ``--force-with-lease=<ref>:<expected>`` push: the remote compares and swaps under its ref lock, so of
+        two writers expecting the same version exactly one lands; the other gets ``LeaseRace``.
+        """
+        if expected is None and text is None:
+            return None
+        new = self._lease_commit(text, message) if text is not None else None
+        cmd = ["git", "push", "--quiet", "--porcelain", f"--force-with-lease={self.lease_ref}:{expected or ''}"]
+        cmd += [self.remote, f"{new or ''}:{self.lease_ref}"]
+        try:
+            self._git.execute(cmd, env=self._env)
+            return new
+        except GitCommandError as exc:
+            out = exc.stdout if isinstance(exc.stdout, str) else ""
+            last = f"{_stderr(exc)} {out}".strip()
+            current, _ = self.read_lease()
+            if current == new:
+                return new  # it landed; only the answer was lost
+            if current != expected:
+                raise LeaseRace(
+                    f"the lease at {self.remote} {self.lease_ref} moved (expected {_short(expected)}, "
+                    f"found {_short(current)})"
+                ) from exc
+            raise RepoError(f"git push of the lease to {self.remote} failed: {last}") from exc
+
+    def _lease_commit(self, text: str, message: str) -> str:
+        """A parentless commit holding ``lease.yaml`` = ``text`` (the ref keeps no history of heartbeats)."""
+        try:
+            with tempfile.TemporaryDirectory(prefix="rigsync-lease-") as tmp:
+                blob_file = Path(tmp) / LEASE_FILE
+                blob_file.write_text(text, encoding="utf-8")
+                blob = str(self._run("hash-object", "-w", "--", str(blob_file)))
+                listing = Path(tmp) / "tree"
+                listing.write_text(f"100644 blob {blob}\t{LEASE_FILE}\n", encoding="utf-8")
+                with open(listing, "rb") as fh:
+                    tree = str(self._git.execute(["git", "mktree"], env=self._env, istream=fh)).strip()
+        except (OSError, GitCommandError) as exc:
+            raise RepoError(f"cannot write a lease commit in {self.path}: {exc}") from exc
+        return str(self._run("commit-tree", tree, "-m", visible(message, block=True)))
+
+
+def _short(sha: str | None) -> str:
+    return sha[:12] if sha else "none"

@@ -47,6 +47,55 @@ def api_url_of(args: argparse.Namespace) -> str:
     return controller_api_url(args.api_url, os.environ)
 
 
+def add_allow_dirty_arg(parser: argparse.ArgumentParser) -> None:
+    """``--allow-dirty``, on the live commands that plan from the working tree."""
+    parser.add_argument(
+        "--allow-dirty", action="store_true",
+        help="plan uncommitted changes under desired/ and the sweeps' code paths (stamped dirty; nothing of them is "
+        "ever launched: apply refuses a plan that ships code or launches while the tree is dirty)",
+    )
+
+
+def dirty_files(repo: Path, desired: Desired) -> list[str]:
+    """Uncommitted files under desired/ and the sweeps' code paths; [] outside a git checkout with commits."""
+    try:
+        git = GitRepo(repo)
+        git.head()
+    except RepoError:
+        return []
+    return git.uncommitted(["desired", *desired.code_paths()])
+
+
+def dirty_banner(dirty: list[str]) -> str:
+    """The stamp on a plan made from a dirty tree, as `plan` and `apply` print it (the JSON plan: ``dirty``)."""
+    return "DIRTY: planned from uncommitted changes (--allow-dirty); nothing of them is launched or shipped:" + "".join(
+        f"\n  {d}" for d in dirty
+    )
+
+
+def refuse_dirty(repo: Path, dirty: list[str], what: str) -> None:
+    """The one refusal of a dirty tree by the live commands (``--allow-dirty`` lifts it for ``plan``)."""
+    if dirty:
+        raise UserError(
+            f"refusing to {what} uncommitted changes: rigsync acts on commits (every run records the commit it ran, "
+            f"and code ships as `git archive` of a commit); in {repo}:\n  " + "\n  ".join(dirty)
+            + "\ncommit them first, or pass --allow-dirty to plan them anyway (stamped dirty, never launched)"
+        )
+
+
+def load_live_desired(repo: Path, *, allow_dirty: bool, what: str) -> tuple[Desired, list[str]]:
+    """desired/ from the working tree for `plan`/`apply`, and the uncommitted files it rests on.
+
+    An invalid desired/ is reported first (file:line, whether committed or not: it must be fixed either way); then,
+    without ``allow_dirty``, uncommitted files under desired/ or the sweeps' code paths are refused.
+    """
+    desired = load_local_desired(repo)
+    dirty = dirty_files(repo, desired)
+    if not allow_dirty:
+        refuse_dirty(repo, dirty, what)
+    return desired, dirty
+
+
 def load_local_desired(repo: Path) -> Desired:
     """desired/ from the working tree, pinned to the revisions HEAD says (``GitRepo.pin``).
 
@@ -85,14 +134,19 @@ def write_observed_uncommitted(
     write_back(GitRepo(repo), rec.archive, files, message=None)
 
 
-def observe_once(args: argparse.Namespace) -> tuple[Desired, Observed, Plan]:
-    """Desired from the working tree, one observation of the world, and the plan for it; nothing applied."""
+def observe_once(
+    args: argparse.Namespace, *, allow_dirty: bool = True
+) -> tuple[Desired, Observed, Plan, list[str]]:
+    """Desired from the working tree, one observation of the world, and the plan for it; nothing applied.
+
+    The last item lists the uncommitted files the plan rests on (refused unless ``allow_dirty``).
+    """
     api_url = api_url_of(args)
     repo = Path(args.repo)
-    desired = load_local_desired(repo)
+    desired, dirty = load_live_desired(repo, allow_dirty=allow_dirty, what="plan")
     rec = open_reconciler(repo, desired, args.state_dir, api_url)
     try:
         observed, the_plan, _ = rec.observe_and_plan(desired)
     finally:
         rec.shell.close()
-    return desired, observed, the_plan
+    return desired, observed, the_plan, dirty

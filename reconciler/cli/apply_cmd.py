@@ -17,21 +17,26 @@ from pathlib import Path
 import jsonschema
 
 from reconciler import lease
-from reconciler.actions import PLAN_FORMAT_VERSION, Plan
+from reconciler.actions import PLAN_FORMAT_VERSION, Bootstrap, Launch, Plan, ShipCode
+from reconciler.adapters.git import GitRepo
 from reconciler.cli._common import (
+    add_allow_dirty_arg,
     add_data_dir_arg,
     add_repo_arg,
     api_url_of,
-    load_local_desired,
+    dirty_banner,
+    load_live_desired,
     open_reconciler,
     write_observed_uncommitted,
 )
 from reconciler.desired import schema_path
-from reconciler.errors import LeaseHeld, StalePlan, UserError
-from reconciler.lease import Lease, LocalLock, lock_path
+from reconciler.errors import LeaseHeld, RepoError, StalePlan, UserError
+from reconciler.lease import Lease, LeaseState, LocalLock, lock_path
 from reconciler.model import Desired
 from reconciler.render import plan_text
 from reconciler.saved_plan import stale_reasons
+
+_SHIPS = (Bootstrap, ShipCode, Launch)  # what puts the tree's content on a box
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -40,6 +45,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     add_data_dir_arg(p)
     p.add_argument("--plan", default=None, help="a plan saved by `rigsync plan --out`; applied exactly or refused")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    add_allow_dirty_arg(p)
     p.set_defaults(handler=run)
 
 
@@ -67,6 +73,20 @@ def _load_saved(path: str) -> Plan:
         raise UserError(f"{path}: not a rigsync plan: {exc}") from None
 
 
+def _lease_on_the_remote(repo: Path) -> LeaseState | None:
+    """The fleet's lease as the checkout's remote has it (its own ref); None without a git checkout or a remote."""
+    try:
+        git = GitRepo(repo)
+    except RepoError:
+        return None
+    if not git.has_remote():
+        return None
+    try:
+        return Lease(git, holder="", host="", pid=0).read()
+    except RepoError as exc:
+        raise UserError(f"cannot read the fleet's lease, so cannot tell whether a reconciler acts: {exc}") from None
+
+
 def _refuse_if_a_reconciler_acts(repo: Path) -> LocalLock | None:
     """One actor per fleet: not while `rigsync run` holds this checkout's lock or the fleet's lease is fresh.
 
@@ -76,7 +96,7 @@ def _refuse_if_a_reconciler_acts(repo: Path) -> LocalLock | None:
     if lock_path(repo).parent.is_dir():
         lock = LocalLock(lock_path(repo)).acquire()
     try:
-        current = Lease(repo, holder="", host="", pid=0).read()
+        current = _lease_on_the_remote(repo)
         if current is not None:
             decision = lease.acquire(
                 current, holder=f"rigsync apply pid {os.getpid()}", host=socket.gethostname(), pid=os.getpid(),
@@ -94,17 +114,32 @@ def _refuse_if_a_reconciler_acts(repo: Path) -> LocalLock | None:
 def run(args: argparse.Namespace) -> int:
     api_url = api_url_of(args)
     repo = Path(args.repo)
-    desired = load_local_desired(repo)
+    desired, dirty = load_live_desired(repo, allow_dirty=args.allow_dirty, what="apply")
     saved = _load_saved(args.plan) if args.plan else None
     lock = _refuse_if_a_reconciler_acts(repo)
     try:
-        return _apply(args, repo, desired, saved, api_url)
+        return _apply(args, repo, desired, saved, api_url, dirty)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _apply(args: argparse.Namespace, repo: Path, desired: Desired, saved: Plan | None, api_url: str) -> int:
+def _refuse_shipping_dirty(the_plan: Plan, dirty: list[str]) -> None:
+    """A dirty tree is planned and may rent or destroy, but nothing of it reaches a box: code ships and runs launch
+    only from commits, so that every run's archive line names the commits it really ran."""
+    shipping = [a for a in the_plan.actions if isinstance(a, _SHIPS)]
+    if dirty and shipping:
+        kinds = ", ".join(sorted({a.kind.value for a in shipping}))
+        raise UserError(
+            f"refusing to apply: the plan has {len(shipping)} action(s) that put code or runs on boxes ({kinds}) "
+            "and the tree has uncommitted changes:\n  " + "\n  ".join(dirty)
+            + "\ncommit them (runs record the commit they ran); nothing was applied"
+        )
+
+
+def _apply(
+    args: argparse.Namespace, repo: Path, desired: Desired, saved: Plan | None, api_url: str, dirty: list[str]
+) -> int:
     rec = open_reconciler(repo, desired, args.state_dir, api_url, args.data_dir)
     try:
         observed, fresh, memory = rec.observe_and_plan(desired)
@@ -114,7 +149,10 @@ def _apply(args: argparse.Namespace, repo: Path, desired: Desired, saved: Plan |
             if reasons:
                 raise StalePlan("the saved plan no longer holds:\n  " + "\n  ".join(reasons))
             the_plan = saved
+        if dirty:
+            print(dirty_banner(dirty))
         print(plan_text(the_plan))
+        _refuse_shipping_dirty(the_plan, dirty)
         if not the_plan.changes:
             write_observed_uncommitted(repo, desired, observed, the_plan, rec)
             return 0

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from reconciler.cli._common import add_repo_arg, observe_once
+from reconciler.cli._common import add_allow_dirty_arg, add_repo_arg, dirty_banner, observe_once
 from reconciler.errors import UserError
 from reconciler.render import plan_text
 
@@ -18,12 +18,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--detailed-exitcode", action="store_true", help="exit 0 no changes, 2 changes, 1 error")
     p.add_argument("--out", default=None, help="save the plan as JSON for `rigsync apply --plan`")
     p.add_argument("--noops", action="store_true", help="also list what was considered and left alone")
+    add_allow_dirty_arg(p)
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    _, _, the_plan = observe_once(args)
+    _, _, the_plan, dirty = observe_once(args, allow_dirty=args.allow_dirty)
     doc = the_plan.to_json()
+    if dirty:
+        doc["dirty"] = dirty
     if args.out:
         try:
             Path(args.out).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -32,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True))
     else:
+        if dirty:
+            print(dirty_banner(dirty))
         print(plan_text(the_plan, show_noops=args.noops))
     if args.detailed_exitcode:
         return 2 if the_plan.changes else 0

@@ -21,9 +21,9 @@ RUNS = f"{OBSERVED_DIR}/runs.yaml"
 DRIFT = f"{OBSERVED_DIR}/drift.yaml"
 BUDGET = f"{OBSERVED_DIR}/budget.yaml"
 STATUS = f"{OBSERVED_DIR}/status.yaml"
-LEASE = f"{OBSERVED_DIR}/lease.yaml"
+LEASE = f"{OBSERVED_DIR}/lease.yaml"  # the lease's old home on the branch: deleted by the next commit
 RUNS_DIR = f"{OBSERVED_DIR}/runs"  # the run archive's month shards
-RENDERED = (BUDGET, DRIFT, FLEET, RUNS, STATUS)  # what a cycle renders (the lease is written by the lease)
+RENDERED = (BUDGET, DRIFT, FLEET, RUNS, STATUS)  # what a cycle renders
 
 FORMAT_VERSION = 1
 

@@ -1,29 +1,48 @@
-"""The commit message of an observe commit: one line saying what changed, e.g. ``observe: +1 box, 2 launched``.
+"""Whether a cycle changed the fleet's record, and the commit message that says how.
 
-It compares the observed files as last committed with the ones about to be written, so ``git log --oneline``
-reads as the fleet's history without opening a diff.
+main carries state changes only, one commit per cycle that changed something a reader of the history cares about:
+boxes rented or ended, attempts launched or finished (and the bill of a box that ended, closed in the archive),
+the desired revision applied or refused, apply errors, a budget cap starting or ceasing to bind, drift, foreign
+instances. Everything else the observed files hold moves with the clock or the probes (box status and reachability,
+GPU memory in use, bootstrap and code markers, spend along its line, the last plan's counts, ``last_change_at``):
+it is committed with the next meaningful change and never makes a commit by itself. So ``git log --oneline``
+reads like a lab notebook::
+
+    rented 31007001 RTX 3060 $0.11/h, 31007002 RTX 3060 $0.11/h: 4 runs pending
+    tdmpc: 3 launched on 2 boxes
+    tdmpc: 1 launched on 1 box, 1 succeeded (seed 2, episode_reward 612)
+    destroyed 31007001: idle for 20s (idle_timeout 20s)
+
+``describe_change`` is the one home of that rule: None when nothing meaningful changed (the daemon then writes and
+commits nothing), else the message.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from reconciler.model import RunPhase
-from reconciler.observed.codec import DRIFT, FLEET, LEASE, RUNS, STATUS, load_mapping_quietly
+from reconciler.model import AttemptOutcome, AttemptRecord, OverheadRecord
+from reconciler.observed.codec import DRIFT, FLEET, RUNS, STATUS, load_mapping_quietly
+
+_MAX_LISTED = 4  # boxes or attempts named one by one in a message; the rest are counted
 
 
-def _owned_ids(doc: Mapping[str, Any]) -> set[int]:
-    return {int(b["id"]) for b in doc.get("boxes") or [] if isinstance(b, dict) and "id" in b}
+def _boxes(doc: Mapping[str, Any], key: str = "boxes") -> dict[int, Mapping[str, Any]]:
+    return {int(b["id"]): b for b in doc.get(key) or [] if isinstance(b, dict) and "id" in b}
 
 
-def _running(doc: Mapping[str, Any]) -> set[tuple[str, int]]:
-    out: set[tuple[str, int]] = set()
-    for runs in (doc.get("sweeps") or {}).values():
-        for run_id, r in (runs or {}).items():
-            if isinstance(r, dict) and r.get("phase") == RunPhase.RUNNING.value:
-                out.add((str(run_id), int(r.get("attempts") or 0)))
+def _in_flight(doc: Mapping[str, Any]) -> dict[tuple[str, int], Mapping[str, Any]]:
+    out: dict[tuple[str, int], Mapping[str, Any]] = {}
+    for f in doc.get("in_flight") or []:
+        if isinstance(f, dict) and "run_id" in f:
+            out[(str(f["run_id"]), int(f.get("attempt") or 0))] = f
     return out
+
+
+def _pending(runs: Mapping[str, Any]) -> int:
+    counts = runs.get("counts") or {}
+    return sum(int(c.get("pending", 0)) + int(c.get("retrying", 0)) for c in counts.values() if isinstance(c, dict))
 
 
 def _budget_lines(status: Mapping[str, Any]) -> list[str]:
@@ -32,56 +51,126 @@ def _budget_lines(status: Mapping[str, Any]) -> list[str]:
     return [str(w) for w in warnings or [] if str(w).startswith("budget:")]
 
 
+def _drift(doc: Mapping[str, Any]) -> set[tuple[str, str]]:
+    return {(str(d.get("class")), str(d.get("subject"))) for d in doc.get("drift") or [] if isinstance(d, dict)}
+
+
 def _plural(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
-def summarize_change(old: Mapping[str, str], new: Mapping[str, str | None], appended: int) -> str:
-    """A one-line commit message saying what changed between ``old`` and ``new`` (None: a deleted file).
+def _listed(items: Sequence[str], sep: str = ", ") -> str:
+    shown = sep.join(items[:_MAX_LISTED])
+    return shown + (f" and {len(items) - _MAX_LISTED} more" if len(items) > _MAX_LISTED else "")
 
-    ``appended`` is the number of attempts archived with this commit.
+
+def _box_text(box_id: int, box: Mapping[str, Any]) -> str:
+    gpus = int(box.get("num_gpus") or 1)
+    name = f"{gpus}x {box.get('gpu_name')}" if gpus > 1 else str(box.get("gpu_name") or "?")
+    return f"{box_id} {name} ${float(box.get('dph') or 0.0):.2f}/h"
+
+
+def _short(reason: str, limit: int = 80) -> str:
+    return reason if len(reason) <= limit else reason[: limit - 1] + "…"
+
+
+def _metric(value: float | None, key: str | None) -> str:
+    if value is None:
+        return ""
+    return f", {key or 'metric'} {value:.4g}"
+
+
+def _attempt_text(rec: AttemptRecord, key: str | None) -> str:
+    if rec.phase is AttemptOutcome.SUCCEEDED:
+        return f"seed {rec.seed}{_metric(rec.best_metric, key)}"
+    if rec.exit_code is not None:
+        return f"seed {rec.seed}, exit {rec.exit_code}"
+    return f"seed {rec.seed}, {_short(rec.reason, 40) or rec.phase.value}"
+
+
+def _sweep_parts(
+    launched: Mapping[tuple[str, int], Mapping[str, Any]],
+    archived: Sequence[AttemptRecord],
+    metric_keys: Mapping[str, str],
+) -> list[str]:
+    sweeps = sorted({str(f.get("sweep") or "") for f in launched.values()} | {r.sweep for r in archived})
+    parts: list[str] = []
+    for sweep in sweeps:
+        bits: list[str] = []
+        mine = [f for f in launched.values() if str(f.get("sweep") or "") == sweep]
+        if mine:
+            boxes = {f.get("instance_id") for f in mine}
+            bits.append(f"{len(mine)} launched on {_plural(len(boxes), 'box', 'boxes')}")
+        for outcome in AttemptOutcome:
+            recs = sorted((r for r in archived if r.sweep == sweep and r.phase is outcome), key=lambda r: r.key)
+            if recs:
+                what = _listed([_attempt_text(r, metric_keys.get(sweep)) for r in recs], "; ")
+                bits.append(f"{len(recs)} {outcome.value} ({what})")
+        parts.append(f"{sweep or 'runs'}: " + ", ".join(bits))
+    return parts
+
+
+def describe_change(
+    old: Mapping[str, str],
+    new: Mapping[str, str | None],
+    *,
+    archived: Sequence[AttemptRecord] = (),
+    overheads: Sequence[OverheadRecord] = (),
+    destroyed: Mapping[int, str] | None = None,
+    metric_keys: Mapping[str, str] | None = None,
+    archive_pending: bool = False,
+) -> str | None:
+    """The commit message for going from ``old`` to ``new`` observed files, or None when nothing meaningful changed.
+
+    ``archived``/``overheads`` are the archive lines this cycle appends, ``destroyed`` the boxes this cycle destroyed
+    with the plan's reason, ``metric_keys`` each sweep's metric name. ``archive_pending``: archive lines from an
+    earlier cycle still wait to be committed (a commit is owed whatever else changed).
     """
+    destroyed = destroyed or {}
+    metric_keys = metric_keys or {}
     parts: list[str] = []
     of, nf = load_mapping_quietly(old.get(FLEET)), load_mapping_quietly(new.get(FLEET))
-    before, after = _owned_ids(of), _owned_ids(nf)
-    if after - before:
-        parts.append("+" + _plural(len(after - before), "box", "boxes"))
-    if before - after:
-        parts.append("-" + _plural(len(before - after), "box", "boxes"))
-    if appended:
-        parts.append(_plural(appended, "run finished", "runs finished"))
-    launched = _running(load_mapping_quietly(new.get(RUNS))) - _running(load_mapping_quietly(old.get(RUNS)))
-    if launched:
-        parts.append(f"{len(launched)} launched")
-    od = load_mapping_quietly(old.get(DRIFT)).get("drift") or []
-    nd = load_mapping_quietly(new.get(DRIFT)).get("drift") or []
-    if od != nd:
-        parts.append(f"drift {len(od)}→{len(nd)}")
+    before, after = _boxes(of), _boxes(nf)
+    orun, nrun = load_mapping_quietly(old.get(RUNS)), load_mapping_quietly(new.get(RUNS))
+    rented = sorted(set(after) - set(before))
+    if rented:
+        pending = _plural(_pending(nrun), "run", "runs")
+        parts.append("rented " + _listed([_box_text(i, after[i]) for i in rented]) + f": {pending} pending")
+    for box_id in sorted(set(before) - set(after)):
+        if box_id in destroyed:
+            parts.append(f"destroyed {box_id}: {_short(destroyed[box_id])}")
+        else:
+            parts.append(f"{box_id} gone from the provider's list")
+    launched = {k: v for k, v in _in_flight(nrun).items() if k not in _in_flight(orun)}
+    parts += _sweep_parts(launched, archived, metric_keys)
+    for o in sorted(overheads, key=lambda o: o.instance_id):
+        parts.append(f"closed {o.instance_id}'s bill: ${o.billed_usd:.4f}, ${o.cost_usd:.4f} outside runs")
     os_, ns = load_mapping_quietly(old.get(STATUS)), load_mapping_quietly(new.get(STATUS))
     if ns.get("desired_commit_applied") and ns.get("desired_commit_applied") != os_.get("desired_commit_applied"):
         parts.append(f"applied desired {str(ns['desired_commit_applied'])[:10]}")
-    if ns.get("desired_errors") and ns.get("desired_errors") != os_.get("desired_errors"):
-        parts.append(f"desired invalid ({len(ns['desired_errors'])} error(s))")
-    if ns.get("apply_errors") and ns.get("apply_errors") != os_.get("apply_errors"):
+    if ns.get("desired_errors") != os_.get("desired_errors"):
+        if ns.get("desired_errors"):
+            parts.append(f"desired invalid ({_plural(len(ns['desired_errors']), 'error', 'errors')})")
+        elif os_.get("desired_errors"):
+            parts.append("desired valid again")
+    if (ns.get("apply_errors") or []) != (os_.get("apply_errors") or []) and ns.get("apply_errors"):
         parts.append(_plural(len(ns["apply_errors"]), "apply error", "apply errors"))
+    if bool(ns.get("suspended")) != bool(os_.get("suspended")) and STATUS in old:
+        parts.append("suspended" if ns.get("suspended") else "resumed")
     old_budget, new_budget = _budget_lines(os_), _budget_lines(ns)
     if new_budget and new_budget != old_budget:
         parts.append(new_budget[0])  # why work stopped or was refused: a cap or the credit, with the figures
     elif old_budget and not new_budget:
         parts.append("budget: no cap binds any more")
-    ol, nl = load_mapping_quietly(old.get(LEASE)), load_mapping_quietly(new.get(LEASE))
-    if LEASE in new and new.get(LEASE) is not None and ol != nl:
-        if nl.get("taken_over_from") and nl.get("taken_over_from") != ol.get("taken_over_from"):
-            parts.append(f"lease taken over from {nl['taken_over_from']}")
-        elif ol.get("holder") != nl.get("holder"):
-            parts.append(f"lease acquired by {nl.get('holder')}")
-        else:
-            parts.append("lease renewed")
-    elif LEASE in new and new.get(LEASE) is None and old.get(LEASE):
-        parts.append("lease released")
-    if not parts:
-        changed = sorted(
-            p.rsplit("/", 1)[-1].removesuffix(".yaml") for p in set(old) | set(new) if old.get(p) != new.get(p)
-        )
-        parts.append("update " + ", ".join(changed) if changed else "no change")
-    return "observe: " + ", ".join(parts)
+    od, nd = _drift(load_mapping_quietly(old.get(DRIFT))), _drift(load_mapping_quietly(new.get(DRIFT)))
+    if od != nd:
+        moved = [f"+{c} {s}" for c, s in sorted(nd - od)] + [f"-{c} {s}" for c, s in sorted(od - nd)]
+        parts.append("drift " + _listed(moved))
+    foreign_before, foreign_after = set(_boxes(of, "foreign")), set(_boxes(nf, "foreign"))
+    if foreign_before != foreign_after:
+        parts.append(f"foreign instances {len(foreign_before)}→{len(foreign_after)}")
+    if not parts and archive_pending:
+        parts.append("archive lines of an earlier cycle")
+    if not parts and not old and any(v is not None for v in new.values()):
+        parts.append("first observation")
+    return "; ".join(parts) if parts else None

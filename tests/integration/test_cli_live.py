@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
+from reconciler.adapters.git import GitRepo
 from reconciler.archive import RunArchive
 from reconciler.demo import make_fleet_repo
 from reconciler.emulator import Emulator
 from reconciler.lease import LeaseState, LocalLock, lock_path, to_yaml
 from reconciler.model import AttemptOutcome, Ownership
-from reconciler.observed.codec import LEASE
 
 REPO = Path(__file__).resolve().parents[2]
 RIGSYNC = Path(sys.executable).parent / "rigsync"  # the console script of the running environment
@@ -197,17 +197,59 @@ def test_apply_refused_while_a_reconciler_acts_on_the_fleet(
         result = rigsync(env, "apply", "--repo", str(repo), "--yes")
     assert result.returncode == 1
     assert "another rigsync holds the local lock" in result.stderr, result.stderr
-    lease_file = repo / LEASE
-    lease_file.parent.mkdir(exist_ok=True)
+    # the fleet's lease, on its own ref of the remote, as another machine's `rigsync run` holds it
+    g = GitRepo(repo)
     now = time.time()
-    lease_file.write_text(to_yaml(LeaseState(holder="rigsync@ci:/srv/fleet", host="ci", pid=42, acquired_at=now,
-                                             heartbeat_at=now)))
+    version = g.swap_lease(None, to_yaml(LeaseState(holder="rigsync@ci:/srv/fleet", host="ci", pid=42,
+                                                     acquired_at=now, heartbeat_at=now)), "lease: held by ci")
     try:
         result = rigsync(env, "apply", "--repo", str(repo), "--yes")
     finally:
-        lease_file.unlink()
+        g.swap_lease(version, None, "lease: released")
     assert result.returncode == 1
     assert "the fleet's lease is held by rigsync@ci:/srv/fleet on ci (pid 42)" in result.stderr, result.stderr
+    assert owned(emulator) == {}
+
+
+def test_plan_and_apply_refuse_a_dirty_tree_naming_the_files(
+    repo: Path, env: dict[str, str], emulator: Emulator
+) -> None:
+    fleet_file = repo / "desired" / "fleet.yaml"
+    committed = fleet_file.read_text()
+    stray = repo / "experiments" / "scratch.py"
+    fleet_file.write_text(_set(committed, "suspend", "true"))  # an uncommitted edit that would change the plan
+    stray.write_text("print('not committed')\n")  # and an untracked file under a sweep's code path
+    try:
+        for command in (("plan",), ("plan", "--json"), ("apply", "--yes")):
+            refused = rigsync(env, *command, "--repo", str(repo))
+            assert refused.returncode == 1, refused.stdout + refused.stderr
+            assert f"refusing to {command[0]} uncommitted changes" in refused.stderr, refused.stderr
+            assert "desired/fleet.yaml (modified)" in refused.stderr and "--allow-dirty" in refused.stderr
+            assert refused.stdout == ""
+        # the sweeps' code paths count too, untracked files included
+        fleet_file.write_text(committed)
+        refused = rigsync(env, "plan", "--repo", str(repo))
+        assert refused.returncode == 1 and "experiments/scratch.py (untracked)" in refused.stderr, refused.stderr
+        assert "desired/fleet.yaml" not in refused.stderr
+        fleet_file.write_text(_set(committed, "suspend", "true"))
+
+        dirty = rigsync(env, "plan", "--repo", str(repo), "--json", "--allow-dirty")
+        assert dirty.returncode == 0, dirty.stderr
+        doc = plan_doc(dirty)
+        assert doc["dirty"] == ["desired/fleet.yaml (modified)", "experiments/scratch.py (untracked)"]
+        assert doc["suspended"] is True and doc["actions"] == []  # the uncommitted desired state was planned
+        text = rigsync(env, "plan", "--repo", str(repo), "--allow-dirty")
+        assert text.returncode == 0 and text.stdout.startswith("DIRTY: planned from uncommitted changes"), text.stdout
+        # a plan that puts nothing on a box may be applied dirty (here: nothing to do); launches never are
+        applied = rigsync(env, "apply", "--repo", str(repo), "--yes", "--allow-dirty")
+        assert applied.returncode == 0, applied.stdout + applied.stderr
+        assert applied.stdout.startswith("DIRTY:")
+    finally:
+        fleet_file.write_text(committed)
+        stray.unlink()
+        subprocess.run(["git", "-C", str(repo), "clean", "-fdq", "--", "observed"], check=False, capture_output=True)
+    clean = rigsync(env, "plan", "--repo", str(repo), "--json")
+    assert clean.returncode == 0 and "dirty" not in plan_doc(clean)
     assert owned(emulator) == {}
 
 
@@ -295,11 +337,25 @@ def test_saved_plan_applies_exactly_then_apply_converges(
 
     # Now let `apply --yes` do the rest, one CLI call per cycle; memory lives only in the observed/ files.
     snapshots: list[dict[str, Any]] = []
+    refused_dirty = False
     for _ in range(MAX_APPLIES):
         check = rigsync(env, "plan", "--repo", str(repo), "--detailed-exitcode")
         assert check.returncode in (0, 2), check.stderr
         if check.returncode == 0 and not owned(emulator):
             break
+        if not refused_dirty and any(a["kind"] in ("bootstrap", "ship_code", "launch")
+                                     for a in plan_doc(rigsync(env, "plan", "--repo", str(repo), "--json"))["actions"]):
+            # with uncommitted code, even --allow-dirty never ships or launches: the whole apply is refused
+            stray = repo / "experiments" / "uncommitted.py"
+            stray.write_text("print('never shipped')\n")
+            try:
+                dirty = rigsync(env, "apply", "--repo", str(repo), "--yes", "--allow-dirty")
+            finally:
+                stray.unlink()
+            assert dirty.returncode == 1, dirty.stdout + dirty.stderr
+            assert "refusing to apply: the plan has" in dirty.stderr and "nothing was applied" in dirty.stderr
+            assert "experiments/uncommitted.py (untracked)" in dirty.stderr and dirty.stdout.startswith("DIRTY:")
+            refused_dirty = True
         rigsync(env, "apply", "--repo", str(repo), "--yes")
         snap = rigsync(env, "status", "--repo", str(repo), "--json")
         assert snap.returncode == 0, snap.stderr
@@ -308,6 +364,7 @@ def test_saved_plan_applies_exactly_then_apply_converges(
     else:
         pytest.fail(f"not converged after {MAX_APPLIES} applies; last status {snapshots[-1:]}")
 
+    assert refused_dirty, "no plan shipped code or launched: the dirty apply was never tried"
     busy = [(s, b) for s in snapshots for b in s["boxes"] if b["runs"]]
     assert busy, "no status showed a run on a box"
     snap, box = busy[0]

@@ -67,6 +67,40 @@ def _assert_the_money_adds_up(summary: dict[str, object], keep: Path) -> None:
         jsonschema.validate(json.loads(overhead_to_json(o)), schema)
 
 
+def _events(keep: Path, commit: str) -> list[str]:
+    """What ``commit`` changed in the fleet's record, read from its diff: boxes in or out of fleet.yaml, attempts
+    entering runs.yaml's in_flight, lines appended to the archive (finished attempts, closed box bills)."""
+    def at(rev: str, path: str) -> dict[str, object]:
+        proc = subprocess.run(["git", "-C", str(keep), "show", f"{rev}:{path}"], capture_output=True, text=True)
+        return (yaml.safe_load(proc.stdout) or {}) if proc.returncode == 0 else {}
+
+    events: list[str] = []
+    boxes = [{b["id"] for b in at(rev, "observed/fleet.yaml").get("boxes") or []} for rev in (f"{commit}~1", commit)]  # type: ignore[attr-defined]
+    events += [f"rented {i}" for i in boxes[1] - boxes[0]] + [f"ended {i}" for i in boxes[0] - boxes[1]]
+    flights = [{(f["run_id"], f["attempt"]) for f in at(rev, "observed/runs.yaml").get("in_flight") or []}  # type: ignore[attr-defined]
+               for rev in (f"{commit}~1", commit)]
+    events += [f"launched {r}.{a}" for r, a in flights[1] - flights[0]]
+    diff = _git(keep, "show", "--format=", "--unified=0", commit, "--", "observed/runs/")
+    events += [f"archived {line[1:80]}" for line in diff.splitlines() if line.startswith("+{")]
+    return events
+
+
+def _assert_one_commit_per_change(keep: Path, summary: dict[str, object]) -> None:
+    """The history reads like a lab notebook: no lease commits on main, every rigsync commit records a rent, a
+    destroy, a launch or a finish (and its message names it), and there is at most one per cycle that did so."""
+    commits = _git(keep, "log", "--format=%H|%an|%s", "main").splitlines()
+    ours = [(sha, subject) for sha, author, subject in (c.split("|", 2) for c in commits) if author == "rigsync"]
+    assert ours and not [s for _, s in ours if s.startswith("lease")], ours
+    for sha, subject in ours:
+        events = _events(keep, sha)
+        assert events, f"commit {sha[:10]} {subject!r} records no rent, destroy, launch or finish"
+        assert re.search(r"rented|destroyed|gone|launched|succeeded|failed|lost|closed", subject), subject
+    assert len(ours) == summary["commits"]
+    assert len(ours) <= int(summary["acting_cycles"]) < int(summary["cycles"]), summary  # type: ignore[call-overload]
+    lease = _git(keep.parent / "fleet.remote.git", "for-each-ref", "--format=%(refname)", "refs/heads/rigsync/")
+    assert lease.strip() == "", f"the demo releases its lease (a ref of its own, never on main): {lease}"
+
+
 @pytest.mark.integration
 def test_demo_runs_the_sweep_to_completion_and_leaves_a_readable_history(tmp_path: Path) -> None:
     summary, keep, proc = _demo(tmp_path)
@@ -90,7 +124,10 @@ def test_demo_runs_the_sweep_to_completion_and_leaves_a_readable_history(tmp_pat
     log = _git(keep, "log", "--format=%an|%s")
     authors = {line.split("|", 1)[0] for line in log.splitlines()}
     assert "rigsync" in authors and "demo researcher" in authors
-    assert re.search(r"^rigsync\|observe: .*launched", log, re.M), log
+    assert re.search(r"^rigsync\|tdmpc: \d+ launched on \d+ box", log, re.M), log
+    assert re.search(r"^rigsync\|rented \d+ .+ \$\d+\.\d\d/h.*: \d+ runs? pending", log, re.M), log
+    assert re.search(r"^rigsync\|.*destroyed \d+: ", log, re.M), log
+    _assert_one_commit_per_change(keep, summary)
     assert (keep.parent / "fleet.remote.git").is_dir(), "the bare remote is kept beside the repo"
     assert _git(keep, "status", "--porcelain") == ""
     _assert_the_money_adds_up(summary, keep)

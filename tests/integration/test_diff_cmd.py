@@ -16,7 +16,6 @@ import pytest
 from reconciler.actions import Destroy, Plan, ReasonCode
 from reconciler.adapters.git import GitRepo
 from reconciler.desired import load_desired_from_dir
-from reconciler.lease import Lease
 from reconciler.model import (
     AttemptOutcome,
     AttemptRecord,
@@ -29,7 +28,7 @@ from reconciler.model import (
     RunDirState,
 )
 from reconciler.observed.documents import ReconcilerStatus, render_observed
-from reconciler.observed.summary import summarize_change
+from reconciler.observed.summary import describe_change
 from reconciler.observed.tree import read_observed
 
 pytestmark = pytest.mark.integration
@@ -178,12 +177,10 @@ def test_missing_or_malformed_observed_exits_1(fleet_repo: Path) -> None:
 
 
 def test_rigsyncs_own_commits_after_the_desired_one_are_not_a_new_desired_revision(fleet_repo: Path) -> None:
-    """As in any repository `rigsync run` works in: lease and observe commits on top of the desired commit."""
+    """As in any repository `rigsync run` works in: observe commits on top of the desired commit."""
     desired_sha = git(fleet_repo, "rev-parse", "HEAD~1")
     g = GitRepo(fleet_repo)
-    lease = Lease(fleet_repo, holder="rigsync@host:/fleet", host="host", pid=7)
-    _, files = lease.acquire(T0 + 30)
-    assert g.commit_observed(files, {}, "lease: lease acquired by rigsync@host:/fleet") is not None
+    assert g.commit_observed({"observed/drift.yaml": "drift: []\n"}, {}, "drift: none") is not None
     previous = read_observed(fleet_repo)
     status = ReconcilerStatus(desired_commit_applied=desired_sha, last_valid_desired_commit=desired_sha, holder="h")
     quiet = render_observed(
@@ -194,7 +191,7 @@ def test_rigsyncs_own_commits_after_the_desired_one_are_not_a_new_desired_revisi
         now=T0 + 60,
         previous=previous,
     )
-    assert g.commit_observed(quiet, {}, summarize_change(previous, quiet, 0)) is not None
+    assert g.commit_observed(quiet, {}, describe_change(previous, quiet) or "first observation") is not None
     assert git(fleet_repo, "log", "-2", "--format=%an") == "rigsync\nrigsync"
     assert git(fleet_repo, "rev-parse", "HEAD") != desired_sha
 

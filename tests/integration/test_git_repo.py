@@ -10,12 +10,16 @@ import threading
 from pathlib import Path
 
 import pytest
+import yaml
 
 from reconciler.adapters.git import GitRepo
-from reconciler.errors import PushRejected, RepoError
+from reconciler.errors import LeaseHeld, LeaseRace, PushRejected, RepoError
+from reconciler.lease import Lease, LeaseState
+from reconciler.lease import to_yaml as lease_to_yaml
 from reconciler.model import Budget, Desired, Fleet, Sweep
 
 pytestmark = pytest.mark.integration
+T0 = 1_790_000_000.0
 
 HUMAN = {
     "GIT_AUTHOR_NAME": "Human",
@@ -191,20 +195,85 @@ def test_rebase_resolves_observed_conflicts_by_path(world: tuple[Path, Path, Pat
     assert sorted(sh(remote, "show", "main:observed/runs/2026-11.jsonl").splitlines()) == ["ours", "theirs"]
 
 
-def test_concurrent_lease_edits_conflict_instead_of_overwriting(world: tuple[Path, Path, Path]) -> None:
+def test_the_lease_is_a_compare_and_swap_on_its_own_ref_never_on_main(world: tuple[Path, Path, Path]) -> None:
     remote, human, mine = world
+    main_before = sh(remote, "rev-parse", "main")
+    a, b = GitRepo(mine), GitRepo(human)
+    assert a.lease_ref == "refs/heads/rigsync/lease/main"
+    assert a.read_lease() == (None, None)
+    v1 = a.swap_lease(None, "holder: a\n", "lease: acquired by a")
+    assert v1 is not None and b.read_lease() == (v1, "holder: a\n")
+    with pytest.raises(LeaseRace, match="moved"):  # b expected no lease: a's is there
+        b.swap_lease(None, "holder: b\n", "lease: acquired by b")
+    v2 = a.swap_lease(v1, "holder: a\nheartbeat: 2\n", "lease: heartbeat")
+    with pytest.raises(LeaseRace):  # b read v1 and lost the race to a's heartbeat
+        b.swap_lease(v1, "holder: b\n", "lease: taken over")
+    assert sh(remote, "show", f"{a.lease_ref}:lease.yaml") == "holder: a\nheartbeat: 2"
+    assert sh(remote, "rev-list", "--count", a.lease_ref) == "1", "each lease is a parentless commit"
+    with pytest.raises(LeaseRace):  # a release expecting an old version removes nothing
+        b.swap_lease(v1, None, "lease: released")
+    assert a.swap_lease(v2, None, "lease: released") is None
+    assert a.read_lease() == (None, None)
+    assert sh(remote, "rev-parse", "main") == main_before, "no lease write touched main"
+
+
+def _race_for_the_lease(clones: list[Path]) -> dict[int, str]:
+    """Every clone's ``Lease.acquire`` at once: all read the lease together (a barrier), then all push."""
+    barrier = threading.Barrier(len(clones), timeout=30)
+    outcome: dict[int, str] = {}
+
+    def race(n: int, clone: Path) -> None:
+        g = GitRepo(clone)
+        real_read = g.read_lease
+        reads: list[int] = []
+
+        def read_together() -> tuple[str | None, str | None]:
+            got = real_read()
+            if not reads:  # the first read of every racer happens before any of them pushes
+                barrier.wait()
+            reads.append(1)
+            return got
+
+        g.read_lease = read_together  # type: ignore[method-assign]
+        lease = Lease(g, holder=f"racer{n}", host=f"host{n}", pid=n, stale_after=300)
+        try:
+            outcome[n] = "won: " + lease.acquire(T0).message
+        except LeaseHeld as exc:
+            outcome[n] = f"refused after {len(reads)} reads: {exc}"
+
+    threads = [threading.Thread(target=race, args=(n, c)) for n, c in enumerate(clones)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return outcome
+
+
+def test_two_actors_racing_for_the_lease_ref_exactly_one_wins(world: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """Racers read the same stale (then free) lease and push their takeover at once: exactly one lands; the others'
+    compare-and-swap fails, they read the winner's fresh lease and refuse, naming it."""
+    remote, _, mine = world
     g = GitRepo(mine)
-    g.commit_observed({"observed/lease.yaml": "holder: a\n"}, {}, "observe: lease a")
-    g.push()
-    sh(human, "pull", "--quiet", "origin", "main")
-    (human / "observed" / "lease.yaml").write_text("holder: b\n")
-    sh(human, "commit", "--quiet", "-am", "lease b")
-    sh(human, "push", "--quiet", "origin", "main")
-    g.commit_observed({"observed/lease.yaml": "holder: a\nheartbeat: 2\n"}, {}, "observe: lease renewed")
-    with pytest.raises(RepoError, match=r"lease\.yaml"):
-        g.push()
-    assert sh(remote, "show", "main:observed/lease.yaml") == "holder: b"
-    assert not (mine / ".git" / "rebase-merge").exists()  # the failed rebase was aborted
+    clones = [mine]
+    for n in range(1, 3):
+        clone = tmp_path / f"racer{n}"
+        sh(tmp_path, "clone", "--quiet", str(remote), str(clone))
+        clones.append(clone)
+    stale = lease_to_yaml(LeaseState("old", "hostO", 1, T0 - 1000, T0 - 1000))
+    for start in ("stale", "free", "stale"):
+        version, _ = g.read_lease()
+        if start == "stale":
+            g.swap_lease(version, stale, "lease: a stale one")
+        else:
+            g.swap_lease(version, None, "lease: released")
+        outcome = _race_for_the_lease(clones)
+        winners = [n for n, o in outcome.items() if o.startswith("won")]
+        assert len(outcome) == len(clones) and len(winners) == 1, outcome
+        holder = yaml.safe_load(sh(remote, "show", f"{g.lease_ref}:lease.yaml"))["holder"]
+        assert holder == f"racer{winners[0]}"
+        for n, o in outcome.items():
+            if n != winners[0]:
+                assert f"held by racer{winners[0]}" in o, outcome
 
 
 def test_concurrent_pushers_race_and_all_land(world: tuple[Path, Path, Path], tmp_path: Path) -> None:
@@ -303,8 +372,8 @@ def test_pin_names_the_desired_and_code_revisions_not_the_tip(
     sh(human, "push", "--quiet", "origin", "main")
     g = GitRepo(mine)
     g.sync_to_remote()
-    g.commit_observed({"observed/lease.yaml": "holder: me\n"}, {}, "lease: acquired")
     g.commit_observed({"observed/status.yaml": "x\n"}, {}, "observe: x")
+    g.commit_observed({"observed/fleet.yaml": "y\n"}, {}, "observe: y")
     pinned = g.pin(_desired(code))
     assert (pinned.commit, pinned.code_commit) == (first, code_sha)
     assert g.head() not in (first, code_sha)

@@ -28,6 +28,7 @@ import jsonschema
 import pytest
 import yaml
 
+from reconciler.adapters.git import GitRepo
 from reconciler.daemon import DaemonConfig, FleetDaemon
 from reconciler.demo import make_fleet_repo
 from reconciler.emulator import Emulator
@@ -50,8 +51,8 @@ OBSERVED_SCHEMAS = {
     "observed/drift.yaml": "observed-drift",
     "observed/budget.yaml": "observed-budget",
     "observed/status.yaml": "observed-status",
-    "observed/lease.yaml": "observed-lease",
 }
+LEASE_REF = "refs/heads/rigsync/lease/main"
 
 SWEEP = """\
 # yaml-language-server: $schema=../../schemas/sweep.schema.json
@@ -179,6 +180,14 @@ class World:
         text = self.remote_file(path)
         return None if text is None else yaml.safe_load(text)
 
+    def remote_lease(self) -> Any:
+        """The fleet's lease as the remote has it: ``lease.yaml`` on its own ref (None when there is none)."""
+        text = self.remote_file("lease.yaml", LEASE_REF)
+        if text is not None:
+            schema = json.loads((ROOT / "schemas" / "observed-lease.schema.json").read_text())
+            jsonschema.Draft202012Validator(schema).validate(yaml.safe_load(text))
+        return None if text is None else yaml.safe_load(text)
+
     def remote_archive_entries(self) -> list[dict[str, Any]]:
         """Every line of the archive at the remote tip: attempts and the boxes' overhead lines."""
         names = git(self.remote, "ls-tree", "--name-only", "refs/heads/main", "observed/runs/").split()
@@ -299,7 +308,8 @@ def make_world(
     work = tmp / "rigsync"
     work, remote = make_fleet_repo(work, None)
     git(remote, "config", "core.logAllRefUpdates", "true")
-    git(remote, "config", "receive.denyNonFastForwards", "true")
+    # no receive.denyNonFastForwards: each lease write replaces the lease ref (a compare-and-swap, never a
+    # fast-forward); the reflog check proves main itself is never forced
     fleet = work / "desired" / "fleet.yaml"
     text = fleet.read_text()
     text = set_key(text, "name", name)
@@ -364,12 +374,19 @@ def log_text(log: Path) -> str:
 
 def test_unchanged_cycles_make_no_commit(world_factory: Callable[..., World]) -> None:
     w = world_factory("t-quiet", suspend=True)
+    legacy = w.work / "observed" / "lease.yaml"  # where an older rigsync kept the lease, on the branch itself
+    legacy.parent.mkdir()
+    legacy.write_text("holder: rigsync@old:/fleet\nheartbeat_at: 2026-01-01T00:00:00Z\n")
+    git(w.work, "add", "observed/lease.yaml")
+    git(w.work, "commit", "-q", "-m", "lease: an older rigsync's")
+    git(w.work, "push", "-q", "origin", "main")
     d = w.daemon()
     d.acquire()
     try:
         first = d.cycle()
         assert first.commit is not None, "the first cycle writes observed/ for the first time"
         assert not first.acted
+        assert w.remote_file("observed/lease.yaml") is None, "the stale lease file left the branch with that commit"
         tip = w.tip()
         count = w.commit_count()
         for _ in range(4):
@@ -380,7 +397,7 @@ def test_unchanged_cycles_make_no_commit(world_factory: Callable[..., World]) ->
         validate_observed(w)
     finally:
         d.release()
-    assert w.remote_yaml("observed/lease.yaml") is None, "release deletes the lease at the remote"
+    assert w.remote_lease() is None, "release deletes the lease at the remote"
     w.assert_never_forced()
 
 
@@ -392,11 +409,11 @@ def test_human_push_during_a_cycle_survives_and_is_applied_next(world_factory: C
     pushed: list[str] = []
     original_push = d.git.push
 
-    def push_after_a_human(max_tries: int = 6) -> None:
+    def push_after_a_human(max_tries: int = 6, lease: tuple[str | None, str, str] | None = None) -> str | None:
         # The human pushes between rigsync's sync and its push: rigsync's push must rebase, not force.
         if not pushed:
             pushed.append(w.human_push(human, add_seed_2, "sweep: one more seed"))
-        original_push(max_tries)
+        return original_push(max_tries, lease)
 
     def add_seed_2(clone: Path) -> None:
         p = clone / "desired" / "sweeps" / "tdmpc.yaml"
@@ -405,7 +422,8 @@ def test_human_push_during_a_cycle_survives_and_is_applied_next(world_factory: C
     try:
         before = d.cycle()
         d.git.push = push_after_a_human  # type: ignore[method-assign]
-        racing = d.cycle()
+        # cycles without a change worth a commit push nothing: the race is with the next one that commits
+        racing = wait_for("a cycle that commits", lambda: (lambda c: c if c.commit else None)(d.cycle()), 60, 0.3)
         assert pushed and racing.commit is not None
         h = pushed[0]
         tip = w.tip()
@@ -496,27 +514,29 @@ def test_only_one_reconciler_acts_and_a_stale_lease_is_taken_over(world_factory:
     other = w.clone("other")
     first, log = w.start("--interval", "1")
     holder = f"rigsync@{os.uname().nodename}:{w.work}"
-    wait_for("the first daemon's lease", lambda: (w.remote_yaml("observed/lease.yaml") or {}).get("holder"))
-    assert w.remote_yaml("observed/lease.yaml")["holder"] == holder
+    wait_for("the first daemon's lease", lambda: (w.remote_lease() or {}).get("holder"))
+    assert w.remote_lease()["holder"] == holder
 
     second = w.run_once(repo=other)
     assert second.returncode != 0
     assert holder in second.stderr, second.stderr
     assert "Traceback" not in second.stderr
     assert first.poll() is None, "the holder keeps running"
-    assert w.remote_yaml("observed/lease.yaml")["holder"] == holder, "the refused reconciler wrote nothing"
+    assert w.remote_lease()["holder"] == holder, "the refused reconciler wrote nothing"
 
     first.send_signal(signal.SIGKILL)  # dies holding the lease: it goes stale
     first.wait(timeout=10)
-    beat = w.remote_yaml("observed/lease.yaml")["heartbeat_at"]
+    beat = w.remote_lease()["heartbeat_at"]
     wait_for("the lease to be older than 2s", lambda: time.time() - _ts(beat) > 2.5, 10)
     third = w.run_once("--lease-stale", "2", repo=other)
     assert third.returncode == 0, third.stdout + third.stderr
-    lease = w.remote_yaml("observed/lease.yaml")
+    lease = w.remote_lease()
     assert lease["holder"] == f"rigsync@{os.uname().nodename}:{other}"
     assert holder in lease["taken_over_from"]
-    messages = git(w.remote, "log", "--format=%B", "-n", "5", "refs/heads/main")
-    assert "taken over from" in messages and holder in messages, messages
+    message = git(w.remote, "log", "-1", "--format=%B", LEASE_REF)  # the takeover is on the record of the lease ref
+    assert "taken over from" in message and holder in message, message
+    on_main = git(w.remote, "log", "--format=%s", "refs/heads/main").splitlines()
+    assert not [s for s in on_main if s.startswith("lease")], f"lease commits on main: {on_main}"
     assert "Traceback" not in log_text(log)
     w.assert_never_forced()
 
@@ -544,7 +564,7 @@ def test_sigterm_to_the_process_exits_0_and_leaves_a_consistent_record(world_fac
     out = log_text(log)
     assert code == 0, out[-3000:]
     assert "Traceback" not in out
-    assert w.remote_yaml("observed/lease.yaml") is None, "the lease is released at the remote"
+    assert w.remote_lease() is None, "the lease is released at the remote"
     lock = LocalLock(lock_path(w.work)).acquire()  # and the local lock is free
     lock.release()
     # Whatever it launched before stopping is recorded at the remote, and still running: a stop never kills runs.
@@ -582,7 +602,7 @@ def test_sigterm_mid_action_finishes_it_and_starts_no_other(world_factory: Calla
     root = w.emu.host_root(iid) / "rigsync"
     assert any((root / "code").iterdir()), "the action under way when the signal came was finished"
     assert not (root / "runs").exists() or not any((root / "runs").iterdir()), "no launch after the signal"
-    assert w.remote_yaml("observed/lease.yaml") is None
+    assert w.remote_lease() is None
     status = w.remote_yaml("observed/status.yaml")
     assert status["apply_errors"] == []
     assert signal.getsignal(signal.SIGTERM) is not None
@@ -608,7 +628,7 @@ def test_a_holder_past_its_lease_deadline_stops_acting_and_the_taker_launches_ea
         if taken:
             return data
         # A is stuck in this action until its lease is stale; meanwhile B takes the fleet over and acts.
-        beat = _ts(w.remote_yaml("observed/lease.yaml")["heartbeat_at"])
+        beat = _ts(w.remote_lease()["heartbeat_at"])
         wait_for("A's lease to go stale", lambda: time.time() - beat > 6.5, 20, every=0.1)
         b = w.run_once("--lease-stale", "6", repo=other)
         taken.update(code=b.returncode, out=b.stdout + b.stderr, tip=w.tip())
@@ -633,7 +653,7 @@ def test_a_holder_past_its_lease_deadline_stops_acting_and_the_taker_launches_ea
     assert skipped, [r.getMessage() for r in caplog.records]
     # A committed nothing after B took over, and never removed B's lease.
     assert w.tip() == taken["tip"]
-    assert w.remote_yaml("observed/lease.yaml")["holder"] == f"rigsync@{os.uname().nodename}:{other}"
+    assert w.remote_lease()["holder"] == f"rigsync@{os.uname().nodename}:{other}"
     lock = LocalLock(lock_path(w.work)).acquire()  # A's local lock is free again
     lock.release()
     w.assert_never_forced()
@@ -642,38 +662,38 @@ def test_a_holder_past_its_lease_deadline_stops_acting_and_the_taker_launches_ea
 def test_a_takeover_racing_our_commit_is_lease_lost_and_none_of_ours_lands(
     world_factory: Callable[..., World],
 ) -> None:
-    """Another reconciler's takeover lands between our fetch and our push: our push conflicts on the lease file,
-    the daemon sees the remote's lease is someone else's, exits with LeaseLost and drops what it committed."""
+    """Another reconciler's takeover lands on the lease ref between our commit and our push: our push of main carries
+    a heartbeat in the same atomic push, so it fails as a whole; the daemon exits with LeaseLost naming the new holder
+    and drops what it committed."""
     from reconciler.errors import LeaseLost
     from reconciler.lease import LeaseState, to_yaml
 
     w = world_factory("t-race", suspend=True)
     human = w.clone("human")
-    a = w.daemon(lease_renew_s=0.2, lease_stale_s=600.0)
-    armed: list[bool] = []
+    a = w.daemon(lease_stale_s=600.0)
     taker: dict[str, str] = {}
     original_push = a.git.push
 
-    def racing_push(max_tries: int = 6) -> None:
-        # A commit carrying our heartbeat: its push is the compare-and-swap that a takeover must make fail. (One
-        # without a heartbeat is guarded by the deadline instead: a legitimate taker cannot be here before it.)
-        ours = "observed/lease.yaml" in git(w.work, "show", "--name-only", "--format=", "HEAD").split()
-        if armed and not taker and ours:
+    def racing_push(max_tries: int = 6, lease: tuple[str | None, str, str] | None = None) -> str | None:
+        if "desired" in taker and "sha" not in taker:
             now = time.time()
             b = LeaseState(holder="rigsync@elsewhere:/b", host="elsewhere", pid=7, acquired_at=now, heartbeat_at=now)
+            other = GitRepo(human)
+            taker["sha"] = str(other.swap_lease(other.read_lease()[0], to_yaml(b), "lease: taken over"))
+        return original_push(max_tries, lease)
 
-            def take(clone: Path) -> None:
-                (clone / "observed" / "lease.yaml").write_text(to_yaml(b))
+    def after_cycle(c: Any) -> None:
+        if "desired" not in taker:  # a change worth a commit in the next cycle: a new desired revision
+            def note(clone: Path) -> None:
+                (clone / "desired" / "fleet.yaml").write_text((clone / "desired" / "fleet.yaml").read_text() + "\n")
 
-            taker["sha"] = w.human_push(human, take, "lease: taken over (another reconciler)")
-        original_push(max_tries)
+            taker["desired"] = w.human_push(human, note, "desired: a blank line")
 
     a.git.push = racing_push  # type: ignore[method-assign]
-    # the conflict of our push, not a later cycle's fetch, is how it is seen: the message carries git's refusal
-    with pytest.raises(LeaseLost, match=r"taken over by rigsync@elsewhere:/b on elsewhere \(pid 7\) \(.+\)"):
-        a.run_forever(on_cycle=lambda c: armed.append(True))
-    assert taker, "no cycle after the first one pushed"
-    assert w.tip() == taker["sha"], "nothing of ours landed after the takeover"
-    assert w.remote_yaml("observed/lease.yaml")["holder"] == "rigsync@elsewhere:/b"
-    assert git(w.work, "rev-parse", "HEAD") == taker["sha"], "our unpushed commits were dropped"
+    with pytest.raises(LeaseLost, match=r"taken over by rigsync@elsewhere:/b on elsewhere \(pid 7\)"):
+        a.run_forever(on_cycle=after_cycle)
+    assert "sha" in taker, "no cycle after the first one pushed"
+    assert w.tip() == taker["desired"], "nothing of ours landed after the takeover"
+    assert w.remote_lease()["holder"] == "rigsync@elsewhere:/b"
+    assert git(w.work, "rev-parse", "HEAD") == taker["desired"], "our unpushed commits were dropped"
     w.assert_never_forced()

@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 from reconciler.errors import (
     HostUnreachable,
     LaunchLockHeld,
+    LeaseRace,
     ProviderPermanent,
     RejectedByProvider,
     RemoteCommandFailed,
@@ -586,6 +587,28 @@ class FakeArchive:
                 new.append(r)
         self._records.extend(new)
         return new
+
+
+class MemoryLeaseStore:
+    """``ports.LeaseStore`` in memory: versions ``v1``, ``v2``...; a swap expecting another version is ``LeaseRace``."""
+
+    def __init__(self) -> None:
+        self.version: str | None = None
+        self.text: str | None = None
+        self.messages: list[str] = []
+        self._n = 0
+
+    def read_lease(self) -> tuple[str | None, str | None]:
+        return self.version, self.text
+
+    def swap_lease(self, expected: str | None, text: str | None, message: str) -> str | None:
+        if expected != self.version:
+            raise LeaseRace(f"expected {expected}, found {self.version}")
+        self._n += 1
+        self.version = None if text is None else f"v{self._n}"
+        self.text = text
+        self.messages.append(message)
+        return self.version
 
 
 def code_tar(commit: str, paths: tuple[str, ...]) -> bytes:

@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from fakes import FakeArchive, FakeClock, FakeWorld, code_tar, desired_state, offer
+from fakes import FakeArchive, FakeClock, FakeWorld, MemoryLeaseStore, code_tar, desired_state, offer
 
 from reconciler.actions import Launch, Plan, Rent, ShipCode
 from reconciler.apply import ApplyContext, ApplyResult, apply, next_in_flight
@@ -19,7 +19,6 @@ from reconciler.errors import HostUnreachable, LaunchLockHeld, LeaseLost
 from reconciler.lease import Lease
 from reconciler.model import Desired, FleetMemory, InFlight, MetricGoal, Observed
 from reconciler.observe import observe
-from reconciler.observed.codec import LEASE
 from reconciler.plan import plan
 from reconciler.ports import Fence, LaunchJob
 
@@ -133,13 +132,12 @@ def test_keyboard_interrupt_is_not_an_action_failure() -> None:
 # ------------------------------------------------------------------------------------------------ fencing
 
 
-def _lease_fence(world: FakeWorld, lease_dir: Path, *, stale_after: float, action_s: float) -> tuple[Lease, Fence]:
+def _lease_fence(
+    world: FakeWorld, store: MemoryLeaseStore, *, stale_after: float, action_s: float
+) -> tuple[Lease, Fence]:
     """Holder A's lease, acquired now and never renewed; each fenced action takes ``action_s`` of the world's time."""
-    lease = Lease(lease_dir, holder="a", host="hostA", pid=1, stale_after=stale_after, renew_every=10_000)
-    _, files = lease.acquire(world.clock.now())
-    (lease_dir / LEASE).parent.mkdir(parents=True, exist_ok=True)
-    (lease_dir / LEASE).write_text(files[LEASE] or "")
-    lease.confirm()  # as if pushed
+    lease = Lease(store, holder="a", host="hostA", pid=1, stale_after=stale_after, renew_every=10_000)
+    lease.acquire(world.clock.now())
 
     def fence() -> None:
         lease.check(world.clock.now())
@@ -154,7 +152,7 @@ def test_the_fence_stops_apply_at_the_deadline_and_the_rest_is_skipped(tmp_path:
     observed, p = _observe_and_plan(world, desired, archive)
     assert [type(a) for a in p.actions] == [ShipCode, Launch, Launch]
     # stale after 100 s, margin 25 s: A may act until 75 s after its heartbeat; each action takes 40 s.
-    lease, fence = _lease_fence(world, tmp_path, stale_after=100.0, action_s=40.0)
+    lease, fence = _lease_fence(world, MemoryLeaseStore(), stale_after=100.0, action_s=40.0)
     assert lease.deadline() == world.clock.now() + 75.0
 
     result = apply(p, replace(_ctx(world, desired, observed, archive), fence=fence))
@@ -180,7 +178,8 @@ def test_holder_a_lost_mid_apply_holder_b_takes_over_and_no_run_is_launched_twic
     # until 75 s) runs out after shipping the code and 2 launches.
     observed, p = _observe_and_plan(world, desired, archive)
     assert sum(isinstance(a, Launch) for a in p.actions) == 4
-    a_lease, fence = _lease_fence(world, tmp_path, stale_after=100.0, action_s=25.0)
+    store = MemoryLeaseStore()
+    a_lease, fence = _lease_fence(world, store, stale_after=100.0, action_s=25.0)
     a_result = apply(p, replace(_ctx(world, desired, observed, archive), fence=fence))
     assert a_result.lease_lost is not None and len(a_result.launched) == 2
     assert sum(o.skipped for o in a_result.outcomes) == 2
@@ -188,8 +187,8 @@ def test_holder_a_lost_mid_apply_holder_b_takes_over_and_no_run_is_launched_twic
     # A acts no more. B takes the lease over once it is stale, and plans from the world alone: no memory of
     # what A launched this cycle (A committed nothing), the same archive in git.
     world.clock.advance(100.0)
-    b_lease = Lease(tmp_path, holder="b", host="hostB", pid=2, stale_after=100.0)
-    decision, _ = b_lease.acquire(world.clock.now())
+    b_lease = Lease(store, holder="b", host="hostB", pid=2, stale_after=100.0)
+    decision = b_lease.acquire(world.clock.now())
     assert decision.takeover
     with pytest.raises(LeaseLost):
         a_lease.check(world.clock.now())

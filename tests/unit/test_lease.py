@@ -1,17 +1,22 @@
-"""One master: the local flock and the lease in observed/lease.yaml (refuse, resume, take over, renew)."""
+"""One master: the local flock and the lease on its own ref (refuse, resume, take over, renew, fence, release).
+
+The lease store here is ``fakes.MemoryLeaseStore`` (the same compare-and-swap contract); the git ref against a real bare
+remote is tested in tests/integration/test_git_repo.py."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
 import pytest
 import yaml
+from fakes import MemoryLeaseStore
 
-from reconciler.errors import LeaseHeld, LeaseLost, ObservedInvalid
+from reconciler.errors import LeaseHeld, LeaseLost, ObservedInvalid, RepoError
 from reconciler.lease import (
     Lease,
     LeaseState,
@@ -23,8 +28,6 @@ from reconciler.lease import (
     renew,
     to_yaml,
 )
-from reconciler.observed.codec import LEASE
-from reconciler.observed.summary import summarize_change
 
 T0 = 1_790_000_000.0
 SCHEMA = json.loads((Path(__file__).parents[2] / "schemas" / "observed-lease.schema.json").read_text())
@@ -81,39 +84,59 @@ def test_yaml_round_trip_validates() -> None:
         from_yaml("holder: a\nheartbeat_at: soon\n")
 
 
-def write(root: Path, files: dict[str, str | None]) -> None:
-    for rel, text in files.items():
-        p = root / rel
-        if text is None:
-            p.unlink(missing_ok=True)
-        else:
-            p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(text)
+def test_lease_over_the_store_second_reconciler_refused_then_takes_over() -> None:
+    store = MemoryLeaseStore()
+    a = Lease(store, holder="a", host="hostA", pid=1, stale_after=300, renew_every=60)
+    decision = a.acquire(T0)
+    assert decision.granted and store.version == "v1" and store.messages == ["lease: lease acquired by a"]
+    assert a.renew(T0 + 30) is False and store.version == "v1"  # no heartbeat due: nothing written
+    assert a.renew(T0 + 61) is True and store.version == "v2"
+    assert from_yaml(store.text or "") == replace(held_by("a", T0 + 61), host="hostA", pid=1, acquired_at=T0)
 
-
-def test_lease_over_files_second_reconciler_refused_then_takes_over(tmp_path: Path) -> None:
-    a = Lease(tmp_path, holder="a", host="hostA", pid=1, stale_after=300, renew_every=60)
-    decision, files = a.acquire(T0)
-    assert decision.granted and LEASE in files
-    write(tmp_path, files)
-    assert a.renew(T0 + 30) == {}  # no heartbeat due: nothing to commit
-    renewed = a.renew(T0 + 61)
-    assert LEASE in renewed
-    write(tmp_path, renewed)
-
-    b = Lease(tmp_path, holder="b", host="hostB", pid=2, stale_after=300, renew_every=60)
+    b = Lease(store, holder="b", host="hostB", pid=2, stale_after=300, renew_every=60)
     with pytest.raises(LeaseHeld, match="held by a on hostA"):
         b.acquire(T0 + 120)
-    decision, files = b.acquire(T0 + 61 + 301)
-    assert decision.takeover
-    old = {LEASE: (tmp_path / LEASE).read_text()}
-    write(tmp_path, files)
-    assert summarize_change(old, {LEASE: files[LEASE] or ""}, 0).startswith("observe: lease taken over from a on hostA")
-    # The old holder notices on its next renewal and stops.
-    with pytest.raises(LeaseHeld, match="taken over by b"):
+    decision = b.acquire(T0 + 61 + 301)
+    assert decision.takeover and "taken over from a on hostA" in store.messages[-1]
+    # The old holder notices on its next renewal (its compare-and-swap fails) and stops, naming the new holder.
+    with pytest.raises(LeaseLost, match="taken over by b on hostB"):
         a.renew(T0 + 1000)
-    released = b.release()
-    assert released == {LEASE: None}
+    assert from_yaml(store.text or "") is not None and from_yaml(store.text or "").holder == "b"  # type: ignore[union-attr]
+    assert b.release() is True and store.read_lease() == (None, None)
+
+
+def test_a_lost_compare_and_swap_decides_again_on_what_the_winner_wrote() -> None:
+    """Two acquirers read the same stale lease; the second to push loses the swap, re-reads, and is refused."""
+    store = MemoryLeaseStore()
+    store.swap_lease(None, to_yaml(held_by("old", T0 - 1000)), "lease: old")
+    a = Lease(store, holder="a", host="hostA", pid=1, stale_after=300)
+    b = Lease(store, holder="b", host="hostB", pid=2, stale_after=300)
+    real_read = store.read_lease
+    reads: list[tuple[str | None, str | None]] = []
+
+    def read_then_let_a_win() -> tuple[str | None, str | None]:
+        got = real_read()
+        reads.append(got)
+        if len(reads) == 1:  # b has read the stale lease; a takes it over before b pushes
+            store.read_lease = real_read  # type: ignore[method-assign]
+            a.acquire(T0)
+            store.read_lease = read_then_let_a_win  # type: ignore[method-assign]
+        return got
+
+    store.read_lease = read_then_let_a_win  # type: ignore[method-assign]
+    with pytest.raises(LeaseHeld, match="held by a on hostA"):
+        b.acquire(T0)
+    assert len(reads) == 2 and b.state is None
+    assert from_yaml(store.text or "") is not None and from_yaml(store.text or "").holder == "a"  # type: ignore[union-attr]
+
+
+def test_renewing_a_removed_lease_is_lease_lost() -> None:
+    store = MemoryLeaseStore()
+    a = Lease(store, holder="a", host="hostA", pid=1, stale_after=300, renew_every=60)
+    a.acquire(T0)
+    store.swap_lease(store.version, None, "deleted by hand")
+    with pytest.raises(LeaseLost, match="removed"):
+        a.beat(T0 + 10)
 
 
 def test_local_lock_refuses_a_second_holder(tmp_path: Path) -> None:
@@ -139,32 +162,35 @@ def test_the_fencing_deadline_is_the_takeover_time_less_a_margin() -> None:
     assert fence_deadline(T0, 40) == T0 + 30
 
 
-def test_the_fence_counts_from_the_pushed_heartbeat_and_refuses_after_the_deadline(tmp_path: Path) -> None:
-    a = Lease(tmp_path, holder="a", host="hostA", pid=1, stale_after=300, renew_every=60)
+def test_the_fence_counts_from_the_pushed_heartbeat_and_refuses_after_the_deadline() -> None:
+    store = MemoryLeaseStore()
+    a = Lease(store, holder="a", host="hostA", pid=1, stale_after=300, renew_every=60)
     with pytest.raises(LeaseLost, match="no lease of ours"):
         a.check(T0)
-    _, files = a.acquire(T0)
-    with pytest.raises(LeaseLost):  # written, not yet pushed: nobody else has seen it
-        a.check(T0)
-    write(tmp_path, files)
-    a.confirm()
+    a.acquire(T0)
     a.check(T0 + 239)
     with pytest.raises(LeaseLost, match="fencing deadline passed 1s ago"):
         a.check(T0 + 241)
     assert not a.renew_due(T0 + 149) and a.renew_due(T0 + 150)  # mid-apply: half of stale_after, at least renew
-    assert LEASE in a.renew(T0 + 100)  # renewed in the working tree, not pushed: the deadline stays
+
+    def failing(expected: str | None, text: str, message: str) -> str | None:
+        raise RepoError("the remote is unreachable")
+
+    with pytest.raises(RepoError):  # a heartbeat that did not reach the remote moves nothing
+        a.beat(T0 + 100, failing)
     with pytest.raises(LeaseLost):
         a.check(T0 + 241)
-    a.confirm()  # pushed
+    assert a.state is not None and a.state.heartbeat_at == T0
+    a.beat(T0 + 100)  # pushed
     a.check(T0 + 339)
-    beat = a.beat(T0 + 200)
-    assert a.state is not None and a.state.heartbeat_at == T0 + 200 and LEASE in beat
+    assert a.state is not None and a.state.heartbeat_at == T0 + 100 and store.version == "v2"
 
 
-def test_release_never_removes_a_lease_someone_else_took_over(tmp_path: Path) -> None:
-    a = Lease(tmp_path, holder="a", host="hostA", pid=1, stale_after=300, renew_every=60)
-    write(tmp_path, a.acquire(T0)[1])
-    b = Lease(tmp_path, holder="b", host="hostB", pid=2, stale_after=300, renew_every=60)
-    write(tmp_path, b.acquire(T0 + 400)[1])
-    assert a.release() == {}
-    assert b.release() == {LEASE: None}
+def test_release_never_removes_a_lease_someone_else_took_over() -> None:
+    store = MemoryLeaseStore()
+    a = Lease(store, holder="a", host="hostA", pid=1, stale_after=300, renew_every=60)
+    a.acquire(T0)
+    b = Lease(store, holder="b", host="hostB", pid=2, stale_after=300, renew_every=60)
+    b.acquire(T0 + 400)
+    assert a.release() is False and store.text is not None and "holder: b" in store.text
+    assert b.release() is True and store.text is None

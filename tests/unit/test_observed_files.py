@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 import yaml
 
-from reconciler.actions import Destroy, Launch, Plan, ReasonCode
+from reconciler.actions import Destroy, Plan, ReasonCode
 from reconciler.desired import load_desired_from_dir
 from reconciler.errors import ObservedInvalid
 from reconciler.model import (
@@ -29,13 +29,14 @@ from reconciler.model import (
     Instance,
     InstanceStatus,
     Observed,
+    OverheadRecord,
     RunDirState,
     Spend,
 )
 from reconciler.observed.codec import BUDGET, DRIFT, FLEET, RUNS, STATUS
 from reconciler.observed.documents import ReconcilerStatus, render_observed
 from reconciler.observed.memory import fleet_memory_from_files, read_fleet_memory
-from reconciler.observed.summary import summarize_change
+from reconciler.observed.summary import describe_change
 
 ROOT = Path(__file__).parents[2]
 SCHEMAS = {
@@ -343,33 +344,52 @@ def test_fleet_memory_rejects_malformed_files_with_location() -> None:
         fleet_memory_from_files({RUNS: "in_flight:\n- run_id: r\n"})
 
 
-def test_summarize_change(desired: Desired) -> None:
-    empty: dict[str, str] = {}
+def test_describe_change_names_rents_destroys_launches_and_finishes(desired: Desired) -> None:
     first = render_observed(desired=desired, observed=world(desired), plan=a_plan(desired), status=STATUS_OK, now=T0)
-    msg = summarize_change(empty, first, appended=0)
-    assert msg.startswith("observe: +1 box, 1 launched, drift 0→2, applied desired dddddddddd")
+    msg = describe_change({}, first)
+    assert msg is not None and msg.startswith("rented 11 RTX 3060 $0.10/h: ") and "applied desired dddddddddd" in msg
     more = render_observed(
-        desired=desired,
-        observed=world(desired, extra_box=True),
-        plan=a_plan(desired),
-        status=STATUS_OK,
-        now=T0 + 60,
-        previous=first,
+        desired=desired, observed=world(desired, extra_box=True), plan=a_plan(desired), status=STATUS_OK,
+        now=T0 + 60, previous=first,
     )
-    assert summarize_change(first, more, appended=3) == "observe: +1 box, 3 runs finished"
-    assert summarize_change(more, first, appended=1) == "observe: -1 box, 1 run finished"
-    assert summarize_change(first, first, appended=0) == "observe: no change"
-    launched = Plan(
-        actions=(
-            Launch(
-                reason="r", code=ReasonCode.PENDING_RUN, instance_id=11, run_id="x", attempt=1, gpu_mask=(0,),
-                command="c", code_commit=None,
-            ),
-        )
+    pending = yaml.safe_load(more[RUNS])["counts"]
+    n = sum(c["pending"] + c["retrying"] for c in pending.values())
+    assert describe_change(first, more) == f"rented 12 RTX 3060 $0.12/h: {n} runs pending"
+    assert describe_change(more, first, destroyed={12: "idle for 10m (idle_timeout 10m)"}) == (
+        "destroyed 12: idle for 10m (idle_timeout 10m)"
     )
-    changed = render_observed(desired=desired, observed=world(desired), plan=launched, status=STATUS_OK, now=T0)
-    assert summarize_change(first, changed, appended=0) == "observe: drift 2→0"
-    quiet = render_observed(
-        desired=desired, observed=world(desired), plan=replace(a_plan(desired), actions=()), status=STATUS_OK, now=T0
+    assert describe_change(more, first) == "12 gone from the provider's list"
+    run = desired.runs[4]
+    done = AttemptRecord(run_id=run.id, attempt=1, sweep=run.sweep, phase=AttemptOutcome.SUCCEEDED, seed=2,
+                         best_metric=612.04, instance_id=11)
+    launched = replace(world(desired), in_flight=(
+        InFlight(run_id=run.id, attempt=2, instance_id=11, gpu_mask=(0,), launched_at=T0, sweep=run.sweep),
+        InFlight(run_id=desired.runs[5].id, attempt=1, instance_id=12, gpu_mask=(0,), launched_at=T0, sweep=run.sweep),
+    ))
+    after = render_observed(desired=desired, observed=launched, plan=a_plan(desired), status=STATUS_OK, now=T0 + 9,
+                            previous=first)
+    assert describe_change(first, after, archived=[done], metric_keys={run.sweep: "reward"}) == (
+        f"{run.sweep}: 2 launched on 2 boxes, 1 succeeded (seed 2, reward 612)"
     )
-    assert summarize_change(first, quiet, appended=0) == "observe: update status"
+
+
+def test_describe_change_ignores_probe_noise_plan_counts_and_the_clock(desired: Desired) -> None:
+    """A GPU turning busy, a box booting, a reachability flip, the plan's counts and the clock make no commit."""
+    first = render_observed(desired=desired, observed=world(desired), plan=a_plan(desired), status=STATUS_OK, now=T0)
+    base = world(desired)
+    noisy = replace(
+        base,
+        instances=tuple(replace(i, status=InstanceStatus.LOADING) if i.id == 11 else i for i in base.instances),
+        probes=tuple(
+            replace(p, gpus=tuple(replace(g, memory_used_mib=0, utilization_pct=0.0) for g in p.gpus))
+            for p in base.probes
+        ),
+    )
+    quiet_plan = replace(a_plan(desired), actions=())
+    later = render_observed(desired=desired, observed=noisy, plan=quiet_plan, status=STATUS_OK, now=T0 + 3600,
+                            previous=first)
+    assert later != first  # the files did move (status, busy, last_plan, last_change_at)...
+    assert describe_change(first, later) is None  # ...and none of it is a change worth a commit
+    assert describe_change(first, later, archive_pending=True) == "archive lines of an earlier cycle"
+    overhead = OverheadRecord(instance_id=11, billed_usd=0.25, attempts_usd=0.2, cost_usd=0.05)
+    assert describe_change(first, later, overheads=[overhead]) == "closed 11's bill: $0.2500, $0.0500 outside runs"
