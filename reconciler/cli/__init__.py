@@ -15,10 +15,12 @@ from collections.abc import Sequence
 from reconciler import __version__
 from reconciler.cli import (
     apply_cmd,
+    dashboard_cmd,
     demo_cmd,
     diff_cmd,
     emulator_cmd,
     logs_cmd,
+    mcp_cmd,
     plan_cmd,
     run_cmd,
     runs_cmd,
@@ -32,7 +34,7 @@ from reconciler.textsafe import SafeStream
 
 SUBCOMMANDS = (
     validate_cmd, runs_cmd, emulator_cmd, plan_cmd, apply_cmd, status_cmd, demo_cmd, run_cmd, diff_cmd, logs_cmd,
-    ssh_cmd,
+    ssh_cmd, dashboard_cmd, mcp_cmd,
 )
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
+from reconciler.actions import Plan
 from reconciler.cli._common import add_repo_arg, observe_once
 from reconciler.errors import UserError
 from reconciler.render import plan_text
@@ -21,9 +23,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def plan_doc(args: argparse.Namespace) -> tuple[Plan, dict[str, Any]]:
+    """The plan of one live observation and its JSON (schemas/plan.schema.json; ``rigsync mcp``'s ``plan`` too)."""
     _, _, the_plan = observe_once(args)
-    doc = the_plan.to_json()
+    return the_plan, the_plan.to_json()
+
+
+def run(args: argparse.Namespace) -> int:
+    the_plan, doc = plan_doc(args)
     if args.out:
         try:
             Path(args.out).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
