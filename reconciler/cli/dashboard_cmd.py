@@ -27,11 +27,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(handler=run)
 
 
-def open_hint(path: Path) -> str:
-    """The line that says where the page is and how to open it (the demo prints it too)."""
-    return f"dashboard: {path}  (open it in a browser: xdg-open {path}, or file://{path})"
-
-
 def run(args: argparse.Namespace) -> int:
     repo = Path(args.repo)
     if not repo.is_dir():
@@ -43,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
             written = dashboard.write(repo, Path(args.out) if args.out else None)
         except OSError as exc:
             raise UserError(f"{args.out or dashboard.default_out(repo)}: cannot write the dashboard: {exc}") from None
-        print(open_hint(written))
+        print(dashboard.open_hint(written))
     if args.port is not None:
         serve(repo, args.port)
     return 0

@@ -168,6 +168,11 @@ def default_out(repo: Path) -> Path:
     return (git_dir / "rigsync-dashboard.html") if git_dir.is_dir() else (repo / "rigsync-dashboard.html")
 
 
+def open_hint(path: Path) -> str:
+    """The line that says where the page is and how to open it (`rigsync dashboard` and the demo print it)."""
+    return f"dashboard: {path}  (open it in a browser: xdg-open {path}, or file://{path})"
+
+
 def write(repo: Path, out: Path | None = None) -> Path:
     """Write the page of ``repo`` to ``out`` (default ``default_out``); returns the path written."""
     target = out if out is not None else default_out(repo)
