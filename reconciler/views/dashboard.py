@@ -84,7 +84,12 @@ def _spend_chart(facts: RepoFacts, view: FleetView) -> Markup:
     for t, usd in events:
         total += usd
         points.append(((t - t0) / 60.0, total))
-    series = [Series("archived spend ($)", points)]
+    cap = next((c.cap for c in view.caps if c.name == "spent in total"), None)
+    top = max((p[1] for p in points), default=0.0)
+    # a cap far above the spend would flatten the line to the axis: then the legend says how far instead
+    far = cap is not None and cap > 0 and top < cap / 10
+    label = f"archived spend ($): {top / cap:.2%} of the ${cap:g} total cap" if far and cap else "archived spend ($)"
+    series = [Series(label, points)]
     budget = load_mapping_quietly(facts.files.get(BUDGET))
     spend = mapping(budget.get("spend"))
     try:
@@ -94,8 +99,7 @@ def _spend_chart(facts: RepoFacts, view: FleetView) -> Markup:
     billed = spend.get("total_usd")
     if as_of is not None and isinstance(billed, int | float) and events:
         series.append(Series("billed total at the snapshot ($)", [((as_of - t0) / 60.0, float(billed))], dots=True))
-    cap = next((c.cap for c in view.caps if c.name == "spent in total"), None)
-    if cap is not None and points:
+    if cap is not None and points and not far:
         xs = [p[0] for s in series for p in s.points]
         series.append(Series(f"total cap ${cap:g}", [(min(xs), cap), (max(xs), cap)], dashed=True))
     return line_chart(series, x_label="minutes since the first archived attempt ended", y_label="$")
