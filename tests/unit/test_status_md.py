@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 from fakes import FakeArchive, FakeClock, FakeShell, FakeWorld, Work, code_tar, desired_state, offer
 
 from reconciler.desired import load_desired_from_dir
@@ -22,6 +23,12 @@ from reconciler.views.status_md import STATUS_MD, render_status_md
 ROOT = Path(__file__).parents[2]
 T0 = dt.datetime(2026, 11, 3, 12, 0, tzinfo=dt.UTC).timestamp()
 HOSTILE = "x | y\u202e `` ``` <b>"
+
+def _run(phase: str, best: float | None, lr: float, task: str, seed: int, *, attempts: int = 1,
+         instance: int | None = 17) -> dict[str, object]:
+    return {"attempts": attempts, "best_metric": best, "instance": instance, "params": {"lr": lr, "task": task},
+            "phase": phase, "seed": seed}
+
 
 FILES = {
     FLEET: """\
@@ -39,17 +46,16 @@ dph: 0.0419
 fleet: demo
 held: 1
 """,
-    RUNS: """\
-counts:
-  tdmpc: {blocked: 1, pending: 1, retrying: 0, running: 1, succeeded: 2, total: 5}
-sweeps:
-  tdmpc:
-    tdmpc-aaa: {attempts: 1, best_metric: null, instance: 17, params: {lr: 0.001, task: walker-walk}, phase: running, seed: 1}
-    tdmpc-bbb: {attempts: 1, best_metric: 700.5, instance: 17, params: {lr: 0.001, task: walker-walk}, phase: succeeded, seed: 2}
-    tdmpc-ccc: {attempts: 1, best_metric: 410.0, instance: 17, params: {lr: 0.0003, task: cheetah-run}, phase: succeeded, seed: 1}
-    tdmpc-ddd: {attempts: 3, best_metric: null, instance: 17, params: {lr: 0.0003, task: walker-walk}, phase: blocked, seed: 1}
-    tdmpc-eee: {attempts: 0, best_metric: null, instance: null, params: {lr: 0.0003, task: walker-walk}, phase: pending, seed: 2}
-""",
+    RUNS: yaml.safe_dump({
+        "counts": {"tdmpc": {"blocked": 1, "pending": 1, "retrying": 0, "running": 1, "succeeded": 2, "total": 5}},
+        "sweeps": {"tdmpc": {
+            "tdmpc-aaa": _run("running", None, 0.001, "walker-walk", 1),
+            "tdmpc-bbb": _run("succeeded", 700.5, 0.001, "walker-walk", 2),
+            "tdmpc-ccc": _run("succeeded", 410.0, 0.0003, "cheetah-run", 1),
+            "tdmpc-ddd": _run("blocked", None, 0.0003, "walker-walk", 1, attempts=3),
+            "tdmpc-eee": _run("pending", None, 0.0003, "walker-walk", 2, attempts=0, instance=None),
+        }},
+    }),
     BUDGET: """\
 caps: {daily_usd: 5.0, max_fleet_dph: 0.45, max_instance_dph: 0.15, on_exceed: drain, total_usd: 20.0}
 fleet_dph: 0.0419
