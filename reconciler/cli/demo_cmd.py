@@ -9,6 +9,7 @@ from pathlib import Path
 
 from reconciler.demo import DemoOptions, run_demo, say_stderr
 from reconciler.progress import progress_for
+from reconciler.views.dashboard import open_hint
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -42,4 +43,6 @@ def run(args: argparse.Namespace) -> int:
     )
     summary = run_demo(opts)
     print(json.dumps(summary.to_json(), sort_keys=True) if args.json else summary.text())
+    if args.json and summary.dashboard:
+        say_stderr(open_hint(Path(summary.dashboard)))  # where to look, for the person beside the agent
     return 0 if summary.ok else 1
