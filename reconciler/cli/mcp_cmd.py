@@ -93,9 +93,14 @@ TOOLS: tuple[ToolSpec, ...] = (
               "tail": {"type": "integer", "minimum": 0, "description": "only the last N lines"},
               "data_dir": {"type": "string", "description": "the local result store"}, **_LIVE_ARGS},
              ("target",), "cli-logs", _logs),
-    # REVIEW TOOL (issue 12, reconciler/review.py on branch i12-review): register it here at merge, as
-    # ToolSpec("review", "...", {...}, (), "<its --json schema>", lambda repo, a: review.<json producer>(...)),
-    # with the same producer `rigsync review --json` prints.
+    # REVIEW TOOL: the one place to register `review` (issue 12: reconciler/review_git.py, `rigsync review --json`,
+    # schemas/review.schema.json, on branch i12-review). At merge, add (and "review" to tests/unit/test_mcp_server.py):
+    # ToolSpec("review", "What a change to desired/ means: runs added, removed and changed per sweep, the price of "
+    #          "the added work against the budget left, the head's validation errors. Reads git only.",
+    #          {"base": {"type": "string", "description": "the revision compared with, e.g. origin/main"},
+    #           "head": {"type": "string", "description": "the revision under review (default: HEAD)"}},
+    #          ("base",), "review",
+    #          lambda repo, a: review_git.review(repo, str(a["base"]), str(a.get("head") or "HEAD"))),
 )
 
 

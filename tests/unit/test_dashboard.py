@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -66,3 +68,23 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
     assert missing.returncode == 1 and missing.stderr == f"rigsync: error: {tmp_path / 'nope'}: not a directory\n"
     port = rigsync("dashboard", "--repo", str(tmp_path), "--port", "70000")
     assert port.returncode == 1 and "not a TCP port" in port.stderr
+
+
+def test_port_serves_the_page_on_loopback(repo: Path) -> None:
+    proc = subprocess.Popen([str(RIGSYNC), "dashboard", "--repo", str(repo), "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        m = re.search(r"on (http://127\.0\.0\.1:\d+/) ", line)
+        assert m, line + (proc.stderr.read() if proc.stderr and proc.poll() is not None else "")
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback, never through a proxy
+        with direct.open(m.group(1), timeout=60) as resp:
+            assert resp.status == 200 and resp.headers["Content-Type"] == "text/html; charset=utf-8"
+            assert resp.read().decode() == build(repo)
+        with pytest.raises(urllib.error.HTTPError) as missing:
+            direct.open(m.group(1) + "secrets", timeout=60)
+        assert missing.value.code == 404
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
