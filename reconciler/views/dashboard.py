@@ -23,9 +23,9 @@ from reconciler.curves import CURVES_DIR
 from reconciler.desired import load_desired_from_dir
 from reconciler.errors import DesiredStateInvalid
 from reconciler.model import AttemptRecord, Desired, OverheadRecord
-from reconciler.observed.codec import BUDGET, RUNS_DIR, load_mapping_quietly, parse_iso
+from reconciler.observed.codec import BUDGET, RUNS_DIR, load_mapping_quietly
 from reconciler.observed.tree import read_observed
-from reconciler.views.facts import PHASES, FleetView, build_view, mapping
+from reconciler.views.facts import PHASES, FleetView, build_view, mapping, time_of
 from reconciler.views.status_md import environment
 from reconciler.views.svg import Series, line_chart, stacked_bar
 
@@ -92,10 +92,7 @@ def _spend_chart(facts: RepoFacts, view: FleetView) -> Markup:
     series = [Series(label, points)]
     budget = load_mapping_quietly(facts.files.get(BUDGET))
     spend = mapping(budget.get("spend"))
-    try:
-        as_of = parse_iso(spend.get("as_of"), "as_of")
-    except Exception:  # a view shows what it can
-        as_of = None
+    as_of = time_of(spend.get("as_of"))
     billed = spend.get("total_usd")
     if as_of is not None and isinstance(billed, int | float) and events:
         series.append(Series("billed total at the snapshot ($)", [((as_of - t0) / 60.0, float(billed))], dots=True))
@@ -151,8 +148,7 @@ def render_dashboard(facts: RepoFacts) -> str:
     """The page's HTML (one self-contained document)."""
     view = build_view(facts.files, facts.attempts, facts.desired)
     css = resources.files("reconciler.views").joinpath("assets/dashboard.css").read_text(encoding="utf-8")
-    env = environment()
-    env.autoescape = True
+    env = environment(html=True)
     bars = {s.name: stacked_bar([(p, s.counts.get(p, 0)) for p in PHASES]) for s in view.sweeps}
     return env.get_template("dashboard.html.j2").render(
         v=view, css=Markup(css), bars=bars, phases=PHASES, spend_chart=_spend_chart(facts, view),

@@ -12,12 +12,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from reconciler.errors import ObservedInvalid
 from reconciler.jobenv import held_back
 from reconciler.model import AttemptOutcome, AttemptRecord, Desired, MetricGoal, RunPhase
 from reconciler.observed.codec import BUDGET, FLEET, RUNS, STATUS, load_mapping_quietly, parse_iso
 from reconciler.promotion import best_by_cell, promotion_met, succeeded_metrics
 
 RECENT_FAILURES = 5  # the failed attempts a view lists (newest first)
+LISTED = 20  # blocked runs and promotions a page lists per sweep before saying how many more
 PHASES = tuple(p.value for p in RunPhase)
 
 
@@ -111,10 +113,11 @@ def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
-def _time(v: Any) -> float | None:
+def time_of(v: Any) -> float | None:
+    """A UTC stamp of observed/ as POSIX seconds; None when missing or unreadable (a view shows what it can)."""
     try:
         return parse_iso(v, "time")
-    except Exception:  # a view shows what it can: an unreadable stamp is just not shown
+    except ObservedInvalid:
         return None
 
 
@@ -135,7 +138,7 @@ def build_view(
     budget_doc = load_mapping_quietly(files.get(BUDGET))
     status_doc = load_mapping_quietly(files.get(STATUS))
     records = list(history)
-    snapshot = _time(status_doc.get("last_change_at"))
+    snapshot = time_of(status_doc.get("last_change_at"))
 
     sweeps_doc = mapping(runs_doc.get("sweeps"))
     runs_on: dict[int, int] = {}
@@ -148,7 +151,7 @@ def build_view(
     for b in fleet_doc.get("boxes") or []:
         if not isinstance(b, dict):
             continue
-        started = _time(b.get("started_at")) or _time(b.get("first_seen_at"))
+        started = time_of(b.get("started_at")) or time_of(b.get("first_seen_at"))
         gpus = [g for g in b.get("gpus") or [] if isinstance(g, dict)]
         boxes.append(
             BoxView(

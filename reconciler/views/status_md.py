@@ -9,6 +9,7 @@ code block (table cells cannot be broken out of: ``|`` is escaped too), ``md_fen
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -17,7 +18,7 @@ import jinja2
 from reconciler.model import AttemptRecord, Desired
 from reconciler.observed.codec import OBSERVED_DIR
 from reconciler.textsafe import md_fenced, md_inline
-from reconciler.views.facts import build_view
+from reconciler.views.facts import LISTED, build_view
 
 STATUS_MD = f"{OBSERVED_DIR}/STATUS.md"
 
@@ -51,11 +52,14 @@ def params_text(params: Iterable[tuple[str, Any]]) -> str:
     return " ".join(f"{k}={v}" for k, v in params) or "(no parameters)"
 
 
-def environment(**filters: Any) -> jinja2.Environment:
-    """A jinja2 environment over the package's templates, with the views' filters (``md`` escapes a value)."""
+@functools.cache
+def environment(*, html: bool = False) -> jinja2.Environment:
+    """The jinja2 environment over the package's templates, with the views' filters (``md`` escapes a value for
+    markdown). ``html``: HTML-escape every value (the dashboard); otherwise values are escaped by ``md``, explicitly.
+    One per kind, kept: a cycle renders STATUS.md without compiling its template again."""
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("reconciler.views", "templates"),
-        autoescape=False,  # markdown: values are escaped by the md filter, explicitly
+        autoescape=html,
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,
@@ -63,8 +67,9 @@ def environment(**filters: Any) -> jinja2.Environment:
     )
     env.filters.update(
         md=lambda v: md_inline(str(v)), fenced=md_fenced, duration=duration, utc=utc, metric=metric,
-        params=params_text, usd=usd, **filters,
+        params=params_text, usd=usd,
     )
+    env.globals["LISTED"] = LISTED
     return env
 
 
