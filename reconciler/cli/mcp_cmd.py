@@ -20,12 +20,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import anyio
-import mcp.types as types
-from mcp.server.lowlevel import Server
-from mcp.server.stdio import stdio_server
+from typing import TYPE_CHECKING, Any
 
 from reconciler import __version__
 from reconciler.cli import diff_cmd, logs_cmd, plan_cmd, runs_cmd, status_cmd, validate_cmd
@@ -33,6 +28,10 @@ from reconciler.cli._common import load_local_desired
 from reconciler.desired import schema_path
 from reconciler.emulator.errors import EmulatorError
 from reconciler.errors import RigsyncError, UserError
+
+if TYPE_CHECKING:  # the SDK is imported when the server starts: every other command would pay for it otherwise
+    import mcp.types as types
+    from mcp.server.lowlevel import Server
 
 
 @dataclass(frozen=True)
@@ -110,6 +109,8 @@ def _text_of(spec: ToolSpec, doc: Any) -> str:
 
 
 def _tool_list() -> list[types.Tool]:
+    import mcp.types as types
+
     return [
         types.Tool(name=t.name, description=t.description, input_schema=t.input_schema(),
                    output_schema=json.loads(schema_path(t.output_schema).read_text(encoding="utf-8")),
@@ -119,11 +120,16 @@ def _tool_list() -> list[types.Tool]:
 
 
 def _failed(message: str) -> types.CallToolResult:
+    import mcp.types as types
+
     return types.CallToolResult(content=[types.TextContent(text=f"rigsync: error: {message}")], is_error=True)
 
 
 async def call(name: str, arguments: dict[str, Any], default_repo: Path) -> types.CallToolResult:
     """Run one tool (its producer in a worker thread: the live ones wait on the network) and wrap its JSON."""
+    import anyio
+    import mcp.types as types
+
     spec = next((t for t in TOOLS if t.name == name), None)
     if spec is None:
         return _failed(f"no tool {name!r}: the tools are {', '.join(t.name for t in TOOLS)}")
@@ -139,6 +145,8 @@ async def call(name: str, arguments: dict[str, Any], default_repo: Path) -> type
 
 def build_server(default_repo: Path) -> Server[Any]:
     """The MCP server with rigsync's read-only tools."""
+    import mcp.types as types
+    from mcp.server.lowlevel import Server
 
     async def on_list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         return types.ListToolsResult(tools=_tool_list())
@@ -163,6 +171,9 @@ def run(args: argparse.Namespace) -> int:
     repo = Path(args.repo)
     if not repo.is_dir():
         raise UserError(f"{repo}: not a directory")
+    import anyio
+    from mcp.server.stdio import stdio_server
+
     server = build_server(repo)
 
     async def serve() -> None:
