@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -71,6 +72,12 @@ def environment(*, html: bool = False) -> jinja2.Environment:
     )
     env.globals["LISTED"] = LISTED
     return env
+
+
+def read_status_md(checkout: Path) -> dict[str, str]:
+    """STATUS.md as it is in the checkout (none: empty), so a commit message compares it like the other files."""
+    path = Path(checkout) / STATUS_MD
+    return {STATUS_MD: path.read_text(encoding="utf-8")} if path.is_file() else {}
 
 
 def render_status_md(files: Mapping[str, str | None], history: Iterable[AttemptRecord], desired: Desired | None) -> str:
