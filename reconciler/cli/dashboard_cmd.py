@@ -31,6 +31,8 @@ def run(args: argparse.Namespace) -> int:
     repo = Path(args.repo)
     if not repo.is_dir():
         raise UserError(f"{repo}: not a directory")
+    if not (repo / "desired").is_dir() and not (repo / "observed").is_dir():
+        raise UserError(f"{repo}: no desired/ and no observed/ here: not a fleet repository")
     if args.port is not None and not 0 <= args.port <= 65535:
         raise UserError(f"--port {args.port}: not a TCP port (0-65535)")
     if args.out is not None or args.port is None:

@@ -66,6 +66,9 @@ def test_default_out_is_inside_git_dir_and_values_are_escaped(repo: Path, tmp_pa
 def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
     missing = rigsync("dashboard", "--repo", str(tmp_path / "nope"))
     assert missing.returncode == 1 and missing.stderr == f"rigsync: error: {tmp_path / 'nope'}: not a directory\n"
+    empty = rigsync("dashboard", "--repo", str(tmp_path))
+    assert empty.returncode == 1 and "no desired/ and no observed/ here: not a fleet repository" in empty.stderr
+    (tmp_path / "observed").mkdir()
     port = rigsync("dashboard", "--repo", str(tmp_path), "--port", "70000")
     assert port.returncode == 1 and "not a TCP port" in port.stderr
 
