@@ -7,6 +7,7 @@ snapshot's own time (``status.yaml``'s ``last_change_at``), so the same files gi
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -104,6 +105,13 @@ class FleetView:
     errors: tuple[str, ...] = field(default=())  # desired and apply errors of the last cycle
 
 
+@functools.lru_cache(maxsize=8)
+def _document(text: str | None) -> dict[str, Any]:
+    """An observed document parsed once per distinct text: a still fleet re-renders its page without parsing
+    runs.yaml again every cycle (tens of thousands of runs take seconds). Never mutated by the view."""
+    return load_mapping_quietly(text)
+
+
 def mapping(v: Any) -> dict[str, Any]:
     """``v`` when it is a mapping, else empty (a view shows what it can of a damaged file)."""
     return v if isinstance(v, dict) else {}
@@ -133,10 +141,10 @@ def build_view(
     files: Mapping[str, str | None], history: Iterable[AttemptRecord], desired: Desired | None
 ) -> FleetView:
     """The view of the fleet from its observed documents (path -> text), archived attempts and desired state."""
-    fleet_doc = load_mapping_quietly(files.get(FLEET))
-    runs_doc = load_mapping_quietly(files.get(RUNS))
-    budget_doc = load_mapping_quietly(files.get(BUDGET))
-    status_doc = load_mapping_quietly(files.get(STATUS))
+    fleet_doc = _document(files.get(FLEET))
+    runs_doc = _document(files.get(RUNS))
+    budget_doc = _document(files.get(BUDGET))
+    status_doc = _document(files.get(STATUS))
     records = list(history)
     snapshot = time_of(status_doc.get("last_change_at"))
 
