@@ -16,6 +16,8 @@ Whatever a producer prints goes to stderr while serving (the SDK's ``stdio_serve
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,15 +94,25 @@ TOOLS: tuple[ToolSpec, ...] = (
               "tail": {"type": "integer", "minimum": 0, "description": "only the last N lines"},
               "data_dir": {"type": "string", "description": "the local result store"}, **_LIVE_ARGS},
              ("target",), "cli-logs", _logs),
-    # REVIEW TOOL: the one place to register `review` (issue 12: reconciler/review_git.py, `rigsync review --json`,
-    # schemas/review.schema.json, on branch i12-review). At merge, add (and "review" to tests/unit/test_mcp_server.py):
-    # ToolSpec("review", "What a change to desired/ means: runs added, removed and changed per sweep, the price of "
-    #          "the added work against the budget left, the head's validation errors. Reads git only.",
-    #          {"base": {"type": "string", "description": "the revision compared with, e.g. origin/main"},
-    #           "head": {"type": "string", "description": "the revision under review (default: HEAD)"}},
-    #          ("base",), "review",
-    #          lambda repo, a: review_git.review(repo, str(a["base"]), str(a.get("head") or "HEAD"))),
 )
+
+
+def _review_tool() -> ToolSpec | None:
+    """``review``, when this rigsync has it: the one registration point of the tool (issue 12's
+    ``reconciler/review_git.py``, the producer `rigsync review --json` prints; ``schemas/review.schema.json``)."""
+    if importlib.util.find_spec("reconciler.review_git") is None:
+        return None
+    review_git = importlib.import_module("reconciler.review_git")
+    return ToolSpec(
+        "review", "What a change to desired/ means: runs added, removed and changed per sweep, the price of the "
+        "added work against the budget left, the head's validation errors. Reads git only, no credentials.",
+        {"base": {"type": "string", "description": "the revision compared with, e.g. origin/main"},
+         "head": {"type": "string", "description": "the revision under review (default: HEAD)"}},
+        ("base",), "review", lambda repo, a: review_git.review(repo, str(a["base"]), str(a.get("head") or "HEAD")),
+    )
+
+
+TOOLS += tuple(t for t in (_review_tool(),) if t is not None)
 
 
 def _text_of(spec: ToolSpec, doc: Any) -> str:
