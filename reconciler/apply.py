@@ -123,6 +123,7 @@ class ApplyContext:
     should_stop: Callable[[], bool] = lambda: False
     fence: Fence = no_fence  # raises LeaseLost when this controller may no longer act (ports.Fence)
     note_launch: Callable[[InFlight], None] = lambda flight: None  # the launch journal, before each launch
+    on_action: Callable[[Action], None] = lambda action: None  # told as each action starts (reconciler.progress)
     # where a sweep's ``${NAME}`` references are resolved, at launch and nowhere else (reconciler.jobenv)
     controller_env: ControllerEnv = field(default_factory=ControllerEnv)
     store: ResultStore | None = None  # where harvests go; None: nothing is harvested (and records say nothing)
@@ -162,6 +163,7 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
             why = result.unsafe_runs[action.run_id]
             result.outcomes.append(Outcome(action, False, f"not run: {why}", skipped=True))
             continue
+        ctx.on_action(action)
         try:
             detail = _execute(action, ctx, instances, result)
             result.outcomes.append(Outcome(action, True, detail))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from reconciler.actions import Destroy
+from reconciler.actions import Action, Destroy
 from reconciler.adapters.git import GitRepo
 from reconciler.desired import load_desired
 from reconciler.errors import (
@@ -104,6 +104,7 @@ class FleetDaemon:
         self.adapters = adapters
         self.api_url = api_url  # the controller's provider URL (None: RIGSYNC_API_URL or Vast.ai), never desired/'s
         self.clock = clock or SystemClock()
+        self.on_action: Callable[[Action], None] = lambda action: None  # each action apply starts (the demo's progress)
         self.git = GitRepo(
             self.repo_dir,
             remote=self.config.remote,
@@ -218,6 +219,7 @@ class FleetDaemon:
             )
             self._fleet_key = key
         self.reconciler.fence = self.fence
+        self.reconciler.on_action = self.on_action
         return self.reconciler
 
     def cycle(self) -> DaemonCycle:

@@ -29,7 +29,10 @@ from reconciler.archive import RunArchive
 from reconciler.daemon import DaemonConfig, FleetDaemon
 from reconciler.errors import UserError
 from reconciler.model import AttemptOutcome, Desired, InstanceStatus, Observed, owns, split_owned
+from reconciler.progress import LineProgress, Progress, booting, describe
 from reconciler.runphase import count_phases, run_phases
+from reconciler.views import dashboard
+from reconciler.views.dashboard import open_hint
 
 DEMO_TIMEOUTS = {
     "idle_timeout": "20s",
@@ -52,6 +55,8 @@ class DemoOptions:
     say: Callable[[str], None] = print
     data_dir: Path | None = None  # where harvests and checkpoints go (None: a temporary directory, removed)
     source: Path | None = None  # a fleet repository to run instead of the example (`rigsync demo --repo DIR`)
+    # what the demo waits for (rent, boot, bootstrap, launch) and its cycle lines; None: plain lines through ``say``
+    progress: Progress | None = None
 
 
 @dataclass
@@ -74,6 +79,7 @@ class DemoSummary:
     repo: str | None = None
     timed_out: bool = False
     logs_command: str | None = None  # with --keep: how to read a finished run's output from the store
+    dashboard: str | None = None  # the page of the fleet repo as it ended (``rigsync dashboard``'s file)
 
     @property
     def ok(self) -> bool:
@@ -106,6 +112,7 @@ class DemoSummary:
             "repo": self.repo,
             "timed_out": self.timed_out,
             "logs_command": self.logs_command,
+            "dashboard": self.dashboard,
         }
 
     def text(self) -> str:
@@ -127,6 +134,8 @@ class DemoSummary:
             lines.append(f"  a finished run's output: {self.logs_command}")
         elif not self.repo:
             lines.append("  (with --keep DIR the fleet repo and the harvests stay: rigsync logs RUN --repo DIR)")
+        if self.dashboard:
+            lines.append(f"  {open_hint(Path(self.dashboard))}")
         return "\n".join(lines)
 
 
@@ -285,10 +294,13 @@ def run_demo(opts: DemoOptions) -> DemoSummary:
                 data_dir=str(data) if data is not None else None,
             )
             opts.say(daemon.acquire())
-            chaos = Chaos(emu, opts.say) if opts.chaos else None
+            progress = opts.progress if opts.progress is not None else LineProgress(opts.say)
+            daemon.on_action = lambda action: progress.update(describe(action))
+            chaos = Chaos(emu, progress.note) if opts.chaos else None
             try:
-                summary = _drive(daemon, emu, opts, chaos, started)
+                summary = _drive(daemon, emu, opts, progress, chaos, started)
             finally:
+                progress.close()
                 if daemon.reconciler is not None:
                     daemon.reconciler.shell.close()
                 daemon.release()
@@ -320,12 +332,17 @@ def run_demo(opts: DemoOptions) -> DemoSummary:
         if done:
             where = f" --data-dir {shlex.quote(str(opts.data_dir))}" if opts.data_dir is not None else ""
             summary.logs_command = f"rigsync logs {done[0]} --repo {shlex.quote(str(workdir))}{where}"
+    # the page of the fleet as it ended: in the kept repo's .git/, else in a directory of its own (the repo goes)
+    out = None if opts.keep is not None else Path(tempfile.mkdtemp(prefix="rigsync-demo-dashboard-")) / "index.html"
+    summary.dashboard = str(dashboard.write(workdir, out))
     if tmp is not None:
         tmp.cleanup()
     return summary
 
 
-def _drive(daemon: FleetDaemon, emu: Any, opts: DemoOptions, chaos: Chaos | None, started: float) -> DemoSummary:
+def _drive(
+    daemon: FleetDaemon, emu: Any, opts: DemoOptions, progress: Progress, chaos: Chaos | None, started: float
+) -> DemoSummary:
     summary = DemoSummary()
     rented: set[int] = set()
     deadline = started + opts.timeout_s
@@ -333,7 +350,7 @@ def _drive(daemon: FleetDaemon, emu: Any, opts: DemoOptions, chaos: Chaos | None
     while True:
         if time.monotonic() > deadline:
             summary.timed_out = True
-            opts.say(f"demo: timed out after {opts.timeout_s:.0f}s")
+            progress.note(f"demo: timed out after {opts.timeout_s:.0f}s")
             _destroy_everything(daemon, emu)
             break
         cyc = daemon.cycle()
@@ -368,8 +385,10 @@ def _drive(daemon: FleetDaemon, emu: Any, opts: DemoOptions, chaos: Chaos | None
         )
         acts = ", ".join(f"{v} {k}" for k, v in sorted(res.plan.counts().items()))
         if line != last_line or acts:
-            opts.say(line + (f" | {acts}" if acts else ""))
+            progress.update(line + (f" | {acts}" if acts else ""))
             last_line = line
+        for waiting in booting(owned, fleet):
+            progress.update(waiting)
         alive = [i for i in owned if i.status is not InstanceStatus.EXITED]
         finished = all(p.finished for p in phases.values())
         if finished and not alive and not res.plan.actions:

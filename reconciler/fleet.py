@@ -29,6 +29,7 @@ from reconciler.observed.documents import ReconcilerStatus, render_observed
 from reconciler.observed.memory import read_fleet_memory
 from reconciler.observed.tree import read_observed
 from reconciler.ports import Provider, Shell
+from reconciler.views.status_md import STATUS_MD, read_status_md, render_status_md
 
 # (fleet, state dir, the controller's provider URL or None for its default) -> the adapters
 AdapterFactory = Callable[[Fleet, Path, str | None], tuple[Provider, Shell]]
@@ -102,6 +103,8 @@ def render_cycle(
     )
     # each settled attempt's learning curve (reconciler/curves.py), written once beside the documents
     rendered.update(rec.take_curves())
+    rendered[STATUS_MD] = render_status_md(rendered, rec.history, desired)  # the page for people (reconciler/views/)
+    previous.update(read_status_md(checkout))
     return previous, rendered
 
 

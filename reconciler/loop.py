@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from reconciler.actions import Plan
+from reconciler.actions import Action, Plan
 from reconciler.apply import ApplyContext, ApplyResult, apply, next_in_flight
 from reconciler.archive import RunArchive
 from reconciler.errors import UserError
@@ -73,6 +73,7 @@ class Reconciler:
     cycle_s: float = 60.0  # how often this controller decides (the daemon's --interval; a guess for one-shots)
     destroy_latency_s: float = DESTROY_LATENCY_S
     fence: Fence = no_fence  # apply asks it before every action (the daemon's lease fence; ports.Fence)
+    on_action: Callable[[Action], None] = lambda action: None  # apply tells it each action it starts (progress)
     journal: LaunchJournal | None = None  # launches written down before they happen (reconciler/launch_journal.py)
     # what the sweeps' ``${NAME}`` references resolve to (this process's environment): plan() learns which names
     # are set, apply() reads the values at launch (reconciler.jobenv)
@@ -192,6 +193,7 @@ class Reconciler:
             now=self.clock.now,
             should_stop=self.should_stop,
             fence=self.fence,
+            on_action=self.on_action,
             note_launch=self.journal.note if self.journal is not None else (lambda flight: None),
             controller_env=self.controller_env,
             store=self.store,

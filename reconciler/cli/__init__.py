@@ -15,11 +15,13 @@ from collections.abc import Sequence
 from reconciler import __version__
 from reconciler.cli import (
     apply_cmd,
+    dashboard_cmd,
     demo_cmd,
     diff_cmd,
     emulator_cmd,
     init_cmd,
     logs_cmd,
+    mcp_cmd,
     plan_cmd,
     review_cmd,
     run_cmd,
@@ -34,7 +36,7 @@ from reconciler.textsafe import SafeStream
 
 SUBCOMMANDS = (
     init_cmd, validate_cmd, runs_cmd, emulator_cmd, plan_cmd, apply_cmd, status_cmd, demo_cmd, run_cmd, diff_cmd,
-    logs_cmd, ssh_cmd, review_cmd,
+    logs_cmd, ssh_cmd, review_cmd, dashboard_cmd, mcp_cmd,
 )
 
 

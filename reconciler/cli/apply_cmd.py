@@ -33,6 +33,7 @@ from reconciler.desired import schema_path
 from reconciler.errors import LeaseHeld, RepoError, StalePlan, UserError
 from reconciler.lease import Lease, LeaseState, LocalLock, lock_path
 from reconciler.model import Desired
+from reconciler.progress import booting, describe, progress_for
 from reconciler.render import plan_text
 from reconciler.saved_plan import stale_reasons
 
@@ -163,7 +164,15 @@ def _apply(
             if answer.strip() != "yes":
                 print("apply cancelled")
                 return 1
-        result = rec.apply(desired, observed, the_plan, memory)
+        # what apply waits on, to stderr: a live line on a terminal, plain lines otherwise (stdout keeps the plan)
+        progress = progress_for(sys.stderr)
+        for line in booting(observed.instances, desired.fleet.name):
+            progress.note(line)
+        rec.on_action = lambda action: progress.update(describe(action))
+        try:
+            result = rec.apply(desired, observed, the_plan, memory)
+        finally:
+            progress.close()
         write_observed_uncommitted(repo, desired, observed, the_plan, rec, result)
     finally:
         rec.shell.close()

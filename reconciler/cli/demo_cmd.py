@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from reconciler.demo import DemoOptions, run_demo, say_stderr
+from reconciler.progress import progress_for
+from reconciler.views.dashboard import open_hint
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,6 +32,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> int:
     if args.runs is not None and args.runs < 1:
         raise SystemExit("rigsync demo: --runs must be at least 1")
+    # what the demo waits for: a live line when its stream is a terminal, plain lines otherwise; with --json it all
+    # goes to stderr, so stdout holds the summary alone
+    say = say_stderr if args.json else print
+    progress = progress_for(sys.stderr if args.json else sys.stdout, write_line=say)
     opts = DemoOptions(
         runs=args.runs,
         chaos=args.chaos,
@@ -37,8 +44,11 @@ def run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         data_dir=Path(args.data_dir) if args.data_dir else None,
         source=Path(args.repo).resolve() if args.repo else None,
-        say=say_stderr if args.json else print,
+        say=progress.note,
+        progress=progress,
     )
     summary = run_demo(opts)
     print(json.dumps(summary.to_json(), sort_keys=True) if args.json else summary.text())
+    if args.json and summary.dashboard:
+        say_stderr(open_hint(Path(summary.dashboard)))  # where to look, for the person beside the agent
     return 0 if summary.ok else 1

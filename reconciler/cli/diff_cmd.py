@@ -196,18 +196,22 @@ def _text(d: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def diff_json(repo: Path) -> dict[str, Any]:
+    """The diff of the checkout at ``repo`` as ``--json`` prints it (``rigsync mcp``'s ``diff`` returns it too)."""
+    desired, observed_files = _committed(repo)
+    return compute_diff(desired, _parse_observed(observed_files), desired.commit)
+
+
 def run(args: argparse.Namespace) -> int:
     repo = Path(args.repo)
     if not repo.is_dir():
         raise UserError(f"{repo}: not a directory")
     try:
-        desired, observed_files = _committed(repo)
+        doc = diff_json(repo)
     except DesiredStateInvalid as exc:
         for e in exc.errors:
             print(f"rigsync: error: {e}", file=sys.stderr)
         raise
-    observed = _parse_observed(observed_files)
-    doc = compute_diff(desired, observed, desired.commit)
     if args.json:
         print(json.dumps(doc, indent=2))
     elif args.markdown:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import codecs
 import contextlib
+import json
 import os
 import sys
 import time
@@ -64,6 +65,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.add_argument("--tail", type=_non_negative, default=None, metavar="N", help="start with the last N lines")
     p.add_argument("--raw", action="store_true",
                    help="write the log's bytes as they are (default: control characters shown as escapes)")
+    p.add_argument("--json", action="store_true", help="print the log as it is now as one JSON object "
+                   "(run_id, attempt, stream, source, exit_code, text)")
     p.add_argument("--data-dir", default=None, metavar="DIR",
                    help="the local result store (default: $RIGSYNC_DATA_DIR, else $XDG_DATA_HOME/rigsync)")
     add_repo_arg(p)
@@ -252,7 +255,8 @@ def pump(
 # ------------------------------------------------------------------------------------------------- command
 
 
-def run(args: argparse.Namespace) -> int:
+def _open(args: argparse.Namespace) -> tuple[AttemptPlace, LogStream, BoxAccess, LogSource]:
+    """The attempt ``args.target`` names, its stream, the box access (close it) and where its log is read from."""
     api_url = api_url_of(args)
     facts = read_fleet_facts(args)
     place = facts.index.resolve(args.target)
@@ -265,6 +269,39 @@ def run(args: argparse.Namespace) -> int:
             source = StoreSource(stored, stream, place.record.exit_code if place.record else None)
         else:
             source = _box_source(boxes, place, stream, stored, retries=FOLLOW_RETRIES if args.follow else 0)
+    except BaseException:
+        boxes.close()
+        raise
+    return place, stream, boxes, source
+
+
+def logs_json(args: argparse.Namespace) -> dict[str, object]:
+    """What ``--json`` prints: the log as it is now (no following), decoded, with where it came from and the
+    exit code when known (``rigsync mcp``'s ``logs`` returns the same)."""
+    place, stream, boxes, source = _open(args)
+    chunks: list[bytes] = []
+    try:
+        last = pump(source, chunks.append, follow=False, tail=args.tail)
+    finally:
+        boxes.close()
+    return {
+        "run_id": place.run_id,
+        "attempt": place.attempt,
+        "stream": stream.value,
+        "source": "store" if isinstance(source, StoreSource) else "box",
+        "exit_code": last.exit_code,
+        "text": b"".join(chunks).decode("utf-8", "backslashreplace"),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.json:
+        if args.follow:
+            raise UserError("--json prints the log as it is now: it does not combine with --follow")
+        print(json.dumps(logs_json(args), indent=2, sort_keys=True))
+        return 0
+    place, _, boxes, source = _open(args)
+    try:
         printer = Printer(raw=args.raw)
         try:
             last = pump(source, printer, follow=args.follow, tail=args.tail)

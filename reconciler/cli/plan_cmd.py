@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
+from reconciler.actions import Plan
 from reconciler.cli._common import add_allow_dirty_arg, add_repo_arg, dirty_banner, observe_once
 from reconciler.errors import UserError
 from reconciler.render import plan_text
@@ -22,11 +24,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    _, _, the_plan, dirty = observe_once(args, allow_dirty=args.allow_dirty)
+def plan_doc(args: argparse.Namespace) -> tuple[Plan, dict[str, Any], list[str]]:
+    """The plan of one live observation, its JSON (schemas/plan.schema.json; ``rigsync mcp``'s ``plan`` too) and the
+    uncommitted files it rests on (``--allow-dirty``; a caller without that flag, such as the read-only MCP tool,
+    plans a dirty tree and says so in ``dirty``)."""
+    _, _, the_plan, dirty = observe_once(args, allow_dirty=getattr(args, "allow_dirty", True))
     doc = the_plan.to_json()
     if dirty:
         doc["dirty"] = dirty
+    return the_plan, doc, dirty
+
+
+def run(args: argparse.Namespace) -> int:
+    the_plan, doc, dirty = plan_doc(args)
     if args.out:
         try:
             Path(args.out).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")

@@ -48,6 +48,11 @@ def run_json(spec: RunSpec) -> dict[str, object]:
     return out
 
 
+def runs_json(desired: Desired, *, promotions: bool = False) -> list[dict[str, object]]:
+    """What ``--json`` prints: the base runs, and with ``promotions`` the candidates too (``rigsync mcp`` too)."""
+    return [run_json(r) for r in desired.runs if promotions or r.promotion_threshold is None]
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         desired = load_desired_from_dir(args.repo)
@@ -61,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     candidates = [r for r in desired.runs if r.promotion_threshold is not None]
     shown = list(desired.runs) if args.promotions else base
     if args.json:
-        print(json.dumps([run_json(r) for r in shown], indent=2, ensure_ascii=False))
+        print(json.dumps(runs_json(desired, promotions=args.promotions), indent=2, ensure_ascii=False))
         return 0
     text = _text(desired, shown, len(base), 0 if args.promotions else len(candidates))
     if args.markdown:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from reconciler.cli._common import add_repo_arg, observe_once
 from reconciler.render import status_json, status_text
@@ -16,8 +17,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     p.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def status_doc(args: argparse.Namespace) -> dict[str, Any]:
+    """What ``--json`` prints: one live observation (``rigsync mcp``'s ``status`` returns it too)."""
     desired, observed, the_plan, _ = observe_once(args)  # a look at the world: a dirty tree is fine
-    doc = status_json(desired, observed, the_plan)
+    return status_json(desired, observed, the_plan)
+
+
+def run(args: argparse.Namespace) -> int:
+    doc = status_doc(args)
     print(json.dumps(doc, indent=2, sort_keys=True) if args.json else status_text(doc))
     return 0

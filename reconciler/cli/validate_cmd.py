@@ -15,6 +15,7 @@ from typing import Any
 
 from reconciler.desired import LoadError, errors_of, load_desired_from_dir
 from reconciler.errors import DesiredStateInvalid
+from reconciler.model import Desired
 
 
 def add_parser(subparsers: Any) -> None:
@@ -49,27 +50,32 @@ def github_annotation(error: LoadError) -> str:
     props.append("title=rigsync validate")
     message = f"{error.pointer or '/'}: {error.message}"
     return f"::error {','.join(props)}::{_escape_data(message)}"
+def check(repo: Path) -> tuple[Desired | None, list[LoadError]]:
+    """The desired state under ``repo`` and no errors, or None and every problem found."""
+    try:
+        return load_desired_from_dir(repo), []
+    except DesiredStateInvalid as exc:
+        return None, errors_of(exc)
+
+
+def validate_json(repo: Path) -> dict[str, Any]:
+    """What ``--json`` prints (``rigsync mcp``'s ``validate`` returns the same)."""
+    _, errors = check(repo)
+    return {"valid": not errors, "errors": [e.to_json() for e in errors]}
 
 
 def run(args: argparse.Namespace) -> int:
     repo: Path = args.repo
-    try:
-        desired = load_desired_from_dir(repo)
-    except DesiredStateInvalid as exc:
-        errors: list[LoadError] = errors_of(exc)
-        if args.json:
-            print(json.dumps({"valid": False, "errors": [e.to_json() for e in errors]}, indent=2))
-        elif args.github:
-            for error in errors:
-                print(github_annotation(error))
-            print(f"desired state is invalid: {len(errors)} error(s)")
-        else:
-            for error in errors:
-                print(error)
-            print(f"desired state is invalid: {len(errors)} error(s)")
-        return 1
     if args.json:
-        print(json.dumps({"valid": True, "errors": []}, indent=2))
+        doc = validate_json(repo)
+        print(json.dumps(doc, indent=2))
+        return 0 if doc["valid"] else 1
+    desired, errors = check(repo)
+    if desired is None:
+        for error in errors:
+            print(github_annotation(error) if args.github else error)
+        print(f"desired state is invalid: {len(errors)} error(s)")
+        return 1
     else:
         base = sum(1 for r in desired.runs if r.promotion_threshold is None)
         print(

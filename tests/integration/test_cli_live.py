@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import os
+import pty
 import re
 import shutil
 import subprocess
@@ -96,6 +97,28 @@ def rigsync(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]
     )
     assert "Traceback" not in result.stderr, result.stderr
     return result
+
+
+def rigsync_on_a_terminal(env: dict[str, str], *args: str) -> bytes:
+    """The console script with stdin, stdout and stderr on a pseudo-terminal; everything it wrote there."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([str(RIGSYNC), *args], env=env, stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    out = b""
+    try:
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the last holder of the terminal's other end exited
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        os.close(master)
+        proc.wait(timeout=180)
+    assert b"Traceback" not in out, out[-2000:]
+    return out
 
 
 def owned(emu: Emulator) -> dict[int, str]:
@@ -319,6 +342,9 @@ def test_saved_plan_applies_exactly_then_apply_converges(
     applied = rigsync(env, "apply", "--repo", str(repo), "--plan", str(saved))
     assert applied.returncode == 0, applied.stdout + applied.stderr
     assert "Applied: 2 ok, 0 failed" in applied.stdout
+    # what apply waited for, off a terminal: one plain line per action on stderr; stdout keeps the plan alone
+    assert [line.split("/")[0] for line in applied.stderr.splitlines()] == ["rent: offer", "rent: offer"]
+    assert not any(line.startswith("rent: ") for line in applied.stdout.splitlines())
     boxes = owned(emulator)
     assert sorted(boxes.values()) == want_labels
 
@@ -338,6 +364,7 @@ def test_saved_plan_applies_exactly_then_apply_converges(
     # Now let `apply --yes` do the rest, one CLI call per cycle; memory lives only in the observed/ files.
     snapshots: list[dict[str, Any]] = []
     refused_dirty = False
+    live = b""  # these applies run on a terminal (a pty): what they wait for is one line rewritten in place
     for _ in range(MAX_APPLIES):
         check = rigsync(env, "plan", "--repo", str(repo), "--detailed-exitcode")
         assert check.returncode in (0, 2), check.stderr
@@ -356,7 +383,7 @@ def test_saved_plan_applies_exactly_then_apply_converges(
             assert "refusing to apply: the plan has" in dirty.stderr and "nothing was applied" in dirty.stderr
             assert "experiments/uncommitted.py (untracked)" in dirty.stderr and dirty.stdout.startswith("DIRTY:")
             refused_dirty = True
-        rigsync(env, "apply", "--repo", str(repo), "--yes")
+        live += rigsync_on_a_terminal(env, "apply", "--repo", str(repo), "--yes")
         snap = rigsync(env, "status", "--repo", str(repo), "--json")
         assert snap.returncode == 0, snap.stderr
         snapshots.append(json.loads(snap.stdout))
@@ -365,6 +392,9 @@ def test_saved_plan_applies_exactly_then_apply_converges(
         pytest.fail(f"not converged after {MAX_APPLIES} applies; last status {snapshots[-1:]}")
 
     assert refused_dirty, "no plan shipped code or launched: the dirty apply was never tried"
+    assert re.search(rb"\rbootstrap: instance/\d+\x1b\[K", live), live[-2000:]
+    assert re.search(rb"\rlaunch: run/tdmpc-[0-9a-f]+\.1@\d+\x1b\[K", live), live[-2000:]
+
     busy = [(s, b) for s in snapshots for b in s["boxes"] if b["runs"]]
     assert busy, "no status showed a run on a box"
     snap, box = busy[0]

@@ -141,6 +141,12 @@ def test_demo_runs_the_sweep_to_completion_and_leaves_a_readable_history(tmp_pat
     assert "training " in logs.stdout and "episode_reward" in logs.stdout, logs.stdout[-2000:]
     curves = list((keep / "observed" / "curves").rglob("*.json"))
     assert len(curves) >= int(summary["runs_succeeded"]), "a learning curve per finished attempt is in observed/"  # type: ignore[call-overload]
+    # STATUS.md was committed with the observed files, and the demo ends with its dashboard page
+    status_md = (keep / "observed" / "STATUS.md").read_text()
+    assert "## Queue" in status_md and f"| tdmpc | 0 | 0 | {summary['runs_succeeded']} |" in status_md
+    page = Path(str(summary["dashboard"]))
+    assert page == keep / ".git" / "rigsync-dashboard.html" and 'class="cell-chart curve"' in page.read_text()
+    assert f"dashboard: {page}" in proc.stderr  # --json: the summary on stdout, what to open on stderr
 
     history = _git(keep, "log", "-p", "--all")
     assert "PRIVATE KEY" not in history

@@ -1,0 +1,181 @@
+"""The dashboard: one self-contained HTML page of a fleet, built from the committed files of a checkout.
+
+It reads the working tree of a clone (observed/*.yaml, the run archive's shards, observed/curves/, desired/)
+and nothing else: no provider, no box, no credentials, no network. The page inlines its stylesheet (shipped in
+``reconciler/views/assets``) and draws its charts as SVG (``svg``), so ``--out`` writes one file that opens
+anywhere. Sections: the fleet, runs by phase, spend over time against the caps, learning curves per cell (the
+committed curves; a cell without any shows its attempts' archived metrics as dots), and the cells by metric.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from markupsafe import Markup
+
+from reconciler.archive import entry_from_json
+from reconciler.curves import CURVES_DIR
+from reconciler.desired import load_desired_from_dir
+from reconciler.errors import DesiredStateInvalid
+from reconciler.model import AttemptRecord, Desired, OverheadRecord
+from reconciler.observed.codec import BUDGET, RUNS_DIR, load_mapping_quietly
+from reconciler.observed.tree import read_observed
+from reconciler.views.facts import PHASES, FleetView, build_view, mapping, time_of
+from reconciler.views.status_md import environment
+from reconciler.views.svg import Series, line_chart, stacked_bar
+
+MAX_CELL_CHARTS = 60  # a page stays readable (and small) for a large sweep: the best cells get a chart
+
+
+@dataclass(frozen=True)
+class RepoFacts:
+    """What a checkout has committed that the page shows."""
+
+    files: Mapping[str, str]
+    attempts: Sequence[AttemptRecord]
+    overheads: Sequence[OverheadRecord]
+    curves: Sequence[Mapping[str, Any]]
+    desired: Desired | None
+
+
+def read_repo(repo: Path) -> RepoFacts:
+    """The committed facts of the checkout at ``repo`` (its working tree; an unreadable line or curve is skipped)."""
+    attempts: list[AttemptRecord] = []
+    overheads: list[OverheadRecord] = []
+    for shard in sorted((repo / RUNS_DIR).glob("*.jsonl")):
+        for line in shard.read_bytes().splitlines():
+            try:
+                entry = entry_from_json(line)
+            except ValueError:
+                continue
+            (overheads if isinstance(entry, OverheadRecord) else attempts).append(entry)  # type: ignore[arg-type]
+    curves: list[dict[str, Any]] = []
+    for f in sorted((repo / CURVES_DIR).glob("*/*.json")):
+        try:
+            doc = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("points"), list):
+            curves.append(doc)
+    try:
+        desired: Desired | None = load_desired_from_dir(repo)
+    except (DesiredStateInvalid, OSError):
+        desired = None
+    return RepoFacts(read_observed(repo), attempts, overheads, curves, desired)
+
+
+def _spend_chart(facts: RepoFacts, view: FleetView) -> Markup:
+    """Cumulative billed money over time (the archive's attempt and overhead lines), against the total cap."""
+    events: list[tuple[float, float]] = []
+    for a in facts.attempts:
+        if a.ended_at is not None:
+            events.append((a.ended_at, a.cost_usd))
+    for o in facts.overheads:
+        if o.ended_at is not None:
+            events.append((o.ended_at, o.cost_usd))
+    events.sort()
+    t0 = events[0][0] if events else 0.0
+    total, points = 0.0, []
+    for t, usd in events:
+        total += usd
+        points.append(((t - t0) / 60.0, total))
+    cap = next((c.cap for c in view.caps if c.name == "spent in total"), None)
+    top = max((p[1] for p in points), default=0.0)
+    # a cap far above the spend would flatten the line to the axis: then the legend says how far instead
+    far = cap is not None and cap > 0 and top < cap / 10
+    label = f"archived spend ($): {top / cap:.2%} of the ${cap:g} total cap" if far and cap else "archived spend ($)"
+    series = [Series(label, points)]
+    budget = load_mapping_quietly(facts.files.get(BUDGET))
+    spend = mapping(budget.get("spend"))
+    as_of = time_of(spend.get("as_of"))
+    billed = spend.get("total_usd")
+    if as_of is not None and isinstance(billed, int | float) and events:
+        series.append(Series("billed total at the snapshot ($)", [((as_of - t0) / 60.0, float(billed))], dots=True))
+    if cap is not None and points and not far:
+        xs = [p[0] for s in series for p in s.points]
+        series.append(Series(f"total cap ${cap:g}", [(min(xs), cap), (max(xs), cap)], dashed=True))
+    return line_chart(series, x_label="minutes since the first archived attempt ended", y_label="$")
+
+
+def _cell_of(params: Mapping[str, Any] | Sequence[tuple[str, Any]]) -> tuple[tuple[str, Any], ...]:
+    items = params.items() if isinstance(params, Mapping) else params
+    return tuple(sorted((str(k), v) for k, v in items))
+
+
+def _curve_charts(facts: RepoFacts, view: FleetView) -> list[dict[str, Any]]:
+    """Per sweep and cell (best first): a chart of its attempts' curves, or of their archived metrics."""
+    cell_of_run = {a.run_id: _cell_of(a.params) for a in facts.attempts}
+    if facts.desired is not None:
+        cell_of_run.update({r.id: _cell_of(r.params) for r in facts.desired.runs})
+    curves_by_cell: dict[tuple[str, tuple[tuple[str, Any], ...]], list[Mapping[str, Any]]] = {}
+    for c in facts.curves:
+        key = (str(c.get("sweep")), cell_of_run.get(str(c.get("run_id")), ()))
+        curves_by_cell.setdefault(key, []).append(c)
+    attempts_by_cell: dict[tuple[str, tuple[tuple[str, Any], ...]], list[AttemptRecord]] = {}
+    for a in facts.attempts:
+        attempts_by_cell.setdefault((a.sweep, _cell_of(a.params)), []).append(a)
+    charts = []
+    for s in view.sweeps:
+        for cell in s.cells[:MAX_CELL_CHARTS]:
+            key = (s.name, cell.params)
+            label = " ".join(f"{k}={v}" for k, v in cell.params) or "(no parameters)"
+            curves = sorted(curves_by_cell.get(key, []), key=lambda c: (str(c.get("run_id")), c.get("attempt", 0)))
+            if curves:
+                series = [
+                    Series(f"{c.get('run_id')}.{c.get('attempt')}", [(float(p[0]), float(p[1])) for p in c["points"]])
+                    for c in curves
+                ]
+                charts.append({"sweep": s.name, "cell": label, "kind": "curve", "svg": line_chart(
+                    series, x_label="step", y_label=str(curves[0].get("key") or s.metric_key or "metric"))})
+                continue
+            recs = sorted(attempts_by_cell.get(key, []), key=lambda a: (a.started_at or 0.0, a.run_id, a.attempt))
+            pts = [(float(i + 1), a.final_metric if a.final_metric is not None else a.best_metric)
+                   for i, a in enumerate(recs)]
+            scalars = [(x, float(y)) for x, y in pts if y is not None]
+            if scalars:
+                charts.append({"sweep": s.name, "cell": label, "kind": "scalars", "svg": line_chart(
+                    [Series("final metric per attempt (no curve committed)", scalars, dots=True)],
+                    x_label="attempt", y_label=s.metric_key or "metric")})
+    return charts
+
+
+def render_dashboard(facts: RepoFacts) -> str:
+    """The page's HTML (one self-contained document)."""
+    view = build_view(facts.files, facts.attempts, facts.desired)
+    css = resources.files("reconciler.views").joinpath("assets/dashboard.css").read_text(encoding="utf-8")
+    env = environment(html=True)
+    bars = {s.name: stacked_bar([(p, s.counts.get(p, 0)) for p in PHASES]) for s in view.sweeps}
+    return env.get_template("dashboard.html.j2").render(
+        v=view, css=Markup(css), bars=bars, phases=PHASES, spend_chart=_spend_chart(facts, view),
+        charts=_curve_charts(facts, view), attempts=len(facts.attempts), curves=len(facts.curves),
+    )
+
+
+def build(repo: Path) -> str:
+    """The dashboard of the checkout at ``repo``."""
+    return render_dashboard(read_repo(repo))
+
+
+def default_out(repo: Path) -> Path:
+    """Where ``rigsync dashboard`` and the demo write the page when not told: inside the checkout's .git/ (never
+    committed, never in the working tree), else ``rigsync-dashboard.html`` in the directory itself."""
+    git_dir = repo / ".git"
+    return (git_dir / "rigsync-dashboard.html") if git_dir.is_dir() else (repo / "rigsync-dashboard.html")
+
+
+def open_hint(path: Path) -> str:
+    """The line that says where the page is and how to open it (`rigsync dashboard` and the demo print it)."""
+    return f"dashboard: {path}  (open it in a browser: xdg-open {path}, or file://{path})"
+
+
+def write(repo: Path, out: Path | None = None) -> Path:
+    """Write the page of ``repo`` to ``out`` (default ``default_out``); returns the path written."""
+    target = out if out is not None else default_out(repo)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(build(repo), encoding="utf-8")
+    return target.resolve()

@@ -1,0 +1,105 @@
+"""Hand-made SVG charts for the dashboard: a line chart and a stacked bar, as markup strings, nothing else.
+
+Why hand-made: the page must be one self-contained file with no network (a charting library would be a few
+hundred KiB of JavaScript inlined into every page); these charts need only polylines, rectangles and labels. Every
+label goes through ``markupsafe.escape``; every coordinate is a number this module formats.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from markupsafe import Markup, escape
+
+PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
+PHASE_COLOURS = {
+    "succeeded": "#59a14f", "running": "#4e79a7", "pending": "#bab0ac", "retrying": "#edc948", "blocked": "#e15759",
+}
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str
+    points: Sequence[tuple[float, float]]
+    dots: bool = False  # markers only (scalars), no line
+    dashed: bool = False
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.6g}"
+
+
+def line_chart(series: Sequence[Series], *, width: int = 420, height: int = 220, x_label: str = "",
+               y_label: str = "", css_class: str = "chart") -> Markup:
+    """A line chart of ``series`` with axes, min/max ticks and a legend; an empty chart says "no data"."""
+    pts = [p for s in series for p in s.points]
+    left, right, top = 56, 10, 10
+    h = height + 14 * len(series)
+    out = [f'<svg class="{css_class}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {h}" '
+           f'width="{width}" height="{h}" role="img">']
+    if not pts:
+        out.append(f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" class="muted">no data</text></svg>')
+        return Markup("".join(out))
+    x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
+    y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
+    if x1 == x0:
+        x0, x1 = x0 - 1, x1 + 1
+    if y1 == y0:
+        y0, y1 = y0 - 1, y1 + 1
+    pw, ph = width - left - right, height - top - 40
+
+    def sx(x: float) -> float:
+        return left + (x - x0) / (x1 - x0) * pw
+
+    def sy(y: float) -> float:
+        return top + ph - (y - y0) / (y1 - y0) * ph
+
+    axis_y = top + ph
+    out.append(f'<line x1="{left}" y1="{axis_y}" x2="{left + pw}" y2="{axis_y}" class="axis"/>')
+    out.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{axis_y}" class="axis"/>')
+    out.append(f'<text x="{left - 4}" y="{top + 4}" text-anchor="end" class="tick">{_fmt(y1)}</text>')
+    out.append(f'<text x="{left - 4}" y="{axis_y}" text-anchor="end" class="tick">{_fmt(y0)}</text>')
+    out.append(f'<text x="{left}" y="{axis_y + 14}" class="tick">{_fmt(x0)}</text>')
+    out.append(f'<text x="{left + pw}" y="{axis_y + 14}" text-anchor="end" class="tick">{_fmt(x1)}</text>')
+    if x_label:
+        out.append(f'<text x="{left + pw / 2}" y="{axis_y + 14}" text-anchor="middle" class="tick">'
+                   f"{escape(x_label)}</text>")
+    if y_label:
+        out.append(f'<text x="12" y="{top + ph / 2}" transform="rotate(-90 12 {top + ph / 2})" '
+                   f'text-anchor="middle" class="tick">{escape(y_label)}</text>')
+    for i, s in enumerate(series):
+        colour = PALETTE[i % len(PALETTE)]
+        coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in s.points)
+        if s.dots or len(s.points) == 1:
+            for x, y in s.points:
+                out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{colour}">'
+                           f"<title>{escape(s.label)}: {_fmt(y)}</title></circle>")
+        else:
+            dash = ' stroke-dasharray="5 4"' if s.dashed else ""
+            out.append(f'<polyline class="series" fill="none" stroke="{colour}" stroke-width="1.5"{dash} '
+                       f'points="{coords}"><title>{escape(s.label)}</title></polyline>')
+        ly = height + 14 * i + 4
+        out.append(f'<rect x="{left}" y="{ly - 8}" width="10" height="10" fill="{colour}"/>'
+                   f'<text x="{left + 14}" y="{ly + 1}" class="legend">{escape(s.label)}</text>')
+    out.append("</svg>")
+    return Markup("".join(out))
+
+
+def stacked_bar(counts: Sequence[tuple[str, int]], *, width: int = 420, height: int = 22) -> Markup:
+    """One horizontal bar split by phase (``PHASE_COLOURS``), each part titled with its count."""
+    total = sum(n for _, n in counts)
+    out = [f'<svg class="bar" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
+           f'width="{width}" height="{height}" role="img">']
+    x = 0.0
+    for phase, n in counts:
+        if n <= 0 or total == 0:
+            continue
+        w = n / total * width
+        out.append(f'<rect x="{x:.1f}" y="0" width="{w:.1f}" height="{height}" '
+                   f'fill="{PHASE_COLOURS.get(phase, "#999")}"><title>{escape(phase)}: {n}</title></rect>')
+        x += w
+    if total == 0:
+        out.append(f'<rect x="0" y="0" width="{width}" height="{height}" fill="#eee"/>')
+    out.append("</svg>")
+    return Markup("".join(out))

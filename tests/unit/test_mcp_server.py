@@ -1,0 +1,108 @@
+"""`rigsync mcp`: the SDK's own client drives the console script over stdio, as a coding agent would.
+
+Each tool's structured result must be exactly what the command's ``--json`` prints (the same producer), valid
+against the output schema the tool declares (the client checks that itself), and nothing may be applied.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from snapshot_repo import make_snapshot_repo
+
+RIGSYNC = Path(sys.executable).parent / "rigsync"
+# `review` is registered when this rigsync has it (reconciler/review_git.py, issue 12): then it is checked too
+HAS_REVIEW = importlib.util.find_spec("reconciler.review_git") is not None
+TOOLS = {"validate", "runs", "diff", "plan", "status", "logs"} | ({"review"} if HAS_REVIEW else set())
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_snapshot_repo(tmp_path_factory.mktemp("mcp"), curve=False)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    home = tmp_path_factory.mktemp("home")  # no saved Vast key here, none in the environment
+    keep = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "LC_ALL")}
+    return {**keep, "HOME": str(home), "XDG_STATE_HOME": str(home / "state"), "XDG_DATA_HOME": str(home / "data")}
+
+
+def cli_json(env: dict[str, str], *args: str) -> Any:
+    result = subprocess.run([str(RIGSYNC), *args], capture_output=True, text=True, timeout=120, env=env)
+    return json.loads(result.stdout)
+
+
+def session_calls(repo: Path, env: dict[str, str], calls: list[tuple[str, dict[str, Any]]]) -> tuple[Any, list[Any]]:
+    async def go() -> tuple[Any, list[Any]]:
+        params = StdioServerParameters(command=str(RIGSYNC), args=["mcp", "--repo", str(repo)], env=env)
+        with open(os.devnull, "w") as errlog:
+            async with stdio_client(params, errlog=errlog) as (read, write), ClientSession(read, write) as session:
+                await session.initialize()
+                listed = await session.list_tools()
+                results = [await session.call_tool(name, args) for name, args in calls]
+        return listed, results
+
+    return anyio.run(go)
+
+
+def test_tools_return_the_cli_json_and_apply_nothing(repo: Path, env: dict[str, str]) -> None:
+    before = subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True).stdout
+    listed, (validate, runs, promos, diff, status, logs) = session_calls(repo, env, [
+        ("validate", {}), ("runs", {}), ("runs", {"promotions": True}), ("diff", {}), ("status", {}),
+        ("logs", {"target": "tdmpc-9165"}),
+    ])
+    tools = {t.name: t for t in listed.tools}
+    assert set(tools) == TOOLS
+    for t in tools.values():
+        assert t.output_schema is not None and t.output_schema["type"] == "object", t.name
+        assert t.annotations is not None and t.annotations.read_only_hint is True
+
+    assert not validate.is_error and validate.structured_content == cli_json(env, "validate", "--json", "--repo",
+                                                                              str(repo))
+    assert validate.structured_content == {"valid": True, "errors": []}
+    assert runs.structured_content == {"runs": cli_json(env, "runs", "--json", "--repo", str(repo))}
+    assert json.loads(runs.content[0].text) == runs.structured_content["runs"]  # the text is the CLI's list
+    assert len(runs.structured_content["runs"]) == 12
+    assert len(promos.structured_content["runs"]) > 12
+    assert diff.structured_content == cli_json(env, "diff", "--json", "--repo", str(repo))
+    assert diff.structured_content["sweeps"]["tdmpc"]["done"] == 20
+
+    # live tools need the provider's key: without one, an error result with the CLI's one line, not a crash
+    assert status.is_error and status.structured_content is None
+    assert status.content[0].text.startswith("rigsync: error: no Vast API key found")
+    # logs: the run's box is gone and its output was never harvested into this (empty) store
+    assert logs.is_error and "rigsync: error:" in logs.content[0].text
+
+    after = subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True).stdout
+    assert after == before  # nothing written to the checkout
+
+
+def test_a_bad_desired_state_is_a_result_not_an_error(repo: Path, env: dict[str, str], tmp_path: Path) -> None:
+    broken = make_snapshot_repo(tmp_path, curve=False)
+    budget = broken / "desired" / "budget.yaml"
+    budget.write_text(budget.read_text().replace("max_fleet_dph: 0.45", "max_fleet_dph: lots"))
+    _, (validate, runs) = session_calls(broken, env, [("validate", {}), ("runs", {})])
+    assert validate.structured_content == cli_json(env, "validate", "--json", "--repo", str(broken))
+    assert validate.structured_content["valid"] is False
+    assert validate.structured_content["errors"][0]["file"].endswith("budget.yaml")
+    assert runs.is_error and "budget.yaml" in runs.content[0].text
+
+
+def test_review_returns_the_cli_json_when_rigsync_has_it(repo: Path, env: dict[str, str]) -> None:
+    if not HAS_REVIEW:
+        assert "review" not in TOOLS
+        return
+    _, (review,) = session_calls(repo, env, [("review", {"base": "HEAD"})])
+    assert not review.is_error, review.content
+    assert review.structured_content == cli_json(env, "review", "--json", "--base", "HEAD", "--repo", str(repo))
