@@ -116,6 +116,8 @@ class ReasonCode(enum.StrEnum):
     INSTANCE_PRICE_CAP = "instance_price_cap"  # cheapest fitting offer above the per-box $/h cap
     FLEET_PRICE_CAP = "fleet_price_cap"  # renting would pass the fleet $/h cap
     NO_OFFER = "no_offer"  # no unused offer passes the filters
+    HOST_AVOIDED = "host_avoided"  # its machine is in avoid_machines or blacklisted by the host ledger
+    GHOST_OFFER = "ghost_offer"  # its rent failed recently: skipped for ghost_cooldown
     SUSPENDED = "suspended"  # the fleet is suspended: the action is reported, not taken
 
 

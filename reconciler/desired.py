@@ -772,6 +772,9 @@ def _build_fleet(data: Mapping[str, Any], bootstrap: tuple[str, str] | None) -> 
         heartbeat_stale_s=_duration(data, "heartbeat_stale", defaults.heartbeat_stale_s),
         suspend=bool(data.get("suspend", False)),
         orphan_timeout_s=_duration(data, "orphan_timeout", defaults.orphan_timeout_s),
+        avoid_machines=tuple(sorted(int(m) for m in data.get("avoid_machines", ()))),
+        blacklist_after=int(data.get("blacklist_after", defaults.blacklist_after)),
+        ghost_cooldown_s=_duration(data, "ghost_cooldown", defaults.ghost_cooldown_s),
     )
 
 

@@ -21,6 +21,7 @@ from reconciler.archive import RunArchive
 from reconciler.errors import UserError
 from reconciler.jobenv import ControllerEnv, references
 from reconciler.launch_journal import LaunchJournal
+from reconciler.ledger import note_cycle
 from reconciler.model import AttemptRecord, Desired, Endpoint, Fleet, FleetMemory, Observed
 from reconciler.observe import observe
 from reconciler.plan import plan
@@ -138,6 +139,7 @@ class Reconciler:
             history=self.history,
             memory=self.memory.boxes,
             spend=self.memory.spend,
+            hosts=self.memory.hosts,
         )
 
     def apply(self, desired: Desired, observed: Observed, the_plan: Plan, memory: FleetMemory) -> ApplyResult:
@@ -165,7 +167,9 @@ class Reconciler:
         closed = {o.instance_id for o in result.overheads}
         if closed:  # their bills are in the archive's overhead lines now: forget them in this cycle's files
             spend = replace(spend, boxes=tuple(b for b in spend.boxes if b.instance_id not in closed))
-        self.memory = replace(memory, in_flight=in_flight, spend=spend)
+        done = [(o.action, o.ok, o.detail) for o in result.outcomes if not o.skipped]
+        hosts = note_cycle(memory.hosts, desired.fleet, observed, done, result.archived, self.clock.now())
+        self.memory = replace(memory, in_flight=in_flight, spend=spend, hosts=hosts)
         if self.journal is not None:
             self.journal.reset(in_flight)
         return result

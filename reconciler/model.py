@@ -78,6 +78,11 @@ class Fleet:
     heartbeat_stale_s: float = 60.0
     suspend: bool = False
     orphan_timeout_s: float = 1800.0  # the box's own watchdog destroys it when no controller touched it this long
+    # the host reliability ledger's rules (reconciler.offers, "host reliability"): machines never rented (by hand),
+    # host faults after which a machine is avoided automatically, how long an offer that failed to rent is skipped
+    avoid_machines: tuple[int, ...] = ()
+    blacklist_after: int = 3
+    ghost_cooldown_s: float = 3600.0
 
 
 @dataclass(frozen=True)
@@ -223,6 +228,72 @@ class Offer:
     verified: bool
     geolocation: str
     disk_space_gb: float
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    """What rigsync learned about one machine of the market (``machine_id``), kept in observed/hosts.yaml.
+
+    Counts only grow. ``faults`` are the events that say the machine itself is bad (it did not boot in time, its
+    bootstrap failed, its box vanished or hung); they rank it lower and, past the fleet's ``blacklist_after``,
+    keep it from being rented again (``reconciler.offers``). Outbids and failed attempts are recorded, not held
+    against the host: the first is the market, the second usually the job.
+    """
+
+    machine_id: int
+    gpu_name: str = ""
+    rents: int = 0
+    rent_failures: int = 0  # create calls that failed on one of its offers (a "ghost" offer)
+    boot_timeouts: int = 0
+    bootstrap_failures: int = 0
+    vanishes: int = 0  # an owned box on it left the provider's list without rigsync destroying it
+    hangs: int = 0  # an owned box on it stopped answering for longer than unreachable_grace
+    outbids: int = 0
+    attempts_succeeded: int = 0
+    attempts_failed: int = 0
+    attempts_lost: int = 0
+    dlperf: float | None = None  # the DLPerf its offer listed when last rented
+    first_seen: float | None = None
+    last_seen: float | None = None
+    offers: tuple[int, ...] = ()  # offer ids rented (or tried) on it, ascending
+
+    @property
+    def faults(self) -> int:
+        return self.boot_timeouts + self.bootstrap_failures + self.vanishes + self.hangs
+
+
+@dataclass(frozen=True)
+class GhostOffer:
+    """An offer whose rent failed at ``failed_at``: skipped until the fleet's ``ghost_cooldown`` has passed."""
+
+    offer_id: int
+    machine_id: int
+    failed_at: float
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class HostLedger:
+    """The host reliability ledger: per machine, per ghost offer, and the fleet's recent rents (for the rent rate)."""
+
+    hosts: tuple[HostRecord, ...] = ()  # ascending machine_id
+    ghosts: tuple[GhostOffer, ...] = ()  # ascending offer_id
+    rents_at: tuple[float, ...] = ()  # when the fleet's recent rents happened (the last hour's), ascending
+    failures_in_a_row: int = 0  # boxes that ended in a host fault or rents that failed since the last box came up
+    last_failure_at: float | None = None
+    boxes: tuple[tuple[int, int], ...] = ()  # (instance_id, machine_id) of the owned boxes last listed
+
+    def host(self, machine_id: int) -> HostRecord | None:
+        for h in self.hosts:
+            if h.machine_id == machine_id:
+                return h
+        return None
+
+    def ghost(self, offer_id: int) -> GhostOffer | None:
+        for g in self.ghosts:
+            if g.offer_id == offer_id:
+                return g
+        return None
 
 
 @dataclass(frozen=True)
@@ -612,6 +683,7 @@ class FleetMemory:
     in_flight: tuple[InFlight, ...] = ()
     spend: Spend = field(default_factory=Spend)
     spend_at: float | None = None  # when ``spend`` was last brought up to date; None: start counting now
+    hosts: HostLedger = field(default_factory=HostLedger)  # observed/hosts.yaml
 
 
 @dataclass(frozen=True)
@@ -630,6 +702,7 @@ class Observed:
     cycle_s: float = 60.0  # until the controller decides again: its cycle interval plus the destroy latency
     # names (never values) of the controller's environment variables the sweeps reference and that are set
     controller_env: frozenset[str] = frozenset()
+    hosts: HostLedger = field(default_factory=HostLedger)  # the host reliability ledger as the last cycle left it
 
     def probe(self, instance_id: int) -> BoxProbe | None:
         for p in self.probes:

@@ -185,5 +185,6 @@ def observe(
         fleet_name=fleet.name,
         in_flight=memory.in_flight,
         credit_usd=credit,
+        hosts=memory.hosts,
     )
     return observed, replace(memory, boxes=boxes, spend=spend, spend_at=now)

@@ -22,8 +22,9 @@ DRIFT = f"{OBSERVED_DIR}/drift.yaml"
 BUDGET = f"{OBSERVED_DIR}/budget.yaml"
 STATUS = f"{OBSERVED_DIR}/status.yaml"
 LEASE = f"{OBSERVED_DIR}/lease.yaml"
+HOSTS = f"{OBSERVED_DIR}/hosts.yaml"  # the host reliability ledger (reconciler/observed/hosts.py)
 RUNS_DIR = f"{OBSERVED_DIR}/runs"  # the run archive's month shards
-RENDERED = (BUDGET, DRIFT, FLEET, RUNS, STATUS)  # what a cycle renders (the lease is written by the lease)
+RENDERED = (BUDGET, DRIFT, FLEET, HOSTS, RUNS, STATUS)  # what a cycle renders (the lease is written by the lease)
 
 FORMAT_VERSION = 1
 

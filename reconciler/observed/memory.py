@@ -25,6 +25,7 @@ from typing import Any
 from reconciler.errors import ObservedInvalid
 from reconciler.model import BoxMemory, BoxSpend, FleetMemory, InFlight, Spend
 from reconciler.observed.codec import BUDGET, FLEET, RUNS, expect_mapping, iso, load_yaml, money, parse_iso, utc_day
+from reconciler.observed.hosts import read_hosts
 from reconciler.observed.tree import read_observed
 
 JITTER_S = 10.0  # how far apart in time two reads of the same line may be taken (list, bills, clock)
@@ -166,6 +167,7 @@ def fleet_memory_from_files(files: Mapping[str, str], *, now: float | None = Non
         in_flight=_in_flight(runs.get("in_flight") or []),
         spend=spend,
         spend_at=spend_at,
+        hosts=read_hosts(files),
     )
 
 

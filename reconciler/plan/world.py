@@ -26,7 +26,7 @@ from reconciler.model import (
     RunSpec,
     owned_by,
 )
-from reconciler.offers import normalize_gpu_name, passing_offers, rank_key
+from reconciler.offers import normalize_gpu_name, offer_skipped, passing_offers, rank_key
 from reconciler.plan.common import Decisions
 
 
@@ -111,10 +111,24 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
         boxes=boxes,
         listed_ids=frozenset(i.id for i in observed.instances),
         current_spec=fleet_spec_hash(desired.fleet),
-        offers=tuple(sorted(passing_offers(observed.offers, f.filters, f.disk_gb), key=rank_key(f.ranking))),
+        offers=_rentable_offers(desired, observed, now, out),
         gpu_dlperf=gpu_dlperf(observed.offers),
     )
     return world, out
+
+
+def _rentable_offers(desired: Desired, observed: Observed, now: float, out: Decisions) -> tuple[Offer, ...]:
+    """The offers that pass the filters and the host ledger's rules, best first by the ranking and host penalty."""
+    f = desired.fleet
+    kept: list[Offer] = []
+    for o in passing_offers(observed.offers, f.filters, f.disk_gb):
+        skipped = offer_skipped(o, f, observed.hosts, now)
+        if skipped is None:
+            kept.append(o)
+        else:
+            code = ReasonCode.GHOST_OFFER if skipped[0] == "ghost" else ReasonCode.HOST_AVOIDED
+            out.noop(f"offer/{o.id}", code, f"not rented: {skipped[1]}")
+    return tuple(sorted(kept, key=rank_key(f.ranking, observed.hosts)))
 
 
 def gpu_dlperf(offers: Iterable[Offer]) -> dict[str, float]:

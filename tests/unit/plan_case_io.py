@@ -5,7 +5,8 @@ times may be given relative to ``now`` (``start_ago``, ``started_ago``, ``launch
 ``last_activity_ago``, ``ended_ago``); an instance without ``label`` gets this fleet's ownership label for the
 current spec (``"{spec}"`` inside a given label is replaced by the current spec hash); a RUNNING instance
 without a probe gets a reachable, bootstrapped probe with its code shipped; a probe without ``gpus`` gets one
-GPU per instance GPU, with memory in use on the GPUs of its live runs.
+GPU per instance GPU, with memory in use on the GPUs of its live runs. The host ledger is ``observed.hosts``
+(``build_hosts``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,10 @@ from reconciler.model import (
     Budget,
     Desired,
     Fleet,
+    GhostOffer,
     GpuState,
+    HostLedger,
+    HostRecord,
     InFlight,
     Instance,
     InstanceStatus,
@@ -66,6 +70,7 @@ def build_fleet(d: J) -> Fleet:
     if "ranking" in d:
         d["ranking"] = Ranking(d["ranking"])
     d.setdefault("name", "lab")
+    d = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()}
     return Fleet(filters=filters, **d)
 
 
@@ -212,6 +217,25 @@ def build_history(d: J, now: float) -> AttemptRecord:
     )
 
 
+def build_hosts(d: J, now: float) -> HostLedger:
+    """``observed.hosts``: ``hosts`` (HostRecord fields), ``ghosts`` (offer_id, machine_id, failed_ago),
+    ``rents_ago`` (seconds before now), ``failures_in_a_row``, ``last_failure_ago``."""
+    return HostLedger(
+        hosts=tuple(
+            HostRecord(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in h.items()})
+            for h in sorted(d.get("hosts", []), key=lambda h: h["machine_id"])
+        ),
+        ghosts=tuple(
+            GhostOffer(int(g["offer_id"]), int(g.get("machine_id", g["offer_id"])), now - float(g["failed_ago"]),
+                       g.get("detail", ""))
+            for g in sorted(d.get("ghosts", []), key=lambda g: g["offer_id"])
+        ),
+        rents_at=tuple(sorted(now - float(t) for t in d.get("rents_ago", []))),
+        failures_in_a_row=int(d.get("failures_in_a_row", 0)),
+        last_failure_at=_t(d, now, "last_failure_at", "last_failure_ago", None),
+    )
+
+
 def build_observed(d: J, now: float, desired: Desired) -> Observed:
     instances = tuple(build_instance(i, now, desired.fleet) for i in d.get("instances", []))
     by_id = {i.id: i for i in instances}
@@ -237,6 +261,7 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
         credit_usd=d.get("credit_usd"),
         cycle_s=float(d.get("cycle_s", 60.0)),
         controller_env=frozenset(d.get("controller_env", [])),
+        hosts=build_hosts(d.get("hosts", {}), now),
         fleet_name=desired.fleet.name,
         in_flight=tuple(
             InFlight(
