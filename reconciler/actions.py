@@ -89,6 +89,7 @@ class ReasonCode(enum.StrEnum):
     UNREACHABLE_PAST_GRACE = "unreachable_past_grace"
     HOST_KEY_CHANGED = "host_key_changed"  # its SSH host key is not the pinned one: untrusted, destroyed at once
     BOOTSTRAP_FAILED = "bootstrap_failed"
+    BOOTSTRAP_TIMEOUT = "bootstrap_timeout"  # still bootstrapping after bootstrap_timeout
     OVER_MAX_INSTANCES = "over_max_instances"
     SPEC_DRIFTED = "spec_drifted"  # built from another image/disk/bootstrap than the fleet now says
     IDLE_TIMEOUT = "idle_timeout"
@@ -118,6 +119,8 @@ class ReasonCode(enum.StrEnum):
     NO_OFFER = "no_offer"  # no unused offer passes the filters
     HOST_AVOIDED = "host_avoided"  # its machine is in avoid_machines or blacklisted by the host ledger
     GHOST_OFFER = "ghost_offer"  # its rent failed recently: skipped for ghost_cooldown
+    RENT_RATE_LIMITED = "rent_rate_limited"  # max_rents_per_hour reached
+    RENT_BACKOFF = "rent_backoff"  # boxes failed (or rents failed) in a row: renting waits, doubling each time
     SUSPENDED = "suspended"  # the fleet is suspended: the action is reported, not taken
 
 

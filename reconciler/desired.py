@@ -698,6 +698,7 @@ _ZERO_FLEET_DURATION = {
     "heartbeat_stale": "every run would be declared lost at once",
     "orphan_timeout": "each box's watchdog would destroy it at once (it runs after this long without a probe)",
     "idle_timeout": "every box would be destroyed before it could take work",
+    "bootstrap_timeout": "every box would be destroyed before its bootstrap could run",
 }
 
 
@@ -775,6 +776,9 @@ def _build_fleet(data: Mapping[str, Any], bootstrap: tuple[str, str] | None) -> 
         avoid_machines=tuple(sorted(int(m) for m in data.get("avoid_machines", ()))),
         blacklist_after=int(data.get("blacklist_after", defaults.blacklist_after)),
         ghost_cooldown_s=_duration(data, "ghost_cooldown", defaults.ghost_cooldown_s),
+        bootstrap_timeout_s=_duration(data, "bootstrap_timeout", defaults.bootstrap_timeout_s),
+        max_rents_per_hour=data.get("max_rents_per_hour", defaults.max_rents_per_hour),
+        rent_backoff_s=_duration(data, "rent_backoff", defaults.rent_backoff_s),
     )
 
 

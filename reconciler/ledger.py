@@ -39,6 +39,7 @@ RENT_WINDOW_S = 3600.0  # the rent rate is counted over this window (max_rents_p
 FAULT_COUNTERS: dict[ReasonCode, str] = {
     ReasonCode.BOOT_TIMEOUT: "boot_timeouts",
     ReasonCode.BOOTSTRAP_FAILED: "bootstrap_failures",
+    ReasonCode.BOOTSTRAP_TIMEOUT: "bootstrap_failures",
     ReasonCode.UNREACHABLE_PAST_GRACE: "hangs",
     ReasonCode.PROVIDER_DEAD: "vanishes",
 }

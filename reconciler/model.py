@@ -83,6 +83,12 @@ class Fleet:
     avoid_machines: tuple[int, ...] = ()
     blacklist_after: int = 3
     ghost_cooldown_s: float = 3600.0
+    # bounded bootstrap and renting (reconciler.plan.boxes, reconciler.plan.renting): a box still bootstrapping this
+    # long after its bootstrap was first seen missing is destroyed (a fault of its host); at most this many rents
+    # per hour (None: no limit); after RENT_BACKOFF_AFTER failures in a row, rents wait rent_backoff, doubling
+    bootstrap_timeout_s: float = 1800.0
+    max_rents_per_hour: int | None = 20
+    rent_backoff_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -523,6 +529,7 @@ class BoxMemory:
     instance_id: int
     first_seen_at: float
     unreachable_since: float | None = None
+    bootstrap_since: float | None = None  # since when the fleet's bootstrap has not been done on it (it answers)
 
 
 @dataclass(frozen=True)

@@ -51,10 +51,16 @@ def probe_boxes(boxes: BoxControl, instances: list[Instance], timeout: float = P
 
 
 def update_box_memory(
-    previous: tuple[BoxMemory, ...], instances: list[Instance], probes: list[BoxProbe], now: float
+    previous: tuple[BoxMemory, ...], instances: list[Instance], probes: list[BoxProbe], now: float,
+    bootstrap_hash: str = "",
 ) -> tuple[BoxMemory, ...]:
+    """Per box: first seen, unreachable since, and since when it answers without the fleet's bootstrap done (the
+    clock of ``bootstrap_timeout``; the box's own clock cannot say, and its uptime is its host's)."""
     prev = {m.instance_id: m for m in previous}
     reach = {p.instance_id: p.reachable for p in probes}
+    unbooted = {
+        p.instance_id for p in probes if p.reachable and bootstrap_hash and bootstrap_hash not in p.bootstrap_hashes
+    }
     out = []
     for inst in sorted(instances, key=lambda i: i.id):
         old = prev.get(inst.id)
@@ -63,7 +69,14 @@ def update_box_memory(
             since = old.unreachable_since if old and old.unreachable_since is not None else now
         else:
             since = None
-        out.append(BoxMemory(instance_id=inst.id, first_seen_at=first, unreachable_since=since))
+        booting: float | None
+        if inst.id in unbooted:
+            booting = old.bootstrap_since if old and old.bootstrap_since is not None else now
+        elif reach.get(inst.id) is False and old is not None:
+            booting = old.bootstrap_since  # not known this cycle: the clock keeps running
+        else:
+            booting = None
+        out.append(BoxMemory(inst.id, first_seen_at=first, unreachable_since=since, bootstrap_since=booting))
     return tuple(out)
 
 
@@ -173,7 +186,7 @@ def observe(
         except ProviderError:
             offers = []  # no offers this cycle: the plan rents nothing, everything else proceeds
     probes = [p.on_clock(now) for p in probe_boxes(box_control, mine)]  # box clocks may be off
-    boxes = update_box_memory(memory.boxes, mine, probes, now)
+    boxes = update_box_memory(memory.boxes, mine, probes, now, fleet.bootstrap_hash)
     spend = accrue_billed(memory.spend, memory.spend_at, mine, billed, memory.in_flight, now)
     observed = Observed(
         instances=tuple(sorted(instances, key=lambda i: i.id)),

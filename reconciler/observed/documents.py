@@ -2,8 +2,8 @@
 
 Every cycle renders the same six files (hosts.yaml: ``reconciler.observed.hosts``) from the same facts. They
 must be byte-identical when the world did not change, because rigsync commits only when a file changed: so no
-"last cycle at" stamps, no GPU memory or utilisation readings, no running metrics. Facts that do change are kept (a box's start time, a run's phase).
-Two values move with the clock and get special care:
+"last cycle at" stamps, no GPU memory or utilisation readings, no running metrics. Facts that do change are kept
+(a box's start time, a run's phase). Two values move with the clock and get special care:
 
 * ``status.yaml`` carries ``last_change_at``: the time of the last cycle in which anything else changed. The
   renderer compares with the previous files and keeps the old stamp when nothing else differs.

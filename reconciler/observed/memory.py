@@ -42,6 +42,7 @@ def box_memory_entries(boxes: Iterable[BoxMemory]) -> list[dict[str, Any]]:
             "instance_id": m.instance_id,
             "first_seen_at": iso(m.first_seen_at),
             "unreachable_since": iso(m.unreachable_since),
+            **({"bootstrap_since": iso(m.bootstrap_since)} if m.bootstrap_since is not None else {}),
         }
         for m in sorted(boxes, key=lambda m: m.instance_id)
     ]
@@ -182,6 +183,7 @@ def _boxes(entries: list[Any]) -> tuple[BoxMemory, ...]:
                     instance_id=int(m["instance_id"]),
                     first_seen_at=first if first is not None else 0.0,
                     unreachable_since=parse_iso(m.get("unreachable_since"), where + ".unreachable_since"),
+                    bootstrap_since=parse_iso(m.get("bootstrap_since"), where + ".bootstrap_since"),
                 )
             )
         except (KeyError, TypeError, ValueError) as exc:

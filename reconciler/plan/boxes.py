@@ -196,6 +196,14 @@ def classify_boxes(world: World, seen: SeenAttempts, budget: Purse) -> tuple[Box
         if slot_spec_hash(box.own.slot) != world.current_spec:
             d.states[box.id] = BoxState.DRIFTED
         elif bh and bh not in probe.bootstrap_hashes:
+            missing = box.memory.bootstrap_since if box.memory is not None else None
+            if missing is not None and now - missing > f.bootstrap_timeout_s:
+                reason = (
+                    f"bootstrap {bh} not done {fmt_duration(now - missing)} after it was first missing > "
+                    f"bootstrap_timeout {fmt_duration(f.bootstrap_timeout_s)}"
+                )
+                d.destroy(box, ReasonCode.BOOTSTRAP_TIMEOUT, reason)
+                continue
             d.states[box.id] = BoxState.BOOTSTRAPPING
         else:
             d.states[box.id] = BoxState.READY

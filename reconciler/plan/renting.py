@@ -4,6 +4,12 @@ Runs that boxes already on their way (booting, bootstrapping, briefly unreachabl
 for. For the rest, the best offer by the fleet's ranking that passes the filters (``reconciler.offers``, the one
 definition the Vast query is built from too), fits the per-box $/h cap and keeps the fleet under its $/h cap.
 Nothing is rented once a daily or total cap is reached. What could not be rented says which cap held.
+
+Renting is also bounded in time (``rent_gate``), from the host ledger (``observed/hosts.yaml``): at most
+``max_rents_per_hour`` rents in any hour, and after ``RENT_BACKOFF_AFTER`` failures in a row (boxes that ended in a
+host fault, rents that failed; a launch ends the run) nothing is rented for ``rent_backoff``, doubling with each
+further failure up to ``MAX_RENT_BACKOFF_S``. So a bootstrap that always fails, or a market of ghosts, cannot turn
+into a rent storm. Both say why in the plan (a no-op on the fleet) and in `rigsync status` (a ``renting:`` warning).
 """
 
 from __future__ import annotations
@@ -13,15 +19,53 @@ from dataclasses import dataclass, field
 
 from reconciler.actions import ReasonCode, Rent
 from reconciler.identity import rent_label
+from reconciler.ledger import RENT_WINDOW_S
 from reconciler.model import Offer, RunSpec
 from reconciler.offers import normalize_gpu_name
 from reconciler.plan.attempts import PendingRun
 from reconciler.plan.boxes import BoxState, BoxTable
-from reconciler.plan.common import EPS, Decisions, count_cap, effective_caps, usd, usd_h
+from reconciler.plan.common import EPS, Decisions, count_cap, effective_caps, fmt_duration, usd, usd_h
 from reconciler.plan.money import Purse, Spending, runtime_of
 from reconciler.plan.world import World
 
 _ON_THEIR_WAY = frozenset({BoxState.BOOTING, BoxState.BOOTSTRAPPING, BoxState.UNREACHABLE})
+RENT_BACKOFF_AFTER = 2  # failures in a row before renting backs off (one vanish or ghost is the market's noise)
+MAX_RENT_BACKOFF_S = 3600.0
+
+
+def rent_backoff(world: World) -> tuple[ReasonCode, str] | None:
+    """Why renting waits after failures in a row, or None (the backoff half of ``rent_gate``)."""
+    f, ledger, now = world.desired.fleet, world.observed.hosts, world.now
+    k, last = ledger.failures_in_a_row, ledger.last_failure_at
+    if k < RENT_BACKOFF_AFTER or last is None or f.rent_backoff_s <= 0:
+        return None
+    wait = min(f.rent_backoff_s * 2.0 ** (k - RENT_BACKOFF_AFTER), MAX_RENT_BACKOFF_S)
+    left = last + wait - now
+    if left <= 0:
+        return None
+    return ReasonCode.RENT_BACKOFF, (
+        f"rent backoff: {k} failures in a row (boxes lost to host faults or rents that failed), the last "
+        f"{fmt_duration(now - last)} ago; renting again in {fmt_duration(left)} (backoff {fmt_duration(wait)})"
+    )
+
+
+def rent_gate(world: World, rented_now: int) -> tuple[ReasonCode, str] | None:
+    """Why no further rent may happen in this plan (``rented_now`` rents already in it), or None."""
+    backoff = rent_backoff(world)
+    if backoff is not None:
+        return backoff
+    limit = world.desired.fleet.max_rents_per_hour
+    if limit is None:
+        return None
+    now = world.now
+    recent = sorted(t for t in world.observed.hosts.rents_at if now - t < RENT_WINDOW_S)
+    if len(recent) + rented_now < max(0, limit):
+        return None
+    oldest = recent[0] if recent else now
+    return ReasonCode.RENT_RATE_LIMITED, (
+        f"rent rate: {len(recent) + rented_now} rent(s) in the last hour >= max_rents_per_hour {limit}; "
+        f"the next in {fmt_duration(max(0.0, oldest + RENT_WINDOW_S - now))}"
+    )
 
 
 @dataclass
@@ -69,6 +113,7 @@ class _Market:
         self.instance_cap, self.fleet_cap = effective_caps(world.desired)
         self.offers = list(world.offers)
         self.used: set[int] = set()
+        self.rented = 0
         self.pointers: dict[tuple[int, int], int] = {}
 
     def pick(self, g: int, ram: int) -> Offer | None:
@@ -105,6 +150,7 @@ class _Market:
 
     def rent(self, o: Offer, code: ReasonCode, reason: str, world: World) -> Rent:
         self.used.add(o.id)
+        self.rented += 1
         self.count += 1
         self.fleet_dph += o.dph_total
         return Rent(
@@ -189,6 +235,8 @@ def rent_for(
                     ReasonCode.INSTANCE_COUNT_CAP,
                     f"instance cap: {market.count} owned or rented box(es) = max_instances {max_n}",
                 )
+            elif (gate := rent_gate(world, market.rented)) is not None:
+                why = gate
             elif (o := market.pick(g, ram)) is None:
                 why = blocked_req[shape] = market.why_not(g, ram)
             elif not spending.fits(cost := _rent_cost(world, budget, o, spec, g)):
@@ -224,6 +272,10 @@ def rent_for(
         if budget.binds:
             block(ReasonCode.BUDGET_REFUSED, f"budget: not renting for min_instances {min_n}: {budget.verdict()}", 0)
             break
+        gate = rent_gate(world, market.rented)
+        if gate is not None:
+            block(gate[0], f"min_instances {min_n}: {gate[1]}", 0)
+            break
         o = market.pick(1, 0)
         if o is None:
             code, text = market.why_not(1, 0)
@@ -250,6 +302,8 @@ def rent_for(
         out.noop(subj, code, f"{msg}{tail}")
         if code is ReasonCode.CREDIT_REFUSED:
             out.warnings.append(f"budget: {msg}{tail}")  # the account itself is short: say it where people look
+        if code in (ReasonCode.RENT_BACKOFF, ReasonCode.RENT_RATE_LIMITED):
+            out.warnings.append(f"renting: {msg}{tail}")  # `rigsync status` shows these
     for sweep in sorted(set(waits_for_booting) | set(covered_by_rent) | set(no_capacity)):
         parts = []
         if waits_for_booting.get(sweep):

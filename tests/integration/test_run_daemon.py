@@ -51,6 +51,7 @@ OBSERVED_SCHEMAS = {
     "observed/budget.yaml": "observed-budget",
     "observed/status.yaml": "observed-status",
     "observed/lease.yaml": "observed-lease",
+    "observed/hosts.yaml": "observed-hosts",
 }
 
 SWEEP = """\
