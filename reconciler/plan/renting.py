@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from reconciler.actions import ReasonCode, Rent
 from reconciler.identity import rent_label
 from reconciler.ledger import RENT_WINDOW_S
-from reconciler.model import Offer, RunSpec
+from reconciler.model import Fleet, Offer, RunSpec
 from reconciler.offers import normalize_gpu_name
 from reconciler.plan.attempts import PendingRun
 from reconciler.plan.boxes import BoxState, BoxTable
@@ -49,14 +49,20 @@ def rent_backoff(world: World) -> tuple[ReasonCode, str] | None:
     )
 
 
+def rents_per_hour(fleet: Fleet) -> int:
+    """The fleet's rent rate cap: ``max_rents_per_hour``, by default twice ``max_instances`` (at least 4), so a fleet
+    can fill up and replace every box once within the hour, and no faster."""
+    if fleet.max_rents_per_hour is not None:
+        return max(0, fleet.max_rents_per_hour)
+    return max(4, 2 * count_cap(fleet.max_instances))
+
+
 def rent_gate(world: World, rented_now: int) -> tuple[ReasonCode, str] | None:
     """Why no further rent may happen in this plan (``rented_now`` rents already in it), or None."""
     backoff = rent_backoff(world)
     if backoff is not None:
         return backoff
-    limit = world.desired.fleet.max_rents_per_hour
-    if limit is None:
-        return None
+    limit = rents_per_hour(world.desired.fleet)
     now = world.now
     recent = sorted(t for t in world.observed.hosts.rents_at if now - t < RENT_WINDOW_S)
     if len(recent) + rented_now < max(0, limit):

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -80,3 +82,49 @@ def test_ghost_offer_and_boot_timeout_land_in_the_ledger(
     entry = next(h for h in doc["hosts"] if h["machine_id"] == machine)
     assert (entry["boot_timeouts"], entry["penalty"], entry["blacklisted"]) == (1, 0.5, False)
     assert read_fleet_memory(repo).hosts == rec.memory.hosts
+
+
+def test_a_hung_bootstrap_is_destroyed_marks_its_host_and_the_rent_rate_holds(
+    emulator: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bootstrap_timeout ends a bootstrap that never finishes; max_rents_per_hour 1 keeps the next rent back, and
+    `rigsync status` (the real console script) says why."""
+    monkeypatch.setenv("VAST_API_KEY", emulator.api_key)
+    repo, _ = make_fleet_repo(tmp_path / "fleet", 1)
+    fleet_file = repo / "desired" / "fleet.yaml"
+    text = re.sub(r"(?m)^name: .*$", "name: itboot", fleet_file.read_text())
+    text = re.sub(r"(?m)^  max: .*$", "  max: 1", text)
+    fleet_file.write_text(text + "bootstrap_timeout: 2s\nmax_rents_per_hour: 1\n")
+    (repo / "desired" / "bootstrap.sh").write_text("#!/bin/sh\nsleep 600\n")
+    desired = load_local_desired(repo)
+    rec = open_reconciler(repo, desired, str(tmp_path / "state"), emulator.url)
+
+    box = machine = None
+    destroyed = None
+    for _ in range(60):  # bounded: rent, boot, bootstrap starts and hangs, bootstrap_timeout (2s) destroys it
+        res = rec.cycle(desired)
+        assert res.applied is not None
+        if box is None and res.applied.rented:
+            box = res.applied.rented[0]
+            machine = int(emulator.instance(box)["machine_id"])
+        hit = [a for a in res.plan.actions if isinstance(a, Destroy) and a.instance_id == box]
+        if hit:
+            destroyed = hit[0]
+            break
+        time.sleep(0.5)
+    assert box is not None and destroyed is not None, "the hung bootstrap was never ended"
+    assert destroyed.code is ReasonCode.BOOTSTRAP_TIMEOUT and machine is not None
+    host = rec.memory.hosts.host(machine)
+    assert host is not None and (host.rents, host.bootstrap_failures) == (1, 1)
+
+    after = rec.cycle(desired)  # one rent in the last hour = max_rents_per_hour 1: nothing more is rented
+    assert not [a for a in after.plan.actions if isinstance(a, Rent)]
+    assert [n.code for n in after.plan.noops if n.target == "fleet/itboot"] == [ReasonCode.RENT_RATE_LIMITED]
+    write_observed_uncommitted(repo, desired, after.observed, after.plan, rec, after.applied)
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "rigsync"), "status", "--repo", str(repo), "--api-url", emulator.url,
+         "--state-dir", str(tmp_path / "state")],
+        capture_output=True, text=True, check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "renting: rent rate: 1 rent(s) in the last hour >= max_rents_per_hour 1" in out.stdout

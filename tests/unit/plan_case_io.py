@@ -254,6 +254,7 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
                 instance_id=int(m["instance_id"]),
                 first_seen_at=_t(m, now, "first_seen_at", "first_seen_ago", now - 3600.0) or 0.0,
                 unreachable_since=_t(m, now, "unreachable_since", "unreachable_ago", None),
+                bootstrap_since=_t(m, now, "bootstrap_since", "bootstrap_ago", None),
             )
             for m in d.get("memory", [])
         ),
