@@ -65,6 +65,7 @@ class ReasonCode(enum.StrEnum):
     ARCHIVED_BUT_ALIVE = "archived_but_alive"  # archived already, its process still runs: kill it
     NOT_DESIRED = "not_desired"  # its run left the desired state (or its promotion no longer holds)
     MAX_RUNTIME = "max_runtime"  # ran longer than the sweep's max_runtime
+    STALLED = "stalled"  # no metric progress, or its GPUs idle, for the sweep's stall_timeout
     DUPLICATE_ATTEMPT = "duplicate_attempt"  # another attempt of the same run is already running
     BOX_DESTROYED = "box_destroyed"  # its box is destroyed by this plan
     WRAPPER_GONE = "wrapper_gone"  # the wrapper process is gone without an exit code

@@ -830,6 +830,8 @@ def _build_sweep(data: Mapping[str, Any], order: int) -> Sweep:
         env=tuple((str(k), str(v)) for k, v in data.get("env", {}).items()),
         artifacts=tuple(data.get("artifacts", ())),
         checkpoint=_checkpoint(data.get("checkpoint")),
+        stall_timeout_s=_duration(data, "stall_timeout", 0.0) if "stall_timeout" in data else None,
+        stall_gpu_util_pct=float(data.get("stall_gpu_util", 5.0)),
     )
 
 
@@ -898,6 +900,10 @@ def _sweep_checks(
     longest = _duration(data, "max_runtime", 3600.0)
     if longest <= 0:
         errors.append(doc.error(("max_runtime",), "max_runtime must be longer than 0s: every run would be killed"))
+    if "stall_timeout" in data and parse_duration(data["stall_timeout"]) <= 0:
+        errors.append(
+            doc.error(("stall_timeout",), "stall_timeout must be longer than 0s: every run would be killed as stalled")
+        )
     # max_runtime is only a cap (runs may end long before it), so it may exceed ttl; a run *expected* to outlast
     # ttl, though, can never finish: its box is destroyed ttl after it is rented, every attempt.
     ttl = parse_duration(fleet_data["ttl"]) if fleet_data is not None and "ttl" in fleet_data else 0.0

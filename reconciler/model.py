@@ -131,6 +131,10 @@ class Sweep:
     env: tuple[tuple[str, str], ...] = ()
     artifacts: tuple[str, ...] = ()  # globs in the run directory harvested with the logs when an attempt ends
     checkpoint: Checkpoint | None = None  # a directory in the run directory synced home while it runs
+    # a live attempt with no metric progress, or its GPUs under stall_gpu_util_pct, for this long is stalled: killed
+    # and retried (None: never)
+    stall_timeout_s: float | None = None
+    stall_gpu_util_pct: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,8 @@ class RunSpec:
     promotion_threshold: float | None = None
     expected_runtime_s: float | None = None  # the sweep's expected_runtime, if it gives one
     env: tuple[tuple[str, str], ...] = ()  # the sweep's env as written (references by name only)
+    stall_timeout_s: float | None = None  # the sweep's stall_timeout (None: never stalled)
+    stall_gpu_util_pct: float = 5.0
 
     @property
     def params_dict(self) -> dict[str, Scalar]:
@@ -408,6 +414,7 @@ class RunDirState:
     last_metrics: tuple[tuple[str, Scalar], ...] = ()
     best_metric: float | None = None
     final_metric: float | None = None
+    metrics_age_s: float | None = None  # since its metrics file last grew (None: no metrics file yet)
 
 
 @dataclass(frozen=True)
@@ -560,6 +567,7 @@ class DriftClass(enum.StrEnum):
     DESTROYED_BY_HAND = "destroyed_by_hand"  # an owned box we remembered is no longer listed
     FOREIGN = "foreign"  # an instance without our ownership label: reported, never touched
     OVER_BUDGET = "over_budget"
+    STALLED = "stalled"  # alive, but no metric progress or GPU under its threshold for stall_timeout: killed, retried
 
 
 @dataclass(frozen=True)
@@ -692,6 +700,10 @@ class FleetMemory:
     spend: Spend = field(default_factory=Spend)
     spend_at: float | None = None  # when ``spend`` was last brought up to date; None: start counting now
     hosts: HostLedger = field(default_factory=HostLedger)  # observed/hosts.yaml
+    # since when each live attempt's GPUs have been under its sweep's stall_gpu_util_pct: (run_id, attempt, since).
+    # Kept by the controller process only (not in observed/, where it would change every cycle): after a restart
+    # this clock starts again, so a stall is found at most one stall_timeout later.
+    gpu_quiet: tuple[tuple[str, int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -711,6 +723,7 @@ class Observed:
     # names (never values) of the controller's environment variables the sweeps reference and that are set
     controller_env: frozenset[str] = frozenset()
     hosts: HostLedger = field(default_factory=HostLedger)  # the host reliability ledger as the last cycle left it
+    gpu_quiet: tuple[tuple[str, int, float], ...] = ()  # FleetMemory.gpu_quiet after this observation
 
     def probe(self, instance_id: int) -> BoxProbe | None:
         for p in self.probes:

@@ -80,6 +80,30 @@ def update_box_memory(
     return tuple(out)
 
 
+def track_gpu_quiet(
+    previous: tuple[tuple[str, int, float], ...], desired: Desired, probes: list[BoxProbe], now: float
+) -> tuple[tuple[str, int, float], ...]:
+    """Since when each live attempt of a sweep with ``stall_timeout`` has kept its GPUs under ``stall_gpu_util``.
+
+    A reading is one probe's ``utilization.gpu``: the most of the attempt's GPUs. An attempt at or above the threshold,
+    finished, or on a box that did not answer this cycle is dropped (its clock starts again when it is next quiet).
+    """
+    since = {(r, a): t for r, a, t in previous}
+    out: list[tuple[str, int, float]] = []
+    for p in probes:
+        if not p.reachable:
+            continue
+        util = {g.index: g.utilization_pct for g in p.gpus}
+        for rd in p.runs:
+            spec = desired.run(rd.run_id)
+            if rd.exit_code is not None or not rd.pid_alive or spec is None or spec.stall_timeout_s is None:
+                continue
+            seen = [util[i] for i in rd.gpu_mask if i in util]
+            if seen and max(seen) < spec.stall_gpu_util_pct:
+                out.append((rd.run_id, rd.attempt, since.get((rd.run_id, rd.attempt), now)))
+    return tuple(sorted(out))
+
+
 def read_billing(
     provider: Provider, mine: list[Instance], spend: Spend, now: float
 ) -> tuple[dict[int, float] | None, float | None]:
@@ -188,6 +212,7 @@ def observe(
     probes = [p.on_clock(now) for p in probe_boxes(box_control, mine)]  # box clocks may be off
     boxes = update_box_memory(memory.boxes, mine, probes, now, fleet.bootstrap_hash)
     spend = accrue_billed(memory.spend, memory.spend_at, mine, billed, memory.in_flight, now)
+    gpu_quiet = track_gpu_quiet(memory.gpu_quiet, desired, probes, now)
     observed = Observed(
         instances=tuple(sorted(instances, key=lambda i: i.id)),
         probes=tuple(probes),
@@ -199,5 +224,6 @@ def observe(
         in_flight=memory.in_flight,
         credit_usd=credit,
         hosts=memory.hosts,
+        gpu_quiet=gpu_quiet,
     )
-    return observed, replace(memory, boxes=boxes, spend=spend, spend_at=now)
+    return observed, replace(memory, boxes=boxes, spend=spend, spend_at=now, gpu_quiet=gpu_quiet)

@@ -102,6 +102,8 @@ def build_run(d: J, i: int) -> RunSpec:
         promotion_threshold=d.get("promotion_threshold"),
         expected_runtime_s=d.get("expected_runtime_s"),
         env=tuple((k, str(v)) for k, v in d.get("env", {}).items()),
+        stall_timeout_s=d.get("stall_timeout_s"),
+        stall_gpu_util_pct=d.get("stall_gpu_util_pct", 5.0),
     )
 
 
@@ -145,6 +147,7 @@ def build_rundir(d: J, now: float) -> RunDirState:
         ended_at=_t(d, now, "ended_at", "ended_ago", None),
         best_metric=d.get("best_metric"),
         final_metric=d.get("final_metric"),
+        metrics_age_s=d.get("metrics_age_s"),
     )
 
 
@@ -263,6 +266,8 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
         cycle_s=float(d.get("cycle_s", 60.0)),
         controller_env=frozenset(d.get("controller_env", [])),
         hosts=build_hosts(d.get("hosts", {}), now),
+        gpu_quiet=tuple(sorted((q["run_id"], q.get("attempt", 1), now - float(q["quiet_ago"]))
+                               for q in d.get("gpu_quiet", []))),
         fleet_name=desired.fleet.name,
         in_flight=tuple(
             InFlight(
