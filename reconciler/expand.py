@@ -253,6 +253,7 @@ def expand_sweep(sweep: Sweep) -> list[RunSpec]:
                     env=sweep.env,
                     stall_timeout_s=sweep.stall_timeout_s,
                     stall_gpu_util_pct=sweep.stall_gpu_util_pct,
+                    pool=sweep.pool,
                 )
             )
     return specs

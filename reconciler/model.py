@@ -58,6 +58,26 @@ class OfferFilters:
     geolocations: tuple[str, ...] = ()  # countries (ISO alpha-2 code or English name, e.g. "SE", "Germany"); see offers
 
 
+DEFAULT_POOL = "default"  # the one pool of a fleet.yaml without ``pools:`` (today's single filter set)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One kind of box a fleet holds: which offers, how many, built how. A fleet without ``pools:`` has one, made
+    of its own fields and named ``default`` (``Fleet.all_pools``); budget caps and the fleet's max stay per fleet."""
+
+    name: str
+    min_instances: int = 0
+    max_instances: int = 1
+    filters: OfferFilters = field(default_factory=OfferFilters)
+    ranking: Ranking = Ranking.DLPERF_PER_DPH
+    image: str = "pytorch/pytorch:latest"
+    disk_gb: float = 20.0
+    bootstrap_path: str | None = None
+    bootstrap_script: str = ""
+    bootstrap_hash: str = ""
+
+
 @dataclass(frozen=True)
 class Fleet:
     name: str
@@ -90,6 +110,35 @@ class Fleet:
     bootstrap_timeout_s: float = 1800.0
     max_rents_per_hour: int | None = None
     rent_backoff_s: float = 60.0
+    # named pools (fleet.yaml ``pools:``), the first the default of a sweep without ``pool:``; empty: one pool made
+    # of the fields above (``all_pools``). With pools, min/max_instances above bound the whole fleet.
+    pools: tuple[Pool, ...] = ()
+
+    def all_pools(self) -> tuple[Pool, ...]:
+        """The pools to plan for: the named ones, or the one this fleet's own fields describe."""
+        if self.pools:
+            return self.pools
+        return (
+            Pool(
+                name=DEFAULT_POOL,
+                min_instances=self.min_instances,
+                max_instances=self.max_instances,
+                filters=self.filters,
+                ranking=self.ranking,
+                image=self.image,
+                disk_gb=self.disk_gb,
+                bootstrap_path=self.bootstrap_path,
+                bootstrap_script=self.bootstrap_script,
+                bootstrap_hash=self.bootstrap_hash,
+            ),
+        )
+
+    def pool(self, name: str) -> Pool | None:
+        """The pool called ``name``; ``""`` is the first (a sweep that names none)."""
+        pools = self.all_pools()
+        if not name:
+            return pools[0]
+        return next((p for p in pools if p.name == name), None)
 
 
 @dataclass(frozen=True)
@@ -135,6 +184,7 @@ class Sweep:
     # and retried (None: never)
     stall_timeout_s: float | None = None
     stall_gpu_util_pct: float = 5.0
+    pool: str = ""  # the fleet pool its runs go to ("": the first)
 
 
 @dataclass(frozen=True)
@@ -173,6 +223,7 @@ class RunSpec:
     env: tuple[tuple[str, str], ...] = ()  # the sweep's env as written (references by name only)
     stall_timeout_s: float | None = None  # the sweep's stall_timeout (None: never stalled)
     stall_gpu_util_pct: float = 5.0
+    pool: str = ""  # the fleet pool it runs on ("": the first)
 
     @property
     def params_dict(self) -> dict[str, Scalar]:

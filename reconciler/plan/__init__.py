@@ -99,9 +99,11 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
     decided.extend(found)
     estimates, price_warnings = estimate(world, queue, live, budget)
     decided.warnings.extend(price_warnings)
-    table, found = retire_idle(
-        world, seen, placement.table, placement.launches, len(placement.unplaced), queue.live_work, budget
-    )
+    waiting: dict[str, int] = {}
+    for run in placement.unplaced:
+        pool = world.pool_of_run(run.spec)
+        waiting[pool] = waiting.get(pool, 0) + 1
+    table, found = retire_idle(world, seen, placement.table, placement.launches, waiting, queue.live_work, budget)
     decided.extend(found)
     decided.extend(rent_for(world, placement.unplaced, table, budget, placement.spent))
     decided.extend(box_noops(world, seen, table))

@@ -17,7 +17,7 @@ from reconciler.plan.attempts import PendingRun, RunQueue
 from reconciler.plan.boxes import BoxState, BoxTable
 from reconciler.plan.common import Decisions, gpus_text, usd
 from reconciler.plan.money import Purse, Spending, runtime_of
-from reconciler.plan.world import World
+from reconciler.plan.world import OwnedBox, World
 from reconciler.runphase import allowed_attempts
 
 
@@ -38,26 +38,28 @@ def place(world: World, queue: RunQueue, table: BoxTable, budget: Purse) -> tupl
     refused: list[tuple[PendingRun, float]] = []
     hours_on: dict[tuple[str, str], float] = {}
     free: dict[int, list[GpuState]] = {i: list(g) for i, g in table.free.items()}
-    open_boxes = [
-        world.boxes[i]
-        for i in world.boxes
-        if table.states.get(i) is BoxState.READY and i not in table.destroyed and free.get(i)
-    ]
+    # a run goes only to boxes of its sweep's pool
+    open_by_pool: dict[str, list[OwnedBox]] = {}
+    for i in world.boxes:
+        if table.states.get(i) is BoxState.READY and i not in table.destroyed and free.get(i):
+            open_by_pool.setdefault(world.boxes[i].pool, []).append(world.boxes[i])
     launches: dict[int, int] = {}
     considered = set(table.considered)
     unplaced: list[PendingRun] = []
     # First fit in box order. A box's free GPUs only shrink, so a box that cannot take a request now never
     # will this plan: each request shape keeps its own cursor into the open boxes (linear, not quadratic).
-    cursor: dict[tuple[int, int], int] = {}
+    cursor: dict[tuple[str, int, int], int] = {}
     code = world.desired.code_commit
-    free_left = sum(len(free[b.id]) for b in open_boxes)
+    free_left = sum(len(free[b.id]) for boxes in open_by_pool.values() for b in boxes)
     for n, run in enumerate(queue.pending):
         if free_left <= 0:
             unplaced.extend(queue.pending[n:])  # every GPU is taken: the rest wait, in order
             break
         spec = run.spec
         g, ram = run.gpus, run.gpu_ram_mib
-        i = cursor.get((g, ram), 0)
+        pool = world.pool_of_run(spec)
+        open_boxes = open_by_pool.get(pool, [])
+        i = cursor.get((pool, g, ram), 0)
         if i >= len(open_boxes):
             unplaced.append(run)
             continue
@@ -68,7 +70,7 @@ def place(world: World, queue: RunQueue, table: BoxTable, budget: Purse) -> tupl
             if len(chosen) >= g:
                 break
             i += 1
-        cursor[(g, ram)] = i
+        cursor[(pool, g, ram)] = i
         if i >= len(open_boxes):
             unplaced.append(run)
             continue
