@@ -38,7 +38,7 @@ import os
 import re
 import unicodedata
 from collections.abc import Callable, Container, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache, partial
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
@@ -50,6 +50,7 @@ from reconciler import jobenv
 from reconciler.errors import DesiredStateInvalid, TemplateProblem, YamlRefused
 from reconciler.expand import RUN_VARIABLES, count_runs, expand, parameter_name_problem, template_variables
 from reconciler.model import (
+    DEFAULT_POOL,
     Budget,
     Checkpoint,
     Desired,
@@ -57,6 +58,7 @@ from reconciler.model import (
     MetricGoal,
     OfferFilters,
     OnExceed,
+    Pool,
     PromotionRule,
     Ranking,
     Scalar,
@@ -626,15 +628,24 @@ def _safe_relative(path: str) -> bool:
 
 
 def _bootstrap_file(data: Mapping[str, Any]) -> str | None:
-    """The repo-relative path the fleet's ``bootstrap`` names, if it names a safe one."""
+    """The repo-relative path the fleet's (or a pool's) ``bootstrap`` names, if it names a safe one."""
     value = data.get("bootstrap")
     if not isinstance(value, str) or not _safe_relative(value):
         return None
     return str(PurePosixPath(DESIRED_DIR) / PurePosixPath(value))
 
 
-def _fleet_checks(doc: _Doc, files: Mapping[str, bytes]) -> tuple[list[LoadError], tuple[str, str] | None]:
-    """Checks beyond the schema. Returns (errors, (bootstrap path, script text) or None)."""
+def _bootstrap_owners(data: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], Mapping[str, Any]]]:
+    """(pointer, mapping) of the fleet and each pool that may name a ``bootstrap``."""
+    owners: list[tuple[tuple[str | int, ...], Mapping[str, Any]]] = [((), data)]
+    pools = data.get("pools")
+    if isinstance(pools, list):
+        owners += [(("pools", i), p) for i, p in enumerate(pools) if isinstance(p, dict)]
+    return owners
+
+
+def _fleet_checks(doc: _Doc, files: Mapping[str, bytes]) -> tuple[list[LoadError], dict[str, str]]:
+    """Checks beyond the schema. Returns (errors, bootstrap path -> script text for the fleet's and its pools')."""
     data = doc.data
     errors: list[LoadError] = []
     instances = data.get("instances", {})
@@ -665,29 +676,67 @@ def _fleet_checks(doc: _Doc, files: Mapping[str, bytes]) -> tuple[list[LoadError
                 )
             )
     errors += _fleet_duration_checks(doc)
-    bootstrap: tuple[str, str] | None = None
-    if "bootstrap" in data:
-        value = data["bootstrap"]
-        target = _bootstrap_file(data)
+    errors += _pool_checks(doc)
+    scripts: dict[str, str] = {}
+    for at, owner in _bootstrap_owners(data):
+        if "bootstrap" not in owner:
+            continue
+        value = owner["bootstrap"]
+        where = (*at, "bootstrap")
+        target = _bootstrap_file(owner)
         if target is None:
-            errors.append(doc.error(("bootstrap",), f"bootstrap path {value!r} must stay inside desired/ (no '..')"))
+            errors.append(doc.error(where, f"bootstrap path {value!r} must stay inside desired/ (no '..')"))
+        elif target in scripts:
+            continue
         elif target not in files:
-            errors.append(doc.error(("bootstrap",), f"bootstrap script {target} does not exist"))
+            errors.append(doc.error(where, f"bootstrap script {target} does not exist"))
         else:
             raw = files[target]
             if len(raw) > MAX_FILE_BYTES:
-                errors.append(doc.error(("bootstrap",), f"bootstrap script {target} is over {MAX_FILE_BYTES} bytes"))
-            else:
-                try:
-                    bootstrap = (target, raw.decode("utf-8"))
-                except UnicodeDecodeError:
-                    errors.append(doc.error(("bootstrap",), f"bootstrap script {target} is not valid UTF-8"))
-                else:
-                    # A script is reviewed in the same diffs: the same characters would hide what it runs.
-                    hidden = _character_problems(target, bootstrap[1])
-                    errors += hidden
-                    bootstrap = None if hidden else bootstrap
-    return errors, bootstrap
+                errors.append(doc.error(where, f"bootstrap script {target} is over {MAX_FILE_BYTES} bytes"))
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                errors.append(doc.error(where, f"bootstrap script {target} is not valid UTF-8"))
+                continue
+            # A script is reviewed in the same diffs: the same characters would hide what it runs.
+            hidden = _character_problems(target, text)
+            errors += hidden
+            if not hidden:
+                scripts[target] = text
+    return errors, scripts
+
+
+def _pool_checks(doc: _Doc) -> list[LoadError]:
+    """``pools:`` beyond the schema: unique names, min <= max, and no fleet-wide floor beside the pools' own."""
+    data = doc.data
+    pools = data.get("pools")
+    if not pools:
+        return []
+    errors: list[LoadError] = []
+    seen: set[str] = set()
+    for i, pool in enumerate(pools):
+        if pool["name"] in seen:
+            errors.append(doc.error(("pools", i, "name"), f"pool {pool['name']!r} is defined twice"))
+        seen.add(pool["name"])
+        instances = pool.get("instances", {})
+        if instances.get("min", 0) > instances.get("max", 1):
+            errors.append(
+                doc.error(
+                    ("pools", i, "instances", "min"),
+                    f"min ({instances['min']}) is greater than max ({instances.get('max', 1)})",
+                )
+            )
+    if data.get("instances", {}).get("min", 0) > 0:
+        errors.append(
+            doc.error(
+                ("instances", "min"),
+                "with pools, each pool keeps its own instances.min; the fleet's instances.min must be 0 "
+                "(instances.max still bounds the whole fleet)",
+            )
+        )
+    return errors
 
 
 # Why zero cannot work for each fleet duration; none of them documents 0 as "off" (ttl is off when omitted).
@@ -736,10 +785,8 @@ def _fleet_duration_checks(doc: _Doc) -> list[LoadError]:
     return errors
 
 
-def _build_fleet(data: Mapping[str, Any], bootstrap: tuple[str, str] | None) -> Fleet:
-    offers = data.get("offers", {})
-    provider = data.get("provider", {})
-    filters = OfferFilters(
+def _filters(offers: Mapping[str, Any]) -> OfferFilters:
+    return OfferFilters(
         gpu_names=tuple(offers.get("gpu_names", ())),
         num_gpus_min=int(offers.get("gpus_min", 1)),
         num_gpus_max=offers.get("gpus_max"),
@@ -752,9 +799,40 @@ def _build_fleet(data: Mapping[str, Any], bootstrap: tuple[str, str] | None) -> 
         verified=bool(offers.get("verified", True)),
         geolocations=tuple(offers.get("geolocations", ())),
     )
+
+
+def _build_pool(data: Mapping[str, Any], fleet: Fleet, scripts: Mapping[str, str]) -> Pool:
+    """One entry of ``pools:``: what it does not say, it takes from the fleet's own fields."""
+    instances = data.get("instances", {})
+    offers = data.get("offers")
+    bootstrap = _bootstrap_file(data) if "bootstrap" in data else fleet.bootstrap_path
+    script = scripts.get(bootstrap, "") if bootstrap else ""
+    return Pool(
+        name=data["name"],
+        min_instances=int(instances.get("min", 0)),
+        max_instances=int(instances.get("max", 1)),
+        filters=_filters(offers) if offers is not None else fleet.filters,
+        ranking=Ranking(offers.get("rank_by", Ranking.DLPERF_PER_DPH.value)) if offers is not None else fleet.ranking,
+        image=data.get("image", fleet.image),
+        disk_gb=float(data.get("disk_gb", fleet.disk_gb)),
+        bootstrap_path=bootstrap,
+        bootstrap_script=script,
+        bootstrap_hash=_script_hash(script) if bootstrap else "",
+    )
+
+
+def _script_hash(script: str) -> str:
+    return hashlib.sha256(script.encode()).hexdigest()[:16]
+
+
+def _build_fleet(data: Mapping[str, Any], scripts: Mapping[str, str]) -> Fleet:
+    offers = data.get("offers", {})
+    provider = data.get("provider", {})
+    filters = _filters(offers)
     defaults = Fleet(name="_")
-    script = bootstrap[1] if bootstrap else ""
-    return Fleet(
+    bootstrap_path = _bootstrap_file(data) if "bootstrap" in data else None
+    script = scripts.get(bootstrap_path, "") if bootstrap_path else ""
+    fleet = Fleet(
         name=data["name"],
         provider=provider.get("name", "vast"),
         min_instances=int(data["instances"].get("min", 0)),
@@ -763,9 +841,9 @@ def _build_fleet(data: Mapping[str, Any], bootstrap: tuple[str, str] | None) -> 
         ranking=Ranking(offers.get("rank_by", Ranking.DLPERF_PER_DPH.value)),
         image=data.get("image", defaults.image),
         disk_gb=float(data.get("disk_gb", defaults.disk_gb)),
-        bootstrap_path=bootstrap[0] if bootstrap else None,
+        bootstrap_path=bootstrap_path,
         bootstrap_script=script,
-        bootstrap_hash=hashlib.sha256(script.encode()).hexdigest()[:16] if bootstrap else "",
+        bootstrap_hash=_script_hash(script) if bootstrap_path else "",
         idle_timeout_s=_duration(data, "idle_timeout", defaults.idle_timeout_s),
         ttl_s=parse_duration(data["ttl"]) if "ttl" in data else None,
         boot_timeout_s=_duration(data, "boot_timeout", defaults.boot_timeout_s),
@@ -779,6 +857,22 @@ def _build_fleet(data: Mapping[str, Any], bootstrap: tuple[str, str] | None) -> 
         bootstrap_timeout_s=_duration(data, "bootstrap_timeout", defaults.bootstrap_timeout_s),
         max_rents_per_hour=data.get("max_rents_per_hour", defaults.max_rents_per_hour),
         rent_backoff_s=_duration(data, "rent_backoff", defaults.rent_backoff_s),
+    )
+    pools = tuple(_build_pool(p, fleet, scripts) for p in data.get("pools", ()))
+    if not pools:
+        return fleet
+    # the fleet's own filter set, image and bootstrap are those of its first pool (what single-pool readers see)
+    first = pools[0]
+    return replace(
+        fleet,
+        pools=pools,
+        filters=first.filters,
+        ranking=first.ranking,
+        image=first.image,
+        disk_gb=first.disk_gb,
+        bootstrap_path=first.bootstrap_path,
+        bootstrap_script=first.bootstrap_script,
+        bootstrap_hash=first.bootstrap_hash,
     )
 
 
@@ -832,6 +926,7 @@ def _build_sweep(data: Mapping[str, Any], order: int) -> Sweep:
         checkpoint=_checkpoint(data.get("checkpoint")),
         stall_timeout_s=_duration(data, "stall_timeout", 0.0) if "stall_timeout" in data else None,
         stall_gpu_util_pct=float(data.get("stall_gpu_util", 5.0)),
+        pool=str(data.get("pool", "")),
     )
 
 
@@ -972,9 +1067,26 @@ def _sweep_checks(
             )
         )
     gpus = int(data.get("resources", {}).get("gpus", 1))
-    if fleet_data is not None:
+    pool_data: Mapping[str, Any] | None = fleet_data
+    if fleet_data is not None and fleet_data.get("pools"):
+        pools = fleet_data["pools"]
+        wanted = data.get("pool", pools[0]["name"])
+        pool_data = next((p for p in pools if p["name"] == wanted), None)
+        if pool_data is None:
+            names = ", ".join(p["name"] for p in pools)
+            errors.append(doc.error(("pool",), f"no pool {wanted!r} in {FLEET_FILE} (its pools: {names})"))
+        elif "offers" not in pool_data:
+            pool_data = fleet_data
+    elif fleet_data is not None and data.get("pool", DEFAULT_POOL) != DEFAULT_POOL:
+        errors.append(
+            doc.error(
+                ("pool",),
+                f"no pool {data['pool']!r} in {FLEET_FILE}: it defines no pools:, so its one pool is {DEFAULT_POOL!r}",
+            )
+        )
+    if pool_data is not None:
         need_ram = data.get("resources", {}).get("min_gpu_ram_gib")
-        named = fleet_data.get("offers", {}).get("gpu_names", ())
+        named = pool_data.get("offers", {}).get("gpu_names", ())
         most_ram = most_gpu_ram_gib(named)
         if need_ram is not None and most_ram is not None and need_ram > most_ram:
             errors.append(
@@ -985,7 +1097,7 @@ def _sweep_checks(
                     "could never be scheduled",
                 )
             )
-        gpus_max = fleet_data.get("offers", {}).get("gpus_max")
+        gpus_max = pool_data.get("offers", {}).get("gpus_max")
         if gpus_max is not None and gpus > gpus_max:
             errors.append(
                 doc.error(
@@ -1201,19 +1313,18 @@ def load_desired(
             docs[name] = doc
 
     fleet_doc = docs.get(FLEET_FILE)
-    bootstrap: tuple[str, str] | None = None
+    bootstrap: dict[str, str] = {}
     if fleet_doc is not None:
         checked = _guard(FLEET_FILE, errors, partial(_fleet_checks, fleet_doc, files))
-        problems, bootstrap = checked if checked is not None else ([], None)
+        problems, bootstrap = checked if checked is not None else ([], {})
         errors += problems
         if problems or checked is None:
             fleet_doc = None
 
     known = {FLEET_FILE, BUDGET_FILE, README_FILE, *sweep_files, *refused}
     named = _guard(FLEET_FILE, [], partial(_bootstrap_named, parsed.get(FLEET_FILE)))
-    fleet_readable, bootstrap_named = named if named is not None else (False, None)
-    if bootstrap_named:
-        known.add(bootstrap_named)
+    fleet_readable, bootstrap_named = named if named is not None else (False, [])
+    known.update(bootstrap_named)
     for name in sorted(files):
         if name in known:
             continue
@@ -1314,11 +1425,12 @@ def _is_sweep_file(path: str) -> bool:
     return "/" not in rest and rest.endswith(".yaml") and not rest.startswith(".")
 
 
-def _bootstrap_named(doc: _Doc | None) -> tuple[bool, str | None]:
-    """(fleet file readable, the bootstrap path it names), read leniently: known even when the fleet is invalid."""
+def _bootstrap_named(doc: _Doc | None) -> tuple[bool, list[str]]:
+    """(fleet file readable, the bootstrap paths it and its pools name), read leniently: known even when the fleet is
+    invalid."""
     if doc is None or not isinstance(doc.data, dict):
-        return False, None
-    return True, _bootstrap_file(doc.data)
+        return False, []
+    return True, [t for _, owner in _bootstrap_owners(doc.data) if (t := _bootstrap_file(owner)) is not None]
 
 
 def errors_of(exc: DesiredStateInvalid) -> list[LoadError]:

@@ -2,7 +2,8 @@
 
 A rented box carries ``rigsync:<fleet>:<spec>-<offer>`` (and ``-<pool>`` when the fleet names pools); ``spec``
 hashes the image, disk and bootstrap script of its pool, so a change to any of them makes existing boxes "drifted"
-(replaced once their work is done). Ownership itself (``model.owns``) only reads the fleet part; the planner, apply and the saved-plan check all build labels here.
+(replaced once their work is done). Ownership itself (``model.owns``) only reads the fleet part; the planner, apply
+and the saved-plan check all build labels here.
 """
 
 from __future__ import annotations

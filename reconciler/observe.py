@@ -15,10 +15,11 @@ error, no charge for a box), that box is estimated at its listed $/h since its l
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from reconciler.errors import ProviderError
+from reconciler.identity import slot_pool
 from reconciler.model import (
     AttemptRecord,
     BoxMemory,
@@ -32,6 +33,7 @@ from reconciler.model import (
     Observed,
     Offer,
     Spend,
+    owned_by,
     split_owned,
 )
 from reconciler.ports import BoxControl, Provider
@@ -52,14 +54,21 @@ def probe_boxes(boxes: BoxControl, instances: list[Instance], timeout: float = P
 
 def update_box_memory(
     previous: tuple[BoxMemory, ...], instances: list[Instance], probes: list[BoxProbe], now: float,
-    bootstrap_hash: str = "",
+    bootstrap_hash: str | Mapping[int, str] = "",
 ) -> tuple[BoxMemory, ...]:
-    """Per box: first seen, unreachable since, and since when it answers without the fleet's bootstrap done (the
-    clock of ``bootstrap_timeout``; the box's own clock cannot say, and its uptime is its host's)."""
+    """Per box: first seen, unreachable since, and since when it answers without its bootstrap done (the clock of
+    ``bootstrap_timeout``; the box's own clock cannot say, and its uptime is its host's). ``bootstrap_hash`` is the
+    fleet's, or per instance id the one of its pool."""
     prev = {m.instance_id: m for m in previous}
     reach = {p.instance_id: p.reachable for p in probes}
+
+    def wanted(iid: int) -> str:
+        return bootstrap_hash if isinstance(bootstrap_hash, str) else bootstrap_hash.get(iid, "")
+
     unbooted = {
-        p.instance_id for p in probes if p.reachable and bootstrap_hash and bootstrap_hash not in p.bootstrap_hashes
+        p.instance_id
+        for p in probes
+        if p.reachable and wanted(p.instance_id) and wanted(p.instance_id) not in p.bootstrap_hashes
     }
     out = []
     for inst in sorted(instances, key=lambda i: i.id):
@@ -205,12 +214,19 @@ def observe(
         mine, _foreign = split_owned(instances, fleet.name)
     offers: list[Offer] = []
     if not fleet.suspend:
-        try:
-            offers = provider.search_offers(fleet.filters, fleet.disk_gb)
-        except ProviderError:
-            offers = []  # no offers this cycle: the plan rents nothing, everything else proceeds
+        found: dict[int, Offer] = {}
+        for pool in fleet.all_pools():  # one query per pool; an offer two pools accept is listed once
+            try:
+                found.update((o.id, o) for o in provider.search_offers(pool.filters, pool.disk_gb))
+            except ProviderError:
+                continue  # no offers for this pool this cycle: the plan rents nothing for it
+        offers = [found[i] for i in sorted(found)] if len(fleet.all_pools()) > 1 else list(found.values())
     probes = [p.on_clock(now) for p in probe_boxes(box_control, mine)]  # box clocks may be off
-    boxes = update_box_memory(memory.boxes, mine, probes, now, fleet.bootstrap_hash)
+    hashes = {p.name: p.bootstrap_hash for p in fleet.all_pools()}
+    pool_hash = {
+        i.id: hashes.get(slot_pool(fleet, own.slot), "") for i in mine if (own := owned_by(fleet.name, i.label))
+    }
+    boxes = update_box_memory(memory.boxes, mine, probes, now, pool_hash)
     spend = accrue_billed(memory.spend, memory.spend_at, mine, billed, memory.in_flight, now)
     gpu_quiet = track_gpu_quiet(memory.gpu_quiet, desired, probes, now)
     observed = Observed(
