@@ -348,6 +348,8 @@ def retire_idle(
             candidates.append(
                 (box, ReasonCode.IDLE_TIMEOUT, f"idle for {fmt_duration(idle_for)} > idle_timeout {timeout}")
             )
+        elif not waiting_runs and f.pools:  # runs of other pools may wait: they never go to this box
+            candidates.append((box, ReasonCode.SURPLUS, f"surplus: no pending run of pool {box.pool} waits for a GPU"))
         elif not waiting_runs and not live_work:
             candidates.append((box, ReasonCode.SURPLUS, "surplus: no pending or running work in the fleet"))
         elif not waiting_runs:

@@ -12,10 +12,11 @@ GPU per instance GPU, with memory in use on the GPUs of its live runs. The host 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from reconciler.identity import pool_spec_hash, slot_pool
 from reconciler.model import (
     AttemptOutcome,
     AttemptRecord,
@@ -36,6 +37,8 @@ from reconciler.model import (
     Offer,
     OfferFilters,
     OnExceed,
+    Ownership,
+    Pool,
     Ranking,
     RunDirState,
     RunSpec,
@@ -64,14 +67,34 @@ def _t(d: J, now: float, key: str, ago_key: str, default: float | None) -> float
     return default
 
 
-def build_fleet(d: J) -> Fleet:
+def _filters(d: J) -> OfferFilters:
+    return OfferFilters(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()})
+
+
+def build_pool(d: J) -> Pool:
     d = dict(d)
-    filters = OfferFilters(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.pop("filters", {}).items()})
+    filters = _filters(d.pop("filters", {}))
+    if "ranking" in d:
+        d["ranking"] = Ranking(d["ranking"])
+    return Pool(filters=filters, **d)
+
+
+def build_fleet(d: J) -> Fleet:
+    """A fleet; ``pools`` (each a Pool's fields) makes it a fleet with named pools, the first one's filter set,
+    image and bootstrap also the fleet's own (as the loader does)."""
+    d = dict(d)
+    filters = _filters(d.pop("filters", {}))
+    pools = tuple(build_pool(p) for p in d.pop("pools", []))
     if "ranking" in d:
         d["ranking"] = Ranking(d["ranking"])
     d.setdefault("name", "lab")
     d = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()}
-    return Fleet(filters=filters, **d)
+    fleet = Fleet(filters=filters, pools=pools, **d)
+    if pools:
+        first = pools[0]
+        fleet = replace(fleet, filters=first.filters, ranking=first.ranking, image=first.image,
+                        disk_gb=first.disk_gb, bootstrap_hash=first.bootstrap_hash)
+    return fleet
 
 
 def build_budget(d: J) -> Budget:
@@ -104,6 +127,7 @@ def build_run(d: J, i: int) -> RunSpec:
         env=tuple((k, str(v)) for k, v in d.get("env", {}).items()),
         stall_timeout_s=d.get("stall_timeout_s"),
         stall_gpu_util_pct=d.get("stall_gpu_util_pct", 5.0),
+        pool=d.get("pool", ""),
     )
 
 
@@ -121,7 +145,13 @@ def build_desired(d: J) -> Desired:
 def build_instance(d: J, now: float, fleet: Fleet) -> Instance:
     iid = int(d["id"])
     spec = fleet_spec_hash(fleet)
-    label = d.get("label", f"rigsync:{fleet.name}:{{spec}}-{iid}").replace("{spec}", spec)
+    if "pool" in d:  # a box of a named pool: its pool's spec and the pool suffix
+        pool = fleet.pool(d["pool"])
+        assert pool is not None, d["pool"]
+        default = f"rigsync:{fleet.name}:{pool_spec_hash(pool)}-{iid}-{pool.name}"
+    else:
+        default = f"rigsync:{fleet.name}:{{spec}}-{iid}"
+    label = d.get("label", default).replace("{spec}", spec)
     return Instance(
         id=iid,
         label=label,
@@ -168,6 +198,10 @@ def build_probe(d: J, now: float, inst: Instance | None, desired: Desired) -> Bo
         total = inst.gpu_ram_mib if inst else 24576
         gpus = tuple(GpuState(i, 2000 if i in busy else 0, total) for i in range(n))
     bh = desired.fleet.bootstrap_hash
+    own = Ownership.parse(inst.label) if inst is not None else None
+    if own is not None and desired.fleet.pools:
+        pool = desired.fleet.pool(slot_pool(desired.fleet, own.slot))
+        bh = pool.bootstrap_hash if pool is not None else ""
     return BoxProbe(
         instance_id=int(d["instance_id"]),
         reachable=d.get("reachable", True),
