@@ -123,6 +123,8 @@ class ReasonCode(enum.StrEnum):
     RENT_RATE_LIMITED = "rent_rate_limited"  # max_rents_per_hour reached
     RENT_BACKOFF = "rent_backoff"  # boxes failed (or rents failed) in a row: renting waits, doubling each time
     SUSPENDED = "suspended"  # the fleet is suspended: the action is reported, not taken
+    OWN_BOX_KEPT = "own_box_kept"  # one of the lab's own machines (provider ssh): never destroyed, whatever the reason
+    OWN_POOL_FULL = "own_pool_full"  # runs of a provider ssh pool wait for its machines: rigsync never rents for it
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ from reconciler.errors import DesiredStateInvalid, TemplateProblem, YamlRefused
 from reconciler.expand import RUN_VARIABLES, count_runs, expand, parameter_name_problem, template_variables
 from reconciler.model import (
     DEFAULT_POOL,
+    OWN_PROVIDER,
     Budget,
     Checkpoint,
     Desired,
@@ -58,6 +59,7 @@ from reconciler.model import (
     MetricGoal,
     OfferFilters,
     OnExceed,
+    OwnHost,
     Pool,
     PromotionRule,
     Ranking,
@@ -720,6 +722,25 @@ def _pool_checks(doc: _Doc) -> list[LoadError]:
         if pool["name"] in seen:
             errors.append(doc.error(("pools", i, "name"), f"pool {pool['name']!r} is defined twice"))
         seen.add(pool["name"])
+        own = pool.get("provider") == OWN_PROVIDER
+        if own and "hosts" not in pool:
+            errors.append(doc.error(("pools", i, "provider"), "a provider: ssh pool lists its machines in hosts:"))
+        if not own and "hosts" in pool:
+            errors.append(
+                doc.error(("pools", i, "hosts"), "hosts: are the machines of a provider: ssh pool; add provider: ssh")
+            )
+        for key in ("offers", "instances"):
+            if own and key in pool:
+                errors.append(
+                    doc.error(
+                        ("pools", i, key),
+                        f"a provider: ssh pool is its hosts: rigsync never rents for it, so it has no {key}",
+                    )
+                )
+        addresses = [(h.get("address"), h.get("port", 22)) for h in pool.get("hosts", ())]
+        for n, where in enumerate(addresses):
+            if where in addresses[:n]:
+                errors.append(doc.error(("pools", i, "hosts", n), f"host {where[0]}:{where[1]} is listed twice"))
         instances = pool.get("instances", {})
         if instances.get("min", 0) > instances.get("max", 1):
             errors.append(
@@ -818,6 +839,17 @@ def _build_pool(data: Mapping[str, Any], fleet: Fleet, scripts: Mapping[str, str
         bootstrap_path=bootstrap,
         bootstrap_script=script,
         bootstrap_hash=_script_hash(script) if bootstrap else "",
+        provider=str(data.get("provider", "vast")),
+        hosts=tuple(
+            OwnHost(
+                address=str(h["address"]),
+                port=int(h.get("port", 22)),
+                user=str(h.get("user", "root")),
+                gpus=int(h["gpus"]),
+                gpu_name=str(h.get("gpu_name", "own")),
+            )
+            for h in data.get("hosts", ())
+        ),
     )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 
-from reconciler.model import Fleet, Ownership, Pool
+from reconciler.model import Endpoint, Fleet, Instance, InstanceStatus, Ownership, Pool
 
 
 def spec_hash(image: str, disk_gb: float, bootstrap_hash: str) -> str:
@@ -34,6 +34,37 @@ def rent_label(fleet: Fleet, offer_id: int, pool: Pool | None = None) -> str:
     pool = pool or fleet.all_pools()[0]
     suffix = f"-{pool.name}" if fleet.pools else ""
     return Ownership(fleet.name, f"{pool_spec_hash(pool)}-{offer_id}{suffix}").label()
+
+
+def own_box_id(pool: Pool, address: str, port: int) -> int:
+    """A stable instance id for one of the lab's own machines: negative, so it never meets a provider's id."""
+    digest = hashlib.sha256(f"{pool.name}\n{address}\n{port}".encode()).hexdigest()
+    return -(int(digest[:12], 16) + 1)
+
+
+def own_boxes(fleet: Fleet) -> list[Instance]:
+    """The machines of the fleet's ``provider: ssh`` pools as instances: always running, $0/h, labelled as this
+    fleet's box of that pool (with its current spec: an own box never drifts, it is bootstrapped again)."""
+    out: list[Instance] = []
+    for pool in fleet.all_pools():
+        if not pool.own:
+            continue
+        for host in pool.hosts:
+            iid = own_box_id(pool, host.address, host.port)
+            out.append(
+                Instance(
+                    id=iid,
+                    label=Ownership(fleet.name, f"{pool_spec_hash(pool)}-{-iid}-{pool.name}").label(),
+                    status=InstanceStatus.RUNNING,
+                    gpu_name=host.gpu_name,
+                    num_gpus=host.gpus,
+                    gpu_ram_mib=0,
+                    dph_total=0.0,
+                    start_date=0.0,
+                    direct=Endpoint(host.address, host.port, host.user),
+                )
+            )
+    return sorted(out, key=lambda i: i.id)
 
 
 def slot_pool(fleet: Fleet, slot: str) -> str:

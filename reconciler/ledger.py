@@ -135,5 +135,6 @@ def note_cycle(
         rents_at=tuple(sorted(rents_at)),
         failures_in_a_row=failures,
         last_failure_at=last_failure,
-        boxes=tuple(sorted((i.id, i.machine_id) for i in mine if i.id not in destroyed)),
+        # the lab's own machines (negative ids) are not the market's: nothing to learn, never a vanish
+        boxes=tuple(sorted((i.id, i.machine_id) for i in mine if i.id not in destroyed and i.id > 0)),
     )

@@ -22,7 +22,7 @@ from reconciler.errors import UserError
 from reconciler.jobenv import ControllerEnv, references
 from reconciler.launch_journal import LaunchJournal
 from reconciler.ledger import note_cycle
-from reconciler.model import AttemptRecord, Desired, Endpoint, Fleet, FleetMemory, Observed
+from reconciler.model import OWN_PROVIDER, AttemptRecord, Desired, Endpoint, Fleet, FleetMemory, Observed
 from reconciler.observe import observe
 from reconciler.plan import plan
 from reconciler.ports import BoxControl, Fence, Provider, ResultStore, Shell, no_fence
@@ -189,10 +189,21 @@ def state_dir_for(fleet: Fleet, override: str | os.PathLike[str] | None = None) 
     return path
 
 
+SUPPORTED_PROVIDERS = ("vast",)  # markets rigsync rents from
+POOL_PROVIDERS = (*SUPPORTED_PROVIDERS, OWN_PROVIDER)  # what a pool may say: a market, or the lab's own machines
+
+
 def require_supported_provider(fleet: Fleet) -> None:
-    """The one place that says which providers rigsync can drive (a UserError for any other)."""
-    if fleet.provider != "vast":
+    """The one place that says which providers rigsync can drive (a UserError for any other): the fleet rents from
+    Vast.ai, and each pool is either rented from it or the lab's own machines over SSH (``provider: ssh``), which
+    rigsync never rents and never destroys."""
+    if fleet.provider not in SUPPORTED_PROVIDERS:
         raise UserError(f"unknown provider {fleet.provider!r}: only 'vast' is supported")
+    for pool in fleet.all_pools():
+        if pool.provider not in POOL_PROVIDERS:
+            raise UserError(f"pool {pool.name}: unknown provider {pool.provider!r}: 'vast' or 'ssh'")
+        if pool.own and not pool.hosts:
+            raise UserError(f"pool {pool.name}: provider ssh needs its hosts")
 
 
 def build_adapters(fleet: Fleet, state_dir: Path, api_url: str | None = None) -> tuple[Provider, Shell]:

@@ -61,6 +61,20 @@ class OfferFilters:
 DEFAULT_POOL = "default"  # the one pool of a fleet.yaml without ``pools:`` (today's single filter set)
 
 
+OWN_PROVIDER = "ssh"  # a pool of the lab's own machines, reached over SSH: never rented, never destroyed
+
+
+@dataclass(frozen=True)
+class OwnHost:
+    """One of the lab's own machines in a ``provider: ssh`` pool: where to reach it and what it has."""
+
+    address: str
+    port: int = 22
+    user: str = "root"
+    gpus: int = 1
+    gpu_name: str = "own"
+
+
 @dataclass(frozen=True)
 class Pool:
     """One kind of box a fleet holds: which offers, how many, built how. A fleet without ``pools:`` has one, made
@@ -76,6 +90,13 @@ class Pool:
     bootstrap_path: str | None = None
     bootstrap_script: str = ""
     bootstrap_hash: str = ""
+    provider: str = "vast"  # "vast": rented from the market; OWN_PROVIDER: the ``hosts`` below, never rented
+    hosts: tuple[OwnHost, ...] = ()
+
+    @property
+    def own(self) -> bool:
+        """Its boxes are the lab's own machines: rigsync never rents for it and never destroys one of them."""
+        return self.provider == OWN_PROVIDER
 
 
 @dataclass(frozen=True)
@@ -364,6 +385,7 @@ class HostLedger:
 class Endpoint:
     host: str
     port: int
+    user: str = ""  # who to log in as ("": rigsync's box user, root); set for the lab's own machines
 
 
 @dataclass(frozen=True)

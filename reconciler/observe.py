@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from reconciler.errors import ProviderError
-from reconciler.identity import slot_pool
+from reconciler.identity import own_boxes, slot_pool
 from reconciler.model import (
     AttemptRecord,
     BoxMemory,
@@ -216,17 +216,24 @@ def observe(
     if not fleet.suspend:
         found: dict[int, Offer] = {}
         for pool in fleet.all_pools():  # one query per pool; an offer two pools accept is listed once
+            if pool.own:
+                continue  # the lab's own machines: nothing to rent
             try:
                 found.update((o.id, o) for o in provider.search_offers(pool.filters, pool.disk_gb))
             except ProviderError:
                 continue  # no offers for this pool this cycle: the plan rents nothing for it
         offers = [found[i] for i in sorted(found)] if len(fleet.all_pools()) > 1 else list(found.values())
-    probes = [p.on_clock(now) for p in probe_boxes(box_control, mine)]  # box clocks may be off
+    # The lab's own machines (provider ssh pools) are probed like rented boxes, and never billed: they join the
+    # instance list after the bills are read.
+    own = own_boxes(fleet)
+    instances = [*instances, *own]
+    mine_and_own = [*mine, *own]
+    probes = [p.on_clock(now) for p in probe_boxes(box_control, mine_and_own)]  # box clocks may be off
     hashes = {p.name: p.bootstrap_hash for p in fleet.all_pools()}
     pool_hash = {
-        i.id: hashes.get(slot_pool(fleet, own.slot), "") for i in mine if (own := owned_by(fleet.name, i.label))
+        i.id: hashes.get(slot_pool(fleet, o.slot), "") for i in mine_and_own if (o := owned_by(fleet.name, i.label))
     }
-    boxes = update_box_memory(memory.boxes, mine, probes, now, pool_hash)
+    boxes = update_box_memory(memory.boxes, mine_and_own, probes, now, pool_hash)
     spend = accrue_billed(memory.spend, memory.spend_at, mine, billed, memory.in_flight, now)
     gpu_quiet = track_gpu_quiet(memory.gpu_quiet, desired, probes, now)
     observed = Observed(

@@ -90,6 +90,15 @@ class _Destroyer:
     def destroy(self, box: OwnedBox, code: ReasonCode, reason: str) -> None:
         if box.id in self.destroyed:
             return
+        if box.own_box:  # the one guard: a machine rigsync does not rent is never destroyed, for any reason
+            self.considered.add(box.id)
+            self.out.noop(
+                box.subject,
+                ReasonCode.OWN_BOX_KEPT,
+                f"own box (pool {box.pool}, provider ssh): never destroyed; would have been ({code.value}): {reason}; "
+                "not used until that is fixed",
+            )
+            return
         waiting = self.pending.get(box.id)
         if waiting and code not in NO_HARVEST_WAIT:
             if self.states.get(box.id) is not BoxState.HARVESTING:
@@ -149,12 +158,14 @@ def classify_boxes(world: World, seen: SeenAttempts, budget: Purse) -> tuple[Box
             )
             continue
         age = now - inst.start_date
-        if f.ttl_s is not None and age > cap(f.ttl_s):
+        if box.own_box:
+            pass  # the lab's machine: no rental age, no boot (ttl and boot_timeout are about rented boxes)
+        elif f.ttl_s is not None and age > cap(f.ttl_s):
             d.destroy(
                 box, ReasonCode.PAST_TTL, f"past its ttl: up {fmt_duration(age)} > ttl {fmt_duration(cap(f.ttl_s))}"
             )
             continue
-        if inst.status in BOOTING_STATUSES:
+        if inst.status in BOOTING_STATUSES and not box.own_box:
             if age > f.boot_timeout_s:
                 reason = (
                     f"still {inst.status.value} after {fmt_duration(age)} > "
@@ -240,7 +251,7 @@ def enforce_max_instances(world: World, seen: SeenAttempts, table: BoxTable) -> 
         alive = [
             world.boxes[i]
             for i in table.alive()
-            if i not in d.destroyed and (not pool or world.boxes[i].pool == pool)
+            if i not in d.destroyed and world.boxes[i].rented and (not pool or world.boxes[i].pool == pool)
         ]
         extra = len(alive) - limit
         if extra <= 0:
@@ -337,6 +348,10 @@ def retire_idle(
     for box in world.boxes.values():
         if box.id in d.destroyed or table.has_work(seen, box.id) or launches.get(box.id):
             continue
+        if box.own_box:
+            if table.states.get(box.id) is BoxState.READY:
+                d.noop(box, ReasonCode.OWN_BOX_KEPT, f"own box (pool {box.pool}, provider ssh): idle, kept")
+            continue
         waiting_runs = waiting.get(box.pool, 0)
         idle_for: float | None = None
         if table.states.get(box.id) is BoxState.READY and box.probe is not None:
@@ -357,12 +372,12 @@ def retire_idle(
         elif idle_for is not None:
             d.noop(box, ReasonCode.IDLE_KEPT, f"idle for {fmt_duration(idle_for)} (idle_timeout {timeout}); kept")
     keep_at_least = min(count_cap(f.min_instances), count_cap(f.max_instances))
-    spare = len(table.alive()) - keep_at_least
+    spare = sum(1 for i in table.alive() if world.boxes[i].rented) - keep_at_least
     # with named pools each also keeps its own min_instances (a box of a pool gone from the fleet keeps nothing)
     pool_floor = {p.name: min(count_cap(p.min_instances), count_cap(p.max_instances)) for p in world.pools.values()}
     pool_spare = {name: -floor for name, floor in pool_floor.items()}
     for i in table.alive():
-        if world.boxes[i].pool in pool_spare:
+        if world.boxes[i].rented and world.boxes[i].pool in pool_spare:
             pool_spare[world.boxes[i].pool] += 1
     for box, code, reason in sorted(candidates, key=lambda t: (-t[0].inst.dph_total, t[0].id)):
         left_in_pool = pool_spare.get(box.pool, 1) if f.pools else 1

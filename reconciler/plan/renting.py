@@ -125,7 +125,7 @@ class _Market:
         self.fleet = world.desired.fleet
         self.pool = pool
         self.shared = shared
-        self.count = sum(1 for i in table.alive() if world.boxes[i].pool == pool.name)
+        self.count = sum(1 for i in table.alive() if world.boxes[i].pool == pool.name and world.boxes[i].rented)
         self.instance_cap, self.fleet_cap = effective_caps(world.desired)
         if self.fleet.pools:  # a pool's own dph_max (the fleet's is its first pool's: effective_caps has it)
             self.instance_cap = min(cap(pool.filters.dph_max), cap(world.desired.budget.max_instance_dph))
@@ -226,13 +226,24 @@ def rent_for(
     if budget.stop:
         return out
     spending = Spending(budget, committed=launched)
-    alive = [world.boxes[i] for i in table.alive()]
+    alive = [world.boxes[i] for i in table.alive() if world.boxes[i].rented]
     shared = _Fleetwide(count=len(alive), fleet_dph=sum(b.inst.dph_total for b in alive))
     tally = _Tally()
     by_pool: dict[str, list[PendingRun]] = {name: [] for name in world.pools}
     for run in unplaced:
         by_pool.setdefault(world.pool_of_run(run.spec), []).append(run)
     for name, pool in world.pools.items():
+        if pool.own:  # never rented for: its runs wait for a GPU on its machines
+            if by_pool[name]:
+                for run in by_pool[name]:
+                    tally.add(tally.no_capacity, run.spec.sweep)
+                out.noop(
+                    f"pool/{name}",
+                    ReasonCode.OWN_POOL_FULL,
+                    f"{len(by_pool[name])} pending run(s) wait for a free GPU on the pool's own machines "
+                    f"({len(pool.hosts)} host(s), provider ssh): rigsync never rents for it",
+                )
+            continue
         _rent_pool(world, pool, tuple(by_pool[name]), table, budget, spending, shared, tally, out)
     for sweep in sorted(set(tally.waits_for_booting) | set(tally.covered_by_rent) | set(tally.no_capacity)):
         parts = []

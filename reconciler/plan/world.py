@@ -41,6 +41,11 @@ class OwnedBox:
     probe: BoxProbe | None
     memory: BoxMemory | None
     pool: str = ""  # the fleet pool it was rented for (its label's suffix; the first pool without one)
+    own_box: bool = False  # one of the lab's own machines (a provider ssh pool): never destroyed, never counted
+
+    @property
+    def rented(self) -> bool:
+        return not self.own_box
 
     @property
     def reachable(self) -> bool:
@@ -118,7 +123,9 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
             continue
         if inst.id not in boxes:
             pool = slot_pool(f, own.slot)
-            boxes[inst.id] = OwnedBox(inst.id, inst, own, probes.get(inst.id), memory.get(inst.id), pool)
+            of = f.pool(pool)
+            mine = of is not None and of.own and inst.id < 0  # only the ids own_boxes() makes: never a rented box
+            boxes[inst.id] = OwnedBox(inst.id, inst, own, probes.get(inst.id), memory.get(inst.id), pool, mine)
     pools = {p.name: p for p in f.all_pools()}
     pool_offers = _rentable_offers(desired, observed, now, out)
     first = next(iter(pools))

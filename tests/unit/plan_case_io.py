@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from reconciler.identity import pool_spec_hash, slot_pool
+from reconciler.identity import own_boxes, pool_spec_hash, slot_pool
 from reconciler.model import (
     AttemptOutcome,
     AttemptRecord,
@@ -38,6 +38,7 @@ from reconciler.model import (
     OfferFilters,
     OnExceed,
     Ownership,
+    OwnHost,
     Pool,
     Ranking,
     RunDirState,
@@ -74,6 +75,7 @@ def _filters(d: J) -> OfferFilters:
 def build_pool(d: J) -> Pool:
     d = dict(d)
     filters = _filters(d.pop("filters", {}))
+    d["hosts"] = tuple(OwnHost(**h) for h in d.pop("hosts", []))
     if "ranking" in d:
         d["ranking"] = Ranking(d["ranking"])
     return Pool(filters=filters, **d)
@@ -274,7 +276,8 @@ def build_hosts(d: J, now: float) -> HostLedger:
 
 
 def build_observed(d: J, now: float, desired: Desired) -> Observed:
-    instances = tuple(build_instance(i, now, desired.fleet) for i in d.get("instances", []))
+    # the lab's own machines (provider ssh pools) are listed as observe() lists them
+    instances = (*(build_instance(i, now, desired.fleet) for i in d.get("instances", [])), *own_boxes(desired.fleet))
     by_id = {i.id: i for i in instances}
     probes = [build_probe(p, now, by_id.get(int(p["instance_id"])), desired) for p in d.get("probes", [])]
     probed = {p.instance_id for p in probes}

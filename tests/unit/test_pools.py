@@ -69,3 +69,20 @@ def test_todays_single_pool_fleet_is_one_pool_called_default_with_the_same_label
     assert pool_spec_hash(pool) == fleet_spec_hash(fleet)
     assert rent_label(fleet, 42) == f"rigsync:demo:{fleet_spec_hash(fleet)}-42"
     assert slot_pool(fleet, f"{fleet_spec_hash(fleet)}-42") == DEFAULT_POOL
+
+
+def test_which_providers_a_fleet_and_its_pools_may_name_is_said_in_one_place() -> None:
+    import pytest
+
+    from reconciler.errors import UserError
+    from reconciler.loop import require_supported_provider
+    from reconciler.model import Fleet, OwnHost, Pool
+
+    lab = Pool(name="lab", provider="ssh", hosts=(OwnHost("127.0.0.9", 2222, gpus=2),))
+    require_supported_provider(Fleet(name="f", pools=(lab, Pool(name="cloud"))))
+    with pytest.raises(UserError, match="pool gcp: unknown provider 'gcp'"):
+        require_supported_provider(Fleet(name="f", pools=(Pool(name="gcp", provider="gcp"),)))
+    with pytest.raises(UserError, match="pool lab: provider ssh needs its hosts"):
+        require_supported_provider(Fleet(name="f", pools=(Pool(name="lab", provider="ssh"),)))
+    with pytest.raises(UserError, match="only 'vast' is supported"):
+        require_supported_provider(Fleet(name="f", provider="ssh"))
