@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from reconciler.model import RunPhase
-from reconciler.observed.codec import DRIFT, FLEET, LEASE, RUNS, STATUS, load_mapping_quietly
+from reconciler.observed.codec import DRIFT, FLEET, HOSTS, LEASE, RUNS, STATUS, load_mapping_quietly
 
 
 def _owned_ids(doc: Mapping[str, Any]) -> set[int]:
@@ -24,6 +24,11 @@ def _running(doc: Mapping[str, Any]) -> set[tuple[str, int]]:
             if isinstance(r, dict) and r.get("phase") == RunPhase.RUNNING.value:
                 out.add((str(run_id), int(r.get("attempts") or 0)))
     return out
+
+
+def _blacklisted(doc: Mapping[str, Any]) -> set[int]:
+    """The machines hosts.yaml says are no longer rented (the host ledger's blacklist or avoid_machines)."""
+    return {int(h["machine_id"]) for h in doc.get("hosts") or [] if isinstance(h, dict) and h.get("blacklisted")}
 
 
 def _budget_lines(status: Mapping[str, Any]) -> list[str]:
@@ -57,6 +62,10 @@ def summarize_change(old: Mapping[str, str], new: Mapping[str, str | None], appe
     nd = load_mapping_quietly(new.get(DRIFT)).get("drift") or []
     if od != nd:
         parts.append(f"drift {len(od)}→{len(nd)}")
+    oh, nh = load_mapping_quietly(old.get(HOSTS)), load_mapping_quietly(new.get(HOSTS))
+    blacklisted = _blacklisted(nh) - _blacklisted(oh)
+    if blacklisted:
+        parts.append("blacklisted machine " + ", ".join(str(m) for m in sorted(blacklisted)))
     os_, ns = load_mapping_quietly(old.get(STATUS)), load_mapping_quietly(new.get(STATUS))
     if ns.get("desired_commit_applied") and ns.get("desired_commit_applied") != os_.get("desired_commit_applied"):
         parts.append(f"applied desired {str(ns['desired_commit_applied'])[:10]}")

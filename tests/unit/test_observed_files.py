@@ -387,6 +387,17 @@ def test_summarize_change(desired: Desired) -> None:
     assert summarize_change(first, more, appended=3) == "observe: +1 box, 3 runs finished"
     assert summarize_change(more, first, appended=1) == "observe: -1 box, 1 run finished"
     assert summarize_change(first, first, appended=0) == "observe: no change"
+    bad = world(desired)
+    record = replace(bad.hosts.hosts[0], boot_timeouts=2)  # 3 faults: the demo fleet's blacklist_after
+    worse = render_observed(
+        desired=desired,
+        observed=replace(bad, hosts=replace(bad.hosts, hosts=(record,))),
+        plan=a_plan(desired),
+        status=STATUS_OK,
+        now=T0,
+        previous=first,
+    )
+    assert summarize_change(first, worse, appended=0) == "observe: blacklisted machine 10007"
     launched = Plan(
         actions=(
             Launch(
