@@ -150,6 +150,7 @@ class Rent(Action):
     dph: float
     gpu_name: str
     num_gpus: int
+    bid_dph: float | None = None  # interruptible: the bid, $/h (``dph`` is the bid plus storage); None: on-demand
     kind: ClassVar[Kind] = Kind.RENT
 
     @property

@@ -227,7 +227,8 @@ def _execute(action: Action, ctx: ApplyContext, instances: dict[int, Instance], 
         f = ctx.desired.fleet
         onstart = watchdog_onstart(ttl_s=f.ttl_s, idle_timeout_s=f.idle_timeout_s, orphan_timeout_s=f.orphan_timeout_s)
         new_id = ctx.provider.create_instance(
-            action.offer_id, image=action.image, disk_gb=action.disk_gb, label=action.label, onstart=onstart, env={}
+            action.offer_id, image=action.image, disk_gb=action.disk_gb, label=action.label, onstart=onstart, env={},
+            bid_dph=action.bid_dph,
         )
         result.rented.append(new_id)
         failpoint("apply.rent.after")

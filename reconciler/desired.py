@@ -840,6 +840,7 @@ def _build_pool(data: Mapping[str, Any], fleet: Fleet, scripts: Mapping[str, str
         bootstrap_script=script,
         bootstrap_hash=_script_hash(script) if bootstrap else "",
         provider=str(data.get("provider", "vast")),
+        max_bid_dph=_max_bid(data) if "interruptible" in data else fleet.max_bid_dph,
         hosts=tuple(
             OwnHost(
                 address=str(h["address"]),
@@ -851,6 +852,13 @@ def _build_pool(data: Mapping[str, Any], fleet: Fleet, scripts: Mapping[str, str
             for h in data.get("hosts", ())
         ),
     )
+
+
+def _max_bid(data: Mapping[str, Any]) -> float | None:
+    """``interruptible: {max_bid_dph: X}`` as X; ``interruptible: null`` (a pool turning the fleet's off) or none:
+    None."""
+    block = data.get("interruptible")
+    return None if not isinstance(block, dict) else float(block["max_bid_dph"])
 
 
 def _script_hash(script: str) -> str:
@@ -889,6 +897,7 @@ def _build_fleet(data: Mapping[str, Any], scripts: Mapping[str, str]) -> Fleet:
         bootstrap_timeout_s=_duration(data, "bootstrap_timeout", defaults.bootstrap_timeout_s),
         max_rents_per_hour=data.get("max_rents_per_hour", defaults.max_rents_per_hour),
         rent_backoff_s=_duration(data, "rent_backoff", defaults.rent_backoff_s),
+        max_bid_dph=_max_bid(data),
     )
     pools = tuple(_build_pool(p, fleet, scripts) for p in data.get("pools", ()))
     if not pools:

@@ -92,6 +92,7 @@ class Pool:
     bootstrap_hash: str = ""
     provider: str = "vast"  # "vast": rented from the market; OWN_PROVIDER: the ``hosts`` below, never rented
     hosts: tuple[OwnHost, ...] = ()
+    max_bid_dph: float | None = None  # interruptible boxes allowed: bid up to this $/h (None: on-demand only)
 
     @property
     def own(self) -> bool:
@@ -134,6 +135,7 @@ class Fleet:
     # named pools (fleet.yaml ``pools:``), the first the default of a sweep without ``pool:``; empty: one pool made
     # of the fields above (``all_pools``). With pools, min/max_instances above bound the whole fleet.
     pools: tuple[Pool, ...] = ()
+    max_bid_dph: float | None = None  # fleet.yaml interruptible.max_bid_dph: bid for interruptible boxes up to this
 
     def all_pools(self) -> tuple[Pool, ...]:
         """The pools to plan for: the named ones, or the one this fleet's own fields describe."""
@@ -151,6 +153,7 @@ class Fleet:
                 bootstrap_path=self.bootstrap_path,
                 bootstrap_script=self.bootstrap_script,
                 bootstrap_hash=self.bootstrap_hash,
+                max_bid_dph=self.max_bid_dph,
             ),
         )
 
@@ -313,6 +316,9 @@ class Offer:
     verified: bool
     geolocation: str
     disk_space_gb: float
+    min_bid: float | None = None  # the lowest bid for an interruptible box on it, $/h (None: not offered)
+    storage_dph: float = 0.0  # the disk part of dph_total, paid on a bid too
+    bid_dph: float | None = None  # set by the planner on an offer priced as a bid (``offers.as_interruptible``)
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ import math
 import re
 import unicodedata
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -46,11 +46,13 @@ from reconciler.countries import ALIASES, NAMES
 from reconciler.model import Fleet, HostLedger, HostRecord, Offer, OfferFilters, Ranking
 
 __all__ = [
+    "BID_OVER_MIN",
     "GPU_RAM_GIB",
     "HOST_FAULT_PENALTY",
     "KNOWN_GPU_NAMES",
     "RULES",
     "Rule",
+    "as_interruptible",
     "country_code",
     "gpu_name_problem",
     "host_penalty",
@@ -373,6 +375,27 @@ def vast_query_terms(filters: OfferFilters, disk_gb: float) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ ranking
+
+
+BID_OVER_MIN = 1.2  # rigsync bids this much over an offer's minimum bid (capped at max_bid_dph): outbid less often
+
+
+def as_interruptible(offer: Offer, max_bid_dph: float | None) -> Offer | None:
+    """``offer`` priced as an interruptible box (``bid_dph`` set, ``dph_total`` the bid plus its storage), or None
+    when it cannot be: no bids allowed or offered, ``max_bid_dph`` below its minimum bid, or no cheaper than on-demand.
+
+    The bid is ``BID_OVER_MIN`` times the minimum bid, at most ``max_bid_dph``. Everything downstream (filters such as
+    max_dph, ranking, caps, the budget and the plan's price) then sees the price actually paid.
+    """
+    if max_bid_dph is None or offer.min_bid is None or not math.isfinite(offer.min_bid) or offer.min_bid <= 0:
+        return None
+    bid = round(min(max_bid_dph, offer.min_bid * BID_OVER_MIN), 4)
+    if bid < offer.min_bid:
+        return None
+    price = round(bid + max(0.0, offer.storage_dph), 6)
+    if not price < offer.dph_total:
+        return None
+    return replace(offer, dph_total=price, dlperf_per_dph=offer.dlperf / price if price > 0 else 0.0, bid_dph=bid)
 
 
 HOST_FAULT_PENALTY = 0.5  # each host fault of an offer's machine multiplies its ranking score by this

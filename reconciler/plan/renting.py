@@ -198,6 +198,7 @@ class _Market:
             dph=o.dph_total,
             gpu_name=o.gpu_name,
             num_gpus=o.num_gpus,
+            bid_dph=o.bid_dph,
         )
 
 
@@ -350,7 +351,7 @@ def _rent_pool(
                 tally.add(tally.covered_by_rent, spec.sweep)
                 reason = (
                     f"pending run {spec.id} needs {g} GPU(s); best by {pool.ranking.value}: {o.gpu_name} "
-                    f"x{o.num_gpus} at {usd_h(o.dph_total)} ({o.num_gpus // g} slot(s))"
+                    f"x{o.num_gpus} at {usd_h(o.dph_total)} ({o.num_gpus // g} slot(s))" + _bid_text(o)
                 )
                 out.act(market.rent(o, ReasonCode.RENT_FOR_PENDING, reason))
                 rented_bins.add(_Bin(o.num_gpus - g, o.gpu_ram_mib))
@@ -396,6 +397,13 @@ def _rent_pool(
             out.warnings.append(f"budget: {msg}{tail}")  # the account itself is short: say it where people look
         if code in (ReasonCode.RENT_BACKOFF, ReasonCode.RENT_RATE_LIMITED):
             out.warnings.append(f"renting: {msg}{tail}")  # `rigsync status` shows these
+
+
+def _bid_text(o: Offer) -> str:
+    if o.bid_dph is None or o.min_bid is None:
+        return ""
+    bid, least = usd_h(o.bid_dph), usd_h(o.min_bid)
+    return f"; interruptible: bid {bid} (minimum {least}), resumed from its checkpoint if outbid"
 
 
 def _rent_cost(world: World, budget: Purse, o: Offer, spec: RunSpec, gpus: int) -> float:

@@ -27,7 +27,7 @@ from reconciler.model import (
     RunSpec,
     owned_by,
 )
-from reconciler.offers import normalize_gpu_name, offer_skipped, passing_offers, rank_key
+from reconciler.offers import as_interruptible, normalize_gpu_name, offer_skipped, passing_offers, rank_key
 from reconciler.plan.common import Decisions
 
 
@@ -161,7 +161,10 @@ def _rentable_offers(
     per_pool: dict[str, tuple[Offer, ...]] = {}
     for pool in f.all_pools():
         kept: list[Offer] = []
-        for o in passing_offers(observed.offers, pool.filters, pool.disk_gb):
+        market: list[Offer] = list(observed.offers)
+        if pool.max_bid_dph is not None:  # interruptible allowed: an offer that takes a bid is priced as one
+            market = [as_interruptible(o, pool.max_bid_dph) or o for o in market]
+        for o in passing_offers(market, pool.filters, pool.disk_gb):
             skipped = offer_skipped(o, f, observed.hosts, now)
             if skipped is None:
                 kept.append(o)

@@ -238,6 +238,8 @@ def build_offer(d: J) -> Offer:
         verified=d.get("verified", True),
         geolocation=d.get("geolocation", "Sweden, SE"),
         disk_space_gb=d.get("disk_space_gb", 100.0),
+        min_bid=d.get("min_bid"),
+        storage_dph=d.get("storage_dph", 0.0),
     )
 
 
