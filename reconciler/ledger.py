@@ -21,7 +21,8 @@ What counts, per machine:
 only when something happened, so a quiet fleet makes no commit.
 
 The fleet-wide rent rate (``rents_at``, the last hour's successful rents) and the run of failures since a box last
-worked (``failures_in_a_row``: host faults and failed rents; reset by a launch that succeeded) feed the rent
+worked (``failures_in_a_row``: boxes that never came up, for a boot timeout or a failed or timed-out bootstrap, and
+failed rents; reset by a launch that succeeded) feed the rent
 limiter in ``reconciler.plan.renting``.
 """
 
@@ -44,6 +45,10 @@ FAULT_COUNTERS: dict[ReasonCode, str] = {
     ReasonCode.PROVIDER_DEAD: "vanishes",
 }
 OUTBID_CODES = frozenset({ReasonCode.PROVIDER_STOPPED})
+# The boxes whose end counts towards the rent backoff: they never became ready, so renting again the same way is how
+# a rent storm starts. Boxes that worked and then vanished or hung are the market's noise: their runs are requeued and
+# rented for at once.
+NEVER_CAME_UP = frozenset({ReasonCode.BOOT_TIMEOUT, ReasonCode.BOOTSTRAP_FAILED, ReasonCode.BOOTSTRAP_TIMEOUT})
 
 _ATTEMPT_COUNTERS = {
     AttemptOutcome.SUCCEEDED: "attempts_succeeded",
@@ -99,8 +104,8 @@ def note_cycle(
     listed = {i.id for i in observed.instances}
     for iid, mid in ledger.boxes:
         if iid not in listed:
+            # a host fault, but not a rent failure: a box that worked and vanished is requeued at once, no backoff
             book.add(mid, "vanishes")
-            failures, last_failure = failures + 1, now
     for action, ok, detail in outcomes:
         if isinstance(action, Rent):
             offer = offers.get(action.offer_id)
@@ -122,7 +127,8 @@ def note_cycle(
             counter = FAULT_COUNTERS.get(action.code)
             if counter is not None:
                 book.add(mid, counter)
-                failures, last_failure = failures + 1, now
+                if action.code in NEVER_CAME_UP:
+                    failures, last_failure = failures + 1, now
             elif action.code in OUTBID_CODES:
                 book.add(mid, "outbids")
         elif isinstance(action, Launch) and ok:

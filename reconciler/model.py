@@ -127,7 +127,7 @@ class Fleet:
     ghost_cooldown_s: float = 3600.0
     # bounded bootstrap and renting (reconciler.plan.boxes, reconciler.plan.renting): a box still bootstrapping this
     # long after its bootstrap was first seen missing is destroyed (a fault of its host); at most this many rents
-    # per hour (None: twice max_instances, at least 4); after RENT_BACKOFF_AFTER failures in a row, rents wait
+    # per hour (None: ten times max_instances, at least 10); after RENT_BACKOFF_AFTER failures in a row, rents wait
     # rent_backoff, doubling
     bootstrap_timeout_s: float = 1800.0
     max_rents_per_hour: int | None = None

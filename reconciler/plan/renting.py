@@ -6,8 +6,8 @@ definition the Vast query is built from too), fits the per-box $/h cap and keeps
 Nothing is rented once a daily or total cap is reached. What could not be rented says which cap held.
 
 Renting is also bounded in time (``rent_gate``), from the host ledger (``observed/hosts.yaml``): at most
-``max_rents_per_hour`` rents in any hour, and after ``RENT_BACKOFF_AFTER`` failures in a row (boxes that ended in a
-host fault, rents that failed; a launch ends the run) nothing is rented for ``rent_backoff``, doubling with each
+``max_rents_per_hour`` rents in any hour, and after ``RENT_BACKOFF_AFTER`` failures in a row (boxes that never came
+up: boot timeout, bootstrap failed or timed out; rents that failed; a launch ends the run) nothing is rented for ``rent_backoff``, doubling with each
 further failure up to ``MAX_RENT_BACKOFF_S``. So a bootstrap that always fails, or a market of ghosts, cannot turn
 into a rent storm. Both say why in the plan (a no-op on the fleet) and in `rigsync status` (a ``renting:`` warning).
 """
@@ -44,17 +44,17 @@ def rent_backoff(world: World) -> tuple[ReasonCode, str] | None:
     if left <= 0:
         return None
     return ReasonCode.RENT_BACKOFF, (
-        f"rent backoff: {k} failures in a row (boxes lost to host faults or rents that failed), the last "
+        f"rent backoff: {k} failures in a row (boxes that never came up or rents that failed), the last "
         f"{fmt_duration(now - last)} ago; renting again in {fmt_duration(left)} (backoff {fmt_duration(wait)})"
     )
 
 
 def rents_per_hour(fleet: Fleet) -> int:
-    """The fleet's rent rate cap: ``max_rents_per_hour``, by default twice ``max_instances`` (at least 4), so a fleet
-    can fill up and replace every box once within the hour, and no faster."""
+    """The fleet's rent rate cap: ``max_rents_per_hour``, by default ten times ``max_instances`` (at least 10): far
+    above a healthy fleet's churn, far below one rent per cycle (a storm at a 60 s interval is 60 an hour)."""
     if fleet.max_rents_per_hour is not None:
         return max(0, fleet.max_rents_per_hour)
-    return max(4, 2 * count_cap(fleet.max_instances))
+    return max(10, 10 * count_cap(fleet.max_instances))
 
 
 def rent_gate(world: World, rented_now: int) -> tuple[ReasonCode, str] | None:

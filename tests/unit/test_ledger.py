@@ -74,7 +74,7 @@ def test_host_faults_outbids_and_attempts_mark_the_machine_and_lead_to_the_black
     assert five is not None and (five.boot_timeouts, five.hangs, five.faults, five.attempts_lost) == (1, 1, 2, 1)
     assert six is not None and (six.outbids, six.faults) == (1, 0)
     assert seven is not None and (seven.attempts_succeeded, seven.attempts_failed, seven.faults) == (1, 1, 0)
-    assert ledger.boxes == ((4, 7),) and ledger.failures_in_a_row == 2
+    assert ledger.boxes == ((4, 7),) and ledger.failures_in_a_row == 1  # the hang worked before: no backoff
     assert host_penalty(five) == 0.25 and host_penalty(seven) == 1.0 and host_penalty(None) == 1.0
     skipped = offer_skipped(offer(111, 5), FLEET, ledger, NOW)
     assert skipped is not None and skipped[0] == "host" and "2 host fault(s) >= blacklist_after 2" in skipped[1]
@@ -82,14 +82,18 @@ def test_host_faults_outbids_and_attempts_mark_the_machine_and_lead_to_the_black
 
 
 def test_a_box_that_leaves_the_list_unbidden_is_a_vanish_and_a_launch_ends_the_run_of_failures() -> None:
+    """A vanish marks the host but does not hold renting back; a box that never came up does, until a launch."""
     ledger = note_cycle(HostLedger(), FLEET, Observed(instances=(box(1, 5), box(2, 6))), [], [], NOW)
     assert ledger.boxes == ((1, 5), (2, 6))
     quiet = note_cycle(ledger, FLEET, Observed(instances=(box(1, 5), box(2, 6))), [], [], NOW + 60)
     assert quiet == ledger  # nothing happened: the file does not change (no commit)
     gone = note_cycle(ledger, FLEET, Observed(instances=(box(2, 6),)), [], [], NOW + 120)
     five = gone.host(5)
-    assert five is not None and five.vanishes == 1 and gone.boxes == ((2, 6),) and gone.failures_in_a_row == 1
+    assert five is not None and five.vanishes == 1 and gone.boxes == ((2, 6),) and gone.failures_in_a_row == 0
+    booted_never = note_cycle(gone, FLEET, Observed(instances=(box(2, 6),)),
+                              [(destroy(2, ReasonCode.BOOTSTRAP_TIMEOUT), True, "destroyed")], [], NOW + 150)
+    assert booted_never.failures_in_a_row == 1 and booted_never.last_failure_at == NOW + 150
     launch = Launch(reason="l", code=ReasonCode.PENDING_RUN, run_id="r1", attempt=1, instance_id=2, gpu_mask=(0,),
                     command="true", code_commit=None, sweep="s")
-    after = note_cycle(gone, FLEET, Observed(instances=(box(2, 6),)), [(launch, True, "launched")], [], NOW + 180)
+    after = note_cycle(booted_never, FLEET, Observed(), [(launch, True, "launched")], [], NOW + 180)
     assert after.failures_in_a_row == 0 and after.host(5) == five
