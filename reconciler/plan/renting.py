@@ -9,7 +9,8 @@ Renting is also bounded in time (``rent_gate``), from the host ledger (``observe
 ``max_rents_per_hour`` rents in any hour, and after ``RENT_BACKOFF_AFTER`` failures in a row (boxes that never came
 up: boot timeout, bootstrap failed or timed out; rents that failed; a launch ends the run) nothing is rented for
 ``rent_backoff``, doubling with each further failure up to ``MAX_RENT_BACKOFF_S``. So a bootstrap that always fails,
-or a market of ghosts, cannot turn into a rent storm. Both say why in the plan (a no-op on the fleet) and in `rigsync status` (a ``renting:`` warning).
+or a market of ghosts, cannot turn into a rent storm. Both say why in the plan (a no-op on the fleet) and in
+`rigsync status` (a ``renting:`` warning).
 """
 
 from __future__ import annotations
