@@ -13,7 +13,8 @@ What counts, per machine:
 * a host fault (``HostRecord.faults``): a ``Destroy`` that succeeded for a box of it that did not boot in time
   (``boot_timeout``), whose bootstrap failed or timed out, that stopped answering past ``unreachable_grace``
   (a hang), that the provider reports exited/offline, or that left the provider's list without rigsync
-  destroying it (both a vanish);
+  destroying it (both a vanish; the latter only while this controller watched without a gap longer than
+  ``orphan_timeout``, since after one its own watchdog may have destroyed it as designed);
 * an outbid: a ``Destroy`` of a box the provider stopped;
 * attempts: each archived attempt by its ``machine_id`` (succeeded, failed, lost).
 
@@ -102,7 +103,10 @@ def note_cycle(
     destroyed: set[int] = set()
     # A box remembered from the last cycle and no longer listed, which rigsync did not destroy, vanished.
     listed = {i.id for i in observed.instances}
-    for iid, mid in ledger.boxes:
+    # Only while this controller watched without a gap: after a restart, or a pause past orphan_timeout, a box may
+    # be gone because its own watchdog destroyed it as designed, which says nothing about its host.
+    watched = ledger.noted_at is not None and now - ledger.noted_at < fleet.orphan_timeout_s
+    for iid, mid in ledger.boxes if watched else ():
         if iid not in listed:
             # a host fault, but not a rent failure: a box that worked and vanished is requeued at once, no backoff
             book.add(mid, "vanishes")
@@ -143,4 +147,5 @@ def note_cycle(
         last_failure_at=last_failure,
         # the lab's own machines (negative ids) are not the market's: nothing to learn, never a vanish
         boxes=tuple(sorted((i.id, i.machine_id) for i in mine if i.id not in destroyed and i.id > 0)),
+        noted_at=now,
     )

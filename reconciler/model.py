@@ -373,6 +373,9 @@ class HostLedger:
     failures_in_a_row: int = 0  # boxes that ended in a host fault or rents that failed since the last box came up
     last_failure_at: float | None = None
     boxes: tuple[tuple[int, int], ...] = ()  # (instance_id, machine_id) of the owned boxes last listed
+    # when this process last noted a cycle (never written to hosts.yaml, where it would change every cycle): a box
+    # gone since is a vanish only when that was recent, not after the controller was down and watchdogs acted
+    noted_at: float | None = None
 
     def host(self, machine_id: int) -> HostRecord | None:
         for h in self.hosts:

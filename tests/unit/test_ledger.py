@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from reconciler.actions import Destroy, Launch, ReasonCode, Rent
 from reconciler.ledger import note_cycle
 from reconciler.model import (
@@ -15,6 +17,7 @@ from reconciler.model import (
     Observed,
     Offer,
 )
+from reconciler.observed.hosts import hosts_document
 from reconciler.offers import host_penalty, offer_skipped
 
 NOW = 1_000_000.0
@@ -86,7 +89,14 @@ def test_a_box_that_leaves_the_list_unbidden_is_a_vanish_and_a_launch_ends_the_r
     ledger = note_cycle(HostLedger(), FLEET, Observed(instances=(box(1, 5), box(2, 6))), [], [], NOW)
     assert ledger.boxes == ((1, 5), (2, 6))
     quiet = note_cycle(ledger, FLEET, Observed(instances=(box(1, 5), box(2, 6))), [], [], NOW + 60)
-    assert quiet == ledger  # nothing happened: the file does not change (no commit)
+    # nothing happened: the file does not change (no commit); only the in-process noted_at moves
+    assert replace(quiet, noted_at=None) == replace(ledger, noted_at=None) and quiet.noted_at == NOW + 60
+    assert hosts_document(quiet, FLEET) == hosts_document(ledger, FLEET)
+    # after a restart (the ledger read from hosts.yaml has no noted_at) a box gone meanwhile may have been ended by
+    # its own watchdog as designed: not a vanish
+    restarted = note_cycle(replace(ledger, noted_at=None), FLEET, Observed(instances=(box(2, 6),)), [], [], NOW + 90)
+    five_after_restart = restarted.host(5)
+    assert five_after_restart is not None and five_after_restart.vanishes == 0
     gone = note_cycle(ledger, FLEET, Observed(instances=(box(2, 6),)), [], [], NOW + 120)
     five = gone.host(5)
     assert five is not None and five.vanishes == 1 and gone.boxes == ((2, 6),) and gone.failures_in_a_row == 0
