@@ -10,11 +10,14 @@ show no rental by rigsync.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
 
+import jsonschema
 import pytest
+import yaml
 
 from reconciler.actions import Destroy, Rent
 from reconciler.cli._common import load_local_desired, open_reconciler, write_observed_uncommitted
@@ -89,3 +92,12 @@ def test_a_provider_ssh_pool_runs_a_sweep_on_a_machine_rigsync_never_rents_or_de
     assert [n.code.value for n in after.plan.noops if n.target == f"instance/{own_id}"] == ["own_box_kept"]
     write_observed_uncommitted(repo, desired, after.observed, after.plan, rec, after.applied)
     assert str(own_id) in (repo / "observed" / "fleet.yaml").read_text()
+    root = Path(__file__).parents[2]
+    for name in ("fleet", "runs", "hosts"):
+        doc = yaml.safe_load((repo / "observed" / f"{name}.yaml").read_text())
+        schema = json.loads((root / "schemas" / f"observed-{name}.schema.json").read_text())
+        jsonschema.Draft202012Validator(schema).validate(doc)
+    archive_schema = json.loads((root / "schemas" / "archive-record.schema.json").read_text())
+    for shard in (repo / "observed" / "runs").glob("*.jsonl"):
+        for line in shard.read_text().splitlines():
+            jsonschema.Draft202012Validator(archive_schema).validate(json.loads(line))
