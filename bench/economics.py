@@ -17,6 +17,12 @@ same fault schedule (a vanish and an outbid of a box that is running work, ±10 
   that is offline, stopped or unreachable past the same grace (and destroy that box); destroy a box after 10 min
   (scaled) idle.
 
+- ``rigsync_interruptible`` (with ``--interruptible``): the same rigsync run with ``interruptible: {max_bid_dph:
+  0.1}`` in the fleet: boxes are bid for where the market takes a bid (1.2x the minimum bid), the fault schedule's
+  outbid lands on a bid box, and ``interruptible_vs_on_demand`` reports the saving over on-demand rigsync
+  (``saving_fraction`` of the ledger) and the work lost to preemption (``lost_run_s``, run seconds of attempts that
+  did not succeed; each requeued attempt resumes from its last synced checkpoint).
+
 Time factor: 1/60 (a nominal 1 h run is ~1 min, a 5 min boot is 5 s, the baseline polls every 1 s and
 destroys after 10 s idle). The work is ``experiments/train.py --seconds W`` (wall time W / the card's emulated speed
 factor) wrapped in a tiny job script that appends its start and end (time, instance, speed, exit code) to a log
@@ -41,7 +47,8 @@ Printed JSON, per policy (money from the emulator's per-second ledger, box lifet
 
 Run (as root: the emulated boxes are sshd in namespaces; about 6-7 minutes, ``--quick`` about 2-3):
 
-    .venv/bin/python bench/economics.py [--quick] [--seed 7] [--only rigsync|baseline]
+    .venv/bin/python bench/economics.py [--quick] [--seed 7] [--interruptible]
+        [--only rigsync|baseline|rigsync_interruptible]
 
 Progress goes to stderr, the JSON document to stdout.
 """
@@ -437,12 +444,21 @@ metrics:
 # ------------------------------------------------------------------------------------- rigsync
 
 
-def run_rigsync(sc: Scenario, ok: Acceptable, tmp: Path) -> PolicyRun:
-    res = PolicyRun("rigsync")
-    log = JobLog(tmp / "jobs-rigsync.jsonl")
-    workdir = tmp / "rigsync" / "fleet"
+MAX_BID_DPH = 0.1  # the interruptible run's fleet.yaml interruptible.max_bid_dph (the example fleet caps boxes at 0.15)
+
+
+def run_rigsync_interruptible(sc: Scenario, ok: Acceptable, tmp: Path) -> PolicyRun:
+    """rigsync with ``interruptible: {max_bid_dph: MAX_BID_DPH}``: bid boxes where the market takes a bid."""
+    return run_rigsync(sc, ok, tmp, max_bid_dph=MAX_BID_DPH)
+
+
+def run_rigsync(sc: Scenario, ok: Acceptable, tmp: Path, max_bid_dph: float | None = None) -> PolicyRun:
+    name = "rigsync" if max_bid_dph is None else "rigsync_interruptible"
+    res = PolicyRun(name)
+    log = JobLog(tmp / f"jobs-{name}.jsonl")
+    workdir = tmp / name / "fleet"
     workdir.parent.mkdir(parents=True)
-    state = tmp / "rigsync" / "state"
+    state = tmp / name / "state"
     interval = round(DaemonConfig().interval_s * SCALE, 2)
     old_key = os.environ.get("VAST_API_KEY")
     with Emulator(seed=sc.market_seed, offers=sc.offers, boot_delay=sc.boot_s) as emu:
@@ -453,6 +469,8 @@ def run_rigsync(sc: Scenario, ok: Acceptable, tmp: Path) -> PolicyRun:
             text = fleet.read_text()
             for key, secs in ok.timeouts.items():
                 text = demo._set_key(text, key, f"{secs:g}s")
+            if max_bid_dph is not None:
+                text += f"interruptible: {{max_bid_dph: {max_bid_dph}}}\n"
             fleet.write_text(text)
             for old in (workdir / "desired" / "sweeps").glob("*.yaml"):
                 old.unlink()
@@ -469,7 +487,7 @@ def run_rigsync(sc: Scenario, ok: Acceptable, tmp: Path) -> PolicyRun:
             res.tape.snap()
             faults = Faults(emu, sc, log, res.tape, res.t0)
             faults.start()
-            opts = demo.DemoOptions(timeout_s=sc.timeout_s, interval_s=interval, say=lambda s: say(f"rigsync {s}"))
+            opts = demo.DemoOptions(timeout_s=sc.timeout_s, interval_s=interval, say=lambda s: say(f"{name} {s}"))
             try:
                 summary = demo._drive(daemon, emu, opts, None, time.monotonic())
             finally:
@@ -487,7 +505,9 @@ def run_rigsync(sc: Scenario, ok: Acceptable, tmp: Path) -> PolicyRun:
             res.faults = faults.fired
             res.extra = {"cycles": summary.cycles, "runs_failed": summary.runs_failed,
                          "config": {"interval_s": interval, **{k: f"{v:g}s" for k, v in ok.timeouts.items()},
-                                    "max_boxes": ok.max_boxes, "ranking": "dlperf_per_dph"}}
+                                    "max_boxes": ok.max_boxes, "ranking": "dlperf_per_dph",
+                                    "max_bid_dph": max_bid_dph},
+                         "bid_boxes": sum(1 for e in emu.ledger.events if e["type"] == "create" and e.get("is_bid"))}
         finally:
             if old_key is None:
                 os.environ.pop("VAST_API_KEY", None)
@@ -738,7 +758,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="4 shorter runs and a compressed fault schedule")
     ap.add_argument("--seed", type=int, default=7, help="the emulated market's seed (default 7, the demo's)")
-    ap.add_argument("--only", choices=("rigsync", "baseline"), help="run one policy only (no ratios)")
+    ap.add_argument("--only", choices=("rigsync", "baseline", "rigsync_interruptible"),
+                    help="run one policy only (no ratios)")
+    ap.add_argument("--interruptible", action="store_true",
+                    help=f"also run rigsync with interruptible: {{max_bid_dph: {MAX_BID_DPH}}} and report its saving "
+                    "over on-demand rigsync and the work lost to preemption")
     args = ap.parse_args()
     sc = scenario(args.quick, args.seed)
     ok = acceptable()
@@ -754,7 +778,10 @@ def main() -> int:
     }
     try:
         results: dict[str, dict[str, Any]] = {}
-        for name, fn in (("rigsync", run_rigsync), ("baseline", run_baseline)):
+        policies: list[tuple[str, Any]] = [("rigsync", run_rigsync), ("baseline", run_baseline)]
+        if args.interruptible or args.only == "rigsync_interruptible":
+            policies.append(("rigsync_interruptible", run_rigsync_interruptible))
+        for name, fn in policies:
             if args.only and args.only != name:
                 continue
             say(f"== {name}")
@@ -762,7 +789,17 @@ def main() -> int:
             results[name] = analyse(p, sc.runs)
             say(f"== {name}: {json.dumps({k: v for k, v in results[name].items() if not isinstance(v, list)})}")
         out.update(results)
-        if len(results) == 2:
+        if "rigsync" in results and "rigsync_interruptible" in results:
+            on_demand, spot = results["rigsync"], results["rigsync_interruptible"]
+            out["interruptible_vs_on_demand"] = {
+                "saving_fraction": round(1 - spot["ledger_usd"] / on_demand["ledger_usd"], 3)
+                if on_demand.get("ledger_usd") else None,
+                "ledger_usd": [on_demand["ledger_usd"], spot["ledger_usd"]],
+                "lost_run_s": [on_demand.get("lost_run_s"), spot.get("lost_run_s")],
+                "makespan_s": [on_demand.get("makespan_s"), spot.get("makespan_s")],
+                "complete": [on_demand.get("complete"), spot.get("complete")],
+            }
+        if "rigsync" in results and "baseline" in results:
             r, b = results["rigsync"], results["baseline"]
 
             def ratio(k: str) -> float | None:

@@ -65,6 +65,7 @@ class ReasonCode(enum.StrEnum):
     ARCHIVED_BUT_ALIVE = "archived_but_alive"  # archived already, its process still runs: kill it
     NOT_DESIRED = "not_desired"  # its run left the desired state (or its promotion no longer holds)
     MAX_RUNTIME = "max_runtime"  # ran longer than the sweep's max_runtime
+    STALLED = "stalled"  # no metric progress, or its GPUs idle, for the sweep's stall_timeout
     DUPLICATE_ATTEMPT = "duplicate_attempt"  # another attempt of the same run is already running
     BOX_DESTROYED = "box_destroyed"  # its box is destroyed by this plan
     WRAPPER_GONE = "wrapper_gone"  # the wrapper process is gone without an exit code
@@ -89,6 +90,7 @@ class ReasonCode(enum.StrEnum):
     UNREACHABLE_PAST_GRACE = "unreachable_past_grace"
     HOST_KEY_CHANGED = "host_key_changed"  # its SSH host key is not the pinned one: untrusted, destroyed at once
     BOOTSTRAP_FAILED = "bootstrap_failed"
+    BOOTSTRAP_TIMEOUT = "bootstrap_timeout"  # still bootstrapping after bootstrap_timeout
     OVER_MAX_INSTANCES = "over_max_instances"
     SPEC_DRIFTED = "spec_drifted"  # built from another image/disk/bootstrap than the fleet now says
     IDLE_TIMEOUT = "idle_timeout"
@@ -117,7 +119,13 @@ class ReasonCode(enum.StrEnum):
     INSTANCE_PRICE_CAP = "instance_price_cap"  # cheapest fitting offer above the per-box $/h cap
     FLEET_PRICE_CAP = "fleet_price_cap"  # renting would pass the fleet $/h cap
     NO_OFFER = "no_offer"  # no unused offer passes the filters
+    HOST_AVOIDED = "host_avoided"  # its machine is in avoid_machines or blacklisted by the host ledger
+    GHOST_OFFER = "ghost_offer"  # its rent failed recently: skipped for ghost_cooldown
+    RENT_RATE_LIMITED = "rent_rate_limited"  # max_rents_per_hour reached
+    RENT_BACKOFF = "rent_backoff"  # boxes failed (or rents failed) in a row: renting waits, doubling each time
     SUSPENDED = "suspended"  # the fleet is suspended: the action is reported, not taken
+    OWN_BOX_KEPT = "own_box_kept"  # one of the lab's own machines (provider ssh): never destroyed, whatever the reason
+    OWN_POOL_FULL = "own_pool_full"  # runs of a provider ssh pool wait for its machines: rigsync never rents for it
 
 
 @dataclass(frozen=True)
@@ -143,6 +151,7 @@ class Rent(Action):
     dph: float
     gpu_name: str
     num_gpus: int
+    bid_dph: float | None = None  # interruptible: the bid, $/h (``dph`` is the bid plus storage); None: on-demand
     kind: ClassVar[Kind] = Kind.RENT
 
     @property

@@ -258,7 +258,8 @@ def _execute(action: Action, ctx: ApplyContext, instances: dict[int, Instance], 
         f = ctx.desired.fleet
         onstart = watchdog_onstart(ttl_s=f.ttl_s, idle_timeout_s=f.idle_timeout_s, orphan_timeout_s=f.orphan_timeout_s)
         new_id = ctx.provider.create_instance(
-            action.offer_id, image=action.image, disk_gb=action.disk_gb, label=action.label, onstart=onstart, env={}
+            action.offer_id, image=action.image, disk_gb=action.disk_gb, label=action.label, onstart=onstart, env={},
+            bid_dph=action.bid_dph,
         )
         result.rented.append(new_id)
         result.rented_as[new_id] = action
@@ -271,7 +272,9 @@ def _execute(action: Action, ctx: ApplyContext, instances: dict[int, Instance], 
         return "destroyed"
     if isinstance(action, Bootstrap):
         box = _box(instances, action.instance_id)
-        out = ctx.boxes.bootstrap(box, ctx.desired.fleet.bootstrap_script, action.script_hash)
+        pools = ctx.desired.fleet.all_pools()  # the pool whose script has this hash (pools may differ)
+        script = next((p.bootstrap_script for p in pools if p.bootstrap_hash == action.script_hash), "")
+        out = ctx.boxes.bootstrap(box, script or ctx.desired.fleet.bootstrap_script, action.script_hash)
         return f"bootstrap {out}" if out else "bootstrap started"
     if isinstance(action, ShipCode):
         box = _box(instances, action.instance_id)

@@ -38,7 +38,7 @@ import os
 import re
 import unicodedata
 from collections.abc import Callable, Container, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache, partial
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
@@ -50,6 +50,8 @@ from reconciler import jobenv
 from reconciler.errors import DesiredStateInvalid, TemplateProblem, YamlRefused
 from reconciler.expand import RUN_VARIABLES, count_runs, expand, parameter_name_problem, template_variables
 from reconciler.model import (
+    DEFAULT_POOL,
+    OWN_PROVIDER,
     Budget,
     Checkpoint,
     Desired,
@@ -57,6 +59,8 @@ from reconciler.model import (
     MetricGoal,
     OfferFilters,
     OnExceed,
+    OwnHost,
+    Pool,
     PromotionRule,
     Ranking,
     Scalar,
@@ -626,15 +630,24 @@ def _safe_relative(path: str) -> bool:
 
 
 def _bootstrap_file(data: Mapping[str, Any]) -> str | None:
-    """The repo-relative path the fleet's ``bootstrap`` names, if it names a safe one."""
+    """The repo-relative path the fleet's (or a pool's) ``bootstrap`` names, if it names a safe one."""
     value = data.get("bootstrap")
     if not isinstance(value, str) or not _safe_relative(value):
         return None
     return str(PurePosixPath(DESIRED_DIR) / PurePosixPath(value))
 
 
-def _fleet_checks(doc: _Doc, files: Mapping[str, bytes]) -> tuple[list[LoadError], tuple[str, str] | None]:
-    """Checks beyond the schema. Returns (errors, (bootstrap path, script text) or None)."""
+def _bootstrap_owners(data: Mapping[str, Any]) -> list[tuple[tuple[str | int, ...], Mapping[str, Any]]]:
+    """(pointer, mapping) of the fleet and each pool that may name a ``bootstrap``."""
+    owners: list[tuple[tuple[str | int, ...], Mapping[str, Any]]] = [((), data)]
+    pools = data.get("pools")
+    if isinstance(pools, list):
+        owners += [(("pools", i), p) for i, p in enumerate(pools) if isinstance(p, dict)]
+    return owners
+
+
+def _fleet_checks(doc: _Doc, files: Mapping[str, bytes]) -> tuple[list[LoadError], dict[str, str]]:
+    """Checks beyond the schema. Returns (errors, bootstrap path -> script text for the fleet's and its pools')."""
     data = doc.data
     errors: list[LoadError] = []
     instances = data.get("instances", {})
@@ -665,29 +678,86 @@ def _fleet_checks(doc: _Doc, files: Mapping[str, bytes]) -> tuple[list[LoadError
                 )
             )
     errors += _fleet_duration_checks(doc)
-    bootstrap: tuple[str, str] | None = None
-    if "bootstrap" in data:
-        value = data["bootstrap"]
-        target = _bootstrap_file(data)
+    errors += _pool_checks(doc)
+    scripts: dict[str, str] = {}
+    for at, owner in _bootstrap_owners(data):
+        if "bootstrap" not in owner:
+            continue
+        value = owner["bootstrap"]
+        where = (*at, "bootstrap")
+        target = _bootstrap_file(owner)
         if target is None:
-            errors.append(doc.error(("bootstrap",), f"bootstrap path {value!r} must stay inside desired/ (no '..')"))
+            errors.append(doc.error(where, f"bootstrap path {value!r} must stay inside desired/ (no '..')"))
+        elif target in scripts:
+            continue
         elif target not in files:
-            errors.append(doc.error(("bootstrap",), f"bootstrap script {target} does not exist"))
+            errors.append(doc.error(where, f"bootstrap script {target} does not exist"))
         else:
             raw = files[target]
             if len(raw) > MAX_FILE_BYTES:
-                errors.append(doc.error(("bootstrap",), f"bootstrap script {target} is over {MAX_FILE_BYTES} bytes"))
-            else:
-                try:
-                    bootstrap = (target, raw.decode("utf-8"))
-                except UnicodeDecodeError:
-                    errors.append(doc.error(("bootstrap",), f"bootstrap script {target} is not valid UTF-8"))
-                else:
-                    # A script is reviewed in the same diffs: the same characters would hide what it runs.
-                    hidden = _character_problems(target, bootstrap[1])
-                    errors += hidden
-                    bootstrap = None if hidden else bootstrap
-    return errors, bootstrap
+                errors.append(doc.error(where, f"bootstrap script {target} is over {MAX_FILE_BYTES} bytes"))
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                errors.append(doc.error(where, f"bootstrap script {target} is not valid UTF-8"))
+                continue
+            # A script is reviewed in the same diffs: the same characters would hide what it runs.
+            hidden = _character_problems(target, text)
+            errors += hidden
+            if not hidden:
+                scripts[target] = text
+    return errors, scripts
+
+
+def _pool_checks(doc: _Doc) -> list[LoadError]:
+    """``pools:`` beyond the schema: unique names, min <= max, and no fleet-wide floor beside the pools' own."""
+    data = doc.data
+    pools = data.get("pools")
+    if not pools:
+        return []
+    errors: list[LoadError] = []
+    seen: set[str] = set()
+    for i, pool in enumerate(pools):
+        if pool["name"] in seen:
+            errors.append(doc.error(("pools", i, "name"), f"pool {pool['name']!r} is defined twice"))
+        seen.add(pool["name"])
+        own = pool.get("provider") == OWN_PROVIDER
+        if own and "hosts" not in pool:
+            errors.append(doc.error(("pools", i, "provider"), "a provider: ssh pool lists its machines in hosts:"))
+        if not own and "hosts" in pool:
+            errors.append(
+                doc.error(("pools", i, "hosts"), "hosts: are the machines of a provider: ssh pool; add provider: ssh")
+            )
+        for key in ("offers", "instances"):
+            if own and key in pool:
+                errors.append(
+                    doc.error(
+                        ("pools", i, key),
+                        f"a provider: ssh pool is its hosts: rigsync never rents for it, so it has no {key}",
+                    )
+                )
+        addresses = [(h.get("address"), h.get("port", 22)) for h in pool.get("hosts", ())]
+        for n, where in enumerate(addresses):
+            if where in addresses[:n]:
+                errors.append(doc.error(("pools", i, "hosts", n), f"host {where[0]}:{where[1]} is listed twice"))
+        instances = pool.get("instances", {})
+        if instances.get("min", 0) > instances.get("max", 1):
+            errors.append(
+                doc.error(
+                    ("pools", i, "instances", "min"),
+                    f"min ({instances['min']}) is greater than max ({instances.get('max', 1)})",
+                )
+            )
+    if data.get("instances", {}).get("min", 0) > 0:
+        errors.append(
+            doc.error(
+                ("instances", "min"),
+                "with pools, each pool keeps its own instances.min; the fleet's instances.min must be 0 "
+                "(instances.max still bounds the whole fleet)",
+            )
+        )
+    return errors
 
 
 # Why zero cannot work for each fleet duration; none of them documents 0 as "off" (ttl is off when omitted).
@@ -698,6 +768,7 @@ _ZERO_FLEET_DURATION = {
     "heartbeat_stale": "every run would be declared lost at once",
     "orphan_timeout": "each box's watchdog would destroy it at once (it runs after this long without a probe)",
     "idle_timeout": "every box would be destroyed before it could take work",
+    "bootstrap_timeout": "every box would be destroyed before its bootstrap could run",
 }
 
 
@@ -735,10 +806,8 @@ def _fleet_duration_checks(doc: _Doc) -> list[LoadError]:
     return errors
 
 
-def _build_fleet(data: Mapping[str, Any], bootstrap: tuple[str, str] | None) -> Fleet:
-    offers = data.get("offers", {})
-    provider = data.get("provider", {})
-    filters = OfferFilters(
+def _filters(offers: Mapping[str, Any]) -> OfferFilters:
+    return OfferFilters(
         gpu_names=tuple(offers.get("gpu_names", ())),
         num_gpus_min=int(offers.get("gpus_min", 1)),
         num_gpus_max=offers.get("gpus_max"),
@@ -751,9 +820,59 @@ def _build_fleet(data: Mapping[str, Any], bootstrap: tuple[str, str] | None) -> 
         verified=bool(offers.get("verified", True)),
         geolocations=tuple(offers.get("geolocations", ())),
     )
+
+
+def _build_pool(data: Mapping[str, Any], fleet: Fleet, scripts: Mapping[str, str]) -> Pool:
+    """One entry of ``pools:``: what it does not say, it takes from the fleet's own fields."""
+    instances = data.get("instances", {})
+    offers = data.get("offers")
+    bootstrap = _bootstrap_file(data) if "bootstrap" in data else fleet.bootstrap_path
+    script = scripts.get(bootstrap, "") if bootstrap else ""
+    return Pool(
+        name=data["name"],
+        min_instances=int(instances.get("min", 0)),
+        max_instances=int(instances.get("max", 1)),
+        filters=_filters(offers) if offers is not None else fleet.filters,
+        ranking=Ranking(offers.get("rank_by", Ranking.DLPERF_PER_DPH.value)) if offers is not None else fleet.ranking,
+        image=data.get("image", fleet.image),
+        disk_gb=float(data.get("disk_gb", fleet.disk_gb)),
+        bootstrap_path=bootstrap,
+        bootstrap_script=script,
+        bootstrap_hash=_script_hash(script) if bootstrap else "",
+        provider=str(data.get("provider", "vast")),
+        max_bid_dph=_max_bid(data) if "interruptible" in data else fleet.max_bid_dph,
+        hosts=tuple(
+            OwnHost(
+                address=str(h["address"]),
+                port=int(h.get("port", 22)),
+                user=str(h.get("user", "root")),
+                gpus=int(h["gpus"]),
+                gpu_name=str(h.get("gpu_name", "own")),
+            )
+            for h in data.get("hosts", ())
+        ),
+    )
+
+
+def _max_bid(data: Mapping[str, Any]) -> float | None:
+    """``interruptible: {max_bid_dph: X}`` as X; ``interruptible: null`` (a pool turning the fleet's off) or none:
+    None."""
+    block = data.get("interruptible")
+    return None if not isinstance(block, dict) else float(block["max_bid_dph"])
+
+
+def _script_hash(script: str) -> str:
+    return hashlib.sha256(script.encode()).hexdigest()[:16]
+
+
+def _build_fleet(data: Mapping[str, Any], scripts: Mapping[str, str]) -> Fleet:
+    offers = data.get("offers", {})
+    provider = data.get("provider", {})
+    filters = _filters(offers)
     defaults = Fleet(name="_")
-    script = bootstrap[1] if bootstrap else ""
-    return Fleet(
+    bootstrap_path = _bootstrap_file(data) if "bootstrap" in data else None
+    script = scripts.get(bootstrap_path, "") if bootstrap_path else ""
+    fleet = Fleet(
         name=data["name"],
         provider=provider.get("name", "vast"),
         min_instances=int(data["instances"].get("min", 0)),
@@ -762,9 +881,9 @@ def _build_fleet(data: Mapping[str, Any], bootstrap: tuple[str, str] | None) -> 
         ranking=Ranking(offers.get("rank_by", Ranking.DLPERF_PER_DPH.value)),
         image=data.get("image", defaults.image),
         disk_gb=float(data.get("disk_gb", defaults.disk_gb)),
-        bootstrap_path=bootstrap[0] if bootstrap else None,
+        bootstrap_path=bootstrap_path,
         bootstrap_script=script,
-        bootstrap_hash=hashlib.sha256(script.encode()).hexdigest()[:16] if bootstrap else "",
+        bootstrap_hash=_script_hash(script) if bootstrap_path else "",
         idle_timeout_s=_duration(data, "idle_timeout", defaults.idle_timeout_s),
         ttl_s=parse_duration(data["ttl"]) if "ttl" in data else None,
         boot_timeout_s=_duration(data, "boot_timeout", defaults.boot_timeout_s),
@@ -772,6 +891,29 @@ def _build_fleet(data: Mapping[str, Any], bootstrap: tuple[str, str] | None) -> 
         heartbeat_stale_s=_duration(data, "heartbeat_stale", defaults.heartbeat_stale_s),
         suspend=bool(data.get("suspend", False)),
         orphan_timeout_s=_duration(data, "orphan_timeout", defaults.orphan_timeout_s),
+        avoid_machines=tuple(sorted(int(m) for m in data.get("avoid_machines", ()))),
+        blacklist_after=int(data.get("blacklist_after", defaults.blacklist_after)),
+        ghost_cooldown_s=_duration(data, "ghost_cooldown", defaults.ghost_cooldown_s),
+        bootstrap_timeout_s=_duration(data, "bootstrap_timeout", defaults.bootstrap_timeout_s),
+        max_rents_per_hour=data.get("max_rents_per_hour", defaults.max_rents_per_hour),
+        rent_backoff_s=_duration(data, "rent_backoff", defaults.rent_backoff_s),
+        max_bid_dph=_max_bid(data),
+    )
+    pools = tuple(_build_pool(p, fleet, scripts) for p in data.get("pools", ()))
+    if not pools:
+        return fleet
+    # the fleet's own filter set, image and bootstrap are those of its first pool (what single-pool readers see)
+    first = pools[0]
+    return replace(
+        fleet,
+        pools=pools,
+        filters=first.filters,
+        ranking=first.ranking,
+        image=first.image,
+        disk_gb=first.disk_gb,
+        bootstrap_path=first.bootstrap_path,
+        bootstrap_script=first.bootstrap_script,
+        bootstrap_hash=first.bootstrap_hash,
     )
 
 
@@ -823,6 +965,9 @@ def _build_sweep(data: Mapping[str, Any], order: int) -> Sweep:
         env=tuple((str(k), str(v)) for k, v in data.get("env", {}).items()),
         artifacts=tuple(data.get("artifacts", ())),
         checkpoint=_checkpoint(data.get("checkpoint")),
+        stall_timeout_s=_duration(data, "stall_timeout", 0.0) if "stall_timeout" in data else None,
+        stall_gpu_util_pct=float(data.get("stall_gpu_util", 5.0)),
+        pool=str(data.get("pool", "")),
     )
 
 
@@ -891,6 +1036,10 @@ def _sweep_checks(
     longest = _duration(data, "max_runtime", 3600.0)
     if longest <= 0:
         errors.append(doc.error(("max_runtime",), "max_runtime must be longer than 0s: every run would be killed"))
+    if "stall_timeout" in data and parse_duration(data["stall_timeout"]) <= 0:
+        errors.append(
+            doc.error(("stall_timeout",), "stall_timeout must be longer than 0s: every run would be killed as stalled")
+        )
     # max_runtime is only a cap (runs may end long before it), so it may exceed ttl; a run *expected* to outlast
     # ttl, though, can never finish: its box is destroyed ttl after it is rented, every attempt.
     ttl = parse_duration(fleet_data["ttl"]) if fleet_data is not None and "ttl" in fleet_data else 0.0
@@ -959,9 +1108,26 @@ def _sweep_checks(
             )
         )
     gpus = int(data.get("resources", {}).get("gpus", 1))
-    if fleet_data is not None:
+    pool_data: Mapping[str, Any] | None = fleet_data
+    if fleet_data is not None and fleet_data.get("pools"):
+        pools = fleet_data["pools"]
+        wanted = data.get("pool", pools[0]["name"])
+        pool_data = next((p for p in pools if p["name"] == wanted), None)
+        if pool_data is None:
+            names = ", ".join(p["name"] for p in pools)
+            errors.append(doc.error(("pool",), f"no pool {wanted!r} in {FLEET_FILE} (its pools: {names})"))
+        elif "offers" not in pool_data:
+            pool_data = fleet_data
+    elif fleet_data is not None and data.get("pool", DEFAULT_POOL) != DEFAULT_POOL:
+        errors.append(
+            doc.error(
+                ("pool",),
+                f"no pool {data['pool']!r} in {FLEET_FILE}: it defines no pools:, so its one pool is {DEFAULT_POOL!r}",
+            )
+        )
+    if pool_data is not None:
         need_ram = data.get("resources", {}).get("min_gpu_ram_gib")
-        named = fleet_data.get("offers", {}).get("gpu_names", ())
+        named = pool_data.get("offers", {}).get("gpu_names", ())
         most_ram = most_gpu_ram_gib(named)
         if need_ram is not None and most_ram is not None and need_ram > most_ram:
             errors.append(
@@ -972,7 +1138,7 @@ def _sweep_checks(
                     "could never be scheduled",
                 )
             )
-        gpus_max = fleet_data.get("offers", {}).get("gpus_max")
+        gpus_max = pool_data.get("offers", {}).get("gpus_max")
         if gpus_max is not None and gpus > gpus_max:
             errors.append(
                 doc.error(
@@ -1188,19 +1354,18 @@ def load_desired(
             docs[name] = doc
 
     fleet_doc = docs.get(FLEET_FILE)
-    bootstrap: tuple[str, str] | None = None
+    bootstrap: dict[str, str] = {}
     if fleet_doc is not None:
         checked = _guard(FLEET_FILE, errors, partial(_fleet_checks, fleet_doc, files))
-        problems, bootstrap = checked if checked is not None else ([], None)
+        problems, bootstrap = checked if checked is not None else ([], {})
         errors += problems
         if problems or checked is None:
             fleet_doc = None
 
     known = {FLEET_FILE, BUDGET_FILE, README_FILE, *sweep_files, *refused}
     named = _guard(FLEET_FILE, [], partial(_bootstrap_named, parsed.get(FLEET_FILE)))
-    fleet_readable, bootstrap_named = named if named is not None else (False, None)
-    if bootstrap_named:
-        known.add(bootstrap_named)
+    fleet_readable, bootstrap_named = named if named is not None else (False, [])
+    known.update(bootstrap_named)
     for name in sorted(files):
         if name in known:
             continue
@@ -1301,11 +1466,12 @@ def _is_sweep_file(path: str) -> bool:
     return "/" not in rest and rest.endswith(".yaml") and not rest.startswith(".")
 
 
-def _bootstrap_named(doc: _Doc | None) -> tuple[bool, str | None]:
-    """(fleet file readable, the bootstrap path it names), read leniently: known even when the fleet is invalid."""
+def _bootstrap_named(doc: _Doc | None) -> tuple[bool, list[str]]:
+    """(fleet file readable, the bootstrap paths it and its pools name), read leniently: known even when the fleet is
+    invalid."""
     if doc is None or not isinstance(doc.data, dict):
-        return False, None
-    return True, _bootstrap_file(doc.data)
+        return False, []
+    return True, [t for _, owner in _bootstrap_owners(doc.data) if (t := _bootstrap_file(owner)) is not None]
 
 
 def errors_of(exc: DesiredStateInvalid) -> list[LoadError]:

@@ -251,6 +251,9 @@ def expand_sweep(sweep: Sweep) -> list[RunSpec]:
                     metric_goal=sweep.metric_goal,
                     promotion_threshold=threshold,
                     env=sweep.env,
+                    stall_timeout_s=sweep.stall_timeout_s,
+                    stall_gpu_util_pct=sweep.stall_gpu_util_pct,
+                    pool=sweep.pool,
                 )
             )
     return specs

@@ -1,15 +1,16 @@
 """What a box is built from and which fleet slot it fills: the spec hash and the ownership label, stated once.
 
-A rented box carries ``rigsync:<fleet>:<spec>-<offer>``; ``spec`` hashes the image, disk and bootstrap script,
-so a change to any of them makes existing boxes "drifted" (replaced once their work is done). Ownership itself
-(``model.owns``) only reads the fleet part; the planner, apply and the saved-plan check all build labels here.
+A rented box carries ``rigsync:<fleet>:<spec>-<offer>`` (and ``-<pool>`` when the fleet names pools); ``spec``
+hashes the image, disk and bootstrap script of its pool, so a change to any of them makes existing boxes "drifted"
+(replaced once their work is done). Ownership itself (``model.owns``) only reads the fleet part; the planner, apply
+and the saved-plan check all build labels here.
 """
 
 from __future__ import annotations
 
 import hashlib
 
-from reconciler.model import Fleet, Ownership
+from reconciler.model import Endpoint, Fleet, Instance, InstanceStatus, Ownership, Pool
 
 
 def spec_hash(image: str, disk_gb: float, bootstrap_hash: str) -> str:
@@ -22,9 +23,54 @@ def fleet_spec_hash(fleet: Fleet) -> str:
     return spec_hash(fleet.image, fleet.disk_gb, fleet.bootstrap_hash)
 
 
-def rent_label(fleet: Fleet, offer_id: int) -> str:
-    """The ownership label a box rented from ``offer_id`` carries: ``rigsync:<fleet>:<spec_hash>-<offer>``."""
-    return Ownership(fleet.name, f"{fleet_spec_hash(fleet)}-{offer_id}").label()
+def pool_spec_hash(pool: Pool) -> str:
+    return spec_hash(pool.image, pool.disk_gb, pool.bootstrap_hash)
+
+
+def rent_label(fleet: Fleet, offer_id: int, pool: Pool | None = None) -> str:
+    """The ownership label a box rented from ``offer_id`` carries: ``rigsync:<fleet>:<spec_hash>-<offer>``, and
+    ``-<pool>`` after it when the fleet names its pools (so a fleet without ``pools:`` labels boxes as it always did).
+    """
+    pool = pool or fleet.all_pools()[0]
+    suffix = f"-{pool.name}" if fleet.pools else ""
+    return Ownership(fleet.name, f"{pool_spec_hash(pool)}-{offer_id}{suffix}").label()
+
+
+def own_box_id(pool: Pool, address: str, port: int) -> int:
+    """A stable instance id for one of the lab's own machines: negative, so it never meets a provider's id."""
+    digest = hashlib.sha256(f"{pool.name}\n{address}\n{port}".encode()).hexdigest()
+    return -(int(digest[:12], 16) + 1)
+
+
+def own_boxes(fleet: Fleet) -> list[Instance]:
+    """The machines of the fleet's ``provider: ssh`` pools as instances: always running, $0/h, labelled as this
+    fleet's box of that pool (with its current spec: an own box never drifts, it is bootstrapped again)."""
+    out: list[Instance] = []
+    for pool in fleet.all_pools():
+        if not pool.own:
+            continue
+        for host in pool.hosts:
+            iid = own_box_id(pool, host.address, host.port)
+            out.append(
+                Instance(
+                    id=iid,
+                    label=Ownership(fleet.name, f"{pool_spec_hash(pool)}-{-iid}-{pool.name}").label(),
+                    status=InstanceStatus.RUNNING,
+                    gpu_name=host.gpu_name,
+                    num_gpus=host.gpus,
+                    gpu_ram_mib=0,
+                    dph_total=0.0,
+                    start_date=0.0,
+                    direct=Endpoint(host.address, host.port, host.user),
+                )
+            )
+    return sorted(out, key=lambda i: i.id)
+
+
+def slot_pool(fleet: Fleet, slot: str) -> str:
+    """The pool a box with this label slot belongs to: its ``-<pool>`` suffix, else the fleet's first pool."""
+    parts = slot.split("-", 2)
+    return parts[2] if len(parts) == 3 and fleet.pools else fleet.all_pools()[0].name
 
 
 def slot_spec_hash(slot: str) -> str:

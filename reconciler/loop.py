@@ -21,7 +21,9 @@ from reconciler.archive import RunArchive
 from reconciler.errors import UserError
 from reconciler.jobenv import ControllerEnv, references
 from reconciler.launch_journal import LaunchJournal
+from reconciler.ledger import note_cycle
 from reconciler.model import (
+    OWN_PROVIDER,
     AttemptRecord,
     Desired,
     Endpoint,
@@ -180,6 +182,7 @@ class Reconciler:
             history=self.history,
             memory=self.memory.boxes,
             spend=self.memory.spend,
+            hosts=self.memory.hosts,
         )
 
     def apply(self, desired: Desired, observed: Observed, the_plan: Plan, memory: FleetMemory) -> ApplyResult:
@@ -209,7 +212,9 @@ class Reconciler:
         closed = {o.instance_id for o in result.overheads}
         if closed:  # their bills are in the archive's overhead lines now: forget them in this cycle's files
             spend = replace(spend, boxes=tuple(b for b in spend.boxes if b.instance_id not in closed))
-        self.memory = replace(memory, in_flight=in_flight, spend=spend)
+        done = [(o.action, o.ok, o.detail) for o in result.outcomes if not o.skipped]
+        hosts = note_cycle(memory.hosts, desired.fleet, observed, done, result.archived, self.clock.now())
+        self.memory = replace(memory, in_flight=in_flight, spend=spend, hosts=hosts)
         if self.journal is not None:
             self.journal.reset(in_flight)
         return result
@@ -229,10 +234,21 @@ def state_dir_for(fleet: Fleet, override: str | os.PathLike[str] | None = None) 
     return path
 
 
+SUPPORTED_PROVIDERS = ("vast",)  # markets rigsync rents from
+POOL_PROVIDERS = (*SUPPORTED_PROVIDERS, OWN_PROVIDER)  # what a pool may say: a market, or the lab's own machines
+
+
 def require_supported_provider(fleet: Fleet) -> None:
-    """The one place that says which providers rigsync can drive (a UserError for any other)."""
-    if fleet.provider != "vast":
+    """The one place that says which providers rigsync can drive (a UserError for any other): the fleet rents from
+    Vast.ai, and each pool is either rented from it or the lab's own machines over SSH (``provider: ssh``), which
+    rigsync never rents and never destroys."""
+    if fleet.provider not in SUPPORTED_PROVIDERS:
         raise UserError(f"unknown provider {fleet.provider!r}: only 'vast' is supported")
+    for pool in fleet.all_pools():
+        if pool.provider not in POOL_PROVIDERS:
+            raise UserError(f"pool {pool.name}: unknown provider {pool.provider!r}: 'vast' or 'ssh'")
+        if pool.own and not pool.hosts:
+            raise UserError(f"pool {pool.name}: provider ssh needs its hosts")
 
 
 def build_adapters(fleet: Fleet, state_dir: Path, api_url: str | None = None) -> tuple[Provider, Shell]:

@@ -58,6 +58,48 @@ class OfferFilters:
     geolocations: tuple[str, ...] = ()  # countries (ISO alpha-2 code or English name, e.g. "SE", "Germany"); see offers
 
 
+DEFAULT_POOL = "default"  # the one pool of a fleet.yaml without ``pools:`` (today's single filter set)
+
+
+OWN_PROVIDER = "ssh"  # a pool of the lab's own machines, reached over SSH: never rented, never destroyed
+
+
+@dataclass(frozen=True)
+class OwnHost:
+    """One of the lab's own machines in a ``provider: ssh`` pool: where to reach it and what it has."""
+
+    address: str
+    port: int = 22
+    user: str = "root"
+    gpus: int = 1
+    gpu_name: str = "own"
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One kind of box a fleet holds: which offers, how many, built how. A fleet without ``pools:`` has one, made
+    of its own fields and named ``default`` (``Fleet.all_pools``); budget caps and the fleet's max stay per fleet."""
+
+    name: str
+    min_instances: int = 0
+    max_instances: int = 1
+    filters: OfferFilters = field(default_factory=OfferFilters)
+    ranking: Ranking = Ranking.DLPERF_PER_DPH
+    image: str = "pytorch/pytorch:latest"
+    disk_gb: float = 20.0
+    bootstrap_path: str | None = None
+    bootstrap_script: str = ""
+    bootstrap_hash: str = ""
+    provider: str = "vast"  # "vast": rented from the market; OWN_PROVIDER: the ``hosts`` below, never rented
+    hosts: tuple[OwnHost, ...] = ()
+    max_bid_dph: float | None = None  # interruptible boxes allowed: bid up to this $/h (None: on-demand only)
+
+    @property
+    def own(self) -> bool:
+        """Its boxes are the lab's own machines: rigsync never rents for it and never destroys one of them."""
+        return self.provider == OWN_PROVIDER
+
+
 @dataclass(frozen=True)
 class Fleet:
     name: str
@@ -78,6 +120,49 @@ class Fleet:
     heartbeat_stale_s: float = 60.0
     suspend: bool = False
     orphan_timeout_s: float = 1800.0  # the box's own watchdog destroys it when no controller touched it this long
+    # the host reliability ledger's rules (reconciler.offers, "host reliability"): machines never rented (by hand),
+    # host faults after which a machine is avoided automatically, how long an offer that failed to rent is skipped
+    avoid_machines: tuple[int, ...] = ()
+    blacklist_after: int = 3
+    ghost_cooldown_s: float = 3600.0
+    # bounded bootstrap and renting (reconciler.plan.boxes, reconciler.plan.renting): a box still bootstrapping this
+    # long after its bootstrap was first seen missing is destroyed (a fault of its host); at most this many rents
+    # per hour (None: ten times max_instances, at least 10); after RENT_BACKOFF_AFTER failures in a row, rents wait
+    # rent_backoff, doubling
+    bootstrap_timeout_s: float = 1800.0
+    max_rents_per_hour: int | None = None
+    rent_backoff_s: float = 60.0
+    # named pools (fleet.yaml ``pools:``), the first the default of a sweep without ``pool:``; empty: one pool made
+    # of the fields above (``all_pools``). With pools, min/max_instances above bound the whole fleet.
+    pools: tuple[Pool, ...] = ()
+    max_bid_dph: float | None = None  # fleet.yaml interruptible.max_bid_dph: bid for interruptible boxes up to this
+
+    def all_pools(self) -> tuple[Pool, ...]:
+        """The pools to plan for: the named ones, or the one this fleet's own fields describe."""
+        if self.pools:
+            return self.pools
+        return (
+            Pool(
+                name=DEFAULT_POOL,
+                min_instances=self.min_instances,
+                max_instances=self.max_instances,
+                filters=self.filters,
+                ranking=self.ranking,
+                image=self.image,
+                disk_gb=self.disk_gb,
+                bootstrap_path=self.bootstrap_path,
+                bootstrap_script=self.bootstrap_script,
+                bootstrap_hash=self.bootstrap_hash,
+                max_bid_dph=self.max_bid_dph,
+            ),
+        )
+
+    def pool(self, name: str) -> Pool | None:
+        """The pool called ``name``; ``""`` is the first (a sweep that names none)."""
+        pools = self.all_pools()
+        if not name:
+            return pools[0]
+        return next((p for p in pools if p.name == name), None)
 
 
 @dataclass(frozen=True)
@@ -119,6 +204,11 @@ class Sweep:
     env: tuple[tuple[str, str], ...] = ()
     artifacts: tuple[str, ...] = ()  # globs in the run directory harvested with the logs when an attempt ends
     checkpoint: Checkpoint | None = None  # a directory in the run directory synced home while it runs
+    # a live attempt with no metric progress, or its GPUs under stall_gpu_util_pct, for this long is stalled: killed
+    # and retried (None: never)
+    stall_timeout_s: float | None = None
+    stall_gpu_util_pct: float = 5.0
+    pool: str = ""  # the fleet pool its runs go to ("": the first)
 
 
 @dataclass(frozen=True)
@@ -155,6 +245,9 @@ class RunSpec:
     promotion_threshold: float | None = None
     expected_runtime_s: float | None = None  # the sweep's expected_runtime, if it gives one
     env: tuple[tuple[str, str], ...] = ()  # the sweep's env as written (references by name only)
+    stall_timeout_s: float | None = None  # the sweep's stall_timeout (None: never stalled)
+    stall_gpu_util_pct: float = 5.0
+    pool: str = ""  # the fleet pool it runs on ("": the first)
 
     @property
     def params_dict(self) -> dict[str, Scalar]:
@@ -223,12 +316,85 @@ class Offer:
     verified: bool
     geolocation: str
     disk_space_gb: float
+    min_bid: float | None = None  # the lowest bid for an interruptible box on it, $/h (None: not offered)
+    storage_dph: float = 0.0  # the disk part of dph_total, paid on a bid too
+    bid_dph: float | None = None  # set by the planner on an offer priced as a bid (``offers.as_interruptible``)
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    """What rigsync learned about one machine of the market (``machine_id``), kept in observed/hosts.yaml.
+
+    Counts only grow. ``faults`` are the events that say the machine itself is bad (it did not boot in time, its
+    bootstrap failed, its box vanished or hung); they rank it lower and, past the fleet's ``blacklist_after``,
+    keep it from being rented again (``reconciler.offers``). Outbids and failed attempts are recorded, not held
+    against the host: the first is the market, the second usually the job.
+    """
+
+    machine_id: int
+    gpu_name: str = ""
+    rents: int = 0
+    rent_failures: int = 0  # create calls that failed on one of its offers (a "ghost" offer)
+    boot_timeouts: int = 0
+    bootstrap_failures: int = 0
+    vanishes: int = 0  # an owned box on it left the provider's list without rigsync destroying it
+    hangs: int = 0  # an owned box on it stopped answering for longer than unreachable_grace
+    outbids: int = 0
+    attempts_succeeded: int = 0
+    attempts_failed: int = 0
+    attempts_lost: int = 0
+    dlperf: float | None = None  # the DLPerf its offer listed when last rented
+    first_seen: float | None = None
+    last_seen: float | None = None
+    offers: tuple[int, ...] = ()  # offer ids rented (or tried) on it, ascending
+
+    @property
+    def faults(self) -> int:
+        return self.boot_timeouts + self.bootstrap_failures + self.vanishes + self.hangs
+
+
+@dataclass(frozen=True)
+class GhostOffer:
+    """An offer whose rent failed at ``failed_at``: skipped until the fleet's ``ghost_cooldown`` has passed."""
+
+    offer_id: int
+    machine_id: int
+    failed_at: float
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class HostLedger:
+    """The host reliability ledger: per machine, per ghost offer, and the fleet's recent rents (for the rent rate)."""
+
+    hosts: tuple[HostRecord, ...] = ()  # ascending machine_id
+    ghosts: tuple[GhostOffer, ...] = ()  # ascending offer_id
+    rents_at: tuple[float, ...] = ()  # when the fleet's recent rents happened (the last hour's), ascending
+    failures_in_a_row: int = 0  # boxes that ended in a host fault or rents that failed since the last box came up
+    last_failure_at: float | None = None
+    boxes: tuple[tuple[int, int], ...] = ()  # (instance_id, machine_id) of the owned boxes last listed
+    # when this process last noted a cycle (never written to hosts.yaml, where it would change every cycle): a box
+    # gone since is a vanish only when that was recent, not after the controller was down and watchdogs acted
+    noted_at: float | None = None
+
+    def host(self, machine_id: int) -> HostRecord | None:
+        for h in self.hosts:
+            if h.machine_id == machine_id:
+                return h
+        return None
+
+    def ghost(self, offer_id: int) -> GhostOffer | None:
+        for g in self.ghosts:
+            if g.offer_id == offer_id:
+                return g
+        return None
 
 
 @dataclass(frozen=True)
 class Endpoint:
     host: str
     port: int
+    user: str = ""  # who to log in as ("": rigsync's box user, root); set for the lab's own machines
 
 
 @dataclass(frozen=True)
@@ -330,6 +496,7 @@ class RunDirState:
     last_metrics: tuple[tuple[str, Scalar], ...] = ()
     best_metric: float | None = None
     final_metric: float | None = None
+    metrics_age_s: float | None = None  # since its metrics file last grew (None: no metrics file yet)
 
 
 @dataclass(frozen=True)
@@ -452,6 +619,7 @@ class BoxMemory:
     instance_id: int
     first_seen_at: float
     unreachable_since: float | None = None
+    bootstrap_since: float | None = None  # since when the fleet's bootstrap has not been done on it (it answers)
 
 
 @dataclass(frozen=True)
@@ -481,6 +649,7 @@ class DriftClass(enum.StrEnum):
     DESTROYED_BY_HAND = "destroyed_by_hand"  # an owned box we remembered is no longer listed
     FOREIGN = "foreign"  # an instance without our ownership label: reported, never touched
     OVER_BUDGET = "over_budget"
+    STALLED = "stalled"  # alive, but no metric progress or GPU under its threshold for stall_timeout: killed, retried
 
 
 @dataclass(frozen=True)
@@ -612,6 +781,11 @@ class FleetMemory:
     in_flight: tuple[InFlight, ...] = ()
     spend: Spend = field(default_factory=Spend)
     spend_at: float | None = None  # when ``spend`` was last brought up to date; None: start counting now
+    hosts: HostLedger = field(default_factory=HostLedger)  # observed/hosts.yaml
+    # since when each live attempt's GPUs have been under its sweep's stall_gpu_util_pct: (run_id, attempt, since).
+    # Kept by the controller process only (not in observed/, where it would change every cycle): after a restart
+    # this clock starts again, so a stall is found at most one stall_timeout later.
+    gpu_quiet: tuple[tuple[str, int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -630,6 +804,8 @@ class Observed:
     cycle_s: float = 60.0  # until the controller decides again: its cycle interval plus the destroy latency
     # names (never values) of the controller's environment variables the sweeps reference and that are set
     controller_env: frozenset[str] = frozenset()
+    hosts: HostLedger = field(default_factory=HostLedger)  # the host reliability ledger as the last cycle left it
+    gpu_quiet: tuple[tuple[str, int, float], ...] = ()  # FleetMemory.gpu_quiet after this observation
 
     def probe(self, instance_id: int) -> BoxProbe | None:
         for p in self.probes:

@@ -15,10 +15,11 @@ error, no charge for a box), that box is estimated at its listed $/h since its l
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from reconciler.errors import ProviderError
+from reconciler.identity import own_boxes, slot_pool
 from reconciler.model import (
     AttemptRecord,
     BoxMemory,
@@ -32,6 +33,7 @@ from reconciler.model import (
     Observed,
     Offer,
     Spend,
+    owned_by,
     split_owned,
 )
 from reconciler.ports import BoxControl, Provider
@@ -51,10 +53,23 @@ def probe_boxes(boxes: BoxControl, instances: list[Instance], timeout: float = P
 
 
 def update_box_memory(
-    previous: tuple[BoxMemory, ...], instances: list[Instance], probes: list[BoxProbe], now: float
+    previous: tuple[BoxMemory, ...], instances: list[Instance], probes: list[BoxProbe], now: float,
+    bootstrap_hash: str | Mapping[int, str] = "",
 ) -> tuple[BoxMemory, ...]:
+    """Per box: first seen, unreachable since, and since when it answers without its bootstrap done (the clock of
+    ``bootstrap_timeout``; the box's own clock cannot say, and its uptime is its host's). ``bootstrap_hash`` is the
+    fleet's, or per instance id the one of its pool."""
     prev = {m.instance_id: m for m in previous}
     reach = {p.instance_id: p.reachable for p in probes}
+
+    def wanted(iid: int) -> str:
+        return bootstrap_hash if isinstance(bootstrap_hash, str) else bootstrap_hash.get(iid, "")
+
+    unbooted = {
+        p.instance_id
+        for p in probes
+        if p.reachable and wanted(p.instance_id) and wanted(p.instance_id) not in p.bootstrap_hashes
+    }
     out = []
     for inst in sorted(instances, key=lambda i: i.id):
         old = prev.get(inst.id)
@@ -63,8 +78,39 @@ def update_box_memory(
             since = old.unreachable_since if old and old.unreachable_since is not None else now
         else:
             since = None
-        out.append(BoxMemory(instance_id=inst.id, first_seen_at=first, unreachable_since=since))
+        booting: float | None
+        if inst.id in unbooted:
+            booting = old.bootstrap_since if old and old.bootstrap_since is not None else now
+        elif reach.get(inst.id) is False and old is not None:
+            booting = old.bootstrap_since  # not known this cycle: the clock keeps running
+        else:
+            booting = None
+        out.append(BoxMemory(inst.id, first_seen_at=first, unreachable_since=since, bootstrap_since=booting))
     return tuple(out)
+
+
+def track_gpu_quiet(
+    previous: tuple[tuple[str, int, float], ...], desired: Desired, probes: list[BoxProbe], now: float
+) -> tuple[tuple[str, int, float], ...]:
+    """Since when each live attempt of a sweep with ``stall_timeout`` has kept its GPUs under ``stall_gpu_util``.
+
+    A reading is one probe's ``utilization.gpu``: the most of the attempt's GPUs. An attempt at or above the threshold,
+    finished, or on a box that did not answer this cycle is dropped (its clock starts again when it is next quiet).
+    """
+    since = {(r, a): t for r, a, t in previous}
+    out: list[tuple[str, int, float]] = []
+    for p in probes:
+        if not p.reachable:
+            continue
+        util = {g.index: g.utilization_pct for g in p.gpus}
+        for rd in p.runs:
+            spec = desired.run(rd.run_id)
+            if rd.exit_code is not None or not rd.pid_alive or spec is None or spec.stall_timeout_s is None:
+                continue
+            seen = [util[i] for i in rd.gpu_mask if i in util]
+            if seen and max(seen) < spec.stall_gpu_util_pct:
+                out.append((rd.run_id, rd.attempt, since.get((rd.run_id, rd.attempt), now)))
+    return tuple(sorted(out))
 
 
 def read_billing(
@@ -168,13 +214,28 @@ def observe(
         mine, _foreign = split_owned(instances, fleet.name)
     offers: list[Offer] = []
     if not fleet.suspend:
-        try:
-            offers = provider.search_offers(fleet.filters, fleet.disk_gb)
-        except ProviderError:
-            offers = []  # no offers this cycle: the plan rents nothing, everything else proceeds
-    probes = [p.on_clock(now) for p in probe_boxes(box_control, mine)]  # box clocks may be off
-    boxes = update_box_memory(memory.boxes, mine, probes, now)
+        found: dict[int, Offer] = {}
+        for pool in fleet.all_pools():  # one query per pool; an offer two pools accept is listed once
+            if pool.own:
+                continue  # the lab's own machines: nothing to rent
+            try:
+                found.update((o.id, o) for o in provider.search_offers(pool.filters, pool.disk_gb))
+            except ProviderError:
+                continue  # no offers for this pool this cycle: the plan rents nothing for it
+        offers = [found[i] for i in sorted(found)] if len(fleet.all_pools()) > 1 else list(found.values())
+    # The lab's own machines (provider ssh pools) are probed like rented boxes, and never billed: they join the
+    # instance list after the bills are read.
+    own = own_boxes(fleet)
+    instances = [*instances, *own]
+    mine_and_own = [*mine, *own]
+    probes = [p.on_clock(now) for p in probe_boxes(box_control, mine_and_own)]  # box clocks may be off
+    hashes = {p.name: p.bootstrap_hash for p in fleet.all_pools()}
+    pool_hash = {
+        i.id: hashes.get(slot_pool(fleet, o.slot), "") for i in mine_and_own if (o := owned_by(fleet.name, i.label))
+    }
+    boxes = update_box_memory(memory.boxes, mine_and_own, probes, now, pool_hash)
     spend = accrue_billed(memory.spend, memory.spend_at, mine, billed, memory.in_flight, now)
+    gpu_quiet = track_gpu_quiet(memory.gpu_quiet, desired, probes, now)
     observed = Observed(
         instances=tuple(sorted(instances, key=lambda i: i.id)),
         probes=tuple(probes),
@@ -185,5 +246,7 @@ def observe(
         fleet_name=fleet.name,
         in_flight=memory.in_flight,
         credit_usd=credit,
+        hosts=memory.hosts,
+        gpu_quiet=gpu_quiet,
     )
-    return observed, replace(memory, boxes=boxes, spend=spend, spend_at=now)
+    return observed, replace(memory, boxes=boxes, spend=spend, spend_at=now, gpu_quiet=gpu_quiet)

@@ -22,6 +22,12 @@ Semantics, decided once:
   below 1 counts as 1; a negative or NaN ``dph_max`` counts as 0. The offer's disk must hold the fleet's
   ``disk_gb``. An offer whose ``dph_total`` is not a finite non-negative number never passes.
 * ``verified: true`` accepts only verified hosts; ``false`` accepts any.
+* Host reliability (``observed/hosts.yaml``, ``model.HostLedger``) is read here too, in one place: a machine named
+  in the fleet's ``avoid_machines``, or with ``blacklist_after`` host faults or more, is never rented; an offer
+  whose rent failed is skipped for ``ghost_cooldown``; and every other offer is ranked with the penalty
+  ``HOST_FAULT_PENALTY ** faults`` (``host_penalty``): each fault of its machine halves its score (dlperf,
+  dlperf per $, reliability) or doubles its price (``price`` ranking). A machine rigsync never rented has no
+  penalty and no bonus.
 * ``GPU_RAM_GIB`` is the most memory per GPU of each known model (its largest variant); the loader refuses a sweep
   that needs more than every model a fleet names has, and says nothing about a model not in the table.
 """
@@ -32,24 +38,29 @@ import math
 import re
 import unicodedata
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
 from reconciler.countries import ALIASES, NAMES
-from reconciler.model import Offer, OfferFilters, Ranking
+from reconciler.model import Fleet, HostLedger, HostRecord, Offer, OfferFilters, Ranking
 
 __all__ = [
+    "BID_OVER_MIN",
     "GPU_RAM_GIB",
+    "HOST_FAULT_PENALTY",
     "KNOWN_GPU_NAMES",
     "RULES",
     "Rule",
+    "as_interruptible",
     "country_code",
     "gpu_name_problem",
+    "host_penalty",
     "most_gpu_ram_gib",
     "normalize_gpu_name",
     "offer_countries",
     "offer_passes",
+    "offer_skipped",
     "rank_key",
     "rejected_by",
     "vast_gpu_spellings",
@@ -366,13 +377,76 @@ def vast_query_terms(filters: OfferFilters, disk_gb: float) -> list[str]:
 # ------------------------------------------------------------------------------------------------ ranking
 
 
-def rank_key(ranking: Ranking) -> Callable[[Offer], tuple[float, int]]:
-    """Sort key for offers that passed: price ascending, or dlperf / reliability / dlperf per $ descending; ties
-    by offer id."""
+BID_OVER_MIN = 1.2  # rigsync bids this much over an offer's minimum bid (capped at max_bid_dph): outbid less often
+
+
+def as_interruptible(offer: Offer, max_bid_dph: float | None) -> Offer | None:
+    """``offer`` priced as an interruptible box (``bid_dph`` set, ``dph_total`` the bid plus its storage), or None
+    when it cannot be: no bids allowed or offered, ``max_bid_dph`` below its minimum bid, or no cheaper than on-demand.
+
+    The bid is ``BID_OVER_MIN`` times the minimum bid, at most ``max_bid_dph``. Everything downstream (filters such as
+    max_dph, ranking, caps, the budget and the plan's price) then sees the price actually paid.
+    """
+    if max_bid_dph is None or offer.min_bid is None or not math.isfinite(offer.min_bid) or offer.min_bid <= 0:
+        return None
+    bid = round(min(max_bid_dph, offer.min_bid * BID_OVER_MIN), 4)
+    if bid < offer.min_bid:
+        return None
+    price = round(bid + max(0.0, offer.storage_dph), 6)
+    if not price < offer.dph_total:
+        return None
+    return replace(offer, dph_total=price, dlperf_per_dph=offer.dlperf / price if price > 0 else 0.0, bid_dph=bid)
+
+
+HOST_FAULT_PENALTY = 0.5  # each host fault of an offer's machine multiplies its ranking score by this
+
+
+def host_penalty(record: HostRecord | None) -> float:
+    """The factor an offer's ranking score is multiplied by for its machine's faults: 1 for a clean or unknown host."""
+    return 1.0 if record is None else HOST_FAULT_PENALTY ** record.faults
+
+
+def offer_skipped(offer: Offer, fleet: Fleet, ledger: HostLedger, now: float) -> tuple[str, str] | None:
+    """Why the host reliability rules keep ``offer`` from being rented now, or None when they do not:
+    (``"host"`` for a machine avoided by hand or blacklisted, ``"ghost"`` for an offer in its cooldown, the text)."""
+    if offer.machine_id in fleet.avoid_machines:
+        return "host", f"machine {offer.machine_id} is in avoid_machines"
+    record = ledger.host(offer.machine_id)
+    if record is not None and fleet.blacklist_after > 0 and record.faults >= fleet.blacklist_after:
+        return "host", (
+            f"machine {offer.machine_id} is blacklisted: {record.faults} host fault(s) >= blacklist_after "
+            f"{fleet.blacklist_after} ({_fault_text(record)})"
+        )
+    ghost = ledger.ghost(offer.id)
+    if ghost is not None and now - ghost.failed_at < fleet.ghost_cooldown_s:
+        left = fleet.ghost_cooldown_s - (now - ghost.failed_at)
+        ago = int(now - ghost.failed_at)
+        return "ghost", f"its rent failed {ago}s ago ({ghost.detail or 'no detail'}); skipped {int(left)}s more"
+    return None
+
+
+def _fault_text(record: HostRecord) -> str:
+    parts = [
+        (record.boot_timeouts, "boot timeout"),
+        (record.bootstrap_failures, "bootstrap failure"),
+        (record.vanishes, "vanish"),
+        (record.hangs, "hang"),
+    ]
+    return ", ".join(f"{n} {what}{'s' if n > 1 else ''}" for n, what in parts if n)
+
+
+def rank_key(ranking: Ranking, ledger: HostLedger | None = None) -> Callable[[Offer], tuple[float, int]]:
+    """Sort key for offers that passed: price ascending, or dlperf / reliability / dlperf per $ descending, each
+    weighed by its machine's ``host_penalty`` when a ledger is given; ties by offer id."""
+    hosts = {h.machine_id: h for h in ledger.hosts} if ledger is not None else {}
+
+    def factor(o: Offer) -> float:
+        return host_penalty(hosts.get(o.machine_id))
+
     if ranking is Ranking.PRICE:
-        return lambda o: (o.dph_total, o.id)
+        return lambda o: (o.dph_total / factor(o), o.id)
     if ranking is Ranking.DLPERF:
-        return lambda o: (-o.dlperf, o.id)
+        return lambda o: (-o.dlperf * factor(o), o.id)
     if ranking is Ranking.RELIABILITY:
-        return lambda o: (-o.reliability, o.id)
-    return lambda o: (-o.dlperf_per_dph, o.id)
+        return lambda o: (-o.reliability * factor(o), o.id)
+    return lambda o: (-o.dlperf_per_dph * factor(o), o.id)

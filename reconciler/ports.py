@@ -36,7 +36,15 @@ class Provider(Protocol):
     def list_instances(self) -> list[Instance]: ...
 
     def create_instance(
-        self, offer_id: int, *, image: str, disk_gb: float, label: str, onstart: str, env: dict[str, str]
+        self,
+        offer_id: int,
+        *,
+        image: str,
+        disk_gb: float,
+        label: str,
+        onstart: str,
+        env: dict[str, str],
+        bid_dph: float | None = None,
     ) -> int: ...
 
     def destroy_instance(self, instance_id: int) -> None: ...

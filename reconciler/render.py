@@ -99,6 +99,8 @@ def status_json(desired: Desired, observed: Observed, plan: Plan | None = None) 
         "spend": {"today_usd": round(observed.spend.today_usd, 6), "total_usd": round(observed.spend.total_usd, 6)},
         "credit_usd": None if observed.credit_usd is None else round(observed.credit_usd, 6),
         "budget": [w for w in (plan.warnings if plan else ()) if w.startswith("budget:")],
+        # renting held back by the rent rate or the backoff after failures (reconciler/plan/renting.py)
+        "renting": [w for w in (plan.warnings if plan else ()) if w.startswith("renting:")],
         "price": [e.to_json() for e in plan.estimates] if plan else [],
         # sweeps whose launches are held back, and why (a secret the controller does not set)
         "blocked": held_back(plan.warnings if plan else ()),
@@ -126,5 +128,6 @@ def status_text(doc: dict[str, Any]) -> str:
     for e in doc.get("price") or []:
         lines.append(estimate_line(SweepEstimate.from_json(e)))
     lines.extend(doc.get("budget") or [])
+    lines.extend(doc.get("renting") or [])
     lines.extend(f"BLOCKED: {b}" for b in doc.get("blocked") or [])
     return "\n".join(lines)

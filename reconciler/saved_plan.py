@@ -58,6 +58,12 @@ def stale_reasons(saved: Plan, desired: Desired, observed: Observed) -> list[str
             offer = offers.get(action.offer_id)
             if offer is None:
                 reasons.append(f"offer {action.offer_id} is no longer on the market")
+            elif action.bid_dph is not None:
+                if offer.min_bid is None or offer.min_bid > action.bid_dph + 1e-9:
+                    reasons.append(
+                        f"offer {action.offer_id} no longer takes the plan's bid ${action.bid_dph:.4f}/h "
+                        f"(minimum now {'none' if offer.min_bid is None else f'${offer.min_bid:.4f}/h'})"
+                    )
             elif offer.dph_total > action.dph + 1e-9:
                 reasons.append(
                     f"offer {action.offer_id} now costs ${offer.dph_total:.4f}/h, the plan said ${action.dph:.4f}/h"

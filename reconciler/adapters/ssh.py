@@ -303,7 +303,7 @@ class SshShell:
             transport.auth_timeout = left
             transport.start_client(timeout=left)
             self._check_host_key(endpoint, transport.get_remote_server_key())
-            transport.auth_publickey(self._user, self._pkey)
+            transport.auth_publickey(endpoint.user or self._user, self._pkey)
             if not transport.is_authenticated():
                 raise paramiko.AuthenticationException("public key not accepted")
             transport.set_keepalive(15)
@@ -395,7 +395,7 @@ def is_pinned(known_hosts: Path, endpoint: Endpoint) -> bool:
     return found is not None and len(found) > 0
 
 
-def openssh_argv(endpoint: Endpoint, *, private_key: Path, known_hosts: Path, user: str = BOX_USER) -> list[str]:
+def openssh_argv(endpoint: Endpoint, *, private_key: Path, known_hosts: Path, user: str = "") -> list[str]:
     """The OpenSSH client command reaching ``endpoint`` as ``SshShell`` does: rigsync's key only, and only the host
     key pinned in rigsync's ``known_hosts``.
 
@@ -413,7 +413,7 @@ def openssh_argv(endpoint: Endpoint, *, private_key: Path, known_hosts: Path, us
         "-o", "StrictHostKeyChecking=yes",
         "-o", "UpdateHostKeys=no",
         "-p", str(endpoint.port),
-        f"{user}@{endpoint.host}",
+        f"{user or endpoint.user or BOX_USER}@{endpoint.host}",
     ]
 
 

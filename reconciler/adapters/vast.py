@@ -143,6 +143,8 @@ def offer_from_record(rec: dict[str, Any]) -> Offer:
         verified=verified,
         geolocation=_s(rec, "geolocation"),
         disk_space_gb=_f(rec, "disk_space"),
+        min_bid=_f(rec, "min_bid") if rec.get("min_bid") is not None else None,
+        storage_dph=max(0.0, _f(rec, "dph_total") - _f(rec, "dph_base")) if rec.get("dph_base") is not None else 0.0,
     )
 
 
@@ -350,7 +352,15 @@ class VastProvider:
         return sorted(out, key=lambda i: i.id)
 
     def create_instance(
-        self, offer_id: int, *, image: str, disk_gb: float, label: str, onstart: str, env: dict[str, str]
+        self,
+        offer_id: int,
+        *,
+        image: str,
+        disk_gb: float,
+        label: str,
+        onstart: str,
+        env: dict[str, str],
+        bid_dph: float | None = None,
     ) -> int:
         # The box's watchdog (reconciler/remote/watchdog.py) destroys its instance through this same URL, with the
         # instance's own key: the URL this adapter was configured with, never one the box or desired/ names.
@@ -359,7 +369,7 @@ class VastProvider:
         def create() -> Any:
             return self._sdk_once.create_instance(
                 id=offer_id, image=image, disk=disk_gb, label=label, onstart_cmd=onstart or None,
-                env=box_env, ssh=True, direct=True,
+                env=box_env, ssh=True, direct=True, price=bid_dph,  # a price makes it an interruptible bid
             )
 
         reply = self._call(f"rent offer {offer_id}", create, idempotent=False)

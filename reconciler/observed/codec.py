@@ -22,8 +22,9 @@ DRIFT = f"{OBSERVED_DIR}/drift.yaml"
 BUDGET = f"{OBSERVED_DIR}/budget.yaml"
 STATUS = f"{OBSERVED_DIR}/status.yaml"
 LEASE = f"{OBSERVED_DIR}/lease.yaml"  # the lease's old home on the branch: deleted by the next commit
+HOSTS = f"{OBSERVED_DIR}/hosts.yaml"  # the host reliability ledger (reconciler/observed/hosts.py)
 RUNS_DIR = f"{OBSERVED_DIR}/runs"  # the run archive's month shards
-RENDERED = (BUDGET, DRIFT, FLEET, RUNS, STATUS)  # what a cycle renders
+RENDERED = (BUDGET, DRIFT, FLEET, HOSTS, RUNS, STATUS)  # what a cycle renders
 
 FORMAT_VERSION = 1
 

@@ -1,9 +1,9 @@
-"""The five observed/*.yaml documents, rendered from one cycle's facts for humans and agents to diff.
+"""The observed/*.yaml documents, rendered from one cycle's facts for humans and agents to diff.
 
-Every cycle renders the same five files from the same facts. They must be byte-identical when the world did
-not change, because rigsync commits only when a file changed: so no "last cycle at" stamps, no GPU memory or
-utilisation readings, no running metrics. Facts that do change are kept (a box's start time, a run's phase).
-Two values move with the clock and get special care:
+Every cycle renders the same six files (hosts.yaml: ``reconciler.observed.hosts``) from the same facts. They
+must be byte-identical when the world did not change, because rigsync commits only when a file changed: so no
+"last cycle at" stamps, no GPU memory or utilisation readings, no running metrics. Facts that do change are kept
+(a box's start time, a run's phase). Two values move with the clock and get special care:
 
 * ``status.yaml`` carries ``last_change_at``: the time of the last cycle in which anything else changed. The
   renderer compares with the previous files and keeps the old stamp when nothing else differs.
@@ -38,6 +38,7 @@ from reconciler.observed.codec import (
     DRIFT,
     FLEET,
     FORMAT_VERSION,
+    HOSTS,
     RUNS,
     STATUS,
     dump_yaml,
@@ -45,6 +46,8 @@ from reconciler.observed.codec import (
     load_mapping_quietly,
     money,
 )
+from reconciler.observed.hosts import HEADER as HOSTS_HEADER
+from reconciler.observed.hosts import hosts_document
 from reconciler.observed.memory import box_memory_entries, in_flight_entries, spend_anchor
 from reconciler.promotion import succeeded_metrics, wanted_ids
 from reconciler.runphase import RunTally, live_attempts, run_phase, tally_runs
@@ -293,6 +296,7 @@ HEADERS = {
     BUDGET: "rigsync observed budget: caps, fleet $/h, billed spend and credit at as_of (they move at fleet_dph and "
     "account_dph after it)",
     STATUS: "rigsync reconciler status: desired commit applied, errors, last change",
+    HOSTS: HOSTS_HEADER,
 }
 
 
@@ -305,7 +309,7 @@ def render_observed(
     now: float,
     previous: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """The five observed/*.yaml files for this cycle, keyed by repository path.
+    """The observed/*.yaml files for this cycle, keyed by repository path.
 
     ``observed`` is the state after apply (its ``memory``, ``in_flight``, ``history`` and ``spend`` are what
     the next cycle should start from). ``previous`` holds the files as last committed (missing ones may be
@@ -321,6 +325,7 @@ def render_observed(
         BUDGET: dump_yaml(
             _render_budget(desired, fleet_doc["dph"], plan, observed, now, prev_budget), HEADERS[BUDGET]
         ),
+        HOSTS: dump_yaml(hosts_document(observed.hosts, desired.fleet if desired else None), HEADERS[HOSTS]),
     }
     status_doc = _render_status(status, plan)
     last_change = iso(now)

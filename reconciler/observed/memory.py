@@ -25,6 +25,7 @@ from typing import Any
 from reconciler.errors import ObservedInvalid
 from reconciler.model import BoxMemory, BoxSpend, FleetMemory, InFlight, Spend
 from reconciler.observed.codec import BUDGET, FLEET, RUNS, expect_mapping, iso, load_yaml, money, parse_iso, utc_day
+from reconciler.observed.hosts import read_hosts
 from reconciler.observed.tree import read_observed
 
 JITTER_S = 10.0  # how far apart in time two reads of the same line may be taken (list, bills, clock)
@@ -41,6 +42,7 @@ def box_memory_entries(boxes: Iterable[BoxMemory]) -> list[dict[str, Any]]:
             "instance_id": m.instance_id,
             "first_seen_at": iso(m.first_seen_at),
             "unreachable_since": iso(m.unreachable_since),
+            **({"bootstrap_since": iso(m.bootstrap_since)} if m.bootstrap_since is not None else {}),
         }
         for m in sorted(boxes, key=lambda m: m.instance_id)
     ]
@@ -166,6 +168,7 @@ def fleet_memory_from_files(files: Mapping[str, str], *, now: float | None = Non
         in_flight=_in_flight(runs.get("in_flight") or []),
         spend=spend,
         spend_at=spend_at,
+        hosts=read_hosts(files),
     )
 
 
@@ -180,6 +183,7 @@ def _boxes(entries: list[Any]) -> tuple[BoxMemory, ...]:
                     instance_id=int(m["instance_id"]),
                     first_seen_at=first if first is not None else 0.0,
                     unreachable_since=parse_iso(m.get("unreachable_since"), where + ".unreachable_since"),
+                    bootstrap_since=parse_iso(m.get("bootstrap_since"), where + ".bootstrap_since"),
                 )
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from reconciler.model import AttemptOutcome, AttemptRecord, OverheadRecord
-from reconciler.observed.codec import DRIFT, FLEET, RUNS, STATUS, load_mapping_quietly
+from reconciler.observed.codec import DRIFT, FLEET, HOSTS, RUNS, STATUS, load_mapping_quietly
 
 _MAX_LISTED = 4  # boxes or attempts named one by one in a message; the rest are counted
 
@@ -43,6 +43,9 @@ def _in_flight(doc: Mapping[str, Any]) -> dict[tuple[str, int], Mapping[str, Any
 def _pending(runs: Mapping[str, Any]) -> int:
     counts = runs.get("counts") or {}
     return sum(int(c.get("pending", 0)) + int(c.get("retrying", 0)) for c in counts.values() if isinstance(c, dict))
+def _blacklisted(doc: Mapping[str, Any]) -> set[int]:
+    """The machines hosts.yaml says are no longer rented (the host ledger's blacklist or avoid_machines)."""
+    return {int(h["machine_id"]) for h in doc.get("hosts") or [] if isinstance(h, dict) and h.get("blacklisted")}
 
 
 def _budget_lines(status: Mapping[str, Any]) -> list[str]:
@@ -145,6 +148,10 @@ def describe_change(
     parts += _sweep_parts(launched, archived, metric_keys)
     for o in sorted(overheads, key=lambda o: o.instance_id):
         parts.append(f"closed {o.instance_id}'s bill: ${o.billed_usd:.4f}, ${o.cost_usd:.4f} outside runs")
+    oh, nh = load_mapping_quietly(old.get(HOSTS)), load_mapping_quietly(new.get(HOSTS))
+    blacklisted = _blacklisted(nh) - _blacklisted(oh)
+    if blacklisted:
+        parts.append("blacklisted machine " + ", ".join(str(m) for m in sorted(blacklisted)))
     os_, ns = load_mapping_quietly(old.get(STATUS)), load_mapping_quietly(new.get(STATUS))
     if ns.get("desired_commit_applied") and ns.get("desired_commit_applied") != os_.get("desired_commit_applied"):
         parts.append(f"applied desired {str(ns['desired_commit_applied'])[:10]}")

@@ -100,10 +100,11 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
     decided.extend(found)
     estimates, price_warnings = estimate(world, queue, live, budget)
     decided.warnings.extend(price_warnings)
-    table, found = retire_idle(
-        world, seen, placement.table, placement.launches, len(placement.unplaced) + len(queue.held), queue.live_work,
-        budget,
-    )
+    waiting: dict[str, int] = {}
+    for run in (*placement.unplaced, *queue.held):
+        pool = world.pool_of_run(run.spec)
+        waiting[pool] = waiting.get(pool, 0) + 1
+    table, found = retire_idle(world, seen, placement.table, placement.launches, waiting, queue.live_work, budget)
     decided.extend(found)
     unplaced = placement.unplaced
     held = without_free_gpus(world, placement.table, queue.held)

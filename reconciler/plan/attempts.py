@@ -228,6 +228,12 @@ def settle_live(
                     f"(running for {fmt_duration(now - rd.started_at)})",
                 )
                 continue
+            stalled = stall_of(world, rd, spec)
+            if stalled is not None:
+                used[rd.run_id] = used.get(rd.run_id, 0) + 1
+                kill(box_id, rd, ReasonCode.STALLED, f"stalled: {stalled}")
+                out.drift.append(Drift(DriftClass.STALLED, subj, stalled, f"kill {subj}"))
+                continue
             running.setdefault(rd.run_id, []).append((box_id, rd))
     # A duplicate daemon once launched the same seed twice; keep the oldest attempt, stop the others.
     kept: dict[str, tuple[int, RunDirState]] = {}
@@ -252,6 +258,27 @@ def settle_live(
             f"heartbeat {beat}",
         )
     return LiveVerdicts(kept, used, frozenset(settled)), out
+
+
+def stall_of(world: World, rd: RunDirState, spec: RunSpec) -> str | None:
+    """Why a live attempt is stalled (its sweep's ``stall_timeout`` passed with no metric progress, or with its GPUs
+    under ``stall_gpu_util`` all along), or None. No metrics file yet counts from the attempt's start."""
+    limit = spec.stall_timeout_s
+    if limit is None or rd.started_at is None:
+        return None
+    now = world.now
+    ran = now - rd.started_at
+    quiet = min(ran, rd.metrics_age_s) if rd.metrics_age_s is not None else ran
+    if quiet > limit:
+        what = f"{spec.metrics_file} unchanged for" if rd.metrics_age_s is not None else f"no {spec.metrics_file} in"
+        return f"no metric progress: {what} {fmt_duration(quiet)} > stall_timeout {fmt_duration(limit)}"
+    for run_id, attempt, since in world.observed.gpu_quiet:
+        if (run_id, attempt) == (rd.run_id, rd.attempt) and now - since > limit:
+            return (
+                f"GPU utilization under {spec.stall_gpu_util_pct:g}% for {fmt_duration(now - since)} > "
+                f"stall_timeout {fmt_duration(limit)} while its process lives"
+            )
+    return None
 
 
 def settle_in_flight(

@@ -90,6 +90,15 @@ class _Destroyer:
     def destroy(self, box: OwnedBox, code: ReasonCode, reason: str) -> None:
         if box.id in self.destroyed:
             return
+        if box.own_box:  # the one guard: a machine rigsync does not rent is never destroyed, for any reason
+            self.considered.add(box.id)
+            self.out.noop(
+                box.subject,
+                ReasonCode.OWN_BOX_KEPT,
+                f"own box (pool {box.pool}, provider ssh): never destroyed; would have been ({code.value}): {reason}; "
+                "not used until that is fixed",
+            )
+            return
         waiting = self.pending.get(box.id)
         if waiting and code not in NO_HARVEST_WAIT:
             if self.states.get(box.id) is not BoxState.HARVESTING:
@@ -149,12 +158,14 @@ def classify_boxes(world: World, seen: SeenAttempts, budget: Purse) -> tuple[Box
             )
             continue
         age = now - inst.start_date
-        if f.ttl_s is not None and age > cap(f.ttl_s):
+        if box.own_box:
+            pass  # the lab's machine: no rental age, no boot (ttl and boot_timeout are about rented boxes)
+        elif f.ttl_s is not None and age > cap(f.ttl_s):
             d.destroy(
                 box, ReasonCode.PAST_TTL, f"past its ttl: up {fmt_duration(age)} > ttl {fmt_duration(cap(f.ttl_s))}"
             )
             continue
-        if inst.status in BOOTING_STATUSES:
+        if inst.status in BOOTING_STATUSES and not box.own_box:
             if age > f.boot_timeout_s:
                 reason = (
                     f"still {inst.status.value} after {fmt_duration(age)} > "
@@ -189,13 +200,21 @@ def classify_boxes(world: World, seen: SeenAttempts, budget: Purse) -> tuple[Box
             continue
         probe = box.probe
         assert probe is not None
-        bh = f.bootstrap_hash
+        bh = world.bootstrap_of(box)
         if bh and bh in probe.bootstrap_failed and bh not in probe.bootstrap_hashes:
             d.destroy(box, ReasonCode.BOOTSTRAP_FAILED, f"bootstrap {bh} failed on this box")
             continue
-        if slot_spec_hash(box.own.slot) != world.current_spec:
+        if slot_spec_hash(box.own.slot) != world.spec_of(box):
             d.states[box.id] = BoxState.DRIFTED
         elif bh and bh not in probe.bootstrap_hashes:
+            missing = box.memory.bootstrap_since if box.memory is not None else None
+            if missing is not None and now - missing > f.bootstrap_timeout_s:
+                reason = (
+                    f"bootstrap {bh} not done {fmt_duration(now - missing)} after it was first missing > "
+                    f"bootstrap_timeout {fmt_duration(f.bootstrap_timeout_s)}"
+                )
+                d.destroy(box, ReasonCode.BOOTSTRAP_TIMEOUT, reason)
+                continue
             d.states[box.id] = BoxState.BOOTSTRAPPING
         else:
             d.states[box.id] = BoxState.READY
@@ -222,20 +241,31 @@ def classify_boxes(world: World, seen: SeenAttempts, budget: Purse) -> tuple[Box
 
 
 def enforce_max_instances(world: World, seen: SeenAttempts, table: BoxTable) -> tuple[BoxTable, Decisions]:
-    limit = count_cap(world.desired.fleet.max_instances)
-    alive = [world.boxes[i] for i in table.alive()]
-    extra = len(alive) - limit
-    if extra <= 0:
-        return table, Decisions()
+    """Destroy boxes past each pool's max, then past the fleet's (idle ones first, then the dearest)."""
     d = _Destroyer(world, seen, table)
-    order = sorted(alive, key=lambda b: (table.has_work(seen, b.id), -b.inst.dph_total, b.id))
-    for b in order[:extra]:
-        what = "busy" if table.has_work(seen, b.id) else "idle"
-        d.destroy(
-            b,
-            ReasonCode.OVER_MAX_INSTANCES,
-            f"{len(alive)} owned boxes > max_instances {limit}; this one is {what} at {usd_h(b.inst.dph_total)}",
-        )
+    groups: list[tuple[str, int, str]] = []  # (pool name or "" for the fleet, limit, what the limit is called)
+    if world.desired.fleet.pools:
+        groups += [(p.name, count_cap(p.max_instances), f"pool {p.name} max_instances") for p in world.pools.values()]
+    groups.append(("", count_cap(world.desired.fleet.max_instances), "max_instances"))
+    for pool, limit, called in groups:
+        alive = [
+            world.boxes[i]
+            for i in table.alive()
+            if i not in d.destroyed and world.boxes[i].rented and (not pool or world.boxes[i].pool == pool)
+        ]
+        extra = len(alive) - limit
+        if extra <= 0:
+            continue
+        order = sorted(alive, key=lambda b: (table.has_work(seen, b.id), -b.inst.dph_total, b.id))
+        for b in order[:extra]:
+            what = "busy" if table.has_work(seen, b.id) else "idle"
+            d.destroy(
+                b,
+                ReasonCode.OVER_MAX_INSTANCES,
+                f"{len(alive)} owned boxes > {called} {limit}; this one is {what} at {usd_h(b.inst.dph_total)}",
+            )
+    if not d.out.actions and not d.out.noops:
+        return table, d.out
     return replace(table, states=d.states, destroyed=d.destroyed, considered=frozenset(d.considered)), d.out
 
 
@@ -243,7 +273,6 @@ def prepare_boxes(
     world: World, seen: SeenAttempts, table: BoxTable, budget: Purse
 ) -> tuple[BoxTable, Decisions]:
     """Replace drifted boxes once idle, bootstrap new ones, and list the free GPUs of ready ones."""
-    f = world.desired.fleet
     d = _Destroyer(world, seen, table)
     free: dict[int, tuple[GpuState, ...]] = {}
     for box in world.boxes.values():
@@ -256,7 +285,7 @@ def prepare_boxes(
                 d.noop(
                     box,
                     ReasonCode.DRIFTED_BUSY,
-                    f"spec drifted (slot {box.own.slot}, now {world.current_spec}); "
+                    f"spec drifted (slot {box.own.slot}, now {world.spec_of(box) or 'no pool ' + box.pool}); "
                     f"waiting for {n} attempt(s) to finish",
                 )
             else:
@@ -264,10 +293,14 @@ def prepare_boxes(
                     box,
                     ReasonCode.SPEC_DRIFTED,
                     f"spec drifted: box built for {slot_spec_hash(box.own.slot)}, "
-                    f"fleet spec is now {world.current_spec}",
+                    + (
+                        f"fleet spec is now {world.spec_of(box)}"
+                        if world.spec_of(box)
+                        else f"its pool {box.pool!r} is no longer in the fleet"
+                    ),
                 )
         elif state is BoxState.BOOTSTRAPPING and box.probe is not None:
-            bh = f.bootstrap_hash
+            bh = world.bootstrap_of(box)
             if bh in box.probe.bootstrap_running:
                 d.noop(box, ReasonCode.BOOTSTRAP_RUNNING, f"bootstrap {bh} running")
             elif not budget.stop:
@@ -297,15 +330,15 @@ def retire_idle(
     seen: SeenAttempts,
     table: BoxTable,
     launches: Mapping[int, int],
-    waiting_runs: int,
+    waiting: Mapping[str, int],
     live_work: bool,
     budget: Purse,
 ) -> tuple[BoxTable, Decisions]:
     """Destroy idle boxes, down to min_instances: past idle_timeout, or at once when no run waits for a GPU.
 
-    ``waiting_runs`` is how many pending runs placement could not put on a free GPU. When it is 0 an idle box
-    can only bill: it is surplus even while other boxes still run work (a retry later rents again, which costs
-    a boot; an idle box costs its $/h for idle_timeout, usually more).
+    ``waiting`` is, per pool, how many pending runs placement could not put on a free GPU. When none waits for a
+    box's pool an idle box can only bill: it is surplus even while other boxes still run work (a retry later rents
+    again, which costs a boot; an idle box costs its $/h for idle_timeout, usually more).
     """
     f = world.desired.fleet
     now = world.now
@@ -315,6 +348,11 @@ def retire_idle(
     for box in world.boxes.values():
         if box.id in d.destroyed or table.has_work(seen, box.id) or launches.get(box.id):
             continue
+        if box.own_box:
+            if table.states.get(box.id) is BoxState.READY:
+                d.noop(box, ReasonCode.OWN_BOX_KEPT, f"own box (pool {box.pool}, provider ssh): idle, kept")
+            continue
+        waiting_runs = waiting.get(box.pool, 0)
         idle_for: float | None = None
         if table.states.get(box.id) is BoxState.READY and box.probe is not None:
             idle_for = now - (box.probe.last_activity_at or box.inst.start_date)
@@ -325,6 +363,8 @@ def retire_idle(
             candidates.append(
                 (box, ReasonCode.IDLE_TIMEOUT, f"idle for {fmt_duration(idle_for)} > idle_timeout {timeout}")
             )
+        elif not waiting_runs and f.pools:  # runs of other pools may wait: they never go to this box
+            candidates.append((box, ReasonCode.SURPLUS, f"surplus: no pending run of pool {box.pool} waits for a GPU"))
         elif not waiting_runs and not live_work:
             candidates.append((box, ReasonCode.SURPLUS, "surplus: no pending or running work in the fleet"))
         elif not waiting_runs:
@@ -332,11 +372,23 @@ def retire_idle(
         elif idle_for is not None:
             d.noop(box, ReasonCode.IDLE_KEPT, f"idle for {fmt_duration(idle_for)} (idle_timeout {timeout}); kept")
     keep_at_least = min(count_cap(f.min_instances), count_cap(f.max_instances))
-    spare = len(table.alive()) - keep_at_least
+    spare = sum(1 for i in table.alive() if world.boxes[i].rented) - keep_at_least
+    # with named pools each also keeps its own min_instances (a box of a pool gone from the fleet keeps nothing)
+    pool_floor = {p.name: min(count_cap(p.min_instances), count_cap(p.max_instances)) for p in world.pools.values()}
+    pool_spare = {name: -floor for name, floor in pool_floor.items()}
+    for i in table.alive():
+        if world.boxes[i].rented and world.boxes[i].pool in pool_spare:
+            pool_spare[world.boxes[i].pool] += 1
     for box, code, reason in sorted(candidates, key=lambda t: (-t[0].inst.dph_total, t[0].id)):
-        if spare > 0:
+        left_in_pool = pool_spare.get(box.pool, 1) if f.pools else 1
+        if spare > 0 and left_in_pool > 0:
             d.destroy(box, code, reason)
             spare -= 1
+            if box.pool in pool_spare:
+                pool_spare[box.pool] -= 1
+        elif spare > 0:
+            floor = pool_floor[box.pool]
+            d.noop(box, ReasonCode.MIN_INSTANCES_KEPT, f"{reason}; kept to hold pool {box.pool} min_instances {floor}")
         else:
             d.noop(box, ReasonCode.MIN_INSTANCES_KEPT, f"{reason}; kept to hold min_instances {keep_at_least}")
     return replace(table, states=d.states, destroyed=d.destroyed, considered=frozenset(d.considered)), d.out

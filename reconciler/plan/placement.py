@@ -17,7 +17,7 @@ from reconciler.plan.attempts import PendingRun, RunQueue
 from reconciler.plan.boxes import BoxState, BoxTable
 from reconciler.plan.common import Decisions, gpus_text, usd
 from reconciler.plan.money import Purse, Spending, runtime_of
-from reconciler.plan.world import World
+from reconciler.plan.world import OwnedBox, World
 from reconciler.runphase import allowed_attempts
 
 
@@ -38,22 +38,27 @@ def place(world: World, queue: RunQueue, table: BoxTable, budget: Purse) -> tupl
     refused: list[tuple[PendingRun, float]] = []
     hours_on: dict[tuple[str, str], float] = {}
     free: dict[int, list[GpuState]] = {i: list(g) for i, g in table.free.items()}
-    open_boxes = [world.boxes[i] for i in _open_boxes(world, table)]
+    # a run goes only to boxes of its sweep's pool
+    open_by_pool: dict[str, list[OwnedBox]] = {}
+    for i in _open_boxes(world, table):
+        open_by_pool.setdefault(world.boxes[i].pool, []).append(world.boxes[i])
     launches: dict[int, int] = {}
     considered = set(table.considered)
     unplaced: list[PendingRun] = []
     # First fit in box order. A box's free GPUs only shrink, so a box that cannot take a request now never
     # will this plan: each request shape keeps its own cursor into the open boxes (linear, not quadratic).
-    cursor: dict[tuple[int, int], int] = {}
+    cursor: dict[tuple[str, int, int], int] = {}
     code = world.desired.code_commit
-    free_left = sum(len(free[b.id]) for b in open_boxes)
+    free_left = sum(len(free[b.id]) for boxes in open_by_pool.values() for b in boxes)
     for n, run in enumerate(queue.pending):
         if free_left <= 0:
             unplaced.extend(queue.pending[n:])  # every GPU is taken: the rest wait, in order
             break
         spec = run.spec
         g, ram = run.gpus, run.gpu_ram_mib
-        i = cursor.get((g, ram), 0)
+        pool = world.pool_of_run(spec)
+        open_boxes = open_by_pool.get(pool, [])
+        i = cursor.get((pool, g, ram), 0)
         if i >= len(open_boxes):
             unplaced.append(run)
             continue
@@ -63,7 +68,7 @@ def place(world: World, queue: RunQueue, table: BoxTable, budget: Purse) -> tupl
             if len(chosen) >= g:
                 break
             i += 1
-        cursor[(g, ram)] = i
+        cursor[(pool, g, ram)] = i
         if i >= len(open_boxes):
             unplaced.append(run)
             continue
@@ -133,7 +138,15 @@ def _open_boxes(world: World, table: BoxTable) -> list[int]:
 
 
 def without_free_gpus(world: World, table: BoxTable, runs: Sequence[PendingRun]) -> tuple[PendingRun, ...]:
-    """Those of ``runs`` no ready box has free GPUs for now: held back from launching this plan, they may still
-    need a box rented (one that boots while they wait), but not when a free slot will take them next cycle."""
+    """Those of ``runs`` no ready box of their pool has free GPUs for now: held back from launching this plan, they
+    may still need a box rented (one that boots while they wait), but not when a free slot will take them next
+    cycle."""
     boxes = _open_boxes(world, table)
-    return tuple(r for r in runs if not any(len(_fit(table.free[i], r.gpus, r.gpu_ram_mib)) >= r.gpus for i in boxes))
+    return tuple(
+        r for r in runs
+        if not any(
+            world.boxes[i].pool == world.pool_of_run(r.spec)
+            and len(_fit(table.free[i], r.gpus, r.gpu_ram_mib)) >= r.gpus
+            for i in boxes
+        )
+    )

@@ -4,6 +4,13 @@ Runs that boxes already on their way (booting, bootstrapping, briefly unreachabl
 for. For the rest, the best offer by the fleet's ranking that passes the filters (``reconciler.offers``, the one
 definition the Vast query is built from too), fits the per-box $/h cap and keeps the fleet under its $/h cap.
 Nothing is rented once a daily or total cap is reached. What could not be rented says which cap held.
+
+Renting is also bounded in time (``rent_gate``), from the host ledger (``observed/hosts.yaml``): at most
+``max_rents_per_hour`` rents in any hour, and after ``RENT_BACKOFF_AFTER`` failures in a row (boxes that never came
+up: boot timeout, bootstrap failed or timed out; rents that failed; a launch ends the run) nothing is rented for
+``rent_backoff``, doubling with each further failure up to ``MAX_RENT_BACKOFF_S``. So a bootstrap that always fails,
+or a market of ghosts, cannot turn into a rent storm. Both say why in the plan (a no-op on the fleet) and in
+`rigsync status` (a ``renting:`` warning).
 """
 
 from __future__ import annotations
@@ -13,15 +20,59 @@ from dataclasses import dataclass, field
 
 from reconciler.actions import ReasonCode, Rent
 from reconciler.identity import rent_label
-from reconciler.model import Offer, RunSpec
+from reconciler.ledger import RENT_WINDOW_S
+from reconciler.model import Fleet, Offer, Pool, RunSpec
 from reconciler.offers import normalize_gpu_name
 from reconciler.plan.attempts import PendingRun
 from reconciler.plan.boxes import BoxState, BoxTable
-from reconciler.plan.common import EPS, Decisions, count_cap, effective_caps, usd, usd_h
+from reconciler.plan.common import EPS, Decisions, cap, count_cap, effective_caps, fmt_duration, usd, usd_h
 from reconciler.plan.money import Purse, Spending, runtime_of
 from reconciler.plan.world import World
 
 _ON_THEIR_WAY = frozenset({BoxState.BOOTING, BoxState.BOOTSTRAPPING, BoxState.UNREACHABLE})
+RENT_BACKOFF_AFTER = 2  # failures in a row before renting backs off (one vanish or ghost is the market's noise)
+MAX_RENT_BACKOFF_S = 3600.0
+
+
+def rent_backoff(world: World) -> tuple[ReasonCode, str] | None:
+    """Why renting waits after failures in a row, or None (the backoff half of ``rent_gate``)."""
+    f, ledger, now = world.desired.fleet, world.observed.hosts, world.now
+    k, last = ledger.failures_in_a_row, ledger.last_failure_at
+    if k < RENT_BACKOFF_AFTER or last is None or f.rent_backoff_s <= 0:
+        return None
+    wait = min(f.rent_backoff_s * 2.0 ** (k - RENT_BACKOFF_AFTER), MAX_RENT_BACKOFF_S)
+    left = last + wait - now
+    if left <= 0:
+        return None
+    return ReasonCode.RENT_BACKOFF, (
+        f"rent backoff: {k} failures in a row (boxes that never came up or rents that failed), the last "
+        f"{fmt_duration(now - last)} ago; renting again in {fmt_duration(left)} (backoff {fmt_duration(wait)})"
+    )
+
+
+def rents_per_hour(fleet: Fleet) -> int:
+    """The fleet's rent rate cap: ``max_rents_per_hour``, by default ten times ``max_instances`` (at least 10): far
+    above a healthy fleet's churn, far below one rent per cycle (a storm at a 60 s interval is 60 an hour)."""
+    if fleet.max_rents_per_hour is not None:
+        return max(0, fleet.max_rents_per_hour)
+    return max(10, 10 * count_cap(fleet.max_instances))
+
+
+def rent_gate(world: World, rented_now: int) -> tuple[ReasonCode, str] | None:
+    """Why no further rent may happen in this plan (``rented_now`` rents already in it), or None."""
+    backoff = rent_backoff(world)
+    if backoff is not None:
+        return backoff
+    limit = rents_per_hour(world.desired.fleet)
+    now = world.now
+    recent = sorted(t for t in world.observed.hosts.rents_at if now - t < RENT_WINDOW_S)
+    if len(recent) + rented_now < max(0, limit):
+        return None
+    oldest = recent[0] if recent else now
+    return ReasonCode.RENT_RATE_LIMITED, (
+        f"rent rate: {len(recent) + rented_now} rent(s) in the last hour >= max_rents_per_hour {limit}; "
+        f"the next in {fmt_duration(max(0.0, oldest + RENT_WINDOW_S - now))}"
+    )
 
 
 @dataclass
@@ -57,18 +108,29 @@ class _Bins:
         return False
 
 
-class _Market:
-    """The ranked offers that pass the filters, and the fleet's count and $/h as rents are added."""
+@dataclass
+class _Fleetwide:
+    """What every pool's market shares: the fleet's box count and $/h as rents are added, the offers taken."""
 
-    def __init__(self, world: World, table: BoxTable) -> None:
-        f = world.desired.fleet
-        alive = [world.boxes[i] for i in table.alive()]
-        self.fleet = f
-        self.count = len(alive)
-        self.fleet_dph = sum(b.inst.dph_total for b in alive)
+    count: int
+    fleet_dph: float
+    used: set[int] = field(default_factory=set)
+    rented: int = 0
+
+
+class _Market:
+    """One pool's ranked offers that pass its filters, and the pool's and the fleet's count and $/h as rents are
+    added (the fleet's cap holds across pools)."""
+
+    def __init__(self, world: World, table: BoxTable, pool: Pool, shared: _Fleetwide) -> None:
+        self.fleet = world.desired.fleet
+        self.pool = pool
+        self.shared = shared
+        self.count = sum(1 for i in table.alive() if world.boxes[i].pool == pool.name and world.boxes[i].rented)
         self.instance_cap, self.fleet_cap = effective_caps(world.desired)
-        self.offers = list(world.offers)
-        self.used: set[int] = set()
+        if self.fleet.pools:  # a pool's own dph_max (the fleet's is its first pool's: effective_caps has it)
+            self.instance_cap = min(cap(pool.filters.dph_max), cap(world.desired.budget.max_instance_dph))
+        self.offers = list(world.pool_offers.get(pool.name, ()))
         self.pointers: dict[tuple[int, int], int] = {}
 
     def pick(self, g: int, ram: int) -> Offer | None:
@@ -76,11 +138,11 @@ class _Market:
         while i < len(self.offers):
             o = self.offers[i]
             if (
-                o.id not in self.used
+                o.id not in self.shared.used
                 and o.num_gpus >= g
                 and o.gpu_ram_mib >= ram
                 and o.dph_total <= self.instance_cap
-                and self.fleet_dph + o.dph_total <= self.fleet_cap + EPS
+                and self.shared.fleet_dph + o.dph_total <= self.fleet_cap + EPS
             ):
                 self.pointers[(g, ram)] = i
                 return o
@@ -89,7 +151,9 @@ class _Market:
         return None
 
     def why_not(self, g: int, ram: int) -> tuple[ReasonCode, str]:
-        fitting = [o for o in self.offers if o.id not in self.used and o.num_gpus >= g and o.gpu_ram_mib >= ram]
+        fitting = [
+            o for o in self.offers if o.id not in self.shared.used and o.num_gpus >= g and o.gpu_ram_mib >= ram
+        ]
         if not fitting:
             return ReasonCode.NO_OFFER, f"no unused offer passes the filters for {g} GPU(s) with >= {ram} MiB each"
         cheapest = min(o.dph_total for o in fitting)
@@ -99,46 +163,128 @@ class _Market:
                 f"(min of filters.dph_max and budget.max_instance_dph)"
             )
         return ReasonCode.FLEET_PRICE_CAP, (
-            f"fleet cap: fleet {usd_h(self.fleet_dph)} + cheapest fitting offer {usd_h(cheapest)} "
+            f"fleet cap: fleet {usd_h(self.shared.fleet_dph)} + cheapest fitting offer {usd_h(cheapest)} "
             f"> max_fleet_dph {usd_h(self.fleet_cap)}"
         )
 
-    def rent(self, o: Offer, code: ReasonCode, reason: str, world: World) -> Rent:
-        self.used.add(o.id)
+    def count_cap(self) -> tuple[ReasonCode, str] | None:
+        """Why no box more may be rented for this pool (the fleet's max, then the pool's), or None."""
+        fleet_max = count_cap(self.fleet.max_instances)
+        if self.shared.count >= fleet_max:
+            return (
+                ReasonCode.INSTANCE_COUNT_CAP,
+                f"instance cap: {self.shared.count} owned or rented box(es) = max_instances {fleet_max}",
+            )
+        pool_max = count_cap(self.pool.max_instances)
+        if self.fleet.pools and self.count >= pool_max:
+            return (
+                ReasonCode.INSTANCE_COUNT_CAP,
+                f"instance cap: {self.count} box(es) of pool {self.pool.name} = its max_instances {pool_max}",
+            )
+        return None
+
+    def rent(self, o: Offer, code: ReasonCode, reason: str) -> Rent:
+        self.shared.used.add(o.id)
+        self.shared.rented += 1
+        self.shared.count += 1
+        self.shared.fleet_dph += o.dph_total
         self.count += 1
-        self.fleet_dph += o.dph_total
         return Rent(
             reason=reason,
             code=code,
             offer_id=o.id,
-            label=rent_label(self.fleet, o.id),
-            image=self.fleet.image,
-            disk_gb=self.fleet.disk_gb,
+            label=rent_label(self.fleet, o.id, self.pool),
+            image=self.pool.image,
+            disk_gb=self.pool.disk_gb,
             dph=o.dph_total,
             gpu_name=o.gpu_name,
             num_gpus=o.num_gpus,
+            bid_dph=o.bid_dph,
         )
+
+
+@dataclass
+class _Tally:
+    """Per sweep, what became of its unplaced runs (for the NOT_LAUNCHED no-op), across pools."""
+
+    waits_for_booting: dict[str, int] = field(default_factory=dict)
+    covered_by_rent: dict[str, int] = field(default_factory=dict)
+    no_capacity: dict[str, int] = field(default_factory=dict)
+
+    @staticmethod
+    def add(into: dict[str, int], sweep: str, n: int = 1) -> None:
+        into[sweep] = into.get(sweep, 0) + n
 
 
 def rent_for(
     world: World, unplaced: tuple[PendingRun, ...], table: BoxTable, budget: Purse, launched: float
 ) -> Decisions:
-    """Rent for ``unplaced`` runs; ``launched`` is what this plan's launches already committed of the budget."""
+    """Rent for ``unplaced`` runs; ``launched`` is what this plan's launches already committed of the budget.
+
+    Each pool rents for its own sweeps' runs, in fleet order; the budget, the fleet's $/h and count caps and the
+    rent rate are shared by all pools.
+    """
     out = Decisions()
     if budget.stop:
         return out
     spending = Spending(budget, committed=launched)
+    alive = [world.boxes[i] for i in table.alive() if world.boxes[i].rented]
+    shared = _Fleetwide(count=len(alive), fleet_dph=sum(b.inst.dph_total for b in alive))
+    tally = _Tally()
+    by_pool: dict[str, list[PendingRun]] = {name: [] for name in world.pools}
+    for run in unplaced:
+        by_pool.setdefault(world.pool_of_run(run.spec), []).append(run)
+    for name, pool in world.pools.items():
+        if pool.own:  # never rented for: its runs wait for a GPU on its machines
+            if by_pool[name]:
+                for run in by_pool[name]:
+                    tally.add(tally.no_capacity, run.spec.sweep)
+                out.noop(
+                    f"pool/{name}",
+                    ReasonCode.OWN_POOL_FULL,
+                    f"{len(by_pool[name])} pending run(s) wait for a free GPU on the pool's own machines "
+                    f"({len(pool.hosts)} host(s), provider ssh): rigsync never rents for it",
+                )
+            continue
+        _rent_pool(world, pool, tuple(by_pool[name]), table, budget, spending, shared, tally, out)
+    for sweep in sorted(set(tally.waits_for_booting) | set(tally.covered_by_rent) | set(tally.no_capacity)):
+        parts = []
+        if tally.waits_for_booting.get(sweep):
+            parts.append(f"{tally.waits_for_booting[sweep]} wait for boxes already booting")
+        if tally.covered_by_rent.get(sweep):
+            parts.append(f"{tally.covered_by_rent[sweep]} wait for boxes rented now")
+        if tally.no_capacity.get(sweep):
+            parts.append(f"{tally.no_capacity[sweep]} have no capacity")
+        total = sum(d.get(sweep, 0) for d in (tally.waits_for_booting, tally.covered_by_rent, tally.no_capacity))
+        out.noop(
+            f"sweep/{sweep}",
+            ReasonCode.NOT_LAUNCHED,
+            f"{total} pending run(s) not launched: " + ", ".join(parts),
+        )
+    return out
+
+
+def _rent_pool(
+    world: World,
+    pool: Pool,
+    unplaced: tuple[PendingRun, ...],
+    table: BoxTable,
+    budget: Purse,
+    spending: Spending,
+    shared: _Fleetwide,
+    tally: _Tally,
+    out: Decisions,
+) -> None:
     f = world.desired.fleet
-    subj = f"fleet/{f.name}"
+    subj = f"fleet/{f.name}" if not f.pools else f"pool/{pool.name}"
     on_their_way = _Bins()
     for box_id in table.alive():
-        if table.states.get(box_id) in _ON_THEIR_WAY:
+        if table.states.get(box_id) in _ON_THEIR_WAY and world.boxes[box_id].pool == pool.name:
             inst = world.boxes[box_id].inst
             left = inst.num_gpus - len(table.occupied.get(box_id, ()))
             if left > 0:
                 on_their_way.add(_Bin(left, inst.gpu_ram_mib))
     uncovered: list[PendingRun] = []
-    waits_for_booting: dict[str, int] = {}
     shapes = {(run.gpus, run.gpu_ram_mib) for run in unplaced}
     full: set[tuple[int, int]] = set()  # shapes no box on its way can take any more (bins only fill up)
     for n, run in enumerate(unplaced):
@@ -147,18 +293,15 @@ def rent_for(
             break
         shape = (run.gpus, run.gpu_ram_mib)
         if shape not in full and on_their_way.fit(*shape):
-            waits_for_booting[run.spec.sweep] = waits_for_booting.get(run.spec.sweep, 0) + 1
+            tally.add(tally.waits_for_booting, run.spec.sweep)
         else:
             full.add(shape)
             uncovered.append(run)
-    market = _Market(world, table)
-    max_n = count_cap(f.max_instances)
-    min_n = min(count_cap(f.min_instances), max_n)
+    market = _Market(world, table, pool, shared)
+    min_n = min(count_cap(pool.min_instances), count_cap(pool.max_instances), count_cap(f.max_instances))
     rented_bins = _Bins()
-    covered_by_rent: dict[str, int] = {}
     blocked: dict[str, tuple[ReasonCode, int]] = {}  # message -> (code, runs it left waiting)
     blocked_req: dict[tuple[int, int], tuple[ReasonCode, str]] = {}
-    no_capacity: dict[str, int] = {}
     # Until the next rent nothing changes for a request shape that was just refused (no bin fits it, and the
     # same cap or market refuses it): its later runs are refused for the same reason without asking again.
     refused: dict[tuple[int, int], tuple[ReasonCode, str]] = {}
@@ -171,24 +314,23 @@ def rent_for(
             # every shape is refused and only a rent could change that, which a refused shape never makes
             for (sweep, g, ram), k in Counter((r.spec.sweep, r.gpus, r.gpu_ram_mib) for r in uncovered[n:]).items():
                 block(*refused[(g, ram)], k)
-                no_capacity[sweep] = no_capacity.get(sweep, 0) + k
+                tally.add(tally.no_capacity, sweep, k)
             break
         spec = run.spec
         g, ram = shape = run.gpus, run.gpu_ram_mib
         why = refused.get(shape)
         if why is None:
             if rented_bins.fit(g, ram):
-                covered_by_rent[spec.sweep] = covered_by_rent.get(spec.sweep, 0) + 1
+                tally.add(tally.covered_by_rent, spec.sweep)
                 continue
             if budget.binds:
                 why = (ReasonCode.BUDGET_REFUSED, f"budget: on_exceed drain, renting nothing: {budget.verdict()}")
             elif shape in blocked_req:
                 why = blocked_req[shape]
-            elif market.count >= max_n:
-                why = (
-                    ReasonCode.INSTANCE_COUNT_CAP,
-                    f"instance cap: {market.count} owned or rented box(es) = max_instances {max_n}",
-                )
+            elif (counted := market.count_cap()) is not None:
+                why = counted
+            elif (gate := rent_gate(world, shared.rented)) is not None:
+                why = gate
             elif (o := market.pick(g, ram)) is None:
                 why = blocked_req[shape] = market.why_not(g, ram)
             elif not spending.fits(cost := _rent_cost(world, budget, o, spec, g)):
@@ -207,22 +349,26 @@ def rent_for(
                 )
             else:
                 spending.commit(cost, new_dph=o.dph_total)
-                covered_by_rent[spec.sweep] = covered_by_rent.get(spec.sweep, 0) + 1
+                tally.add(tally.covered_by_rent, spec.sweep)
                 reason = (
-                    f"pending run {spec.id} needs {g} GPU(s); best by {f.ranking.value}: {o.gpu_name} "
-                    f"x{o.num_gpus} at {usd_h(o.dph_total)} ({o.num_gpus // g} slot(s))"
+                    f"pending run {spec.id} needs {g} GPU(s); best by {pool.ranking.value}: {o.gpu_name} "
+                    f"x{o.num_gpus} at {usd_h(o.dph_total)} ({o.num_gpus // g} slot(s))" + _bid_text(o)
                 )
-                out.act(market.rent(o, ReasonCode.RENT_FOR_PENDING, reason, world))
+                out.act(market.rent(o, ReasonCode.RENT_FOR_PENDING, reason))
                 rented_bins.add(_Bin(o.num_gpus - g, o.gpu_ram_mib))
                 refused.clear()
                 continue
             refused[shape] = why
         block(why[0], why[1], 1)
-        no_capacity[spec.sweep] = no_capacity.get(spec.sweep, 0) + 1
+        tally.add(tally.no_capacity, spec.sweep)
     # Keep the floor: min_instances boxes even with no work.
-    while market.count < min_n:
+    while market.count < min_n and market.count_cap() is None:
         if budget.binds:
             block(ReasonCode.BUDGET_REFUSED, f"budget: not renting for min_instances {min_n}: {budget.verdict()}", 0)
+            break
+        gate = rent_gate(world, shared.rented)
+        if gate is not None:
+            block(gate[0], f"min_instances {min_n}: {gate[1]}", 0)
             break
         o = market.pick(1, 0)
         if o is None:
@@ -241,30 +387,24 @@ def rent_for(
             break
         spending.commit(keep, new_dph=o.dph_total)
         reason = (
-            f"keeping min_instances {min_n} ({market.count} owned or rented); best by {f.ranking.value}: "
+            f"keeping min_instances {min_n} ({market.count} owned or rented); best by {pool.ranking.value}: "
             f"{o.gpu_name} x{o.num_gpus} at {usd_h(o.dph_total)}"
         )
-        out.act(market.rent(o, ReasonCode.RENT_FOR_MIN_INSTANCES, reason, world))
+        out.act(market.rent(o, ReasonCode.RENT_FOR_MIN_INSTANCES, reason))
     for msg, (code, n) in sorted(blocked.items()):
         tail = f"; {n} pending run(s) wait" if n else ""
         out.noop(subj, code, f"{msg}{tail}")
         if code is ReasonCode.CREDIT_REFUSED:
             out.warnings.append(f"budget: {msg}{tail}")  # the account itself is short: say it where people look
-    for sweep in sorted(set(waits_for_booting) | set(covered_by_rent) | set(no_capacity)):
-        parts = []
-        if waits_for_booting.get(sweep):
-            parts.append(f"{waits_for_booting[sweep]} wait for boxes already booting")
-        if covered_by_rent.get(sweep):
-            parts.append(f"{covered_by_rent[sweep]} wait for boxes rented now")
-        if no_capacity.get(sweep):
-            parts.append(f"{no_capacity[sweep]} have no capacity")
-        total = waits_for_booting.get(sweep, 0) + covered_by_rent.get(sweep, 0) + no_capacity.get(sweep, 0)
-        out.noop(
-            f"sweep/{sweep}",
-            ReasonCode.NOT_LAUNCHED,
-            f"{total} pending run(s) not launched: " + ", ".join(parts),
-        )
-    return out
+        if code in (ReasonCode.RENT_BACKOFF, ReasonCode.RENT_RATE_LIMITED):
+            out.warnings.append(f"renting: {msg}{tail}")  # `rigsync status` shows these
+
+
+def _bid_text(o: Offer) -> str:
+    if o.bid_dph is None or o.min_bid is None:
+        return ""
+    bid, least = usd_h(o.bid_dph), usd_h(o.min_bid)
+    return f"; interruptible: bid {bid} (minimum {least}), resumed from its checkpoint if outbid"
 
 
 def _rent_cost(world: World, budget: Purse, o: Offer, spec: RunSpec, gpus: int) -> float:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from reconciler.actions import ReasonCode
-from reconciler.identity import fleet_spec_hash
+from reconciler.identity import pool_spec_hash, slot_pool
 from reconciler.model import (
     AttemptRecord,
     BoxMemory,
@@ -23,10 +23,11 @@ from reconciler.model import (
     Observed,
     Offer,
     Ownership,
+    Pool,
     RunSpec,
     owned_by,
 )
-from reconciler.offers import normalize_gpu_name, passing_offers, rank_key
+from reconciler.offers import as_interruptible, normalize_gpu_name, offer_skipped, passing_offers, rank_key
 from reconciler.plan.common import Decisions
 
 
@@ -39,6 +40,12 @@ class OwnedBox:
     own: Ownership
     probe: BoxProbe | None
     memory: BoxMemory | None
+    pool: str = ""  # the fleet pool it was rented for (its label's suffix; the first pool without one)
+    own_box: bool = False  # one of the lab's own machines (a provider ssh pool): never destroyed, never counted
+
+    @property
+    def rented(self) -> bool:
+        return not self.own_box
 
     @property
     def reachable(self) -> bool:
@@ -60,8 +67,24 @@ class World:
     history: Mapping[str, tuple[AttemptRecord, ...]]
     boxes: Mapping[int, OwnedBox]  # owned by this fleet, by id (ascending)
     listed_ids: frozenset[int]  # every instance the provider lists, ours or not
-    current_spec: str
-    offers: tuple[Offer, ...]  # the offers that pass the fleet's filters, best first by its ranking
+    current_spec: str  # the first pool's spec hash
+    offers: tuple[Offer, ...]  # the offers some pool may rent, best first (the first pool's ranking)
+    pools: Mapping[str, Pool]  # by name, in fleet order
+    pool_specs: Mapping[str, str]  # pool name -> the spec hash its boxes are built for
+    pool_offers: Mapping[str, tuple[Offer, ...]]  # pool name -> the offers it may rent, best first by its ranking
+
+    def bootstrap_of(self, box: OwnedBox) -> str:
+        """The bootstrap hash a box's pool asks for ("" when none, or when its pool is gone from the fleet)."""
+        pool = self.pools.get(box.pool)
+        return pool.bootstrap_hash if pool is not None else ""
+
+    def spec_of(self, box: OwnedBox) -> str:
+        """The spec hash a box's pool builds boxes for ("" when its pool is gone from the fleet: it has drifted)."""
+        return self.pool_specs.get(box.pool, "")
+
+    def pool_of_run(self, spec: RunSpec) -> str:
+        """The pool a run goes to: its sweep's ``pool``, or the first."""
+        return spec.pool or next(iter(self.pools))
     gpu_dlperf: Mapping[str, float]  # normalised GPU name -> median DLPerf of one such GPU on the market
 
 
@@ -99,7 +122,15 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
             out.drift.append(Drift(DriftClass.FOREIGN, subject, detail, "none"))
             continue
         if inst.id not in boxes:
-            boxes[inst.id] = OwnedBox(inst.id, inst, own, probes.get(inst.id), memory.get(inst.id))
+            pool = slot_pool(f, own.slot)
+            of = f.pool(pool)
+            mine = of is not None and of.own and inst.id < 0  # only the ids own_boxes() makes: never a rented box
+            boxes[inst.id] = OwnedBox(inst.id, inst, own, probes.get(inst.id), memory.get(inst.id), pool, mine)
+    pools = {p.name: p for p in f.all_pools()}
+    pool_offers = _rentable_offers(desired, observed, now, out)
+    first = next(iter(pools))
+    union = {o.id: o for offers in pool_offers.values() for o in offers}
+    ranked = sorted(union.values(), key=rank_key(pools[first].ranking, observed.hosts))
     world = World(
         desired=desired,
         observed=observed,
@@ -110,11 +141,39 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
         history={k: tuple(v) for k, v in history.items()},
         boxes=boxes,
         listed_ids=frozenset(i.id for i in observed.instances),
-        current_spec=fleet_spec_hash(desired.fleet),
-        offers=tuple(sorted(passing_offers(observed.offers, f.filters, f.disk_gb), key=rank_key(f.ranking))),
+        current_spec=pool_spec_hash(pools[first]),
+        offers=tuple(ranked) if len(pools) > 1 else pool_offers[first],
+        pools=pools,
+        pool_specs={name: pool_spec_hash(p) for name, p in pools.items()},
+        pool_offers=pool_offers,
         gpu_dlperf=gpu_dlperf(observed.offers),
     )
     return world, out
+
+
+def _rentable_offers(
+    desired: Desired, observed: Observed, now: float, out: Decisions
+) -> dict[str, tuple[Offer, ...]]:
+    """Per pool, the offers that pass its filters and the host ledger's rules, best first by its ranking and the
+    host penalty. An offer the ledger keeps back is said once, whichever pools it passes."""
+    f = desired.fleet
+    said: set[int] = set()
+    per_pool: dict[str, tuple[Offer, ...]] = {}
+    for pool in f.all_pools():
+        kept: list[Offer] = []
+        market: list[Offer] = list(observed.offers)
+        if pool.max_bid_dph is not None:  # interruptible allowed: an offer that takes a bid is priced as one
+            market = [as_interruptible(o, pool.max_bid_dph) or o for o in market]
+        for o in passing_offers(market, pool.filters, pool.disk_gb):
+            skipped = offer_skipped(o, f, observed.hosts, now)
+            if skipped is None:
+                kept.append(o)
+            elif o.id not in said:
+                said.add(o.id)
+                code = ReasonCode.GHOST_OFFER if skipped[0] == "ghost" else ReasonCode.HOST_AVOIDED
+                out.noop(f"offer/{o.id}", code, f"not rented: {skipped[1]}")
+        per_pool[pool.name] = tuple(sorted(kept, key=rank_key(pool.ranking, observed.hosts)))
+    return per_pool
 
 
 def gpu_dlperf(offers: Iterable[Offer]) -> dict[str, float]:

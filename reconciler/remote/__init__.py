@@ -205,6 +205,7 @@ def _parse_run(r: Any) -> RunDirState:
         last_metrics=_scalar_pairs(r.get("last_metrics")),
         best_metric=_opt_float(r.get("best_metric"), "best_metric"),
         final_metric=_opt_float(r.get("final_metric"), "final_metric"),
+        metrics_age_s=_opt_float(r.get("metrics_age_s"), "metrics_age_s"),
     )
 
 

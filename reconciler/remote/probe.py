@@ -177,6 +177,10 @@ def run_state(d: str, run_id: str, attempt: int, now: float) -> dict[str, Any]:
     mfile = meta.get("metrics_file") or "metrics.jsonl"
     mpath = mfile if os.path.isabs(mfile) else os.path.join(d, mfile)
     last, best, final = metrics(mpath, meta.get("metric_key"), meta.get("metric_goal"))
+    try:
+        metrics_age: float | None = now - os.stat(mpath).st_mtime  # the stall clock: since the file last grew
+    except OSError:
+        metrics_age = None
     mask = meta.get("gpu_mask")
     return {
         "run_id": run_id,
@@ -194,6 +198,7 @@ def run_state(d: str, run_id: str, attempt: int, now: float) -> dict[str, Any]:
         "last_metrics": last or {},
         "best_metric": best,
         "final_metric": final,
+        "metrics_age_s": metrics_age,
     }
 
 

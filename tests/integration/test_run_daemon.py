@@ -51,6 +51,7 @@ OBSERVED_SCHEMAS = {
     "observed/drift.yaml": "observed-drift",
     "observed/budget.yaml": "observed-budget",
     "observed/status.yaml": "observed-status",
+    "observed/hosts.yaml": "observed-hosts",
 }
 LEASE_REF = "refs/heads/rigsync/lease/main"
 

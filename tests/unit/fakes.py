@@ -372,7 +372,15 @@ class FakeProvider:
         return self.world.listed()
 
     def create_instance(
-        self, offer_id: int, *, image: str, disk_gb: float, label: str, onstart: str, env: dict[str, str]
+        self,
+        offer_id: int,
+        *,
+        image: str,
+        disk_gb: float,
+        label: str,
+        onstart: str,
+        env: dict[str, str],
+        bid_dph: float | None = None,
     ) -> int:
         w = self.world
         w._enter("create_instance", str(offer_id))

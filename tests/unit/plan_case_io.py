@@ -5,16 +5,18 @@ times may be given relative to ``now`` (``start_ago``, ``started_ago``, ``launch
 ``last_activity_ago``, ``ended_ago``); an instance without ``label`` gets this fleet's ownership label for the
 current spec (``"{spec}"`` inside a given label is replaced by the current spec hash); a RUNNING instance
 without a probe gets a reachable, bootstrapped probe with its code shipped; a probe without ``gpus`` gets one
-GPU per instance GPU, with memory in use on the GPUs of its live runs.
+GPU per instance GPU, with memory in use on the GPUs of its live runs. The host ledger is ``observed.hosts``
+(``build_hosts``).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from reconciler.identity import own_boxes, pool_spec_hash, slot_pool
 from reconciler.model import (
     AttemptOutcome,
     AttemptRecord,
@@ -23,7 +25,10 @@ from reconciler.model import (
     Budget,
     Desired,
     Fleet,
+    GhostOffer,
     GpuState,
+    HostLedger,
+    HostRecord,
     InFlight,
     Instance,
     InstanceStatus,
@@ -32,6 +37,9 @@ from reconciler.model import (
     Offer,
     OfferFilters,
     OnExceed,
+    Ownership,
+    OwnHost,
+    Pool,
     Ranking,
     RunDirState,
     RunSpec,
@@ -60,13 +68,35 @@ def _t(d: J, now: float, key: str, ago_key: str, default: float | None) -> float
     return default
 
 
-def build_fleet(d: J) -> Fleet:
+def _filters(d: J) -> OfferFilters:
+    return OfferFilters(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()})
+
+
+def build_pool(d: J) -> Pool:
     d = dict(d)
-    filters = OfferFilters(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in d.pop("filters", {}).items()})
+    filters = _filters(d.pop("filters", {}))
+    d["hosts"] = tuple(OwnHost(**h) for h in d.pop("hosts", []))
+    if "ranking" in d:
+        d["ranking"] = Ranking(d["ranking"])
+    return Pool(filters=filters, **d)
+
+
+def build_fleet(d: J) -> Fleet:
+    """A fleet; ``pools`` (each a Pool's fields) makes it a fleet with named pools, the first one's filter set,
+    image and bootstrap also the fleet's own (as the loader does)."""
+    d = dict(d)
+    filters = _filters(d.pop("filters", {}))
+    pools = tuple(build_pool(p) for p in d.pop("pools", []))
     if "ranking" in d:
         d["ranking"] = Ranking(d["ranking"])
     d.setdefault("name", "lab")
-    return Fleet(filters=filters, **d)
+    d = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()}
+    fleet = Fleet(filters=filters, pools=pools, **d)
+    if pools:
+        first = pools[0]
+        fleet = replace(fleet, filters=first.filters, ranking=first.ranking, image=first.image,
+                        disk_gb=first.disk_gb, bootstrap_hash=first.bootstrap_hash)
+    return fleet
 
 
 def build_budget(d: J) -> Budget:
@@ -97,6 +127,9 @@ def build_run(d: J, i: int) -> RunSpec:
         promotion_threshold=d.get("promotion_threshold"),
         expected_runtime_s=d.get("expected_runtime_s"),
         env=tuple((k, str(v)) for k, v in d.get("env", {}).items()),
+        stall_timeout_s=d.get("stall_timeout_s"),
+        stall_gpu_util_pct=d.get("stall_gpu_util_pct", 5.0),
+        pool=d.get("pool", ""),
     )
 
 
@@ -114,7 +147,13 @@ def build_desired(d: J) -> Desired:
 def build_instance(d: J, now: float, fleet: Fleet) -> Instance:
     iid = int(d["id"])
     spec = fleet_spec_hash(fleet)
-    label = d.get("label", f"rigsync:{fleet.name}:{{spec}}-{iid}").replace("{spec}", spec)
+    if "pool" in d:  # a box of a named pool: its pool's spec and the pool suffix
+        pool = fleet.pool(d["pool"])
+        assert pool is not None, d["pool"]
+        default = f"rigsync:{fleet.name}:{pool_spec_hash(pool)}-{iid}-{pool.name}"
+    else:
+        default = f"rigsync:{fleet.name}:{{spec}}-{iid}"
+    label = d.get("label", default).replace("{spec}", spec)
     return Instance(
         id=iid,
         label=label,
@@ -140,6 +179,7 @@ def build_rundir(d: J, now: float) -> RunDirState:
         ended_at=_t(d, now, "ended_at", "ended_ago", None),
         best_metric=d.get("best_metric"),
         final_metric=d.get("final_metric"),
+        metrics_age_s=d.get("metrics_age_s"),
     )
 
 
@@ -160,6 +200,10 @@ def build_probe(d: J, now: float, inst: Instance | None, desired: Desired) -> Bo
         total = inst.gpu_ram_mib if inst else 24576
         gpus = tuple(GpuState(i, 2000 if i in busy else 0, total) for i in range(n))
     bh = desired.fleet.bootstrap_hash
+    own = Ownership.parse(inst.label) if inst is not None else None
+    if own is not None and desired.fleet.pools:
+        pool = desired.fleet.pool(slot_pool(desired.fleet, own.slot))
+        bh = pool.bootstrap_hash if pool is not None else ""
     return BoxProbe(
         instance_id=int(d["instance_id"]),
         reachable=d.get("reachable", True),
@@ -194,6 +238,8 @@ def build_offer(d: J) -> Offer:
         verified=d.get("verified", True),
         geolocation=d.get("geolocation", "Sweden, SE"),
         disk_space_gb=d.get("disk_space_gb", 100.0),
+        min_bid=d.get("min_bid"),
+        storage_dph=d.get("storage_dph", 0.0),
     )
 
 
@@ -212,8 +258,28 @@ def build_history(d: J, now: float) -> AttemptRecord:
     )
 
 
+def build_hosts(d: J, now: float) -> HostLedger:
+    """``observed.hosts``: ``hosts`` (HostRecord fields), ``ghosts`` (offer_id, machine_id, failed_ago),
+    ``rents_ago`` (seconds before now), ``failures_in_a_row``, ``last_failure_ago``."""
+    return HostLedger(
+        hosts=tuple(
+            HostRecord(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in h.items()})
+            for h in sorted(d.get("hosts", []), key=lambda h: h["machine_id"])
+        ),
+        ghosts=tuple(
+            GhostOffer(int(g["offer_id"]), int(g.get("machine_id", g["offer_id"])), now - float(g["failed_ago"]),
+                       g.get("detail", ""))
+            for g in sorted(d.get("ghosts", []), key=lambda g: g["offer_id"])
+        ),
+        rents_at=tuple(sorted(now - float(t) for t in d.get("rents_ago", []))),
+        failures_in_a_row=int(d.get("failures_in_a_row", 0)),
+        last_failure_at=_t(d, now, "last_failure_at", "last_failure_ago", None),
+    )
+
+
 def build_observed(d: J, now: float, desired: Desired) -> Observed:
-    instances = tuple(build_instance(i, now, desired.fleet) for i in d.get("instances", []))
+    # the lab's own machines (provider ssh pools) are listed as observe() lists them
+    instances = (*(build_instance(i, now, desired.fleet) for i in d.get("instances", [])), *own_boxes(desired.fleet))
     by_id = {i.id: i for i in instances}
     probes = [build_probe(p, now, by_id.get(int(p["instance_id"])), desired) for p in d.get("probes", [])]
     probed = {p.instance_id for p in probes}
@@ -230,6 +296,7 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
                 instance_id=int(m["instance_id"]),
                 first_seen_at=_t(m, now, "first_seen_at", "first_seen_ago", now - 3600.0) or 0.0,
                 unreachable_since=_t(m, now, "unreachable_since", "unreachable_ago", None),
+                bootstrap_since=_t(m, now, "bootstrap_since", "bootstrap_ago", None),
             )
             for m in d.get("memory", [])
         ),
@@ -237,6 +304,9 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
         credit_usd=d.get("credit_usd"),
         cycle_s=float(d.get("cycle_s", 60.0)),
         controller_env=frozenset(d.get("controller_env", [])),
+        hosts=build_hosts(d.get("hosts", {}), now),
+        gpu_quiet=tuple(sorted((q["run_id"], q.get("attempt", 1), now - float(q["quiet_ago"]))
+                               for q in d.get("gpu_quiet", []))),
         fleet_name=desired.fleet.name,
         in_flight=tuple(
             InFlight(

@@ -24,7 +24,10 @@ from reconciler.model import (
     Drift,
     DriftClass,
     FleetMemory,
+    GhostOffer,
     GpuState,
+    HostLedger,
+    HostRecord,
     InFlight,
     Instance,
     InstanceStatus,
@@ -33,7 +36,7 @@ from reconciler.model import (
     RunDirState,
     Spend,
 )
-from reconciler.observed.codec import BUDGET, DRIFT, FLEET, RUNS, STATUS
+from reconciler.observed.codec import BUDGET, DRIFT, FLEET, HOSTS, RUNS, STATUS
 from reconciler.observed.documents import ReconcilerStatus, render_observed
 from reconciler.observed.memory import fleet_memory_from_files, read_fleet_memory
 from reconciler.observed.summary import describe_change
@@ -45,6 +48,7 @@ SCHEMAS = {
     DRIFT: "observed-drift",
     BUDGET: "observed-budget",
     STATUS: "observed-status",
+    HOSTS: "observed-hosts",
 }
 T0 = dt.datetime(2026, 11, 3, 12, 0, tzinfo=dt.UTC).timestamp()
 
@@ -143,6 +147,17 @@ def world(desired: Desired, *, extra_box: bool = False, spend: Spend | None = No
         fleet_name="demo",
         in_flight=(
             InFlight(run_id=runs[1].id, attempt=1, instance_id=11, gpu_mask=(0,), launched_at=T0 - 61, sweep="tdmpc"),
+        ),
+        hosts=HostLedger(
+            hosts=(
+                HostRecord(10007, "RTX 3060", rents=2, hangs=1, attempts_succeeded=1, dlperf=14.5, first_seen=T0 - 9000,
+                           last_seen=T0 - 100, offers=(501, 502)),
+            ),
+            ghosts=(GhostOffer(503, 10009, T0 - 30, "offer no longer available"),),
+            rents_at=(T0 - 7200.0,),
+            failures_in_a_row=1,
+            last_failure_at=T0 - 30,
+            boxes=((11, 10007),),
         ),
     )
 
@@ -318,6 +333,7 @@ def test_fleet_memory_round_trip_and_spend_extrapolation(desired: Desired, tmp_p
     # what each box was billed since, whenever that is.
     assert memory.spend == replace(obs.spend, boxes=(replace(obs.spend.boxes[0], started_at=T0 - 7200),))
     assert memory.spend_at == T0
+    assert memory.hosts == obs.hosts  # the host ledger comes back whole (its derived fields are ignored)
     assert read_fleet_memory(tmp_path, now=T0 + 7200) == memory
     # No files at all: empty memory.
     assert read_fleet_memory(tmp_path / "empty") == FleetMemory()
@@ -333,6 +349,18 @@ def test_an_older_estimate_anchor_is_extrapolated_to_now() -> None:
     next_day = T0 + 13 * 3600  # 01:00 UTC the next day: today restarted at midnight
     tomorrow = fleet_memory_from_files(old, now=next_day).spend
     assert tomorrow.total_usd == pytest.approx(7.5 + 1.3) and tomorrow.today_usd == pytest.approx(0.1)
+
+
+def test_host_ledger_file_is_readable_and_rejects_malformed_entries(desired: Desired) -> None:
+    files = render_observed(desired=desired, observed=world(desired), plan=a_plan(desired), status=STATUS_OK, now=T0)
+    doc = yaml.safe_load(files[HOSTS])
+    host = doc["hosts"][0]
+    assert (host["machine_id"], host["faults"], host["penalty"], host["blacklisted"]) == (10007, 1, 0.5, False)
+    assert doc["ghost_offers"][0]["failed_at"] == "2026-11-03T11:59:30Z"
+    with pytest.raises(ObservedInvalid, match=r"hosts\.yaml: malformed host ledger"):
+        fleet_memory_from_files({HOSTS: "hosts:\n- gpu_name: RTX 3060\n"})
+    with pytest.raises(ObservedInvalid, match=r"hosts\.yaml: hosts\[0\]\.last_seen"):
+        fleet_memory_from_files({HOSTS: "hosts:\n- machine_id: 1\n  last_seen: yesterday\n"})
 
 
 def test_fleet_memory_rejects_malformed_files_with_location() -> None:
@@ -359,6 +387,13 @@ def test_describe_change_names_rents_destroys_launches_and_finishes(desired: Des
         "destroyed 12: idle for 10m (idle_timeout 10m)"
     )
     assert describe_change(more, first) == "12 gone from the provider's list"
+    bad = world(desired)
+    record = replace(bad.hosts.hosts[0], boot_timeouts=2)  # 3 faults: the demo fleet's blacklist_after
+    worse = render_observed(
+        desired=desired, observed=replace(bad, hosts=replace(bad.hosts, hosts=(record,))), plan=a_plan(desired),
+        status=STATUS_OK, now=T0, previous=first,
+    )
+    assert describe_change(first, worse) == "blacklisted machine 10007"
     run = desired.runs[4]
     done = AttemptRecord(run_id=run.id, attempt=1, sweep=run.sweep, phase=AttemptOutcome.SUCCEEDED, seed=2,
                          best_metric=612.04, instance_id=11)

@@ -41,6 +41,7 @@ ACTION_FIELDS = (
     "image",
     "disk_gb",
     "sweep",
+    "bid_dph",
 )
 
 

@@ -1,0 +1,151 @@
+"""The host reliability ledger's update rule: what one applied cycle teaches rigsync about the machines it rents.
+
+The market does not say which hosts are bad; rigsync learns it from its own boxes and keeps it in git
+(``observed/hosts.yaml``), so a host whose boxes hang or fail to boot is ranked lower and then avoided, and an
+offer that fails to rent (a "ghost") is skipped for a while instead of being picked first again every cycle. The
+rules that *read* the ledger live in ``reconciler.offers`` (ranking, blacklist, ghosts) and
+``reconciler.plan.renting`` (the rent rate); this module only writes it, as a pure function of the cycle's plan
+outcomes, so it is tested without a provider.
+
+What counts, per machine:
+
+* a rent: a ``Rent`` that succeeded on one of its offers; a rent failure (and a ghost): one that failed;
+* a host fault (``HostRecord.faults``): a ``Destroy`` that succeeded for a box of it that did not boot in time
+  (``boot_timeout``), whose bootstrap failed or timed out, that stopped answering past ``unreachable_grace``
+  (a hang), that the provider reports exited/offline, or that left the provider's list without rigsync
+  destroying it (both a vanish; the latter only while this controller watched without a gap longer than
+  ``orphan_timeout``, since after one its own watchdog may have destroyed it as designed);
+* an outbid: a ``Destroy`` of a box the provider stopped;
+* attempts: each archived attempt by its ``machine_id`` (succeeded, failed, lost).
+
+``last_seen`` is the time of a machine's last event, not of the last cycle that listed its box: the file changes
+only when something happened, so a quiet fleet makes no commit.
+
+The fleet-wide rent rate (``rents_at``, the last hour's successful rents) and the run of failures since a box last
+worked (``failures_in_a_row``: boxes that never came up, for a boot timeout or a failed or timed-out bootstrap, and
+failed rents; reset by a launch that succeeded) feed the rent
+limiter in ``reconciler.plan.renting``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import replace
+
+from reconciler.actions import Action, Destroy, Launch, ReasonCode, Rent
+from reconciler.model import AttemptOutcome, AttemptRecord, Fleet, GhostOffer, HostLedger, HostRecord, Observed, owns
+
+RENT_WINDOW_S = 3600.0  # the rent rate is counted over this window (max_rents_per_hour)
+
+# A box destroyed for one of these reasons marks its machine: the counter it adds to.
+FAULT_COUNTERS: dict[ReasonCode, str] = {
+    ReasonCode.BOOT_TIMEOUT: "boot_timeouts",
+    ReasonCode.BOOTSTRAP_FAILED: "bootstrap_failures",
+    ReasonCode.BOOTSTRAP_TIMEOUT: "bootstrap_failures",
+    ReasonCode.UNREACHABLE_PAST_GRACE: "hangs",
+    ReasonCode.PROVIDER_DEAD: "vanishes",
+}
+OUTBID_CODES = frozenset({ReasonCode.PROVIDER_STOPPED})
+# The boxes whose end counts towards the rent backoff: they never became ready, so renting again the same way is how
+# a rent storm starts. Boxes that worked and then vanished or hung are the market's noise: their runs are requeued and
+# rented for at once.
+NEVER_CAME_UP = frozenset({ReasonCode.BOOT_TIMEOUT, ReasonCode.BOOTSTRAP_FAILED, ReasonCode.BOOTSTRAP_TIMEOUT})
+
+_ATTEMPT_COUNTERS = {
+    AttemptOutcome.SUCCEEDED: "attempts_succeeded",
+    AttemptOutcome.FAILED: "attempts_failed",
+    AttemptOutcome.LOST: "attempts_lost",
+}
+
+Outcome = tuple[Action, bool, str]  # (the action, whether it succeeded, its detail); skipped actions left out
+
+
+class _Book:
+    """The ledger while one cycle's events are added (mutable only inside ``note_cycle``)."""
+
+    def __init__(self, ledger: HostLedger, now: float) -> None:
+        self.hosts = {h.machine_id: h for h in ledger.hosts}
+        self.now = now
+
+    def add(self, machine_id: int, counter: str | None = None, **fields: object) -> None:
+        if machine_id <= 0:  # the provider did not say: nothing to learn about
+            return
+        old = self.hosts.get(machine_id) or HostRecord(machine_id=machine_id, first_seen=self.now, last_seen=self.now)
+        changes: dict[str, object] = dict(fields)
+        if counter is not None:
+            changes[counter] = getattr(old, counter) + 1
+            changes["last_seen"] = self.now
+        self.hosts[machine_id] = replace(old, **changes)  # type: ignore[arg-type]
+
+
+def note_cycle(
+    ledger: HostLedger,
+    fleet: Fleet,
+    observed: Observed,
+    outcomes: Iterable[Outcome],
+    archived: Iterable[AttemptRecord],
+    now: float,
+) -> HostLedger:
+    """The ledger after a cycle that observed ``observed`` and applied ``outcomes`` (archiving ``archived``)."""
+    now = float(round(now))  # whole seconds, as observed/hosts.yaml writes them: the file reads back equal
+    book = _Book(ledger, now)
+    mine = [i for i in observed.instances if owns(fleet.name, i.label)]
+    machine_of = {i.id: i.machine_id for i in mine}
+    machine_of.update({iid: mid for iid, mid in ledger.boxes if iid not in machine_of})
+    offers = {o.id: o for o in observed.offers}
+    for inst in mine:  # a box rented before the ledger knew its host (last_seen moves only with events: no churn)
+        if inst.machine_id not in book.hosts:
+            book.add(inst.machine_id, gpu_name=inst.gpu_name)
+    failures = ledger.failures_in_a_row
+    last_failure = ledger.last_failure_at
+    rents_at = [t for t in ledger.rents_at if now - t < RENT_WINDOW_S]
+    ghosts = {g.offer_id: g for g in ledger.ghosts if now - g.failed_at < fleet.ghost_cooldown_s}
+    destroyed: set[int] = set()
+    # A box remembered from the last cycle and no longer listed, which rigsync did not destroy, vanished.
+    listed = {i.id for i in observed.instances}
+    # Only while this controller watched without a gap: after a restart, or a pause past orphan_timeout, a box may
+    # be gone because its own watchdog destroyed it as designed, which says nothing about its host.
+    watched = ledger.noted_at is not None and now - ledger.noted_at < fleet.orphan_timeout_s
+    for iid, mid in ledger.boxes if watched else ():
+        if iid not in listed:
+            # a host fault, but not a rent failure: a box that worked and vanished is requeued at once, no backoff
+            book.add(mid, "vanishes")
+    for action, ok, detail in outcomes:
+        if isinstance(action, Rent):
+            offer = offers.get(action.offer_id)
+            mid = offer.machine_id if offer is not None else 0
+            if ok:
+                rents_at.append(now)
+                known = book.hosts.get(mid)
+                ids = tuple(sorted({*(known.offers if known else ()), action.offer_id}))
+                book.add(mid, "rents", gpu_name=action.gpu_name, offers=ids,
+                         dlperf=offer.dlperf if offer is not None else None)
+                ghosts.pop(action.offer_id, None)
+            else:
+                book.add(mid, "rent_failures")
+                ghosts[action.offer_id] = GhostOffer(action.offer_id, mid, now, detail[:200])
+                failures, last_failure = failures + 1, now
+        elif isinstance(action, Destroy) and ok:
+            destroyed.add(action.instance_id)
+            mid = machine_of.get(action.instance_id, 0)
+            counter = FAULT_COUNTERS.get(action.code)
+            if counter is not None:
+                book.add(mid, counter)
+                if action.code in NEVER_CAME_UP:
+                    failures, last_failure = failures + 1, now
+            elif action.code in OUTBID_CODES:
+                book.add(mid, "outbids")
+        elif isinstance(action, Launch) and ok:
+            failures = 0  # a box took work: the run of failures is over
+    for rec in archived:
+        book.add(rec.machine_id, _ATTEMPT_COUNTERS[rec.phase])
+    return HostLedger(
+        hosts=tuple(book.hosts[m] for m in sorted(book.hosts)),
+        ghosts=tuple(ghosts[o] for o in sorted(ghosts)),
+        rents_at=tuple(sorted(rents_at)),
+        failures_in_a_row=failures,
+        last_failure_at=last_failure,
+        # the lab's own machines (negative ids) are not the market's: nothing to learn, never a vanish
+        boxes=tuple(sorted((i.id, i.machine_id) for i in mine if i.id not in destroyed and i.id > 0)),
+        noted_at=now,
+    )
