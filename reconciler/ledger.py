@@ -98,8 +98,8 @@ def note_cycle(
             book.add(inst.machine_id, gpu_name=inst.gpu_name)
     failures = ledger.failures_in_a_row
     last_failure = ledger.last_failure_at
-    rents_at = [t for t in ledger.rents_at if now - t < RENT_WINDOW_S]
-    ghosts = {g.offer_id: g for g in ledger.ghosts if now - g.failed_at < fleet.ghost_cooldown_s}
+    rents_at = list(ledger.rents_at)  # expired ones are dropped below, only in a cycle that changes the ledger
+    ghosts = {g.offer_id: g for g in ledger.ghosts}
     destroyed: set[int] = set()
     # A box remembered from the last cycle and no longer listed, which rigsync did not destroy, vanished.
     listed = {i.id for i in observed.instances}
@@ -139,7 +139,7 @@ def note_cycle(
             failures = 0  # a box took work: the run of failures is over
     for rec in archived:
         book.add(rec.machine_id, _ATTEMPT_COUNTERS[rec.phase])
-    return HostLedger(
+    after = HostLedger(
         hosts=tuple(book.hosts[m] for m in sorted(book.hosts)),
         ghosts=tuple(ghosts[o] for o in sorted(ghosts)),
         rents_at=tuple(sorted(rents_at)),
@@ -148,4 +148,13 @@ def note_cycle(
         # the lab's own machines (negative ids) are not the market's: nothing to learn, never a vanish
         boxes=tuple(sorted((i.id, i.machine_id) for i in mine if i.id not in destroyed and i.id > 0)),
         noted_at=now,
+    )
+    if replace(after, noted_at=None, boxes=()) == replace(ledger, noted_at=None, boxes=()):
+        return after  # nothing happened: the clock alone does not rewrite observed/hosts.yaml (no commit on noise)
+    # Something happened: the rents past the rate's window and the ghosts past their cooldown go with it (the
+    # planner reads both through those windows, so keeping them until now changed nothing it decided).
+    return replace(
+        after,
+        rents_at=tuple(t for t in after.rents_at if now - t < RENT_WINDOW_S),
+        ghosts=tuple(g for g in after.ghosts if now - g.failed_at < fleet.ghost_cooldown_s),
     )

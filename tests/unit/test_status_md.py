@@ -16,7 +16,7 @@ from reconciler.loop import Reconciler
 from reconciler.model import AttemptOutcome, AttemptRecord, Desired
 from reconciler.observed.codec import BUDGET, FLEET, RUNS, STATUS
 from reconciler.observed.documents import ReconcilerStatus
-from reconciler.observed.summary import summarize_change
+from reconciler.observed.summary import describe_change
 from reconciler.observed.tree import write_observed
 from reconciler.ports import LaunchJob
 from reconciler.views import facts
@@ -171,5 +171,5 @@ def test_every_cycle_renders_it_and_an_unchanged_world_renders_it_unchanged(tmp_
         res = rec.cycle(desired)
         previous, files = render_cycle(rec, desired, res.observed, res.plan, ReconcilerStatus(), tmp_path)
         assert previous[STATUS_MD] == files[STATUS_MD] == pages[-1]  # compared as committed: no "update STATUS.md"
-        assert summarize_change(previous, files, 0) == "observe: no change"
+        assert describe_change(previous, files) is None  # nothing meaningful changed: no commit
         write_observed(tmp_path, files, {})
