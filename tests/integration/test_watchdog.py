@@ -111,8 +111,24 @@ def destroy_events(emu: Emulator) -> dict[int, float]:
     return {e["instance_id"]: e["t"] for e in emu.ledger.events if e["type"] == "destroy"}
 
 
-def box_environ(iid: int) -> dict[str, str]:
-    """The environment of the watchdog process of instance ``iid`` (found through /proc, from outside the box)."""
+def _descends_from(pid: int, marker: bytes) -> bool:
+    """Whether an ancestor of ``pid`` (or itself) has ``marker`` in its command line."""
+    for _ in range(64):
+        try:
+            if marker in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return True
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if pid <= 1:
+            return False
+    return False
+
+
+def box_environ(emu: Emulator, iid: int) -> dict[str, str]:
+    """The environment of the watchdog process of instance ``iid`` of ``emu`` (found through /proc, from outside the
+    box; another emulator on this machine, a parallel test's, numbers its instances the same way)."""
+    boot = str(emu.host_root(iid).parent / "boot.sh").encode()  # the box's PID 1 runs this emulator's own file
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -122,6 +138,8 @@ def box_environ(iid: int) -> dict[str, str]:
                 continue
             raw = Path(f"/proc/{entry}/environ").read_bytes()
         except OSError:
+            continue
+        if not _descends_from(int(entry), boot):
             continue
         env = dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
         if env.get("CONTAINER_ID") == str(iid):
@@ -161,7 +179,7 @@ def test_kill_9_then_every_box_destroys_itself_and_a_restart_finishes_the_sweep(
         # The boxes' environment: the instance's own key and the controller's API URL, never the account key.
         keys = {}
         for iid in mine:
-            env = box_environ(iid)
+            env = box_environ(w.emu, iid)
             assert env[WATCHDOG_API_URL_ENV] == w.emu.url
             assert w.emu.api_key not in "\0".join(f"{k}={v}" for k, v in env.items())
             keys[iid] = env["CONTAINER_API_KEY"]
