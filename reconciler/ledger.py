@@ -29,6 +29,7 @@ limiter in ``reconciler.plan.renting``.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -158,3 +159,32 @@ def note_cycle(
         rents_at=tuple(t for t in after.rents_at if now - t < RENT_WINDOW_S),
         ghosts=tuple(g for g in after.ghosts if now - g.failed_at < fleet.ghost_cooldown_s),
     )
+
+
+def throughput_vs_dlperf(hosts: Iterable[HostRecord], history: Iterable[AttemptRecord]) -> dict[int, tuple[float, int]]:
+    """Per machine: how fast its attempts ran against what its DLPerf promises (the median ratio over its succeeded
+    attempts), and how many attempts that is.
+
+    There is no unit of work to divide by, so the attempts of one sweep are compared with each other: an attempt's
+    DLPerf-seconds (its runtime times its machine's DLPerf) would be the same on every machine if DLPerf told the
+    truth. The sweep's median is the reference and an attempt's ratio is the reference over its own: 1.0 runs as its
+    DLPerf says, 0.5 half as fast. Attempts resumed from a checkpoint did less than a run's work and are left out,
+    as are sweeps with fewer than two measured attempts.
+    """
+    dlperf = {h.machine_id: h.dlperf for h in hosts if h.dlperf is not None and h.dlperf > 0}
+    by_sweep: dict[str, list[tuple[int, float]]] = {}
+    for rec in history:
+        if rec.phase is not AttemptOutcome.SUCCEEDED or rec.resumed_from is not None:
+            continue
+        dl = dlperf.get(rec.machine_id)
+        if dl is None or rec.started_at is None or rec.ended_at is None or rec.ended_at <= rec.started_at:
+            continue
+        by_sweep.setdefault(rec.sweep, []).append((rec.machine_id, (rec.ended_at - rec.started_at) * dl))
+    ratios: dict[int, list[float]] = {}
+    for measured in by_sweep.values():
+        if len(measured) < 2:
+            continue
+        reference = statistics.median(work for _, work in measured)
+        for machine_id, work in measured:
+            ratios.setdefault(machine_id, []).append(reference / work)
+    return {m: (round(statistics.median(r), 3), len(r)) for m, r in sorted(ratios.items())}

@@ -325,7 +325,9 @@ def render_observed(
         BUDGET: dump_yaml(
             _render_budget(desired, fleet_doc["dph"], plan, observed, now, prev_budget), HEADERS[BUDGET]
         ),
-        HOSTS: dump_yaml(hosts_document(observed.hosts, desired.fleet if desired else None), HEADERS[HOSTS]),
+        HOSTS: dump_yaml(
+            hosts_document(observed.hosts, desired.fleet if desired else None, observed.history), HEADERS[HOSTS]
+        ),
     }
     status_doc = _render_status(status, plan)
     last_change = iso(now)

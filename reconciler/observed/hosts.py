@@ -8,11 +8,12 @@ are derived and ignored when the file is read back. Format described by ``schema
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from reconciler.errors import ObservedInvalid
-from reconciler.model import Fleet, GhostOffer, HostLedger, HostRecord
+from reconciler.ledger import throughput_vs_dlperf
+from reconciler.model import AttemptRecord, Fleet, GhostOffer, HostLedger, HostRecord
 from reconciler.observed.codec import FORMAT_VERSION, HOSTS, expect_mapping, iso, load_yaml, parse_iso
 from reconciler.offers import host_penalty
 
@@ -35,15 +36,21 @@ _COUNTS = (
 )
 
 
-def hosts_document(ledger: HostLedger, fleet: Fleet | None) -> dict[str, Any]:
-    """The file's content as a mapping (``dump_yaml`` writes it)."""
+def hosts_document(
+    ledger: HostLedger, fleet: Fleet | None, history: Iterable[AttemptRecord] = ()
+) -> dict[str, Any]:
+    """The file's content as a mapping (``dump_yaml`` writes it); ``history`` (the run archive) gives each machine's
+    measured throughput against its DLPerf (``ledger.throughput_vs_dlperf``)."""
     hosts = []
+    speed = throughput_vs_dlperf(ledger.hosts, history)
     for h in ledger.hosts:
         entry: dict[str, Any] = {"machine_id": h.machine_id, "gpu_name": h.gpu_name}
         entry.update({k: getattr(h, k) for k in _COUNTS})
         entry.update(
             {
                 "dlperf": h.dlperf,
+                "throughput_vs_dlperf": speed[h.machine_id][0] if h.machine_id in speed else None,
+                "throughput_attempts": speed[h.machine_id][1] if h.machine_id in speed else 0,
                 "first_seen": iso(h.first_seen),
                 "last_seen": iso(h.last_seen),
                 "offers": list(h.offers),

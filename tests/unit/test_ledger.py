@@ -5,13 +5,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from reconciler.actions import Destroy, Launch, ReasonCode, Rent
-from reconciler.ledger import note_cycle
+from reconciler.ledger import note_cycle, throughput_vs_dlperf
 from reconciler.model import (
     AttemptOutcome,
     AttemptRecord,
     Fleet,
     GhostOffer,
     HostLedger,
+    HostRecord,
     Instance,
     InstanceStatus,
     Observed,
@@ -112,3 +113,27 @@ def test_a_box_that_leaves_the_list_unbidden_is_a_vanish_and_a_launch_ends_the_r
                     command="true", code_commit=None, sweep="s")
     after = note_cycle(booted_never, FLEET, Observed(), [(launch, True, "launched")], [], NOW + 180)
     assert after.failures_in_a_row == 0 and after.host(5) == five
+
+
+def _done(run: str, machine: int, seconds: float, sweep: str = "s", **kw: object) -> AttemptRecord:
+    return AttemptRecord(run, 1, sweep, AttemptOutcome.SUCCEEDED, machine_id=machine, started_at=NOW,
+                         ended_at=NOW + seconds, **kw)  # type: ignore[arg-type]
+
+
+def test_throughput_against_dlperf_compares_a_sweeps_attempts_across_machines() -> None:
+    """Machine 2 promises twice machine 1's DLPerf and delivers it; machine 3 promises as much but runs at half."""
+    hosts = [HostRecord(1, dlperf=10.0), HostRecord(2, dlperf=20.0), HostRecord(3, dlperf=20.0), HostRecord(4)]
+    history = [
+        _done("a", 1, 100.0), _done("b", 1, 100.0),  # 1000 DLPerf-seconds a run
+        _done("c", 2, 50.0),  # 1000: as promised
+        _done("d", 3, 100.0),  # 2000: half as fast as its DLPerf says
+        _done("e", 4, 10.0),  # no DLPerf known: not measured
+        _done("f", 3, 10.0, resumed_from=1),  # resumed: did less than a run's work
+        replace(_done("g", 3, 10.0), phase=AttemptOutcome.FAILED),
+        _done("h", 1, 5.0, sweep="alone"),  # a sweep with one measured attempt compares with nothing
+    ]
+    assert throughput_vs_dlperf(hosts, history) == {1: (1.0, 2), 2: (1.0, 1), 3: (0.5, 1)}
+    doc = hosts_document(HostLedger(hosts=tuple(hosts)), FLEET, history)
+    assert [(h["machine_id"], h["throughput_vs_dlperf"], h["throughput_attempts"]) for h in doc["hosts"]] == [
+        (1, 1.0, 2), (2, 1.0, 1), (3, 0.5, 1), (4, None, 0)
+    ]
