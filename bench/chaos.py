@@ -20,7 +20,8 @@ Fault kinds (how each is injected):
   ``git.rebase.before`` / ``git.rebase.after`` (``reconciler/failpoints.py``); counted when the point fired (the
   process died of SIGKILL). A rebase needs unpushed commits and a moved remote: the driver first lets a daemon die
   at ``git.push.before``, pushes as a human, then arms the rebase point. A point not reached within
-  ``occasion_wait_s`` (20 s) is skipped.
+  ``occasion_wait_s`` (20 s) is skipped, and another kind is drawn in its place (at most as many times as the
+  schedule has faults).
 - ``kill_random``: SIGKILL of the daemon at an arbitrary moment.
 - ``human_push``: a researcher's commit pushed to the remote while the daemon runs: an edit of README.md, or of
   desired/ (two more seeds for the sweep, which also keeps work available while faults remain).
@@ -831,6 +832,7 @@ class Schedule:
         kinds = self.plan_kinds()
         next_at = time.time() + 3.0
         waiting_since: float | None = None
+        replacements = 0
         while kinds or self.pending is not None or self.bootstrap_plant is not None:
             self.tick()
             now = time.time()
@@ -847,6 +849,11 @@ class Schedule:
                         self.cfg.say(f"  [{self.name}] skipped {kind}: no occasion in {self.cfg.occasion_wait_s:g}s")
                         kinds.pop(0)
                         waiting_since = None
+                        # a skipped kind is replaced by another draw (at most n_faults times), so a quiet history
+                        # (few pushes to kill at, few launches) does not shrink the schedule below its size
+                        if replacements < self.n_faults:
+                            replacements += 1
+                            kinds.append(self.rng.choice([k for k in self.cfg.kinds if k != kind] or [kind]))
                 # keep work available while faults remain: a human adds seeds when the sweep runs dry
                 if kinds and now - self._fed > 5.0:
                     self._fed = now
