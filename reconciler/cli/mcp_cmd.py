@@ -16,10 +16,8 @@ Whatever a producer prints goes to stderr while serving (the SDK's ``stdio_serve
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -97,22 +95,21 @@ TOOLS: tuple[ToolSpec, ...] = (
 )
 
 
-def _review_tool() -> ToolSpec | None:
-    """``review``, when this rigsync has it: the one registration point of the tool (issue 12's
-    ``reconciler/review_git.py``, the producer `rigsync review --json` prints; ``schemas/review.schema.json``)."""
-    if importlib.util.find_spec("reconciler.review_git") is None:
-        return None
-    review_git = importlib.import_module("reconciler.review_git")
-    return ToolSpec(
+def _review(repo: Path, a: Mapping[str, Any]) -> Any:
+    from reconciler.review_git import review  # the producer `rigsync review --json` prints
+
+    return review(repo, str(a["base"]), str(a.get("head") or "HEAD"))
+
+
+TOOLS += (
+    ToolSpec(
         "review", "What a change to desired/ means: runs added, removed and changed per sweep, the price of the "
         "added work against the budget left, the head's validation errors. Reads git only, no credentials.",
         {"base": {"type": "string", "description": "the revision compared with, e.g. origin/main"},
          "head": {"type": "string", "description": "the revision under review (default: HEAD)"}},
-        ("base",), "review", lambda repo, a: review_git.review(repo, str(a["base"]), str(a.get("head") or "HEAD")),
-    )
-
-
-TOOLS += tuple(t for t in (_review_tool(),) if t is not None)
+        ("base",), "review", _review,
+    ),
+)
 
 
 def _text_of(spec: ToolSpec, doc: Any) -> str:

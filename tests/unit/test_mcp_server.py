@@ -6,7 +6,6 @@ against the output schema the tool declares (the client checks that itself), and
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,9 +20,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from snapshot_repo import make_snapshot_repo
 
 RIGSYNC = Path(sys.executable).parent / "rigsync"
-# `review` is registered when this rigsync has it (reconciler/review_git.py, issue 12): then it is checked too
-HAS_REVIEW = importlib.util.find_spec("reconciler.review_git") is not None
-TOOLS = {"validate", "runs", "diff", "plan", "status", "logs"} | ({"review"} if HAS_REVIEW else set())
+TOOLS = {"validate", "runs", "diff", "plan", "status", "logs", "review"}
 
 
 @pytest.fixture(scope="module")
@@ -99,10 +96,7 @@ def test_a_bad_desired_state_is_a_result_not_an_error(repo: Path, env: dict[str,
     assert runs.is_error and "budget.yaml" in runs.content[0].text
 
 
-def test_review_returns_the_cli_json_when_rigsync_has_it(repo: Path, env: dict[str, str]) -> None:
-    if not HAS_REVIEW:
-        assert "review" not in TOOLS
-        return
+def test_review_returns_the_cli_json(repo: Path, env: dict[str, str]) -> None:
     _, (review,) = session_calls(repo, env, [("review", {"base": "HEAD"})])
     assert not review.is_error, review.content
     assert review.structured_content == cli_json(env, "review", "--json", "--base", "HEAD", "--repo", str(repo))
