@@ -340,7 +340,11 @@ class Lease:
 
     def _swap(self, new: LeaseState, swap: Swap) -> None:
         try:
-            version = swap(self.version, to_yaml(new), "lease: heartbeat")
+            # The ref holds one commit, replaced by every write: a takeover stays on its message as on the file
+            message = "lease: heartbeat"
+            if new.taken_over_from:
+                message += f" (taken over from {new.taken_over_from})"
+            version = swap(self.version, to_yaml(new), message)
         except LeaseRace as exc:
             _, remote = self.read_versioned()
             if remote is None:

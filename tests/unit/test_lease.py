@@ -194,3 +194,13 @@ def test_release_never_removes_a_lease_someone_else_took_over() -> None:
     b.acquire(T0 + 400)
     assert a.release() is False and store.text is not None and "holder: b" in store.text
     assert b.release() is True and store.text is None
+
+
+def test_a_heartbeat_after_a_takeover_keeps_the_takeover_on_the_lease_commit() -> None:
+    """The lease ref holds one commit, replaced by each write: the takeover must not vanish with the next heartbeat."""
+    store = MemoryLeaseStore()
+    store.swap_lease(None, to_yaml(held_by("old", T0 - 1000)), "lease: old")
+    b = Lease(store, holder="b", host="hostB", pid=2, stale_after=300, renew_every=60)
+    assert b.acquire(T0).takeover
+    b.beat(T0 + 1)
+    assert store.messages[-1].startswith("lease: heartbeat (taken over from old") , store.messages
