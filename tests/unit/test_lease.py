@@ -203,4 +203,4 @@ def test_a_heartbeat_after_a_takeover_keeps_the_takeover_on_the_lease_commit() -
     b = Lease(store, holder="b", host="hostB", pid=2, stale_after=300, renew_every=60)
     assert b.acquire(T0).takeover
     b.beat(T0 + 1)
-    assert store.messages[-1].startswith("lease: heartbeat (taken over from old") , store.messages
+    assert store.messages[-1].startswith("lease: heartbeat (taken over from old"), store.messages
