@@ -270,19 +270,21 @@ class FleetDaemon:
             metric_keys={r.sweep: r.metric_key for r in desired.runs if r.metric_key},
             archive_pending=bool(rec.archive.pending_lines()) or self.git.archive_uncommitted(),
         )
-        # Whether or not this cycle commits, it ends only while the lease is still ours: a cycle frozen past the
-        # lease's deadline (SIGSTOP, a swapped-out VM) stops here as lease lost instead of reporting its actions as
-        # a normal cycle and going on to the next; and a commit speaks for the fleet only while we hold it.
-        self._fenced(renew=False)
         commit = None
         if message is not None:  # probe noise and the clock alone leave observed/ (and git) untouched
             out: dict[str, str | None] = dict(rendered)
             if LEASE in committed:  # the lease lived here before it got its own ref: drop the stale copy
                 out[LEASE] = None
+            # The commit speaks for the fleet: not once another reconciler may hold it.
+            self._fenced(renew=False)
             commit = write_back(self.git, rec.archive, out, message)
         if commit or self.git.unpushed():
             self._push()
         counts = result.plan.counts()
+        # Whether or not it committed, a cycle is reported done only while the lease is still ours, as the last
+        # thing before it is printed: one frozen past the lease's deadline (SIGSTOP, a swapped-out VM) ends as
+        # lease lost instead of reporting its actions as a normal cycle and going on to the next.
+        self._fenced(renew=False)
         return DaemonCycle(
             desired_commit=desired.commit,
             acted=not desired.fleet.suspend,
