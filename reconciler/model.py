@@ -514,7 +514,7 @@ class BoxProbe:
     bootstrap_running: tuple[str, ...] = ()
     code_commits: tuple[str, ...] = ()  # commits whose tree is unpacked on the box
     runs: tuple[RunDirState, ...] = ()
-    last_activity_at: float | None = None  # newest of: boot, bootstrap done, any run start/end
+    last_activity_at: float | None = None  # the box's own answer (box.boxlib.box_activity), its watchdog's rule too
     box_now: float | None = None  # the box's own clock when it answered
     # The box answered with another SSH host key than the one pinned on first contact (``HostKeyMismatch``): it is
     # not reachable, and not trusted either (someone may be impersonating it). Its drift class is

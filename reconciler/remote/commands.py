@@ -104,13 +104,15 @@ import sys
 import types
 
 
-def _rs_module(name, source, package=False):
+def _rs_module(name, path, source, package=False):
     module = types.ModuleType(name)
     if package:
         module.__path__ = []
     sys.modules[name] = module
-    exec(compile(source, name.replace(".", "/") + ".py", "exec"), module.__dict__)
-    return module
+    parent, _, child = name.rpartition(".")
+    if parent:
+        setattr(sys.modules[parent], child, module)
+    exec(compile(source, path, "exec"), module.__dict__)  # path: what a traceback names
 
 
 """
@@ -135,10 +137,11 @@ def _program(name: str) -> str:
         need(dep)
     lines = [
         _BUNDLE_HEAD.format(name=name),
-        "_rs_module('reconciler', '', True)\n",
-        f"_rs_module({BOX_PACKAGE!r}, '', True)\n",  # its docstring is all it holds
-        *(f"_rs_module({BOX_PACKAGE + '.' + m.removesuffix('.py')!r}, {_text(m)!r})\n" for m in order),
-        f"_rs_module('__main__', {main!r})\n",
+        "_rs_module('reconciler', 'reconciler/__init__.py', '', True)\n",
+        f"_rs_module({BOX_PACKAGE!r}, 'reconciler/box/__init__.py', '', True)\n",  # its docstring is all it holds
+        *(f"_rs_module({BOX_PACKAGE + '.' + m.removesuffix('.py')!r}, {'reconciler/box/' + m!r}, {_text(m)!r})\n"
+          for m in order),
+        f"_rs_module('__main__', {'reconciler/box/' + name!r}, {main!r})\n",
     ]
     return "".join(lines)
 

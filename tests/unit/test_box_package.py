@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -82,3 +83,29 @@ def test_the_probe_reports_the_activity_rule_the_watchdog_reads(tmp_path: Path) 
     # the probe counts from the kernel's boot, long before these files (the machine is up for more than a minute)
     assert json.loads(res.stdout)["last_activity_at"] == pytest.approx(now - 20, abs=0.01)
     assert parse_probe(1, res.stdout).last_activity_at == pytest.approx(now - 20, abs=0.01)
+
+
+def _python38() -> str | None:
+    """A Python 3.8 to run the bundles with: ``$RIGSYNC_TEST_PYTHON38``, or ``python3.8`` on the PATH."""
+    exe = os.environ.get("RIGSYNC_TEST_PYTHON38") or shutil.which("python3.8")
+    if exe is None:
+        return None
+    ok = subprocess.run([exe, "-c", "import sys; assert sys.version_info[:2] == (3, 8)"], capture_output=True,
+                        timeout=30, check=False)
+    return exe if ok.returncode == 0 else None
+
+
+def test_the_bundles_run_on_python_3_8(tmp_path: Path) -> None:
+    exe = _python38()
+    if exe is None:
+        pytest.skip("no python3.8 on this machine")
+    root = tmp_path / "rigsync"
+    (root / "runs" / "r1.0").mkdir(parents=True)
+    env = {"HOME": str(tmp_path), "PATH": os.defpath, "RIGSYNC_ROOT": str(root)}
+    res = subprocess.run([exe, "-S", "-c", commands._program("probe.py")], env=env, capture_output=True,
+                         timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    assert [r.run_id for r in parse_probe(1, res.stdout).runs] == ["r1"]
+    bad = subprocess.run([exe, "-S", "-c", commands._program("watchdog.py"), "none", "0", "60"], env=env,
+                         capture_output=True, timeout=60, check=False)
+    assert bad.returncode == 2, bad.stderr  # it ran as far as reading its arguments
