@@ -204,9 +204,9 @@ def _archive_overheads(ctx: ApplyContext, result: ApplyResult) -> None:
     costs are in the archive before the remainder is taken).
     """
     fenced = False
-    unsettled = {f.instance_id for f in ctx.observed.in_flight if (f.run_id, f.attempt) not in result.settled}
+    unsettled = {f.instance_id for f in ctx.observed.memory.in_flight if (f.run_id, f.attempt) not in result.settled}
     unsettled.update(f.instance_id for f in result.launched)
-    for box in ctx.observed.spend.boxes:
+    for box in ctx.observed.memory.spend.boxes:
         if box.instance_id in unsettled or not box.bill_final(box.at):
             continue
         ran = [r for r in (*ctx.observed.history, *result.archived) if r.instance_id == box.instance_id]
@@ -553,9 +553,9 @@ def _attempt_record(
 ) -> AttemptRecord:
     spec = ctx.desired.run(run_id)
     inst = instances.get(instance_id)
-    billed = ctx.observed.spend.box(instance_id)  # what the box is known by once the provider no longer lists it
+    billed = ctx.observed.memory.spend.box(instance_id)  # what the box is known by once the provider no longer lists it
     launched = next(
-        (f for f in ctx.observed.in_flight if f.run_id == run_id and f.attempt == attempt), None
+        (f for f in ctx.observed.memory.in_flight if f.run_id == run_id and f.attempt == attempt), None
     )
     started = state.started_at if state and state.started_at else (launched.launched_at if launched else None)
     ended = state.ended_at if state and state.ended_at else ctx.now()
@@ -607,7 +607,7 @@ def _capped_to_bill(ctx: ApplyContext, result: ApplyResult, rec: AttemptRecord) 
     only for a while: without the cap, its run would be charged money the box never billed (and the box's
     overhead line would go negative).
     """
-    box = ctx.observed.spend.box(rec.instance_id)
+    box = ctx.observed.memory.spend.box(rec.instance_id)
     if box is None:
         return rec
     bill = box.usd

@@ -178,11 +178,8 @@ class Reconciler:
         return replace(
             observed,
             instances=instances,
-            in_flight=self.memory.in_flight,
             history=self.history,
-            memory=self.memory.boxes,
-            spend=self.memory.spend,
-            hosts=self.memory.hosts,
+            memory=replace(self.memory, gpu_quiet=observed.memory.gpu_quiet),
         )
 
     def apply(self, desired: Desired, observed: Observed, the_plan: Plan, memory: FleetMemory) -> ApplyResult:

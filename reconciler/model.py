@@ -796,16 +796,13 @@ class Observed:
     probes: tuple[BoxProbe, ...] = ()
     offers: tuple[Offer, ...] = ()
     history: tuple[AttemptRecord, ...] = ()
-    memory: tuple[BoxMemory, ...] = ()
-    spend: Spend = field(default_factory=Spend)
+    # what the cycles before remembered, brought up to this observation (boxes, in flight, spend, hosts, GPU quiet)
+    memory: FleetMemory = field(default_factory=FleetMemory)
     fleet_name: str = ""
-    in_flight: tuple[InFlight, ...] = ()
     credit_usd: float | None = None  # what the account can still spend, as the provider says (None: unknown)
     cycle_s: float = 60.0  # until the controller decides again: its cycle interval plus the destroy latency
     # names (never values) of the controller's environment variables the sweeps reference and that are set
     controller_env: frozenset[str] = frozenset()
-    hosts: HostLedger = field(default_factory=HostLedger)  # the host reliability ledger as the last cycle left it
-    gpu_quiet: tuple[tuple[str, int, float], ...] = ()  # FleetMemory.gpu_quiet after this observation
 
     def probe(self, instance_id: int) -> BoxProbe | None:
         for p in self.probes:
@@ -814,7 +811,7 @@ class Observed:
         return None
 
     def memory_of(self, instance_id: int) -> BoxMemory | None:
-        for m in self.memory:
+        for m in self.memory.boxes:
             if m.instance_id == instance_id:
                 return m
         return None

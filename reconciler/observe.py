@@ -241,12 +241,8 @@ def observe(
         probes=tuple(probes),
         offers=tuple(offers),
         history=history,
-        memory=boxes,
-        spend=spend,
+        memory=replace(memory, boxes=boxes, spend=spend, spend_at=now, gpu_quiet=gpu_quiet),
         fleet_name=fleet.name,
-        in_flight=memory.in_flight,
         credit_usd=credit,
-        hosts=memory.hosts,
-        gpu_quiet=gpu_quiet,
     )
-    return observed, replace(memory, boxes=boxes, spend=spend, spend_at=now, gpu_quiet=gpu_quiet)
+    return observed, observed.memory

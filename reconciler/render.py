@@ -90,13 +90,14 @@ def status_json(desired: Desired, observed: Observed, plan: Plan | None = None) 
             "runs": sorted(f"{r.run_id}.{r.attempt}" for r in (probe.runs if probe else ()) if r.exit_code is None),
         }
         (mine if owns(desired.fleet.name, inst.label) else foreign).append(row)
+    spend = observed.memory.spend
     return {
         "fleet": desired.fleet.name,
         "boxes": mine,
         "foreign": foreign,
         "runs": count_phases(run_phases(desired.runs, observed)),
         "dph": round(sum(float(b["dph"]) for b in mine), 6),
-        "spend": {"today_usd": round(observed.spend.today_usd, 6), "total_usd": round(observed.spend.total_usd, 6)},
+        "spend": {"today_usd": round(spend.today_usd, 6), "total_usd": round(spend.total_usd, 6)},
         "credit_usd": None if observed.credit_usd is None else round(observed.credit_usd, 6),
         "budget": [w for w in (plan.warnings if plan else ()) if w.startswith("budget:")],
         # renting held back by the rent rate or the backoff after failures (reconciler/plan/renting.py)

@@ -82,7 +82,7 @@ def live_attempts(observed: Observed) -> dict[str, LiveAttempt]:
         for r in probe.runs:
             if r.exit_code is None and r.pid_alive and (r.run_id, r.attempt) not in archived:
                 keep(LiveAttempt(r.run_id, r.attempt, probe.instance_id))
-    for f in observed.in_flight:
+    for f in observed.memory.in_flight:
         if (f.run_id, f.attempt) not in archived:
             keep(LiveAttempt(f.run_id, f.attempt, f.instance_id))
     return live

@@ -41,7 +41,7 @@ def stale_reasons(saved: Plan, desired: Desired, observed: Observed) -> list[str
     # attempts the plan itself settles (requeue, record, kill) may be relaunched by the same plan
     settled = {(a.run_id, a.attempt) for a in saved.actions if isinstance(a, Requeue | Record | Kill)}
     live: dict[str, str] = {
-        f.run_id: f"{f.run_id}.{f.attempt}" for f in observed.in_flight if (f.run_id, f.attempt) not in settled
+        f.run_id: f"{f.run_id}.{f.attempt}" for f in observed.memory.in_flight if (f.run_id, f.attempt) not in settled
     }
     busy_gpus: dict[int, set[int]] = {}
     for seen in observed.probes:

@@ -82,7 +82,7 @@ def _render_fleet(fleet: str, observed: Observed) -> dict[str, Any]:
             if r.exit_code is None and r.pid_alive:
                 for gi in r.gpu_mask:
                     on_gpu[(p.instance_id, gi)] = run_dir_name(r.run_id, r.attempt)
-    for f in observed.in_flight:
+    for f in observed.memory.in_flight:
         for gi in f.gpu_mask:
             on_gpu.setdefault((f.instance_id, gi), run_dir_name(f.run_id, f.attempt))
     boxes = []
@@ -140,7 +140,7 @@ def _render_fleet(fleet: str, observed: Observed) -> dict[str, Any]:
             }
             for i in foreign
         ],
-        "memory": box_memory_entries(observed.memory),
+        "memory": box_memory_entries(observed.memory.boxes),
     }
 
 
@@ -200,7 +200,7 @@ def _render_runs(desired: Desired | None, observed: Observed) -> dict[str, Any]:
         sweep_of: dict[str, str] = {}
         for rec in observed.history:
             sweep_of[rec.run_id] = rec.sweep
-        for f in observed.in_flight:
+        for f in observed.memory.in_flight:
             sweep_of.setdefault(f.run_id, f.sweep)
         for run_id in live:
             sweep_of.setdefault(run_id, "")
@@ -219,7 +219,7 @@ def _render_runs(desired: Desired | None, observed: Observed) -> dict[str, Any]:
         "desired_commit": desired.commit if desired is not None else None,
         "counts": counts,
         "sweeps": sweeps,
-        "in_flight": in_flight_entries(observed.in_flight),
+        "in_flight": in_flight_entries(observed.memory.in_flight),
     }
 
 
@@ -256,8 +256,8 @@ def _render_budget(
     rates = {i.id: i.dph_total for i in billing}
     anchor = spend_anchor(
         prev_spend if isinstance(prev_spend, dict) else None,
-        observed.spend,
-        {b.instance_id: rates.get(b.instance_id, 0.0) for b in observed.spend.boxes if b.gone_at is None},
+        observed.memory.spend,
+        {b.instance_id: rates.get(b.instance_id, 0.0) for b in observed.memory.spend.boxes if b.gone_at is None},
         observed.credit_usd,
         sum(rates.values()),
         now,
@@ -326,7 +326,7 @@ def render_observed(
             _render_budget(desired, fleet_doc["dph"], plan, observed, now, prev_budget), HEADERS[BUDGET]
         ),
         HOSTS: dump_yaml(
-            hosts_document(observed.hosts, desired.fleet if desired else None, observed.history), HEADERS[HOSTS]
+            hosts_document(observed.memory.hosts, desired.fleet if desired else None, observed.history), HEADERS[HOSTS]
         ),
     }
     status_doc = _render_status(status, plan)

@@ -5,7 +5,7 @@ times may be given relative to ``now`` (``start_ago``, ``started_ago``, ``launch
 ``last_activity_ago``, ``ended_ago``); an instance without ``label`` gets this fleet's ownership label for the
 current spec (``"{spec}"`` inside a given label is replaced by the current spec hash); a RUNNING instance
 without a probe gets a reachable, bootstrapped probe with its code shipped; a probe without ``gpus`` gets one
-GPU per instance GPU, with memory in use on the GPUs of its live runs. The host ledger is ``observed.hosts``
+GPU per instance GPU, with memory in use on the GPUs of its live runs. The host ledger is ``observed.memory.hosts``
 (``build_hosts``).
 """
 
@@ -25,6 +25,7 @@ from reconciler.model import (
     Budget,
     Desired,
     Fleet,
+    FleetMemory,
     GhostOffer,
     GpuState,
     HostLedger,
@@ -259,7 +260,7 @@ def build_history(d: J, now: float) -> AttemptRecord:
 
 
 def build_hosts(d: J, now: float) -> HostLedger:
-    """``observed.hosts``: ``hosts`` (HostRecord fields), ``ghosts`` (offer_id, machine_id, failed_ago),
+    """``observed.memory.hosts``: ``hosts`` (HostRecord fields), ``ghosts`` (offer_id, machine_id, failed_ago),
     ``rents_ago`` (seconds before now), ``failures_in_a_row``, ``last_failure_ago``."""
     return HostLedger(
         hosts=tuple(
@@ -286,12 +287,8 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
     for inst in instances:
         if inst.id not in probed and inst.status is InstanceStatus.RUNNING:
             probes.append(build_probe({"instance_id": inst.id}, now, inst, desired))
-    return Observed(
-        instances=instances,
-        probes=tuple(probes),
-        offers=tuple(build_offer(o) for o in d.get("offers", [])),
-        history=tuple(build_history(h, now) for h in d.get("history", [])),
-        memory=tuple(
+    memory = FleetMemory(
+        boxes=tuple(
             BoxMemory(
                 instance_id=int(m["instance_id"]),
                 first_seen_at=_t(m, now, "first_seen_at", "first_seen_ago", now - 3600.0) or 0.0,
@@ -301,13 +298,9 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
             for m in d.get("memory", [])
         ),
         spend=Spend(**d.get("spend", {})),
-        credit_usd=d.get("credit_usd"),
-        cycle_s=float(d.get("cycle_s", 60.0)),
-        controller_env=frozenset(d.get("controller_env", [])),
         hosts=build_hosts(d.get("hosts", {}), now),
         gpu_quiet=tuple(sorted((q["run_id"], q.get("attempt", 1), now - float(q["quiet_ago"]))
                                for q in d.get("gpu_quiet", []))),
-        fleet_name=desired.fleet.name,
         in_flight=tuple(
             InFlight(
                 run_id=f["run_id"],
@@ -319,6 +312,17 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
             )
             for f in d.get("in_flight", [])
         ),
+    )
+    return Observed(
+        instances=instances,
+        probes=tuple(probes),
+        offers=tuple(build_offer(o) for o in d.get("offers", [])),
+        history=tuple(build_history(h, now) for h in d.get("history", [])),
+        memory=memory,
+        credit_usd=d.get("credit_usd"),
+        cycle_s=float(d.get("cycle_s", 60.0)),
+        controller_env=frozenset(d.get("controller_env", [])),
+        fleet_name=desired.fleet.name,
     )
 
 
