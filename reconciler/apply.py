@@ -60,6 +60,7 @@ from reconciler.model import (
 )
 from reconciler.ports import BoxControl, Fence, Harvested, LaunchJob, Provider, ResultStore, no_fence
 from reconciler.remote import watchdog_onstart
+from reconciler.runphase import is_live, is_unfinished
 
 log = logging.getLogger("rigsync.apply")
 
@@ -409,7 +410,7 @@ def _sync_checkpoints(ctx: ApplyContext, instances: dict[int, Instance], result:
         if not probe.reachable or box is None or probe.instance_id in result.destroyed:
             continue
         for r in probe.runs:
-            if r.exit_code is not None or not r.pid_alive or (r.run_id, r.attempt) in result.settled:
+            if not is_live(r) or (r.run_id, r.attempt) in result.settled:
                 continue
             spec = ctx.desired.run(r.run_id)
             sweep = ctx.desired.sweep(spec.sweep) if spec else None
@@ -625,7 +626,7 @@ def next_in_flight(previous: tuple[InFlight, ...], observed: Observed, result: A
     by_key: dict[tuple[str, int], InFlight] = {(f.run_id, f.attempt): f for f in previous}
     for probe in observed.probes:
         for r in probe.runs:
-            if r.exit_code is None and (r.run_id, r.attempt) not in by_key:
+            if is_unfinished(r) and (r.run_id, r.attempt) not in by_key:
                 by_key[(r.run_id, r.attempt)] = InFlight(
                     run_id=r.run_id,
                     attempt=r.attempt,

@@ -37,6 +37,7 @@ from reconciler.model import (
     split_owned,
 )
 from reconciler.ports import BoxControl, Provider
+from reconciler.runphase import is_live
 
 PROBE_TIMEOUT_S = 10.0
 _FLOAT_SLACK_USD = 1e-9
@@ -105,7 +106,7 @@ def track_gpu_quiet(
         util = {g.index: g.utilization_pct for g in p.gpus}
         for rd in p.runs:
             spec = desired.run(rd.run_id)
-            if rd.exit_code is not None or not rd.pid_alive or spec is None or spec.stall_timeout_s is None:
+            if not is_live(rd) or spec is None or spec.stall_timeout_s is None:
                 continue
             seen = [util[i] for i in rd.gpu_mask if i in util]
             if seen and max(seen) < spec.stall_gpu_util_pct:

@@ -7,7 +7,7 @@ from typing import Any
 from reconciler.actions import SIGNS, Kind, Plan, SweepEstimate
 from reconciler.jobenv import held_back
 from reconciler.model import Desired, Observed, owns
-from reconciler.runphase import count_phases, run_phases
+from reconciler.runphase import count_phases, is_unfinished, run_phases
 
 VERBS = {
     Kind.RENT: "to rent",
@@ -87,7 +87,7 @@ def status_json(desired: Desired, observed: Observed, plan: Plan | None = None) 
             "dph": inst.dph_total,
             "reachable": None if probe is None else probe.reachable,
             "host_key_changed": probe is not None and probe.host_key_changed,
-            "runs": sorted(f"{r.run_id}.{r.attempt}" for r in (probe.runs if probe else ()) if r.exit_code is None),
+            "runs": sorted(f"{r.run_id}.{r.attempt}" for r in (probe.runs if probe else ()) if is_unfinished(r)),
         }
         (mine if owns(desired.fleet.name, inst.label) else foreign).append(row)
     spend = observed.memory.spend

@@ -50,7 +50,7 @@ from reconciler.observed.hosts import HEADER as HOSTS_HEADER
 from reconciler.observed.hosts import hosts_document
 from reconciler.observed.memory import box_memory_entries, in_flight_entries, spend_anchor
 from reconciler.promotion import succeeded_metrics, wanted_ids
-from reconciler.runphase import RunTally, live_attempts, run_phase, tally_runs
+from reconciler.runphase import RunTally, is_live, live_attempts, run_phase, tally_runs
 
 RUN_PHASES = tuple(p.value for p in RunPhase)
 
@@ -79,7 +79,7 @@ def _render_fleet(fleet: str, observed: Observed) -> dict[str, Any]:
     on_gpu: dict[tuple[int, int], str] = {}
     for p in observed.probes:
         for r in p.runs:
-            if r.exit_code is None and r.pid_alive:
+            if is_live(r):
                 for gi in r.gpu_mask:
                     on_gpu[(p.instance_id, gi)] = run_dir_name(r.run_id, r.attempt)
     for f in observed.memory.in_flight:

@@ -26,7 +26,7 @@ from reconciler.model import (
 from reconciler.plan.common import Decisions, fmt_duration, gpus_text
 from reconciler.plan.world import World
 from reconciler.promotion import succeeded_metrics, wanted_among
-from reconciler.runphase import UNTOUCHED, RunTally, allowed_attempts, run_phase, tally_runs
+from reconciler.runphase import UNTOUCHED, RunTally, allowed_attempts, is_live, is_unfinished, run_phase, tally_runs
 
 AttemptKey = tuple[str, int]
 
@@ -110,14 +110,14 @@ def collect_attempts(world: World) -> SeenAttempts:
             key = (rd.run_id, rd.attempt)
             visible.add(key)
             max_attempt[rd.run_id] = max(max_attempt.get(rd.run_id, 0), rd.attempt)
-            alive = rd.exit_code is None and rd.pid_alive
+            alive = is_live(rd)
             if alive:
                 held.update(rd.gpu_mask)
             if key in world.archived:
                 if alive:
                     box_zombies.append(rd)
                 continue
-            if rd.exit_code is not None:
+            if not is_unfinished(rd):
                 finished.append((box.id, rd))
             else:
                 box_live.append(rd)
@@ -203,7 +203,7 @@ def settle_live(
             if gone is not None:
                 requeue(box_id, rd, ReasonCode.BOX_DESTROYED, f"its box instance/{box_id} is destroyed: {gone}")
                 continue
-            if not rd.pid_alive:
+            if not is_live(rd):  # unfinished, and its wrapper is gone
                 detail = "wrapper process gone without an exit code"
                 requeue(box_id, rd, ReasonCode.WRAPPER_GONE, f"lost: {detail}")
                 out.drift.append(Drift(DriftClass.JOB_CRASHED, subj, detail, f"requeue {subj}"))
