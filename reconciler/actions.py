@@ -11,7 +11,7 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from reconciler.model import Drift, DriftClass
+from reconciler.model import AttemptRecord, Drift, DriftClass, InFlight, OverheadRecord
 
 PLAN_FORMAT_VERSION = 2  # 2: every action and no-op carries a reason code
 
@@ -366,3 +366,44 @@ class Plan:
             ),
             estimates=tuple(SweepEstimate.from_json(e) for e in d.get("estimates", [])),
         )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one action in apply."""
+
+    action: Action
+    ok: bool
+    detail: str = ""
+    skipped: bool = False  # not attempted (shutting down, or the lease was lost); the next cycle plans it again
+
+
+@dataclass
+class ApplyResult:
+    """What one apply did: each action's outcome and what it made (kept here, beside the actions, so the pure
+    ``remember`` reads it without importing apply)."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    archived: list[AttemptRecord] = field(default_factory=list)
+    overheads: list[OverheadRecord] = field(default_factory=list)  # boxes that ended, closed in the archive
+    launched: list[InFlight] = field(default_factory=list)
+    # launches whose command failed after it was written down: it may still have reached the box (a timeout,
+    # a dropped connection), so the attempt stays in flight and its number stays used; the next cycle sees its
+    # run directory or fences it off as "launch never happened" (kill.sh's tombstone)
+    in_doubt: list[InFlight] = field(default_factory=list)
+    # runs not to launch in this apply: an attempt of theirs could not be made safe here (its kill or requeue
+    # failed), so it may still run
+    unsafe_runs: dict[str, str] = field(default_factory=dict)
+    settled: set[tuple[str, int]] = field(default_factory=set)  # attempts recorded/requeued/killed this cycle
+    curves: dict[str, str] = field(default_factory=dict)  # observed/curves/... files of the attempts settled
+    rented: list[int] = field(default_factory=list)
+    rented_as: dict[int, Rent] = field(default_factory=dict)  # each new instance id with the rent that made it
+    destroyed: list[int] = field(default_factory=list)
+    lease_lost: str | None = None  # why the fence stopped this apply (the rest was skipped); None: it did not
+
+    @property
+    def failures(self) -> list[Outcome]:
+        return [o for o in self.outcomes if not o.ok and not o.skipped]
+
+    def failure_lines(self) -> tuple[str, ...]:
+        return tuple(f"{o.action.kind.value} {o.action.target}: {o.detail}" for o in self.failures)

@@ -25,10 +25,12 @@ from typing import Protocol, TypeVar
 from reconciler.actions import (
     APPLY_ORDER,
     Action,
+    ApplyResult,
     Bootstrap,
     Destroy,
     Kill,
     Launch,
+    Outcome,
     Plan,
     Record,
     Rent,
@@ -60,7 +62,9 @@ from reconciler.model import (
 )
 from reconciler.ports import BoxControl, Fence, Harvested, LaunchJob, Provider, ResultStore, no_fence
 from reconciler.remote import watchdog_onstart
-from reconciler.runphase import is_live, is_unfinished
+from reconciler.runphase import is_live
+
+__all__ = ["ApplyContext", "ApplyResult", "Outcome", "apply", "harvest_note"]  # the outcomes' types live in actions
 
 log = logging.getLogger("rigsync.apply")
 
@@ -74,42 +78,6 @@ R = TypeVar("R", AttemptRecord, OverheadRecord)
 
 class Archive(Protocol):
     def append(self, records: list[R]) -> list[R]: ...
-
-
-@dataclass(frozen=True)
-class Outcome:
-    action: Action
-    ok: bool
-    detail: str = ""
-    skipped: bool = False  # not attempted (shutting down, or the lease was lost); the next cycle plans it again
-
-
-@dataclass
-class ApplyResult:
-    outcomes: list[Outcome] = field(default_factory=list)
-    archived: list[AttemptRecord] = field(default_factory=list)
-    overheads: list[OverheadRecord] = field(default_factory=list)  # boxes that ended, closed in the archive
-    launched: list[InFlight] = field(default_factory=list)
-    # launches whose command failed after it was written down: it may still have reached the box (a timeout,
-    # a dropped connection), so the attempt stays in flight and its number stays used; the next cycle sees its
-    # run directory or fences it off as "launch never happened" (kill.sh's tombstone)
-    in_doubt: list[InFlight] = field(default_factory=list)
-    # runs not to launch in this apply: an attempt of theirs could not be made safe here (its kill or requeue
-    # failed), so it may still run
-    unsafe_runs: dict[str, str] = field(default_factory=dict)
-    settled: set[tuple[str, int]] = field(default_factory=set)  # attempts recorded/requeued/killed this cycle
-    curves: dict[str, str] = field(default_factory=dict)  # observed/curves/... files of the attempts settled
-    rented: list[int] = field(default_factory=list)
-    rented_as: dict[int, Rent] = field(default_factory=dict)  # each new instance id with the rent that made it
-    destroyed: list[int] = field(default_factory=list)
-    lease_lost: str | None = None  # why the fence stopped this apply (the rest was skipped); None: it did not
-
-    @property
-    def failures(self) -> list[Outcome]:
-        return [o for o in self.outcomes if not o.ok and not o.skipped]
-
-    def failure_lines(self) -> tuple[str, ...]:
-        return tuple(f"{o.action.kind.value} {o.action.target}: {o.detail}" for o in self.failures)
 
 
 @dataclass
@@ -618,26 +586,3 @@ def _capped_to_bill(ctx: ApplyContext, result: ApplyResult, rec: AttemptRecord) 
     prior = sum(r.cost_usd for r in (*ctx.observed.history, *result.archived) if r.instance_id == rec.instance_id)
     cap = round(max(0.0, bill - prior), 6)
     return replace(rec, cost_usd=cap) if rec.cost_usd > cap else rec
-    result.settled.add(rec.key)
-
-
-def next_in_flight(previous: tuple[InFlight, ...], observed: Observed, result: ApplyResult) -> tuple[InFlight, ...]:
-    """In flight after this cycle: what was, plus what runs on boxes, plus launches, minus what settled."""
-    by_key: dict[tuple[str, int], InFlight] = {(f.run_id, f.attempt): f for f in previous}
-    for probe in observed.probes:
-        for r in probe.runs:
-            if is_unfinished(r) and (r.run_id, r.attempt) not in by_key:
-                by_key[(r.run_id, r.attempt)] = InFlight(
-                    run_id=r.run_id,
-                    attempt=r.attempt,
-                    instance_id=probe.instance_id,
-                    gpu_mask=r.gpu_mask,
-                    launched_at=r.started_at or 0.0,
-                )
-    for f in (*result.in_doubt, *result.launched):
-        by_key[(f.run_id, f.attempt)] = f
-    archived_keys = {rec.key for rec in observed.history}
-    for key in list(by_key):
-        if key in result.settled or key in archived_keys:
-            del by_key[key]
-    return tuple(sorted(by_key.values(), key=lambda f: (f.run_id, f.attempt)))

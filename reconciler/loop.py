@@ -15,13 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from reconciler.actions import Action, Plan
-from reconciler.apply import ApplyContext, ApplyResult, apply, next_in_flight
+from reconciler.actions import Action, ApplyResult, Plan
+from reconciler.apply import ApplyContext, apply
 from reconciler.archive import RunArchive
 from reconciler.errors import UserError
 from reconciler.jobenv import ControllerEnv, references
 from reconciler.launch_journal import LaunchJournal
-from reconciler.ledger import note_cycle
 from reconciler.model import (
     OWN_PROVIDER,
     AttemptRecord,
@@ -29,13 +28,12 @@ from reconciler.model import (
     Endpoint,
     Fleet,
     FleetMemory,
-    Instance,
-    InstanceStatus,
     Observed,
 )
 from reconciler.observe import PROBE_TIMEOUT_S, observe
 from reconciler.plan import plan
 from reconciler.ports import BoxControl, Fence, Provider, ResultStore, Shell, no_fence
+from reconciler.remember import remember, world_after_apply
 
 log = logging.getLogger("rigsync.loop")
 
@@ -151,36 +149,8 @@ class Reconciler:
         return curves
 
     def observed_after_apply(self, observed: Observed) -> Observed:
-        """The snapshot as the next cycle will start from it: with this cycle's memory, in-flight and archive, and
-        its boxes as this cycle's apply left them (rented ones listed, destroyed ones gone), so that a rent or a
-        destroy is recorded in the cycle that made it, not when the provider's list shows it a cycle later."""
-        instances = observed.instances
-        applied = self._applied
-        if applied is not None:
-            gone = set(applied.destroyed)
-            instances = tuple(i for i in instances if i.id not in gone)
-            listed = {i.id for i in instances}
-            instances += tuple(
-                Instance(
-                    id=new_id,
-                    label=rent.label,
-                    status=InstanceStatus.CREATED,
-                    gpu_name=rent.gpu_name,
-                    num_gpus=rent.num_gpus,
-                    gpu_ram_mib=0,
-                    dph_total=rent.dph,
-                    start_date=self.clock.now(),
-                    image=rent.image,
-                )
-                for new_id, rent in sorted(applied.rented_as.items())
-                if new_id not in listed
-            )
-        return replace(
-            observed,
-            instances=instances,
-            history=self.history,
-            memory=replace(self.memory, gpu_quiet=observed.memory.gpu_quiet),
-        )
+        """The snapshot as the next cycle will start from it (``remember.world_after_apply``)."""
+        return world_after_apply(observed, self.memory, self._applied, self.history, self.clock.now())
 
     def apply(self, desired: Desired, observed: Observed, the_plan: Plan, memory: FleetMemory) -> ApplyResult:
         ctx = ApplyContext(
@@ -204,16 +174,9 @@ class Reconciler:
         self.pending_curves.update(result.curves)
         if self._history is not None:
             self._history.extend(result.archived)
-        in_flight = next_in_flight(memory.in_flight, observed, result)
-        spend = memory.spend
-        closed = {o.instance_id for o in result.overheads}
-        if closed:  # their bills are in the archive's overhead lines now: forget them in this cycle's files
-            spend = replace(spend, boxes=tuple(b for b in spend.boxes if b.instance_id not in closed))
-        done = [(o.action, o.ok, o.detail) for o in result.outcomes if not o.skipped]
-        hosts = note_cycle(memory.hosts, desired.fleet, observed, done, result.archived, self.clock.now())
-        self.memory = replace(memory, in_flight=in_flight, spend=spend, hosts=hosts)
+        self.memory = remember(memory, observed, the_plan, result, self.clock.now(), fleet=desired.fleet)
         if self.journal is not None:
-            self.journal.reset(in_flight)
+            self.journal.reset(self.memory.in_flight)
         return result
 
 

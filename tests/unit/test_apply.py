@@ -14,13 +14,14 @@ import pytest
 from fakes import FakeArchive, FakeClock, FakeWorld, MemoryLeaseStore, code_tar, desired_state, offer
 
 from reconciler.actions import Launch, Plan, Rent, ShipCode
-from reconciler.apply import ApplyContext, ApplyResult, apply, next_in_flight
+from reconciler.apply import ApplyContext, ApplyResult, apply
 from reconciler.errors import HostUnreachable, LaunchLockHeld, LeaseLost
 from reconciler.lease import Lease
 from reconciler.model import Desired, FleetMemory, InFlight, MetricGoal, Observed
 from reconciler.observe import observe
 from reconciler.plan import plan
 from reconciler.ports import Fence, LaunchJob
+from reconciler.remember import next_in_flight
 
 
 def _observe_and_plan(world: FakeWorld, desired: Desired, archive: FakeArchive) -> tuple[Observed, Plan]:

@@ -33,7 +33,8 @@ from reconciler.model import (
     Observed,
     Spend,
 )
-from reconciler.observe import accrue_billed, observe
+from reconciler.observe import observe
+from reconciler.remember import accrue_billed
 
 DAY = 86400.0
 MIDNIGHT = 20 * DAY  # a UTC midnight

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reconciler.actions import APPLY_ORDER, Bootstrap, Destroy, Kill, Launch, Plan, Record, Rent, Requeue
-from reconciler.apply import ApplyContext, apply, next_in_flight
+from reconciler.apply import ApplyContext, apply
 from reconciler.model import (
     AttemptOutcome,
     AttemptRecord,
@@ -40,6 +40,7 @@ from reconciler.model import (
 )
 from reconciler.observe import observe
 from reconciler.plan import effective_caps, fleet_spec_hash, plan
+from reconciler.remember import next_in_flight
 
 NOW = 1_000_000.0
 FLEET = "lab"
