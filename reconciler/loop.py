@@ -34,6 +34,7 @@ from reconciler.observe import PROBE_TIMEOUT_S, observe
 from reconciler.plan import plan
 from reconciler.ports import BoxControl, Fence, Provider, ResultStore, Shell, no_fence
 from reconciler.remember import remember, world_after_apply
+from reconciler.runphase import is_live
 
 log = logging.getLogger("rigsync.loop")
 
@@ -80,7 +81,6 @@ class Reconciler:
     controller_env: ControllerEnv = field(default_factory=lambda: ControllerEnv(os.environ))
     store: ResultStore | None = None  # the local result store harvests go to (None: nothing is harvested)
     pending_curves: dict[str, str] = field(default_factory=dict)  # observed/curves/ files for the next write
-    checkpoint_pulls: dict[tuple[str, int], float] = field(default_factory=dict)  # apply's, across cycles
     _walls_s: list[float] = field(default_factory=list)  # how long the last cycles took (at most RECENT_CYCLES)
     _history: list[AttemptRecord] | None = None
     _endpoints: dict[int, tuple[Endpoint, ...]] = field(default_factory=dict)
@@ -103,7 +103,7 @@ class Reconciler:
     def observe_and_plan(self, desired: Desired) -> tuple[Observed, Plan, FleetMemory]:
         self._applied = None  # a new cycle: what the last apply did is in the world's lists now
         now = self.clock.now()
-        observed, memory = observe(desired, self.provider, self.boxes, self.history, self.memory, now)
+        observed, _ = observe(desired, self.provider, self.boxes, self.history, self.memory, now)
         # the budget's horizon: until this controller decides again (its interval after a cycle as long as the
         # slowest it can be), plus the time a destroy takes to stop the billing
         envs = {sweep.env for sweep in desired.sweeps} | {run.env for run in desired.runs}
@@ -112,9 +112,32 @@ class Reconciler:
             observed,
             cycle_s=self.cycle_s + self.slowest_cycle_s() + self.destroy_latency_s,
             controller_env=self.controller_env.available(wanted),
+            harvesting=self.store is not None,
+            memory=self._with_store_syncs(desired, observed),
         )
         self._forget_gone(observed)
-        return observed, plan(desired, observed, now), memory
+        return observed, plan(desired, observed, now), observed.memory
+
+    def _with_store_syncs(self, desired: Desired, observed: Observed) -> FleetMemory:
+        """The memory with, for each running attempt whose checkpoint this process has not pulled yet (it started
+        since), the time of the store's last sync of it: after a restart the store says what was pulled before."""
+        memory = observed.memory
+        if self.store is None:
+            return memory
+        known = {(r, a) for r, a, _ in memory.checkpoint_pulls}
+        found: list[tuple[str, int, float]] = []
+        for probe in observed.probes:
+            for r in probe.runs:
+                spec = desired.run(r.run_id)
+                sweep = desired.sweep(spec.sweep) if spec is not None else None
+                if (r.run_id, r.attempt) in known or not is_live(r) or sweep is None or sweep.checkpoint is None:
+                    continue
+                synced = self.store.checkpoint_synced(r.run_id)
+                if synced is not None and synced[0] == r.attempt:
+                    found.append((r.run_id, r.attempt, synced[1]))
+        if not found:
+            return memory
+        return replace(memory, checkpoint_pulls=tuple(sorted((*memory.checkpoint_pulls, *found))))
 
     def slowest_cycle_s(self) -> float:
         """How long the next cycle may take before it can act: the slowest of the recent ones, and never less than
@@ -167,7 +190,6 @@ class Reconciler:
             note_launch=self.journal.note if self.journal is not None else (lambda flight: None),
             controller_env=self.controller_env,
             store=self.store,
-            checkpoint_pulls=self.checkpoint_pulls,
         )
         result = apply(the_plan, ctx)
         self._applied = result

@@ -786,6 +786,9 @@ class FleetMemory:
     # Kept by the controller process only (not in observed/, where it would change every cycle): after a restart
     # this clock starts again, so a stall is found at most one stall_timeout later.
     gpu_quiet: tuple[tuple[str, int, float], ...] = ()
+    # when each running attempt's checkpoint was last pulled home (complete or not): (run_id, attempt, at). Kept by
+    # the controller process only, like ``gpu_quiet``; after a restart the store's last sync stands in for it.
+    checkpoint_pulls: tuple[tuple[str, int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -803,6 +806,7 @@ class Observed:
     cycle_s: float = 60.0  # until the controller decides again: its cycle interval plus the destroy latency
     # names (never values) of the controller's environment variables the sweeps reference and that are set
     controller_env: frozenset[str] = frozenset()
+    harvesting: bool = False  # a result store takes this controller's harvests (and the sweeps' checkpoints)
 
     def probe(self, instance_id: int) -> BoxProbe | None:
         for p in self.probes:

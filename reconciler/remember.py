@@ -10,6 +10,10 @@ so they are tested without a provider, a box or a repository:
 - ``remember``: the memory after a plan was applied (the attempts in flight, the bills closed in the archive, the
   host ledger). The loop calls it once per cycle, after apply.
 - ``world_after_apply``: the snapshot as the next cycle will start from it (the one written under observed/).
+
+The money an archive line carries is accounted here too, beside the spend it comes from: what an attempt cost
+(``attempt_cost``, at most what its box was billed: ``capped_to_bill``) and a closed box's overhead line
+(``overhead_record``). Apply gathers the facts and writes the lines; the sums are these.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from reconciler.model import (
     Instance,
     InstanceStatus,
     Observed,
+    OverheadRecord,
     Spend,
 )
 from reconciler.runphase import is_live, is_unfinished
@@ -65,7 +70,71 @@ def remember(
     spend = close_bills(memory.spend, (o.instance_id for o in applied.overheads))
     done = [(o.action, o.ok, o.detail) for o in applied.outcomes if not o.skipped]
     hosts = note_cycle(memory.hosts, fleet, observed, done, applied.archived, now)
-    return replace(memory, in_flight=in_flight, spend=spend, hosts=hosts)
+    pulls = note_checkpoint_pulls(memory.checkpoint_pulls, applied.checkpoint_pulls, in_flight)
+    return replace(memory, in_flight=in_flight, spend=spend, hosts=hosts, checkpoint_pulls=pulls)
+
+
+def note_checkpoint_pulls(
+    previous: tuple[tuple[str, int, float], ...], pulled: Mapping[tuple[str, int], float], in_flight: Iterable[InFlight]
+) -> tuple[tuple[str, int, float], ...]:
+    """When each attempt still in flight last had its checkpoint pulled: this apply's pulls over the earlier ones."""
+    last = {(r, a): t for r, a, t in previous}
+    last.update(pulled)
+    flying = {(f.run_id, f.attempt) for f in in_flight}
+    return tuple(sorted((r, a, t) for (r, a), t in last.items() if (r, a) in flying))
+
+
+def attempt_cost(dph: float, num_gpus: int, gpu_mask: tuple[int, ...], started: float | None, ended: float) -> float:
+    """An attempt's share of its box's billed rate over its run time: the GPUs it held out of the box's (the rest
+    of the box's bill goes to the box's overhead line when the box ends)."""
+    share = min(1.0, len(gpu_mask) / num_gpus) if num_gpus and gpu_mask else 1.0
+    return round(dph * share * max(0.0, ended - started) / 3600.0 if started else 0.0, 6)
+
+
+_BILLING_FULL = (InstanceStatus.CREATED, InstanceStatus.LOADING, InstanceStatus.RUNNING)
+
+
+def capped_to_bill(
+    rec: AttemptRecord, box: BoxSpend | None, listed: Instance | None, prior: Iterable[AttemptRecord], now: float
+) -> AttemptRecord:
+    """An attempt never costs more than its box was billed, less what the box's earlier attempts (``prior``) cost.
+
+    A lost attempt's end is known only when it is noticed, by which time a vanished box may have billed storage
+    only for a while: without the cap, its run would be charged money the box never billed (and the box's
+    overhead line would go negative).
+    """
+    if box is None:
+        return rec
+    bill = box.usd
+    if listed is not None and listed.status in _BILLING_FULL:  # still billing its price since the bill was read
+        bill += listed.dph_total * max(0.0, now - box.at) / 3600.0
+    spent = sum(r.cost_usd for r in prior if r.instance_id == rec.instance_id)
+    cap = round(max(0.0, bill - spent), 6)
+    return replace(rec, cost_usd=cap) if rec.cost_usd > cap else rec
+
+
+def overhead_record(box: BoxSpend, records: Iterable[AttemptRecord]) -> OverheadRecord:
+    """A closed box's overhead line: its bill minus the costs of the attempts archived on it (``records``)."""
+    ran = [r for r in records if r.instance_id == box.instance_id]
+    attempts_usd = round(sum(r.cost_usd for r in ran), 6)
+    billed = round(box.usd, 6)
+    note = " (estimated: the provider did not say its final bill)" if box.estimated else ""
+    return OverheadRecord(
+        instance_id=box.instance_id,
+        billed_usd=billed,
+        attempts_usd=attempts_usd,
+        attempts=len(ran),
+        cost_usd=round(billed - attempts_usd, 6),
+        machine_id=box.machine_id,
+        gpu_name=box.gpu_name,
+        num_gpus=box.num_gpus,
+        dph=box.dph,
+        started_at=box.started_at,
+        ended_at=box.gone_at,
+        estimated=box.estimated,
+        reason=f"box ended: billed ${billed:.6f}, {len(ran)} attempt(s) ${attempts_usd:.6f}, the rest was boot, "
+        f"bootstrap and idle time{note}",
+    )
 
 
 def close_bills(spend: Spend, closed: Iterable[int]) -> Spend:

@@ -18,6 +18,8 @@ VERBS = {
     Kind.KILL: "to kill",
     Kind.REQUEUE: "to requeue",
     Kind.RECORD: "to record",
+    Kind.SYNC_CHECKPOINT: "checkpoint(s) to sync",
+    Kind.CLOSE_BILL: "bill(s) to close",
 }
 
 
