@@ -377,9 +377,13 @@ class Plan:
         """Something in the world or the archive changes (a checkpoint sync only reads)."""
         return any(a.kind not in READS_ONLY for a in self.actions)
 
-    def counts(self) -> dict[str, int]:
+    def counts(self, *, changes_only: bool = False) -> dict[str, int]:
+        """Actions by kind; ``changes_only`` leaves out the reads (a checkpoint sync), so that what is committed
+        about a plan does not change with them every ``checkpoint.every``."""
         out: dict[str, int] = {}
         for a in self.actions:
+            if changes_only and a.kind in READS_ONLY:
+                continue
             out[a.kind.value] = out.get(a.kind.value, 0) + 1
         return out
 

@@ -282,7 +282,7 @@ def _render_status(status: ReconcilerStatus, plan: Plan) -> dict[str, Any]:
         "apply_errors": list(status.apply_errors),
         "suspended": plan.suspended,
         "last_plan": {
-            "counts": plan.counts(),
+            "counts": plan.counts(changes_only=True),
             "warnings": list(plan.warnings),
             "price": [e.to_json() for e in plan.estimates],
         },
