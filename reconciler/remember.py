@@ -65,7 +65,11 @@ def remember(
     memory: FleetMemory, observed: Observed, plan: Plan, applied: ApplyResult, now: float, *, fleet: Fleet
 ) -> FleetMemory:
     """The memory after ``plan`` was applied (``applied``) to the world ``observed`` showed, starting from
-    ``memory`` (the memory the cycle planned from: ``observed.memory``)."""
+    ``memory`` (the memory the cycle planned from: ``observed.memory``).
+
+    What it takes of the plan comes through the outcomes of its actions (each outcome names its action): a launch
+    that happened, a bill closed, a rent that failed; an action that was skipped (lease lost, shutting down) left
+    nothing to remember, and the next cycle plans it again. ``fleet`` gives the ledger's windows."""
     in_flight = next_in_flight(memory.in_flight, observed, applied)
     spend = close_bills(memory.spend, (o.instance_id for o in applied.overheads))
     done = [(o.action, o.ok, o.detail) for o in applied.outcomes if not o.skipped]
