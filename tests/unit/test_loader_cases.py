@@ -268,12 +268,12 @@ def test_schema_path_unknown() -> None:
 
 def test_an_unexpected_exception_becomes_an_error_of_its_file(monkeypatch: pytest.MonkeyPatch) -> None:
     """The safety net: a bug below the loader is reported against the file being read, not raised."""
-    import reconciler.desired as desired_module
+    from reconciler.desired import fields as desired_module
 
     def broken(data: object) -> object:
         raise KeyError("surprise")
 
-    monkeypatch.setattr(desired_module, "_build_budget", broken)
+    monkeypatch.setattr(desired_module, "build_budget", broken)
     errors = load_errors(example_files())
     assert [str(e) for e in errors] == [
         "desired/budget.yaml: /: internal error reading this file: KeyError: 'surprise'; please report it"
