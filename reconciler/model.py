@@ -186,8 +186,8 @@ class PromotionRule:
 class Sweep:
     name: str
     command: str  # the Jinja2 template, as written
-    grid: tuple[tuple[str, tuple[Scalar, ...]], ...]
-    seeds: tuple[int, ...]
+    grid: tuple[tuple[str, tuple[Scalar, ...]], ...] = ()
+    seeds: tuple[int, ...] = ()
     priority: int = 0
     code_paths: tuple[str, ...] = (".",)
     gpus_per_run: int = 1

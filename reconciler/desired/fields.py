@@ -1,15 +1,20 @@
-"""From validated YAML data to the model: ``Fleet``, ``Pool``, ``Budget``, ``Sweep``.
+"""The field table: one row per YAML key, saying which model field it sets and how its text becomes the value.
 
-The schema and the checks have already refused what cannot work; what is left is conversion.
+``ROWS`` is declarative, like ``offers.RULES``: each row is a key path inside one model's YAML mapping, the
+model's field it sets and the converter from validated YAML to the field's type. A key that is not written is
+not passed, so the dataclass default in ``reconciler.model`` is the only default there is (``Row.default`` reads
+it back, and a test checks that every ``default`` the JSON schemas show equals it). The schema and the checks
+have already refused what cannot work; what is left here is conversion.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
-from collections.abc import Mapping
-from dataclasses import replace
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
 from reconciler.desired.tree import bootstrap_file
 from reconciler.model import (
@@ -23,7 +28,6 @@ from reconciler.model import (
     Pool,
     PromotionRule,
     Ranking,
-    Scalar,
     Sweep,
 )
 
@@ -39,104 +43,235 @@ def parse_duration(text: str) -> float:
     return float(((d * 24 + h) * 60 + mi) * 60 + s)
 
 
+def format_duration(seconds: float) -> str:
+    """3600.0 → ``"1h"``, 5400.0 → ``"1h30m"``: a duration the way desired/ files write it."""
+    rest = int(seconds)
+    out = ""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if rest >= size:
+            out += f"{rest // size}{unit}"
+            rest %= size
+    return out or "0s"
+
+
 def gib_to_mib(value: float | int | None) -> int | None:
     return None if value is None else round(float(value) * 1024)
 
 
-def _filters(offers: Mapping[str, Any]) -> OfferFilters:
-    return OfferFilters(
-        gpu_names=tuple(offers.get("gpu_names", ())),
-        num_gpus_min=int(offers.get("gpus_min", 1)),
-        num_gpus_max=offers.get("gpus_max"),
-        gpu_ram_mib_min=gib_to_mib(offers.get("min_gpu_ram_gib")),
-        reliability_min=_opt_float(offers.get("min_reliability")),
-        inet_down_mbps_min=_opt_float(offers.get("min_inet_down_mbps")),
-        dph_max=_opt_float(offers.get("max_dph")),
-        dlperf_per_dph_min=_opt_float(offers.get("min_dlperf_per_dph")),
-        cuda_min=_opt_float(offers.get("min_cuda")),
-        verified=bool(offers.get("verified", True)),
-        geolocations=tuple(offers.get("geolocations", ())),
-    )
+def _opt(convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``convert``, with YAML null staying None."""
+    return lambda value: None if value is None else convert(value)
 
 
-def _build_pool(data: Mapping[str, Any], fleet: Fleet, scripts: Mapping[str, str]) -> Pool:
-    """One entry of ``pools:``: what it does not say, it takes from the fleet's own fields."""
-    instances = data.get("instances", {})
-    offers = data.get("offers")
-    bootstrap = bootstrap_file(data) if "bootstrap" in data else fleet.bootstrap_path
-    script = scripts.get(bootstrap, "") if bootstrap else ""
-    return Pool(
-        name=data["name"],
-        min_instances=int(instances.get("min", 0)),
-        max_instances=int(instances.get("max", 1)),
-        filters=_filters(offers) if offers is not None else fleet.filters,
-        ranking=Ranking(offers.get("rank_by", Ranking.DLPERF_PER_DPH.value)) if offers is not None else fleet.ranking,
-        image=data.get("image", fleet.image),
-        disk_gb=float(data.get("disk_gb", fleet.disk_gb)),
-        bootstrap_path=bootstrap,
-        bootstrap_script=script,
-        bootstrap_hash=_script_hash(script) if bootstrap else "",
-        provider=str(data.get("provider", "vast")),
-        max_bid_dph=_max_bid(data) if "interruptible" in data else fleet.max_bid_dph,
-        hosts=tuple(
-            OwnHost(
-                address=str(h["address"]),
-                port=int(h.get("port", 22)),
-                user=str(h.get("user", "root")),
-                gpus=int(h["gpus"]),
-                gpu_name=str(h.get("gpu_name", "own")),
-            )
-            for h in data.get("hosts", ())
-        ),
-    )
+def _strs(value: Any) -> tuple[str, ...]:
+    return tuple(str(v) for v in value)
 
 
-def _max_bid(data: Mapping[str, Any]) -> float | None:
-    """``interruptible: {max_bid_dph: X}`` as X; ``interruptible: null`` (a pool turning the fleet's off) or none:
-    None."""
-    block = data.get("interruptible")
+def _max_bid(block: Any) -> float | None:
+    """``interruptible: {max_bid_dph: X}`` as X; ``interruptible: null`` (a pool turning the fleet's off): None."""
     return None if not isinstance(block, dict) else float(block["max_bid_dph"])
 
 
-def _script_hash(script: str) -> str:
+def _hosts(entries: Any) -> tuple[OwnHost, ...]:
+    return tuple(build(OwnHost, entry) for entry in entries)
+
+
+def _checkpoint(data: Any) -> Checkpoint | None:
+    """A sweep's ``checkpoint: {path, every}`` (validated by the schema and the sweep checks)."""
+    if not data:
+        return None
+    return Checkpoint(path=str(data["path"]).rstrip("/"), every_s=parse_duration(data["every"]))
+
+
+def _filters(offers: Any) -> OfferFilters:
+    return build(OfferFilters, offers)
+
+
+@dataclass(frozen=True)
+class Row:
+    """One YAML key of one model's mapping: where it is written, the field it sets, how its value converts."""
+
+    model: type
+    key: tuple[str, ...]
+    field: str
+    convert: Callable[[Any], Any] = lambda value: value
+
+    @property
+    def default(self) -> Any:
+        """The model's default for this field (``dataclasses.MISSING`` when the field is required)."""
+        return default_of(self.model, self.field)
+
+
+def default_of(model: type, name: str) -> Any:
+    """The dataclass default of ``model.name``: the one place a default of desired/ is written."""
+    for f in dataclasses.fields(model):
+        if f.name == name:
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+            return f.default
+    raise KeyError(f"{model.__name__} has no field {name!r}")
+
+
+def _rows(model: type, *rows: tuple[Any, ...]) -> tuple[Row, ...]:
+    return tuple(Row(model, tuple(key.split(".")), *rest) for key, *rest in rows)
+
+
+ROWS: tuple[Row, ...] = (
+    *_rows(
+        OfferFilters,
+        ("gpu_names", "gpu_names", _strs),
+        ("gpus_min", "num_gpus_min", int),
+        ("gpus_max", "num_gpus_max", _opt(int)),
+        ("min_gpu_ram_gib", "gpu_ram_mib_min", gib_to_mib),
+        ("min_reliability", "reliability_min", _opt(float)),
+        ("min_inet_down_mbps", "inet_down_mbps_min", _opt(float)),
+        ("max_dph", "dph_max", _opt(float)),
+        ("min_dlperf_per_dph", "dlperf_per_dph_min", _opt(float)),
+        ("min_cuda", "cuda_min", _opt(float)),
+        ("verified", "verified", bool),
+        ("geolocations", "geolocations", _strs),
+    ),
+    *_rows(
+        OwnHost,
+        ("address", "address", str),
+        ("port", "port", int),
+        ("user", "user", str),
+        ("gpus", "gpus", int),
+        ("gpu_name", "gpu_name", str),
+    ),
+    # a pool entry; a fleet without pools: is one pool of its own top-level keys (see ``build_pools``)
+    *_rows(
+        Pool,
+        ("name", "name", str),
+        ("instances.min", "min_instances", int),
+        ("instances.max", "max_instances", int),
+        ("offers", "filters", _filters),
+        ("offers.rank_by", "ranking", Ranking),
+        ("image", "image", str),
+        ("disk_gb", "disk_gb", float),
+        ("bootstrap", "bootstrap_path", lambda value: bootstrap_file({"bootstrap": value})),
+        ("provider", "provider", str),
+        ("interruptible", "max_bid_dph", _max_bid),
+        ("hosts", "hosts", _hosts),
+    ),
+    *_rows(
+        Fleet,
+        ("name", "name", str),
+        ("provider.name", "provider", str),
+        ("instances.min", "min_instances", int),
+        ("instances.max", "max_instances", int),
+        ("offers", "filters", _filters),
+        ("offers.rank_by", "ranking", Ranking),
+        ("image", "image", str),
+        ("disk_gb", "disk_gb", float),
+        ("bootstrap", "bootstrap_path", lambda value: bootstrap_file({"bootstrap": value})),
+        ("interruptible", "max_bid_dph", _max_bid),
+        ("idle_timeout", "idle_timeout_s", parse_duration),
+        ("ttl", "ttl_s", parse_duration),
+        ("boot_timeout", "boot_timeout_s", parse_duration),
+        ("unreachable_grace", "unreachable_grace_s", parse_duration),
+        ("heartbeat_stale", "heartbeat_stale_s", parse_duration),
+        ("suspend", "suspend", bool),
+        ("orphan_timeout", "orphan_timeout_s", parse_duration),
+        ("avoid_machines", "avoid_machines", lambda value: tuple(sorted(int(m) for m in value))),
+        ("blacklist_after", "blacklist_after", int),
+        ("ghost_cooldown", "ghost_cooldown_s", parse_duration),
+        ("bootstrap_timeout", "bootstrap_timeout_s", parse_duration),
+        ("max_rents_per_hour", "max_rents_per_hour", _opt(int)),
+        ("rent_backoff", "rent_backoff_s", parse_duration),
+    ),
+    *_rows(
+        Budget,
+        ("max_instance_dph", "max_instance_dph", _opt(float)),
+        ("max_fleet_dph", "max_fleet_dph", _opt(float)),
+        ("max_daily_usd", "daily_usd", _opt(float)),
+        ("max_total_usd", "total_usd", _opt(float)),
+        ("on_exceed", "on_exceed", OnExceed),
+    ),
+    *_rows(
+        Sweep,
+        ("name", "name", str),
+        ("command", "command", str),
+        ("grid", "grid", lambda value: tuple((str(k), tuple(v)) for k, v in value.items())),
+        ("seeds", "seeds", lambda value: tuple(int(s) for s in value)),
+        ("priority", "priority", int),
+        ("code", "code_paths", _strs),
+        ("resources.gpus", "gpus_per_run", int),
+        ("resources.min_gpu_ram_gib", "min_gpu_ram_mib", lambda value: gib_to_mib(value) or 0),
+        ("max_runtime", "max_runtime_s", parse_duration),
+        ("expected_runtime", "expected_runtime_s", parse_duration),
+        ("retries", "retries", int),
+        ("metrics.file", "metrics_file", str),
+        ("metrics.key", "metric_key", _opt(str)),
+        ("metrics.goal", "metric_goal", MetricGoal),
+        (
+            "promotion",
+            "promotion",
+            lambda value: tuple(PromotionRule(float(r["threshold"]), int(r["add_seeds"])) for r in value),
+        ),
+        ("env", "env", lambda value: tuple((str(k), str(v)) for k, v in value.items())),
+        ("artifacts", "artifacts", _strs),
+        ("checkpoint", "checkpoint", _checkpoint),
+        ("stall_timeout", "stall_timeout_s", parse_duration),
+        ("stall_gpu_util", "stall_gpu_util_pct", float),
+        ("pool", "pool", str),
+    ),
+)
+
+_ABSENT = object()
+_M = TypeVar("_M")
+_B = TypeVar("_B", Fleet, Pool)
+
+
+def _lookup(data: Any, key: tuple[str, ...]) -> Any:
+    for part in key:
+        if not isinstance(data, Mapping) or part not in data:
+            return _ABSENT
+        data = data[part]
+    return data
+
+
+def build(model: type[_M], data: Mapping[str, Any], **given: Any) -> _M:
+    """``model`` from its YAML mapping by its rows of ``ROWS``: keys written are converted, keys not written take
+    the model's default; ``given`` sets what no single key says (a sweep's order, a bootstrap's script)."""
+    values: dict[str, Any] = {}
+    for row in ROWS:
+        if row.model is model and (value := _lookup(data, row.key)) is not _ABSENT:
+            values[row.field] = row.convert(value)
+    return model(**{**values, **given})
+
+
+def field_default(model: type, key: str) -> Any:
+    """The default of the field that YAML ``key`` (dotted) of ``model`` sets: ``field_default(Sweep, "retries")``."""
+    row = next(r for r in ROWS if r.model is model and r.key == tuple(key.split(".")))
+    return row.default
+
+
+def script_hash(script: str) -> str:
     return hashlib.sha256(script.encode()).hexdigest()[:16]
 
 
+def _with_script(box: _B, scripts: Mapping[str, str]) -> _B:
+    """``box`` with the text and hash of the bootstrap script it names (none: both empty)."""
+    path = box.bootstrap_path
+    script = scripts.get(path, "") if path else ""
+    return replace(box, bootstrap_script=script, bootstrap_hash=script_hash(script) if path else "")
+
+
+# What a pool entry does not say, it takes from the fleet's own top-level keys (the whole key: a pool's offers
+# replace the fleet's, and a pool's ``interruptible: null`` turns the fleet's off).
+POOL_INHERITS = ("offers", "image", "disk_gb", "bootstrap", "interruptible")
+
+
+def _build_pool(data: Mapping[str, Any], fleet_data: Mapping[str, Any], scripts: Mapping[str, str]) -> Pool:
+    merged = {**{k: fleet_data[k] for k in POOL_INHERITS if k in fleet_data}, **data}
+    pool = build(Pool, merged)
+    return _with_script(pool, scripts)
+
+
 def build_fleet(data: Mapping[str, Any], scripts: Mapping[str, str]) -> Fleet:
-    offers = data.get("offers", {})
-    provider = data.get("provider", {})
-    filters = _filters(offers)
-    defaults = Fleet(name="_")
-    bootstrap_path = bootstrap_file(data) if "bootstrap" in data else None
-    script = scripts.get(bootstrap_path, "") if bootstrap_path else ""
-    fleet = Fleet(
-        name=data["name"],
-        provider=provider.get("name", "vast"),
-        min_instances=int(data["instances"].get("min", 0)),
-        max_instances=int(data["instances"]["max"]),
-        filters=filters,
-        ranking=Ranking(offers.get("rank_by", Ranking.DLPERF_PER_DPH.value)),
-        image=data.get("image", defaults.image),
-        disk_gb=float(data.get("disk_gb", defaults.disk_gb)),
-        bootstrap_path=bootstrap_path,
-        bootstrap_script=script,
-        bootstrap_hash=_script_hash(script) if bootstrap_path else "",
-        idle_timeout_s=duration_or(data, "idle_timeout", defaults.idle_timeout_s),
-        ttl_s=parse_duration(data["ttl"]) if "ttl" in data else None,
-        boot_timeout_s=duration_or(data, "boot_timeout", defaults.boot_timeout_s),
-        unreachable_grace_s=duration_or(data, "unreachable_grace", defaults.unreachable_grace_s),
-        heartbeat_stale_s=duration_or(data, "heartbeat_stale", defaults.heartbeat_stale_s),
-        suspend=bool(data.get("suspend", False)),
-        orphan_timeout_s=duration_or(data, "orphan_timeout", defaults.orphan_timeout_s),
-        avoid_machines=tuple(sorted(int(m) for m in data.get("avoid_machines", ()))),
-        blacklist_after=int(data.get("blacklist_after", defaults.blacklist_after)),
-        ghost_cooldown_s=duration_or(data, "ghost_cooldown", defaults.ghost_cooldown_s),
-        bootstrap_timeout_s=duration_or(data, "bootstrap_timeout", defaults.bootstrap_timeout_s),
-        max_rents_per_hour=data.get("max_rents_per_hour", defaults.max_rents_per_hour),
-        rent_backoff_s=duration_or(data, "rent_backoff", defaults.rent_backoff_s),
-        max_bid_dph=_max_bid(data),
-    )
-    pools = tuple(_build_pool(p, fleet, scripts) for p in data.get("pools", ()))
+    fleet = _with_script(build(Fleet, data), scripts)
+    pools = tuple(_build_pool(p, data, scripts) for p in data.get("pools", ()))
     if not pools:
         return fleet
     # the fleet's own filter set, image and bootstrap are those of its first pool (what single-pool readers see)
@@ -154,62 +289,16 @@ def build_fleet(data: Mapping[str, Any], scripts: Mapping[str, str]) -> Fleet:
     )
 
 
-def _opt_float(value: object) -> float | None:
-    return None if value is None else float(value)  # type: ignore[arg-type]
+def build_budget(data: Mapping[str, Any]) -> Budget:
+    return build(Budget, data)
+
+
+def build_sweep(data: Mapping[str, Any], order: int) -> Sweep:
+    sweep = build(Sweep, data, order=order)
+    # Strongest bar first: highest threshold for goal max, lowest for goal min.
+    rules = sorted(sweep.promotion, key=lambda r: -r.threshold if sweep.metric_goal is MetricGoal.MAX else r.threshold)
+    return replace(sweep, promotion=tuple(rules))
 
 
 def duration_or(data: Mapping[str, Any], key: str, default: float) -> float:
     return parse_duration(data[key]) if key in data else default
-
-
-def build_budget(data: Mapping[str, Any]) -> Budget:
-    return Budget(
-        max_instance_dph=_opt_float(data.get("max_instance_dph")),
-        max_fleet_dph=_opt_float(data.get("max_fleet_dph")),
-        daily_usd=_opt_float(data.get("max_daily_usd")),
-        total_usd=_opt_float(data.get("max_total_usd")),
-        on_exceed=OnExceed(data.get("on_exceed", OnExceed.DRAIN.value)),
-    )
-
-
-def build_sweep(data: Mapping[str, Any], order: int) -> Sweep:
-    goal = MetricGoal(data.get("metrics", {}).get("goal", MetricGoal.MAX.value))
-    rules = [
-        PromotionRule(threshold=float(r["threshold"]), add_seeds=int(r["add_seeds"])) for r in data.get("promotion", ())
-    ]
-    # Strongest bar first: highest threshold for goal max, lowest for goal min.
-    rules.sort(key=lambda r: -r.threshold if goal is MetricGoal.MAX else r.threshold)
-    resources = data.get("resources", {})
-    metrics = data.get("metrics", {})
-    grid: tuple[tuple[str, tuple[Scalar, ...]], ...] = tuple((k, tuple(v)) for k, v in data.get("grid", {}).items())
-    return Sweep(
-        name=data["name"],
-        command=data["command"],
-        grid=grid,
-        seeds=tuple(int(s) for s in data["seeds"]),
-        priority=int(data.get("priority", 0)),
-        code_paths=tuple(data.get("code", (".",))),
-        gpus_per_run=int(resources.get("gpus", 1)),
-        min_gpu_ram_mib=gib_to_mib(resources.get("min_gpu_ram_gib")) or 0,
-        max_runtime_s=duration_or(data, "max_runtime", 3600.0),
-        expected_runtime_s=duration_or(data, "expected_runtime", 0.0) if "expected_runtime" in data else None,
-        retries=int(data.get("retries", 2)),
-        metrics_file=metrics.get("file", "metrics.jsonl"),
-        metric_key=metrics.get("key"),
-        metric_goal=goal,
-        promotion=tuple(rules),
-        order=order,
-        env=tuple((str(k), str(v)) for k, v in data.get("env", {}).items()),
-        artifacts=tuple(data.get("artifacts", ())),
-        checkpoint=_checkpoint(data.get("checkpoint")),
-        stall_timeout_s=duration_or(data, "stall_timeout", 0.0) if "stall_timeout" in data else None,
-        stall_gpu_util_pct=float(data.get("stall_gpu_util", 5.0)),
-        pool=str(data.get("pool", "")),
-    )
-
-
-def _checkpoint(data: Mapping[str, Any] | None) -> Checkpoint | None:
-    """A sweep's ``checkpoint: {path, every}`` (validated by the schema and ``sweep_checks``)."""
-    if not data:
-        return None
-    return Checkpoint(path=str(data["path"]).rstrip("/"), every_s=parse_duration(data["every"]))

@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from reconciler.desired.fields import duration_or, parse_duration
+from reconciler.desired.fields import duration_or, field_default, parse_duration
 from reconciler.desired.load_error import LoadError
 from reconciler.desired.strict_yaml import Doc, character_problems
 from reconciler.desired.tree import MAX_FILE_BYTES, bootstrap_file
-from reconciler.model import OWN_PROVIDER
+from reconciler.model import OWN_PROVIDER, OfferFilters, Pool
 from reconciler.offers import country_code, gpu_name_problem
 from reconciler.remote import HEARTBEAT_INTERVAL_S
 
@@ -38,7 +38,7 @@ def fleet_checks(doc: Doc, files: Mapping[str, bytes]) -> tuple[list[LoadError],
             doc.error(("instances", "min"), f"min ({instances['min']}) is greater than max ({instances['max']})")
         )
     offers = data.get("offers", {})
-    if "gpus_max" in offers and offers.get("gpus_min", 1) > offers["gpus_max"]:
+    if "gpus_max" in offers and offers.get("gpus_min", field_default(OfferFilters, "gpus_min")) > offers["gpus_max"]:
         errors.append(
             doc.error(
                 ("offers", "gpus_min"),
@@ -124,11 +124,12 @@ def _pool_checks(doc: Doc) -> list[LoadError]:
             if where in addresses[:n]:
                 errors.append(doc.error(("pools", i, "hosts", n), f"host {where[0]}:{where[1]} is listed twice"))
         instances = pool.get("instances", {})
-        if instances.get("min", 0) > instances.get("max", 1):
+        least, most = (instances.get(k, field_default(Pool, f"instances.{k}")) for k in ("min", "max"))
+        if least > most:
             errors.append(
                 doc.error(
                     ("pools", i, "instances", "min"),
-                    f"min ({instances['min']}) is greater than max ({instances.get('max', 1)})",
+                    f"min ({least}) is greater than max ({most})",
                 )
             )
     if data.get("instances", {}).get("min", 0) > 0:

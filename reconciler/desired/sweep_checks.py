@@ -11,13 +11,13 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from reconciler import jobenv
-from reconciler.desired.fields import duration_or, parse_duration
+from reconciler.desired.fields import duration_or, field_default, format_duration, parse_duration
 from reconciler.desired.load_error import LoadError
 from reconciler.desired.strict_yaml import VALUE_CONTROL_RE, Doc, character_name
 from reconciler.desired.tree import FLEET_FILE, safe_relative
 from reconciler.errors import TemplateProblem
 from reconciler.expand import RUN_VARIABLES, parameter_name_problem, template_variables
-from reconciler.model import DEFAULT_POOL
+from reconciler.model import DEFAULT_POOL, Sweep
 from reconciler.offers import most_gpu_ram_gib
 
 MAX_RUNS_PER_SWEEP = 10_000
@@ -76,7 +76,7 @@ def sweep_checks(doc: Doc, fleet_data: Mapping[str, Any] | None, repo_paths: Con
                     at_key=True,
                 )
             )
-    longest = duration_or(data, "max_runtime", 3600.0)
+    longest = duration_or(data, "max_runtime", field_default(Sweep, "max_runtime"))
     if longest <= 0:
         errors.append(doc.error(("max_runtime",), "max_runtime must be longer than 0s: every run would be killed"))
     if "stall_timeout" in data and parse_duration(data["stall_timeout"]) <= 0:
@@ -104,7 +104,7 @@ def sweep_checks(doc: Doc, fleet_data: Mapping[str, Any] | None, repo_paths: Con
                 doc.error(
                     ("expected_runtime",),
                     f"expected_runtime {data['expected_runtime']} is longer than max_runtime "
-                    f"{data.get('max_runtime', '1h')}: a run that long is killed",
+                    f"{data.get('max_runtime', format_duration(longest))}: a run that long is killed",
                 )
             )
     for i, path in enumerate(data.get("code", ())):
@@ -150,7 +150,7 @@ def sweep_checks(doc: Doc, fleet_data: Mapping[str, Any] | None, repo_paths: Con
                 f"sweep expands to {total} runs (with promotion seeds); the limit is {MAX_RUNS_PER_SWEEP}",
             )
         )
-    gpus = int(data.get("resources", {}).get("gpus", 1))
+    gpus = int(data.get("resources", {}).get("gpus", field_default(Sweep, "resources.gpus")))
     pool_data: Mapping[str, Any] | None = fleet_data
     if fleet_data is not None and fleet_data.get("pools"):
         pools = fleet_data["pools"]
