@@ -22,8 +22,9 @@ from typing import Any
 
 from reconciler.actions import SweepEstimate
 from reconciler.model import AttemptOutcome, Desired, Observed, RunSpec
+from reconciler.offers import box_cap_dph
 from reconciler.plan.attempts import LiveVerdicts, PendingRun, RunQueue
-from reconciler.plan.common import effective_caps, usd
+from reconciler.plan.common import usd
 from reconciler.plan.estimate import Place, estimate, totals
 from reconciler.plan.money import purse, sweep_runtimes
 from reconciler.plan.world import index_world
@@ -72,27 +73,42 @@ def _candidates(desired: Desired | None) -> dict[str, int]:
     return out
 
 
-def committed_places(desired: Desired, held: Iterable[Place], observed: Observed) -> tuple[list[Place], str]:
-    """Where the work could run as the committed files know it, and what that rests on.
+def committed_places(
+    desired: Desired, held: Iterable[Place], observed: Observed
+) -> tuple[dict[str, list[Place]], str]:
+    """Per pool, where its work could run as the committed files know it, and what that rests on.
 
-    The boxes held (observed/fleet.yaml) and the boxes of the newest archived attempts, under the per-box cap;
-    without either, one box at the per-box cap (the estimate is then an upper bound: ``"cap"``).
+    The boxes held (observed/fleet.yaml) and the boxes of the newest archived attempts, under the pool's per-box
+    cap (``offers.box_cap_dph``); without either, one box at that cap (the estimate is then an upper bound:
+    ``"cap"``).
     """
-    instance_cap, _ = effective_caps(desired)
-    gpus = max(1, desired.fleet.filters.num_gpus_min)
-    places = [p for p in held if p[1] > 0]
-    source = "held boxes" if places else ""
+    held = [p for p in held if p[1] > 0]
     recent = [h for h in observed.history if h.dph > 0][-RECENT_PLACES:]
-    archived = [(h.dph, gpus, h.gpu_name) for h in recent if h.dph <= instance_cap]
-    if archived:
-        places += archived
-        source = f"{source} and " if source else ""
-        source += f"{len(archived)} archived attempt(s)"
-    if places:
-        return places, source
-    if math.isfinite(instance_cap):
-        return [(instance_cap, gpus, "")], "cap"
-    return [], "none"
+    out: dict[str, list[Place]] = {}
+    sources: set[str] = set()
+    for pool in desired.fleet.all_pools():
+        limit = box_cap_dph(pool, desired.budget)
+        gpus = max(1, pool.filters.num_gpus_min)
+        places = [p for p in held if p[0] <= limit]
+        source = "held boxes" if places else ""
+        archived = [(h.dph, gpus, h.gpu_name) for h in recent if h.dph <= limit]
+        if archived:
+            places += archived
+            source = f"{source} and " if source else ""
+            source += f"{len(archived)} archived attempt(s)"
+        if not places and math.isfinite(limit):
+            places, source = [(limit, gpus, "")], "cap"
+        out[pool.name] = places
+        sources.add(source or "none")
+    return out, _one_source(sources)
+
+
+def _one_source(sources: set[str]) -> str:
+    """What the prices rest on, said once: "cap" only when every pool is priced at its cap (an upper bound)."""
+    known = sorted(s for s in sources if s not in ("cap", "none"))
+    if known:
+        return known[0] if len(known) == 1 else "; ".join(known)
+    return "cap" if "cap" in sources else "none"
 
 
 def compute_review(
@@ -169,7 +185,8 @@ def _estimate(
     world, _ = index_world(desired, observed, now)
     places, source = committed_places(desired, held, observed)
     runtimes = sweep_runtimes(desired, observed, world.gpu_dlperf)
-    budget = purse(desired, observed, 0.0, runtimes, work, [dph / n for dph, n, _ in places if n > 0])
+    prices = {name: [dph / n for dph, n, _ in here if n > 0] for name, here in places.items()}
+    budget = purse(desired, observed, 0.0, runtimes, work, prices)
     by_sweep: dict[str, int] = {}
     for r in work:
         by_sweep[r.sweep] = by_sweep.get(r.sweep, 0) + 1

@@ -47,7 +47,7 @@ from reconciler.plan.attempts import (
     wanted_runs,
 )
 from reconciler.plan.boxes import BoxState, box_noops, classify_boxes, enforce_max_instances, prepare_boxes, retire_idle
-from reconciler.plan.common import Decisions, effective_caps, fmt_duration
+from reconciler.plan.common import Decisions, fleet_dph_cap, fmt_duration
 from reconciler.plan.environment import withhold_missing_secrets
 from reconciler.plan.estimate import estimate
 from reconciler.plan.money import Purse, budget_position
@@ -57,7 +57,7 @@ from reconciler.plan.world import World, index_world
 
 __all__ = [
     "BoxState",
-    "effective_caps",
+    "fleet_dph_cap",
     "fleet_spec_hash",
     "fmt_duration",
     "plan",

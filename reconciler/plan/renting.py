@@ -22,10 +22,10 @@ from reconciler.actions import ReasonCode, Rent
 from reconciler.identity import rent_label
 from reconciler.ledger import RENT_WINDOW_S
 from reconciler.model import Fleet, Offer, Pool, RunSpec
-from reconciler.offers import normalize_gpu_name
+from reconciler.offers import box_cap_dph, normalize_gpu_name
 from reconciler.plan.attempts import PendingRun
 from reconciler.plan.boxes import BoxState, BoxTable
-from reconciler.plan.common import EPS, Decisions, cap, count_cap, effective_caps, fmt_duration, usd, usd_h
+from reconciler.plan.common import EPS, Decisions, count_cap, fleet_dph_cap, fmt_duration, usd, usd_h
 from reconciler.plan.money import Purse, Spending, runtime_of
 from reconciler.plan.world import World
 
@@ -127,9 +127,8 @@ class _Market:
         self.pool = pool
         self.shared = shared
         self.count = sum(1 for i in table.alive() if world.boxes[i].pool == pool.name and world.boxes[i].rented)
-        self.instance_cap, self.fleet_cap = effective_caps(world.desired)
-        if self.fleet.pools:  # a pool's own dph_max (the fleet's is its first pool's: effective_caps has it)
-            self.instance_cap = min(cap(pool.filters.dph_max), cap(world.desired.budget.max_instance_dph))
+        self.instance_cap = box_cap_dph(pool, world.desired.budget)
+        self.fleet_cap = fleet_dph_cap(world.desired)
         self.offers = list(world.pool_offers.get(pool.name, ()))
         self.pointers: dict[tuple[int, int], int] = {}
 

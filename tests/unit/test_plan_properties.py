@@ -39,7 +39,8 @@ from reconciler.model import (
     Spend,
 )
 from reconciler.observe import observe
-from reconciler.plan import effective_caps, fleet_spec_hash, plan
+from reconciler.offers import box_cap_dph
+from reconciler.plan import fleet_dph_cap, fleet_spec_hash, plan
 
 NOW = 1_000_000.0
 FLEET = "lab"
@@ -267,7 +268,8 @@ def test_never_rents_above_caps(world: World) -> None:
     rents = [a for a in p.actions if isinstance(a, Rent)]
     if not rents:
         return
-    instance_cap, fleet_cap = effective_caps(desired)
+    instance_cap = max(box_cap_dph(pool, desired.budget) for pool in desired.fleet.all_pools())
+    fleet_cap = fleet_dph_cap(desired)
     owned = {i.id: i for i in observed.instances if i.id in _owned_ids(observed)}
     destroyed = {a.instance_id for a in p.actions if isinstance(a, Destroy)}
     alive = [i for iid, i in owned.items() if iid not in destroyed]
