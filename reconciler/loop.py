@@ -23,6 +23,7 @@ from reconciler.jobenv import ControllerEnv, references
 from reconciler.launch_journal import LaunchJournal
 from reconciler.ledger import note_cycle
 from reconciler.model import (
+    CONTROLLER_INTERVAL_S,
     OWN_PROVIDER,
     AttemptRecord,
     Desired,
@@ -72,7 +73,7 @@ class Reconciler:
     clock: SystemClock = field(default_factory=SystemClock)
     should_stop: Callable[[], bool] = lambda: False
     box_control: BoxControl | None = None  # what is done to boxes; None: the run protocol over ``shell``
-    cycle_s: float = 60.0  # how often this controller decides (the daemon's --interval; a guess for one-shots)
+    cycle_s: float = CONTROLLER_INTERVAL_S  # how often this controller decides (the daemon's --interval)
     destroy_latency_s: float = DESTROY_LATENCY_S
     fence: Fence = no_fence  # apply asks it before every action (the daemon's lease fence; ports.Fence)
     on_action: Callable[[Action], None] = lambda action: None  # apply tells it each action it starts (progress)

@@ -15,6 +15,8 @@ Scalar = str | int | float | bool
 
 OWNER_LABEL_PREFIX = "rigsync"
 FREE_GPU_MEMORY_MIB = 100
+# How often the controller decides unless told otherwise (`rigsync run --interval`): the one default of the interval.
+CONTROLLER_INTERVAL_S = 30.0
 
 
 # --------------------------------------------------------------------------------------------- desired
@@ -801,7 +803,7 @@ class Observed:
     fleet_name: str = ""
     in_flight: tuple[InFlight, ...] = ()
     credit_usd: float | None = None  # what the account can still spend, as the provider says (None: unknown)
-    cycle_s: float = 60.0  # until the controller decides again: its cycle interval plus the destroy latency
+    cycle_s: float = CONTROLLER_INTERVAL_S  # until the controller decides again: its interval + the destroy latency
     # names (never values) of the controller's environment variables the sweeps reference and that are set
     controller_env: frozenset[str] = frozenset()
     hosts: HostLedger = field(default_factory=HostLedger)  # the host reliability ledger as the last cycle left it
