@@ -272,9 +272,9 @@ def _execute(action: Action, ctx: ApplyContext, instances: dict[int, Instance], 
         return "destroyed"
     if isinstance(action, Bootstrap):
         box = _box(instances, action.instance_id)
-        pools = ctx.desired.fleet.all_pools()  # the pool whose script has this hash (pools may differ)
+        pools = ctx.desired.fleet.pools  # the pool whose script has this hash (pools may differ)
         script = next((p.bootstrap_script for p in pools if p.bootstrap_hash == action.script_hash), "")
-        out = ctx.boxes.bootstrap(box, script or ctx.desired.fleet.bootstrap_script, action.script_hash)
+        out = ctx.boxes.bootstrap(box, script, action.script_hash)
         return f"bootstrap {out}" if out else "bootstrap started"
     if isinstance(action, ShipCode):
         box = _box(instances, action.instance_id)

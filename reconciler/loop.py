@@ -245,7 +245,7 @@ def require_supported_provider(fleet: Fleet) -> None:
     rigsync never rents and never destroys."""
     if fleet.provider not in SUPPORTED_PROVIDERS:
         raise UserError(f"unknown provider {fleet.provider!r}: only 'vast' is supported")
-    for pool in fleet.all_pools():
+    for pool in fleet.pools:
         if pool.provider not in POOL_PROVIDERS:
             raise UserError(f"pool {pool.name}: unknown provider {pool.provider!r}: 'vast' or 'ssh'")
         if pool.own and not pool.hosts:

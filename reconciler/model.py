@@ -80,7 +80,7 @@ class OwnHost:
 @dataclass(frozen=True)
 class Pool:
     """One kind of box a fleet holds: which offers, how many, built how. A fleet without ``pools:`` has one, made
-    of its own fields and named ``default`` (``Fleet.all_pools``); budget caps and the fleet's max stay per fleet."""
+    of its top-level keys and named ``DEFAULT_POOL``; budget caps and the fleet's max stay per fleet."""
 
     name: str
     min_instances: int = 0
@@ -104,17 +104,17 @@ class Pool:
 
 @dataclass(frozen=True)
 class Fleet:
+    """What is fleet-wide: its name, the bounds on all its boxes together, the timeouts and the host ledger's rules.
+
+    Each kind of box is a ``Pool`` (filters, ranking, image, disk, bootstrap, bids); ``pools`` is never empty: a
+    fleet.yaml without ``pools:`` has one, named ``DEFAULT_POOL``, made of its top-level keys.
+    """
+
     name: str
     provider: str = "vast"
+    # the whole fleet's bounds (each pool has its own too)
     min_instances: int = 0
     max_instances: int = 1
-    filters: OfferFilters = field(default_factory=OfferFilters)
-    ranking: Ranking = Ranking.DLPERF_PER_DPH
-    image: str = "pytorch/pytorch:latest"
-    disk_gb: float = 20.0
-    bootstrap_path: str | None = None
-    bootstrap_script: str = ""
-    bootstrap_hash: str = ""  # sha256 of bootstrap_script (first 16 hex); "" when there is none
     idle_timeout_s: float = 600.0
     ttl_s: float | None = None
     boot_timeout_s: float = 900.0
@@ -134,37 +134,24 @@ class Fleet:
     bootstrap_timeout_s: float = 1800.0
     max_rents_per_hour: int | None = None
     rent_backoff_s: float = 60.0
-    # named pools (fleet.yaml ``pools:``), the first the default of a sweep without ``pool:``; empty: one pool made
-    # of the fields above (``all_pools``). With pools, min/max_instances above bound the whole fleet.
-    pools: tuple[Pool, ...] = ()
-    max_bid_dph: float | None = None  # fleet.yaml interruptible.max_bid_dph: bid for interruptible boxes up to this
+    # the pools, in fleet.yaml order; the first is the pool of a sweep that names none
+    pools: tuple[Pool, ...] = (Pool(name=DEFAULT_POOL),)
 
-    def all_pools(self) -> tuple[Pool, ...]:
-        """The pools to plan for: the named ones, or the one this fleet's own fields describe."""
-        if self.pools:
-            return self.pools
-        return (
-            Pool(
-                name=DEFAULT_POOL,
-                min_instances=self.min_instances,
-                max_instances=self.max_instances,
-                filters=self.filters,
-                ranking=self.ranking,
-                image=self.image,
-                disk_gb=self.disk_gb,
-                bootstrap_path=self.bootstrap_path,
-                bootstrap_script=self.bootstrap_script,
-                bootstrap_hash=self.bootstrap_hash,
-                max_bid_dph=self.max_bid_dph,
-            ),
-        )
+    def __post_init__(self) -> None:
+        if not self.pools:
+            raise ValueError("a fleet has at least one pool")
+
+    @property
+    def named_pools(self) -> bool:
+        """Its fleet.yaml names its pools (``pools:``), so boxes' labels and reasons say the pool; False for the one
+        implicit pool of a fleet without ``pools:``."""
+        return not (len(self.pools) == 1 and self.pools[0].name == DEFAULT_POOL)
 
     def pool(self, name: str) -> Pool | None:
         """The pool called ``name``; ``""`` is the first (a sweep that names none)."""
-        pools = self.all_pools()
         if not name:
-            return pools[0]
-        return next((p for p in pools if p.name == name), None)
+            return self.pools[0]
+        return next((p for p in self.pools if p.name == name), None)
 
 
 @dataclass(frozen=True)

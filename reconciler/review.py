@@ -86,7 +86,7 @@ def committed_places(
     recent = [h for h in observed.history if h.dph > 0][-RECENT_PLACES:]
     out: dict[str, list[Place]] = {}
     sources: set[str] = set()
-    for pool in desired.fleet.all_pools():
+    for pool in desired.fleet.pools:
         limit = box_cap_dph(pool, desired.budget)
         gpus = max(1, pool.filters.num_gpus_min)
         places = [p for p in held if p[0] <= limit]

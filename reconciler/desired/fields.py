@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from reconciler.desired.tree import bootstrap_file
 from reconciler.model import (
+    DEFAULT_POOL,
     Budget,
     Checkpoint,
     Fleet,
@@ -154,18 +155,13 @@ ROWS: tuple[Row, ...] = (
         ("interruptible", "max_bid_dph", _max_bid),
         ("hosts", "hosts", _hosts),
     ),
+    # what is fleet-wide; its pool keys (offers, image, ...) are its pools' (``POOL_INHERITS``)
     *_rows(
         Fleet,
         ("name", "name", str),
         ("provider.name", "provider", str),
         ("instances.min", "min_instances", int),
         ("instances.max", "max_instances", int),
-        ("offers", "filters", _filters),
-        ("offers.rank_by", "ranking", Ranking),
-        ("image", "image", str),
-        ("disk_gb", "disk_gb", float),
-        ("bootstrap", "bootstrap_path", lambda value: bootstrap_file({"bootstrap": value})),
-        ("interruptible", "max_bid_dph", _max_bid),
         ("idle_timeout", "idle_timeout_s", parse_duration),
         ("ttl", "ttl_s", parse_duration),
         ("boot_timeout", "boot_timeout_s", parse_duration),
@@ -220,7 +216,6 @@ ROWS: tuple[Row, ...] = (
 
 _ABSENT = object()
 _M = TypeVar("_M")
-_B = TypeVar("_B", Fleet, Pool)
 
 
 def _lookup(data: Any, key: tuple[str, ...]) -> Any:
@@ -251,11 +246,11 @@ def script_hash(script: str) -> str:
     return hashlib.sha256(script.encode()).hexdigest()[:16]
 
 
-def _with_script(box: _B, scripts: Mapping[str, str]) -> _B:
-    """``box`` with the text and hash of the bootstrap script it names (none: both empty)."""
-    path = box.bootstrap_path
+def _with_script(pool: Pool, scripts: Mapping[str, str]) -> Pool:
+    """``pool`` with the text and hash of the bootstrap script it names (none: both empty)."""
+    path = pool.bootstrap_path
     script = scripts.get(path, "") if path else ""
-    return replace(box, bootstrap_script=script, bootstrap_hash=script_hash(script) if path else "")
+    return replace(pool, bootstrap_script=script, bootstrap_hash=script_hash(script) if path else "")
 
 
 # What a pool entry does not say, it takes from the fleet's own top-level keys (the whole key: a pool's offers
@@ -265,28 +260,14 @@ POOL_INHERITS = ("offers", "image", "disk_gb", "bootstrap", "interruptible")
 
 def _build_pool(data: Mapping[str, Any], fleet_data: Mapping[str, Any], scripts: Mapping[str, str]) -> Pool:
     merged = {**{k: fleet_data[k] for k in POOL_INHERITS if k in fleet_data}, **data}
-    pool = build(Pool, merged)
-    return _with_script(pool, scripts)
+    return _with_script(build(Pool, merged), scripts)
 
 
 def build_fleet(data: Mapping[str, Any], scripts: Mapping[str, str]) -> Fleet:
-    fleet = _with_script(build(Fleet, data), scripts)
-    pools = tuple(_build_pool(p, data, scripts) for p in data.get("pools", ()))
-    if not pools:
-        return fleet
-    # the fleet's own filter set, image and bootstrap are those of its first pool (what single-pool readers see)
-    first = pools[0]
-    return replace(
-        fleet,
-        pools=pools,
-        filters=first.filters,
-        ranking=first.ranking,
-        image=first.image,
-        disk_gb=first.disk_gb,
-        bootstrap_path=first.bootstrap_path,
-        bootstrap_script=first.bootstrap_script,
-        bootstrap_hash=first.bootstrap_hash,
-    )
+    """The fleet and its pools; without ``pools:``, its one pool ``DEFAULT_POOL`` is its top-level keys, its
+    bounds the fleet's."""
+    entries = data.get("pools") or [{"name": DEFAULT_POOL, "instances": data.get("instances", {})}]
+    return build(Fleet, data, pools=tuple(_build_pool(entry, data, scripts) for entry in entries))
 
 
 def build_budget(data: Mapping[str, Any]) -> Budget:

@@ -175,7 +175,7 @@ class _Market:
                 f"instance cap: {self.shared.count} owned or rented box(es) = max_instances {fleet_max}",
             )
         pool_max = count_cap(self.pool.max_instances)
-        if self.fleet.pools and self.count >= pool_max:
+        if self.fleet.named_pools and self.count >= pool_max:
             return (
                 ReasonCode.INSTANCE_COUNT_CAP,
                 f"instance cap: {self.count} box(es) of pool {self.pool.name} = its max_instances {pool_max}",
@@ -275,7 +275,7 @@ def _rent_pool(
     out: Decisions,
 ) -> None:
     f = world.desired.fleet
-    subj = f"fleet/{f.name}" if not f.pools else f"pool/{pool.name}"
+    subj = f"fleet/{f.name}" if not f.named_pools else f"pool/{pool.name}"
     on_their_way = _Bins()
     for box_id in table.alive():
         if table.states.get(box_id) in _ON_THEIR_WAY and world.boxes[box_id].pool == pool.name:

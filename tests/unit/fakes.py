@@ -44,6 +44,7 @@ from reconciler.errors import (
     RemoteCommandFailed,
 )
 from reconciler.model import (
+    DEFAULT_POOL,
     AttemptRecord,
     BoxProbe,
     Budget,
@@ -58,6 +59,7 @@ from reconciler.model import (
     Offer,
     OfferFilters,
     OverheadRecord,
+    Pool,
     RunDirState,
     RunSpec,
 )
@@ -666,11 +668,12 @@ def desired_state(
     n_runs: int, *, max_instances: int = 2, bootstrap: str = "", fleet_name: str = "lab", **run_kw: Any
 ) -> Desired:
     """A fleet of up to ``max_instances`` boxes and ``n_runs`` one-GPU runs (``r0`` ...), code pinned at c0ffee."""
-    fleet = Fleet(
-        name=fleet_name,
+    pool = Pool(
+        name=DEFAULT_POOL,
         max_instances=max_instances,
         bootstrap_script=bootstrap,
         bootstrap_hash=hashlib.sha256(bootstrap.encode()).hexdigest()[:16] if bootstrap else "",
     )
+    fleet = Fleet(name=fleet_name, max_instances=max_instances, pools=(pool,))
     runs = tuple(run_spec(i, **run_kw) for i in range(n_runs))
     return Desired(fleet=fleet, budget=Budget(), sweeps=(), runs=runs, commit="d35173d", code_commit="c0ffee")

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from reconciler.actions import APPLY_ORDER, Bootstrap, Destroy, Kill, Launch, Plan, Record, Rent, Requeue
 from reconciler.apply import ApplyContext, apply, next_in_flight
 from reconciler.model import (
+    DEFAULT_POOL,
     AttemptOutcome,
     AttemptRecord,
     BoxMemory,
@@ -34,6 +35,7 @@ from reconciler.model import (
     Offer,
     OnExceed,
     Ownership,
+    Pool,
     RunDirState,
     RunSpec,
     Spend,
@@ -100,13 +102,14 @@ def offers(draw: st.DrawFn) -> tuple[Offer, ...]:
 @st.composite
 def worlds(draw: st.DrawFn, steady: bool = False) -> World:
     bootstrap = "" if steady else draw(st.sampled_from(["", "bh01"]))
+    least, most = draw(st.integers(-1, 2)), draw(st.integers(-1, 4))
     fleet = Fleet(
         name=FLEET,
-        min_instances=draw(st.integers(-1, 2)),
-        max_instances=draw(st.integers(-1, 4)),
-        bootstrap_hash=bootstrap,
+        min_instances=least,
+        max_instances=most,
         ttl_s=None if steady else draw(st.sampled_from([None, 3000.0])),
         suspend=False if steady else draw(st.integers(0, 9)) == 0,
+        pools=(Pool(name=DEFAULT_POOL, min_instances=least, max_instances=most, bootstrap_hash=bootstrap),),
     )
     on_exceed = draw(st.sampled_from(list(OnExceed)))
     budget = Budget(
@@ -268,7 +271,7 @@ def test_never_rents_above_caps(world: World) -> None:
     rents = [a for a in p.actions if isinstance(a, Rent)]
     if not rents:
         return
-    instance_cap = max(box_cap_dph(pool, desired.budget) for pool in desired.fleet.all_pools())
+    instance_cap = max(box_cap_dph(pool, desired.budget) for pool in desired.fleet.pools)
     fleet_cap = fleet_dph_cap(desired)
     owned = {i.id: i for i in observed.instances if i.id in _owned_ids(observed)}
     destroyed = {a.instance_id for a in p.actions if isinstance(a, Destroy)}
