@@ -57,6 +57,7 @@ from reconciler.model import (
     OverheadRecord,
     RunDirState,
     RunSpec,
+    Sweep,
 )
 from reconciler.ports import BoxControl, Fence, Harvested, LaunchJob, Provider, ResultStore, no_fence
 from reconciler.remote import watchdog_onstart
@@ -334,8 +335,8 @@ def _harvest(
     if ctx.store is None:
         return rec
     spec = ctx.desired.run(rec.run_id)
-    sweep = ctx.desired.sweep(spec.sweep) if spec else None
-    patterns = [spec.metrics_file] if spec and not spec.metrics_file.startswith("/") else []
+    sweep = spec.sweep if spec else None
+    patterns = [spec.sweep.metrics_file] if spec and not spec.sweep.metrics_file.startswith("/") else []
     patterns.extend(sweep.artifacts if sweep else ())
     if sweep is not None and sweep.checkpoint is not None and rec.phase is not AttemptOutcome.SUCCEEDED:
         _pull_checkpoint(ctx, box, rec.run_id, rec.attempt, sweep.checkpoint.path)  # what a retry resumes from
@@ -356,13 +357,13 @@ def _harvest(
         text = _tail_text(raw) if raw else None
         tail = _secrets_hidden(ctx, spec, text) if text else None
     resumed = rec.resumed_from if rec.resumed_from is not None else got.resumed_from
-    if spec is not None and spec.metric_key and not spec.metrics_file.startswith("/"):
-        metrics = ctx.store.read_attempt(rec.run_id, rec.attempt, spec.metrics_file)
-        points = points_from_metrics(metrics, spec.metric_key) if metrics else []
+    if spec is not None and spec.sweep.metric_key and not spec.sweep.metrics_file.startswith("/"):
+        metrics = ctx.store.read_attempt(rec.run_id, rec.attempt, spec.sweep.metrics_file)
+        points = points_from_metrics(metrics, spec.sweep.metric_key) if metrics else []
         if points:
-            result.curves[curve_path(spec.sweep, rec.run_id, rec.attempt)] = render_curve(
-                sweep=spec.sweep, run_id=rec.run_id, attempt=rec.attempt, key=spec.metric_key,
-                goal=spec.metric_goal.value, points=points, resumed_from=resumed,
+            result.curves[curve_path(spec.sweep.name, rec.run_id, rec.attempt)] = render_curve(
+                sweep=spec.sweep.name, run_id=rec.run_id, attempt=rec.attempt, key=spec.sweep.metric_key,
+                goal=spec.sweep.metric_goal.value, points=points, resumed_from=resumed,
             )
     return replace(rec, harvest=harvest_note(got), stderr_tail=tail, resumed_from=resumed)
 
@@ -370,11 +371,11 @@ def _harvest(
 def _secrets_hidden(ctx: ApplyContext, spec: RunSpec | None, text: str) -> str:
     """``text`` (what the job printed, on its way into git) with the values of its sweep's ``${NAME}`` references
     shown as ``${NAME}``: a job that prints its own token must not commit it. Literals are in git already."""
-    refs = tuple((name, value) for name, value in (spec.env if spec else ()) if reference(value) is not None)
+    refs = tuple((name, value) for name, value in (spec.sweep.env if spec else ()) if reference(value) is not None)
     if not refs or spec is None:
         return text
     try:
-        return ctx.controller_env.resolve(spec.sweep, refs).redact(text)
+        return ctx.controller_env.resolve(spec.sweep.name, refs).redact(text)
     except SecretMissing:  # unset since the launch: nothing to hide that this controller knows of
         return text
 
@@ -412,7 +413,7 @@ def _sync_checkpoints(ctx: ApplyContext, instances: dict[int, Instance], result:
             if r.exit_code is not None or not r.pid_alive or (r.run_id, r.attempt) in result.settled:
                 continue
             spec = ctx.desired.run(r.run_id)
-            sweep = ctx.desired.sweep(spec.sweep) if spec else None
+            sweep = spec.sweep if spec else None
             if sweep is None or sweep.checkpoint is None or ctx.should_stop():
                 continue
             last = ctx.checkpoint_pulls.get((r.run_id, r.attempt))
@@ -423,11 +424,10 @@ def _sync_checkpoints(ctx: ApplyContext, instances: dict[int, Instance], result:
                 _pull_checkpoint(ctx, box, r.run_id, r.attempt, sweep.checkpoint.path)
 
 
-def _stage_checkpoint(ctx: ApplyContext, box: Instance, action: Launch, sweep_name: str) -> int | None:
+def _stage_checkpoint(ctx: ApplyContext, box: Instance, action: Launch, sweep: Sweep) -> int | None:
     """Ship the run's last synced checkpoint (from an earlier attempt) to the attempt about to launch; the attempt
     it came from, or None when it starts fresh."""
-    sweep = ctx.desired.sweep(sweep_name)
-    if ctx.store is None or sweep is None or sweep.checkpoint is None:
+    if ctx.store is None or sweep.checkpoint is None:
         return None
     ck = ctx.store.checkpoint(action.run_id)
     if ck is None or ck.attempt >= action.attempt:
@@ -473,7 +473,7 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
     spec = ctx.desired.run(action.run_id)
     if spec is None:
         raise RemoteCommandFailed(f"run {action.run_id} is not in the desired state this plan was made from")
-    env = ctx.controller_env.resolve(spec.sweep, spec.env)  # SecretMissing names the variable, never a value
+    env = ctx.controller_env.resolve(spec.sweep.name, spec.sweep.env)  # SecretMissing names the variable, never a value
     job = LaunchJob(
         run_id=action.run_id,
         attempt=action.attempt,
@@ -481,13 +481,13 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
         command=action.command,
         code_commit=action.code_commit,
         desired_commit=ctx.desired.commit,
-        sweep=spec.sweep,
+        sweep=spec.sweep.name,
         params=spec.params,
         seed=spec.seed,
-        metrics_file=spec.metrics_file,
-        metric_key=spec.metric_key,
-        metric_goal=spec.metric_goal,
-        max_runtime_s=spec.max_runtime_s,
+        metrics_file=spec.sweep.metrics_file,
+        metric_key=spec.sweep.metric_key,
+        metric_goal=spec.sweep.metric_goal,
+        max_runtime_s=spec.sweep.max_runtime_s,
         env=env,
     )
     box = _box(instances, action.instance_id)
@@ -498,7 +498,7 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
         instance_id=action.instance_id,
         gpu_mask=action.gpu_mask,
         launched_at=ctx.now(),
-        sweep=spec.sweep,
+        sweep=spec.sweep.name,
         resumed_from=resumed_from,
     )
     ctx.note_launch(flight)  # written ahead: a crash right after the launch must not lose the attempt's number
@@ -569,7 +569,7 @@ def _attempt_record(
     return AttemptRecord(
         run_id=run_id,
         attempt=attempt,
-        sweep=spec.sweep if spec else (launched.sweep if launched else ""),
+        sweep=spec.sweep.name if spec else (launched.sweep if launched else ""),
         phase=phase,
         params=spec.params if spec else (),
         seed=spec.seed if spec else 0,

@@ -267,7 +267,7 @@ class FleetDaemon:
             archived=applied.archived if applied else (),
             overheads=applied.overheads if applied else (),
             destroyed={a.instance_id: a.reason for a in result.plan.actions if isinstance(a, Destroy)},
-            metric_keys={r.sweep: r.metric_key for r in desired.runs if r.metric_key},
+            metric_keys={r.sweep.name: r.sweep.metric_key for r in desired.runs if r.sweep.metric_key},
             archive_pending=bool(rec.archive.pending_lines()) or self.git.archive_uncommitted(),
         )
         commit = None

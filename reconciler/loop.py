@@ -109,7 +109,7 @@ class Reconciler:
         observed, memory = observe(desired, self.provider, self.boxes, self.history, self.memory, now)
         # the budget's horizon: until this controller decides again (its interval after a cycle as long as the
         # slowest it can be), plus the time a destroy takes to stop the billing
-        envs = {sweep.env for sweep in desired.sweeps} | {run.env for run in desired.runs}
+        envs = {sweep.env for sweep in desired.sweeps} | {run.sweep.env for run in desired.runs}
         wanted = {name for env in envs for name in references(env)}
         observed = replace(
             observed,

@@ -210,33 +210,21 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One run the desired state asks for: a cell of the grid with one seed.
+    """One run the desired state asks for: a cell of its sweep's grid with one seed.
 
-    ``promotion_threshold`` is None for base seeds. Promotion seeds are expanded ahead of time (the pure
-    planner cannot render templates) and become wanted only when the cell's best base metric reaches it.
+    What every run of a sweep shares (resources, runtime, retries, metrics, env, pool, ...) is read from its
+    ``sweep``; a run holds only what is its own. ``promotion_threshold`` is None for base seeds. Promotion seeds
+    are expanded ahead of time (the pure planner cannot render templates) and become wanted only when the cell's
+    best base metric reaches it.
     """
 
     id: str
-    sweep: str
+    sweep: Sweep
     cell: str  # stable id of the grid cell (sweep + params), shared by all its seeds
     params: tuple[tuple[str, Scalar], ...]
     seed: int
     command: str  # rendered, every substituted value shell-quoted
-    priority: int
-    sweep_order: int
-    gpus: int
-    min_gpu_ram_mib: int
-    max_runtime_s: float
-    retries: int
-    metrics_file: str
-    metric_key: str | None
-    metric_goal: MetricGoal
     promotion_threshold: float | None = None
-    expected_runtime_s: float | None = None  # the sweep's expected_runtime, if it gives one
-    env: tuple[tuple[str, str], ...] = ()  # the sweep's env as written (references by name only)
-    stall_timeout_s: float | None = None  # the sweep's stall_timeout (None: never stalled)
-    stall_gpu_util_pct: float = 5.0
-    pool: str = ""  # the fleet pool it runs on ("": the first)
 
     @property
     def params_dict(self) -> dict[str, Scalar]:

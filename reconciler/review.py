@@ -52,11 +52,13 @@ class Side:
 
 
 def _key(spec: RunSpec) -> RunKey:
-    return (spec.sweep, spec.params, spec.seed)
+    return (spec.sweep.name, spec.params, spec.seed)
 
 
 def _run_json(spec: RunSpec) -> dict[str, Any]:
-    return {"id": spec.id, "sweep": spec.sweep, "params": dict(spec.params), "seed": spec.seed, "command": spec.command}
+    return {
+        "id": spec.id, "sweep": spec.sweep.name, "params": dict(spec.params), "seed": spec.seed, "command": spec.command
+    }
 
 
 def _base_runs(desired: Desired | None) -> dict[RunKey, RunSpec]:
@@ -69,7 +71,7 @@ def _candidates(desired: Desired | None) -> dict[str, int]:
     out: dict[str, int] = {}
     for r in desired.runs if desired is not None else ():
         if r.promotion_threshold is not None:
-            out[r.sweep] = out.get(r.sweep, 0) + 1
+            out[r.sweep.name] = out.get(r.sweep.name, 0) + 1
     return out
 
 
@@ -141,18 +143,18 @@ def compute_review(
         for s in d.sweeps if d is not None else ():
             row(s.name)
     for r in before.values():
-        row(r.sweep)["base_runs"] += 1
+        row(r.sweep.name)["base_runs"] += 1
     for k, r in after.items():
-        c = row(r.sweep)
+        c = row(r.sweep.name)
         c["head_runs"] += 1
         if k in before and before[k].id == r.id:
             c["unchanged"] += 1
     for r in added:
-        row(r.sweep)["added"] += 1
+        row(r.sweep.name)["added"] += 1
     for r in removed:
-        row(r.sweep)["removed"] += 1
+        row(r.sweep.name)["removed"] += 1
     for _, r in changed:
-        row(r.sweep)["changed"] += 1
+        row(r.sweep.name)["changed"] += 1
     for name, n in _candidates(base.desired if head.desired is not None else None).items():
         row(name)["promotion_candidates_base"] = n
     for name, n in _candidates(head.desired).items():
@@ -165,7 +167,7 @@ def compute_review(
     doc["added"] = [_run_json(r) for r in added]
     doc["removed"] = [_run_json(r) for r in removed]
     doc["changed"] = [
-        {"sweep": new.sweep, "params": dict(new.params), "seed": new.seed, "base_id": old.id, "head_id": new.id,
+        {"sweep": new.sweep.name, "params": dict(new.params), "seed": new.seed, "base_id": old.id, "head_id": new.id,
          "base_command": old.command, "head_command": new.command}
         for old, new in changed
     ]
@@ -181,7 +183,7 @@ def _estimate(
 ) -> dict[str, Any]:
     done = {h.run_id for h in observed.history if h.phase is AttemptOutcome.SUCCEEDED}
     work = [r for r in new_work if r.id not in done]  # a reverted edit brings back runs already finished
-    work.sort(key=lambda r: (r.sweep_order, r.sweep))
+    work.sort(key=lambda r: (r.sweep.order, r.sweep.name))
     world, _ = index_world(desired, observed, now)
     places, source = committed_places(desired, held, observed)
     runtimes = sweep_runtimes(desired, observed, world.gpu_dlperf)
@@ -189,9 +191,9 @@ def _estimate(
     budget = purse(desired, observed, 0.0, runtimes, work, prices)
     by_sweep: dict[str, int] = {}
     for r in work:
-        by_sweep[r.sweep] = by_sweep.get(r.sweep, 0) + 1
+        by_sweep[r.sweep.name] = by_sweep.get(r.sweep.name, 0) + 1
     queue = RunQueue(
-        pending=tuple(PendingRun(r, max(1, r.gpus), r.min_gpu_ram_mib, 0, 1) for r in work),
+        pending=tuple(PendingRun(r, max(1, r.sweep.gpus_per_run), r.sweep.min_gpu_ram_mib, 0, 1) for r in work),
         live_work=False,
         pending_by_sweep=by_sweep,
     )

@@ -111,7 +111,7 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
     if held:  # renting sees them in launch order too
         order = world.run_index
         unplaced = tuple(
-            sorted((*unplaced, *held), key=lambda r: (-r.spec.priority, r.spec.sweep_order, order[r.spec.id]))
+            sorted((*unplaced, *held), key=lambda r: (-r.spec.sweep.priority, r.spec.sweep.order, order[r.spec.id]))
         )
     decided.extend(rent_for(world, unplaced, table, budget, placement.spent))
     decided.extend(box_noops(world, seen, table))

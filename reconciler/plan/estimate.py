@@ -121,21 +121,21 @@ def estimate(
     pending = queue.pending_by_sweep
     specs: dict[str, RunSpec] = {}  # one run of each sweep, for its runtime, GPUs and order
     for run in (*queue.pending, *queue.held):
-        specs.setdefault(run.spec.sweep, run.spec)
+        specs.setdefault(run.spec.sweep.name, run.spec)
         if len(specs) == len(pending):
             break
-    gpu_runs = {name: n * max(1, specs[name].gpus) for name, n in pending.items()}  # GPUs per run: the sweep's
+    gpu_runs = {name: n * max(1, specs[name].sweep.gpus_per_run) for name, n in pending.items()}  # the sweep's GPUs
     running: dict[str, list[float]] = {}  # sweep -> GPU-hours left of each running attempt
     hours_of: dict[str, float] = {}
     for run_id, (_box, rd) in live.running.items():
         spec = world.runs.get(run_id)
         if spec is None:
             continue
-        hours = hours_of.get(spec.sweep)
+        hours = hours_of.get(spec.sweep.name)
         if hours is None:
-            hours = hours_of[spec.sweep] = runtime_of(budget.runtimes, spec).hours
+            hours = hours_of[spec.sweep.name] = runtime_of(budget.runtimes, spec).hours
         elapsed = (world.now - rd.started_at) / 3600.0 if rd.started_at is not None else 0.0
-        running.setdefault(spec.sweep, []).append(max(0.0, hours - elapsed) * max(1, len(rd.gpu_mask)))
+        running.setdefault(spec.sweep.name, []).append(max(0.0, hours - elapsed) * max(1, len(rd.gpu_mask)))
     by_pool: dict[str, tuple[_Prices, int]] = {}
 
     def pool_terms(spec: RunSpec) -> tuple[_Prices, int]:
@@ -151,8 +151,8 @@ def estimate(
     for run_id in live.running:
         spec = world.runs.get(run_id)
         if spec is not None:
-            specs.setdefault(spec.sweep, spec)
-    for sweep in sorted(set(pending) | set(running), key=lambda n: (specs[n].sweep_order, n)):
+            specs.setdefault(spec.sweep.name, spec)
+    for sweep in sorted(set(pending) | set(running), key=lambda n: (specs[n].sweep.order, n)):
         rt: Runtime = runtime_of(budget.runtimes, specs[sweep])
         prices, slots = pool_terms(specs[sweep])
         gpu_hours = gpu_runs.get(sweep, 0) * rt.hours + sum(running.get(sweep, ()))

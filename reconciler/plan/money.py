@@ -88,12 +88,12 @@ def sweep_runtimes(desired: Desired, observed: Observed, dlperf: Mapping[str, fl
 
 
 def runtime_of(runtimes: Mapping[str, Runtime], spec: RunSpec) -> Runtime:
-    found = runtimes.get(spec.sweep)
+    found = runtimes.get(spec.sweep.name)
     if found is not None:
         return found
-    if spec.expected_runtime_s is not None and spec.expected_runtime_s > 0:
-        return Runtime(spec.expected_runtime_s / 3600.0, RuntimeSource.EXPECTED)
-    return Runtime(max(0.0, spec.max_runtime_s) / 3600.0, RuntimeSource.MAX_RUNTIME)
+    if spec.sweep.expected_runtime_s is not None and spec.sweep.expected_runtime_s > 0:
+        return Runtime(spec.sweep.expected_runtime_s / 3600.0, RuntimeSource.EXPECTED)
+    return Runtime(max(0.0, spec.sweep.max_runtime_s) / 3600.0, RuntimeSource.MAX_RUNTIME)
 
 
 @dataclass(frozen=True)
@@ -182,10 +182,10 @@ def purse(
     cheapest_gpu = {name: min(prices) for name, given in gpu_prices.items() if (prices := list(given))}
     cheapest_work: float | None = None
     for spec in waiting:
-        pool = desired.fleet.pool(spec.pool)
+        pool = desired.fleet.pool(spec.sweep.pool)
         price = cheapest_gpu.get(pool.name) if pool is not None else None
         if price is not None:
-            cost = runtime_of(runtimes, spec).hours * max(1, spec.gpus) * price
+            cost = runtime_of(runtimes, spec).hours * max(1, spec.sweep.gpus_per_run) * price
             cheapest_work = cost if cheapest_work is None else min(cheapest_work, cost)
     position = Purse(
         remaining=remaining,

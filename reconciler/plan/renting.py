@@ -237,7 +237,7 @@ def rent_for(
         if pool.own:  # never rented for: its runs wait for a GPU on its machines
             if by_pool[name]:
                 for run in by_pool[name]:
-                    tally.add(tally.no_capacity, run.spec.sweep)
+                    tally.add(tally.no_capacity, run.spec.sweep.name)
                 out.noop(
                     f"pool/{name}",
                     ReasonCode.OWN_POOL_FULL,
@@ -292,7 +292,7 @@ def _rent_pool(
             break
         shape = (run.gpus, run.gpu_ram_mib)
         if shape not in full and on_their_way.fit(*shape):
-            tally.add(tally.waits_for_booting, run.spec.sweep)
+            tally.add(tally.waits_for_booting, run.spec.sweep.name)
         else:
             full.add(shape)
             uncovered.append(run)
@@ -311,7 +311,8 @@ def _rent_pool(
     for n, run in enumerate(uncovered):
         if len(refused) == len(shapes):
             # every shape is refused and only a rent could change that, which a refused shape never makes
-            for (sweep, g, ram), k in Counter((r.spec.sweep, r.gpus, r.gpu_ram_mib) for r in uncovered[n:]).items():
+            rest = Counter((r.spec.sweep.name, r.gpus, r.gpu_ram_mib) for r in uncovered[n:])
+            for (sweep, g, ram), k in rest.items():
                 block(*refused[(g, ram)], k)
                 tally.add(tally.no_capacity, sweep, k)
             break
@@ -320,7 +321,7 @@ def _rent_pool(
         why = refused.get(shape)
         if why is None:
             if rented_bins.fit(g, ram):
-                tally.add(tally.covered_by_rent, spec.sweep)
+                tally.add(tally.covered_by_rent, spec.sweep.name)
                 continue
             if budget.binds:
                 why = (ReasonCode.BUDGET_REFUSED, f"budget: on_exceed drain, renting nothing: {budget.verdict()}")
@@ -348,7 +349,7 @@ def _rent_pool(
                 )
             else:
                 spending.commit(cost, new_dph=o.dph_total)
-                tally.add(tally.covered_by_rent, spec.sweep)
+                tally.add(tally.covered_by_rent, spec.sweep.name)
                 reason = (
                     f"pending run {spec.id} needs {g} GPU(s); best by {pool.ranking.value}: {o.gpu_name} "
                     f"x{o.num_gpus} at {usd_h(o.dph_total)} ({o.num_gpus // g} slot(s))" + _bid_text(o)
@@ -359,7 +360,7 @@ def _rent_pool(
                 continue
             refused[shape] = why
         block(why[0], why[1], 1)
-        tally.add(tally.no_capacity, spec.sweep)
+        tally.add(tally.no_capacity, spec.sweep.name)
     # Keep the floor: min_instances boxes even with no work.
     while market.count < min_n and market.count_cap() is None:
         if budget.binds:

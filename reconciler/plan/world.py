@@ -84,7 +84,7 @@ class World:
 
     def pool_of_run(self, spec: RunSpec) -> str:
         """The pool a run goes to: its sweep's ``pool``, or the first."""
-        return spec.pool or next(iter(self.pools))
+        return spec.sweep.pool or next(iter(self.pools))
     gpu_dlperf: Mapping[str, float]  # normalised GPU name -> median DLPerf of one such GPU on the market
 
 

@@ -62,6 +62,7 @@ from reconciler.model import (
     Pool,
     RunDirState,
     RunSpec,
+    Sweep,
 )
 from reconciler.ports import CommandResult, LaunchJob
 
@@ -644,8 +645,42 @@ def offer(oid: int, *, gpus: int = 1, dph: float = 0.2, gpu_name: str = "RTX 309
     )
 
 
-def run_spec(i: int, *, gpus: int = 1, retries: int = 2, max_runtime_s: float = 3600.0) -> RunSpec:
+# A run's fields that are its sweep's, by the flat names tests write them with (``flat_run_spec``).
+SWEEP_FIELD_OF_RUN = {
+    "priority": "priority", "sweep_order": "order", "gpus": "gpus_per_run", "min_gpu_ram_mib": "min_gpu_ram_mib",
+    "max_runtime_s": "max_runtime_s", "retries": "retries", "metrics_file": "metrics_file", "metric_key": "metric_key",
+    "metric_goal": "metric_goal", "expected_runtime_s": "expected_runtime_s", "env": "env",
+    "stall_timeout_s": "stall_timeout_s", "stall_gpu_util_pct": "stall_gpu_util_pct", "pool": "pool",
+}
+
+
+def flat_run_spec(
+    *,
+    id: str,
+    sweep: str,
+    cell: str,
+    params: tuple[tuple[str, Any], ...],
+    seed: int,
+    command: str,
+    promotion_threshold: float | None = None,
+    **sweep_fields: Any,
+) -> RunSpec:
+    """A run written the tests' short way, with its sweep's fields (gpus, retries, pool, ...) beside its own: those
+    become the fields of its ``Sweep`` (named ``sweep``, its command template the run's command)."""
+    of_sweep = {SWEEP_FIELD_OF_RUN[k]: v for k, v in sweep_fields.items()}
     return RunSpec(
+        id=id,
+        sweep=Sweep(name=sweep, command=command, **of_sweep),
+        cell=cell,
+        params=params,
+        seed=seed,
+        command=command,
+        promotion_threshold=promotion_threshold,
+    )
+
+
+def run_spec(i: int, *, gpus: int = 1, retries: int = 2, max_runtime_s: float = 3600.0) -> RunSpec:
+    return flat_run_spec(
         id=f"r{i}",
         sweep="s",
         cell=f"c{i}",

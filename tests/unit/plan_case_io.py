@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fakes import flat_run_spec
+
 from reconciler.identity import own_boxes, pool_spec_hash, slot_pool
 from reconciler.model import (
     DEFAULT_POOL,
@@ -110,7 +112,7 @@ def build_budget(d: J) -> Budget:
 
 def build_run(d: J, i: int) -> RunSpec:
     rid = d["id"]
-    return RunSpec(
+    return flat_run_spec(
         id=rid,
         sweep=d.get("sweep", "s"),
         cell=d.get("cell", rid),

@@ -9,7 +9,13 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from fakes import FakeArchive, FakeClock, FakeWorld, code_tar  # tests/unit is on sys.path (not a package)
+from fakes import (  # tests/unit is on sys.path (not a package)
+    FakeArchive,
+    FakeClock,
+    FakeWorld,
+    code_tar,
+    flat_run_spec,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -52,7 +58,7 @@ World = tuple[Desired, Observed]
 
 
 def _run(i: int, gpus: int, ram: int, retries: int, threshold: float | None, cell: str) -> RunSpec:
-    return RunSpec(
+    return flat_run_spec(
         id=f"r{i}",
         sweep="s" if i % 2 else "t",
         cell=cell,
@@ -176,7 +182,7 @@ def worlds(draw: st.DrawFn, steady: bool = False) -> World:
             if not runs or not draw(st.booleans()):
                 continue
             r = draw(st.sampled_from(runs))
-            if r.id in used_attempts or r.gpus != 1:
+            if r.id in used_attempts or r.sweep.gpus_per_run != 1:
                 continue
             used_attempts.add(r.id)
             if steady:
@@ -217,7 +223,7 @@ def worlds(draw: st.DrawFn, steady: bool = False) -> World:
         for r in runs:
             if r.id not in used_attempts and draw(st.integers(0, 3)) == 0:
                 phase = draw(st.sampled_from([AttemptOutcome.SUCCEEDED, AttemptOutcome.FAILED, AttemptOutcome.LOST]))
-                history.append(AttemptRecord(r.id, 1, r.sweep, phase, best_metric=0.9))
+                history.append(AttemptRecord(r.id, 1, r.sweep.name, phase, best_metric=0.9))
     if not steady and runs and draw(st.booleans()):
         # an in-flight attempt on a box that is not listed at all
         in_flight.append(InFlight(draw(st.sampled_from(runs)).id, 7, 99, (0,), NOW - 50))
@@ -329,7 +335,7 @@ def test_never_launches_a_run_twice_nor_a_gpu_twice(world: World) -> None:
             assert gpus[g].memory_used_mib <= 100
             box_taken.add(g)
         spec = desired.run(a.run_id)
-        assert spec is not None and len(a.gpu_mask) == spec.gpus
+        assert spec is not None and len(a.gpu_mask) == spec.sweep.gpus_per_run
     if desired.fleet.suspend:
         assert all(isinstance(a, Record) for a in p.actions)
 

@@ -50,8 +50,8 @@ def test_a_fleet_with_pools_loads_each_with_the_fleet_defaults_and_sweeps_name_t
     assert big.filters.gpu_names == ("A100 SXM4",) and big.filters.num_gpus_min == 8 and big.filters.dph_max is None
     assert (big.image, big.disk_gb, big.bootstrap_script) == ("big/image:1", 200.0, "#!/bin/sh\necho big\n")
     assert big.bootstrap_hash not in ("", cheap.bootstrap_hash)
-    assert {r.pool for r in desired.runs if r.sweep == "huge"} == {"big"}
-    assert {r.pool for r in desired.runs if r.sweep == "tdmpc"} == {""}  # the first pool
+    assert {r.sweep.pool for r in desired.runs if r.sweep.name == "huge"} == {"big"}
+    assert {r.sweep.pool for r in desired.runs if r.sweep.name == "tdmpc"} == {""}  # the first pool
     assert fleet.pool("") == cheap and fleet.pool("big") == big and fleet.pool("nope") is None
     label = rent_label(fleet, 42, big)
     assert label == f"rigsync:demo:{pool_spec_hash(big)}-42-big"
