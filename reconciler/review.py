@@ -77,7 +77,7 @@ def _candidates(desired: Desired | None) -> dict[str, int]:
 
 def committed_places(
     desired: Desired, held: Iterable[Place], observed: Observed
-) -> tuple[dict[str, list[Place]], str]:
+) -> tuple[dict[str, list[Place]], dict[str, str]]:
     """Per pool, where its work could run as the committed files know it, and what that rests on.
 
     The boxes held (observed/fleet.yaml) and the boxes of the newest archived attempts, under the pool's per-box
@@ -87,7 +87,7 @@ def committed_places(
     held = [p for p in held if p[1] > 0]
     recent = [h for h in observed.history if h.dph > 0][-RECENT_PLACES:]
     out: dict[str, list[Place]] = {}
-    sources: set[str] = set()
+    sources: dict[str, str] = {}
     for pool in desired.fleet.pools:
         limit = box_cap_dph(pool, desired.budget)
         gpus = max(1, pool.filters.num_gpus_min)
@@ -101,16 +101,18 @@ def committed_places(
         if not places and math.isfinite(limit):
             places, source = [(limit, gpus, "")], "cap"
         out[pool.name] = places
-        sources.add(source or "none")
-    return out, _one_source(sources)
+        sources[pool.name] = source or "none"
+    return out, sources
 
 
-def _one_source(sources: set[str]) -> str:
-    """What the prices rest on, said once: "cap" only when every pool is priced at its cap (an upper bound)."""
-    known = sorted(s for s in sources if s not in ("cap", "none"))
-    if known:
-        return known[0] if len(known) == 1 else "; ".join(known)
-    return "cap" if "cap" in sources else "none"
+def _one_source(sources: Iterable[str]) -> str:
+    """What the prices of the pools the work goes to rest on, said once; "cap" (an upper bound) when any of them
+    is priced at its cap alone."""
+    said = sorted(set(sources))
+    if "cap" in said:
+        return "cap"
+    known = [s for s in said if s != "none"]
+    return "; ".join(known) if known else "none"
 
 
 def compute_review(
@@ -185,7 +187,9 @@ def _estimate(
     work = [r for r in new_work if r.id not in done]  # a reverted edit brings back runs already finished
     work.sort(key=lambda r: (r.sweep.order, r.sweep.name))
     world, _ = index_world(desired, observed, now)
-    places, source = committed_places(desired, held, observed)
+    places, sources = committed_places(desired, held, observed)
+    used = [sources[p.name] for r in work if (p := desired.fleet.pool(r.sweep.pool)) is not None]
+    source = _one_source(used or sources.values())
     runtimes = sweep_runtimes(desired, observed, world.gpu_dlperf)
     prices = {name: [dph / n for dph, n, _ in here if n > 0] for name, here in places.items()}
     budget = purse(desired, observed, 0.0, runtimes, work, prices)
