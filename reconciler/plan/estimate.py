@@ -99,7 +99,11 @@ def _pool_gpus(world: World, pool: Pool, places: list[Place]) -> int:
         per_box = places[0][1]
     if not per_box and boxes:
         per_box = max(1, held // len(boxes))
-    most = min(count_cap(pool.max_instances), count_cap(world.desired.fleet.max_instances))
+    fleet = world.desired.fleet
+    # the implicit pool of a fleet without pools: is bounded by the fleet alone
+    most = count_cap(fleet.max_instances)
+    if fleet.named_pools:
+        most = min(most, count_cap(pool.max_instances))
     return max(held, most * per_box)
 
 
