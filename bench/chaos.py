@@ -456,7 +456,7 @@ class Schedule:
             if p.is_file():
                 files[str(p.relative_to(self.human))] = p.read_bytes()
         d = load_desired(files)
-        return {r.id: self.retries_of(d, r.sweep) for r in d.runs}
+        return {r.id: self.retries_of(d, r.sweep.name) for r in d.runs}
 
     @staticmethod
     def retries_of(d: Any, sweep: str) -> int:

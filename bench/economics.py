@@ -84,7 +84,7 @@ from reconciler.emulator import Emulator
 from reconciler.emulator.market import price, speed_factor
 from reconciler.emulator.testing import make_keypair
 from reconciler.model import OfferFilters
-from reconciler.offers import passing_offers, vast_query_terms
+from reconciler.offers import box_cap_dph, passing_offers, vast_query_terms
 
 ROOT = Path(__file__).resolve().parents[1]
 SCALE = 1 / 60  # real seconds per nominal second
@@ -188,11 +188,10 @@ class Acceptable:
 
 def acceptable() -> Acceptable:
     d = load_desired_from_dir(ROOT)
-    f = d.fleet
-    caps = min(x for x in (f.filters.dph_max, d.budget.max_instance_dph) if x is not None)
-    filters = dataclasses.replace(f.filters, dph_max=caps)
+    f, pool = d.fleet, d.fleet.pools[0]
+    filters = dataclasses.replace(pool.filters, dph_max=box_cap_dph(pool, d.budget))
     timeouts = scaled_timeouts((ROOT / "desired" / "fleet.yaml").read_text())
-    return Acceptable(filters, f.disk_gb, f.image, int(f.max_instances or 1), timeouts)
+    return Acceptable(filters, pool.disk_gb, pool.image, int(f.max_instances or 1), timeouts)
 
 
 # ------------------------------------------------------------------------------------- measurement helpers

@@ -32,6 +32,7 @@ from reconciler.model import (
     Ownership,
     RunDirState,
     RunSpec,
+    Sweep,
 )
 from reconciler.plan import fleet_spec_hash, plan
 
@@ -45,23 +46,22 @@ REPEATS = 11
 def world(n_runs: int) -> tuple[Desired, Observed]:
     fleet = Fleet(name="bench", max_instances=BOXES + 300, min_instances=0)
     budget = Budget(max_instance_dph=1.0, max_fleet_dph=500.0)
+    # what runs of a sweep share is their sweep's; these used to vary per run, so each (sweep, priority, gpus) is one
+    def sweep_of(i: int) -> Sweep:
+        return Sweep(
+            name=f"sweep{i % 7}", command="python train.py --i {{ i }}", priority=i % 4, order=i % 7,
+            gpus_per_run=2 if i % 10 == 0 else 1, max_runtime_s=7200.0, retries=2, metric_key="reward",
+            metric_goal=MetricGoal.MAX,
+        )
+
     runs = tuple(
         RunSpec(
             id=f"run{i:05d}",
-            sweep=f"sweep{i % 7}",
+            sweep=sweep_of(i),
             cell=f"cell{i // 3}",
             params=(("lr", i % 11), ("seed", i % 3)),
             seed=i % 3,
             command=f"python train.py --i {i}",
-            priority=i % 4,
-            sweep_order=i % 7,
-            gpus=2 if i % 10 == 0 else 1,
-            min_gpu_ram_mib=0,
-            max_runtime_s=7200.0,
-            retries=2,
-            metrics_file="metrics.jsonl",
-            metric_key="reward",
-            metric_goal=MetricGoal.MAX,
             promotion_threshold=0.9 if i % 9 == 8 else None,
         )
         for i in range(n_runs)

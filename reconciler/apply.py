@@ -62,6 +62,7 @@ from reconciler.model import (
     OverheadRecord,
     RunDirState,
     RunSpec,
+    Sweep,
 )
 from reconciler.ports import BoxControl, Fence, Harvested, LaunchJob, Provider, ResultStore, no_fence
 from reconciler.remember import attempt_cost, capped_to_bill, overhead_record
@@ -220,9 +221,9 @@ def _execute(planned: Action, ctx: ApplyContext, instances: dict[int, Instance],
             return "destroyed"
         case Bootstrap():
             box = _box(instances, action.instance_id)
-            pools = ctx.desired.fleet.all_pools()  # the pool whose script has this hash (pools may differ)
+            pools = ctx.desired.fleet.pools  # the pool whose script has this hash (pools may differ)
             script = next((p.bootstrap_script for p in pools if p.bootstrap_hash == action.script_hash), "")
-            out = ctx.boxes.bootstrap(box, script or ctx.desired.fleet.bootstrap_script, action.script_hash)
+            out = ctx.boxes.bootstrap(box, script, action.script_hash)
             return f"bootstrap {out}" if out else "bootstrap started"
         case ShipCode():
             box = _box(instances, action.instance_id)
@@ -291,8 +292,8 @@ def _harvest(
     if ctx.store is None:
         return rec
     spec = ctx.desired.run(rec.run_id)
-    sweep = ctx.desired.sweep(spec.sweep) if spec else None
-    patterns = [spec.metrics_file] if spec and not spec.metrics_file.startswith("/") else []
+    sweep = spec.sweep if spec else None
+    patterns = [spec.sweep.metrics_file] if spec and not spec.sweep.metrics_file.startswith("/") else []
     patterns.extend(sweep.artifacts if sweep else ())
     if sweep is not None and sweep.checkpoint is not None and rec.phase is not AttemptOutcome.SUCCEEDED:
         _pull_checkpoint(ctx, result, box, rec.run_id, rec.attempt, sweep.checkpoint.path)  # what a retry resumes
@@ -313,13 +314,13 @@ def _harvest(
         text = _tail_text(raw) if raw else None
         tail = _secrets_hidden(ctx, spec, text) if text else None
     resumed = rec.resumed_from if rec.resumed_from is not None else got.resumed_from
-    if spec is not None and spec.metric_key and not spec.metrics_file.startswith("/"):
-        metrics = ctx.store.read_attempt(rec.run_id, rec.attempt, spec.metrics_file)
-        points = points_from_metrics(metrics, spec.metric_key) if metrics else []
+    if spec is not None and spec.sweep.metric_key and not spec.sweep.metrics_file.startswith("/"):
+        metrics = ctx.store.read_attempt(rec.run_id, rec.attempt, spec.sweep.metrics_file)
+        points = points_from_metrics(metrics, spec.sweep.metric_key) if metrics else []
         if points:
-            result.curves[curve_path(spec.sweep, rec.run_id, rec.attempt)] = render_curve(
-                sweep=spec.sweep, run_id=rec.run_id, attempt=rec.attempt, key=spec.metric_key,
-                goal=spec.metric_goal.value, points=points, resumed_from=resumed,
+            result.curves[curve_path(spec.sweep.name, rec.run_id, rec.attempt)] = render_curve(
+                sweep=spec.sweep.name, run_id=rec.run_id, attempt=rec.attempt, key=spec.sweep.metric_key,
+                goal=spec.sweep.metric_goal.value, points=points, resumed_from=resumed,
             )
     return replace(rec, harvest=harvest_note(got), stderr_tail=tail, resumed_from=resumed)
 
@@ -327,11 +328,11 @@ def _harvest(
 def _secrets_hidden(ctx: ApplyContext, spec: RunSpec | None, text: str) -> str:
     """``text`` (what the job printed, on its way into git) with the values of its sweep's ``${NAME}`` references
     shown as ``${NAME}``: a job that prints its own token must not commit it. Literals are in git already."""
-    refs = tuple((name, value) for name, value in (spec.env if spec else ()) if reference(value) is not None)
+    refs = tuple((name, value) for name, value in (spec.sweep.env if spec else ()) if reference(value) is not None)
     if not refs or spec is None:
         return text
     try:
-        return ctx.controller_env.resolve(spec.sweep, refs).redact(text)
+        return ctx.controller_env.resolve(spec.sweep.name, refs).redact(text)
     except SecretMissing:  # unset since the launch: nothing to hide that this controller knows of
         return text
 
@@ -355,11 +356,10 @@ def _pull_checkpoint(
                     harvest_note(got))
 
 
-def _stage_checkpoint(ctx: ApplyContext, box: Instance, action: Launch, sweep_name: str) -> int | None:
+def _stage_checkpoint(ctx: ApplyContext, box: Instance, action: Launch, sweep: Sweep) -> int | None:
     """Ship the run's last synced checkpoint (from an earlier attempt) to the attempt about to launch; the attempt
     it came from, or None when it starts fresh."""
-    sweep = ctx.desired.sweep(sweep_name)
-    if ctx.store is None or sweep is None or sweep.checkpoint is None:
+    if ctx.store is None or sweep.checkpoint is None:
         return None
     ck = ctx.store.checkpoint(action.run_id)
     if ck is None or ck.attempt >= action.attempt:
@@ -405,7 +405,7 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
     spec = ctx.desired.run(action.run_id)
     if spec is None:
         raise RemoteCommandFailed(f"run {action.run_id} is not in the desired state this plan was made from")
-    env = ctx.controller_env.resolve(spec.sweep, spec.env)  # SecretMissing names the variable, never a value
+    env = ctx.controller_env.resolve(spec.sweep.name, spec.sweep.env)  # SecretMissing names the variable, never a value
     job = LaunchJob(
         run_id=action.run_id,
         attempt=action.attempt,
@@ -413,13 +413,13 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
         command=action.command,
         code_commit=action.code_commit,
         desired_commit=ctx.desired.commit,
-        sweep=spec.sweep,
+        sweep=spec.sweep.name,
         params=spec.params,
         seed=spec.seed,
-        metrics_file=spec.metrics_file,
-        metric_key=spec.metric_key,
-        metric_goal=spec.metric_goal,
-        max_runtime_s=spec.max_runtime_s,
+        metrics_file=spec.sweep.metrics_file,
+        metric_key=spec.sweep.metric_key,
+        metric_goal=spec.sweep.metric_goal,
+        max_runtime_s=spec.sweep.max_runtime_s,
         env=env,
     )
     box = _box(instances, action.instance_id)
@@ -430,7 +430,7 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
         instance_id=action.instance_id,
         gpu_mask=action.gpu_mask,
         launched_at=ctx.now(),
-        sweep=spec.sweep,
+        sweep=spec.sweep.name,
         resumed_from=resumed_from,
     )
     ctx.note_launch(flight)  # written ahead: a crash right after the launch must not lose the attempt's number
@@ -497,7 +497,7 @@ def _attempt_record(
     return AttemptRecord(
         run_id=run_id,
         attempt=attempt,
-        sweep=spec.sweep if spec else (launched.sweep if launched else ""),
+        sweep=spec.sweep.name if spec else (launched.sweep if launched else ""),
         phase=phase,
         params=spec.params if spec else (),
         seed=spec.seed if spec else 0,

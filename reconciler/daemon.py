@@ -35,7 +35,7 @@ from reconciler.errors import (
 from reconciler.fleet import AdapterFactory, open_fleet, render_cycle, write_back
 from reconciler.lease import Lease, LocalLock, lock_path
 from reconciler.loop import CycleResult, Reconciler, SystemClock, build_adapters
-from reconciler.model import Desired
+from reconciler.model import CONTROLLER_INTERVAL_S, Desired
 from reconciler.observed.codec import LEASE, OBSERVED_DIR, RENDERED, STATUS, load_yaml
 from reconciler.observed.documents import ReconcilerStatus, status_only
 from reconciler.observed.summary import describe_change
@@ -46,7 +46,7 @@ log = logging.getLogger("rigsync.run")
 
 @dataclass
 class DaemonConfig:
-    interval_s: float = 30.0
+    interval_s: float = CONTROLLER_INTERVAL_S
     destroy_latency_s: float | None = None  # None: loop.DESTROY_LATENCY_S (the budget projects spend through it)
     lease_stale_s: float = 300.0
     lease_renew_s: float = 60.0
@@ -267,7 +267,7 @@ class FleetDaemon:
             archived=applied.archived if applied else (),
             overheads=applied.overheads if applied else (),
             destroyed={a.instance_id: a.reason for a in result.plan.actions if isinstance(a, Destroy)},
-            metric_keys={r.sweep: r.metric_key for r in desired.runs if r.metric_key},
+            metric_keys={r.sweep.name: r.sweep.metric_key for r in desired.runs if r.sweep.metric_key},
             archive_pending=bool(rec.archive.pending_lines()) or self.git.archive_uncommitted(),
         )
         commit = None

@@ -228,7 +228,7 @@ def expand_sweep(sweep: Sweep) -> list[RunSpec]:
             specs.append(
                 RunSpec(
                     id=rid,
-                    sweep=sweep.name,
+                    sweep=sweep,
                     cell=cell,
                     params=params,
                     seed=seed,
@@ -239,21 +239,7 @@ def expand_sweep(sweep: Sweep) -> list[RunSpec]:
                         run_id=rid,
                         metrics_file=sweep.metrics_file,
                     ),
-                    priority=sweep.priority,
-                    sweep_order=sweep.order,
-                    gpus=sweep.gpus_per_run,
-                    min_gpu_ram_mib=sweep.min_gpu_ram_mib,
-                    max_runtime_s=sweep.max_runtime_s,
-                    expected_runtime_s=sweep.expected_runtime_s,
-                    retries=sweep.retries,
-                    metrics_file=sweep.metrics_file,
-                    metric_key=sweep.metric_key,
-                    metric_goal=sweep.metric_goal,
                     promotion_threshold=threshold,
-                    env=sweep.env,
-                    stall_timeout_s=sweep.stall_timeout_s,
-                    stall_gpu_util_pct=sweep.stall_gpu_util_pct,
-                    pool=sweep.pool,
                 )
             )
     return specs

@@ -24,7 +24,7 @@ from reconciler.adapters.store import LocalStore, data_dir_for
 from reconciler.archive import RunArchive
 from reconciler.launch_journal import LaunchJournal, merge_in_flight
 from reconciler.loop import DESTROY_LATENCY_S, Reconciler, SystemClock, build_adapters, state_dir_for
-from reconciler.model import Desired, Fleet, Observed
+from reconciler.model import CONTROLLER_INTERVAL_S, Desired, Fleet, Observed
 from reconciler.observed.documents import ReconcilerStatus, render_observed
 from reconciler.observed.memory import read_fleet_memory
 from reconciler.observed.tree import read_observed
@@ -44,7 +44,7 @@ def open_fleet(
     adapters: AdapterFactory = build_adapters,
     clock: SystemClock | None = None,
     should_stop: Callable[[], bool] = lambda: False,
-    cycle_s: float = 60.0,
+    cycle_s: float = CONTROLLER_INTERVAL_S,
     destroy_latency_s: float | None = None,
     api_url: str | None = None,
     data_dir: str | None = None,

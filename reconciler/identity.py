@@ -20,7 +20,8 @@ def spec_hash(image: str, disk_gb: float, bootstrap_hash: str) -> str:
 
 
 def fleet_spec_hash(fleet: Fleet) -> str:
-    return spec_hash(fleet.image, fleet.disk_gb, fleet.bootstrap_hash)
+    """The spec hash of the fleet's first pool (its only one without ``pools:``)."""
+    return pool_spec_hash(fleet.pools[0])
 
 
 def pool_spec_hash(pool: Pool) -> str:
@@ -31,8 +32,8 @@ def rent_label(fleet: Fleet, offer_id: int, pool: Pool | None = None) -> str:
     """The ownership label a box rented from ``offer_id`` carries: ``rigsync:<fleet>:<spec_hash>-<offer>``, and
     ``-<pool>`` after it when the fleet names its pools (so a fleet without ``pools:`` labels boxes as it always did).
     """
-    pool = pool or fleet.all_pools()[0]
-    suffix = f"-{pool.name}" if fleet.pools else ""
+    pool = pool or fleet.pools[0]
+    suffix = f"-{pool.name}" if fleet.named_pools else ""
     return Ownership(fleet.name, f"{pool_spec_hash(pool)}-{offer_id}{suffix}").label()
 
 
@@ -46,7 +47,7 @@ def own_boxes(fleet: Fleet) -> list[Instance]:
     """The machines of the fleet's ``provider: ssh`` pools as instances: always running, $0/h, labelled as this
     fleet's box of that pool (with its current spec: an own box never drifts, it is bootstrapped again)."""
     out: list[Instance] = []
-    for pool in fleet.all_pools():
+    for pool in fleet.pools:
         if not pool.own:
             continue
         for host in pool.hosts:
@@ -70,7 +71,7 @@ def own_boxes(fleet: Fleet) -> list[Instance]:
 def slot_pool(fleet: Fleet, slot: str) -> str:
     """The pool a box with this label slot belongs to: its ``-<pool>`` suffix, else the fleet's first pool."""
     parts = slot.split("-", 2)
-    return parts[2] if len(parts) == 3 and fleet.pools else fleet.all_pools()[0].name
+    return parts[2] if len(parts) == 3 and fleet.named_pools else fleet.pools[0].name
 
 
 def slot_spec_hash(slot: str) -> str:

@@ -7,8 +7,8 @@ in git, so they are not secret; references are how secrets reach a job without e
 
 Where each form goes:
 
-- The spec (``Sweep.env``, ``RunSpec.env``) holds the values *as written*: literals, and references as the text
-  ``${NAME}``. That is all the run id hashes, all a plan, the observed files, the archive, status and diff can
+- The spec (``Sweep.env``, which a ``RunSpec`` carries) holds the values *as written*: literals, and references as
+  the text ``${NAME}``. That is all the run id hashes, all a plan, the observed files, the archive, status and diff can
   ever show. A secret's value is never in any of them.
 - ``plan()`` is pure: it learns only *which* referenced names the controller has (``Observed.controller_env``,
   names set and non-empty), and withholds a sweep's launches while one is missing (``ReasonCode.SECRET_MISSING``).

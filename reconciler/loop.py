@@ -22,6 +22,7 @@ from reconciler.errors import UserError
 from reconciler.jobenv import ControllerEnv, references
 from reconciler.launch_journal import LaunchJournal
 from reconciler.model import (
+    CONTROLLER_INTERVAL_S,
     OWN_PROVIDER,
     AttemptRecord,
     Desired,
@@ -71,7 +72,7 @@ class Reconciler:
     clock: SystemClock = field(default_factory=SystemClock)
     should_stop: Callable[[], bool] = lambda: False
     box_control: BoxControl | None = None  # what is done to boxes; None: the run protocol over ``shell``
-    cycle_s: float = 60.0  # how often this controller decides (the daemon's --interval; a guess for one-shots)
+    cycle_s: float = CONTROLLER_INTERVAL_S  # how often this controller decides (the daemon's --interval)
     destroy_latency_s: float = DESTROY_LATENCY_S
     fence: Fence = no_fence  # apply asks it before every action (the daemon's lease fence; ports.Fence)
     on_action: Callable[[Action], None] = lambda action: None  # apply tells it each action it starts (progress)
@@ -106,7 +107,7 @@ class Reconciler:
         observed, _ = observe(desired, self.provider, self.boxes, self.history, self.memory, now)
         # the budget's horizon: until this controller decides again (its interval after a cycle as long as the
         # slowest it can be), plus the time a destroy takes to stop the billing
-        envs = {sweep.env for sweep in desired.sweeps} | {run.env for run in desired.runs}
+        envs = {sweep.env for sweep in desired.sweeps} | {run.sweep.env for run in desired.runs}
         wanted = {name for env in envs for name in references(env)}
         observed = replace(
             observed,
@@ -129,7 +130,7 @@ class Reconciler:
         for probe in observed.probes:
             for r in probe.runs:
                 spec = desired.run(r.run_id)
-                sweep = desired.sweep(spec.sweep) if spec is not None else None
+                sweep = spec.sweep if spec is not None else None
                 if (r.run_id, r.attempt) in known or not is_live(r) or sweep is None or sweep.checkpoint is None:
                     continue
                 synced = self.store.checkpoint_synced(r.run_id)
@@ -226,7 +227,7 @@ def require_supported_provider(fleet: Fleet) -> None:
     rigsync never rents and never destroys."""
     if fleet.provider not in SUPPORTED_PROVIDERS:
         raise UserError(f"unknown provider {fleet.provider!r}: only 'vast' is supported")
-    for pool in fleet.all_pools():
+    for pool in fleet.pools:
         if pool.provider not in POOL_PROVIDERS:
             raise UserError(f"pool {pool.name}: unknown provider {pool.provider!r}: 'vast' or 'ssh'")
         if pool.own and not pool.hosts:

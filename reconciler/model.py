@@ -15,6 +15,8 @@ Scalar = str | int | float | bool
 
 OWNER_LABEL_PREFIX = "rigsync"
 FREE_GPU_MEMORY_MIB = 100
+# How often the controller decides unless told otherwise (`rigsync run --interval`): the one default of the interval.
+CONTROLLER_INTERVAL_S = 30.0
 
 
 # --------------------------------------------------------------------------------------------- desired
@@ -78,7 +80,7 @@ class OwnHost:
 @dataclass(frozen=True)
 class Pool:
     """One kind of box a fleet holds: which offers, how many, built how. A fleet without ``pools:`` has one, made
-    of its own fields and named ``default`` (``Fleet.all_pools``); budget caps and the fleet's max stay per fleet."""
+    of its top-level keys and named ``DEFAULT_POOL``; budget caps and the fleet's max stay per fleet."""
 
     name: str
     min_instances: int = 0
@@ -102,17 +104,17 @@ class Pool:
 
 @dataclass(frozen=True)
 class Fleet:
+    """What is fleet-wide: its name, the bounds on all its boxes together, the timeouts and the host ledger's rules.
+
+    Each kind of box is a ``Pool`` (filters, ranking, image, disk, bootstrap, bids); ``pools`` is never empty: a
+    fleet.yaml without ``pools:`` has one, named ``DEFAULT_POOL``, made of its top-level keys.
+    """
+
     name: str
     provider: str = "vast"
+    # the whole fleet's bounds (each pool has its own too)
     min_instances: int = 0
     max_instances: int = 1
-    filters: OfferFilters = field(default_factory=OfferFilters)
-    ranking: Ranking = Ranking.DLPERF_PER_DPH
-    image: str = "pytorch/pytorch:latest"
-    disk_gb: float = 20.0
-    bootstrap_path: str | None = None
-    bootstrap_script: str = ""
-    bootstrap_hash: str = ""  # sha256 of bootstrap_script (first 16 hex); "" when there is none
     idle_timeout_s: float = 600.0
     ttl_s: float | None = None
     boot_timeout_s: float = 900.0
@@ -132,37 +134,24 @@ class Fleet:
     bootstrap_timeout_s: float = 1800.0
     max_rents_per_hour: int | None = None
     rent_backoff_s: float = 60.0
-    # named pools (fleet.yaml ``pools:``), the first the default of a sweep without ``pool:``; empty: one pool made
-    # of the fields above (``all_pools``). With pools, min/max_instances above bound the whole fleet.
-    pools: tuple[Pool, ...] = ()
-    max_bid_dph: float | None = None  # fleet.yaml interruptible.max_bid_dph: bid for interruptible boxes up to this
+    # the pools, in fleet.yaml order; the first is the pool of a sweep that names none
+    pools: tuple[Pool, ...] = (Pool(name=DEFAULT_POOL),)
 
-    def all_pools(self) -> tuple[Pool, ...]:
-        """The pools to plan for: the named ones, or the one this fleet's own fields describe."""
-        if self.pools:
-            return self.pools
-        return (
-            Pool(
-                name=DEFAULT_POOL,
-                min_instances=self.min_instances,
-                max_instances=self.max_instances,
-                filters=self.filters,
-                ranking=self.ranking,
-                image=self.image,
-                disk_gb=self.disk_gb,
-                bootstrap_path=self.bootstrap_path,
-                bootstrap_script=self.bootstrap_script,
-                bootstrap_hash=self.bootstrap_hash,
-                max_bid_dph=self.max_bid_dph,
-            ),
-        )
+    def __post_init__(self) -> None:
+        if not self.pools:
+            raise ValueError("a fleet has at least one pool")
+
+    @property
+    def named_pools(self) -> bool:
+        """Its fleet.yaml names its pools (``pools:``), so boxes' labels and reasons say the pool; False for the one
+        implicit pool of a fleet without ``pools:``."""
+        return not (len(self.pools) == 1 and self.pools[0].name == DEFAULT_POOL)
 
     def pool(self, name: str) -> Pool | None:
         """The pool called ``name``; ``""`` is the first (a sweep that names none)."""
-        pools = self.all_pools()
         if not name:
-            return pools[0]
-        return next((p for p in pools if p.name == name), None)
+            return self.pools[0]
+        return next((p for p in self.pools if p.name == name), None)
 
 
 @dataclass(frozen=True)
@@ -186,8 +175,8 @@ class PromotionRule:
 class Sweep:
     name: str
     command: str  # the Jinja2 template, as written
-    grid: tuple[tuple[str, tuple[Scalar, ...]], ...]
-    seeds: tuple[int, ...]
+    grid: tuple[tuple[str, tuple[Scalar, ...]], ...] = ()
+    seeds: tuple[int, ...] = ()
     priority: int = 0
     code_paths: tuple[str, ...] = (".",)
     gpus_per_run: int = 1
@@ -221,33 +210,21 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One run the desired state asks for: a cell of the grid with one seed.
+    """One run the desired state asks for: a cell of its sweep's grid with one seed.
 
-    ``promotion_threshold`` is None for base seeds. Promotion seeds are expanded ahead of time (the pure
-    planner cannot render templates) and become wanted only when the cell's best base metric reaches it.
+    What every run of a sweep shares (resources, runtime, retries, metrics, env, pool, ...) is read from its
+    ``sweep``; a run holds only what is its own. ``promotion_threshold`` is None for base seeds. Promotion seeds
+    are expanded ahead of time (the pure planner cannot render templates) and become wanted only when the cell's
+    best base metric reaches it.
     """
 
     id: str
-    sweep: str
+    sweep: Sweep
     cell: str  # stable id of the grid cell (sweep + params), shared by all its seeds
     params: tuple[tuple[str, Scalar], ...]
     seed: int
     command: str  # rendered, every substituted value shell-quoted
-    priority: int
-    sweep_order: int
-    gpus: int
-    min_gpu_ram_mib: int
-    max_runtime_s: float
-    retries: int
-    metrics_file: str
-    metric_key: str | None
-    metric_goal: MetricGoal
     promotion_threshold: float | None = None
-    expected_runtime_s: float | None = None  # the sweep's expected_runtime, if it gives one
-    env: tuple[tuple[str, str], ...] = ()  # the sweep's env as written (references by name only)
-    stall_timeout_s: float | None = None  # the sweep's stall_timeout (None: never stalled)
-    stall_gpu_util_pct: float = 5.0
-    pool: str = ""  # the fleet pool it runs on ("": the first)
 
     @property
     def params_dict(self) -> dict[str, Scalar]:
@@ -803,7 +780,7 @@ class Observed:
     memory: FleetMemory = field(default_factory=FleetMemory)
     fleet_name: str = ""
     credit_usd: float | None = None  # what the account can still spend, as the provider says (None: unknown)
-    cycle_s: float = 60.0  # until the controller decides again: its cycle interval plus the destroy latency
+    cycle_s: float = CONTROLLER_INTERVAL_S  # until the controller decides again: its interval + the destroy latency
     # names (never values) of the controller's environment variables the sweeps reference and that are set
     controller_env: frozenset[str] = frozenset()
     harvesting: bool = False  # a result store takes this controller's harvests (and the sweeps' checkpoints)

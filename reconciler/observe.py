@@ -98,21 +98,21 @@ def observe(
     offers: list[Offer] = []
     if not fleet.suspend:
         found: dict[int, Offer] = {}
-        for pool in fleet.all_pools():  # one query per pool; an offer two pools accept is listed once
+        for pool in fleet.pools:  # one query per pool; an offer two pools accept is listed once
             if pool.own:
                 continue  # the lab's own machines: nothing to rent
             try:
                 found.update((o.id, o) for o in provider.search_offers(pool.filters, pool.disk_gb))
             except ProviderError:
                 continue  # no offers for this pool this cycle: the plan rents nothing for it
-        offers = [found[i] for i in sorted(found)] if len(fleet.all_pools()) > 1 else list(found.values())
+        offers = [found[i] for i in sorted(found)] if len(fleet.pools) > 1 else list(found.values())
     # The lab's own machines (provider ssh pools) are probed like rented boxes, and never billed: they join the
     # instance list after the bills are read.
     own = own_boxes(fleet)
     instances = [*instances, *own]
     mine_and_own = [*mine, *own]
     probes = [p.on_clock(now) for p in probe_boxes(box_control, mine_and_own)]  # box clocks may be off
-    hashes = {p.name: p.bootstrap_hash for p in fleet.all_pools()}
+    hashes = {p.name: p.bootstrap_hash for p in fleet.pools}
     pool_hash = {
         i.id: hashes.get(slot_pool(fleet, o.slot), "") for i in mine_and_own if (o := owned_by(fleet.name, i.label))
     }

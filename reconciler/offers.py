@@ -18,6 +18,7 @@ Semantics, decided once:
   ``"California, US"``, ``"US"``) resolves to its country code(s) and matches when they meet the filter's. There is
   no substring matching; an entry that is not a country (``"E"``, ``"Atlantis"``) matches nothing here and is
   refused by the desired-state loader (``country_code`` returns None for it).
+* A pool's per-box price cap is ``box_cap_dph``: its ``max_dph`` and the budget's ``max_instance_dph``, the lower.
 * Numeric limits are inclusive (``>=`` a minimum, ``<=`` a maximum); None means no constraint. ``num_gpus_min``
   below 1 counts as 1; a negative or NaN ``dph_max`` counts as 0. The offer's disk must hold the fleet's
   ``disk_gb``. An offer whose ``dph_total`` is not a finite non-negative number never passes.
@@ -43,7 +44,7 @@ from functools import lru_cache
 from typing import Any
 
 from reconciler.countries import ALIASES, NAMES
-from reconciler.model import Fleet, HostLedger, HostRecord, Offer, OfferFilters, Ranking
+from reconciler.model import Budget, Fleet, HostLedger, HostRecord, Offer, OfferFilters, Pool, Ranking
 
 __all__ = [
     "BID_OVER_MIN",
@@ -53,6 +54,7 @@ __all__ = [
     "RULES",
     "Rule",
     "as_interruptible",
+    "box_cap_dph",
     "country_code",
     "gpu_name_problem",
     "host_penalty",
@@ -356,6 +358,17 @@ def rejected_by(offer: Offer, filters: OfferFilters, disk_gb: float) -> str | No
 def offer_passes(offer: Offer, filters: OfferFilters, disk_gb: float) -> bool:
     """Whether ``offer`` passes the fleet's filters and holds ``disk_gb`` (budget caps are checked separately)."""
     return rejected_by(offer, filters, disk_gb) is None
+
+
+def box_cap_dph(pool: Pool, budget: Budget) -> float:
+    """The most one box of ``pool`` may cost per hour: the lower of its filter's ``max_dph`` and the budget's
+    ``max_instance_dph`` (``math.inf``: no cap; a negative or NaN one counts as 0).
+
+    The one rule for a pool's per-box cap: renting holds it, and the estimate, the budget's headroom and review
+    price a sweep's work at the places under its own pool's cap.
+    """
+    caps = [c for c in (_cap(pool.filters.dph_max), _cap(budget.max_instance_dph)) if c is not None]
+    return min(caps, default=math.inf)
 
 
 def passing_offers(offers: Iterable[Offer], filters: OfferFilters, disk_gb: float) -> list[Offer]:

@@ -28,7 +28,7 @@ def best_by_cell(runs: Mapping[str, RunSpec], metrics: Mapping[str, Iterable[flo
         for m in metrics[run_id]:
             if m is None or math.isnan(m):
                 continue
-            if _better(spec.metric_goal, m, best.get(spec.cell)):
+            if _better(spec.sweep.metric_goal, m, best.get(spec.cell)):
                 best[spec.cell] = m
     return best
 
@@ -41,7 +41,7 @@ def promotion_met(spec: RunSpec, best: Mapping[str, float]) -> bool:
     b = best.get(spec.cell)
     if b is None:
         return False
-    return b >= threshold if spec.metric_goal is MetricGoal.MAX else b <= threshold
+    return b >= threshold if spec.sweep.metric_goal is MetricGoal.MAX else b <= threshold
 
 
 def wanted_among(runs: Mapping[str, RunSpec], metrics: Mapping[str, Iterable[float | None]]) -> list[str]:

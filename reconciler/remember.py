@@ -241,10 +241,10 @@ def track_gpu_quiet(
         util = {g.index: g.utilization_pct for g in p.gpus}
         for rd in p.runs:
             spec = desired.run(rd.run_id)
-            if not is_live(rd) or spec is None or spec.stall_timeout_s is None:
+            if not is_live(rd) or spec is None or spec.sweep.stall_timeout_s is None:
                 continue
             seen = [util[i] for i in rd.gpu_mask if i in util]
-            if seen and max(seen) < spec.stall_gpu_util_pct:
+            if seen and max(seen) < spec.sweep.stall_gpu_util_pct:
                 out.append((rd.run_id, rd.attempt, since.get((rd.run_id, rd.attempt), now)))
     return tuple(sorted(out))
 

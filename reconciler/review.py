@@ -22,8 +22,9 @@ from typing import Any
 
 from reconciler.actions import SweepEstimate
 from reconciler.model import AttemptOutcome, Desired, Observed, RunSpec
+from reconciler.offers import box_cap_dph
 from reconciler.plan.attempts import LiveVerdicts, PendingRun, RunQueue
-from reconciler.plan.common import effective_caps, usd
+from reconciler.plan.common import usd
 from reconciler.plan.estimate import Place, estimate, totals
 from reconciler.plan.money import purse, sweep_runtimes
 from reconciler.plan.world import index_world
@@ -51,11 +52,13 @@ class Side:
 
 
 def _key(spec: RunSpec) -> RunKey:
-    return (spec.sweep, spec.params, spec.seed)
+    return (spec.sweep.name, spec.params, spec.seed)
 
 
 def _run_json(spec: RunSpec) -> dict[str, Any]:
-    return {"id": spec.id, "sweep": spec.sweep, "params": dict(spec.params), "seed": spec.seed, "command": spec.command}
+    return {
+        "id": spec.id, "sweep": spec.sweep.name, "params": dict(spec.params), "seed": spec.seed, "command": spec.command
+    }
 
 
 def _base_runs(desired: Desired | None) -> dict[RunKey, RunSpec]:
@@ -68,31 +71,48 @@ def _candidates(desired: Desired | None) -> dict[str, int]:
     out: dict[str, int] = {}
     for r in desired.runs if desired is not None else ():
         if r.promotion_threshold is not None:
-            out[r.sweep] = out.get(r.sweep, 0) + 1
+            out[r.sweep.name] = out.get(r.sweep.name, 0) + 1
     return out
 
 
-def committed_places(desired: Desired, held: Iterable[Place], observed: Observed) -> tuple[list[Place], str]:
-    """Where the work could run as the committed files know it, and what that rests on.
+def committed_places(
+    desired: Desired, held: Iterable[Place], observed: Observed
+) -> tuple[dict[str, list[Place]], dict[str, str]]:
+    """Per pool, where its work could run as the committed files know it, and what that rests on.
 
-    The boxes held (observed/fleet.yaml) and the boxes of the newest archived attempts, under the per-box cap;
-    without either, one box at the per-box cap (the estimate is then an upper bound: ``"cap"``).
+    The boxes held (observed/fleet.yaml) and the boxes of the newest archived attempts, under the pool's per-box
+    cap (``offers.box_cap_dph``); without either, one box at that cap (the estimate is then an upper bound:
+    ``"cap"``).
     """
-    instance_cap, _ = effective_caps(desired)
-    gpus = max(1, desired.fleet.filters.num_gpus_min)
-    places = [p for p in held if p[1] > 0]
-    source = "held boxes" if places else ""
+    held = [p for p in held if p[1] > 0]
     recent = [h for h in observed.history if h.dph > 0][-RECENT_PLACES:]
-    archived = [(h.dph, gpus, h.gpu_name) for h in recent if h.dph <= instance_cap]
-    if archived:
-        places += archived
-        source = f"{source} and " if source else ""
-        source += f"{len(archived)} archived attempt(s)"
-    if places:
-        return places, source
-    if math.isfinite(instance_cap):
-        return [(instance_cap, gpus, "")], "cap"
-    return [], "none"
+    out: dict[str, list[Place]] = {}
+    sources: dict[str, str] = {}
+    for pool in desired.fleet.pools:
+        limit = box_cap_dph(pool, desired.budget)
+        gpus = max(1, pool.filters.num_gpus_min)
+        places = [p for p in held if p[0] <= limit]
+        source = "held boxes" if places else ""
+        archived = [(h.dph, gpus, h.gpu_name) for h in recent if h.dph <= limit]
+        if archived:
+            places += archived
+            source = f"{source} and " if source else ""
+            source += f"{len(archived)} archived attempt(s)"
+        if not places and math.isfinite(limit):
+            places, source = [(limit, gpus, "")], "cap"
+        out[pool.name] = places
+        sources[pool.name] = source or "none"
+    return out, sources
+
+
+def _one_source(sources: Iterable[str]) -> str:
+    """What the prices of the pools the work goes to rest on, said once; "cap" (an upper bound) when any of them
+    is priced at its cap alone."""
+    said = sorted(set(sources))
+    if "cap" in said:
+        return "cap"
+    known = [s for s in said if s != "none"]
+    return "; ".join(known) if known else "none"
 
 
 def compute_review(
@@ -125,18 +145,18 @@ def compute_review(
         for s in d.sweeps if d is not None else ():
             row(s.name)
     for r in before.values():
-        row(r.sweep)["base_runs"] += 1
+        row(r.sweep.name)["base_runs"] += 1
     for k, r in after.items():
-        c = row(r.sweep)
+        c = row(r.sweep.name)
         c["head_runs"] += 1
         if k in before and before[k].id == r.id:
             c["unchanged"] += 1
     for r in added:
-        row(r.sweep)["added"] += 1
+        row(r.sweep.name)["added"] += 1
     for r in removed:
-        row(r.sweep)["removed"] += 1
+        row(r.sweep.name)["removed"] += 1
     for _, r in changed:
-        row(r.sweep)["changed"] += 1
+        row(r.sweep.name)["changed"] += 1
     for name, n in _candidates(base.desired if head.desired is not None else None).items():
         row(name)["promotion_candidates_base"] = n
     for name, n in _candidates(head.desired).items():
@@ -149,7 +169,7 @@ def compute_review(
     doc["added"] = [_run_json(r) for r in added]
     doc["removed"] = [_run_json(r) for r in removed]
     doc["changed"] = [
-        {"sweep": new.sweep, "params": dict(new.params), "seed": new.seed, "base_id": old.id, "head_id": new.id,
+        {"sweep": new.sweep.name, "params": dict(new.params), "seed": new.seed, "base_id": old.id, "head_id": new.id,
          "base_command": old.command, "head_command": new.command}
         for old, new in changed
     ]
@@ -165,16 +185,19 @@ def _estimate(
 ) -> dict[str, Any]:
     done = {h.run_id for h in observed.history if h.phase is AttemptOutcome.SUCCEEDED}
     work = [r for r in new_work if r.id not in done]  # a reverted edit brings back runs already finished
-    work.sort(key=lambda r: (r.sweep_order, r.sweep))
+    work.sort(key=lambda r: (r.sweep.order, r.sweep.name))
     world, _ = index_world(desired, observed, now)
-    places, source = committed_places(desired, held, observed)
+    places, sources = committed_places(desired, held, observed)
+    used = [sources[p.name] for r in work if (p := desired.fleet.pool(r.sweep.pool)) is not None]
+    source = _one_source(used or sources.values())
     runtimes = sweep_runtimes(desired, observed, world.gpu_dlperf)
-    budget = purse(desired, observed, 0.0, runtimes, work, [dph / n for dph, n, _ in places if n > 0])
+    prices = {name: [dph / n for dph, n, _ in here if n > 0] for name, here in places.items()}
+    budget = purse(desired, observed, 0.0, runtimes, work, prices)
     by_sweep: dict[str, int] = {}
     for r in work:
-        by_sweep[r.sweep] = by_sweep.get(r.sweep, 0) + 1
+        by_sweep[r.sweep.name] = by_sweep.get(r.sweep.name, 0) + 1
     queue = RunQueue(
-        pending=tuple(PendingRun(r, max(1, r.gpus), r.min_gpu_ram_mib, 0, 1) for r in work),
+        pending=tuple(PendingRun(r, max(1, r.sweep.gpus_per_run), r.sweep.min_gpu_ram_mib, 0, 1) for r in work),
         live_work=False,
         pending_by_sweep=by_sweep,
     )

@@ -29,7 +29,7 @@ def is_unfinished(rd: RunDirState) -> bool:
 
 def allowed_attempts(spec: RunSpec) -> int:
     """How many attempts a run may use: the first plus ``retries`` (a negative retries counts as 0)."""
-    return 1 + max(0, spec.retries)
+    return 1 + max(0, spec.sweep.retries)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from typing import Any
 import git
 from git.exc import GitCommandError, InvalidGitRepositoryError, NoSuchPathError
 
-from reconciler.desired import (
+from reconciler.desired.tree import (
     MAX_DESIRED_DEPTH,
     MAX_DESIRED_ENTRIES,
     MAX_FILE_BYTES,

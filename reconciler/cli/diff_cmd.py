@@ -140,7 +140,7 @@ def compute_diff(
             continue  # a promotion seed is wanted only once its cell reached the threshold
         phase = RunPhase(r["phase"]) if r is not None else RunPhase.PENDING
         bucket = _BUCKETS[phase]
-        c = sweeps.setdefault(spec.sweep, {"pending": 0, "running": 0, "done": 0, "failed": 0, "total": 0})
+        c = sweeps.setdefault(spec.sweep.name, {"pending": 0, "running": 0, "done": 0, "failed": 0, "total": 0})
         c[bucket] += 1
         c["total"] += 1
     fleet_doc = observed[FLEET]

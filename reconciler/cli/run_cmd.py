@@ -9,6 +9,7 @@ from pathlib import Path
 from reconciler.cli._common import add_api_url_arg, add_data_dir_arg, api_url_of
 from reconciler.daemon import DaemonConfig, FleetDaemon
 from reconciler.errors import UserError
+from reconciler.model import CONTROLLER_INTERVAL_S
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -18,7 +19,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     add_api_url_arg(p)
     add_data_dir_arg(p)
     p.add_argument("--once", action="store_true", help="run one cycle and exit")
-    p.add_argument("--interval", type=float, default=30.0, help="seconds between cycles (default 30)")
+    interval = f"seconds between cycles (default {CONTROLLER_INTERVAL_S:g})"
+    p.add_argument("--interval", type=float, default=CONTROLLER_INTERVAL_S, help=interval)
     p.add_argument("--lease-stale", type=float, default=300.0, help="seconds after which a silent lease is taken over")
     p.add_argument("--lease-renew", type=float, default=60.0, help="seconds between lease heartbeats")
     p.add_argument(

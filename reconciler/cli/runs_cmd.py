@@ -38,7 +38,7 @@ def add_parser(subparsers: Any) -> None:
 def run_json(spec: RunSpec) -> dict[str, object]:
     out: dict[str, object] = {
         "id": spec.id,
-        "sweep": spec.sweep,
+        "sweep": spec.sweep.name,
         "params": dict(spec.params),
         "seed": spec.seed,
         "command": spec.command,
@@ -81,7 +81,7 @@ def _text(desired: Desired, shown: list[RunSpec], base: int, unlisted: int) -> s
     for spec in shown:
         params = " ".join(f"{k}={scalar_text(v)}" for k, v in spec.params)
         extra = f"  (promotion: best >= {spec.promotion_threshold:g})" if spec.promotion_threshold is not None else ""
-        if spec.promotion_threshold is not None and spec.metric_goal.value == "min":
+        if spec.promotion_threshold is not None and spec.sweep.metric_goal.value == "min":
             extra = f"  (promotion: best <= {spec.promotion_threshold:g})"
         lines.append(f"{spec.id}  seed={spec.seed}  {params}{extra}".rstrip())
         lines.append(f"    {spec.command}")

@@ -164,7 +164,7 @@ def _render_runs(desired: Desired | None, observed: Observed) -> dict[str, Any]:
 
     def entry(run_id: str, spec: RunSpec | None) -> dict[str, Any]:
         recs = sorted(history.get(run_id, []), key=lambda r: r.attempt)
-        goal = spec.metric_goal if spec else MetricGoal.MAX
+        goal = spec.sweep.metric_goal if spec else MetricGoal.MAX
         best: float | None = None
         for r in recs:
             best = _better(best, r.best_metric, goal)
@@ -195,7 +195,7 @@ def _render_runs(desired: Desired | None, observed: Observed) -> dict[str, Any]:
         for spec in desired.runs:
             if spec.id not in wanted and spec.id not in history and spec.id not in live:
                 continue
-            sweeps.setdefault(spec.sweep, {})[spec.id] = entry(spec.id, spec)
+            sweeps.setdefault(spec.sweep.name, {})[spec.id] = entry(spec.id, spec)
     else:
         sweep_of: dict[str, str] = {}
         for rec in observed.history:

@@ -51,7 +51,7 @@ from reconciler.plan.attempts import (
 )
 from reconciler.plan.bookkeeping import close_bills, sync_checkpoints
 from reconciler.plan.boxes import BoxState, box_noops, classify_boxes, enforce_max_instances, prepare_boxes, retire_idle
-from reconciler.plan.common import Decisions, effective_caps, fmt_duration
+from reconciler.plan.common import Decisions, fleet_dph_cap, fmt_duration
 from reconciler.plan.environment import withhold_missing_secrets
 from reconciler.plan.estimate import estimate
 from reconciler.plan.money import Purse, budget_position
@@ -61,7 +61,7 @@ from reconciler.plan.world import World, index_world
 
 __all__ = [
     "BoxState",
-    "effective_caps",
+    "fleet_dph_cap",
     "fleet_spec_hash",
     "fmt_duration",
     "plan",
@@ -115,7 +115,7 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
     if held:  # renting sees them in launch order too
         order = world.run_index
         unplaced = tuple(
-            sorted((*unplaced, *held), key=lambda r: (-r.spec.priority, r.spec.sweep_order, order[r.spec.id]))
+            sorted((*unplaced, *held), key=lambda r: (-r.spec.sweep.priority, r.spec.sweep.order, order[r.spec.id]))
         )
     decided.extend(rent_for(world, unplaced, table, budget, placement.spent))
     decided.extend(box_noops(world, seen, table))

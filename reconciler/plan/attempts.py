@@ -157,7 +157,7 @@ def wanted_runs(world: World, recorded: Recorded) -> tuple[frozenset[str], Decis
     if len(wanted) < len(world.runs):
         for r in world.runs.values():
             if r.id not in wanted:
-                waiting_promo[r.sweep] = waiting_promo.get(r.sweep, 0) + 1
+                waiting_promo[r.sweep.name] = waiting_promo.get(r.sweep.name, 0) + 1
     for sweep, n in sorted(waiting_promo.items()):
         out.noop(
             f"sweep/{sweep}",
@@ -218,13 +218,13 @@ def settle_live(
                 kill(box_id, rd, ReasonCode.NOT_DESIRED, "no longer desired")
                 continue
             spec = world.runs[rd.run_id]
-            if rd.started_at is not None and now - rd.started_at > spec.max_runtime_s:
+            if rd.started_at is not None and now - rd.started_at > spec.sweep.max_runtime_s:
                 used[rd.run_id] = used.get(rd.run_id, 0) + 1
                 kill(
                     box_id,
                     rd,
                     ReasonCode.MAX_RUNTIME,
-                    f"exceeded max runtime {fmt_duration(spec.max_runtime_s)} "
+                    f"exceeded max runtime {fmt_duration(spec.sweep.max_runtime_s)} "
                     f"(running for {fmt_duration(now - rd.started_at)})",
                 )
                 continue
@@ -254,7 +254,7 @@ def settle_live(
         out.noop(
             f"run/{keep_rd.run_id}.{keep_rd.attempt}@{keep_box}",
             ReasonCode.RUNNING,
-            f"running for {ran} of max {fmt_duration(spec.max_runtime_s)} on {gpus_text(keep_rd.gpu_mask)}; "
+            f"running for {ran} of max {fmt_duration(spec.sweep.max_runtime_s)} on {gpus_text(keep_rd.gpu_mask)}; "
             f"heartbeat {beat}",
         )
     return LiveVerdicts(kept, used, frozenset(settled)), out
@@ -263,19 +263,20 @@ def settle_live(
 def stall_of(world: World, rd: RunDirState, spec: RunSpec) -> str | None:
     """Why a live attempt is stalled (its sweep's ``stall_timeout`` passed with no metric progress, or with its GPUs
     under ``stall_gpu_util`` all along), or None. No metrics file yet counts from the attempt's start."""
-    limit = spec.stall_timeout_s
+    limit = spec.sweep.stall_timeout_s
     if limit is None or rd.started_at is None:
         return None
     now = world.now
     ran = now - rd.started_at
     quiet = min(ran, rd.metrics_age_s) if rd.metrics_age_s is not None else ran
     if quiet > limit:
-        what = f"{spec.metrics_file} unchanged for" if rd.metrics_age_s is not None else f"no {spec.metrics_file} in"
+        file = spec.sweep.metrics_file
+        what = f"{file} unchanged for" if rd.metrics_age_s is not None else f"no {file} in"
         return f"no metric progress: {what} {fmt_duration(quiet)} > stall_timeout {fmt_duration(limit)}"
     for run_id, attempt, since in world.observed.memory.gpu_quiet:
         if (run_id, attempt) == (rd.run_id, rd.attempt) and now - since > limit:
             return (
-                f"GPU utilization under {spec.stall_gpu_util_pct:g}% for {fmt_duration(now - since)} > "
+                f"GPU utilization under {spec.sweep.stall_gpu_util_pct:g}% for {fmt_duration(now - since)} > "
                 f"stall_timeout {fmt_duration(limit)} while its process lives"
             )
     return None
@@ -394,22 +395,23 @@ def run_queue(
             continue
         tally = tallies.get(run_id)
         if tally is None:
-            phase = fresh.get(spec.retries)
+            phase = fresh.get(spec.sweep.retries)
             if phase is None:
-                phase = fresh[spec.retries] = run_phase(spec, UNTOUCHED)
+                phase = fresh[spec.sweep.retries] = run_phase(spec, UNTOUCHED)
             tally = UNTOUCHED
         else:
             phase = run_phase(spec, tally)
         if phase in LAUNCHABLE_PHASES:
-            gpus = spec.gpus if spec.gpus > 1 else 1
-            run = new_run(PendingRun, (spec, gpus, spec.min_gpu_ram_mib, tally.used, max_attempt.get(run_id, 0) + 1))
-            by_sweep[spec.sweep] = by_sweep.get(spec.sweep, 0) + 1
+            gpus = spec.sweep.gpus_per_run if spec.sweep.gpus_per_run > 1 else 1
+            ram = spec.sweep.min_gpu_ram_mib
+            run = new_run(PendingRun, (spec, gpus, ram, tally.used, max_attempt.get(run_id, 0) + 1))
+            by_sweep[spec.sweep.name] = by_sweep.get(spec.sweep.name, 0) + 1
             doubt = unverified.get(run_id) if unverified else None
             if doubt is not None:
                 held.append(run)
                 out.noop(f"run/{run_id}", ReasonCode.LOST_ATTEMPT_UNVERIFIED, f"not launched again yet: {doubt}")
                 continue
-            key = (-spec.priority, spec.sweep_order)
+            key = (-spec.sweep.priority, spec.sweep.order)
             bucket = buckets.get(key)
             if bucket is None:
                 buckets[key] = [run]

@@ -35,7 +35,7 @@ def sync_checkpoints(world: World, settled: frozenset[AttemptKey], destroyed: Ma
             if not is_live(rd) or key in settled or key in world.archived:
                 continue
             spec = world.runs.get(rd.run_id)
-            sweep = world.desired.sweep(spec.sweep) if spec is not None else None
+            sweep = spec.sweep if spec is not None else None
             if sweep is None or sweep.checkpoint is None:
                 continue
             last = pulled.get(key)

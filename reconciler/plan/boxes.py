@@ -244,7 +244,7 @@ def enforce_max_instances(world: World, seen: SeenAttempts, table: BoxTable) -> 
     """Destroy boxes past each pool's max, then past the fleet's (idle ones first, then the dearest)."""
     d = _Destroyer(world, seen, table)
     groups: list[tuple[str, int, str]] = []  # (pool name or "" for the fleet, limit, what the limit is called)
-    if world.desired.fleet.pools:
+    if world.desired.fleet.named_pools:
         groups += [(p.name, count_cap(p.max_instances), f"pool {p.name} max_instances") for p in world.pools.values()]
     groups.append(("", count_cap(world.desired.fleet.max_instances), "max_instances"))
     for pool, limit, called in groups:
@@ -363,7 +363,7 @@ def retire_idle(
             candidates.append(
                 (box, ReasonCode.IDLE_TIMEOUT, f"idle for {fmt_duration(idle_for)} > idle_timeout {timeout}")
             )
-        elif not waiting_runs and f.pools:  # runs of other pools may wait: they never go to this box
+        elif not waiting_runs and f.named_pools:  # runs of other pools may wait: they never go to this box
             candidates.append((box, ReasonCode.SURPLUS, f"surplus: no pending run of pool {box.pool} waits for a GPU"))
         elif not waiting_runs and not live_work:
             candidates.append((box, ReasonCode.SURPLUS, "surplus: no pending or running work in the fleet"))
@@ -380,7 +380,7 @@ def retire_idle(
         if world.boxes[i].rented and world.boxes[i].pool in pool_spare:
             pool_spare[world.boxes[i].pool] += 1
     for box, code, reason in sorted(candidates, key=lambda t: (-t[0].inst.dph_total, t[0].id)):
-        left_in_pool = pool_spare.get(box.pool, 1) if f.pools else 1
+        left_in_pool = pool_spare.get(box.pool, 1) if f.named_pools else 1
         if spare > 0 and left_in_pool > 0:
             d.destroy(box, code, reason)
             spare -= 1

@@ -52,10 +52,9 @@ def count_cap(value: int | None) -> int:
     return max(0, int(value))
 
 
-def effective_caps(desired: Desired) -> tuple[float, float]:
-    """(per-instance $/h cap, fleet $/h cap) after defaulting; the per-instance one includes filters.dph_max."""
-    instance_cap = min(cap(desired.fleet.filters.dph_max), cap(desired.budget.max_instance_dph))
-    return instance_cap, cap(desired.budget.max_fleet_dph)
+def fleet_dph_cap(desired: Desired) -> float:
+    """The whole fleet's $/h cap after defaulting (a box's own cap is its pool's: ``offers.box_cap_dph``)."""
+    return cap(desired.budget.max_fleet_dph)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -25,7 +25,7 @@ def withhold_missing_secrets(world: World, queue: RunQueue) -> tuple[RunQueue, D
     held: dict[str, tuple[tuple[str, ...], int]] = {}
     kept: list[PendingRun] = []
     for run in queue.pending:
-        env = run.spec.env
+        env = run.spec.sweep.env
         if not env:
             kept.append(run)
             continue
@@ -35,8 +35,8 @@ def withhold_missing_secrets(world: World, queue: RunQueue) -> tuple[RunQueue, D
         if not absent:
             kept.append(run)
             continue
-        names, n = held.get(run.spec.sweep, ((), 0))
-        held[run.spec.sweep] = (tuple(dict.fromkeys((*names, *absent))), n + 1)
+        names, n = held.get(run.spec.sweep.name, ((), 0))
+        held[run.spec.sweep.name] = (tuple(dict.fromkeys((*names, *absent))), n + 1)
     for sweep in sorted(held):
         names, n = held[sweep]
         text = f"{missing_text(sweep, names)}: {n} run(s) not launched"

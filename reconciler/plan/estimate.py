@@ -2,9 +2,10 @@
 
 GPU-hours come from the same expected runtime the budget uses (``money``: the archive's median, the sweep's
 ``expected_runtime``, or ``max_runtime`` as the upper bound — the estimate says which). Dollars are a range
-over where the work could run: every offer that passes the fleet's filters under the per-box price cap, and
-the boxes held, each at its $/h per GPU with the runtime scaled by its DLPerf. The ETA assumes the sweep has
-the fleet to itself at its full size (``max_instances`` boxes like the best-ranked offer, or the boxes held).
+over where the work could run: every offer that passes its pool's filters under the pool's per-box price cap
+(``offers.box_cap_dph``), and the pool's boxes held, each at its $/h per GPU with the runtime scaled by its
+DLPerf. The ETA assumes the sweep has its pool to itself at its full size (``max_instances`` boxes like the
+best-ranked offer, or the boxes held).
 What the budget leaves after the work is the tightest cap's remaining minus the range; a warning says so when
 the work does not fit.
 """
@@ -16,10 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from reconciler.actions import SweepEstimate
-from reconciler.model import RunSpec
-from reconciler.offers import normalize_gpu_name
+from reconciler.model import Pool, RunSpec
+from reconciler.offers import box_cap_dph, normalize_gpu_name
 from reconciler.plan.attempts import LiveVerdicts, RunQueue
-from reconciler.plan.common import count_cap, effective_caps, usd
+from reconciler.plan.common import count_cap, usd
 from reconciler.plan.money import Purse, Runtime, runtime_of
 from reconciler.plan.world import World
 
@@ -57,12 +58,17 @@ def _span(values: list[float]) -> tuple[float, float] | None:
 Place = tuple[float, int, str]  # a box the work could run on: ($/h of the box, its GPUs, its GPU name)
 
 
-def market_places(world: World) -> list[Place]:
-    """Every place the work could run: offers passing the filters under the per-box cap, and the boxes held."""
-    instance_cap, _ = effective_caps(world.desired)
-    places = [(o.dph_total, o.num_gpus, o.gpu_name) for o in world.offers if o.dph_total <= instance_cap]
-    places += [(b.inst.dph_total, b.inst.num_gpus, b.inst.gpu_name) for b in world.boxes.values()]
-    return places
+def market_places(world: World) -> dict[str, list[Place]]:
+    """Per pool, every place its work could run: its offers under its per-box cap, and its boxes held."""
+    budget = world.desired.budget
+    out: dict[str, list[Place]] = {}
+    for name, pool in world.pools.items():
+        limit = box_cap_dph(pool, budget)
+        offers = [o for o in world.pool_offers.get(name, ()) if o.dph_total <= limit]
+        held = [b.inst for b in world.boxes.values() if b.pool == name]
+        out[name] = [(o.dph_total, o.num_gpus, o.gpu_name) for o in offers]
+        out[name] += [(i.dph_total, i.num_gpus, i.gpu_name) for i in held]
+    return out
 
 
 def _prices(world: World, places: list[Place]) -> _Prices:
@@ -82,57 +88,77 @@ def _prices(world: World, places: list[Place]) -> _Prices:
     return _Prices(_span(every), _span(no_dl), _span(per_dl))
 
 
-def _fleet_gpus(world: World, places: list[Place]) -> int:
-    """GPUs of the fleet at its full size: max_instances boxes like the best-ranked offer (or the boxes held, or
-    the first place given)."""
-    f = world.desired.fleet
-    held = sum(b.inst.num_gpus for b in world.boxes.values())
-    per_box = world.offers[0].num_gpus if world.offers else 0
-    if not per_box and not world.boxes and places:
+def _pool_gpus(world: World, pool: Pool, places: list[Place]) -> int:
+    """GPUs of a pool at its full size: as many boxes as it may hold (and the fleet) like its best-ranked offer (or
+    its boxes held, or the first place given)."""
+    boxes = [b for b in world.boxes.values() if b.pool == pool.name]
+    held = sum(b.inst.num_gpus for b in boxes)
+    offers = world.pool_offers.get(pool.name, ())
+    per_box = offers[0].num_gpus if offers else 0
+    if not per_box and not boxes and places:
         per_box = places[0][1]
-    if not per_box and world.boxes:
-        per_box = max(1, held // len(world.boxes))
-    return max(held, count_cap(f.max_instances) * per_box)
+    if not per_box and boxes:
+        per_box = max(1, held // len(boxes))
+    fleet = world.desired.fleet
+    # the implicit pool of a fleet without pools: is bounded by the fleet alone
+    most = count_cap(fleet.max_instances)
+    if fleet.named_pools:
+        most = min(most, count_cap(pool.max_instances))
+    return max(held, most * per_box)
 
 
 def estimate(
-    world: World, queue: RunQueue, live: LiveVerdicts, budget: Purse, places: list[Place] | None = None
+    world: World,
+    queue: RunQueue,
+    live: LiveVerdicts,
+    budget: Purse,
+    places: Mapping[str, list[Place]] | None = None,
 ) -> tuple[tuple[SweepEstimate, ...], list[str]]:
     """Per sweep (in desired order), the price of its unfinished work; and warnings where it exceeds the budget.
 
-    ``places`` are where the work could run (default: ``market_places``, what the market and the fleet show now);
-    ``rigsync review`` passes the places the committed files know instead, having no market to ask.
+    ``places`` are, per pool, where its work could run (default: ``market_places``, what the market and the fleet
+    show now); ``rigsync review`` passes the places the committed files know instead, having no market to ask.
+    A sweep is priced at its own pool's places and its ETA counts its own pool's GPUs.
     """
     if places is None:
         places = market_places(world)
     pending = queue.pending_by_sweep
     specs: dict[str, RunSpec] = {}  # one run of each sweep, for its runtime, GPUs and order
     for run in (*queue.pending, *queue.held):
-        specs.setdefault(run.spec.sweep, run.spec)
+        specs.setdefault(run.spec.sweep.name, run.spec)
         if len(specs) == len(pending):
             break
-    gpu_runs = {name: n * max(1, specs[name].gpus) for name, n in pending.items()}  # GPUs per run: the sweep's
+    gpu_runs = {name: n * max(1, specs[name].sweep.gpus_per_run) for name, n in pending.items()}  # the sweep's GPUs
     running: dict[str, list[float]] = {}  # sweep -> GPU-hours left of each running attempt
     hours_of: dict[str, float] = {}
     for run_id, (_box, rd) in live.running.items():
         spec = world.runs.get(run_id)
         if spec is None:
             continue
-        hours = hours_of.get(spec.sweep)
+        hours = hours_of.get(spec.sweep.name)
         if hours is None:
-            hours = hours_of[spec.sweep] = runtime_of(budget.runtimes, spec).hours
+            hours = hours_of[spec.sweep.name] = runtime_of(budget.runtimes, spec).hours
         elapsed = (world.now - rd.started_at) / 3600.0 if rd.started_at is not None else 0.0
-        running.setdefault(spec.sweep, []).append(max(0.0, hours - elapsed) * max(1, len(rd.gpu_mask)))
-    prices = _prices(world, places)
-    slots = _fleet_gpus(world, places)
+        running.setdefault(spec.sweep.name, []).append(max(0.0, hours - elapsed) * max(1, len(rd.gpu_mask)))
+    by_pool: dict[str, tuple[_Prices, int]] = {}
+
+    def pool_terms(spec: RunSpec) -> tuple[_Prices, int]:
+        name = world.pool_of_run(spec)
+        if name not in by_pool:
+            pool = world.pools.get(name) or next(iter(world.pools.values()))
+            here = places.get(pool.name, [])
+            by_pool[name] = (_prices(world, here), _pool_gpus(world, pool, here))
+        return by_pool[name]
+
     out: list[SweepEstimate] = []
     warnings: list[str] = []
     for run_id in live.running:
         spec = world.runs.get(run_id)
         if spec is not None:
-            specs.setdefault(spec.sweep, spec)
-    for sweep in sorted(set(pending) | set(running), key=lambda n: (specs[n].sweep_order, n)):
+            specs.setdefault(spec.sweep.name, spec)
+    for sweep in sorted(set(pending) | set(running), key=lambda n: (specs[n].sweep.order, n)):
         rt: Runtime = runtime_of(budget.runtimes, specs[sweep])
+        prices, slots = pool_terms(specs[sweep])
         gpu_hours = gpu_runs.get(sweep, 0) * rt.hours + sum(running.get(sweep, ()))
         low = high = None
         span = prices.cost_range(gpu_hours, rt)

@@ -30,9 +30,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from reconciler.model import AttemptOutcome, Desired, Observed, OnExceed, RunSpec
-from reconciler.offers import normalize_gpu_name
+from reconciler.offers import box_cap_dph, normalize_gpu_name
 from reconciler.plan.attempts import Recorded, SeenAttempts, plan_tallies
-from reconciler.plan.common import cap, effective_caps, fmt_duration, usd
+from reconciler.plan.common import cap, fmt_duration, usd
 from reconciler.plan.world import World
 from reconciler.runphase import UNTOUCHED, run_phase
 
@@ -88,12 +88,12 @@ def sweep_runtimes(desired: Desired, observed: Observed, dlperf: Mapping[str, fl
 
 
 def runtime_of(runtimes: Mapping[str, Runtime], spec: RunSpec) -> Runtime:
-    found = runtimes.get(spec.sweep)
+    found = runtimes.get(spec.sweep.name)
     if found is not None:
         return found
-    if spec.expected_runtime_s is not None and spec.expected_runtime_s > 0:
-        return Runtime(spec.expected_runtime_s / 3600.0, RuntimeSource.EXPECTED)
-    return Runtime(max(0.0, spec.max_runtime_s) / 3600.0, RuntimeSource.MAX_RUNTIME)
+    if spec.sweep.expected_runtime_s is not None and spec.sweep.expected_runtime_s > 0:
+        return Runtime(spec.sweep.expected_runtime_s / 3600.0, RuntimeSource.EXPECTED)
+    return Runtime(max(0.0, spec.sweep.max_runtime_s) / 3600.0, RuntimeSource.MAX_RUNTIME)
 
 
 @dataclass(frozen=True)
@@ -164,10 +164,11 @@ def purse(
     fleet_dph: float,
     runtimes: Mapping[str, Runtime],
     waiting: Iterable[RunSpec],
-    gpu_prices: Iterable[float],
+    gpu_prices: Mapping[str, Iterable[float]],
 ) -> Purse:
-    """The budget position. ``waiting`` are runs that still need a launch; ``gpu_prices`` $/h of one GPU where
-    one could run (free boxes held, offers that pass the filters), for the cheapest new work."""
+    """The budget position. ``waiting`` are runs that still need a launch; ``gpu_prices``, per pool, $/h of one
+    GPU where its work could run (its boxes held, its offers under its per-box cap), for the cheapest new work:
+    a run is priced on its own pool."""
     b = desired.budget
     spend = observed.memory.spend
     left: list[tuple[float, str]] = []
@@ -178,11 +179,13 @@ def purse(
         total = cap(b.total_usd)
         left.append((total - spend.total_usd, f"total_usd {usd(total)} ({usd(spend.total_usd)} spent)"))
     remaining, tightest = min(left, default=(math.inf, ""))
-    cheapest_gpu = min(gpu_prices, default=None)
+    cheapest_gpu = {name: min(prices) for name, given in gpu_prices.items() if (prices := list(given))}
     cheapest_work: float | None = None
-    if cheapest_gpu is not None:
-        for spec in waiting:
-            cost = runtime_of(runtimes, spec).hours * max(1, spec.gpus) * cheapest_gpu
+    for spec in waiting:
+        pool = desired.fleet.pool(spec.sweep.pool)
+        price = cheapest_gpu.get(pool.name) if pool is not None else None
+        if price is not None:
+            cost = runtime_of(runtimes, spec).hours * max(1, spec.sweep.gpus_per_run) * price
             cheapest_work = cost if cheapest_work is None else min(cheapest_work, cost)
     position = Purse(
         remaining=remaining,
@@ -233,7 +236,7 @@ def budget_position(world: World, seen: SeenAttempts, recorded: Recorded, wanted
     runtimes = sweep_runtimes(desired, observed, world.gpu_dlperf)
     fleet_dph = sum(b.inst.dph_total for b in world.boxes.values())
     waiting: list[RunSpec] = []
-    prices: list[float] = []
+    prices: dict[str, list[float]] = {}
     b = desired.budget
     if b.daily_usd is not None or b.total_usd is not None:  # without a cap nothing binds: skip the walk
         # the runs that will need a launch: asked of the one run-phase rule, as the run queue does later
@@ -243,7 +246,10 @@ def budget_position(world: World, seen: SeenAttempts, recorded: Recorded, wanted
         waiting = [
             world.runs[r] for r in wanted if run_phase(world.runs[r], tallies.get(r, UNTOUCHED)).launchable
         ]
-        instance_cap, _ = effective_caps(desired)
-        prices = [box.inst.dph_total / box.inst.num_gpus for box in world.boxes.values() if box.inst.num_gpus > 0]
-        prices += [o.dph_total / o.num_gpus for o in world.offers if o.num_gpus > 0 and o.dph_total <= instance_cap]
+        for name, pool in world.pools.items():
+            limit = box_cap_dph(pool, b)
+            boxes = [box.inst for box in world.boxes.values() if box.pool == name]
+            offers = [o for o in world.pool_offers.get(name, ()) if o.dph_total <= limit]
+            prices[name] = [i.dph_total / i.num_gpus for i in boxes if i.num_gpus > 0]
+            prices[name] += [o.dph_total / o.num_gpus for o in offers if o.num_gpus > 0]
     return purse(desired, observed, fleet_dph, runtimes, waiting, prices)

@@ -74,7 +74,7 @@ def place(world: World, queue: RunQueue, table: BoxTable, budget: Purse) -> tupl
             continue
         box = open_boxes[i]
         share = box.inst.dph_total * len(chosen) / max(1, box.inst.num_gpus)
-        key = (spec.sweep, box.inst.gpu_name)
+        key = (spec.sweep.name, box.inst.gpu_name)
         hours = hours_on.get(key)
         if hours is None:  # one figure per sweep and GPU model: thousands of launches share a few
             gpu = world.gpu_dlperf.get(normalize_gpu_name(box.inst.gpu_name))
@@ -109,7 +109,7 @@ def place(world: World, queue: RunQueue, table: BoxTable, budget: Purse) -> tupl
                 gpu_mask=mask,
                 command=spec.command,
                 code_commit=code,
-                sweep=spec.sweep,
+                sweep=spec.sweep.name,
             )
         )
     if refused:

@@ -22,10 +22,10 @@ from reconciler.actions import ReasonCode, Rent
 from reconciler.identity import rent_label
 from reconciler.ledger import RENT_WINDOW_S
 from reconciler.model import Fleet, Offer, Pool, RunSpec
-from reconciler.offers import normalize_gpu_name
+from reconciler.offers import box_cap_dph, normalize_gpu_name
 from reconciler.plan.attempts import PendingRun
 from reconciler.plan.boxes import BoxState, BoxTable
-from reconciler.plan.common import EPS, Decisions, cap, count_cap, effective_caps, fmt_duration, usd, usd_h
+from reconciler.plan.common import EPS, Decisions, count_cap, fleet_dph_cap, fmt_duration, usd, usd_h
 from reconciler.plan.money import Purse, Spending, runtime_of
 from reconciler.plan.world import World
 
@@ -127,9 +127,8 @@ class _Market:
         self.pool = pool
         self.shared = shared
         self.count = sum(1 for i in table.alive() if world.boxes[i].pool == pool.name and world.boxes[i].rented)
-        self.instance_cap, self.fleet_cap = effective_caps(world.desired)
-        if self.fleet.pools:  # a pool's own dph_max (the fleet's is its first pool's: effective_caps has it)
-            self.instance_cap = min(cap(pool.filters.dph_max), cap(world.desired.budget.max_instance_dph))
+        self.instance_cap = box_cap_dph(pool, world.desired.budget)
+        self.fleet_cap = fleet_dph_cap(world.desired)
         self.offers = list(world.pool_offers.get(pool.name, ()))
         self.pointers: dict[tuple[int, int], int] = {}
 
@@ -176,7 +175,7 @@ class _Market:
                 f"instance cap: {self.shared.count} owned or rented box(es) = max_instances {fleet_max}",
             )
         pool_max = count_cap(self.pool.max_instances)
-        if self.fleet.pools and self.count >= pool_max:
+        if self.fleet.named_pools and self.count >= pool_max:
             return (
                 ReasonCode.INSTANCE_COUNT_CAP,
                 f"instance cap: {self.count} box(es) of pool {self.pool.name} = its max_instances {pool_max}",
@@ -238,7 +237,7 @@ def rent_for(
         if pool.own:  # never rented for: its runs wait for a GPU on its machines
             if by_pool[name]:
                 for run in by_pool[name]:
-                    tally.add(tally.no_capacity, run.spec.sweep)
+                    tally.add(tally.no_capacity, run.spec.sweep.name)
                 out.noop(
                     f"pool/{name}",
                     ReasonCode.OWN_POOL_FULL,
@@ -276,7 +275,7 @@ def _rent_pool(
     out: Decisions,
 ) -> None:
     f = world.desired.fleet
-    subj = f"fleet/{f.name}" if not f.pools else f"pool/{pool.name}"
+    subj = f"fleet/{f.name}" if not f.named_pools else f"pool/{pool.name}"
     on_their_way = _Bins()
     for box_id in table.alive():
         if table.states.get(box_id) in _ON_THEIR_WAY and world.boxes[box_id].pool == pool.name:
@@ -293,7 +292,7 @@ def _rent_pool(
             break
         shape = (run.gpus, run.gpu_ram_mib)
         if shape not in full and on_their_way.fit(*shape):
-            tally.add(tally.waits_for_booting, run.spec.sweep)
+            tally.add(tally.waits_for_booting, run.spec.sweep.name)
         else:
             full.add(shape)
             uncovered.append(run)
@@ -312,7 +311,8 @@ def _rent_pool(
     for n, run in enumerate(uncovered):
         if len(refused) == len(shapes):
             # every shape is refused and only a rent could change that, which a refused shape never makes
-            for (sweep, g, ram), k in Counter((r.spec.sweep, r.gpus, r.gpu_ram_mib) for r in uncovered[n:]).items():
+            rest = Counter((r.spec.sweep.name, r.gpus, r.gpu_ram_mib) for r in uncovered[n:])
+            for (sweep, g, ram), k in rest.items():
                 block(*refused[(g, ram)], k)
                 tally.add(tally.no_capacity, sweep, k)
             break
@@ -321,7 +321,7 @@ def _rent_pool(
         why = refused.get(shape)
         if why is None:
             if rented_bins.fit(g, ram):
-                tally.add(tally.covered_by_rent, spec.sweep)
+                tally.add(tally.covered_by_rent, spec.sweep.name)
                 continue
             if budget.binds:
                 why = (ReasonCode.BUDGET_REFUSED, f"budget: on_exceed drain, renting nothing: {budget.verdict()}")
@@ -349,7 +349,7 @@ def _rent_pool(
                 )
             else:
                 spending.commit(cost, new_dph=o.dph_total)
-                tally.add(tally.covered_by_rent, spec.sweep)
+                tally.add(tally.covered_by_rent, spec.sweep.name)
                 reason = (
                     f"pending run {spec.id} needs {g} GPU(s); best by {pool.ranking.value}: {o.gpu_name} "
                     f"x{o.num_gpus} at {usd_h(o.dph_total)} ({o.num_gpus // g} slot(s))" + _bid_text(o)
@@ -360,7 +360,7 @@ def _rent_pool(
                 continue
             refused[shape] = why
         block(why[0], why[1], 1)
-        tally.add(tally.no_capacity, spec.sweep)
+        tally.add(tally.no_capacity, spec.sweep.name)
     # Keep the floor: min_instances boxes even with no work.
     while market.count < min_n and market.count_cap() is None:
         if budget.binds:

@@ -84,7 +84,7 @@ class World:
 
     def pool_of_run(self, spec: RunSpec) -> str:
         """The pool a run goes to: its sweep's ``pool``, or the first."""
-        return spec.pool or next(iter(self.pools))
+        return spec.sweep.pool or next(iter(self.pools))
     gpu_dlperf: Mapping[str, float]  # normalised GPU name -> median DLPerf of one such GPU on the market
 
 
@@ -126,7 +126,7 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
             of = f.pool(pool)
             mine = of is not None and of.own and inst.id < 0  # only the ids own_boxes() makes: never a rented box
             boxes[inst.id] = OwnedBox(inst.id, inst, own, probes.get(inst.id), memory.get(inst.id), pool, mine)
-    pools = {p.name: p for p in f.all_pools()}
+    pools = {p.name: p for p in f.pools}
     pool_offers = _rentable_offers(desired, observed, now, out)
     first = next(iter(pools))
     union = {o.id: o for offers in pool_offers.values() for o in offers}
@@ -159,7 +159,7 @@ def _rentable_offers(
     f = desired.fleet
     said: set[int] = set()
     per_pool: dict[str, tuple[Offer, ...]] = {}
-    for pool in f.all_pools():
+    for pool in f.pools:
         kept: list[Offer] = []
         market: list[Offer] = list(observed.offers)
         if pool.max_bid_dph is not None:  # interruptible allowed: an offer that takes a bid is priced as one

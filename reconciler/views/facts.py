@@ -249,12 +249,12 @@ def build_view(
                 seen[key][0] += 1
                 continue
             seen[key] = [1, spec]
-        order = sorted(seen.items(), key=lambda kv: (kv[1][1].sweep, repr(sorted(kv[1][1].params)), kv[0][1]))
+        order = sorted(seen.items(), key=lambda kv: (kv[1][1].sweep.name, repr(sorted(kv[1][1].params)), kv[0][1]))
         for (cell, threshold), (n, spec) in order:
             promotions.append(
                 PromotionView(
-                    sweep=spec.sweep, params=tuple(sorted(spec.params)), threshold=threshold,
-                    goal=spec.metric_goal.value, best=best.get(cell), met=promotion_met(spec, best), seeds=n,
+                    sweep=spec.sweep.name, params=tuple(sorted(spec.params)), threshold=threshold,
+                    goal=spec.sweep.metric_goal.value, best=best.get(cell), met=promotion_met(spec, best), seeds=n,
                 )
             )
 

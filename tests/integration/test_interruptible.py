@@ -48,7 +48,7 @@ def test_a_bid_box_outbid_mid_run_is_destroyed_and_its_run_resumes_from_its_chec
         old.unlink()
     (repo / "desired" / "sweeps" / "spot.yaml").write_text(SWEEP)
     desired = load_local_desired(repo)
-    assert desired.fleet.max_bid_dph == 0.1
+    assert desired.fleet.pools[0].max_bid_dph == 0.1
     rec = open_reconciler(repo, desired, str(tmp_path / "state"), emulator.url)
 
     first: Rent | None = None

@@ -69,7 +69,7 @@ def test_a_provider_ssh_pool_runs_a_sweep_on_a_machine_rigsync_never_rents_or_de
         f"      - {{address: {address}, port: {port}, user: root, gpus: 1, gpu_name: RTX 3060}}\n"
     )
     desired = load_local_desired(repo)
-    pool = desired.fleet.all_pools()[0]
+    pool = desired.fleet.pools[0]
     own_id = own_box_id(pool, address, port)
     listed_before = sorted(emulator.instance_ids())
 

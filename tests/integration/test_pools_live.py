@@ -60,7 +60,7 @@ def test_each_sweep_runs_on_a_box_of_its_pool(
     (repo / "desired" / "sweeps" / "wide.yaml").write_text(WIDE)
     (repo / "desired" / "sweeps" / "narrow.yaml").write_text(NARROW)
     desired = load_local_desired(repo)
-    assert [p.name for p in desired.fleet.all_pools()] == ["cheap", "wide"]
+    assert [p.name for p in desired.fleet.pools] == ["cheap", "wide"]
     rec = open_reconciler(repo, desired, str(tmp_path / "state"), emulator.url)
 
     rents: dict[int, Rent] = {}

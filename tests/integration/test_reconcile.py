@@ -211,9 +211,9 @@ def clean(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> Itera
             assert spec is not None
             script = remote.launch_script(
                 run_id=action.run_id, attempt=action.attempt, gpu_mask=action.gpu_mask, command=action.command,
-                code_commit=action.code_commit, desired_commit=desired.commit, metrics_file=spec.metrics_file,
-                metric_key=spec.metric_key, metric_goal=spec.metric_goal.value, max_runtime_s=spec.max_runtime_s,
-                sweep=spec.sweep, params=spec.params_dict, seed=spec.seed,
+                code_commit=action.code_commit, desired_commit=desired.commit, metrics_file=spec.sweep.metrics_file,
+                metric_key=spec.sweep.metric_key, metric_goal=spec.sweep.metric_goal.value,
+                max_runtime_s=spec.sweep.max_runtime_s, sweep=spec.sweep.name, params=spec.params_dict, seed=spec.seed,
             )
             out.lock_exit = rec.shell.run(inst.ssh, script, timeout=30).exit_code
             ctx = ApplyContext(

@@ -224,8 +224,8 @@ def test_a_missing_secret_holds_its_sweep_back_and_the_others_run(world_factory:
     from reconciler.desired import load_desired_from_dir
 
     runs = load_desired_from_dir(w.work).runs
-    held = {r.id for r in runs if r.sweep == "tdmpc"}
-    (plain,) = [r.id for r in runs if r.sweep == "plain"]
+    held = {r.id for r in runs if r.sweep.name == "tdmpc"}
+    (plain,) = [r.id for r in runs if r.sweep.name == "plain"]
     boxes = BoxRuns(w.emu, w.name).start()
     proc, log = _start(w, env, "nosecret")
     reason = "sweep tdmpc needs WANDB_API_KEY from the controller's environment; it is not set: 1 run(s) not launched"

@@ -44,6 +44,7 @@ from reconciler.errors import (
     RemoteCommandFailed,
 )
 from reconciler.model import (
+    DEFAULT_POOL,
     AttemptRecord,
     BoxProbe,
     Budget,
@@ -58,8 +59,10 @@ from reconciler.model import (
     Offer,
     OfferFilters,
     OverheadRecord,
+    Pool,
     RunDirState,
     RunSpec,
+    Sweep,
 )
 from reconciler.ports import CommandResult, LaunchJob
 
@@ -642,8 +645,42 @@ def offer(oid: int, *, gpus: int = 1, dph: float = 0.2, gpu_name: str = "RTX 309
     )
 
 
-def run_spec(i: int, *, gpus: int = 1, retries: int = 2, max_runtime_s: float = 3600.0) -> RunSpec:
+# A run's fields that are its sweep's, by the flat names tests write them with (``flat_run_spec``).
+SWEEP_FIELD_OF_RUN = {
+    "priority": "priority", "sweep_order": "order", "gpus": "gpus_per_run", "min_gpu_ram_mib": "min_gpu_ram_mib",
+    "max_runtime_s": "max_runtime_s", "retries": "retries", "metrics_file": "metrics_file", "metric_key": "metric_key",
+    "metric_goal": "metric_goal", "expected_runtime_s": "expected_runtime_s", "env": "env",
+    "stall_timeout_s": "stall_timeout_s", "stall_gpu_util_pct": "stall_gpu_util_pct", "pool": "pool",
+}
+
+
+def flat_run_spec(
+    *,
+    id: str,
+    sweep: str,
+    cell: str,
+    params: tuple[tuple[str, Any], ...],
+    seed: int,
+    command: str,
+    promotion_threshold: float | None = None,
+    **sweep_fields: Any,
+) -> RunSpec:
+    """A run written the tests' short way, with its sweep's fields (gpus, retries, pool, ...) beside its own: those
+    become the fields of its ``Sweep`` (named ``sweep``, its command template the run's command)."""
+    of_sweep = {SWEEP_FIELD_OF_RUN[k]: v for k, v in sweep_fields.items()}
     return RunSpec(
+        id=id,
+        sweep=Sweep(name=sweep, command=command, **of_sweep),
+        cell=cell,
+        params=params,
+        seed=seed,
+        command=command,
+        promotion_threshold=promotion_threshold,
+    )
+
+
+def run_spec(i: int, *, gpus: int = 1, retries: int = 2, max_runtime_s: float = 3600.0) -> RunSpec:
+    return flat_run_spec(
         id=f"r{i}",
         sweep="s",
         cell=f"c{i}",
@@ -666,11 +703,12 @@ def desired_state(
     n_runs: int, *, max_instances: int = 2, bootstrap: str = "", fleet_name: str = "lab", **run_kw: Any
 ) -> Desired:
     """A fleet of up to ``max_instances`` boxes and ``n_runs`` one-GPU runs (``r0`` ...), code pinned at c0ffee."""
-    fleet = Fleet(
-        name=fleet_name,
+    pool = Pool(
+        name=DEFAULT_POOL,
         max_instances=max_instances,
         bootstrap_script=bootstrap,
         bootstrap_hash=hashlib.sha256(bootstrap.encode()).hexdigest()[:16] if bootstrap else "",
     )
+    fleet = Fleet(name=fleet_name, max_instances=max_instances, pools=(pool,))
     runs = tuple(run_spec(i, **run_kw) for i in range(n_runs))
     return Desired(fleet=fleet, budget=Budget(), sweeps=(), runs=runs, commit="d35173d", code_commit="c0ffee")

@@ -11,13 +11,17 @@ GPU per instance GPU, with memory in use on the GPUs of its live runs. The host 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from fakes import flat_run_spec
+
 from reconciler.identity import own_boxes, pool_spec_hash, slot_pool
 from reconciler.model import (
+    DEFAULT_POOL,
     AttemptOutcome,
     AttemptRecord,
     BoxMemory,
@@ -85,22 +89,22 @@ def build_pool(d: J) -> Pool:
     return Pool(filters=filters, **d)
 
 
+# The keys of a case's fleet that are its pool's: a fleet without ``pools`` is one pool of them (as the loader does).
+_POOL_KEYS = {f.name for f in dataclasses.fields(Pool)} - {f.name for f in dataclasses.fields(Fleet)}
+
+
 def build_fleet(d: J) -> Fleet:
-    """A fleet; ``pools`` (each a Pool's fields) makes it a fleet with named pools, the first one's filter set,
-    image and bootstrap also the fleet's own (as the loader does)."""
+    """A fleet; ``pools`` (each a Pool's fields) makes it a fleet with named pools; without, its one pool
+    ``DEFAULT_POOL`` takes the pool keys given with the fleet's (filters, image, ...) and the fleet's bounds."""
     d = dict(d)
-    filters = _filters(d.pop("filters", {}))
     pools = tuple(build_pool(p) for p in d.pop("pools", []))
-    if "ranking" in d:
-        d["ranking"] = Ranking(d["ranking"])
+    own = {k: d.pop(k) for k in list(d) if k in _POOL_KEYS}
     d.setdefault("name", "lab")
     d = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items()}
-    fleet = Fleet(filters=filters, pools=pools, **d)
-    if pools:
-        first = pools[0]
-        fleet = replace(fleet, filters=first.filters, ranking=first.ranking, image=first.image,
-                        disk_gb=first.disk_gb, bootstrap_hash=first.bootstrap_hash)
-    return fleet
+    if not pools:
+        bounds = {k: d[k] for k in ("min_instances", "max_instances") if k in d}
+        pools = (build_pool({"name": DEFAULT_POOL, **bounds, **own}),)
+    return Fleet(pools=pools, **d)
 
 
 def build_budget(d: J) -> Budget:
@@ -112,7 +116,7 @@ def build_budget(d: J) -> Budget:
 
 def build_run(d: J, i: int) -> RunSpec:
     rid = d["id"]
-    return RunSpec(
+    return flat_run_spec(
         id=rid,
         sweep=d.get("sweep", "s"),
         cell=d.get("cell", rid),
@@ -138,11 +142,18 @@ def build_run(d: J, i: int) -> RunSpec:
 
 
 def build_desired(d: J) -> Desired:
+    sweeps = tuple(build_sweep(s) for s in d.get("sweeps", []))
+    checkpoints = {s.name: s.checkpoint for s in sweeps}
+    runs = tuple(build_run(r, i) for i, r in enumerate(d.get("runs", [])))
+    runs = tuple(
+        replace(r, sweep=replace(r.sweep, checkpoint=checkpoints[r.sweep.name])) if r.sweep.name in checkpoints else r
+        for r in runs
+    )  # a run carries its sweep: the one the case names, with its checkpoint
     return Desired(
         fleet=build_fleet(d.get("fleet", {})),
         budget=build_budget(d.get("budget", {})),
-        sweeps=tuple(build_sweep(s) for s in d.get("sweeps", [])),
-        runs=tuple(build_run(r, i) for i, r in enumerate(d.get("runs", []))),
+        sweeps=sweeps,
+        runs=runs,
         commit=d.get("commit"),
         code_commit=d.get("code_commit"),
     )
@@ -231,9 +242,9 @@ def build_probe(d: J, now: float, inst: Instance | None, desired: Desired) -> Bo
         n = inst.num_gpus if inst else 1
         total = inst.gpu_ram_mib if inst else 24576
         gpus = tuple(GpuState(i, 2000 if i in busy else 0, total) for i in range(n))
-    bh = desired.fleet.bootstrap_hash
+    bh = desired.fleet.pools[0].bootstrap_hash
     own = Ownership.parse(inst.label) if inst is not None else None
-    if own is not None and desired.fleet.pools:
+    if own is not None and desired.fleet.named_pools:
         pool = desired.fleet.pool(slot_pool(desired.fleet, own.slot))
         bh = pool.bootstrap_hash if pool is not None else ""
     return BoxProbe(

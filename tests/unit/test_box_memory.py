@@ -26,12 +26,11 @@ def test_bootstrap_since_starts_when_the_box_answers_without_it_and_ends_when_it
 def test_gpu_quiet_clock_per_live_attempt_of_a_sweep_with_stall_timeout() -> None:
     from dataclasses import replace
 
-    from reconciler.model import Budget, Desired, Fleet, GpuState, MetricGoal, RunDirState, RunSpec
+    from reconciler.model import Budget, Desired, Fleet, GpuState, RunDirState, RunSpec, Sweep
     from reconciler.remember import track_gpu_quiet
 
     def spec(rid: str, stall: float | None) -> RunSpec:
-        return RunSpec(rid, "s", rid, (), 0, "true", 0, 0, 1, 0, 3600.0, 2, "metrics.jsonl", None, MetricGoal.MAX,
-                       stall_timeout_s=stall, stall_gpu_util_pct=5.0)
+        return RunSpec(rid, Sweep("s", "true", stall_timeout_s=stall, stall_gpu_util_pct=5.0), rid, (), 0, "true")
 
     desired = Desired(Fleet(name="lab"), Budget(), (), (spec("r1", 600.0), spec("r2", None)))
     live = RunDirState("r1", 1, (0,), pid_alive=True, started_at=T - 60, heartbeat_age_s=1.0, exit_code=None)

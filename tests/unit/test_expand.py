@@ -201,7 +201,7 @@ def test_runs_order() -> None:
     high = sweep(name="high", priority=5, order=1, grid=(("task", ("a",)),), command="x {{ task }}", seeds=(1,))
     tie = sweep(name="tie", priority=0, order=2, grid=(), command="x", seeds=(1,))
     runs = expand([low, high, tie])
-    assert [(r.sweep, r.params, r.seed) for r in runs] == [
+    assert [(r.sweep.name, r.params, r.seed) for r in runs] == [
         ("high", (("task", "a"),), 1),
         ("low", (("task", "a"),), 2),
         ("low", (("task", "a"),), 1),
@@ -211,7 +211,7 @@ def test_runs_order() -> None:
     ]
 
 
-def test_runspec_copies_sweep_fields() -> None:
+def test_runspec_carries_its_sweep() -> None:
     s = sweep(
         gpus_per_run=2,
         min_gpu_ram_mib=8192,
@@ -224,8 +224,10 @@ def test_runspec_copies_sweep_fields() -> None:
         order=4,
     )
     r = expand_sweep(s)[0]
-    assert (r.gpus, r.min_gpu_ram_mib, r.max_runtime_s, r.retries) == (2, 8192, 60.0, 0)
-    assert (r.metrics_file, r.metric_key, r.metric_goal, r.priority, r.sweep_order) == (
+    assert r.sweep is s
+    w = r.sweep
+    assert (w.gpus_per_run, w.min_gpu_ram_mib, w.max_runtime_s, w.retries) == (2, 8192, 60.0, 0)
+    assert (w.metrics_file, w.metric_key, w.metric_goal, w.priority, w.order) == (
         "r.jsonl",
         "loss",
         MetricGoal.MIN,

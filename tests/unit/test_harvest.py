@@ -239,7 +239,9 @@ def test_a_failed_attempts_stderr_tail_hides_its_secrets_values(tmp_path: Path) 
     base = desired_state(1, max_instances=1, retries=0)
     env = (("WANDB_API_KEY", "${WANDB_API_KEY}"), ("MODE", "fast"))
     desired = replace(
-        base, sweeps=tuple(replace(w, env=env) for w in base.sweeps), runs=tuple(replace(r, env=env) for r in base.runs)
+        base,
+        sweeps=tuple(replace(w, env=env) for w in base.sweeps),
+        runs=tuple(replace(r, sweep=replace(r.sweep, env=env)) for r in base.runs),
     )
     secret = "tok-5f1c0d6e9a"
     controller = ControllerEnv({"WANDB_API_KEY": secret})

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from fakes import flat_run_spec  # tests/unit is on sys.path (not a package)
 
 from reconciler import jobenv, remote
 from reconciler.actions import Launch, Plan, ReasonCode
@@ -26,7 +27,7 @@ from reconciler.desired import errors_of, load_desired, read_desired_files
 from reconciler.errors import DesiredStateInvalid, SecretMissing
 from reconciler.expand import run_id
 from reconciler.jobenv import ControllerEnv, JobEnv
-from reconciler.model import Budget, Desired, Endpoint, Fleet, Instance, InstanceStatus, MetricGoal, Observed, RunSpec
+from reconciler.model import Budget, Desired, Endpoint, Fleet, Instance, InstanceStatus, MetricGoal, Observed
 from reconciler.ports import CommandResult, LaunchJob
 
 WANDB = (("WANDB_API_KEY", "${WANDB_API_KEY}"), ("MUJOCO_GL", "egl"))
@@ -135,7 +136,7 @@ class _RecordingShell:
 
 
 def _world(env: tuple[tuple[str, str], ...]) -> tuple[Desired, Observed, Plan]:
-    spec = RunSpec(
+    spec = flat_run_spec(
         id="s-1", sweep="s", cell="c", params=(), seed=0, command="python t.py", priority=0, sweep_order=0, gpus=1,
         min_gpu_ram_mib=0, max_runtime_s=60.0, retries=0, metrics_file="m.jsonl", metric_key=None,
         metric_goal=MetricGoal.MAX, env=env,
@@ -306,7 +307,7 @@ def test_a_valid_env_loads_as_written_and_joins_the_run_ids() -> None:
     desired = load_desired(_with_sweep(SWEEP + "env:\n  WANDB_API_KEY: ${WANDB_API_KEY}\n  OMP_NUM_THREADS: 4\n"))
     (sweep,) = desired.sweeps
     assert sweep.env == (("WANDB_API_KEY", "${WANDB_API_KEY}"), ("OMP_NUM_THREADS", "4"))
-    assert all(r.env == sweep.env for r in desired.runs)
+    assert all(r.sweep.env == sweep.env for r in desired.runs)
     assert {r.id for r in desired.runs}.isdisjoint({r.id for r in plain.runs})
 
 

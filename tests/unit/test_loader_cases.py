@@ -111,11 +111,12 @@ def test_example_loads() -> None:
     fleet = desired.fleet
     assert fleet.name == "demo"
     assert fleet.max_instances == 3
-    assert fleet.filters.dph_max is not None and fleet.filters.dph_max <= 0.15
-    assert fleet.ranking is Ranking.DLPERF_PER_DPH
-    assert fleet.bootstrap_path == "desired/bootstrap.sh"
-    assert fleet.bootstrap_script.startswith("#!/bin/sh")
-    assert len(fleet.bootstrap_hash) == 16
+    (pool,) = fleet.pools
+    assert pool.filters.dph_max is not None and pool.filters.dph_max <= 0.15
+    assert pool.ranking is Ranking.DLPERF_PER_DPH
+    assert pool.bootstrap_path == "desired/bootstrap.sh"
+    assert pool.bootstrap_script.startswith("#!/bin/sh")
+    assert len(pool.bootstrap_hash) == 16
     assert fleet.idle_timeout_s == 600.0 and fleet.ttl_s == 12 * 3600.0 and fleet.heartbeat_stale_s == 60.0
     assert desired.budget.on_exceed is OnExceed.DRAIN and desired.budget.total_usd == 20.0
     (sweep,) = desired.sweeps
@@ -268,12 +269,12 @@ def test_schema_path_unknown() -> None:
 
 def test_an_unexpected_exception_becomes_an_error_of_its_file(monkeypatch: pytest.MonkeyPatch) -> None:
     """The safety net: a bug below the loader is reported against the file being read, not raised."""
-    import reconciler.desired as desired_module
+    from reconciler.desired import fields as desired_module
 
     def broken(data: object) -> object:
         raise KeyError("surprise")
 
-    monkeypatch.setattr(desired_module, "_build_budget", broken)
+    monkeypatch.setattr(desired_module, "build_budget", broken)
     errors = load_errors(example_files())
     assert [str(e) for e in errors] == [
         "desired/budget.yaml: /: internal error reading this file: KeyError: 'surprise'; please report it"

@@ -109,7 +109,7 @@ def world(desired: Desired, *, extra_box: bool = False, spend: Spend | None = No
         AttemptRecord(
             run_id=runs[0].id,
             attempt=1,
-            sweep=runs[0].sweep,
+            sweep=runs[0].sweep.name,
             phase=AttemptOutcome.SUCCEEDED,
             best_metric=410.0,
             instance_id=11,
@@ -118,7 +118,7 @@ def world(desired: Desired, *, extra_box: bool = False, spend: Spend | None = No
         AttemptRecord(
             run_id=runs[2].id,
             attempt=1,
-            sweep=runs[2].sweep,
+            sweep=runs[2].sweep.name,
             phase=AttemptOutcome.FAILED,
             instance_id=11,
             ended_at=T0 - 90,
@@ -127,7 +127,7 @@ def world(desired: Desired, *, extra_box: bool = False, spend: Spend | None = No
             AttemptRecord(
                 run_id=runs[3].id,
                 attempt=a,
-                sweep=runs[3].sweep,
+                sweep=runs[3].sweep.name,
                 phase=AttemptOutcome.LOST,
                 instance_id=11,
                 ended_at=T0 - 80,
@@ -401,16 +401,17 @@ def test_describe_change_names_rents_destroys_launches_and_finishes(desired: Des
     )
     assert describe_change(first, worse) == "blacklisted machine 10007"
     run = desired.runs[4]
-    done = AttemptRecord(run_id=run.id, attempt=1, sweep=run.sweep, phase=AttemptOutcome.SUCCEEDED, seed=2,
+    done = AttemptRecord(run_id=run.id, attempt=1, sweep=run.sweep.name, phase=AttemptOutcome.SUCCEEDED, seed=2,
                          best_metric=612.04, instance_id=11)
     launched = remembering(world(desired), in_flight=(
-        InFlight(run_id=run.id, attempt=2, instance_id=11, gpu_mask=(0,), launched_at=T0, sweep=run.sweep),
-        InFlight(run_id=desired.runs[5].id, attempt=1, instance_id=12, gpu_mask=(0,), launched_at=T0, sweep=run.sweep),
+        InFlight(run_id=run.id, attempt=2, instance_id=11, gpu_mask=(0,), launched_at=T0, sweep=run.sweep.name),
+        InFlight(run_id=desired.runs[5].id, attempt=1, instance_id=12, gpu_mask=(0,), launched_at=T0,
+                 sweep=run.sweep.name),
     ))
     after = render_observed(desired=desired, observed=launched, plan=a_plan(desired), status=STATUS_OK, now=T0 + 9,
                             previous=first)
-    assert describe_change(first, after, archived=[done], metric_keys={run.sweep: "reward"}) == (
-        f"{run.sweep}: 2 launched on 2 boxes, 1 succeeded (seed 2, reward 612)"
+    assert describe_change(first, after, archived=[done], metric_keys={run.sweep.name: "reward"}) == (
+        f"{run.sweep.name}: 2 launched on 2 boxes, 1 succeeded (seed 2, reward 612)"
     )
 
 

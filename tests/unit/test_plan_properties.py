@@ -9,13 +9,20 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from fakes import FakeArchive, FakeClock, FakeWorld, code_tar  # tests/unit is on sys.path (not a package)
+from fakes import (  # tests/unit is on sys.path (not a package)
+    FakeArchive,
+    FakeClock,
+    FakeWorld,
+    code_tar,
+    flat_run_spec,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reconciler.actions import APPLY_ORDER, Bootstrap, Destroy, Kill, Launch, Plan, Record, Rent, Requeue
 from reconciler.apply import ApplyContext, apply
 from reconciler.model import (
+    DEFAULT_POOL,
     AttemptOutcome,
     AttemptRecord,
     BoxMemory,
@@ -34,12 +41,14 @@ from reconciler.model import (
     Offer,
     OnExceed,
     Ownership,
+    Pool,
     RunDirState,
     RunSpec,
     Spend,
 )
 from reconciler.observe import observe
-from reconciler.plan import effective_caps, fleet_spec_hash, plan
+from reconciler.offers import box_cap_dph
+from reconciler.plan import fleet_dph_cap, fleet_spec_hash, plan
 from reconciler.remember import next_in_flight
 
 NOW = 1_000_000.0
@@ -50,7 +59,7 @@ World = tuple[Desired, Observed]
 
 
 def _run(i: int, gpus: int, ram: int, retries: int, threshold: float | None, cell: str) -> RunSpec:
-    return RunSpec(
+    return flat_run_spec(
         id=f"r{i}",
         sweep="s" if i % 2 else "t",
         cell=cell,
@@ -100,13 +109,14 @@ def offers(draw: st.DrawFn) -> tuple[Offer, ...]:
 @st.composite
 def worlds(draw: st.DrawFn, steady: bool = False) -> World:
     bootstrap = "" if steady else draw(st.sampled_from(["", "bh01"]))
+    least, most = draw(st.integers(-1, 2)), draw(st.integers(-1, 4))
     fleet = Fleet(
         name=FLEET,
-        min_instances=draw(st.integers(-1, 2)),
-        max_instances=draw(st.integers(-1, 4)),
-        bootstrap_hash=bootstrap,
+        min_instances=least,
+        max_instances=most,
         ttl_s=None if steady else draw(st.sampled_from([None, 3000.0])),
         suspend=False if steady else draw(st.integers(0, 9)) == 0,
+        pools=(Pool(name=DEFAULT_POOL, min_instances=least, max_instances=most, bootstrap_hash=bootstrap),),
     )
     on_exceed = draw(st.sampled_from(list(OnExceed)))
     budget = Budget(
@@ -173,7 +183,7 @@ def worlds(draw: st.DrawFn, steady: bool = False) -> World:
             if not runs or not draw(st.booleans()):
                 continue
             r = draw(st.sampled_from(runs))
-            if r.id in used_attempts or r.gpus != 1:
+            if r.id in used_attempts or r.sweep.gpus_per_run != 1:
                 continue
             used_attempts.add(r.id)
             if steady:
@@ -214,7 +224,7 @@ def worlds(draw: st.DrawFn, steady: bool = False) -> World:
         for r in runs:
             if r.id not in used_attempts and draw(st.integers(0, 3)) == 0:
                 phase = draw(st.sampled_from([AttemptOutcome.SUCCEEDED, AttemptOutcome.FAILED, AttemptOutcome.LOST]))
-                history.append(AttemptRecord(r.id, 1, r.sweep, phase, best_metric=0.9))
+                history.append(AttemptRecord(r.id, 1, r.sweep.name, phase, best_metric=0.9))
     if not steady and runs and draw(st.booleans()):
         # an in-flight attempt on a box that is not listed at all
         in_flight.append(InFlight(draw(st.sampled_from(runs)).id, 7, 99, (0,), NOW - 50))
@@ -266,7 +276,8 @@ def test_never_rents_above_caps(world: World) -> None:
     rents = [a for a in p.actions if isinstance(a, Rent)]
     if not rents:
         return
-    instance_cap, fleet_cap = effective_caps(desired)
+    instance_cap = max(box_cap_dph(pool, desired.budget) for pool in desired.fleet.pools)
+    fleet_cap = fleet_dph_cap(desired)
     owned = {i.id: i for i in observed.instances if i.id in _owned_ids(observed)}
     destroyed = {a.instance_id for a in p.actions if isinstance(a, Destroy)}
     alive = [i for iid, i in owned.items() if iid not in destroyed]
@@ -323,7 +334,7 @@ def test_never_launches_a_run_twice_nor_a_gpu_twice(world: World) -> None:
             assert gpus[g].memory_used_mib <= 100
             box_taken.add(g)
         spec = desired.run(a.run_id)
-        assert spec is not None and len(a.gpu_mask) == spec.gpus
+        assert spec is not None and len(a.gpu_mask) == spec.sweep.gpus_per_run
     if desired.fleet.suspend:
         assert all(isinstance(a, Record) for a in p.actions)
 

@@ -43,15 +43,15 @@ def test_a_fleet_with_pools_loads_each_with_the_fleet_defaults_and_sweeps_name_t
     files["desired/sweeps/huge.yaml"] = SWEEP
     desired = load_desired(files)
     fleet = desired.fleet
-    cheap, big = fleet.all_pools()
+    cheap, big = fleet.pools
     assert (cheap.name, cheap.min_instances, cheap.max_instances) == ("cheap", 1, 3)
     assert cheap.filters.gpu_names == ("RTX 3060",) and cheap.image == "pytorch/pytorch:2.3.0-cuda12.1-cudnn8-runtime"
-    assert cheap.bootstrap_path == "desired/bootstrap.sh" and cheap.bootstrap_hash == fleet.bootstrap_hash != ""
+    assert cheap.bootstrap_path == "desired/bootstrap.sh" and cheap.bootstrap_hash != ""
     assert big.filters.gpu_names == ("A100 SXM4",) and big.filters.num_gpus_min == 8 and big.filters.dph_max is None
     assert (big.image, big.disk_gb, big.bootstrap_script) == ("big/image:1", 200.0, "#!/bin/sh\necho big\n")
     assert big.bootstrap_hash not in ("", cheap.bootstrap_hash)
-    assert {r.pool for r in desired.runs if r.sweep == "huge"} == {"big"}
-    assert {r.pool for r in desired.runs if r.sweep == "tdmpc"} == {""}  # the first pool
+    assert {r.sweep.pool for r in desired.runs if r.sweep.name == "huge"} == {"big"}
+    assert {r.sweep.pool for r in desired.runs if r.sweep.name == "tdmpc"} == {""}  # the first pool
     assert fleet.pool("") == cheap and fleet.pool("big") == big and fleet.pool("nope") is None
     label = rent_label(fleet, 42, big)
     assert label == f"rigsync:demo:{pool_spec_hash(big)}-42-big"
@@ -62,10 +62,10 @@ def test_a_fleet_with_pools_loads_each_with_the_fleet_defaults_and_sweeps_name_t
 
 def test_todays_single_pool_fleet_is_one_pool_called_default_with_the_same_labels() -> None:
     fleet = load_desired(read_desired_files(REPO)).fleet
-    (pool,) = fleet.all_pools()
-    assert pool.name == DEFAULT_POOL and fleet.pools == ()
-    assert (pool.min_instances, pool.max_instances, pool.filters) == (fleet.min_instances, fleet.max_instances,
-                                                                       fleet.filters)
+    (pool,) = fleet.pools
+    assert pool.name == DEFAULT_POOL and not fleet.named_pools
+    assert (pool.min_instances, pool.max_instances) == (fleet.min_instances, fleet.max_instances)
+    assert pool.filters.dph_max == 0.15 and pool.bootstrap_path == "desired/bootstrap.sh"
     assert pool_spec_hash(pool) == fleet_spec_hash(fleet)
     assert rent_label(fleet, 42) == f"rigsync:demo:{fleet_spec_hash(fleet)}-42"
     assert slot_pool(fleet, f"{fleet_spec_hash(fleet)}-42") == DEFAULT_POOL

@@ -232,3 +232,58 @@ def test_review_function_is_the_json_document_and_spend_rolls_over_midnight(flee
     next_day = _valid(review(fleet, "main", "add", now=1_796_122_800.0 + 86_400))
     assert next_day["estimate"]["budget"]["remaining"] == pytest.approx(5.0)
     assert json.loads(json.dumps(next_day)) == next_day
+
+
+TWO_POOLS = """\
+name: two
+provider: {name: vast}
+instances: {min: 0, max: 4}
+pools:
+  - name: cheap
+    instances: {max: 3}
+    offers: {gpu_names: ["RTX 3060"], max_dph: 0.05}
+  - name: big
+    instances: {max: 1}
+    offers: {gpu_names: ["A100 SXM4"], max_dph: 2.00}
+"""
+
+BIG_SWEEP = """\
+name: bigsweep
+pool: big
+command: "{{ python }} experiments/train.py --seed {{ seed }}"
+seeds: [1, 2, 3, 4]
+max_runtime: 10m
+"""
+
+
+def test_cli_prices_a_sweep_at_its_own_pools_cap(tmp_path: Path) -> None:
+    """Two pools of different per-box caps, the cheap one first: a sweep on ``big`` gaining 4 runs of 10 min is
+    priced at big's cap on big's one box (4 x 10m x $2.00 = $1.33, 40m on 1 GPU), never at cheap's cap on the
+    fleet's GPUs ($0.0333, 20m on 3 GPUs): the per-box cap is the pool's (``offers.box_cap_dph``)."""
+    repo = tmp_path / "fleet"
+    shutil.copytree(ROOT / "desired", repo / "desired")
+    shutil.copytree(ROOT / "experiments", repo / "experiments", ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / "desired" / "fleet.yaml").write_text(TWO_POOLS)
+    (repo / "desired" / "bootstrap.sh").unlink()
+    (repo / "desired" / "sweeps" / "tdmpc.yaml").unlink()
+    small = BIG_SWEEP.replace("bigsweep", "small").replace("big", "cheap")
+    (repo / "desired" / "sweeps" / "small.yaml").write_text(small)
+    (repo / "desired" / "budget.yaml").write_text("max_daily_usd: 50\nmax_total_usd: 100\n")
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "base")
+    _git(repo, "checkout", "-q", "-b", "big")
+    (repo / "desired" / "sweeps" / "bigsweep.yaml").write_text(BIG_SWEEP)
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "a sweep on the big pool")
+    proc = rigsync("review", "--base", "main", "--head", "big", "--json", cwd=repo)
+    assert proc.returncode == 0, proc.stderr
+    e = _valid(json.loads(proc.stdout))["estimate"]
+    assert e["runs"] == 4 and e["gpu_hours"] == pytest.approx(4 * 10 / 60, abs=1e-3)
+    assert e["price_source"] == "cap" and e["upper_bound"]
+    assert e["usd_high"] == pytest.approx(4 * 10 / 60 * 2.00, abs=1e-3)
+    [sweep] = e["sweeps"]
+    assert sweep["sweep"] == "bigsweep" and sweep["fleet_gpus"] == 1
+    assert sweep["eta_h"] == pytest.approx(4 * 10 / 60, abs=1e-3)
+    text = rigsync("review", "--base", "main", "--head", "big", cwd=repo)
+    assert "at most $1.33" in text.stdout.splitlines()[0], text.stdout
