@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from gitutil import git as _git
 
 from reconciler.review import MARKER
 
@@ -58,12 +59,6 @@ REVIEW_WORKFLOWS = [
     ROOT / "reconciler" / "example" / "fleet" / "dot-github" / "workflows" / "review.yml",
 ]
 RIGSYNC = Path(sys.executable).parent / "rigsync"
-
-
-def _git(repo: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
-    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout.strip()
 
 
 def _fixture(tmp_path: Path, edit: str) -> tuple[Path, str]:
