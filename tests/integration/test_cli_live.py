@@ -24,7 +24,7 @@ import pytest
 import yaml
 from gitutil import git
 from jsonschema import Draft202012Validator
-from world import dump, fleet_repo
+from world import dump, emulator_env, fleet_repo
 
 from reconciler.adapters.git import GitRepo
 from reconciler.archive import RunArchive
@@ -74,8 +74,7 @@ def repo(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> Path:
 def env(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     state = tmp_path_factory.mktemp("state")
     # the controller is pointed at the emulator; desired/ never names a URL
-    return {**os.environ, "VAST_API_KEY": emulator.api_key, "RIGSYNC_API_URL": emulator.url,
-            "RIGSYNC_STATE_DIR": str(state)}
+    return emulator_env(emulator, state_dir=state)
 
 
 def rigsync(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -9,7 +9,6 @@ the store is another branch: this test places the files at ``store.attempt_dir``
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from world import fleet_repo
+from world import emulator_env, fleet_repo
 
 from reconciler.adapters.store import attempt_dir, data_dir_for
 from reconciler.desired import load_desired_from_dir
@@ -69,9 +68,7 @@ def repo(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def env(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return {**os.environ, "VAST_API_KEY": emulator.api_key, "RIGSYNC_API_URL": emulator.url,
-            "RIGSYNC_STATE_DIR": str(tmp_path_factory.mktemp("state")),
-            "RIGSYNC_DATA_DIR": str(tmp_path_factory.mktemp("data"))}
+    return emulator_env(emulator, state_dir=tmp_path_factory.mktemp("state"), data_dir=tmp_path_factory.mktemp("data"))
 
 
 @pytest.fixture(scope="module")
