@@ -1,7 +1,9 @@
 """Shared integration fixtures: a real ed25519 keypair and a running emulator with real SSH boxes.
 
 ``ssh_keypair`` (session) writes a key with the real ``ssh-keygen``; ``emulator`` (module) starts an
-``Emulator`` whose account already holds that key, so every instance it creates accepts it.
+``Emulator`` whose account already holds that key, so every instance it creates accepts it. The fleet repository
+a test runs comes from ``world.fleet_repo`` (tests/world.py), the console script's environment for this emulator
+from ``world.emulator_env``, and git from ``gitutil.git``.
 """
 
 from __future__ import annotations

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from gitutil import git
 
 from reconciler import remote
 from reconciler.adapters.ssh import SshShell, ensure_keypair
@@ -160,12 +160,9 @@ def test_launch_over_ssh_and_see_the_run_finish(
         "        f.write(json.dumps({'step': step, 'acc': acc}) + '\\n')\n"
         "print('trained on', os.environ['CUDA_VISIBLE_DEVICES'])\n"
     )
-    genv = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e", "GIT_COMMITTER_NAME": "t",
-            "GIT_COMMITTER_EMAIL": "t@e"}
     for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "c"]):
-        subprocess.run(["git", *args], cwd=repo, env=genv, check=True)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
-                            check=True).stdout.strip()
+        git(repo, *args)
+    commit = git(repo, "rev-parse", "HEAD")
     tar = subprocess.run(["git", "archive", "--format=tar", commit], cwd=repo, capture_output=True, check=True).stdout
 
     shipped = shell.run(ep, remote.ship_code_script(commit), stdin=tar, timeout=30)

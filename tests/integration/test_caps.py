@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from gitutil import git
+from world import FleetRepo, fleet_repo
 
 from reconciler.archive import RunArchive
 from reconciler.daemon import DaemonConfig, FleetDaemon
-from reconciler.demo import make_fleet_repo
 from reconciler.emulator import Emulator
 from reconciler.model import AttemptOutcome
 
@@ -42,30 +42,29 @@ class ShiftedClock:
         time.sleep(seconds)
 
 
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+def _set_budget(repo: FleetRepo, **budget: object) -> None:
+    def change(doc: dict[str, object]) -> None:
+        doc.update(budget)
+        for k in [k for k, v in doc.items() if v is None]:  # None: no such cap
+            del doc[k]
+
+    repo.edit("desired/budget.yaml", change)
 
 
-def _set_budget(repo: Path, **budget: object) -> None:
-    path = repo / "desired" / "budget.yaml"
-    doc = yaml.safe_load(path.read_text())
-    doc.update(budget)
-    doc = {k: v for k, v in doc.items() if v is not None}  # None: no such cap
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+def _short_runs(repo: FleetRepo) -> None:
+    """Runs of a few seconds, priced by their expected runtime (the archive takes over once some finish);
+    six seeds per cell: 24 runs."""
 
+    def change(doc: dict[str, object]) -> None:
+        doc["seeds"] = [1, 2, 3, 4, 5, 6]
+        doc["max_runtime"] = "2m"
+        doc["expected_runtime"] = "15s"
+        doc.pop("promotion", None)
 
-def _short_runs(repo: Path) -> None:
-    """Runs of a few seconds, priced by their expected runtime (the archive takes over once some finish)."""
-    path = repo / "desired" / "sweeps" / "tdmpc.yaml"
-    doc = yaml.safe_load(path.read_text())
-    doc["max_runtime"] = "2m"
-    doc["expected_runtime"] = "15s"
-    doc.pop("promotion", None)
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    repo.edit("desired/sweeps/tdmpc.yaml", change)
     # A rent is priced with the longest the box may bill before it is ready (boot_timeout): boxes here boot in
-    # well under a second, so the fleet says so (the demo's 2m would price every rent past these small caps).
-    fleet = repo / "desired" / "fleet.yaml"
-    fleet.write_text(fleet.read_text().replace("boot_timeout: 2m", "boot_timeout: 10s"))
+    # well under a second, so the fleet says so (the world's 2m would price every rent past these small caps).
+    repo.edit_fleet(boot_timeout="10s")
 
 
 @pytest.fixture
@@ -108,11 +107,10 @@ def _run_capped(
     emu.start()
     try:
         os.environ["VAST_API_KEY"] = emu.api_key
-        make_fleet_repo(workdir, runs=24)
-        _set_budget(workdir, **budget)
-        _short_runs(workdir)
-        _git(workdir, "commit", "-qam", "a budget that binds mid-sweep")
-        _git(workdir, "push", "-q", "origin", "main")
+        repo = fleet_repo(workdir)
+        _set_budget(repo, **budget)
+        _short_runs(repo)
+        repo.commit("a budget that binds mid-sweep")
         config = DaemonConfig(interval_s=0.5, lease_renew_s=30.0, destroy_latency_s=2.0)
         daemon = FleetDaemon(workdir, config=config, state_dir=str(state), clock=clock, api_url=emu.url)
         daemon.acquire()
@@ -132,7 +130,7 @@ def _run_capped(
 def _why_stopped(workdir: Path) -> str:
     status = yaml.safe_load((workdir / "observed" / "status.yaml").read_text())
     drift = yaml.safe_load((workdir / "observed" / "drift.yaml").read_text())
-    log = _git(workdir, "log", "--format=%s")
+    log = git(workdir, "log", "--format=%s")
     lines = [w for w in status["last_plan"]["warnings"] if w.startswith("budget:")]
     assert any(d["class"] == "over_budget" for d in drift["drift"]) or lines or "budget:" in log
     return "\n".join(lines) + "\n" + log

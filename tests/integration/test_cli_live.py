@@ -21,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from gitutil import git
 from jsonschema import Draft202012Validator
+from world import dump, emulator_env, fleet_repo
 
 from reconciler.adapters.git import GitRepo
 from reconciler.archive import RunArchive
-from reconciler.demo import make_fleet_repo
 from reconciler.emulator import Emulator
 from reconciler.lease import LeaseState, LocalLock, lock_path, to_yaml
 from reconciler.model import AttemptOutcome, Ownership
@@ -58,36 +60,21 @@ metrics:
 TIMEOUTS = {"idle_timeout": "1s", "unreachable_grace": "3s", "heartbeat_stale": "8s", "boot_timeout": "1m"}
 
 
-def _set(text: str, key: str, value: str) -> str:
-    pattern = re.compile(rf"^(\s*)#?\s*{re.escape(key)}:.*$", re.M)
-    assert pattern.search(text), key
-    return pattern.sub(lambda m: f"{m.group(1)}{key}: {value}", text, count=1)
-
-
 @pytest.fixture(scope="module")
 def repo(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> Path:
     where = tmp_path_factory.mktemp("cli")
-    path, _ = make_fleet_repo(where / "fleet", None)
-    fleet_file = path / "desired" / "fleet.yaml"
-    text = _set(fleet_file.read_text(), "name", FLEET)
-    for key, value in TIMEOUTS.items():
-        text = _set(text, key, value)
-    fleet_file.write_text(text)
-    (path / "desired" / "sweeps" / "tdmpc.yaml").write_text(SWEEP)
-    subprocess.run(
-        ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-q", "-am",
-         "test: two short runs"],
-        check=True, capture_output=True,
-    )
-    return path
+    fleet = fleet_repo(where / "fleet")
+    fleet.edit_fleet(name=FLEET, **TIMEOUTS)
+    fleet.write("desired/sweeps/tdmpc.yaml", SWEEP)
+    fleet.commit("test: two short runs", push=False)
+    return fleet.work
 
 
 @pytest.fixture(scope="module")
 def env(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     state = tmp_path_factory.mktemp("state")
     # the controller is pointed at the emulator; desired/ never names a URL
-    return {**os.environ, "VAST_API_KEY": emulator.api_key, "RIGSYNC_API_URL": emulator.url,
-            "RIGSYNC_STATE_DIR": str(state)}
+    return emulator_env(emulator, state_dir=state)
 
 
 def rigsync(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
@@ -140,8 +127,7 @@ def plan_doc(result: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 
 
 def head(repo: Path) -> str:
-    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return git(repo, "rev-parse", "HEAD")
 
 
 def test_plan_json_validates_against_the_schema(repo: Path, env: dict[str, str]) -> None:
@@ -240,7 +226,8 @@ def test_plan_and_apply_refuse_a_dirty_tree_naming_the_files(
     fleet_file = repo / "desired" / "fleet.yaml"
     committed = fleet_file.read_text()
     stray = repo / "experiments" / "scratch.py"
-    fleet_file.write_text(_set(committed, "suspend", "true"))  # an uncommitted edit that would change the plan
+    suspended = dump({**yaml.safe_load(committed), "suspend": True})
+    fleet_file.write_text(suspended)  # an uncommitted edit that would change the plan
     stray.write_text("print('not committed')\n")  # and an untracked file under a sweep's code path
     try:
         for command in (("plan",), ("plan", "--json"), ("apply", "--yes")):
@@ -254,7 +241,7 @@ def test_plan_and_apply_refuse_a_dirty_tree_naming_the_files(
         refused = rigsync(env, "plan", "--repo", str(repo))
         assert refused.returncode == 1 and "experiments/scratch.py (untracked)" in refused.stderr, refused.stderr
         assert "desired/fleet.yaml" not in refused.stderr
-        fleet_file.write_text(_set(committed, "suspend", "true"))
+        fleet_file.write_text(suspended)
 
         dirty = rigsync(env, "plan", "--repo", str(repo), "--json", "--allow-dirty")
         assert dirty.returncode == 0, dirty.stderr

@@ -20,6 +20,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from gitutil import git as _git
 
 from reconciler.archive import RunArchive, overhead_to_json, record_to_json
 
@@ -42,10 +43,6 @@ def _demo(tmp_path: Path, *extra: str) -> tuple[dict[str, object], Path, subproc
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     assert len(lines) == 1, f"--json prints exactly one JSON object on stdout, got: {proc.stdout[-2000:]}"
     return json.loads(lines[0]), keep, proc
-
-
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
 
 
 def _assert_the_money_adds_up(summary: dict[str, object], keep: Path) -> None:

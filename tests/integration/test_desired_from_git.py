@@ -8,13 +8,13 @@ mode 120000) are refused; a sweep's ``code`` paths are checked against the commi
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from gitutil import git
 
 from reconciler.adapters.git import GitRepo
 from reconciler.desired import MAX_FILE_BYTES, errors_of, load_desired, read_desired_files
@@ -24,18 +24,6 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 BIG = 50 * 1024 * 1024
-ENV = {
-    "GIT_AUTHOR_NAME": "Human",
-    "GIT_AUTHOR_EMAIL": "human@example.test",
-    "GIT_COMMITTER_NAME": "Human",
-    "GIT_COMMITTER_EMAIL": "human@example.test",
-    "GIT_CONFIG_NOSYSTEM": "1",
-}
-
-
-def git(cwd: Path, *args: str) -> str:
-    env = {**os.environ, **ENV}
-    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
 
 
 def fleet_repo(path: Path) -> Path:

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from gitutil import git
 
 from reconciler.actions import Destroy, Plan, ReasonCode
 from reconciler.adapters.git import GitRepo
@@ -43,10 +44,6 @@ ENV = {
     "GIT_COMMITTER_EMAIL": "human@example.test",
     "VAST_API_KEY": "",
 }
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, env=ENV, check=True, capture_output=True, text=True).stdout.strip()
 
 
 def rigsync(*args: str) -> subprocess.CompletedProcess[str]:

@@ -32,8 +32,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from gitutil import git
+from world import fleet_repo
 
-from reconciler.demo import make_fleet_repo
 from reconciler.emulator import Emulator
 
 pytestmark = pytest.mark.integration
@@ -146,8 +147,8 @@ class Fleet:
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Fleet:
-    repo, remote = make_fleet_repo(tmp_path / "fleet", None)
-    return Fleet(repo, remote, tmp_path / "state", [])
+    made = fleet_repo(tmp_path / "fleet")
+    return Fleet(made.work, made.remote, tmp_path / "state", [])
 
 
 def base_env(emu: Emulator, fleet: Fleet, **extra: str) -> dict[str, str]:
@@ -165,10 +166,6 @@ def rigsync(fleet: Fleet, env: dict[str, str], *args: str) -> subprocess.Complet
     fleet.outputs += [result.stdout, result.stderr]
     assert "Traceback" not in result.stderr, result.stderr
     return result
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
 
 
 def assert_key_nowhere(fleet: Fleet, key: str) -> None:

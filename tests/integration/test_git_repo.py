@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import io
-import os
-import subprocess
 import tarfile
 import threading
 from pathlib import Path
 
 import pytest
 import yaml
+from gitutil import git
 
 from reconciler.adapters.git import GitRepo
 from reconciler.errors import LeaseHeld, LeaseRace, PushRejected, RepoError
@@ -21,17 +21,8 @@ from reconciler.model import Budget, Desired, Fleet, Sweep
 pytestmark = pytest.mark.integration
 T0 = 1_790_000_000.0
 
-HUMAN = {
-    "GIT_AUTHOR_NAME": "Human",
-    "GIT_AUTHOR_EMAIL": "human@example.test",
-    "GIT_COMMITTER_NAME": "Human",
-    "GIT_COMMITTER_EMAIL": "human@example.test",
-}
-
-
-def sh(cwd: Path, *args: str) -> str:
-    env = {**os.environ, **HUMAN, "GIT_CONFIG_NOSYSTEM": "1"}
-    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
+HUMAN = ("Human", "human@example.test")
+sh = functools.partial(git, identity=HUMAN)
 
 
 @pytest.fixture()

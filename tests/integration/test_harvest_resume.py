@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_reconcile import _git, drive, fleet_repo, owned_alive, successes
+from gitutil import git as _git
+from test_reconcile import drive, fleet_repo, owned_alive, successes
 
 from reconciler.adapters.store import LocalStore, attempt_dir, data_dir_for
 from reconciler.archive import RunArchive

@@ -8,7 +8,6 @@ at boot_timeout and its machine gets the fault; the file validates against its s
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
@@ -18,10 +17,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 import yaml
+from world import fleet_repo
 
 from reconciler.actions import Destroy, ReasonCode, Rent
 from reconciler.cli._common import load_local_desired, open_reconciler, write_observed_uncommitted
-from reconciler.demo import make_fleet_repo
 from reconciler.emulator import Emulator
 from reconciler.observed.memory import read_fleet_memory
 
@@ -34,12 +33,11 @@ def test_ghost_offer_and_boot_timeout_land_in_the_ledger(
     emulator: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("VAST_API_KEY", emulator.api_key)
-    repo, _ = make_fleet_repo(tmp_path / "fleet", 1)
-    fleet_file = repo / "desired" / "fleet.yaml"
-    text = re.sub(r"(?m)^name: .*$", "name: itledger", fleet_file.read_text())
-    text = re.sub(r"(?m)^boot_timeout: .*$", "boot_timeout: 3s", text)
-    text = re.sub(r"(?m)^  max: .*$", "  max: 1", text)
-    fleet_file.write_text(text)
+    fleet = fleet_repo(tmp_path / "fleet")
+    fleet.edit("desired/sweeps/tdmpc.yaml", lambda d: d.update(seeds=[1]))
+    fleet.commit("test: one seed per cell")
+    fleet.edit_fleet(name="itledger", boot_timeout="3s", max=1)
+    repo = fleet.work
     desired = load_local_desired(repo)
     rec = open_reconciler(repo, desired, str(tmp_path / "state"), emulator.url)
 
@@ -91,12 +89,12 @@ def test_a_hung_bootstrap_is_destroyed_marks_its_host_and_the_rent_rate_holds(
     """bootstrap_timeout ends a bootstrap that never finishes; max_rents_per_hour 1 keeps the next rent back, and
     `rigsync status` (the real console script) says why."""
     monkeypatch.setenv("VAST_API_KEY", emulator.api_key)
-    repo, _ = make_fleet_repo(tmp_path / "fleet", 1)
-    fleet_file = repo / "desired" / "fleet.yaml"
-    text = re.sub(r"(?m)^name: .*$", "name: itboot", fleet_file.read_text())
-    text = re.sub(r"(?m)^  max: .*$", "  max: 1", text)
-    fleet_file.write_text(text + "bootstrap_timeout: 2s\nmax_rents_per_hour: 1\n")
-    (repo / "desired" / "bootstrap.sh").write_text("#!/bin/sh\nsleep 600\n")
+    fleet = fleet_repo(tmp_path / "fleet")
+    fleet.edit("desired/sweeps/tdmpc.yaml", lambda d: d.update(seeds=[1]))
+    fleet.commit("test: one seed per cell")
+    fleet.edit_fleet(name="itboot", max=1, bootstrap_timeout="2s", max_rents_per_hour=1)
+    fleet.write("desired/bootstrap.sh", "#!/bin/sh\nsleep 600\n")
+    repo = fleet.work
     desired = load_local_desired(repo)
     rec = open_reconciler(repo, desired, str(tmp_path / "state"), emulator.url)
 

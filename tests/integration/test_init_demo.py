@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from gitutil import git as _git
 
 pytestmark = pytest.mark.integration
 
@@ -21,13 +22,6 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     proc = subprocess.run([RIGSYNC, *args], capture_output=True, text=True, timeout=400, env=env)
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     return proc
-
-
-def _git(repo: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True,
-                          env=env).stdout.strip()
 
 
 def test_init_then_demo_then_review(tmp_path: Path) -> None:

@@ -8,15 +8,14 @@ from the checkpoint synced home before the outbid.
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
 import pytest
+from world import fleet_repo
 
 from reconciler.actions import Destroy, Launch, ReasonCode, Rent
 from reconciler.cli._common import load_local_desired, open_reconciler
-from reconciler.demo import make_fleet_repo
 from reconciler.emulator import Emulator
 from reconciler.model import AttemptOutcome, DriftClass
 
@@ -40,13 +39,10 @@ def test_a_bid_box_outbid_mid_run_is_destroyed_and_its_run_resumes_from_its_chec
     emulator: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("VAST_API_KEY", emulator.api_key)
-    repo, _ = make_fleet_repo(tmp_path / "fleet", None)
-    fleet_file = repo / "desired" / "fleet.yaml"
-    text = re.sub(r"(?m)^name: .*$", "name: itbid", fleet_file.read_text())
-    fleet_file.write_text(re.sub(r"(?m)^  max: .*$", "  max: 1", text) + "interruptible: {max_bid_dph: 0.1}\n")
-    for old in (repo / "desired" / "sweeps").glob("*.yaml"):
-        old.unlink()
-    (repo / "desired" / "sweeps" / "spot.yaml").write_text(SWEEP)
+    fleet = fleet_repo(tmp_path / "fleet")
+    fleet.edit_fleet(name="itbid", max=1, interruptible={"max_bid_dph": 0.1})
+    fleet.set_sweeps({"spot": SWEEP})
+    repo = fleet.work
     desired = load_local_desired(repo)
     assert desired.fleet.pools[0].max_bid_dph == 0.1
     rec = open_reconciler(repo, desired, str(tmp_path / "state"), emulator.url)

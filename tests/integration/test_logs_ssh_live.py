@@ -9,7 +9,6 @@ the store is another branch: this test places the files at ``store.attempt_dir``
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -21,9 +20,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from world import emulator_env, fleet_repo
 
 from reconciler.adapters.store import attempt_dir, data_dir_for
-from reconciler.demo import make_fleet_repo
 from reconciler.desired import load_desired_from_dir
 from reconciler.emulator import Emulator
 from reconciler.model import Ownership
@@ -54,38 +53,22 @@ metrics:
   goal: max
 """
 # min 1 and a long idle_timeout: the box stays up after the run until the test destroys it
-TIMEOUTS = {"min": "1", "idle_timeout": "30m", "unreachable_grace": "3s", "heartbeat_stale": "8s",
+TIMEOUTS = {"min": 1, "idle_timeout": "30m", "unreachable_grace": "3s", "heartbeat_stale": "8s",
             "boot_timeout": "1m"}
-
-
-def _set(text: str, key: str, value: str) -> str:
-    pattern = re.compile(rf"^(\s*)#?\s*{re.escape(key)}:.*$", re.M)
-    assert pattern.search(text), key
-    return pattern.sub(lambda m: f"{m.group(1)}{key}: {value}", text, count=1)
 
 
 @pytest.fixture(scope="module")
 def repo(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path, _ = make_fleet_repo(tmp_path_factory.mktemp("logs") / "fleet", None)
-    fleet_file = path / "desired" / "fleet.yaml"
-    text = _set(fleet_file.read_text(), "name", FLEET)
-    for key, value in TIMEOUTS.items():
-        text = _set(text, key, value)
-    fleet_file.write_text(text)
-    (path / "desired" / "sweeps" / "tdmpc.yaml").write_text(SWEEP)
-    subprocess.run(
-        ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-q", "-am",
-         "test: one chatty run"],
-        check=True, capture_output=True,
-    )
-    return path
+    fleet = fleet_repo(tmp_path_factory.mktemp("logs") / "fleet")
+    fleet.edit_fleet(name=FLEET, **TIMEOUTS)
+    fleet.write("desired/sweeps/tdmpc.yaml", SWEEP)
+    fleet.commit("test: one chatty run", push=False)
+    return fleet.work
 
 
 @pytest.fixture(scope="module")
 def env(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return {**os.environ, "VAST_API_KEY": emulator.api_key, "RIGSYNC_API_URL": emulator.url,
-            "RIGSYNC_STATE_DIR": str(tmp_path_factory.mktemp("state")),
-            "RIGSYNC_DATA_DIR": str(tmp_path_factory.mktemp("data"))}
+    return emulator_env(emulator, state_dir=tmp_path_factory.mktemp("state"), data_dir=tmp_path_factory.mktemp("data"))
 
 
 @pytest.fixture(scope="module")

@@ -11,17 +11,16 @@ show no rental by rigsync.
 from __future__ import annotations
 
 import json
-import re
 import time
 from pathlib import Path
 
 import jsonschema
 import pytest
 import yaml
+from world import fleet_repo
 
 from reconciler.actions import Destroy, Rent
 from reconciler.cli._common import load_local_desired, open_reconciler, write_observed_uncommitted
-from reconciler.demo import make_fleet_repo
 from reconciler.emulator import Emulator
 from reconciler.identity import own_box_id
 from reconciler.model import AttemptOutcome
@@ -46,12 +45,10 @@ def test_a_provider_ssh_pool_runs_a_sweep_on_a_machine_rigsync_never_rents_or_de
     from vastai import VastAI
 
     monkeypatch.setenv("VAST_API_KEY", emulator.api_key)
-    repo, _ = make_fleet_repo(tmp_path / "fleet", None)
-    for old in (repo / "desired" / "sweeps").glob("*.yaml"):
-        old.unlink()
-    (repo / "desired" / "sweeps" / "labrun.yaml").write_text(SWEEP)
-    fleet_file = repo / "desired" / "fleet.yaml"
-    fleet_file.write_text(re.sub(r"(?m)^name: .*$", "name: itown", fleet_file.read_text()))
+    fleet = fleet_repo(tmp_path / "fleet")
+    fleet.set_sweeps({"labrun": SWEEP})
+    fleet.edit_fleet(name="itown")
+    repo = fleet.work
     desired = load_local_desired(repo)
     # rigsync's key goes on the account when the fleet is opened; the lab machine is set up after, so it accepts it
     rec = open_reconciler(repo, desired, str(tmp_path / "state"), emulator.url)
@@ -63,11 +60,8 @@ def test_a_provider_ssh_pool_runs_a_sweep_on_a_machine_rigsync_never_rents_or_de
     record = emulator.instance(lab_id)
     address, port = str(record["public_ipaddr"]), int(record["ports"]["22/tcp"][0]["HostPort"])
     assert address.startswith("127.")
-    fleet_file.write_text(
-        fleet_file.read_text()
-        + f"pools:\n  - name: lab\n    provider: ssh\n    hosts:\n"
-        f"      - {{address: {address}, port: {port}, user: root, gpus: 1, gpu_name: RTX 3060}}\n"
-    )
+    host = {"address": address, "port": port, "user": "root", "gpus": 1, "gpu_name": "RTX 3060"}
+    fleet.edit_fleet(pools=[{"name": "lab", "provider": "ssh", "hosts": [host]}])
     desired = load_local_desired(repo)
     pool = desired.fleet.pools[0]
     own_id = own_box_id(pool, address, port)

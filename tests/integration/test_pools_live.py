@@ -6,15 +6,15 @@ run lands on a box of its own pool, rented from that pool's offers and labelled 
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
 import pytest
+import yaml
+from world import fleet_repo
 
 from reconciler.actions import Launch, Rent
 from reconciler.cli._common import load_local_desired, open_reconciler
-from reconciler.demo import make_fleet_repo
 from reconciler.emulator import Emulator
 from reconciler.identity import slot_pool
 from reconciler.model import AttemptOutcome, Ownership
@@ -50,15 +50,11 @@ def test_each_sweep_runs_on_a_box_of_its_pool(
     emulator: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("VAST_API_KEY", emulator.api_key)
-    repo, _ = make_fleet_repo(tmp_path / "fleet", None)
-    fleet_file = repo / "desired" / "fleet.yaml"
-    text = re.sub(r"(?m)^name: .*$", "name: itpools", fleet_file.read_text())
-    fleet_file.write_text(text + POOLS)
-    (repo / "desired" / "budget.yaml").write_text("max_instance_dph: 5\nmax_fleet_dph: 10\nmax_total_usd: 50\n")
-    for old in (repo / "desired" / "sweeps").glob("*.yaml"):
-        old.unlink()
-    (repo / "desired" / "sweeps" / "wide.yaml").write_text(WIDE)
-    (repo / "desired" / "sweeps" / "narrow.yaml").write_text(NARROW)
+    fleet = fleet_repo(tmp_path / "fleet")
+    fleet.edit_fleet(name="itpools", **yaml.safe_load(POOLS))
+    fleet.write("desired/budget.yaml", "max_instance_dph: 5\nmax_fleet_dph: 10\nmax_total_usd: 50\n")
+    fleet.set_sweeps({"wide": WIDE, "narrow": NARROW})
+    repo = fleet.work
     desired = load_local_desired(repo)
     assert [p.name for p in desired.fleet.pools] == ["cheap", "wide"]
     rec = open_reconciler(repo, desired, str(tmp_path / "state"), emulator.url)

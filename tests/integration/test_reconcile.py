@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -20,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import world
 
 from reconciler import remote
 from reconciler.actions import Launch, Plan
 from reconciler.apply import ApplyContext, apply
 from reconciler.archive import RunArchive
 from reconciler.cli._common import load_local_desired, open_reconciler
-from reconciler.demo import make_fleet_repo
 from reconciler.emulator import Emulator
 from reconciler.errors import LaunchLockHeld
 from reconciler.loop import CycleResult, Reconciler
@@ -65,33 +64,13 @@ metrics:
 TIMEOUTS = {"idle_timeout": "1s", "unreachable_grace": "3s", "heartbeat_stale": "8s", "boot_timeout": "1m"}
 
 
-def _git(repo: Path, *args: str) -> None:
-    import subprocess
-
-    subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.invalid", *args],
-        check=True,
-        capture_output=True,
-    )
-
-
-def _set(text: str, key: str, value: str) -> str:
-    pattern = re.compile(rf"^(\s*)#?\s*{re.escape(key)}:.*$", re.M)
-    assert pattern.search(text), key
-    return pattern.sub(lambda m: f"{m.group(1)}{key}: {value}", text, count=1)
-
-
 def fleet_repo(where: Path, emu: Emulator, fleet: str, *, seconds: float) -> Path:
     """The example fleet repo (with its bare remote) renamed to ``fleet``: 2 runs, short timeouts, committed."""
-    repo, _ = make_fleet_repo(where / "fleet", None)
-    fleet_file = repo / "desired" / "fleet.yaml"
-    text = _set(fleet_file.read_text(), "name", fleet)
-    for key, value in TIMEOUTS.items():
-        text = _set(text, key, value)
-    fleet_file.write_text(text)
-    (repo / "desired" / "sweeps" / "tdmpc.yaml").write_text(SWEEP.format(seconds=seconds))
-    _git(repo, "commit", "-q", "-am", f"test: fleet {fleet}, one seed, two cells")
-    return repo
+    repo = world.fleet_repo(where / "fleet")
+    repo.edit_fleet(name=fleet, **TIMEOUTS)
+    repo.write("desired/sweeps/tdmpc.yaml", SWEEP.format(seconds=seconds))
+    repo.commit(f"test: fleet {fleet}, one seed, two cells", push=False)
+    return repo.work
 
 
 def owned_alive(emu: Emulator, fleet: str) -> list[int]:

@@ -27,10 +27,11 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from gitutil import git
+from world import FleetRepo, emulator_env, fleet_repo
 
 from reconciler.adapters.git import GitRepo
 from reconciler.daemon import DaemonConfig, FleetDaemon
-from reconciler.demo import make_fleet_repo
 from reconciler.emulator import Emulator
 from reconciler.lease import LocalLock, lock_path
 from reconciler.model import Ownership
@@ -76,16 +77,6 @@ metrics:
   key: episode_reward
   goal: max
 """
-
-
-def git(cwd: Path, *args: str, env: dict[str, str] | None = None) -> str:
-    proc = subprocess.run(
-        ["git", *args], cwd=cwd, env={**os.environ, **HUMAN, **(env or {})}, capture_output=True, text=True,
-        check=False, timeout=60,
-    )
-    if proc.returncode != 0:
-        raise AssertionError(f"git {' '.join(args)} failed in {cwd}: {proc.stderr.strip()}")
-    return proc.stdout.strip()
 
 
 def wait_for(what: str, cond: Callable[[], Any], timeout: float = 60.0, every: float = 0.2) -> Any:
@@ -164,8 +155,12 @@ class World:
     @property
     def env(self) -> dict[str, str]:
         # the controller is pointed at the emulator through its environment; desired/ never names a URL
-        return {**os.environ, "VAST_API_KEY": self.emu.api_key, "RIGSYNC_API_URL": self.emu.url,
-                "RIGSYNC_STATE_DIR": str(self.state)}
+        return emulator_env(self.emu, state_dir=self.state)
+
+    @property
+    def repo(self) -> FleetRepo:
+        """rigsync's clone and the remote, to edit desired/ through YAML and commit as the researcher."""
+        return FleetRepo(self.work, self.remote)
 
     # ---- the remote, as a human or a reviewer sees it
     def tip(self) -> str:
@@ -284,16 +279,6 @@ class World:
                 self.emu.destroy_instance(iid)
 
 
-def set_key(text: str, key: str, value: str) -> str:
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        if line.startswith(f"{key}:") or line.startswith(f"  {key}:"):
-            indent = line[: len(line) - len(line.lstrip())]
-            lines[i] = f"{indent}{key}: {value}"
-            return "\n".join(lines) + "\n"
-    raise AssertionError(f"no {key!r} line to set")
-
-
 def make_world(
     tmp: Path,
     emu: Emulator,
@@ -306,24 +291,16 @@ def make_world(
     idle_timeout: str = "4s",
 ) -> World:
     """A fleet repo with a one-cell sweep (``seeds`` as YAML list items) of ``seconds``-long runs."""
-    work = tmp / "rigsync"
-    work, remote = make_fleet_repo(work, None)
-    git(remote, "config", "core.logAllRefUpdates", "true")
+    repo = fleet_repo(tmp / "rigsync")
+    git(repo.remote, "config", "core.logAllRefUpdates", "true")
     # no receive.denyNonFastForwards: each lease write replaces the lease ref (a compare-and-swap, never a
     # fast-forward); the reflog check proves main itself is never forced
-    fleet = work / "desired" / "fleet.yaml"
-    text = fleet.read_text()
-    text = set_key(text, "name", name)
-    text = set_key(text, "max", str(max_instances))
-    text = set_key(text, "suspend", "true" if suspend else "false")
-    text = set_key(text, "idle_timeout", idle_timeout)
-    fleet.write_text(text)
-    (work / "desired" / "sweeps" / "tdmpc.yaml").write_text(SWEEP.format(seconds=seconds, seeds=seeds))
-    git(work, "commit", "-q", "-am", f"test fleet {name}")
-    git(work, "push", "-q", "origin", "main")
+    repo.edit_fleet(name=name, max=max_instances, suspend=suspend, idle_timeout=idle_timeout)
+    repo.write("desired/sweeps/tdmpc.yaml", SWEEP.format(seconds=seconds, seeds=seeds))
+    repo.commit(f"test fleet {name}")
     state = tmp / "state"
     state.mkdir()
-    return World(emu=emu, tmp=tmp, name=name, work=work, remote=remote, state=state)
+    return World(emu=emu, tmp=tmp, name=name, work=repo.work, remote=repo.remote, state=state)
 
 
 @pytest.fixture

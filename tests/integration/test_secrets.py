@@ -24,7 +24,6 @@ from test_run_daemon import (
     git,
     log_text,
     run_ids_by_seed,
-    set_key,
     validate_observed,
     wait_for,
     world_factory,
@@ -81,8 +80,7 @@ metrics: {file: metrics.jsonl, key: episode_reward, goal: max}
 
 def _secret_world(make: Callable[..., World], name: str, *, plain: bool) -> World:
     w = make(name, idle_timeout="10m")
-    fleet = w.work / "desired" / "fleet.yaml"
-    fleet.write_text(set_key(fleet.read_text(), "min", "1"))  # the box stays, to be searched after the run
+    w.repo.edit_fleet(min=1)  # the box stays, to be searched after the run
     (w.work / "experiments" / "envhash.py").write_text(ENVHASH)
     (w.work / "desired" / "sweeps" / "tdmpc.yaml").write_text(SECRET_SWEEP)
     if plain:

@@ -7,15 +7,14 @@ counts against the run's retries, and with none left the run is blocked.
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
 import pytest
+from world import fleet_repo
 
 from reconciler.actions import Kill, ReasonCode
 from reconciler.cli._common import load_local_desired, open_reconciler
-from reconciler.demo import make_fleet_repo
 from reconciler.emulator import Emulator
 from reconciler.model import AttemptOutcome, DriftClass, RunPhase
 from reconciler.runphase import run_phase, tally_runs
@@ -40,13 +39,10 @@ def test_a_job_whose_metrics_stop_growing_is_killed_as_stalled(
     emulator: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("VAST_API_KEY", emulator.api_key)
-    repo, _ = make_fleet_repo(tmp_path / "fleet", None)
-    fleet_file = repo / "desired" / "fleet.yaml"
-    text = re.sub(r"(?m)^name: .*$", "name: itstall", fleet_file.read_text())
-    fleet_file.write_text(re.sub(r"(?m)^  max: .*$", "  max: 1", text))
-    for old in (repo / "desired" / "sweeps").glob("*.yaml"):
-        old.unlink()
-    (repo / "desired" / "sweeps" / "hang.yaml").write_text(SWEEP)
+    fleet = fleet_repo(tmp_path / "fleet")
+    fleet.edit_fleet(name="itstall", max=1)
+    fleet.set_sweeps({"hang": SWEEP})
+    repo = fleet.work
     desired = load_local_desired(repo)
     rec = open_reconciler(repo, desired, str(tmp_path / "state"), emulator.url)
 

@@ -33,7 +33,6 @@ from test_run_daemon import (
     git,
     log_text,
     run_ids_by_seed,
-    set_key,
     validate_observed,
     wait_for,
     world_factory,
@@ -91,11 +90,7 @@ class Watched(BoxRuns):
 
 
 def configure(w: World, fleet: dict[str, str], sweep: str | None = None) -> None:
-    path = w.work / "desired" / "fleet.yaml"
-    text = path.read_text()
-    for key, value in fleet.items():
-        text = set_key(text, key, value)
-    path.write_text(text)
+    w.repo.edit_fleet(**fleet)
     if sweep is not None:
         (w.work / "desired" / "sweeps" / "tdmpc.yaml").write_text(sweep)
     git(w.work, "commit", "-q", "-am", "test: watchdog limits")

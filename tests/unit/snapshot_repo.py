@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import subprocess
 from pathlib import Path
+
+from gitutil import git
 
 from reconciler.curves import curve_path, render_curve
 
@@ -33,8 +34,7 @@ def make_snapshot_repo(where: Path, *, curve: bool = True) -> Path:
         path.parent.mkdir(parents=True)
         path.write_text(render_curve(sweep=str(run["sweep"]), run_id=str(run["run_id"]), attempt=1,
                                      key="episode_reward", goal="max", points=points))
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
-    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
-    subprocess.run([*git, "add", "-A"], check=True)
-    subprocess.run([*git, "commit", "-q", "-m", "a demo's end"], check=True)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "a demo's end")
     return repo

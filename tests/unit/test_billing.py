@@ -19,6 +19,7 @@ import pytest
 from fakes import FakeArchive, FakeClock, FakeShell, FakeWorld, Work, code_tar, desired_state, offer
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from profiles import examples
 
 from reconciler.errors import ProviderTransient
 from reconciler.loop import Reconciler
@@ -162,7 +163,7 @@ def _inst(iid: int, dph: float) -> Instance:
     return Instance(iid, f"rigsync:{FLEET}:x", InstanceStatus.RUNNING, "RTX 3090", 1, 24576, dph, MIDNIGHT)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     st.lists(
         st.tuples(

@@ -12,6 +12,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from profiles import examples
 
 from reconciler.errors import TemplateProblem
 from reconciler.expand import (
@@ -64,7 +65,7 @@ def sweeps(draw: st.DrawFn) -> Sweep:
     return Sweep(name="s", command=command, grid=grid, seeds=seeds)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(sweeps())
 def test_ids_stable_and_unique(s: Sweep) -> None:
     first = expand_sweep(s)
@@ -77,7 +78,7 @@ def test_ids_stable_and_unique(s: Sweep) -> None:
         assert re.fullmatch(r"s-[0-9a-f]{8}", r.cell)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(sweeps(), scalars)
 def test_adding_a_grid_value_keeps_old_ids(s: Sweep, extra: Scalar) -> None:
     if not s.grid:
@@ -93,7 +94,7 @@ def test_adding_a_grid_value_keeps_old_ids(s: Sweep, extra: Scalar) -> None:
         assert new[rid].params == spec.params and new[rid].seed == spec.seed and new[rid].cell == spec.cell
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.text(max_size=30), min_size=1, max_size=4))
 def test_each_value_is_exactly_one_argument(values: list[str]) -> None:
     keys = [f"p{i}" for i in range(len(values))]
@@ -257,7 +258,7 @@ def test_template_variables_in_order() -> None:
     assert template_variables("{{ b }} {{ a }} {{ b }} {# note #}") == ["b", "a"]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     st.lists(st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=20), max_size=3)
 )

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gitutil import git as _git
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -21,10 +22,6 @@ def rigsync(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([str(RIGSYNC), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
     assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
     return proc
-
-
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True).stdout.strip()
 
 
 @pytest.fixture(scope="module")

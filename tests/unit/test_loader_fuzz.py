@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from profiles import examples
 
 from reconciler.desired import DESIRED_DIR, errors_of, load_desired, read_desired_files
 from reconciler.errors import DesiredStateInvalid
@@ -23,7 +24,7 @@ from reconciler.errors import DesiredStateInvalid
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = dict(read_desired_files(REPO))
 TARGETS = ("desired/fleet.yaml", "desired/budget.yaml", "desired/sweeps/tdmpc.yaml")
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def outcome(files: dict[str, bytes]) -> str:

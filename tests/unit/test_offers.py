@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from profiles import examples
 from vastai.api.query import offers_alias, offers_fields, offers_mult, parse_query
 
 from reconciler import offers
@@ -365,7 +366,7 @@ def fleet_filters(draw: st.DrawFn, offer: Offer) -> tuple[OfferFilters, set[str]
     return filters, {g.rpartition(", ")[2] for g in geos} if filters.geolocations else set()
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(data=st.data())
 def test_query_and_offer_passes_agree(data: st.DataObject) -> None:
     offer = data.draw(market_offers())
@@ -384,7 +385,7 @@ def test_query_and_offer_passes_agree(data: st.DataObject) -> None:
     assert ("verified" in query) is filters.verified
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.integers(0, 2 * 10**6))
 def test_gpu_ram_query_is_never_stricter_than_the_limit(mib: int) -> None:
     sent = parsed(OfferFilters(gpu_ram_mib_min=mib), 0)["gpu_ram"]["gte"]

@@ -18,6 +18,7 @@ from fakes import (  # tests/unit is on sys.path (not a package)
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from profiles import examples
 
 from reconciler.actions import APPLY_ORDER, Bootstrap, Destroy, Kill, Launch, Plan, Record, Rent, Requeue
 from reconciler.apply import ApplyContext, apply
@@ -243,7 +244,7 @@ def worlds(draw: st.DrawFn, steady: bool = False) -> World:
     return desired, observed
 
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _owned_ids(observed: Observed) -> set[int]:

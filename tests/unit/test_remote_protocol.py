@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from gitutil import git
 
 from reconciler import remote
 from reconciler.errors import RemoteCommandFailed
@@ -346,15 +347,12 @@ def test_failed_bootstrap_is_retried_when_asked_again(box: Box) -> None:
 def test_ship_code_from_a_real_git_archive(box: Box, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     repo.mkdir()
-    genv = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e", "GIT_COMMITTER_NAME": "t",
-            "GIT_COMMITTER_EMAIL": "t@e"}
     (repo / "train.py").write_text("print('hi')\n")
     (repo / "pkg").mkdir()
     (repo / "pkg" / "m.py").write_text("X = 1\n")
     for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "init"]):
-        subprocess.run(["git", *args], cwd=repo, env=genv, check=True)
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True)
-    commit = sha.stdout.strip()
+        git(repo, *args)
+    commit = git(repo, "rev-parse", "HEAD")
     tar = subprocess.run(["git", "archive", "--format=tar", commit], cwd=repo, capture_output=True, check=True).stdout
 
     res = box.sh(remote.ship_code_script(commit), stdin=tar)

@@ -4,7 +4,6 @@ it against a git repository with a base and a head commit (the real console scri
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+from gitutil import git as _git
 
 from reconciler.desired import load_desired, read_desired_files
 from reconciler.model import AttemptOutcome, AttemptRecord, Desired, FleetMemory, Observed, Spend
@@ -151,12 +151,6 @@ def test_huge_change_stays_under_the_comment_limit(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------- the console script
-
-
-def _git(repo: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
-    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout.strip()
 
 
 def rigsync(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -3,6 +3,7 @@ review workflow's `run:` steps do what they say against a fixture repository wit
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from gitutil import git as _git
 
 from reconciler.review import MARKER
 
@@ -30,12 +32,19 @@ def test_init_writes_both_workflows() -> None:
     assert {p.name for p in TEMPLATE_WORKFLOWS} == {"review.yml", "rigsync-run.yml"}
 
 
+@functools.cache
+def _check_workflows() -> subprocess.CompletedProcess[str]:
+    """One run of check-jsonschema over every workflow (its start-up is most of its cost)."""
+    exe = Path(sys.executable).parent / "check-jsonschema"
+    return subprocess.run(
+        [str(exe), "--builtin-schema", "vendor.github-workflows", *map(str, WORKFLOWS + TEMPLATE_WORKFLOWS)],
+        capture_output=True, text=True,
+    )
+
+
 @pytest.mark.parametrize("path", WORKFLOWS + TEMPLATE_WORKFLOWS, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_workflow_validates_offline(path: Path) -> None:
-    exe = Path(sys.executable).parent / "check-jsonschema"
-    proc = subprocess.run(
-        [str(exe), "--builtin-schema", "vendor.github-workflows", str(path)], capture_output=True, text=True
-    )
+    proc = _check_workflows()
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -58,12 +67,6 @@ REVIEW_WORKFLOWS = [
     ROOT / "reconciler" / "example" / "fleet" / "dot-github" / "workflows" / "review.yml",
 ]
 RIGSYNC = Path(sys.executable).parent / "rigsync"
-
-
-def _git(repo: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid",
-           "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.invalid"}
-    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout.strip()
 
 
 def _fixture(tmp_path: Path, edit: str) -> tuple[Path, str]:
