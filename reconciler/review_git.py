@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.adapters.git import GitRepo
-from reconciler.archive import entry_from_json
 from reconciler.desired import errors_of, load_desired
 from reconciler.errors import DesiredStateInvalid, ObservedInvalid, RepoError, UserError
 from reconciler.model import AttemptRecord, Observed
+from reconciler.observed.archive_lines import entry_from_json
 from reconciler.observed.codec import BUDGET, FLEET, RUNS, RUNS_DIR, expect_mapping, load_yaml
 from reconciler.observed.memory import fleet_memory_from_files
 from reconciler.plan.estimate import Place

@@ -32,6 +32,7 @@ from typing import Any
 import git
 from git.exc import GitCommandError, InvalidGitRepositoryError, NoSuchPathError
 
+from reconciler.adapters.lease import LEASE_FILE
 from reconciler.desired import (
     MAX_DESIRED_DEPTH,
     MAX_DESIRED_ENTRIES,
@@ -45,7 +46,6 @@ from reconciler.desired import (
 )
 from reconciler.errors import LeaseRace, PushRejected, RepoError
 from reconciler.failpoints import failpoint
-from reconciler.lease import LEASE_FILE
 from reconciler.model import Desired
 from reconciler.observed.codec import OBSERVED_DIR
 from reconciler.observed.tree import write_observed

@@ -7,12 +7,11 @@ import os
 from pathlib import Path
 
 from reconciler.actions import Plan
-from reconciler.adapters.git import GitRepo
 from reconciler.apply import ApplyResult
 from reconciler.desired import errors_of, load_desired_from_dir
 from reconciler.endpoint import API_URL_ENV, API_URL_FLAG, DEFAULT_URL, controller_api_url
 from reconciler.errors import DesiredStateInvalid, RepoError, UserError
-from reconciler.fleet import open_fleet, render_cycle, write_back
+from reconciler.fleet import open_fleet, open_git, render_cycle, write_back
 from reconciler.loop import Reconciler
 from reconciler.model import Desired, Observed
 from reconciler.observed.documents import ReconcilerStatus
@@ -59,7 +58,7 @@ def add_allow_dirty_arg(parser: argparse.ArgumentParser) -> None:
 def dirty_files(repo: Path, desired: Desired) -> list[str]:
     """Uncommitted files under desired/ and the sweeps' code paths; [] outside a git checkout with commits."""
     try:
-        git = GitRepo(repo)
+        git = open_git(repo)
         git.head()
     except RepoError:
         return []
@@ -110,7 +109,7 @@ def load_local_desired(repo: Path) -> Desired:
         lines = [str(e) for e in errors_of(exc)]
         raise UserError(f"{exc}:\n  " + "\n  ".join(lines)) from None
     try:
-        return GitRepo(repo).pin(desired)
+        return open_git(repo).pin(desired)
     except RepoError:
         return desired
 
@@ -131,7 +130,7 @@ def write_observed_uncommitted(
         desired_commit_applied=desired.commit, last_valid_desired_commit=desired.commit, apply_errors=failures
     )
     _, files = render_cycle(rec, desired, observed, plan, status, repo)
-    write_back(GitRepo(repo), rec.archive, files, message=None)
+    write_back(open_git(repo), rec.archive, files, message=None)
 
 
 def observe_once(

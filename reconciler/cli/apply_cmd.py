@@ -16,9 +16,9 @@ from pathlib import Path
 
 import jsonschema
 
-from reconciler import lease
 from reconciler.actions import PLAN_FORMAT_VERSION, Bootstrap, Launch, Plan, ShipCode
-from reconciler.adapters.git import GitRepo
+from reconciler.adapters import lease
+from reconciler.adapters.lease import LeaseState, LocalLock, lock_path
 from reconciler.cli._common import (
     add_allow_dirty_arg,
     add_data_dir_arg,
@@ -31,7 +31,7 @@ from reconciler.cli._common import (
 )
 from reconciler.desired import schema_path
 from reconciler.errors import LeaseHeld, RepoError, StalePlan, UserError
-from reconciler.lease import Lease, LeaseState, LocalLock, lock_path
+from reconciler.fleet import open_git, open_lease, open_local_lock
 from reconciler.model import Desired
 from reconciler.progress import booting, describe, progress_for
 from reconciler.render import plan_text
@@ -77,13 +77,13 @@ def _load_saved(path: str) -> Plan:
 def _lease_on_the_remote(repo: Path) -> LeaseState | None:
     """The fleet's lease as the checkout's remote has it (its own ref); None without a git checkout or a remote."""
     try:
-        git = GitRepo(repo)
+        git = open_git(repo)
     except RepoError:
         return None
     if not git.has_remote():
         return None
     try:
-        return Lease(git, holder="", host="", pid=0).read()
+        return open_lease(git, holder="", host="", pid=0).read()
     except RepoError as exc:
         raise UserError(f"cannot read the fleet's lease, so cannot tell whether a reconciler acts: {exc}") from None
 
@@ -95,7 +95,7 @@ def _refuse_if_a_reconciler_acts(repo: Path) -> LocalLock | None:
     """
     lock = None
     if lock_path(repo).parent.is_dir():
-        lock = LocalLock(lock_path(repo)).acquire()
+        lock = open_local_lock(repo).acquire()
     try:
         current = _lease_on_the_remote(repo)
         if current is not None:

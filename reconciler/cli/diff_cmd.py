@@ -75,13 +75,13 @@ def _committed(repo: Path) -> tuple[Desired, dict[str, str]]:
 
     Outside a git checkout the working tree is read and the revisions stay None.
     """
-    from reconciler.adapters.git import GitRepo
     from reconciler.desired import load_desired, read_desired_files
+    from reconciler.fleet import open_git
 
     if not (repo / ".git").exists():
         observed = {p: (repo / p).read_text(encoding="utf-8") for p in REQUIRED if (repo / p).is_file()}
         return load_desired(_require_desired_files(repo, read_desired_files(repo))), observed
-    g = GitRepo(repo)
+    g = open_git(repo)
     try:
         head = g.head()
     except RepoError:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler.archive import RunArchive
+from reconciler.adapters.archive import RunArchive
 from reconciler.daemon import DaemonConfig, FleetDaemon
 from reconciler.demo import make_fleet_repo
 from reconciler.emulator import Emulator

@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
+from reconciler.adapters.archive import RunArchive
 from reconciler.adapters.git import GitRepo
-from reconciler.archive import RunArchive
+from reconciler.adapters.lease import LeaseState, LocalLock, lock_path, to_yaml
 from reconciler.demo import make_fleet_repo
 from reconciler.emulator import Emulator
-from reconciler.lease import LeaseState, LocalLock, lock_path, to_yaml
 from reconciler.model import AttemptOutcome, Ownership
 
 REPO = Path(__file__).resolve().parents[2]

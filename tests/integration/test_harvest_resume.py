@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from test_reconcile import _git, drive, fleet_repo, owned_alive, successes
 
+from reconciler.adapters.archive import RunArchive
 from reconciler.adapters.store import LocalStore, attempt_dir, data_dir_for
-from reconciler.archive import RunArchive
 from reconciler.cli._common import load_local_desired, open_reconciler
 from reconciler.curves import curve_path
 from reconciler.emulator import Emulator
