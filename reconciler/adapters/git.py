@@ -12,8 +12,8 @@ take rigsync's newer version.
 
 The fleet's lease is not on the tracked branch: it lives on its own ref, ``refs/heads/rigsync/lease/<branch>``, one
 parentless commit holding ``lease.yaml``, replaced only by compare-and-swap pushes (``--force-with-lease`` naming
-the sha it replaces; ``ports.LeaseStore``, the rules in ``reconciler.adapters.lease``). A push of the branch can carry a new
-heartbeat in the same ``--atomic`` push, so the branch moves only while the lease is still the one we wrote.
+the sha it replaces; ``ports.LeaseStore``, the rules in ``reconciler.adapters.lease``). A push of the branch can
+carry a new heartbeat in the same ``--atomic`` push, so the branch moves only while the lease is still the one we wrote.
 
 gitpython exceptions are wrapped in ``RepoError``/``PushRejected`` here; callers never see them.
 """
