@@ -30,6 +30,7 @@ from reconciler.errors import (
     LeaseLost,
     RigsyncError,
     TransientError,
+    cause_chain,
 )
 from reconciler.fleet import (
     AdapterFactory,
@@ -409,6 +410,7 @@ class FleetDaemon:
                     backoff = min(self.config.max_backoff_s, max(2.0, backoff * 2))
                     if isinstance(exc, RigsyncError):
                         kind = "transient" if isinstance(exc, TransientError) else "error"
+                        log.debug("cycle failed: %s", cause_chain(exc))
                     else:  # a library's surprise (KeyboardInterrupt and SystemExit are not Exceptions: they end it)
                         log.exception("cycle: unexpected %s", type(exc).__name__)
                         kind = f"unexpected {type(exc).__name__}"

@@ -94,13 +94,13 @@ def review(repo: Path, base: str, head: str = "HEAD", *, now: float | None = Non
     try:
         g = GitRepo(Path(repo))
     except RepoError as exc:
-        raise UserError(str(exc)) from None
+        raise UserError(str(exc)) from exc
     shas: dict[str, str] = {}
     for flag, ref in (("--base", base), ("--head", head)):
         try:
             shas[flag] = g.rev(ref)
-        except RepoError:
-            raise UserError(f"{flag} {ref!r} names no commit in {repo}") from None
+        except RepoError as exc:
+            raise UserError(f"{flag} {ref!r} names no commit in {repo}") from exc
     at = time.time() if now is None else now
     base_side, base_files = _side(g, base, shas["--base"])
     head_side, head_files = _side(g, head, shas["--head"])

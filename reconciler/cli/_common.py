@@ -107,7 +107,7 @@ def load_local_desired(repo: Path) -> Desired:
     except DesiredStateInvalid as exc:
         # every problem with its file:line:col, as `rigsync validate` prints them; nothing was contacted yet
         lines = [str(e) for e in errors_of(exc)]
-        raise UserError(f"{exc}:\n  " + "\n  ".join(lines)) from None
+        raise UserError(f"{exc}:\n  " + "\n  ".join(lines)) from exc
     try:
         return open_git(repo).pin(desired)
     except RepoError:

@@ -55,9 +55,9 @@ def _load_saved(path: str) -> Plan:
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
-        raise UserError(f"{path}: cannot read saved plan: {exc.strerror}") from None
+        raise UserError(f"{path}: cannot read saved plan: {exc.strerror}") from exc
     except ValueError as exc:
-        raise UserError(f"{path}: not a rigsync plan: not JSON ({exc})") from None
+        raise UserError(f"{path}: not a rigsync plan: not JSON ({exc})") from exc
     if isinstance(doc, dict) and doc.get("format_version") not in (None, PLAN_FORMAT_VERSION):
         raise UserError(
             f"{path}: plan format_version {doc.get('format_version')!r} is not {PLAN_FORMAT_VERSION}: "
@@ -71,7 +71,7 @@ def _load_saved(path: str) -> Plan:
     try:
         return Plan.from_json(doc)
     except (ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"{path}: not a rigsync plan: {exc}") from None
+        raise UserError(f"{path}: not a rigsync plan: {exc}") from exc
 
 
 def _lease_on_the_remote(repo: Path) -> LeaseState | None:
@@ -85,7 +85,7 @@ def _lease_on_the_remote(repo: Path) -> LeaseState | None:
     try:
         return open_lease(git, holder="", host="", pid=0).read()
     except RepoError as exc:
-        raise UserError(f"cannot read the fleet's lease, so cannot tell whether a reconciler acts: {exc}") from None
+        raise UserError(f"cannot read the fleet's lease, so cannot tell whether a reconciler acts: {exc}") from exc
 
 
 def _refuse_if_a_reconciler_acts(repo: Path) -> LocalLock | None:

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             written = dashboard.write(repo, Path(args.out) if args.out else None)
         except OSError as exc:
-            raise UserError(f"{args.out or dashboard.default_out(repo)}: cannot write the dashboard: {exc}") from None
+            raise UserError(f"{args.out or dashboard.default_out(repo)}: cannot write the dashboard: {exc}") from exc
         print(dashboard.open_hint(written))
     if args.port is not None:
         serve(repo, args.port)
@@ -67,7 +67,7 @@ def serve(repo: Path, port: int) -> None:
     try:
         server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
     except OSError as exc:
-        raise UserError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}") from None
+        raise UserError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}") from exc
     with server:
         print(f"serving the dashboard of {repo.resolve()} on http://127.0.0.1:{server.server_port}/ (Ctrl-C stops)",
               flush=True)

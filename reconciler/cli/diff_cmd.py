@@ -84,8 +84,8 @@ def _committed(repo: Path) -> tuple[Desired, dict[str, str]]:
     g = open_git(repo)
     try:
         head = g.head()
-    except RepoError:
-        raise UserError(f"{repo}: no desired/ files committed") from None  # a fresh repository without commits
+    except RepoError as exc:
+        raise UserError(f"{repo}: no desired/ files committed") from exc  # a fresh repository without commits
     committed = g.files_at(head, "observed/", max_bytes=MAX_OBSERVED_BYTES, only=REQUIRED)
     if committed.refused:
         raise ObservedInvalid("; ".join(f"{path}: {why}" for path, why in sorted(committed.refused.items())))

@@ -76,8 +76,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def _non_negative(text: str) -> int:
     try:
         n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from exc
     if n < 0:
         raise argparse.ArgumentTypeError(f"{n} is negative")
     return n
@@ -119,7 +119,7 @@ class StoreSource:
         except FileNotFoundError:
             data, offset, size = b"", 0, 0
         except OSError as exc:
-            raise UserError(f"cannot read {self.path}: {exc.strerror or exc}") from None
+            raise UserError(f"cannot read {self.path}: {exc.strerror or exc}") from exc
         return LogSlice(data, offset, offset + len(data), size, self.exit_code, False)
 
 
@@ -172,10 +172,10 @@ class BoxSource:
                 res = self.shell.run(self.endpoint, command, timeout=READ_TIMEOUT_S)
                 break
             except HostKeyMismatch as exc:
-                raise UserError(f"{where}: {exc}") from None
+                raise UserError(f"{where}: {exc}") from exc
             except HostUnreachable as exc:
                 if tried >= self.retries:
-                    raise UserError(f"{where} is unreachable: {exc}") from None
+                    raise UserError(f"{where} is unreachable: {exc}") from exc
                 self.sleep(POLL_S)
         if res.exit_code == NO_SUCH_RUN_EXIT:
             raise UserError(f"{where} has no run directory for attempt {self.place.name}")

@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             Path(args.out).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         except OSError as exc:
-            raise UserError(f"{args.out}: cannot save the plan: {exc.strerror}") from None
+            raise UserError(f"{args.out}: cannot save the plan: {exc.strerror}") from exc
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True))
     else:

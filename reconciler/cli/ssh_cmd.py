@@ -101,8 +101,8 @@ def _argv(boxes: BoxAccess, instance: Instance) -> list[str]:
         try:
             boxes.shell().run(endpoint, "true", timeout=PIN_TIMEOUT_S)
         except HostKeyMismatch as exc:
-            raise UserError(f"box {instance.id}: {exc}") from None
+            raise UserError(f"box {instance.id}: {exc}") from exc
         except HostUnreachable as exc:
-            raise UserError(f"box {instance.id} ({endpoint.host}:{endpoint.port}) is unreachable: {exc}") from None
+            raise UserError(f"box {instance.id} ({endpoint.host}:{endpoint.port}) is unreachable: {exc}") from exc
         print(f"rigsync: pinned box {instance.id}'s host key in {boxes.known_hosts} (first contact)", file=sys.stderr)
     return openssh_argv(endpoint, private_key=key, known_hosts=boxes.known_hosts)
