@@ -22,7 +22,7 @@ from reconciler.adapters.lease import LeaseState, LocalLock, lock_path
 from reconciler.cli._common import (
     add_allow_dirty_arg,
     add_data_dir_arg,
-    add_repo_arg,
+    add_live_args,
     api_url_of,
     dirty_banner,
     load_live_desired,
@@ -42,7 +42,7 @@ _SHIPS = (Bootstrap, ShipCode, Launch)  # what puts the tree's content on a box
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("apply", help="apply a fresh plan (after showing it) or a saved one")
-    add_repo_arg(p)
+    add_live_args(p)
     add_data_dir_arg(p)
     p.add_argument("--plan", default=None, help="a plan saved by `rigsync plan --out`; applied exactly or refused")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")

@@ -11,6 +11,7 @@ import argparse
 import http.server
 from pathlib import Path
 
+from reconciler.cli._common import add_checkout_arg
 from reconciler.errors import UserError
 from reconciler.views import dashboard
 
@@ -21,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="Build an HTML page of the fleet (boxes, runs by phase, spend against the caps, learning "
         "curves, cells by metric) from the checkout's committed files. Nothing is contacted.",
     )
-    p.add_argument("--repo", default=".", help="the fleet repository checkout (default: current directory)")
+    add_checkout_arg(p)
     p.add_argument("--out", default=None, metavar="FILE", help="write the page to FILE (one self-contained file)")
     p.add_argument("--port", type=int, default=None, metavar="P", help="serve the page on http://127.0.0.1:P/")
     p.set_defaults(handler=run)

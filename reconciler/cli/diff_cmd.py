@@ -23,6 +23,7 @@ from typing import Any
 import jsonschema
 
 from reconciler.actions import SweepEstimate
+from reconciler.cli._common import add_checkout_arg
 from reconciler.errors import DesiredStateInvalid, ObservedInvalid, RepoError, UserError
 from reconciler.jobenv import held_back
 from reconciler.model import Desired, RunPhase
@@ -51,7 +52,7 @@ def add_parser(subparsers: Any) -> None:
         description="Compare observed/ (as rigsync last committed it) with desired/ at the checkout's HEAD: "
         "runs per sweep by phase, boxes wanted vs held, and drift with the action the plan takes.",
     )
-    p.add_argument("--repo", default=".", help="the fleet repository checkout (default: current directory)")
+    add_checkout_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     p.add_argument(
         "--markdown", action="store_true",

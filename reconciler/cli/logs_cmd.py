@@ -31,7 +31,7 @@ from typing import BinaryIO, Protocol
 
 from reconciler.adapters.store import attempt_dir, data_dir_for
 from reconciler.cli._boxes import BoxAccess, read_fleet_facts
-from reconciler.cli._common import add_repo_arg, api_url_of
+from reconciler.cli._common import add_data_dir_arg, add_live_args, api_url_of
 from reconciler.errors import HostKeyMismatch, HostUnreachable, RemoteCommandFailed, UserError
 from reconciler.model import Endpoint
 from reconciler.observed.attempts import AttemptPlace
@@ -67,9 +67,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="write the log's bytes as they are (default: control characters shown as escapes)")
     p.add_argument("--json", action="store_true", help="print the log as it is now as one JSON object "
                    "(run_id, attempt, stream, source, exit_code, text)")
-    p.add_argument("--data-dir", default=None, metavar="DIR",
-                   help="the local result store (default: $RIGSYNC_DATA_DIR, else $XDG_DATA_HOME/rigsync)")
-    add_repo_arg(p)
+    add_data_dir_arg(p)
+    add_live_args(p)
     p.set_defaults(handler=run)
 
 

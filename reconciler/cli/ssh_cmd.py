@@ -24,7 +24,7 @@ import sys
 
 from reconciler.adapters.ssh import is_pinned, openssh_argv
 from reconciler.cli._boxes import BoxAccess, FleetFacts, read_fleet_facts
-from reconciler.cli._common import add_repo_arg, api_url_of
+from reconciler.cli._common import add_live_args, api_url_of
 from reconciler.errors import HostKeyMismatch, HostUnreachable, UserError
 from reconciler.model import Instance, RunPhase
 
@@ -43,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="an instance id (a number), or a run id or unique prefix (the box its live attempt is on)")
     p.add_argument("--print", action="store_true", dest="print_only",
                    help="print the ssh command (shell-quoted) instead of running it")
-    add_repo_arg(p)
+    add_live_args(p)
     p.set_defaults(handler=run)
 
 
