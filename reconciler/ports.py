@@ -1,8 +1,13 @@
 """The small Protocols the loop talks through; adapters implement them, tests fake them.
 
 Only these shapes cross the boundary between the pure core and the world. Each adapter wraps its library's
-exceptions in ``reconciler.errors`` so callers never see requests, paramiko or git exceptions (and where one
-slips through anyway, ``apply()`` turns it into that action's failed outcome).
+exceptions in ``reconciler.errors``, raised ``from`` the library's, so callers never see requests, paramiko or git
+exceptions (and where one slips through anyway, ``apply()`` turns it into that action's failed outcome).
+
+The files rigsync keeps are ports too: ``RunArchive`` (the history the planner reads, exactly-once appends),
+``LaunchJournal`` (launches written down before they happen) and ``Lease`` (the fence's view of the fleet's
+lease, over ``LeaseStore``). Their adapters, of the same names, live in ``reconciler.adapters``; only the
+composition root (``reconciler.fleet``) constructs them.
 
 ``observe()`` and ``apply()`` talk to the market through ``Provider`` and to the boxes through ``BoxControl``:
 what is done to a box, in the run protocol's own words (probe, launch, kill, bootstrap, ship code), not shell
