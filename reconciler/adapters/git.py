@@ -451,6 +451,7 @@ class GitRepo:
         """
         new_lease = self._lease_commit(lease[1], lease[2]) if lease is not None else None
         last = ""
+        rejected: GitCommandError | None = None
         for attempt in range(max_tries):
             cmd = ["git", "push", "--quiet", "--porcelain"]
             if lease is not None:
@@ -466,6 +467,7 @@ class GitRepo:
                 self._run("update-ref", self._remote_ref, "HEAD")
                 return new_lease
             except GitCommandError as exc:
+                rejected = exc
                 out = exc.stdout if isinstance(exc.stdout, str) else ""
                 last = f"{_stderr(exc)} {out}".strip()
                 if lease is not None:
@@ -483,7 +485,9 @@ class GitRepo:
             if attempt + 1 < max_tries:
                 time.sleep(min(2.0, 0.05 * (2**attempt)) * (0.5 + random.random()))
                 self.sync_to_remote()
-        raise PushRejected(f"push to {self.remote}/{self.branch} still rejected after {max_tries} tries: {last}")
+        raise PushRejected(
+            f"push to {self.remote}/{self.branch} still rejected after {max_tries} tries: {last}"
+        ) from rejected
 
     # ---------------------------------------------------------------------------------------------- the lease
 
