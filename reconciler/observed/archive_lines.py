@@ -248,6 +248,8 @@ _OVERHEAD_PREFIX = re.compile(rb'\{"kind":"overhead","instance_id":([0-9]+),')
 
 
 def key_of(line: bytes) -> tuple[str, int]:
+    """The ``(run_id, attempt)`` key of one line (``(OVERHEAD_KEY, instance_id)`` for an overhead line), read from
+    its prefix when rigsync wrote it; raises ValueError, KeyError or TypeError on a line that is no record."""
     if line.rstrip().endswith(b"}"):
         m = _KEY_PREFIX.match(line)
         if m is not None:
