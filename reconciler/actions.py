@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias
 
-from reconciler.model import Drift, DriftClass
+from reconciler.model import AttemptRecord, Drift, DriftClass, InFlight, OverheadRecord
 
 PLAN_FORMAT_VERSION = 2  # 2: every action and no-op carries a reason code
 
@@ -25,6 +25,8 @@ class Kind(enum.StrEnum):
     KILL = "kill"
     REQUEUE = "requeue"
     RECORD = "record"
+    SYNC_CHECKPOINT = "sync_checkpoint"
+    CLOSE_BILL = "close_bill"
     NOOP = "noop"
 
 
@@ -37,10 +39,14 @@ SIGNS: dict[Kind, str] = {
     Kind.KILL: "!",
     Kind.REQUEUE: "~",
     Kind.RECORD: "=",
+    Kind.SYNC_CHECKPOINT: "<",
+    Kind.CLOSE_BILL: "$",
     Kind.NOOP: " ",
 }
 
-# The order apply() runs them in: free money and record outcomes first, then prepare boxes, then launch.
+# The order apply() runs them in: free money and record outcomes first, then prepare boxes, then launch; then the
+# bookkeeping that reads what the rest left (checkpoints of the attempts still running, the bills of ended boxes once
+# their attempts are archived).
 APPLY_ORDER: dict[Kind, int] = {
     Kind.RECORD: 0,
     Kind.KILL: 1,
@@ -50,7 +56,9 @@ APPLY_ORDER: dict[Kind, int] = {
     Kind.BOOTSTRAP: 5,
     Kind.SHIP_CODE: 6,
     Kind.LAUNCH: 7,
-    Kind.NOOP: 8,
+    Kind.SYNC_CHECKPOINT: 8,
+    Kind.CLOSE_BILL: 9,
+    Kind.NOOP: 10,
 }
 
 
@@ -72,6 +80,9 @@ class ReasonCode(enum.StrEnum):
     HEARTBEAT_STALE = "heartbeat_stale"  # no heartbeat for longer than heartbeat_stale
     BOX_VANISHED = "box_vanished"  # the box it was launched on is no longer listed (or no longer ours)
     LAUNCH_NEVER_HAPPENED = "launch_never_happened"  # in flight, but its box answers without a run directory
+    # sync_checkpoint, close_bill: bookkeeping
+    CHECKPOINT_DUE = "checkpoint_due"  # a running attempt's checkpoint was last pulled longer ago than its `every`
+    BILL_FINAL = "bill_final"  # a box is gone, its bill is final and its attempts are archived: close its overhead
     # launch, ship code, bootstrap: work
     PENDING_RUN = "pending_run"  # a run waits and a GPU slot is free
     CODE_MISSING = "code_missing"  # the pinned commit is not on the box yet
@@ -253,6 +264,33 @@ class Record(Action):
 
 
 @dataclass(frozen=True)
+class SyncCheckpoint(Action):
+    """Pull a running attempt's checkpoint directory home (what a retry resumes from). Reads only."""
+
+    instance_id: int
+    run_id: str
+    attempt: int
+    path: str  # the sweep's checkpoint directory, relative to the run directory
+    kind: ClassVar[Kind] = Kind.SYNC_CHECKPOINT
+
+    @property
+    def target(self) -> str:
+        return f"run/{self.run_id}.{self.attempt}@{self.instance_id}"
+
+
+@dataclass(frozen=True)
+class CloseBill(Action):
+    """A box ended and its bill is final: archive its overhead line (its bill minus the costs of its attempts)."""
+
+    instance_id: int
+    kind: ClassVar[Kind] = Kind.CLOSE_BILL
+
+    @property
+    def target(self) -> str:
+        return f"instance/{self.instance_id}"
+
+
+@dataclass(frozen=True)
 class Noop(Action):
     """Something considered and left alone; kept so every decision has a visible reason."""
 
@@ -264,9 +302,24 @@ class Noop(Action):
         return self.subject
 
 
+# The closed set: ``apply`` matches over it, and mypy checks the match is exhaustive (``assert_never``).
+AnyAction: TypeAlias = (
+    Rent | Destroy | Bootstrap | ShipCode | Launch | Kill | Requeue | Record | SyncCheckpoint | CloseBill | Noop
+)
+
 ACTION_TYPES: dict[Kind, type[Action]] = {
-    cls.kind: cls for cls in (Rent, Destroy, Bootstrap, ShipCode, Launch, Kill, Requeue, Record, Noop)
+    cls.kind: cls
+    for cls in (Rent, Destroy, Bootstrap, ShipCode, Launch, Kill, Requeue, Record, SyncCheckpoint, CloseBill, Noop)
 }
+# Kinds that change nothing in the world (a read the controller makes): a plan of only these has no changes.
+READS_ONLY = frozenset({Kind.SYNC_CHECKPOINT})
+
+
+def closed(action: Action) -> AnyAction:
+    """``action`` as a member of the closed union (every Action subclass is one of ``ACTION_TYPES``)."""
+    if isinstance(action, AnyAction):
+        return action
+    raise TypeError(f"not an action of the closed set: {type(action).__name__}")
 
 
 def action_from_json(d: dict[str, Any]) -> Action:
@@ -321,11 +374,16 @@ class Plan:
 
     @property
     def changes(self) -> bool:
-        return bool(self.actions)
+        """Something in the world or the archive changes (a checkpoint sync only reads)."""
+        return any(a.kind not in READS_ONLY for a in self.actions)
 
-    def counts(self) -> dict[str, int]:
+    def counts(self, *, changes_only: bool = False) -> dict[str, int]:
+        """Actions by kind; ``changes_only`` leaves out the reads (a checkpoint sync), so that what is committed
+        about a plan does not change with them every ``checkpoint.every``."""
         out: dict[str, int] = {}
         for a in self.actions:
+            if changes_only and a.kind in READS_ONLY:
+                continue
             out[a.kind.value] = out.get(a.kind.value, 0) + 1
         return out
 
@@ -366,3 +424,45 @@ class Plan:
             ),
             estimates=tuple(SweepEstimate.from_json(e) for e in d.get("estimates", [])),
         )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one action in apply."""
+
+    action: Action
+    ok: bool
+    detail: str = ""
+    skipped: bool = False  # not attempted (shutting down, or the lease was lost); the next cycle plans it again
+
+
+@dataclass
+class ApplyResult:
+    """What one apply did: each action's outcome and what it made (kept here, beside the actions, so the pure
+    ``remember`` reads it without importing apply)."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    archived: list[AttemptRecord] = field(default_factory=list)
+    overheads: list[OverheadRecord] = field(default_factory=list)  # boxes that ended, closed in the archive
+    launched: list[InFlight] = field(default_factory=list)
+    # launches whose command failed after it was written down: it may still have reached the box (a timeout,
+    # a dropped connection), so the attempt stays in flight and its number stays used; the next cycle sees its
+    # run directory or fences it off as "launch never happened" (kill.sh's tombstone)
+    in_doubt: list[InFlight] = field(default_factory=list)
+    # runs not to launch in this apply: an attempt of theirs could not be made safe here (its kill or requeue
+    # failed), so it may still run
+    unsafe_runs: dict[str, str] = field(default_factory=dict)
+    settled: set[tuple[str, int]] = field(default_factory=set)  # attempts recorded/requeued/killed this cycle
+    curves: dict[str, str] = field(default_factory=dict)  # observed/curves/... files of the attempts settled
+    rented: list[int] = field(default_factory=list)
+    rented_as: dict[int, Rent] = field(default_factory=dict)  # each new instance id with the rent that made it
+    destroyed: list[int] = field(default_factory=list)
+    checkpoint_pulls: dict[tuple[str, int], float] = field(default_factory=dict)  # (run id, attempt) -> when pulled
+    lease_lost: str | None = None  # why the fence stopped this apply (the rest was skipped); None: it did not
+
+    @property
+    def failures(self) -> list[Outcome]:
+        return [o for o in self.outcomes if not o.ok and not o.skipped]
+
+    def failure_lines(self) -> tuple[str, ...]:
+        return tuple(f"{o.action.kind.value} {o.action.target}: {o.detail}" for o in self.failures)

@@ -20,20 +20,26 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, assert_never
 
 from reconciler.actions import (
     APPLY_ORDER,
     Action,
+    ApplyResult,
     Bootstrap,
+    CloseBill,
     Destroy,
     Kill,
     Launch,
+    Noop,
+    Outcome,
     Plan,
     Record,
     Rent,
     Requeue,
     ShipCode,
+    SyncCheckpoint,
+    closed,
 )
 from reconciler.curves import curve_path, points_from_metrics, render_curve
 from reconciler.errors import (
@@ -52,14 +58,16 @@ from reconciler.model import (
     Desired,
     InFlight,
     Instance,
-    InstanceStatus,
     Observed,
     OverheadRecord,
     RunDirState,
     RunSpec,
 )
 from reconciler.ports import BoxControl, Fence, Harvested, LaunchJob, Provider, ResultStore, no_fence
+from reconciler.remember import attempt_cost, capped_to_bill, overhead_record
 from reconciler.remote import watchdog_onstart
+
+__all__ = ["ApplyContext", "ApplyResult", "Outcome", "apply", "harvest_note"]  # the outcomes' types live in actions
 
 log = logging.getLogger("rigsync.apply")
 
@@ -73,42 +81,6 @@ R = TypeVar("R", AttemptRecord, OverheadRecord)
 
 class Archive(Protocol):
     def append(self, records: list[R]) -> list[R]: ...
-
-
-@dataclass(frozen=True)
-class Outcome:
-    action: Action
-    ok: bool
-    detail: str = ""
-    skipped: bool = False  # not attempted (shutting down, or the lease was lost); the next cycle plans it again
-
-
-@dataclass
-class ApplyResult:
-    outcomes: list[Outcome] = field(default_factory=list)
-    archived: list[AttemptRecord] = field(default_factory=list)
-    overheads: list[OverheadRecord] = field(default_factory=list)  # boxes that ended, closed in the archive
-    launched: list[InFlight] = field(default_factory=list)
-    # launches whose command failed after it was written down: it may still have reached the box (a timeout,
-    # a dropped connection), so the attempt stays in flight and its number stays used; the next cycle sees its
-    # run directory or fences it off as "launch never happened" (kill.sh's tombstone)
-    in_doubt: list[InFlight] = field(default_factory=list)
-    # runs not to launch in this apply: an attempt of theirs could not be made safe here (its kill or requeue
-    # failed), so it may still run
-    unsafe_runs: dict[str, str] = field(default_factory=dict)
-    settled: set[tuple[str, int]] = field(default_factory=set)  # attempts recorded/requeued/killed this cycle
-    curves: dict[str, str] = field(default_factory=dict)  # observed/curves/... files of the attempts settled
-    rented: list[int] = field(default_factory=list)
-    rented_as: dict[int, Rent] = field(default_factory=dict)  # each new instance id with the rent that made it
-    destroyed: list[int] = field(default_factory=list)
-    lease_lost: str | None = None  # why the fence stopped this apply (the rest was skipped); None: it did not
-
-    @property
-    def failures(self) -> list[Outcome]:
-        return [o for o in self.outcomes if not o.ok and not o.skipped]
-
-    def failure_lines(self) -> tuple[str, ...]:
-        return tuple(f"{o.action.kind.value} {o.action.target}: {o.detail}" for o in self.failures)
 
 
 @dataclass
@@ -128,8 +100,6 @@ class ApplyContext:
     controller_env: ControllerEnv = field(default_factory=ControllerEnv)
     store: ResultStore | None = None  # where harvests go; None: nothing is harvested (and records say nothing)
     harvest_cap_bytes: int = HARVEST_CAP_BYTES
-    # (run id, attempt) -> when its checkpoint was last pulled (complete or not); kept by the caller across cycles
-    checkpoint_pulls: dict[tuple[str, int], float] = field(default_factory=dict)
 
 
 def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
@@ -163,6 +133,11 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
             why = result.unsafe_runs[action.run_id]
             result.outcomes.append(Outcome(action, False, f"not run: {why}", skipped=True))
             continue
+        if isinstance(action, CloseBill) and (open_attempt := _unsettled_on(ctx, result, action.instance_id)):
+            # an attempt of it was not archived in this apply (its requeue failed): its cost is not in the
+            # archive yet, so the bill stays open until the next cycle settles it
+            result.outcomes.append(Outcome(action, False, f"not run: {open_attempt} is not archived", skipped=True))
+            continue
         ctx.on_action(action)
         try:
             detail = _execute(action, ctx, instances, result)
@@ -175,16 +150,6 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
             log.exception("%s %s failed with an unexpected %s", action.kind.value, action.target, type(exc).__name__)
             result.outcomes.append(Outcome(action, False, _error_text(exc)))
             _mark_unsafe(action, result, _error_text(exc))
-    if result.lease_lost is not None:
-        return result
-    _sync_checkpoints(ctx, instances, result)
-    try:
-        _archive_overheads(ctx, result)
-    except LeaseLost as exc:
-        log.error("lease lost before archiving the overheads of ended boxes: %s", exc)
-        result.lease_lost = str(exc)
-    except Exception as exc:  # the next cycle tries again (keyed once per box); the plan's outcomes stand
-        log.warning("cannot archive the overhead of ended boxes: %s", _error_text(exc))
     return result
 
 
@@ -196,43 +161,22 @@ def _mark_unsafe(action: Action, result: ApplyResult, error: str) -> None:
         result.unsafe_runs[action.run_id] = f"{action.kind.value} of attempt {action.attempt} failed ({error[:120]})"
 
 
-def _archive_overheads(ctx: ApplyContext, result: ApplyResult) -> None:
-    """One overhead line per box that ended: its bill minus the costs of the attempts archived on it.
+def _unsettled_on(ctx: ApplyContext, result: ApplyResult, instance_id: int) -> str | None:
+    """An attempt on the box still in flight after what this apply settled and launched (None: none)."""
+    for f in (*ctx.observed.memory.in_flight, *result.launched):
+        if f.instance_id == instance_id and (f.run_id, f.attempt) not in result.settled:
+            return f"run/{f.run_id}.{f.attempt}"
+    return None
 
-    A box is closed once it is gone from the provider's list, its bill is final (``BoxSpend.bill_final``) and no
-    attempt on it is still in flight after this apply (a vanished box's attempts are requeued first, so their
-    costs are in the archive before the remainder is taken).
-    """
-    fenced = False
-    unsettled = {f.instance_id for f in ctx.observed.in_flight if (f.run_id, f.attempt) not in result.settled}
-    unsettled.update(f.instance_id for f in result.launched)
-    for box in ctx.observed.spend.boxes:
-        if box.instance_id in unsettled or not box.bill_final(box.at):
-            continue
-        ran = [r for r in (*ctx.observed.history, *result.archived) if r.instance_id == box.instance_id]
-        attempts_usd = round(sum(r.cost_usd for r in ran), 6)
-        billed = round(box.usd, 6)
-        note = " (estimated: the provider did not say its final bill)" if box.estimated else ""
-        rec = OverheadRecord(
-            instance_id=box.instance_id,
-            billed_usd=billed,
-            attempts_usd=attempts_usd,
-            attempts=len(ran),
-            cost_usd=round(billed - attempts_usd, 6),
-            machine_id=box.machine_id,
-            gpu_name=box.gpu_name,
-            num_gpus=box.num_gpus,
-            dph=box.dph,
-            started_at=box.started_at,
-            ended_at=box.gone_at,
-            estimated=box.estimated,
-            reason=f"box ended: billed ${billed:.6f}, {len(ran)} attempt(s) ${attempts_usd:.6f}, the rest was boot, "
-            f"bootstrap and idle time{note}",
-        )
-        if not fenced:  # it writes the archive: fenced like an action (only when there is something to write)
-            ctx.fence()
-            fenced = True
-        result.overheads.extend(ctx.archive.append([rec]))
+
+def _close_bill(ctx: ApplyContext, result: ApplyResult, action: CloseBill) -> str:
+    """Archive the box's overhead line (``remember.overhead_record``: its bill minus its archived attempts')."""
+    box = ctx.observed.memory.spend.box(action.instance_id)
+    if box is None:
+        raise RemoteCommandFailed(f"instance {action.instance_id} has no bill in the spend this plan was made from")
+    rec = overhead_record(box, (*ctx.observed.history, *result.archived))
+    result.overheads.extend(ctx.archive.append([rec]))
+    return f"overhead ${rec.cost_usd:.6f} archived"
 
 
 def _error_text(exc: Exception) -> str:
@@ -252,72 +196,85 @@ def _box(instances: dict[int, Instance], instance_id: int) -> Instance:
     return inst
 
 
-def _execute(action: Action, ctx: ApplyContext, instances: dict[int, Instance], result: ApplyResult) -> str:
-    if isinstance(action, Rent):
-        # The box's own kill switch, with the fleet's limits as they are now (reconciler/remote/watchdog.py).
-        f = ctx.desired.fleet
-        onstart = watchdog_onstart(ttl_s=f.ttl_s, idle_timeout_s=f.idle_timeout_s, orphan_timeout_s=f.orphan_timeout_s)
-        new_id = ctx.provider.create_instance(
-            action.offer_id, image=action.image, disk_gb=action.disk_gb, label=action.label, onstart=onstart, env={},
-            bid_dph=action.bid_dph,
-        )
-        result.rented.append(new_id)
-        result.rented_as[new_id] = action
-        failpoint("apply.rent.after")
-        return f"instance {new_id}"
-    if isinstance(action, Destroy):
-        ctx.provider.destroy_instance(action.instance_id)
-        result.destroyed.append(action.instance_id)
-        _forget(ctx, instances.get(action.instance_id))
-        return "destroyed"
-    if isinstance(action, Bootstrap):
-        box = _box(instances, action.instance_id)
-        pools = ctx.desired.fleet.all_pools()  # the pool whose script has this hash (pools may differ)
-        script = next((p.bootstrap_script for p in pools if p.bootstrap_hash == action.script_hash), "")
-        out = ctx.boxes.bootstrap(box, script or ctx.desired.fleet.bootstrap_script, action.script_hash)
-        return f"bootstrap {out}" if out else "bootstrap started"
-    if isinstance(action, ShipCode):
-        box = _box(instances, action.instance_id)
-        tar = ctx.code_tar(action.commit, ctx.desired.code_paths())
-        ctx.boxes.ship_code(box, action.commit, tar)
-        return f"{len(tar)} bytes shipped"
-    if isinstance(action, Launch):
-        return _launch(action, ctx, instances, result)
-    if isinstance(action, Kill):
-        state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
-        box = _box(instances, action.instance_id)
-        ctx.boxes.kill(box, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason)
-        rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
-                              AttemptOutcome.FAILED, KILL_EXIT_CODE, action.reason)
-        rec = _harvest(ctx, result, box, rec, required=True)
-        _archive(ctx, result, rec)
-        return "killed"
-    if isinstance(action, Requeue):
-        state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
-        probe = ctx.observed.probe(action.instance_id)
-        listed = instances.get(action.instance_id)
-        rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
-                              AttemptOutcome.LOST, None, action.reason)
-        if probe is not None and probe.reachable and listed is not None:
-            # The attempt may still run half-alive, or its launch may still be on its way (kill.sh then leaves a
-            # tombstone): it must not come back beside the next attempt. A box that stops answering now fails the
-            # requeue, so nothing is archived and the run is not launched again in this apply (``_mark_unsafe``).
-            ctx.boxes.kill(listed, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason)
-            rec = _harvest(ctx, result, listed, rec, required=False)  # what it wrote before it was lost
-        elif ctx.store is not None:
-            why = "host key changed, not contacted" if probe is not None and probe.host_key_changed else (
-                "box vanished" if listed is None else "box unreachable")
-            rec = replace(rec, harvest=f"lost: {why}")
-        _archive(ctx, result, rec)
-        return "requeued"
-    if isinstance(action, Record):
-        state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
-        rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
-                              AttemptOutcome(action.phase), action.exit_code, action.reason)
-        rec = _harvest(ctx, result, _box(instances, action.instance_id), rec, required=True)
-        _archive(ctx, result, rec)
-        return "archived"
-    return "nothing to do"
+def _execute(planned: Action, ctx: ApplyContext, instances: dict[int, Instance], result: ApplyResult) -> str:
+    action = closed(planned)
+    match action:
+        case Rent():
+            # The box's own kill switch, with the fleet's limits as they are now (reconciler/remote/watchdog.py).
+            f = ctx.desired.fleet
+            onstart = watchdog_onstart(
+                ttl_s=f.ttl_s, idle_timeout_s=f.idle_timeout_s, orphan_timeout_s=f.orphan_timeout_s
+            )
+            new_id = ctx.provider.create_instance(
+                action.offer_id, image=action.image, disk_gb=action.disk_gb, label=action.label, onstart=onstart,
+                env={}, bid_dph=action.bid_dph,
+            )
+            result.rented.append(new_id)
+            result.rented_as[new_id] = action
+            failpoint("apply.rent.after")
+            return f"instance {new_id}"
+        case Destroy():
+            ctx.provider.destroy_instance(action.instance_id)
+            result.destroyed.append(action.instance_id)
+            _forget(ctx, instances.get(action.instance_id))
+            return "destroyed"
+        case Bootstrap():
+            box = _box(instances, action.instance_id)
+            pools = ctx.desired.fleet.all_pools()  # the pool whose script has this hash (pools may differ)
+            script = next((p.bootstrap_script for p in pools if p.bootstrap_hash == action.script_hash), "")
+            out = ctx.boxes.bootstrap(box, script or ctx.desired.fleet.bootstrap_script, action.script_hash)
+            return f"bootstrap {out}" if out else "bootstrap started"
+        case ShipCode():
+            box = _box(instances, action.instance_id)
+            tar = ctx.code_tar(action.commit, ctx.desired.code_paths())
+            ctx.boxes.ship_code(box, action.commit, tar)
+            return f"{len(tar)} bytes shipped"
+        case Launch():
+            return _launch(action, ctx, instances, result)
+        case Kill():
+            state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
+            box = _box(instances, action.instance_id)
+            ctx.boxes.kill(box, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason)
+            rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
+                                  AttemptOutcome.FAILED, KILL_EXIT_CODE, action.reason)
+            rec = _harvest(ctx, result, box, rec, required=True)
+            _archive(ctx, result, rec)
+            return "killed"
+        case Requeue():
+            state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
+            probe = ctx.observed.probe(action.instance_id)
+            listed = instances.get(action.instance_id)
+            rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
+                                  AttemptOutcome.LOST, None, action.reason)
+            if probe is not None and probe.reachable and listed is not None:
+                # The attempt may still run half-alive, or its launch may still be on its way (kill.sh then leaves a
+                # tombstone): it must not come back beside the next attempt. A box that stops answering now fails the
+                # requeue, so nothing is archived and the run is not launched again in this apply (``_mark_unsafe``).
+                ctx.boxes.kill(listed, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason)
+                rec = _harvest(ctx, result, listed, rec, required=False)  # what it wrote before it was lost
+            elif ctx.store is not None:
+                why = "host key changed, not contacted" if probe is not None and probe.host_key_changed else (
+                    "box vanished" if listed is None else "box unreachable")
+                rec = replace(rec, harvest=f"lost: {why}")
+            _archive(ctx, result, rec)
+            return "requeued"
+        case Record():
+            state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
+            rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
+                                  AttemptOutcome(action.phase), action.exit_code, action.reason)
+            rec = _harvest(ctx, result, _box(instances, action.instance_id), rec, required=True)
+            _archive(ctx, result, rec)
+            return "archived"
+        case SyncCheckpoint():
+            box = _box(instances, action.instance_id)
+            _pull_checkpoint(ctx, result, box, action.run_id, action.attempt, action.path)
+            return "checkpoint pulled"
+        case CloseBill():
+            return _close_bill(ctx, result, action)
+        case Noop():
+            return "nothing to do"
+        case _:
+            assert_never(action)
 
 
 def _harvest(
@@ -338,7 +295,7 @@ def _harvest(
     patterns = [spec.metrics_file] if spec and not spec.metrics_file.startswith("/") else []
     patterns.extend(sweep.artifacts if sweep else ())
     if sweep is not None and sweep.checkpoint is not None and rec.phase is not AttemptOutcome.SUCCEEDED:
-        _pull_checkpoint(ctx, box, rec.run_id, rec.attempt, sweep.checkpoint.path)  # what a retry resumes from
+        _pull_checkpoint(ctx, result, box, rec.run_id, rec.attempt, sweep.checkpoint.path)  # what a retry resumes
     try:
         tar = ctx.boxes.harvest(
             box, rec.run_id, rec.attempt, what="run", patterns=patterns, cap_bytes=ctx.harvest_cap_bytes
@@ -379,11 +336,13 @@ def _secrets_hidden(ctx: ApplyContext, spec: RunSpec | None, text: str) -> str:
         return text
 
 
-def _pull_checkpoint(ctx: ApplyContext, box: Instance, run_id: str, attempt: int, path: str) -> None:
+def _pull_checkpoint(
+    ctx: ApplyContext, result: ApplyResult, box: Instance, run_id: str, attempt: int, path: str
+) -> None:
     """Sync the attempt's checkpoint directory home (the store keeps it only when complete). Best effort."""
     if ctx.store is None:
         return
-    ctx.checkpoint_pulls[(run_id, attempt)] = ctx.now()
+    result.checkpoint_pulls[(run_id, attempt)] = ctx.now()
     try:
         tar = ctx.boxes.harvest(box, run_id, attempt, what="checkpoint", patterns=[path],
                                 cap_bytes=ctx.harvest_cap_bytes)
@@ -394,33 +353,6 @@ def _pull_checkpoint(ctx: ApplyContext, box: Instance, run_id: str, attempt: int
     if got.skipped:
         log.warning("checkpoint %s.%s: incomplete (%s), the last complete sync is kept", run_id, attempt,
                     harvest_note(got))
-
-
-def _sync_checkpoints(ctx: ApplyContext, instances: dict[int, Instance], result: ApplyResult) -> None:
-    """Running attempts of sweeps with a ``checkpoint``: pull it home when the last pull is older than ``every``.
-
-    Reads only (nothing on the box or the market changes), after the plan's actions, on boxes that answered this
-    cycle's probe and are not destroyed by it.
-    """
-    if ctx.store is None:
-        return
-    for probe in ctx.observed.probes:
-        box = instances.get(probe.instance_id)
-        if not probe.reachable or box is None or probe.instance_id in result.destroyed:
-            continue
-        for r in probe.runs:
-            if r.exit_code is not None or not r.pid_alive or (r.run_id, r.attempt) in result.settled:
-                continue
-            spec = ctx.desired.run(r.run_id)
-            sweep = ctx.desired.sweep(spec.sweep) if spec else None
-            if sweep is None or sweep.checkpoint is None or ctx.should_stop():
-                continue
-            last = ctx.checkpoint_pulls.get((r.run_id, r.attempt))
-            if last is None:
-                synced = ctx.store.checkpoint_synced(r.run_id)
-                last = synced[1] if synced is not None and synced[0] == r.attempt else None
-            if last is None or ctx.now() - last >= sweep.checkpoint.every_s:
-                _pull_checkpoint(ctx, box, r.run_id, r.attempt, sweep.checkpoint.path)
 
 
 def _stage_checkpoint(ctx: ApplyContext, box: Instance, action: Launch, sweep_name: str) -> int | None:
@@ -553,19 +485,15 @@ def _attempt_record(
 ) -> AttemptRecord:
     spec = ctx.desired.run(run_id)
     inst = instances.get(instance_id)
-    billed = ctx.observed.spend.box(instance_id)  # what the box is known by once the provider no longer lists it
+    billed = ctx.observed.memory.spend.box(instance_id)  # what the box is known by once the provider no longer lists it
     launched = next(
-        (f for f in ctx.observed.in_flight if f.run_id == run_id and f.attempt == attempt), None
+        (f for f in ctx.observed.memory.in_flight if f.run_id == run_id and f.attempt == attempt), None
     )
     started = state.started_at if state and state.started_at else (launched.launched_at if launched else None)
     ended = state.ended_at if state and state.ended_at else ctx.now()
-    # Its share of the box's billed rate over its run time: the GPUs it held out of the box's (the rest of the
-    # box's bill goes to the box's overhead line when the box ends).
     dph = inst.dph_total if inst else (billed.dph if billed else 0.0)
     num_gpus = inst.num_gpus if inst else (billed.num_gpus if billed else 0)
     mask = state.gpu_mask if state and state.gpu_mask else (launched.gpu_mask if launched else ())
-    share = min(1.0, len(mask) / num_gpus) if num_gpus and mask else 1.0
-    cost = dph * share * max(0.0, ended - started) / 3600.0 if started else 0.0
     return AttemptRecord(
         run_id=run_id,
         attempt=attempt,
@@ -583,7 +511,7 @@ def _attempt_record(
         dph=dph,
         started_at=started,
         ended_at=ended,
-        cost_usd=round(cost, 6),
+        cost_usd=attempt_cost(dph, num_gpus, mask, started, ended),
         best_metric=state.best_metric if state else None,
         final_metric=state.final_metric if state else None,
         reason=reason,
@@ -592,51 +520,10 @@ def _attempt_record(
 
 
 def _archive(ctx: ApplyContext, result: ApplyResult, rec: AttemptRecord) -> None:
-    rec = _capped_to_bill(ctx, result, rec)
+    listed = next((i for i in ctx.observed.instances if i.id == rec.instance_id), None)
+    box = ctx.observed.memory.spend.box(rec.instance_id)
+    rec = capped_to_bill(rec, box, listed, (*ctx.observed.history, *result.archived), ctx.now())
     result.archived.extend(ctx.archive.append([rec]))
     result.settled.add(rec.key)
 
 
-_BILLING_FULL = (InstanceStatus.CREATED, InstanceStatus.LOADING, InstanceStatus.RUNNING)
-
-
-def _capped_to_bill(ctx: ApplyContext, result: ApplyResult, rec: AttemptRecord) -> AttemptRecord:
-    """An attempt never costs more than its box was billed, less what the box's earlier attempts cost.
-
-    A lost attempt's end is known only when it is noticed, by which time a vanished box may have billed storage
-    only for a while: without the cap, its run would be charged money the box never billed (and the box's
-    overhead line would go negative).
-    """
-    box = ctx.observed.spend.box(rec.instance_id)
-    if box is None:
-        return rec
-    bill = box.usd
-    listed = next((i for i in ctx.observed.instances if i.id == rec.instance_id), None)
-    if listed is not None and listed.status in _BILLING_FULL:  # still billing its price since the bill was read
-        bill += listed.dph_total * max(0.0, ctx.now() - box.at) / 3600.0
-    prior = sum(r.cost_usd for r in (*ctx.observed.history, *result.archived) if r.instance_id == rec.instance_id)
-    cap = round(max(0.0, bill - prior), 6)
-    return replace(rec, cost_usd=cap) if rec.cost_usd > cap else rec
-    result.settled.add(rec.key)
-
-
-def next_in_flight(previous: tuple[InFlight, ...], observed: Observed, result: ApplyResult) -> tuple[InFlight, ...]:
-    """In flight after this cycle: what was, plus what runs on boxes, plus launches, minus what settled."""
-    by_key: dict[tuple[str, int], InFlight] = {(f.run_id, f.attempt): f for f in previous}
-    for probe in observed.probes:
-        for r in probe.runs:
-            if r.exit_code is None and (r.run_id, r.attempt) not in by_key:
-                by_key[(r.run_id, r.attempt)] = InFlight(
-                    run_id=r.run_id,
-                    attempt=r.attempt,
-                    instance_id=probe.instance_id,
-                    gpu_mask=r.gpu_mask,
-                    launched_at=r.started_at or 0.0,
-                )
-    for f in (*result.in_doubt, *result.launched):
-        by_key[(f.run_id, f.attempt)] = f
-    archived_keys = {rec.key for rec in observed.history}
-    for key in list(by_key):
-        if key in result.settled or key in archived_keys:
-            del by_key[key]
-    return tuple(sorted(by_key.values(), key=lambda f: (f.run_id, f.attempt)))

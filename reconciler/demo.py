@@ -30,7 +30,7 @@ from reconciler.errors import UserError
 from reconciler.fleet import open_archive
 from reconciler.model import AttemptOutcome, Desired, InstanceStatus, Observed, owns, split_owned
 from reconciler.progress import LineProgress, Progress, booting, describe
-from reconciler.runphase import count_phases, run_phases
+from reconciler.runphase import count_phases, is_unfinished, run_phases
 from reconciler.views import dashboard
 from reconciler.views.dashboard import open_hint
 
@@ -367,7 +367,7 @@ def _drive(
             if a.rented or a.destroyed or a.launched or a.archived or a.overheads:
                 summary.acting_cycles += 1
         busy = sorted(
-            p.instance_id for p in res.observed.probes if p.reachable and any(r.exit_code is None for r in p.runs)
+            p.instance_id for p in res.observed.probes if p.reachable and any(is_unfinished(r) for r in p.runs)
         )
         if chaos is not None:
             chaos.step(busy, _resumable(daemon, res.desired, res.observed))
@@ -406,7 +406,7 @@ def _resumable(daemon: FleetDaemon, desired: Desired, observed: Observed) -> lis
     out = []
     for p in observed.probes:
         for r in p.runs:
-            synced = rec.store.checkpoint_synced(r.run_id) if p.reachable and r.exit_code is None else None
+            synced = rec.store.checkpoint_synced(r.run_id) if p.reachable and is_unfinished(r) else None
             if synced is not None and synced[0] == r.attempt:
                 out.append(p.instance_id)
                 break

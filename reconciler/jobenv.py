@@ -15,7 +15,7 @@ Where each form goes:
 - Values are resolved at launch only (``ControllerEnv.resolve`` in ``apply``) into a ``JobEnv``, whose ``repr``
   names the variables and never shows a value, and which ``redact``s its values out of any text that might
   carry one back (an error message). The box receives them on the SSH channel's stdin (``JobEnv.stdin``), never
-  on a command line (``reconciler/remote/launch.sh``, ``wrapper.sh``).
+  on a command line (``reconciler/box/launch.sh``, ``wrapper.sh``).
 
 Pure: no I/O and no ``os.environ`` here; the caller hands ``ControllerEnv`` the mapping to read.
 """
@@ -35,7 +35,7 @@ _REFERENCE_LIKE_RE = re.compile(r"\$\{|^\$[A-Za-z_][A-Za-z0-9_]*$")
 EnvSpec = tuple[tuple[str, str], ...]
 """A job environment as written: (name, literal text or ``${NAME}``), in file order."""
 
-# Names rigsync's wrapper sets for every run (``reconciler/remote/wrapper.sh``): a sweep may not override them.
+# Names rigsync's wrapper sets for every run (``reconciler/box/wrapper.sh``): a sweep may not override them.
 RIGSYNC_PREFIX = "RIGSYNC_"
 SET_BY_RIGSYNC = frozenset({"CUDA_VISIBLE_DEVICES"})
 # Names that change how the shell running the command starts or how programs are found and loaded: set as a

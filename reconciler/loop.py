@@ -14,22 +14,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from reconciler.actions import Action, Plan
-from reconciler.apply import ApplyContext, ApplyResult, apply, next_in_flight
+from reconciler.actions import Action, ApplyResult, Plan
+from reconciler.apply import ApplyContext, apply
 from reconciler.jobenv import ControllerEnv, references
-from reconciler.ledger import note_cycle
 from reconciler.model import (
     AttemptRecord,
     Desired,
     Endpoint,
     FleetMemory,
-    Instance,
-    InstanceStatus,
     Observed,
 )
 from reconciler.observe import PROBE_TIMEOUT_S, observe
 from reconciler.plan import plan
 from reconciler.ports import BoxControl, Fence, LaunchJournal, Provider, ResultStore, RunArchive, Shell, no_fence
+from reconciler.remember import remember, world_after_apply
+from reconciler.runphase import is_live
 
 log = logging.getLogger("rigsync.loop")
 
@@ -76,7 +75,6 @@ class Reconciler:
     controller_env: ControllerEnv = field(default_factory=lambda: ControllerEnv(os.environ))
     store: ResultStore | None = None  # the local result store harvests go to (None: nothing is harvested)
     pending_curves: dict[str, str] = field(default_factory=dict)  # observed/curves/ files for the next write
-    checkpoint_pulls: dict[tuple[str, int], float] = field(default_factory=dict)  # apply's, across cycles
     _walls_s: list[float] = field(default_factory=list)  # how long the last cycles took (at most RECENT_CYCLES)
     _history: list[AttemptRecord] | None = None
     _endpoints: dict[int, tuple[Endpoint, ...]] = field(default_factory=dict)
@@ -99,7 +97,7 @@ class Reconciler:
     def observe_and_plan(self, desired: Desired) -> tuple[Observed, Plan, FleetMemory]:
         self._applied = None  # a new cycle: what the last apply did is in the world's lists now
         now = self.clock.now()
-        observed, memory = observe(desired, self.provider, self.boxes, self.history, self.memory, now)
+        observed, _ = observe(desired, self.provider, self.boxes, self.history, self.memory, now)
         # the budget's horizon: until this controller decides again (its interval after a cycle as long as the
         # slowest it can be), plus the time a destroy takes to stop the billing
         envs = {sweep.env for sweep in desired.sweeps} | {run.env for run in desired.runs}
@@ -108,9 +106,32 @@ class Reconciler:
             observed,
             cycle_s=self.cycle_s + self.slowest_cycle_s() + self.destroy_latency_s,
             controller_env=self.controller_env.available(wanted),
+            harvesting=self.store is not None,
+            memory=self._with_store_syncs(desired, observed),
         )
         self._forget_gone(observed)
-        return observed, plan(desired, observed, now), memory
+        return observed, plan(desired, observed, now), observed.memory
+
+    def _with_store_syncs(self, desired: Desired, observed: Observed) -> FleetMemory:
+        """The memory with, for each running attempt whose checkpoint this process has not pulled yet (it started
+        since), the time of the store's last sync of it: after a restart the store says what was pulled before."""
+        memory = observed.memory
+        if self.store is None:
+            return memory
+        known = {(r, a) for r, a, _ in memory.checkpoint_pulls}
+        found: list[tuple[str, int, float]] = []
+        for probe in observed.probes:
+            for r in probe.runs:
+                spec = desired.run(r.run_id)
+                sweep = desired.sweep(spec.sweep) if spec is not None else None
+                if (r.run_id, r.attempt) in known or not is_live(r) or sweep is None or sweep.checkpoint is None:
+                    continue
+                synced = self.store.checkpoint_synced(r.run_id)
+                if synced is not None and synced[0] == r.attempt:
+                    found.append((r.run_id, r.attempt, synced[1]))
+        if not found:
+            return memory
+        return replace(memory, checkpoint_pulls=tuple(sorted((*memory.checkpoint_pulls, *found))))
 
     def slowest_cycle_s(self) -> float:
         """How long the next cycle may take before it can act: the slowest of the recent ones, and never less than
@@ -145,39 +166,8 @@ class Reconciler:
         return curves
 
     def observed_after_apply(self, observed: Observed) -> Observed:
-        """The snapshot as the next cycle will start from it: with this cycle's memory, in-flight and archive, and
-        its boxes as this cycle's apply left them (rented ones listed, destroyed ones gone), so that a rent or a
-        destroy is recorded in the cycle that made it, not when the provider's list shows it a cycle later."""
-        instances = observed.instances
-        applied = self._applied
-        if applied is not None:
-            gone = set(applied.destroyed)
-            instances = tuple(i for i in instances if i.id not in gone)
-            listed = {i.id for i in instances}
-            instances += tuple(
-                Instance(
-                    id=new_id,
-                    label=rent.label,
-                    status=InstanceStatus.CREATED,
-                    gpu_name=rent.gpu_name,
-                    num_gpus=rent.num_gpus,
-                    gpu_ram_mib=0,
-                    dph_total=rent.dph,
-                    start_date=self.clock.now(),
-                    image=rent.image,
-                )
-                for new_id, rent in sorted(applied.rented_as.items())
-                if new_id not in listed
-            )
-        return replace(
-            observed,
-            instances=instances,
-            in_flight=self.memory.in_flight,
-            history=self.history,
-            memory=self.memory.boxes,
-            spend=self.memory.spend,
-            hosts=self.memory.hosts,
-        )
+        """The snapshot as the next cycle will start from it (``remember.world_after_apply``)."""
+        return world_after_apply(observed, self.memory, self._applied, self.history, self.clock.now())
 
     def apply(self, desired: Desired, observed: Observed, the_plan: Plan, memory: FleetMemory) -> ApplyResult:
         ctx = ApplyContext(
@@ -194,21 +184,13 @@ class Reconciler:
             note_launch=self.journal.note if self.journal is not None else (lambda flight: None),
             controller_env=self.controller_env,
             store=self.store,
-            checkpoint_pulls=self.checkpoint_pulls,
         )
         result = apply(the_plan, ctx)
         self._applied = result
         self.pending_curves.update(result.curves)
         if self._history is not None:
             self._history.extend(result.archived)
-        in_flight = next_in_flight(memory.in_flight, observed, result)
-        spend = memory.spend
-        closed = {o.instance_id for o in result.overheads}
-        if closed:  # their bills are in the archive's overhead lines now: forget them in this cycle's files
-            spend = replace(spend, boxes=tuple(b for b in spend.boxes if b.instance_id not in closed))
-        done = [(o.action, o.ok, o.detail) for o in result.outcomes if not o.skipped]
-        hosts = note_cycle(memory.hosts, desired.fleet, observed, done, result.archived, self.clock.now())
-        self.memory = replace(memory, in_flight=in_flight, spend=spend, hosts=hosts)
+        self.memory = remember(memory, observed, the_plan, result, self.clock.now(), fleet=desired.fleet)
         if self.journal is not None:
-            self.journal.reset(in_flight)
+            self.journal.reset(self.memory.in_flight)
         return result

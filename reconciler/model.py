@@ -514,7 +514,7 @@ class BoxProbe:
     bootstrap_running: tuple[str, ...] = ()
     code_commits: tuple[str, ...] = ()  # commits whose tree is unpacked on the box
     runs: tuple[RunDirState, ...] = ()
-    last_activity_at: float | None = None  # newest of: boot, bootstrap done, any run start/end
+    last_activity_at: float | None = None  # the box's own answer (box.boxlib.box_activity), its watchdog's rule too
     box_now: float | None = None  # the box's own clock when it answered
     # The box answered with another SSH host key than the one pinned on first contact (``HostKeyMismatch``): it is
     # not reachable, and not trusted either (someone may be impersonating it). Its drift class is
@@ -786,6 +786,9 @@ class FleetMemory:
     # Kept by the controller process only (not in observed/, where it would change every cycle): after a restart
     # this clock starts again, so a stall is found at most one stall_timeout later.
     gpu_quiet: tuple[tuple[str, int, float], ...] = ()
+    # when each running attempt's checkpoint was last pulled home (complete or not): (run_id, attempt, at). Kept by
+    # the controller process only, like ``gpu_quiet``; after a restart the store's last sync stands in for it.
+    checkpoint_pulls: tuple[tuple[str, int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -796,16 +799,14 @@ class Observed:
     probes: tuple[BoxProbe, ...] = ()
     offers: tuple[Offer, ...] = ()
     history: tuple[AttemptRecord, ...] = ()
-    memory: tuple[BoxMemory, ...] = ()
-    spend: Spend = field(default_factory=Spend)
+    # what the cycles before remembered, brought up to this observation (boxes, in flight, spend, hosts, GPU quiet)
+    memory: FleetMemory = field(default_factory=FleetMemory)
     fleet_name: str = ""
-    in_flight: tuple[InFlight, ...] = ()
     credit_usd: float | None = None  # what the account can still spend, as the provider says (None: unknown)
     cycle_s: float = 60.0  # until the controller decides again: its cycle interval plus the destroy latency
     # names (never values) of the controller's environment variables the sweeps reference and that are set
     controller_env: frozenset[str] = frozenset()
-    hosts: HostLedger = field(default_factory=HostLedger)  # the host reliability ledger as the last cycle left it
-    gpu_quiet: tuple[tuple[str, int, float], ...] = ()  # FleetMemory.gpu_quiet after this observation
+    harvesting: bool = False  # a result store takes this controller's harvests (and the sweeps' checkpoints)
 
     def probe(self, instance_id: int) -> BoxProbe | None:
         for p in self.probes:
@@ -814,7 +815,7 @@ class Observed:
         return None
 
     def memory_of(self, instance_id: int) -> BoxMemory | None:
-        for m in self.memory:
+        for m in self.memory.boxes:
             if m.instance_id == instance_id:
                 return m
         return None

@@ -172,7 +172,7 @@ class BoxControl(Protocol):
         """A tar stream of the attempt's results (``what="run"``: stdout.log, stderr.log, meta.json and the files
         ``patterns`` match in its run directory) or of its checkpoint (``what="checkpoint"``: the files under
         ``patterns``), at most ``cap_bytes`` of file data, ending with the ``.rigsync-harvest.json`` manifest
-        (``reconciler/remote/harvest.py``). ``RemoteCommandFailed`` if the box has no such attempt."""
+        (``reconciler/box/harvest.py``). ``RemoteCommandFailed`` if the box has no such attempt."""
         ...
 
     def stage_resume(self, box: Instance, run_id: str, attempt: int, tar: bytes) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 from reconciler.actions import SIGNS, Kind, Plan, SweepEstimate
 from reconciler.jobenv import held_back
 from reconciler.model import Desired, Observed, owns
-from reconciler.runphase import count_phases, run_phases
+from reconciler.runphase import count_phases, is_unfinished, run_phases
 
 VERBS = {
     Kind.RENT: "to rent",
@@ -18,6 +18,8 @@ VERBS = {
     Kind.KILL: "to kill",
     Kind.REQUEUE: "to requeue",
     Kind.RECORD: "to record",
+    Kind.SYNC_CHECKPOINT: "checkpoint(s) to sync",
+    Kind.CLOSE_BILL: "bill(s) to close",
 }
 
 
@@ -87,16 +89,17 @@ def status_json(desired: Desired, observed: Observed, plan: Plan | None = None) 
             "dph": inst.dph_total,
             "reachable": None if probe is None else probe.reachable,
             "host_key_changed": probe is not None and probe.host_key_changed,
-            "runs": sorted(f"{r.run_id}.{r.attempt}" for r in (probe.runs if probe else ()) if r.exit_code is None),
+            "runs": sorted(f"{r.run_id}.{r.attempt}" for r in (probe.runs if probe else ()) if is_unfinished(r)),
         }
         (mine if owns(desired.fleet.name, inst.label) else foreign).append(row)
+    spend = observed.memory.spend
     return {
         "fleet": desired.fleet.name,
         "boxes": mine,
         "foreign": foreign,
         "runs": count_phases(run_phases(desired.runs, observed)),
         "dph": round(sum(float(b["dph"]) for b in mine), 6),
-        "spend": {"today_usd": round(observed.spend.today_usd, 6), "total_usd": round(observed.spend.total_usd, 6)},
+        "spend": {"today_usd": round(spend.today_usd, 6), "total_usd": round(spend.total_usd, 6)},
         "credit_usd": None if observed.credit_usd is None else round(observed.credit_usd, 6),
         "budget": [w for w in (plan.warnings if plan else ()) if w.startswith("budget:")],
         # renting held back by the rent rate or the backoff after failures (reconciler/plan/renting.py)

@@ -17,7 +17,7 @@ from typing import Any
 from reconciler.adapters.git import GitRepo
 from reconciler.desired import errors_of, load_desired
 from reconciler.errors import DesiredStateInvalid, ObservedInvalid, RepoError, UserError
-from reconciler.model import AttemptRecord, Observed
+from reconciler.model import AttemptRecord, FleetMemory, Observed
 from reconciler.observed.archive_lines import entry_from_json
 from reconciler.observed.codec import BUDGET, FLEET, RUNS, RUNS_DIR, expect_mapping, load_yaml
 from reconciler.observed.memory import fleet_memory_from_files
@@ -78,7 +78,7 @@ def _observed(g: GitRepo, sha: str, now: float) -> tuple[Observed, list[Place]]:
                 raise ObservedInvalid(f"{path}:{number}: {exc}") from exc
             if isinstance(record, AttemptRecord):
                 history.append(record)
-    return Observed(history=tuple(history), spend=spend, in_flight=memory.in_flight), held
+    return Observed(history=tuple(history), memory=FleetMemory(spend=spend, in_flight=memory.in_flight)), held
 
 
 def _changed(a: Mapping[str, bytes], b: Mapping[str, bytes]) -> list[str]:

@@ -12,8 +12,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from reconciler.model import AttemptOutcome, AttemptRecord, Observed, RunPhase, RunSpec
+from reconciler.model import AttemptOutcome, AttemptRecord, Observed, RunDirState, RunPhase, RunSpec
 from reconciler.promotion import succeeded_metrics, wanted_ids
+
+
+def is_live(rd: RunDirState) -> bool:
+    """The attempt runs on the box that reported it: no exit code, and its wrapper is alive (it holds its GPUs)."""
+    return rd.exit_code is None and rd.pid_alive
+
+
+def is_unfinished(rd: RunDirState) -> bool:
+    """The attempt's directory has no exit code yet: it runs, or its wrapper died without writing one (a crash the
+    planner settles as lost). Until it is archived it is still the run's current attempt."""
+    return rd.exit_code is None
 
 
 def allowed_attempts(spec: RunSpec) -> int:
@@ -80,9 +91,9 @@ def live_attempts(observed: Observed) -> dict[str, LiveAttempt]:
         if not probe.reachable:
             continue
         for r in probe.runs:
-            if r.exit_code is None and r.pid_alive and (r.run_id, r.attempt) not in archived:
+            if is_live(r) and (r.run_id, r.attempt) not in archived:
                 keep(LiveAttempt(r.run_id, r.attempt, probe.instance_id))
-    for f in observed.in_flight:
+    for f in observed.memory.in_flight:
         if (f.run_id, f.attempt) not in archived:
             keep(LiveAttempt(f.run_id, f.attempt, f.instance_id))
     return live

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from reconciler.actions import Bootstrap, Destroy, Kill, Launch, Plan, Record, Rent, Requeue, ShipCode
 from reconciler.model import AttemptOutcome, Desired, InstanceStatus, Observed, split_owned
+from reconciler.runphase import is_live, is_unfinished
 
 DPH_TOLERANCE = 1e-6
 
@@ -41,14 +42,14 @@ def stale_reasons(saved: Plan, desired: Desired, observed: Observed) -> list[str
     # attempts the plan itself settles (requeue, record, kill) may be relaunched by the same plan
     settled = {(a.run_id, a.attempt) for a in saved.actions if isinstance(a, Requeue | Record | Kill)}
     live: dict[str, str] = {
-        f.run_id: f"{f.run_id}.{f.attempt}" for f in observed.in_flight if (f.run_id, f.attempt) not in settled
+        f.run_id: f"{f.run_id}.{f.attempt}" for f in observed.memory.in_flight if (f.run_id, f.attempt) not in settled
     }
     busy_gpus: dict[int, set[int]] = {}
     for seen in observed.probes:
         for r in seen.runs:
-            if r.exit_code is None and (r.run_id, r.attempt) not in settled:
+            if is_unfinished(r) and (r.run_id, r.attempt) not in settled:
                 live[r.run_id] = f"{r.run_id}.{r.attempt}"
-                if r.pid_alive:
+                if is_live(r):
                     busy_gpus.setdefault(seen.instance_id, set()).update(r.gpu_mask)
         for g in seen.gpus:
             if g.memory_in_use:

@@ -51,7 +51,7 @@ def checkpoint_dir(fleet_data: Path, run_id: str) -> Path:
     return fleet_data / "checkpoints" / run_id
 
 
-MANIFEST = ".rigsync-harvest.json"  # the harvest's own manifest (``reconciler/remote/harvest.py``), kept beside
+MANIFEST = ".rigsync-harvest.json"  # the harvest's own manifest (``reconciler/box/harvest.py``), kept beside
 CHECKPOINT_MARK = ".rigsync-checkpoint.json"  # in a checkpoint dir: {"run_id", "attempt", "synced_at"}
 
 

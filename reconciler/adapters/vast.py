@@ -17,7 +17,7 @@ emulator is proven against the same client. This module adds what a reconciler n
   under vast.ai when it was pointed at vast.ai); anywhere else ``requests`` drops the Authorization header; and a
   plain-http (loopback) URL is refused when a proxy from the environment would carry it off the machine;
 * every rented box gets ``RIGSYNC_API_URL`` (this adapter's server URL) in its environment: the one URL its
-  watchdog may send the instance's own key to (``reconciler/remote/watchdog.py``).
+  watchdog may send the instance's own key to (``reconciler/box/watchdog.py``).
 
 SSH addresses (the "port off by one" quirk): the direct address is ``public_ipaddr`` plus the host port mapped to
 ``22/tcp``, used whenever present because it is the box's real sshd. The proxy address is ``ssh_host:ssh_port``,
@@ -362,7 +362,7 @@ class VastProvider:
         env: dict[str, str],
         bid_dph: float | None = None,
     ) -> int:
-        # The box's watchdog (reconciler/remote/watchdog.py) destroys its instance through this same URL, with the
+        # The box's watchdog (reconciler/box/watchdog.py) destroys its instance through this same URL, with the
         # instance's own key: the URL this adapter was configured with, never one the box or desired/ names.
         box_env = {**env, WATCHDOG_API_URL_ENV: self.api_url}
 

@@ -50,7 +50,7 @@ from reconciler.observed.hosts import HEADER as HOSTS_HEADER
 from reconciler.observed.hosts import hosts_document
 from reconciler.observed.memory import box_memory_entries, in_flight_entries, spend_anchor
 from reconciler.promotion import succeeded_metrics, wanted_ids
-from reconciler.runphase import RunTally, live_attempts, run_phase, tally_runs
+from reconciler.runphase import RunTally, is_live, live_attempts, run_phase, tally_runs
 
 RUN_PHASES = tuple(p.value for p in RunPhase)
 
@@ -79,10 +79,10 @@ def _render_fleet(fleet: str, observed: Observed) -> dict[str, Any]:
     on_gpu: dict[tuple[int, int], str] = {}
     for p in observed.probes:
         for r in p.runs:
-            if r.exit_code is None and r.pid_alive:
+            if is_live(r):
                 for gi in r.gpu_mask:
                     on_gpu[(p.instance_id, gi)] = run_dir_name(r.run_id, r.attempt)
-    for f in observed.in_flight:
+    for f in observed.memory.in_flight:
         for gi in f.gpu_mask:
             on_gpu.setdefault((f.instance_id, gi), run_dir_name(f.run_id, f.attempt))
     boxes = []
@@ -140,7 +140,7 @@ def _render_fleet(fleet: str, observed: Observed) -> dict[str, Any]:
             }
             for i in foreign
         ],
-        "memory": box_memory_entries(observed.memory),
+        "memory": box_memory_entries(observed.memory.boxes),
     }
 
 
@@ -200,7 +200,7 @@ def _render_runs(desired: Desired | None, observed: Observed) -> dict[str, Any]:
         sweep_of: dict[str, str] = {}
         for rec in observed.history:
             sweep_of[rec.run_id] = rec.sweep
-        for f in observed.in_flight:
+        for f in observed.memory.in_flight:
             sweep_of.setdefault(f.run_id, f.sweep)
         for run_id in live:
             sweep_of.setdefault(run_id, "")
@@ -219,7 +219,7 @@ def _render_runs(desired: Desired | None, observed: Observed) -> dict[str, Any]:
         "desired_commit": desired.commit if desired is not None else None,
         "counts": counts,
         "sweeps": sweeps,
-        "in_flight": in_flight_entries(observed.in_flight),
+        "in_flight": in_flight_entries(observed.memory.in_flight),
     }
 
 
@@ -256,8 +256,8 @@ def _render_budget(
     rates = {i.id: i.dph_total for i in billing}
     anchor = spend_anchor(
         prev_spend if isinstance(prev_spend, dict) else None,
-        observed.spend,
-        {b.instance_id: rates.get(b.instance_id, 0.0) for b in observed.spend.boxes if b.gone_at is None},
+        observed.memory.spend,
+        {b.instance_id: rates.get(b.instance_id, 0.0) for b in observed.memory.spend.boxes if b.gone_at is None},
         observed.credit_usd,
         sum(rates.values()),
         now,
@@ -282,7 +282,7 @@ def _render_status(status: ReconcilerStatus, plan: Plan) -> dict[str, Any]:
         "apply_errors": list(status.apply_errors),
         "suspended": plan.suspended,
         "last_plan": {
-            "counts": plan.counts(),
+            "counts": plan.counts(changes_only=True),
             "warnings": list(plan.warnings),
             "price": [e.to_json() for e in plan.estimates],
         },
@@ -326,7 +326,7 @@ def render_observed(
             _render_budget(desired, fleet_doc["dph"], plan, observed, now, prev_budget), HEADERS[BUDGET]
         ),
         HOSTS: dump_yaml(
-            hosts_document(observed.hosts, desired.fleet if desired else None, observed.history), HEADERS[HOSTS]
+            hosts_document(observed.memory.hosts, desired.fleet if desired else None, observed.history), HEADERS[HOSTS]
         ),
     }
     status_doc = _render_status(status, plan)

@@ -16,6 +16,7 @@ carries a reason (a ``ReasonCode`` and a text), and what was considered and left
     placement  launch pending runs onto free GPU slots (shipping code first)
     boxes      destroy idle and surplus boxes
     renting    rent for what no box can take, and for min_instances, within every cap
+    bookkeeping  pull the checkpoints that are due; close the bills of ended boxes
 
 Money is safety: caps are read defensively (a missing cap is "no cap", a negative or NaN cap is 0), an offer
 with a nonsensical price is never rented, and only instances carrying this fleet's label are ever acted upon.
@@ -27,6 +28,7 @@ from reconciler.actions import (
     APPLY_ORDER,
     SIGNS,
     Action,
+    CloseBill,
     Destroy,
     Noop,
     Plan,
@@ -34,6 +36,7 @@ from reconciler.actions import (
     Record,
     Rent,
     SweepEstimate,
+    SyncCheckpoint,
 )
 from reconciler.identity import fleet_spec_hash, rent_label, slot_spec_hash, spec_hash
 from reconciler.model import Desired, Drift, DriftClass, Observed
@@ -46,6 +49,7 @@ from reconciler.plan.attempts import (
     unverified_lost,
     wanted_runs,
 )
+from reconciler.plan.bookkeeping import close_bills, sync_checkpoints
 from reconciler.plan.boxes import BoxState, box_noops, classify_boxes, enforce_max_instances, prepare_boxes, retire_idle
 from reconciler.plan.common import Decisions, effective_caps, fmt_duration
 from reconciler.plan.environment import withhold_missing_secrets
@@ -115,6 +119,8 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
         )
     decided.extend(rent_for(world, unplaced, table, budget, placement.spent))
     decided.extend(box_noops(world, seen, table))
+    decided.extend(sync_checkpoints(world, recorded.keys | live.settled, table.destroyed))
+    decided.extend(close_bills(world))
     return _finish(world, budget, decided, estimates)
 
 
@@ -134,7 +140,7 @@ def _finish(world: World, budget: Purse, decided: Decisions, estimates: tuple[Sw
     if suspended:
         kept: list[Action] = []
         for a in actions:
-            if isinstance(a, Record):
+            if isinstance(a, Record | SyncCheckpoint | CloseBill):  # bookkeeping goes on while suspended
                 kept.append(a)
             else:
                 noops.append(

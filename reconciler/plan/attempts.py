@@ -26,7 +26,7 @@ from reconciler.model import (
 from reconciler.plan.common import Decisions, fmt_duration, gpus_text
 from reconciler.plan.world import World
 from reconciler.promotion import succeeded_metrics, wanted_among
-from reconciler.runphase import UNTOUCHED, RunTally, allowed_attempts, run_phase, tally_runs
+from reconciler.runphase import UNTOUCHED, RunTally, allowed_attempts, is_live, is_unfinished, run_phase, tally_runs
 
 AttemptKey = tuple[str, int]
 
@@ -93,7 +93,7 @@ def collect_attempts(world: World) -> SeenAttempts:
     max_attempt: dict[str, int] = {}
     for h in world.observed.history:
         max_attempt[h.run_id] = max(max_attempt.get(h.run_id, 0), h.attempt)
-    for f in world.observed.in_flight:
+    for f in world.observed.memory.in_flight:
         max_attempt[f.run_id] = max(max_attempt.get(f.run_id, 0), f.attempt)
     finished: list[tuple[int, RunDirState]] = []
     live: dict[int, tuple[RunDirState, ...]] = {}
@@ -110,14 +110,14 @@ def collect_attempts(world: World) -> SeenAttempts:
             key = (rd.run_id, rd.attempt)
             visible.add(key)
             max_attempt[rd.run_id] = max(max_attempt.get(rd.run_id, 0), rd.attempt)
-            alive = rd.exit_code is None and rd.pid_alive
+            alive = is_live(rd)
             if alive:
                 held.update(rd.gpu_mask)
             if key in world.archived:
                 if alive:
                     box_zombies.append(rd)
                 continue
-            if rd.exit_code is not None:
+            if not is_unfinished(rd):
                 finished.append((box.id, rd))
             else:
                 box_live.append(rd)
@@ -203,7 +203,7 @@ def settle_live(
             if gone is not None:
                 requeue(box_id, rd, ReasonCode.BOX_DESTROYED, f"its box instance/{box_id} is destroyed: {gone}")
                 continue
-            if not rd.pid_alive:
+            if not is_live(rd):  # unfinished, and its wrapper is gone
                 detail = "wrapper process gone without an exit code"
                 requeue(box_id, rd, ReasonCode.WRAPPER_GONE, f"lost: {detail}")
                 out.drift.append(Drift(DriftClass.JOB_CRASHED, subj, detail, f"requeue {subj}"))
@@ -272,7 +272,7 @@ def stall_of(world: World, rd: RunDirState, spec: RunSpec) -> str | None:
     if quiet > limit:
         what = f"{spec.metrics_file} unchanged for" if rd.metrics_age_s is not None else f"no {spec.metrics_file} in"
         return f"no metric progress: {what} {fmt_duration(quiet)} > stall_timeout {fmt_duration(limit)}"
-    for run_id, attempt, since in world.observed.gpu_quiet:
+    for run_id, attempt, since in world.observed.memory.gpu_quiet:
         if (run_id, attempt) == (rd.run_id, rd.attempt) and now - since > limit:
             return (
                 f"GPU utilization under {spec.stall_gpu_util_pct:g}% for {fmt_duration(now - since)} > "
@@ -293,7 +293,7 @@ def settle_in_flight(
     waiting: set[str] = set()
     used: dict[str, int] = {}
     unverified: dict[str, str] = {}
-    for fl in sorted(world.observed.in_flight, key=lambda x: (x.run_id, x.attempt, x.instance_id)):
+    for fl in sorted(world.observed.memory.in_flight, key=lambda x: (x.run_id, x.attempt, x.instance_id)):
         key = (fl.run_id, fl.attempt)
         if key in world.archived or key in seen.visible or key in settled:
             continue

@@ -221,7 +221,7 @@ def classify_boxes(world: World, seen: SeenAttempts, budget: Purse) -> tuple[Box
     # In-flight attempts the box cannot show (unreachable, still booting) are work we must not discard.
     waiting: dict[int, list[InFlight]] = {}
     occupied = {i: set(g) for i, g in seen.occupied.items()}
-    for fl in world.observed.in_flight:
+    for fl in world.observed.memory.in_flight:
         key = (fl.run_id, fl.attempt)
         if key in world.archived or key in seen.visible:
             continue

@@ -169,7 +169,7 @@ def purse(
     """The budget position. ``waiting`` are runs that still need a launch; ``gpu_prices`` $/h of one GPU where
     one could run (free boxes held, offers that pass the filters), for the cheapest new work."""
     b = desired.budget
-    spend = observed.spend
+    spend = observed.memory.spend
     left: list[tuple[float, str]] = []
     if b.daily_usd is not None:
         daily = cap(b.daily_usd)
@@ -238,7 +238,7 @@ def budget_position(world: World, seen: SeenAttempts, recorded: Recorded, wanted
     if b.daily_usd is not None or b.total_usd is not None:  # without a cap nothing binds: skip the walk
         # the runs that will need a launch: asked of the one run-phase rule, as the run queue does later
         live = {rd.run_id for rds in seen.live.values() for rd in rds}
-        live.update(f.run_id for f in observed.in_flight if (f.run_id, f.attempt) not in world.archived)
+        live.update(f.run_id for f in observed.memory.in_flight if (f.run_id, f.attempt) not in world.archived)
         tallies = plan_tallies(world, recorded, live)
         waiting = [
             world.runs[r] for r in wanted if run_phase(world.runs[r], tallies.get(r, UNTOUCHED)).launchable

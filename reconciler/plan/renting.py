@@ -36,7 +36,7 @@ MAX_RENT_BACKOFF_S = 3600.0
 
 def rent_backoff(world: World) -> tuple[ReasonCode, str] | None:
     """Why renting waits after failures in a row, or None (the backoff half of ``rent_gate``)."""
-    f, ledger, now = world.desired.fleet, world.observed.hosts, world.now
+    f, ledger, now = world.desired.fleet, world.observed.memory.hosts, world.now
     k, last = ledger.failures_in_a_row, ledger.last_failure_at
     if k < RENT_BACKOFF_AFTER or last is None or f.rent_backoff_s <= 0:
         return None
@@ -65,7 +65,7 @@ def rent_gate(world: World, rented_now: int) -> tuple[ReasonCode, str] | None:
         return backoff
     limit = rents_per_hour(world.desired.fleet)
     now = world.now
-    recent = sorted(t for t in world.observed.hosts.rents_at if now - t < RENT_WINDOW_S)
+    recent = sorted(t for t in world.observed.memory.hosts.rents_at if now - t < RENT_WINDOW_S)
     if len(recent) + rented_now < max(0, limit):
         return None
     oldest = recent[0] if recent else now

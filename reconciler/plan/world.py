@@ -107,7 +107,7 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
         history.setdefault(h.run_id, []).append(h)
         archived[h.key] = h
     probes = {p.instance_id: p for p in observed.probes}
-    memory = {m.instance_id: m for m in observed.memory}
+    memory = {m.instance_id: m for m in observed.memory.boxes}
     f = desired.fleet
     fleet = f.name
     boxes: dict[int, OwnedBox] = {}
@@ -130,7 +130,7 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
     pool_offers = _rentable_offers(desired, observed, now, out)
     first = next(iter(pools))
     union = {o.id: o for offers in pool_offers.values() for o in offers}
-    ranked = sorted(union.values(), key=rank_key(pools[first].ranking, observed.hosts))
+    ranked = sorted(union.values(), key=rank_key(pools[first].ranking, observed.memory.hosts))
     world = World(
         desired=desired,
         observed=observed,
@@ -165,14 +165,14 @@ def _rentable_offers(
         if pool.max_bid_dph is not None:  # interruptible allowed: an offer that takes a bid is priced as one
             market = [as_interruptible(o, pool.max_bid_dph) or o for o in market]
         for o in passing_offers(market, pool.filters, pool.disk_gb):
-            skipped = offer_skipped(o, f, observed.hosts, now)
+            skipped = offer_skipped(o, f, observed.memory.hosts, now)
             if skipped is None:
                 kept.append(o)
             elif o.id not in said:
                 said.add(o.id)
                 code = ReasonCode.GHOST_OFFER if skipped[0] == "ghost" else ReasonCode.HOST_AVOIDED
                 out.noop(f"offer/{o.id}", code, f"not rented: {skipped[1]}")
-        per_pool[pool.name] = tuple(sorted(kept, key=rank_key(pool.ranking, observed.hosts)))
+        per_pool[pool.name] = tuple(sorted(kept, key=rank_key(pool.ranking, observed.memory.hosts)))
     return per_pool
 
 

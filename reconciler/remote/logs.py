@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from reconciler.errors import RemoteCommandFailed
 from reconciler.model import run_dir_name
-from reconciler.remote import NO_SUCH_RUN_EXIT, _check_name, _command
+from reconciler.remote.commands import NO_SUCH_RUN_EXIT, _check_name, _command
 
 EXIT_CODE_FILE = "exit_code"
 MAX_SLICE_BYTES = 1 << 20  # one answer carries at most this much of a log

@@ -1,6 +1,6 @@
 """The kill switch on every box, with real processes: `rigsync run` is SIGKILLed and the boxes end themselves.
 
-Every box rigsync rents carries a watchdog (reconciler/remote/watchdog.py), started by the instance's onstart at
+Every box rigsync rents carries a watchdog (reconciler/box/watchdog.py), started by the instance's onstart at
 boot, that destroys its own instance through the emulator's API with the instance's own ``CONTAINER_API_KEY``.
 Here the controller is the real ``rigsync run`` process, the boxes are the emulator's real sshd hosts and the git
 remote is a bare repository on disk:
@@ -39,9 +39,9 @@ from test_run_daemon import (
     world_factory,
 )
 
+from reconciler.box import watchdog as wd
 from reconciler.emulator import Emulator
 from reconciler.remote import WATCHDOG_API_URL_ENV
-from reconciler.remote import watchdog as wd
 
 pytestmark = pytest.mark.integration
 __all__ = ["world_factory"]  # the fixture, shared with test_run_daemon

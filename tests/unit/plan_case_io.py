@@ -5,7 +5,7 @@ times may be given relative to ``now`` (``start_ago``, ``started_ago``, ``launch
 ``last_activity_ago``, ``ended_ago``); an instance without ``label`` gets this fleet's ownership label for the
 current spec (``"{spec}"`` inside a given label is replaced by the current spec hash); a RUNNING instance
 without a probe gets a reachable, bootstrapped probe with its code shipped; a probe without ``gpus`` gets one
-GPU per instance GPU, with memory in use on the GPUs of its live runs. The host ledger is ``observed.hosts``
+GPU per instance GPU, with memory in use on the GPUs of its live runs. The host ledger is ``observed.memory.hosts``
 (``build_hosts``).
 """
 
@@ -22,9 +22,12 @@ from reconciler.model import (
     AttemptRecord,
     BoxMemory,
     BoxProbe,
+    BoxSpend,
     Budget,
+    Checkpoint,
     Desired,
     Fleet,
+    FleetMemory,
     GhostOffer,
     GpuState,
     HostLedger,
@@ -44,6 +47,7 @@ from reconciler.model import (
     RunDirState,
     RunSpec,
     Spend,
+    Sweep,
 )
 from reconciler.plan import fleet_spec_hash
 
@@ -137,11 +141,39 @@ def build_desired(d: J) -> Desired:
     return Desired(
         fleet=build_fleet(d.get("fleet", {})),
         budget=build_budget(d.get("budget", {})),
-        sweeps=(),
+        sweeps=tuple(build_sweep(s) for s in d.get("sweeps", [])),
         runs=tuple(build_run(r, i) for i, r in enumerate(d.get("runs", []))),
         commit=d.get("commit"),
         code_commit=d.get("code_commit"),
     )
+
+
+def build_sweep(d: J) -> Sweep:
+    """A sweep only for what the planner reads of it beyond its runs (``checkpoint``: path, every_s)."""
+    ck = d.get("checkpoint")
+    return Sweep(
+        name=d.get("name", "s"),
+        command=d.get("command", "python train.py"),
+        grid=(),
+        seeds=(0,),
+        checkpoint=Checkpoint(ck["path"], float(ck["every_s"])) if ck else None,
+    )
+
+
+def build_spend(d: J, now: float) -> Spend:
+    """``observed.memory.spend``: its totals, and ``boxes`` (BoxSpend fields; ``at_ago``, ``gone_ago``)."""
+    boxes = tuple(
+        BoxSpend(
+            instance_id=int(b["instance_id"]),
+            usd=float(b.get("usd", 0.0)),
+            at=_t(b, now, "at", "at_ago", now) or now,
+            dph=float(b.get("dph", 0.2)),
+            estimated=bool(b.get("estimated", False)),
+            gone_at=_t(b, now, "gone_at", "gone_ago", None),
+        )
+        for b in d.get("boxes", [])
+    )
+    return Spend(today_usd=d.get("today_usd", 0.0), total_usd=d.get("total_usd", 0.0), boxes=boxes)
 
 
 def build_instance(d: J, now: float, fleet: Fleet) -> Instance:
@@ -259,7 +291,7 @@ def build_history(d: J, now: float) -> AttemptRecord:
 
 
 def build_hosts(d: J, now: float) -> HostLedger:
-    """``observed.hosts``: ``hosts`` (HostRecord fields), ``ghosts`` (offer_id, machine_id, failed_ago),
+    """``observed.memory.hosts``: ``hosts`` (HostRecord fields), ``ghosts`` (offer_id, machine_id, failed_ago),
     ``rents_ago`` (seconds before now), ``failures_in_a_row``, ``last_failure_ago``."""
     return HostLedger(
         hosts=tuple(
@@ -286,12 +318,8 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
     for inst in instances:
         if inst.id not in probed and inst.status is InstanceStatus.RUNNING:
             probes.append(build_probe({"instance_id": inst.id}, now, inst, desired))
-    return Observed(
-        instances=instances,
-        probes=tuple(probes),
-        offers=tuple(build_offer(o) for o in d.get("offers", [])),
-        history=tuple(build_history(h, now) for h in d.get("history", [])),
-        memory=tuple(
+    memory = FleetMemory(
+        boxes=tuple(
             BoxMemory(
                 instance_id=int(m["instance_id"]),
                 first_seen_at=_t(m, now, "first_seen_at", "first_seen_ago", now - 3600.0) or 0.0,
@@ -300,14 +328,12 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
             )
             for m in d.get("memory", [])
         ),
-        spend=Spend(**d.get("spend", {})),
-        credit_usd=d.get("credit_usd"),
-        cycle_s=float(d.get("cycle_s", 60.0)),
-        controller_env=frozenset(d.get("controller_env", [])),
+        spend=build_spend(d.get("spend", {}), now),
         hosts=build_hosts(d.get("hosts", {}), now),
         gpu_quiet=tuple(sorted((q["run_id"], q.get("attempt", 1), now - float(q["quiet_ago"]))
                                for q in d.get("gpu_quiet", []))),
-        fleet_name=desired.fleet.name,
+        checkpoint_pulls=tuple(sorted((c["run_id"], c.get("attempt", 1), now - float(c["pulled_ago"]))
+                                      for c in d.get("checkpoint_pulls", []))),
         in_flight=tuple(
             InFlight(
                 run_id=f["run_id"],
@@ -319,6 +345,18 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
             )
             for f in d.get("in_flight", [])
         ),
+    )
+    return Observed(
+        instances=instances,
+        probes=tuple(probes),
+        offers=tuple(build_offer(o) for o in d.get("offers", [])),
+        history=tuple(build_history(h, now) for h in d.get("history", [])),
+        memory=memory,
+        credit_usd=d.get("credit_usd"),
+        cycle_s=float(d.get("cycle_s", 60.0)),
+        controller_env=frozenset(d.get("controller_env", [])),
+        harvesting=bool(d.get("harvesting", False)),
+        fleet_name=desired.fleet.name,
     )
 
 

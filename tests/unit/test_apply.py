@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 from fakes import FakeArchive, FakeClock, FakeWorld, MemoryLeaseStore, code_tar, desired_state, offer
 
-from reconciler.actions import Launch, Plan, Rent, ShipCode
+from reconciler.actions import CloseBill, Launch, Plan, ReasonCode, Rent, ShipCode
 from reconciler.adapters.lease import Lease
-from reconciler.apply import ApplyContext, ApplyResult, apply, next_in_flight
+from reconciler.apply import ApplyContext, ApplyResult, apply
 from reconciler.errors import HostUnreachable, LaunchLockHeld, LeaseLost
-from reconciler.model import Desired, FleetMemory, InFlight, MetricGoal, Observed
+from reconciler.model import BoxSpend, Desired, FleetMemory, InFlight, MetricGoal, Observed, Spend
 from reconciler.observe import observe
 from reconciler.plan import plan
 from reconciler.ports import Fence, LaunchJob
+from reconciler.remember import next_in_flight
 
 
 def _observe_and_plan(world: FakeWorld, desired: Desired, archive: FakeArchive) -> tuple[Observed, Plan]:
@@ -263,3 +264,23 @@ def test_a_requeue_whose_kill_fails_is_not_counted_and_its_run_is_not_launched_a
     assert list(archive.records()) == [] and world.live_runs() == []
     # still in flight: the next cycle decides again
     assert [(f.run_id, f.attempt) for f in next_in_flight(in_flight, observed, result)] == [(launch.run_id, 1)]
+
+
+def test_a_close_bill_waits_while_an_attempt_on_the_box_is_not_archived_and_then_archives_its_overhead() -> None:
+    """The planner decides which bill closes (``close_bill``); apply only executes it, and holds it back when the
+    attempt the same plan requeued could not be archived (its cost must be in the archive before the remainder)."""
+    desired = desired_state(1, max_instances=1)
+    world = FakeWorld([], clock=FakeClock())
+    archive = FakeArchive()
+    now = world.clock.now()
+    gone = BoxSpend(7, usd=0.25, at=now, gone_at=now - 60, dph=0.2, num_gpus=1)
+    flying = InFlight(desired.runs[0].id, 1, 7, (0,), now - 600)
+    observed = Observed(memory=FleetMemory(spend=Spend(total_usd=0.25, boxes=(gone,)), in_flight=(flying,)))
+    close = CloseBill(reason="box ended", code=ReasonCode.BILL_FINAL, instance_id=7)
+    held = _apply(world, desired, observed, Plan(actions=(close,)), archive)
+    assert held.failures == [] and held.outcomes[0].skipped and held.overheads == []
+    assert held.outcomes[0].detail == f"not run: run/{flying.run_id}.1 is not archived"
+    done = _apply(world, desired, replace(observed, memory=replace(observed.memory, in_flight=())),
+                  Plan(actions=(close,)), archive)
+    assert done.failures == [] and [(o.instance_id, o.cost_usd) for o in done.overheads] == [(7, 0.25)]
+    assert list(archive.overheads()) == done.overheads

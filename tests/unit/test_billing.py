@@ -33,7 +33,8 @@ from reconciler.model import (
     Observed,
     Spend,
 )
-from reconciler.observe import accrue_billed, observe
+from reconciler.observe import observe
+from reconciler.remember import accrue_billed
 
 DAY = 86400.0
 MIDNIGHT = 20 * DAY  # a UTC midnight
@@ -56,24 +57,24 @@ def test_spend_is_what_the_provider_billed_and_a_gone_box_keeps_its_money() -> N
     a, b = _rent(world, 1), _rent(world, 2)
     world.clock.advance(600)
     obs, mem = _observe(world, desired, FleetMemory())
-    assert obs.spend.total_usd == pytest.approx(world.ledger_usd()) == pytest.approx(0.8 * 600 / 3600)
-    assert obs.spend.today_usd == pytest.approx(obs.spend.total_usd)
+    assert obs.memory.spend.total_usd == pytest.approx(world.ledger_usd()) == pytest.approx(0.8 * 600 / 3600)
+    assert obs.memory.spend.today_usd == pytest.approx(obs.memory.spend.total_usd)
     assert obs.credit_usd == pytest.approx(1000.0 - world.ledger_usd())
     assert {i.id: i.cost_usd for i in obs.instances} == {a: pytest.approx(0.05), b: pytest.approx(0.5 / 6)}
-    assert not obs.spend.estimated and [x.instance_id for x in obs.spend.boxes] == [a, b]
+    assert not obs.memory.spend.estimated and [x.instance_id for x in obs.memory.spend.boxes] == [a, b]
 
     world.provider.destroy_instance(a)  # destroyed between two reads: the bill up to the destroy still counts
     world.clock.advance(300)
     obs, mem = _observe(world, desired, mem)
-    assert obs.spend.total_usd == pytest.approx(world.ledger_usd())
-    gone = obs.spend.box(a)
+    assert obs.memory.spend.total_usd == pytest.approx(world.ledger_usd())
+    gone = obs.memory.spend.box(a)
     assert gone is not None and gone.gone_at == world.clock.now() and gone.usd == pytest.approx(0.3 * 600 / 3600)
     assert gone.gpu_name == "RTX 3090" and gone.dph == 0.3  # what its overhead line will name
 
     world.clock.advance(300)
     obs, mem = _observe(world, desired, mem)  # its overhead line was due last cycle: dropped, money kept
-    assert obs.spend.box(a) is None and obs.spend.total_usd == pytest.approx(world.ledger_usd())
-    assert mem.spend == obs.spend and mem.spend_at == world.clock.now()
+    assert obs.memory.spend.box(a) is None and obs.memory.spend.total_usd == pytest.approx(world.ledger_usd())
+    assert mem.spend == obs.memory.spend and mem.spend_at == world.clock.now()
 
 
 def test_a_gone_box_with_an_attempt_in_flight_stays_until_the_attempt_is_settled() -> None:
@@ -87,10 +88,10 @@ def test_a_gone_box_with_an_attempt_in_flight_stays_until_the_attempt_is_settled
     for _ in range(3):
         world.clock.advance(60)
         obs, mem = _observe(world, desired, replace(mem, in_flight=(flight,)))
-        assert obs.spend.box(iid) is not None, "kept until its attempt is requeued and archived"
+        assert obs.memory.spend.box(iid) is not None, "kept until its attempt is requeued and archived"
     world.clock.advance(60)
     obs, mem = _observe(world, desired, replace(mem, in_flight=()))
-    assert obs.spend.box(iid) is None and obs.spend.total_usd == pytest.approx(world.ledger_usd())
+    assert obs.memory.spend.box(iid) is None and obs.memory.spend.total_usd == pytest.approx(world.ledger_usd())
 
 
 def test_when_the_provider_cannot_say_the_box_is_estimated_and_spend_never_goes_down() -> None:
@@ -99,26 +100,26 @@ def test_when_the_provider_cannot_say_the_box_is_estimated_and_spend_never_goes_
     iid = _rent(world, 1)
     world.clock.advance(100)
     obs, mem = _observe(world, desired, FleetMemory())
-    first = obs.spend.total_usd
+    first = obs.memory.spend.total_usd
     # The box bills less than its listed price from now on (say storage only): the estimate overshoots.
     world.bill(iid, 0.036)
     world.fail_next("billed_costs", ProviderTransient("show charges: HTTP 429"))
     world.fail_next("account_credit", ProviderTransient("show user: HTTP 503"))
     world.clock.advance(1000)
     obs, mem = _observe(world, desired, mem)
-    assert obs.spend.estimated and obs.spend.box(iid).estimated  # type: ignore[union-attr]
-    assert obs.spend.total_usd == pytest.approx(first + 0.36 * 1000 / 3600)
+    assert obs.memory.spend.estimated and obs.memory.spend.box(iid).estimated  # type: ignore[union-attr]
+    assert obs.memory.spend.total_usd == pytest.approx(first + 0.36 * 1000 / 3600)
     assert obs.credit_usd is None
     assert obs.instances[0].cost_usd is None  # the provider did not say
     # The bill, read again, is below the estimate: the estimate stands (still marked) until the bill passes it.
     world.clock.advance(100)
     obs2, mem = _observe(world, desired, mem)
-    assert world.ledger_usd() < obs.spend.total_usd
-    assert obs2.spend.total_usd == obs.spend.total_usd and obs2.spend.box(iid).estimated  # type: ignore[union-attr]
+    assert world.ledger_usd() < obs.memory.spend.total_usd
+    assert obs2.memory.spend.total_usd == obs.memory.spend.total_usd and obs2.memory.spend.box(iid).estimated  # type: ignore[union-attr]
     world.bill(iid, 36.0)
     world.clock.advance(100)
     obs3, mem = _observe(world, desired, mem)
-    assert obs3.spend.total_usd == pytest.approx(world.ledger_usd()) and not obs3.spend.estimated
+    assert obs3.memory.spend.total_usd == pytest.approx(world.ledger_usd()) and not obs3.memory.spend.estimated
 
 
 def test_a_box_the_provider_has_no_charge_for_is_estimated_at_its_price() -> None:
@@ -128,9 +129,9 @@ def test_a_box_the_provider_has_no_charge_for_is_estimated_at_its_price() -> Non
     world.unbilled.add(iid)
     world.clock.advance(50)
     obs, _ = _observe(world, desired, FleetMemory())
-    box = obs.spend.box(iid)
+    box = obs.memory.spend.box(iid)
     assert box is not None and box.estimated and box.usd == pytest.approx(0.72 * 50 / 3600)
-    assert obs.spend.estimated
+    assert obs.memory.spend.estimated
 
 
 def test_today_restarts_at_utc_midnight_and_an_increase_across_it_is_split_pro_rata() -> None:
@@ -139,13 +140,13 @@ def test_today_restarts_at_utc_midnight_and_an_increase_across_it_is_split_pro_r
     _rent(world, 1)
     world.clock.advance(1800)  # 23:30
     obs, mem = _observe(world, desired, FleetMemory())
-    assert obs.spend.today_usd == pytest.approx(0.5) and obs.spend.total_usd == pytest.approx(0.5)
+    assert obs.memory.spend.today_usd == pytest.approx(0.5) and obs.memory.spend.total_usd == pytest.approx(0.5)
     world.clock.advance(3600)  # 00:30 the next day: $1 more, half of it today
     obs, mem = _observe(world, desired, mem)
-    assert obs.spend.total_usd == pytest.approx(1.5) and obs.spend.today_usd == pytest.approx(0.5)
+    assert obs.memory.spend.total_usd == pytest.approx(1.5) and obs.memory.spend.today_usd == pytest.approx(0.5)
     world.clock.advance(DAY)  # a whole day later, nothing was read in between: today is since midnight only
     obs, mem = _observe(world, desired, mem)
-    assert obs.spend.total_usd == pytest.approx(25.5) and obs.spend.today_usd == pytest.approx(0.5)
+    assert obs.memory.spend.total_usd == pytest.approx(25.5) and obs.memory.spend.today_usd == pytest.approx(0.5)
 
 
 def test_a_box_first_seen_long_after_its_start_counts_its_whole_bill_pro_rata() -> None:
@@ -154,7 +155,7 @@ def test_a_box_first_seen_long_after_its_start_counts_its_whole_bill_pro_rata() 
     _rent(world, 1)
     world.clock.advance(4 * 3600)
     obs, _ = _observe(world, desired_state(0), FleetMemory())
-    assert obs.spend.total_usd == pytest.approx(8.0) and obs.spend.today_usd == pytest.approx(2.0)
+    assert obs.memory.spend.total_usd == pytest.approx(8.0) and obs.memory.spend.today_usd == pytest.approx(2.0)
 
 
 def _inst(iid: int, dph: float) -> Instance:
@@ -213,12 +214,12 @@ def test_every_billed_second_is_attributed_to_a_run_or_to_its_box_overhead() -> 
     spends = []
     for _ in range(200):
         res = rec.cycle(desired)
-        spends.append(res.observed.spend.total_usd)
+        spends.append(res.observed.memory.spend.total_usd)
         if not vanished and world.live_runs():
             vanished.append(world.live_runs()[0][0])
             world.vanish(vanished[0])
         done = {r.run_id for r in archive.records() if r.phase is AttemptOutcome.SUCCEEDED}
-        if done == {r.id for r in desired.runs} and not world.rentals and not res.observed.spend.boxes:
+        if done == {r.id for r in desired.runs} and not world.rentals and not res.observed.memory.spend.boxes:
             break
         world.clock.advance(20.0)
     assert not world.rentals and spends == sorted(spends), "converged, and spend never went down"
@@ -227,7 +228,7 @@ def test_every_billed_second_is_attributed_to_a_run_or_to_its_box_overhead() -> 
     rented = {r.instance_id for r in attempts} | set(vanished)
     assert Counter(o.instance_id for o in overheads) == Counter(dict.fromkeys(rented, 1)), "one line per box"
     ledger = world.ledger_usd()
-    assert res.observed.spend.total_usd == pytest.approx(ledger, abs=1e-9)
+    assert res.observed.memory.spend.total_usd == pytest.approx(ledger, abs=1e-9)
     assert sum(r.cost_usd for r in attempts) + sum(o.cost_usd for o in overheads) == pytest.approx(ledger, abs=1e-5)
     for o in overheads:
         on_box = [r for r in attempts if r.instance_id == o.instance_id]
@@ -268,7 +269,7 @@ def test_a_lost_attempt_never_costs_more_than_its_box_was_billed() -> None:
     world.clock.advance(7200.0)  # rigsync was away for two hours
     for _ in range(100):
         res = rec.cycle(desired)
-        if not world.rentals and not res.observed.spend.boxes:
+        if not world.rentals and not res.observed.memory.spend.boxes:
             break
         world.clock.advance(20.0)
     lost = [r for r in archive.records() if r.phase is AttemptOutcome.LOST]

@@ -1,9 +1,9 @@
-"""observe.update_box_memory: the per-box clocks the planner reads (unreachable_since, bootstrap_since)."""
+"""remember.update_box_memory: the per-box clocks the planner reads (unreachable_since, bootstrap_since)."""
 
 from __future__ import annotations
 
 from reconciler.model import BoxMemory, BoxProbe, Instance, InstanceStatus
-from reconciler.observe import update_box_memory
+from reconciler.remember import update_box_memory
 
 T = 1_000_000.0
 BOX = Instance(1, "rigsync:lab:abc-1", InstanceStatus.RUNNING, "RTX 3090", 1, 24576, 0.2, T - 600)
@@ -27,7 +27,7 @@ def test_gpu_quiet_clock_per_live_attempt_of_a_sweep_with_stall_timeout() -> Non
     from dataclasses import replace
 
     from reconciler.model import Budget, Desired, Fleet, GpuState, MetricGoal, RunDirState, RunSpec
-    from reconciler.observe import track_gpu_quiet
+    from reconciler.remember import track_gpu_quiet
 
     def spec(rid: str, stall: float | None) -> RunSpec:
         return RunSpec(rid, "s", rid, (), 0, "true", 0, 0, 1, 0, 3600.0, 2, "metrics.jsonl", None, MetricGoal.MAX,

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -134,17 +135,12 @@ def world(desired: Desired, *, extra_box: bool = False, spend: Spend | None = No
             for a in (1, 2, 3)
         ),
     )
-    return Observed(
-        instances=tuple(inst),
-        probes=(probe,),
-        history=history,
-        memory=(
+    memory = FleetMemory(
+        boxes=(
             BoxMemory(11, first_seen_at=T0 - 7000.2),
             BoxMemory(5, first_seen_at=T0 - 9000, unreachable_since=T0 - 60),
         ),
         spend=spend or Spend(today_usd=1.25, total_usd=7.5, boxes=tuple(boxes)),
-        credit_usd=42.0,
-        fleet_name="demo",
         in_flight=(
             InFlight(run_id=runs[1].id, attempt=1, instance_id=11, gpu_mask=(0,), launched_at=T0 - 61, sweep="tdmpc"),
         ),
@@ -160,6 +156,14 @@ def world(desired: Desired, *, extra_box: bool = False, spend: Spend | None = No
             boxes=((11, 10007),),
         ),
     )
+    return Observed(
+        instances=tuple(inst), probes=(probe,), history=history, memory=memory, credit_usd=42.0, fleet_name="demo"
+    )
+
+
+def remembering(observed: Observed, **changes: Any) -> Observed:
+    """``observed`` with some of its memory's fields replaced."""
+    return replace(observed, memory=replace(observed.memory, **changes))
 
 
 def a_plan(desired: Desired) -> Plan:
@@ -239,9 +243,9 @@ def test_unchanged_world_renders_byte_identical_files(desired: Desired) -> None:
     # the account's (0.5 $/h, the foreign box included), each read a few seconds off the line.
     later = T0 + 600
     probe = replace(obs.probes[0], gpus=(GpuState(0, 5100, 12288, 12.0),), disk_free_gb=11.0)
-    billed = replace(obs.spend.boxes[0], usd=0.2 + 0.1 / 6 + 0.1 * 3 / 3600, at=later)
+    billed = replace(obs.memory.spend.boxes[0], usd=0.2 + 0.1 / 6 + 0.1 * 3 / 3600, at=later)
     spend2 = Spend(today_usd=1.25 + 0.1 / 6 + 0.1 * 3 / 3600, total_usd=7.5 + 0.1 / 6 + 0.1 * 3 / 3600, boxes=(billed,))
-    obs2 = replace(obs, probes=(probe,), spend=spend2, credit_usd=42.0 - 0.5 / 6 + 0.004)
+    obs2 = replace(obs, probes=(probe,), credit_usd=42.0 - 0.5 / 6 + 0.004, memory=replace(obs.memory, spend=spend2))
     second = render_observed(
         desired=desired, observed=obs2, plan=a_plan(desired), status=STATUS_OK, now=later, previous=first
     )
@@ -255,7 +259,7 @@ def test_unchanged_world_renders_byte_identical_files(desired: Desired) -> None:
     # A box read 15 s of its rate off its line is news: a new anchor, with the figures as read.
     drifted = replace(billed, usd=billed.usd + 0.1 * 15 / 3600)
     third = render_observed(
-        desired=desired, observed=replace(obs2, spend=replace(spend2, boxes=(drifted,))), plan=a_plan(desired),
+        desired=desired, observed=remembering(obs2, spend=replace(spend2, boxes=(drifted,))), plan=a_plan(desired),
         status=STATUS_OK, now=later, previous=first,
     )
     assert yaml.safe_load(third[BUDGET])["spend"]["as_of"] == "2026-11-03T12:10:00Z"
@@ -266,7 +270,7 @@ def test_unchanged_world_renders_byte_identical_files(desired: Desired) -> None:
 def test_a_change_moves_last_change_at_and_a_new_rate_moves_the_spend_anchor(desired: Desired) -> None:
     first = render_observed(desired=desired, observed=world(desired), plan=a_plan(desired), status=STATUS_OK, now=T0)
     obs = world(desired, extra_box=True)
-    obs = replace(obs, spend=replace(obs.spend, today_usd=1.26, total_usd=7.51))
+    obs = remembering(obs, spend=replace(obs.memory.spend, today_usd=1.26, total_usd=7.51))
     second = render_observed(
         desired=desired, observed=obs, plan=a_plan(desired), status=STATUS_OK, now=T0 + 60, previous=first
     )
@@ -277,7 +281,7 @@ def test_a_change_moves_last_change_at_and_a_new_rate_moves_the_spend_anchor(des
     off = world(desired)
     third = render_observed(
         desired=desired,
-        observed=replace(off, spend=replace(off.spend, today_usd=3.0, total_usd=9.0)),
+        observed=remembering(off, spend=replace(off.memory.spend, today_usd=3.0, total_usd=9.0)),
         plan=a_plan(desired),
         status=STATUS_OK,
         now=T0 + 60,
@@ -286,20 +290,21 @@ def test_a_change_moves_last_change_at_and_a_new_rate_moves_the_spend_anchor(des
     assert yaml.safe_load(third[BUDGET])["spend"]["total_usd"] == 9.0
     # So does a box turning estimated (the provider could not say), a gone box, and a credit that became unknown.
     for changed in (
-        replace(off, spend=replace(off.spend, boxes=(replace(off.spend.boxes[0], estimated=True),))),
-        replace(off, spend=replace(off.spend, boxes=(replace(off.spend.boxes[0], gone_at=T0 + 30),))),
+        remembering(off, spend=replace(off.memory.spend, boxes=(replace(off.memory.spend.boxes[0], estimated=True),))),
+        remembering(off, spend=replace(off.memory.spend, boxes=(replace(off.memory.spend.boxes[0], gone_at=T0 + 30),))),
         replace(off, credit_usd=None),
     ):
         doc = yaml.safe_load(render_observed(
             desired=desired, observed=changed, plan=a_plan(desired), status=STATUS_OK, now=T0 + 60, previous=first
         )[BUDGET])["spend"]
         assert doc["as_of"] == "2026-11-03T12:01:00Z", changed
-    estimated = replace(off, spend=replace(off.spend, boxes=(replace(off.spend.boxes[0], estimated=True),)))
+    first_box = off.memory.spend.boxes[0]
+    estimated = remembering(off, spend=replace(off.memory.spend, boxes=(replace(first_box, estimated=True),)))
     doc = yaml.safe_load(render_observed(
         desired=desired, observed=estimated, plan=a_plan(desired), status=STATUS_OK, now=T0
     )[BUDGET])["spend"]
     assert doc["source"] == "estimated" and doc["boxes"][0]["estimated"] is True
-    gone = replace(off, spend=replace(off.spend, boxes=(replace(off.spend.boxes[0], gone_at=T0 - 5),)))
+    gone = remembering(off, spend=replace(off.memory.spend, boxes=(replace(first_box, gone_at=T0 - 5),)))
     doc = yaml.safe_load(render_observed(
         desired=desired, observed=gone, plan=a_plan(desired), status=STATUS_OK, now=T0
     )[BUDGET])["spend"]
@@ -328,12 +333,12 @@ def test_fleet_memory_round_trip_and_spend_extrapolation(desired: Desired, tmp_p
         BoxMemory(5, first_seen_at=T0 - 9000, unreachable_since=T0 - 60),
         BoxMemory(11, first_seen_at=T0 - 7000),  # whole seconds
     )
-    assert memory.in_flight == tuple(replace(f, launched_at=T0 - 61) for f in obs.in_flight)
+    assert memory.in_flight == tuple(replace(f, launched_at=T0 - 61) for f in obs.memory.in_flight)
     # Spend is the snapshot at as_of, with every box's bill then (whole seconds): the first cycle's billed read adds
     # what each box was billed since, whenever that is.
-    assert memory.spend == replace(obs.spend, boxes=(replace(obs.spend.boxes[0], started_at=T0 - 7200),))
+    assert memory.spend == replace(obs.memory.spend, boxes=(replace(obs.memory.spend.boxes[0], started_at=T0 - 7200),))
     assert memory.spend_at == T0
-    assert memory.hosts == obs.hosts  # the host ledger comes back whole (its derived fields are ignored)
+    assert memory.hosts == obs.memory.hosts  # the host ledger comes back whole (its derived fields are ignored)
     assert read_fleet_memory(tmp_path, now=T0 + 7200) == memory
     # No files at all: empty memory.
     assert read_fleet_memory(tmp_path / "empty") == FleetMemory()
@@ -388,16 +393,17 @@ def test_describe_change_names_rents_destroys_launches_and_finishes(desired: Des
     )
     assert describe_change(more, first) == "12 gone from the provider's list"
     bad = world(desired)
-    record = replace(bad.hosts.hosts[0], boot_timeouts=2)  # 3 faults: the demo fleet's blacklist_after
+    record = replace(bad.memory.hosts.hosts[0], boot_timeouts=2)  # 3 faults: the demo fleet's blacklist_after
     worse = render_observed(
-        desired=desired, observed=replace(bad, hosts=replace(bad.hosts, hosts=(record,))), plan=a_plan(desired),
+        desired=desired, observed=remembering(bad, hosts=replace(bad.memory.hosts, hosts=(record,))),
+        plan=a_plan(desired),
         status=STATUS_OK, now=T0, previous=first,
     )
     assert describe_change(first, worse) == "blacklisted machine 10007"
     run = desired.runs[4]
     done = AttemptRecord(run_id=run.id, attempt=1, sweep=run.sweep, phase=AttemptOutcome.SUCCEEDED, seed=2,
                          best_metric=612.04, instance_id=11)
-    launched = replace(world(desired), in_flight=(
+    launched = remembering(world(desired), in_flight=(
         InFlight(run_id=run.id, attempt=2, instance_id=11, gpu_mask=(0,), launched_at=T0, sweep=run.sweep),
         InFlight(run_id=desired.runs[5].id, attempt=1, instance_id=12, gpu_mask=(0,), launched_at=T0, sweep=run.sweep),
     ))

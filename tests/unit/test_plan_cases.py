@@ -42,6 +42,7 @@ ACTION_FIELDS = (
     "disk_gb",
     "sweep",
     "bid_dph",
+    "path",
 )
 
 

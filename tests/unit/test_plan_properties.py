@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reconciler.actions import APPLY_ORDER, Bootstrap, Destroy, Kill, Launch, Plan, Record, Rent, Requeue
-from reconciler.apply import ApplyContext, apply, next_in_flight
+from reconciler.apply import ApplyContext, apply
 from reconciler.model import (
     AttemptOutcome,
     AttemptRecord,
@@ -40,6 +40,7 @@ from reconciler.model import (
 )
 from reconciler.observe import observe
 from reconciler.plan import effective_caps, fleet_spec_hash, plan
+from reconciler.remember import next_in_flight
 
 NOW = 1_000_000.0
 FLEET = "lab"
@@ -226,10 +227,8 @@ def worlds(draw: st.DrawFn, steady: bool = False) -> World:
         probes=tuple(probes),
         offers=draw(offers()),
         history=tuple(history),
-        memory=tuple(memory),
-        spend=spend,
+        memory=FleetMemory(boxes=tuple(memory), spend=spend, in_flight=tuple(in_flight)),
         fleet_name=FLEET,
-        in_flight=tuple(in_flight),
     )
     return desired, observed
 
@@ -277,7 +276,7 @@ def test_never_rents_above_caps(world: World) -> None:
     assert len({r.offer_id for r in rents}) == len(rents)
     offer_ids = {o.id for o in observed.offers}
     assert all(r.offer_id in offer_ids for r in rents)
-    spend, budget = observed.spend, desired.budget
+    spend, budget = observed.memory.spend, desired.budget
     assert budget.daily_usd is None or spend.today_usd < max(0.0, budget.daily_usd)
 
 
@@ -350,9 +349,9 @@ def _apply(desired: Desired, observed: Observed, p: Plan) -> Observed:
     result = apply(p, ctx)
     assert not result.failures, result.failure_lines()
     memory = FleetMemory(
-        boxes=observed.memory,
-        in_flight=next_in_flight(observed.in_flight, observed, result),
-        spend=observed.spend,
+        boxes=observed.memory.boxes,
+        in_flight=next_in_flight(observed.memory.in_flight, observed, result),
+        spend=observed.memory.spend,
         spend_at=NOW,
     )
     applied, _ = observe(desired, world.provider, world.box_control, tuple(archive.records()), memory, NOW)
@@ -365,7 +364,8 @@ def test_the_fake_world_is_observed_as_generated(world: World) -> None:
     """The fakes are honest: ``observe()`` of a fake world built from a snapshot plans like the snapshot itself."""
     desired, observed = world
     fake = FakeWorld.from_observed(observed, FakeClock(NOW))
-    memory = FleetMemory(boxes=observed.memory, in_flight=observed.in_flight, spend=observed.spend, spend_at=NOW)
+    mem = observed.memory
+    memory = FleetMemory(boxes=mem.boxes, in_flight=mem.in_flight, spend=mem.spend, spend_at=NOW)
     seen, _ = observe(desired, fake.provider, fake.box_control, observed.history, memory, NOW)
     assert seen.probes == tuple(  # a real probe lists run directories sorted by (run id, attempt)
         dataclasses.replace(p, runs=tuple(sorted(p.runs, key=lambda r: (r.run_id, r.attempt))))
@@ -390,7 +390,7 @@ def test_a_spent_cap_starts_nothing_and_ends_every_box(world: World) -> None:
     """Caps hold before the fact: once the daily cap is spent, nothing new starts and every owned box goes now."""
     desired, observed = world
     cap = desired.budget.daily_usd
-    if cap is None or observed.spend.today_usd < max(0.0, cap) or desired.fleet.suspend:
+    if cap is None or observed.memory.spend.today_usd < max(0.0, cap) or desired.fleet.suspend:
         return
     p = plan(desired, observed, NOW)
     assert not [a for a in p.actions if isinstance(a, Launch | Rent | Bootstrap)]

@@ -196,7 +196,8 @@ def test_saved_launch_refused_when_the_run_moved_on() -> None:
     assert stale_reasons(p, case.desired, done) == ["run r2 has succeeded since the plan was made"]
     ran = replace(obs, history=(AttemptRecord(run_id="r2", attempt=1, sweep="s", phase=AttemptOutcome.FAILED),))
     assert stale_reasons(p, case.desired, ran) == ["attempt r2.1 has already run"]
-    flying = replace(obs, in_flight=(InFlight(run_id="r2", attempt=1, instance_id=1, gpu_mask=(1,), launched_at=0),))
+    flight = InFlight(run_id="r2", attempt=1, instance_id=1, gpu_mask=(1,), launched_at=0)
+    flying = replace(obs, memory=replace(obs.memory, in_flight=(flight,)))
     assert stale_reasons(p, case.desired, flying) == ["run r2 is already running (attempt r2.1)"]
     probe = obs.probes[0]
     hot = replace(probe, gpus=tuple(replace(g, memory_used_mib=4000) for g in probe.gpus))

@@ -17,6 +17,7 @@ import pytest
 from reconciler import remote
 from reconciler.errors import RemoteCommandFailed
 from reconciler.model import BoxProbe, RunDirState
+from reconciler.remote import commands
 
 # Answers only the one query the probe makes, as real nvidia-smi formats it, and logs every call.
 FAKE_SMI = """#!/bin/bash
@@ -257,7 +258,7 @@ def test_a_kill_that_comes_while_the_launch_starts_wins(box: Box) -> None:
     assert (d / "exit_code").read_text().strip() == "137"
     # the wrapper starts after the kill: it writes its pid, sees the exit code, and never runs the command
     started = subprocess.run(
-        ["bash", "-c", remote._script("wrapper.sh"), "rigsync-wrapper", str(d), "", "metrics.jsonl", "race", "0", "",
+        ["bash", "-c", commands._script("wrapper.sh"), "rigsync-wrapper", str(d), "", "metrics.jsonl", "race", "0", "",
          "0", "2", f"touch {d}/ran"],
         env={**box.env, "RIGSYNC_ROOT": str(box.home / "rigsync")}, input=b"", capture_output=True, timeout=60,
         check=False,

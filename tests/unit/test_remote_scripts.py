@@ -1,4 +1,4 @@
-"""The box-side files in reconciler/remote/: every script passes shellcheck, the probe runs on its own."""
+"""The box-side files in reconciler/box/: every script passes shellcheck, the probe runs on its own."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import remote
+from reconciler import box, remote
 from reconciler.errors import RemoteCommandFailed
+from reconciler.remote import commands
 
-PKG = Path(remote.__file__).resolve().parent
+PKG = Path(box.__file__).resolve().parent
 SCRIPTS = sorted(PKG.glob("*.sh"))
 PROBE = PKG / "probe.py"
 
@@ -44,7 +45,7 @@ def test_script_passes_shellcheck(path: Path) -> None:
 @pytest.mark.parametrize("path", [p for p in SCRIPTS if p.name != "lib.sh"], ids=lambda p: p.name)
 def test_script_as_shipped_passes_shellcheck(path: Path) -> None:
     """What runs on a box is lib.sh followed by the script: checked as one, function definitions included."""
-    res = _shellcheck(["-"], stdin=remote._script(path.name))
+    res = _shellcheck(["-"], stdin=commands._script(path.name))
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -71,13 +72,15 @@ def test_probe_keeps_to_python_3_8_and_the_standard_library() -> None:
         assert not isinstance(node, ast.Match), "no match statements on the box"
         if isinstance(node, ast.Import):
             imported.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.module.startswith("reconciler.box."):
             imported.add(node.module.split(".")[0])
     assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
 
 
 def _run_probe(env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, str(PROBE)], env=env, capture_output=True, timeout=60, check=False)
+    """The probe as shipped (its bundle), without site-packages: only the standard library is there."""
+    cmd = [sys.executable, "-S", "-c", commands._program("probe.py")]
+    return subprocess.run(cmd, env=env, capture_output=True, timeout=60, check=False)
 
 
 def test_probe_file_runs_standalone(tmp_path: Path) -> None:
@@ -108,5 +111,7 @@ def test_probe_without_a_root_says_so(tmp_path: Path) -> None:
 
 
 def test_the_probe_shipped_is_the_file() -> None:
-    assert remote._text("probe.py") == PROBE.read_text()
-    assert shlex.quote(PROBE.read_text()) in remote.probe_script()
+    assert commands._text("probe.py") == PROBE.read_text()
+    assert repr(PROBE.read_text()) in commands._program("probe.py")
+    assert repr((PKG / "boxlib.py").read_text()) in commands._program("probe.py")
+    assert shlex.quote(commands._program("probe.py")) in remote.probe_script()

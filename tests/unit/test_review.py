@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 
 from reconciler.desired import load_desired, read_desired_files
-from reconciler.model import AttemptOutcome, AttemptRecord, Desired, Observed, Spend
+from reconciler.model import AttemptOutcome, AttemptRecord, Desired, FleetMemory, Observed, Spend
 from reconciler.review import MARKER, MAX_MARKDOWN, Side, compute_review, headline, markdown
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +78,8 @@ def test_archive_runtimes_and_prices_are_used_and_spend_counts(tmp_path: Path) -
                       started_at=NOW - 7200, ended_at=NOW - 7200 + 600)
         for i in range(3)
     )
-    doc = _review(base, head, Observed(history=history, spend=Spend(today_usd=4.95, total_usd=19.0)))
+    spent = FleetMemory(spend=Spend(today_usd=4.95, total_usd=19.0))
+    doc = _review(base, head, Observed(history=history, memory=spent))
     e = doc["estimate"]
     assert e["sweeps"][0]["runtime_source"] == "archive" and e["sweeps"][0]["runtime_samples"] == 3
     assert e["gpu_hours"] == pytest.approx(1.0)  # 6 x 10 minutes

@@ -1,4 +1,4 @@
-"""The box's kill switch (reconciler/remote/watchdog.py): its decision as a pure function, what it reads on the box,
+"""The box's kill switch (reconciler/box/watchdog.py): its decision as a pure function, what it reads on the box,
 the one API call it makes, and the onstart that starts it -- run for real with a local bash against a local HTTP
 server standing in for the provider.
 """
@@ -26,16 +26,18 @@ from typing import Any
 import pytest
 from fakes import FakeArchive, FakeClock, FakeWorld, code_tar, desired_state, offer
 
-from reconciler import remote
+from reconciler import box, remote
 from reconciler.apply import ApplyContext, apply
+from reconciler.box import probe as probe_mod
+from reconciler.box import watchdog as wd
+from reconciler.box.boxlib import Activity, box_activity
+from reconciler.box.watchdog import CONTROLLER_GRACE_S, decide
 from reconciler.model import FleetMemory
 from reconciler.observe import observe
 from reconciler.plan import plan
-from reconciler.remote import probe as probe_mod
-from reconciler.remote import watchdog as wd
-from reconciler.remote.watchdog import CONTROLLER_GRACE_S, decide
+from reconciler.remote import commands
 
-PKG = Path(remote.__file__).resolve().parent
+PKG = Path(box.__file__).resolve().parent
 KEY = "per-instance-key-" + "k" * 40
 
 # ------------------------------------------------------------------------------------------- decide()
@@ -131,7 +133,7 @@ def test_check_interval_is_a_tenth_of_the_shortest_limit_within_1_and_30_s() -> 
 
 def test_run_activity_reads_run_directories_and_bootstrap_markers(tmp_path: Path) -> None:
     root = tmp_path / "rigsync"
-    assert wd.run_activity(str(root)) == wd.RunActivity(False, None)
+    assert box_activity(str(root)) == Activity(False, None)
     done = root / "runs" / "a.0"
     done.mkdir(parents=True)
     (done / "pid").write_text("999999999\n")  # no such process
@@ -140,23 +142,23 @@ def test_run_activity_reads_run_directories_and_bootstrap_markers(tmp_path: Path
     (done / "heartbeat").touch()
     os.utime(done / "heartbeat", (1090, 1090))
     os.utime(done, (1050, 1050))
-    assert wd.run_activity(str(root)) == wd.RunActivity(False, 1100.25)
+    assert box_activity(str(root)) == Activity(False, 1100.25)
 
     fresh = root / "runs" / "b.0"  # just created by a launch: the directory's own mtime counts
     fresh.mkdir()
-    act = wd.run_activity(str(root))
+    act = box_activity(str(root))
     assert not act.alive and act.last_at is not None and act.last_at > 1100.25
 
     (fresh / "pid").write_text(f"{os.getpid()}\n")
-    assert wd.run_activity(str(root)).alive
+    assert box_activity(str(root)).alive
 
     (fresh / "pid").unlink()
     boot = root / "bootstrap"
     boot.mkdir()
     (boot / "h1.pid").write_text(f"{os.getpid()}\n")
-    assert wd.run_activity(str(root)).alive, "a running bootstrap counts as alive"
+    assert box_activity(str(root)).alive, "a running bootstrap counts as alive"
     (boot / "h1.ok").touch()
-    assert not wd.run_activity(str(root)).alive, "a finished bootstrap's pid file is history"
+    assert not box_activity(str(root)).alive, "a finished bootstrap's pid file is history"
 
 
 def test_box_start_is_recorded_once(tmp_path: Path) -> None:
@@ -169,7 +171,7 @@ def test_the_probe_touches_the_file_the_watchdog_reads(tmp_path: Path) -> None:
     root = tmp_path / "rigsync"
     before = time.time() - 1
     res = subprocess.run(
-        [sys.executable, str(PKG / "probe.py")], env={"HOME": str(tmp_path), "PATH": os.defpath,
+        [sys.executable, "-S", "-c", commands._program("probe.py")], env={"HOME": str(tmp_path), "PATH": os.defpath,
                                                       "RIGSYNC_ROOT": str(root)},
         capture_output=True, timeout=60, check=False,
     )
@@ -264,7 +266,7 @@ def test_the_watchdog_keeps_to_python_3_8_and_the_standard_library() -> None:
         assert not isinstance(node, ast.Match)
         if isinstance(node, ast.Import):
             imported.update(a.name.split(".")[0] for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.module.startswith("reconciler.box."):
             imported.add(node.module.split(".")[0])
     assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
 
@@ -279,8 +281,9 @@ def test_the_onstart_carries_the_files_and_the_limits_and_no_secret() -> None:
     onstart = remote.watchdog_onstart(ttl_s=43200, idle_timeout_s=600, orphan_timeout_s=1800)
     assert len(onstart) < 10_000, "the onstart field is meant for a short script: keep it a few KiB"
     command = _unpack(onstart)
-    assert command.startswith(remote._ENV)
-    for text in (remote._text("watchdog.py"), remote._text("watchdog_run.sh"), remote._script("watchdog_start.sh")):
+    assert command.startswith(commands._ENV)
+    program, runner, start = "watchdog.py", "watchdog_run.sh", "watchdog_start.sh"
+    for text in (commands._program(program), commands._text(runner), commands._script(start)):
         assert shlex.quote(text) in command
     assert command.endswith(" 43200.0 600.0 1800.0")
     assert "ttl 43200.0" in onstart and "orphan_timeout 1800.0" in onstart
@@ -373,7 +376,7 @@ def test_the_onstart_starts_one_detached_watchdog_that_destroys_its_instance(loc
     assert res.stdout.startswith("started "), res.stdout
     sup = local_box.supervisor()
     assert os.getsid(sup) == sup, "the supervisor leads a session of its own (detached from the onstart)"
-    assert (local_box.wdir / "watchdog.py").read_text() == remote._text("watchdog.py")
+    assert (local_box.wdir / "watchdog.py").read_text() == commands._program("watchdog.py")
     again = local_box.onstart(remote.watchdog_onstart(ttl_s=None, idle_timeout_s=600, orphan_timeout_s=2))
     assert again.stdout.strip() == "running" and local_box.supervisor() == sup
 
@@ -436,7 +439,7 @@ def test_without_python_the_onstart_says_so(local_box: LocalBox, tmp_path: Path)
 
 def test_bad_arguments_are_logged_not_crashed(tmp_path: Path) -> None:
     env = {"RIGSYNC_ROOT": str(tmp_path / "rigsync"), "PATH": os.defpath}
-    res = subprocess.run([sys.executable, str(PKG / "watchdog.py"), "none", "0", "60"], env=env,
+    res = subprocess.run([sys.executable, "-S", "-c", commands._program("watchdog.py"), "none", "0", "60"], env=env,
                          capture_output=True, text=True, timeout=30, check=False)
     assert res.returncode == 2
     assert "not started: bad arguments" in (tmp_path / "rigsync" / wd.DIR / wd.LOG_FILE).read_text()

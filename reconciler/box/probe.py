@@ -1,7 +1,10 @@
 """rigsync's probe: everything the reconciler needs to know about a box, as one line of JSON on stdout.
 
 This program runs on the box, under the first candidate interpreter that can run it (see ``probe.sh``), so it
-uses the standard library only and keeps to Python 3.8 syntax. The reconciler imports it only for ``FORMAT``.
+uses the standard library only and keeps to Python 3.8 syntax; it travels with ``boxlib.py`` (a bundle built by
+``reconciler.remote.commands``). The reconciler imports it only for ``FORMAT``.
+
+``last_activity_at`` is ``boxlib.box_activity``, the rule the watchdog uses too, from the box's boot on.
 
 It reads ``RIGSYNC_ROOT`` (rigsync's directory on the box, set by the command line) and ``RS_BEST_PY`` (the
 interpreter running it, reported as the box's best Python). One ``nvidia-smi`` call per probe, started first so
@@ -13,7 +16,6 @@ was here; without it for ``orphan_timeout`` the box destroys itself.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -21,6 +23,8 @@ import subprocess
 import sys
 import time
 from typing import Any
+
+from reconciler.box.boxlib import alive, box_activity, num, read
 
 FORMAT = 1
 NVIDIA_SMI = (
@@ -30,41 +34,6 @@ NVIDIA_SMI = (
 )
 SMI_TIMEOUT_S = 10
 WATCHDOG_TOUCH = ("watchdog", "touched")  # under RIGSYNC_ROOT; watchdog.py's DIR and TOUCH_FILE
-
-
-def alive(pid: int) -> bool:
-    """True when ``pid`` exists and is not a zombie."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def read(path: str) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read().decode("utf-8", "replace").strip()
-    except OSError:
-        return None
-
-
-def num(text: str | None) -> float | None:
-    if text is None or text == "":
-        return None
-    try:
-        v = float(text)
-    except ValueError:
-        return None
-    return v if math.isfinite(v) else None
 
 
 def smi_start() -> subprocess.Popen[bytes] | str:
@@ -136,7 +105,7 @@ def metrics(path: str, key: Any, goal: Any) -> tuple[dict[str, Any] | None, floa
     return last, best, final
 
 
-def bootstrap_state(bdir: str, activity: list[float]) -> dict[str, list[str]]:
+def bootstrap_state(bdir: str) -> dict[str, list[str]]:
     boot: dict[str, list[str]] = {"ok": [], "failed": [], "running": []}
     try:
         names = os.listdir(bdir)
@@ -146,8 +115,6 @@ def bootstrap_state(bdir: str, activity: list[float]) -> dict[str, list[str]]:
     for n in sorted(names):
         if n.endswith(".ok"):
             boot["ok"].append(n[:-3])
-            with contextlib.suppress(OSError):
-                activity.append(os.stat(os.path.join(bdir, n)).st_mtime)
         elif n.endswith(".failed"):
             boot["failed"].append(n[:-7])
         elif n.endswith(".pid"):
@@ -202,6 +169,15 @@ def run_state(d: str, run_id: str, attempt: int, now: float) -> dict[str, Any]:
     }
 
 
+def booted_at(now: float) -> float | None:
+    """The kernel's boot (in a container: its host's), the start of the box's activity as the probe counts it."""
+    try:
+        with open("/proc/uptime") as f:
+            return now - float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def touch_watchdog(root: str) -> None:
     """Tell the box's watchdog that the controller was here (the file's mtime is what it reads)."""
     path = os.path.join(root, *WATCHDOG_TOUCH)
@@ -226,14 +202,7 @@ def probe(root: str) -> dict[str, Any]:
     except OSError:
         out["disk_free_gb"] = None
 
-    activity: list[float] = []
-    try:
-        with open("/proc/uptime") as f:
-            activity.append(now - float(f.read().split()[0]))
-    except (OSError, ValueError, IndexError):
-        pass
-
-    out["bootstrap"] = bootstrap_state(os.path.join(root, "bootstrap"), activity)
+    out["bootstrap"] = bootstrap_state(os.path.join(root, "bootstrap"))
 
     cdir = os.path.join(root, "code")
     try:
@@ -254,9 +223,8 @@ def probe(root: str) -> dict[str, Any]:
             continue
         r = run_state(d, run_id, int(att), now)
         runs.append(r)
-        activity.extend(t for t in (r["started_at"], r["ended_at"]) if t is not None)
     out["runs"] = runs
-    out["last_activity_at"] = max(activity) if activity else None
+    out["last_activity_at"] = box_activity(root, booted_at(now)).last_at
 
     gpus, err = smi_gpus(smi)
     if err:

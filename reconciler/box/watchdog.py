@@ -3,9 +3,10 @@
 Started at every boot by the instance's onstart (``watchdog_start.sh``, under the supervisor ``watchdog_run.sh``),
 it destroys its own instance -- ``DELETE $RIGSYNC_API_URL/api/v0/instances/$CONTAINER_ID/`` with the per-instance
 ``CONTAINER_API_KEY``, never the account key, never a stop -- when ``decide`` says so: past ``ttl``, no controller
-for ``orphan_timeout``, or no run and no controller for ``idle_timeout`` (the rules: ``reconciler/remote``'s
+for ``orphan_timeout``, or no run and no controller for ``idle_timeout`` (the rules: ``reconciler/box``'s
 docstring). The box's state is read afresh at every check; the call is retried until the box is gone; everything
-is logged to ``watchdog/watchdog.log``, the key never. Standard library only, Python 3.8 syntax, like the probe.
+is logged to ``watchdog/watchdog.log``, the key never. Standard library only, Python 3.8 syntax, like the probe; it
+travels with ``boxlib.py`` (the bundle ``reconciler.remote.commands`` builds is what ``watchdog/watchdog.py`` holds).
 
 Usage: ``watchdog.py TTL_S|none IDLE_TIMEOUT_S ORPHAN_TIMEOUT_S`` with ``RIGSYNC_ROOT``, ``CONTAINER_ID``,
 ``CONTAINER_API_KEY`` and ``RIGSYNC_API_URL`` in the environment.
@@ -21,6 +22,8 @@ import time
 import urllib.error
 import urllib.request
 from typing import NamedTuple
+
+from reconciler.box.boxlib import box_activity, mtime, num, read
 
 FORMAT = 1
 API_URL_ENV = "RIGSYNC_API_URL"
@@ -42,11 +45,6 @@ class Verdict(NamedTuple):
     text: str
 
 
-class RunActivity(NamedTuple):
-    alive: bool  # a run (or bootstrap) process is alive now
-    last_at: float | None  # the latest time anything run-related happened, if anything did
-
-
 def decide(
     now: float,
     *,
@@ -61,7 +59,8 @@ def decide(
     """Whether to destroy the box now, and why. Pure: every input is an argument, times in seconds.
 
     ``started_at`` is the box's start, ``touched_at`` the controller's last probe (None: never), and
-    ``run_activity_at``/``run_alive`` what the run directories say (``run_activity``).
+    ``run_activity_at``/``run_alive`` what the run directories say (``boxlib.box_activity``, the rule the probe
+    reports to the controller too).
     """
     up = now - started_at
     if ttl_s is not None and up >= ttl_s:
@@ -91,95 +90,10 @@ def check_interval(ttl_s: float | None, idle_timeout_s: float, orphan_timeout_s:
 # ------------------------------------------------------------------------------------- reading the box
 
 
-def alive(pid: int) -> bool:
-    """True when ``pid`` exists and is not a zombie (the same test as probe.py's and lib.sh's)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            return f.read().decode("utf-8", "replace").strip()
-    except OSError:
-        return None
-
-
-def _num(text: str | None) -> float | None:
-    try:
-        v = float(text) if text else None
-    except ValueError:
-        return None
-    return v if v is not None and math.isfinite(v) else None
-
-
-def _mtime(path: str) -> float | None:
-    try:
-        return os.stat(path).st_mtime
-    except OSError:
-        return None
-
-
-def _pid_alive(path: str) -> bool:
-    pid = _read(path)
-    return bool(pid and pid.isdigit() and alive(int(pid)))
-
-
-def run_activity(root: str) -> RunActivity:
-    """What the run directories (``runs/*/``) and the bootstrap markers say, read afresh."""
-    times: list[float] = []
-    live = False
-    rdir = os.path.join(root, "runs")
-    try:
-        names = os.listdir(rdir)
-    except OSError:
-        names = []
-    for name in names:
-        d = os.path.join(rdir, name)
-        if not os.path.isdir(d):
-            continue
-        live = live or _pid_alive(os.path.join(d, "pid"))
-        for t in (
-            _mtime(d),  # the launch lock: a run directory just created, before its wrapper wrote anything
-            _mtime(os.path.join(d, "heartbeat")),
-            _num(_read(os.path.join(d, "started_at"))),
-            _num(_read(os.path.join(d, "ended_at"))),
-        ):
-            if t is not None:
-                times.append(t)
-    bdir = os.path.join(root, "bootstrap")
-    try:
-        names = os.listdir(bdir)
-    except OSError:
-        names = []
-    for name in names:
-        path = os.path.join(bdir, name)
-        if name.endswith((".ok", ".failed")):
-            t = _mtime(path)
-            if t is not None:
-                times.append(t)
-        elif name.endswith(".pid"):
-            h = name[: -len(".pid")]
-            if h + ".ok" not in names and h + ".failed" not in names:
-                live = live or _pid_alive(path)
-    return RunActivity(live, max(times) if times else None)
-
-
 def box_started_at(wdir: str, now: float) -> float:
     """The box's start as the watchdog counts it: recorded at its first start, kept across restarts."""
     path = os.path.join(wdir, STARTED_FILE)
-    t = _num(_read(path))
+    t = num(read(path))
     if t is not None:
         return t
     tmp = path + ".tmp"
@@ -291,10 +205,10 @@ def main(argv: list[str]) -> int:
     while True:
         now = time.time()
         try:
-            act = run_activity(root)
+            act = box_activity(root)
             verdict = decide(
                 now, started_at=started, ttl_s=ttl_s, idle_timeout_s=idle_s, orphan_timeout_s=orphan_s,
-                touched_at=_mtime(os.path.join(wdir, TOUCH_FILE)), run_activity_at=act.last_at, run_alive=act.alive,
+                touched_at=mtime(os.path.join(wdir, TOUCH_FILE)), run_activity_at=act.last_at, run_alive=act.alive,
             )
         except Exception as exc:  # never die of a surprise: log it and look again
             log(wdir, f"check failed: {type(exc).__name__}: {exc}")

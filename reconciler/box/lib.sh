@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Functions shared by every script rigsync runs on a box: reconciler/remote/__init__.py puts this file in front
+# Functions shared by every script rigsync runs on a box: reconciler/remote/commands.py puts this file in front
 # of each one. The command line exports RIGSYNC_ROOT (rigsync's directory on the box) and
 # RIGSYNC_PYTHON_CANDIDATES (interpreters to try, colon-separated, most specific first).
 : "${RIGSYNC_ROOT:?rigsync: RIGSYNC_ROOT is not set}"

@@ -1,0 +1,55 @@
+"""What runs ON a rented box: rigsync's side of the run protocol there, standard library only (Python >= 3.8).
+
+Nothing here is imported by the box as a package: the controller (``reconciler.remote``) ships these files over
+SSH as text. The shell scripts run as ``lib.sh`` (the shared functions) followed by the script; the Python
+programs (``probe.py``, ``watchdog.py``, ``harvest.py``) travel as one bundle each, the program plus the modules of
+this package it imports (``boxlib.py``, the shared helpers and the one rule of box activity), registered under their
+own names so ``from reconciler.box.boxlib import ...`` works on a box that has only ``python3``. An import contract
+(pyproject.toml) and a unit test keep every module here to the standard library and Python 3.8 syntax.
+
+The programs: the probe (``probe.py`` run by ``probe.sh``: one JSON document describing the box), launch
+(``launch.sh``, which installs and starts ``wrapper.sh``), kill (``kill.sh``), bootstrap (``bootstrap.sh``, which
+installs and starts ``bootstrap_run.sh``), ship-code (``ship_code.sh``), the harvest (``harvest.py`` run by
+``harvest.sh``: a capped tar stream of an attempt's results on stdout), ``stage_resume.sh`` (a checkpoint tar from
+stdin into ``resume/``), ``read_log.sh`` (a slice of an attempt's log) and the watchdog.
+
+The watchdog is the box's own kill switch. At rent, the instance's onstart writes ``watchdog.py`` and its supervisor
+``watchdog_run.sh`` under ``watchdog/`` (``watchdog_start.sh``) at every boot and starts them detached, so they
+outlive any SSH session and the controller itself. The watchdog destroys its own instance --
+``DELETE /api/v0/instances/$CONTAINER_ID/`` with ``CONTAINER_API_KEY``, the per-instance key the provider sets in
+every container (never the account key), at ``RIGSYNC_API_URL``, which the Provider adapter sets in the instance's
+environment from its own configured URL (never a value from desired/) -- and never stops it. It destroys the box
+(``watchdog.decide``, a pure function; the state is read afresh at every check):
+
+* ``ttl``: up for the fleet's ``ttl``, counted from the watchdog's first start on this disk, busy or not (a hung
+  run ends here);
+* ``orphan``: no controller for ``orphan_timeout``: the probe refreshes ``watchdog/touched`` every cycle (before
+  the first probe the box's start counts);
+* ``idle``: no run or bootstrap alive, nothing run-related for ``idle_timeout`` (``boxlib.box_activity``: a run
+  directory created, started, heartbeat, ended; a bootstrap finished), counted from the latest of that, the box's
+  start and the last probe, and no controller for at least ``CONTROLLER_GRACE_S`` (60 s). While a controller
+  probes, idle boxes are its call (it keeps ``min_instances``, bootstraps before the first launch, harvests before
+  it destroys, and judges idleness by the same ``box_activity``, which the probe reports as ``last_activity_at``);
+  once it is gone, a box retires itself ``idle_timeout`` after its last run ends.
+
+The API call is retried (1 s doubling to 60 s) until the box is gone; the watchdog logs to ``watchdog/watchdog.log``
+and never writes the key. The limits are the fleet's at rent time. Like the probe it needs ``python3``; without
+one ``watchdog_start.sh`` logs that the box has no watchdog.
+
+Layout under ``$HOME/rigsync/``::
+
+    code/<commit>/                       unpacked tree of a pinned commit (atomic rename into place)
+    bootstrap/<hash>.sh|.run.sh|.log|.ok|.failed|.pid|.lock/
+    runs/<run_id>.<attempt>/             meta.json, wrapper.sh, pid, started_at, heartbeat, stdout.log,
+                                         stderr.log, exit_code, ended_at, killed_reason, metrics file,
+                                         resume/ (the checkpoint it resumed from, if any)
+    resume/<run_id>.<attempt>/           a checkpoint staged for an attempt about to launch (stage_resume.sh)
+    watchdog/                            watchdog.py, run.sh, pid, started_at, touched, watchdog.log
+
+The probe needs ``python3`` on the box (every Vast image has one); without it the probe prints a JSON document
+with only ``error`` and ``box_now``, which the controller's parser reports as a failed probe.
+
+A run's metrics file is resolved relative to its run directory (absolute paths are taken as they are); the
+wrapper exports ``RIGSYNC_METRICS_FILE`` with the resolved path, because the command's working directory is the
+shared code tree and a relative write there would mix runs.
+"""

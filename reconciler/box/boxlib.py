@@ -1,0 +1,122 @@
+"""What the box's Python programs share: reading rigsync's files on a box, and the one rule of box activity.
+
+The probe (``probe.py``) and the watchdog (``watchdog.py``) both ask "is anything alive on this box, and when did
+anything last happen?". The answer is ``box_activity``, here once: the probe reports it (``last_activity_at``) and
+the controller's idle rule reads that value, while the watchdog feeds the same answer to its ``decide``. So the
+controller and the box agree about when a box went quiet; they differ only in who acts (a live controller retires
+its idle boxes itself, the watchdog waits ``CONTROLLER_GRACE_S`` past its last probe).
+
+Shipped to the box with each program that imports it (``reconciler.remote.commands``' bundle registers it as
+``reconciler.box.boxlib``), so it runs there: standard library only, Python 3.8 syntax, no side effects at import.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import NamedTuple
+
+RUNS_DIR = "runs"  # under RIGSYNC_ROOT: one directory per attempt (launch.sh)
+BOOTSTRAP_DIR = "bootstrap"  # under RIGSYNC_ROOT: <hash>.pid|.ok|.failed (bootstrap.sh, bootstrap_run.sh)
+
+
+def alive(pid: int) -> bool:
+    """True when ``pid`` exists and is not a zombie (the same test as lib.sh's ``_rs_alive``)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def read(path: str) -> str | None:
+    """A small file's text, stripped; None when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+
+
+def num(text: str | None) -> float | None:
+    """A finite number written as text (``started_at``, ``ended_at``); None for anything else."""
+    if text is None or text == "":
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
+def pid_alive(path: str) -> bool:
+    """The process whose pid the file ``path`` holds is alive."""
+    pid = read(path)
+    return bool(pid and pid.isdigit() and alive(int(pid)))
+
+
+class Activity(NamedTuple):
+    alive: bool  # a run or a bootstrap process is alive now
+    last_at: float | None  # the latest time anything happened on the box, if anything did
+
+
+def box_activity(root: str, started_at: float | None = None) -> Activity:
+    """What the run directories (``runs/*/``) and the bootstrap markers say, read afresh: the one activity rule.
+
+    Activity is the box's start (``started_at``, if given), a run directory created (the launch lock, before the
+    wrapper wrote anything), a run started, its heartbeat, its end, and a bootstrap finished or failed. Alive is a
+    run's wrapper or an unfinished bootstrap still running. A controller's probe is not activity: it is contact,
+    which the watchdog counts on its own.
+    """
+    times: list[float] = [] if started_at is None else [started_at]
+    live = False
+    rdir = os.path.join(root, RUNS_DIR)
+    try:
+        names = os.listdir(rdir)
+    except OSError:
+        names = []
+    for name in names:
+        d = os.path.join(rdir, name)
+        if not os.path.isdir(d):
+            continue
+        live = live or pid_alive(os.path.join(d, "pid"))
+        for t in (
+            mtime(d),
+            mtime(os.path.join(d, "heartbeat")),
+            num(read(os.path.join(d, "started_at"))),
+            num(read(os.path.join(d, "ended_at"))),
+        ):
+            if t is not None:
+                times.append(t)
+    bdir = os.path.join(root, BOOTSTRAP_DIR)
+    try:
+        names = os.listdir(bdir)
+    except OSError:
+        names = []
+    nameset = set(names)
+    for name in names:
+        path = os.path.join(bdir, name)
+        if name.endswith((".ok", ".failed")):
+            t = mtime(path)
+            if t is not None:
+                times.append(t)
+        elif name.endswith(".pid"):
+            h = name[: -len(".pid")]
+            if h + ".ok" not in nameset and h + ".failed" not in nameset:
+                live = live or pid_alive(path)
+    return Activity(live, max(times) if times else None)

@@ -1,0 +1,328 @@
+"""remember(): what one cycle hands to the next, decided in one pure place.
+
+The state kept between cycles (``FleetMemory``: the box clocks, the attempts in flight, the spend with each box's
+last bill, the host ledger, the GPU-quiet clocks) changes for two reasons only: the world was observed, and a plan
+was applied. Both updates live here, as pure functions of their inputs (no I/O, no clock: ``now`` is an argument),
+so they are tested without a provider, a box or a repository:
+
+- ``remember_observation``: the memory brought up to one observation (first seen, unreachable since, bootstrap
+  since, the GPU-quiet clocks, the billed spend). It runs before ``plan()``, which reads these clocks.
+- ``remember``: the memory after a plan was applied (the attempts in flight, the bills closed in the archive, the
+  host ledger). The loop calls it once per cycle, after apply.
+- ``world_after_apply``: the snapshot as the next cycle will start from it (the one written under observed/).
+
+The money an archive line carries is accounted here too, beside the spend it comes from: what an attempt cost
+(``attempt_cost``, at most what its box was billed: ``capped_to_bill``) and a closed box's overhead line
+(``overhead_record``). Apply gathers the facts and writes the lines; the sums are these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from reconciler.actions import ApplyResult, Plan
+from reconciler.ledger import note_cycle
+from reconciler.model import (
+    AttemptRecord,
+    BoxMemory,
+    BoxProbe,
+    BoxSpend,
+    Desired,
+    Fleet,
+    FleetMemory,
+    InFlight,
+    Instance,
+    InstanceStatus,
+    Observed,
+    OverheadRecord,
+    Spend,
+)
+from reconciler.runphase import is_live, is_unfinished
+
+_FLOAT_SLACK_USD = 1e-9
+
+
+def remember_observation(
+    memory: FleetMemory,
+    desired: Desired,
+    mine: list[Instance],
+    billed_boxes: list[Instance],
+    probes: list[BoxProbe],
+    billed: dict[int, float] | None,
+    now: float,
+    bootstrap_hash: str | Mapping[int, str] = "",
+) -> FleetMemory:
+    """The memory after observing: ``mine`` are the owned boxes listed (the lab's own machines included),
+    ``billed_boxes`` those the provider bills, ``billed`` what it billed each so far (None: it could not say)."""
+    boxes = update_box_memory(memory.boxes, mine, probes, now, bootstrap_hash)
+    spend = accrue_billed(memory.spend, memory.spend_at, billed_boxes, billed, memory.in_flight, now)
+    gpu_quiet = track_gpu_quiet(memory.gpu_quiet, desired, probes, now)
+    return replace(memory, boxes=boxes, spend=spend, spend_at=now, gpu_quiet=gpu_quiet)
+
+
+def remember(
+    memory: FleetMemory, observed: Observed, plan: Plan, applied: ApplyResult, now: float, *, fleet: Fleet
+) -> FleetMemory:
+    """The memory after ``plan`` was applied (``applied``) to the world ``observed`` showed, starting from
+    ``memory`` (the memory the cycle planned from: ``observed.memory``).
+
+    What it takes of the plan comes through the outcomes of its actions (each outcome names its action): a launch
+    that happened, a bill closed, a rent that failed; an action that was skipped (lease lost, shutting down) left
+    nothing to remember, and the next cycle plans it again. ``fleet`` gives the ledger's windows."""
+    in_flight = next_in_flight(memory.in_flight, observed, applied)
+    spend = close_bills(memory.spend, (o.instance_id for o in applied.overheads))
+    done = [(o.action, o.ok, o.detail) for o in applied.outcomes if not o.skipped]
+    hosts = note_cycle(memory.hosts, fleet, observed, done, applied.archived, now)
+    pulls = note_checkpoint_pulls(memory.checkpoint_pulls, applied.checkpoint_pulls, in_flight)
+    return replace(memory, in_flight=in_flight, spend=spend, hosts=hosts, checkpoint_pulls=pulls)
+
+
+def note_checkpoint_pulls(
+    previous: tuple[tuple[str, int, float], ...], pulled: Mapping[tuple[str, int], float], in_flight: Iterable[InFlight]
+) -> tuple[tuple[str, int, float], ...]:
+    """When each attempt still in flight last had its checkpoint pulled: this apply's pulls over the earlier ones."""
+    last = {(r, a): t for r, a, t in previous}
+    last.update(pulled)
+    flying = {(f.run_id, f.attempt) for f in in_flight}
+    return tuple(sorted((r, a, t) for (r, a), t in last.items() if (r, a) in flying))
+
+
+def attempt_cost(dph: float, num_gpus: int, gpu_mask: tuple[int, ...], started: float | None, ended: float) -> float:
+    """An attempt's share of its box's billed rate over its run time: the GPUs it held out of the box's (the rest
+    of the box's bill goes to the box's overhead line when the box ends)."""
+    share = min(1.0, len(gpu_mask) / num_gpus) if num_gpus and gpu_mask else 1.0
+    return round(dph * share * max(0.0, ended - started) / 3600.0 if started else 0.0, 6)
+
+
+_BILLING_FULL = (InstanceStatus.CREATED, InstanceStatus.LOADING, InstanceStatus.RUNNING)
+
+
+def capped_to_bill(
+    rec: AttemptRecord, box: BoxSpend | None, listed: Instance | None, prior: Iterable[AttemptRecord], now: float
+) -> AttemptRecord:
+    """An attempt never costs more than its box was billed, less what the box's earlier attempts (``prior``) cost.
+
+    A lost attempt's end is known only when it is noticed, by which time a vanished box may have billed storage
+    only for a while: without the cap, its run would be charged money the box never billed (and the box's
+    overhead line would go negative).
+    """
+    if box is None:
+        return rec
+    bill = box.usd
+    if listed is not None and listed.status in _BILLING_FULL:  # still billing its price since the bill was read
+        bill += listed.dph_total * max(0.0, now - box.at) / 3600.0
+    spent = sum(r.cost_usd for r in prior if r.instance_id == rec.instance_id)
+    cap = round(max(0.0, bill - spent), 6)
+    return replace(rec, cost_usd=cap) if rec.cost_usd > cap else rec
+
+
+def overhead_record(box: BoxSpend, records: Iterable[AttemptRecord]) -> OverheadRecord:
+    """A closed box's overhead line: its bill minus the costs of the attempts archived on it (``records``)."""
+    ran = [r for r in records if r.instance_id == box.instance_id]
+    attempts_usd = round(sum(r.cost_usd for r in ran), 6)
+    billed = round(box.usd, 6)
+    note = " (estimated: the provider did not say its final bill)" if box.estimated else ""
+    return OverheadRecord(
+        instance_id=box.instance_id,
+        billed_usd=billed,
+        attempts_usd=attempts_usd,
+        attempts=len(ran),
+        cost_usd=round(billed - attempts_usd, 6),
+        machine_id=box.machine_id,
+        gpu_name=box.gpu_name,
+        num_gpus=box.num_gpus,
+        dph=box.dph,
+        started_at=box.started_at,
+        ended_at=box.gone_at,
+        estimated=box.estimated,
+        reason=f"box ended: billed ${billed:.6f}, {len(ran)} attempt(s) ${attempts_usd:.6f}, the rest was boot, "
+        f"bootstrap and idle time{note}",
+    )
+
+
+def close_bills(spend: Spend, closed: Iterable[int]) -> Spend:
+    """The spend without the boxes whose bills are in the archive's overhead lines now (their money stays in the
+    totals)."""
+    gone = set(closed)
+    if not gone:
+        return spend
+    return replace(spend, boxes=tuple(b for b in spend.boxes if b.instance_id not in gone))
+
+
+def world_after_apply(
+    observed: Observed,
+    memory: FleetMemory,
+    applied: ApplyResult | None,
+    history: tuple[AttemptRecord, ...],
+    now: float,
+) -> Observed:
+    """The snapshot as the next cycle will start from it: with this cycle's memory and archive, and its boxes as
+    this cycle's apply left them (rented ones listed, destroyed ones gone), so that a rent or a destroy is recorded
+    in the cycle that made it, not when the provider's list shows it a cycle later."""
+    instances = observed.instances
+    if applied is not None:
+        gone = set(applied.destroyed)
+        instances = tuple(i for i in instances if i.id not in gone)
+        listed = {i.id for i in instances}
+        instances += tuple(
+            Instance(
+                id=new_id,
+                label=rent.label,
+                status=InstanceStatus.CREATED,
+                gpu_name=rent.gpu_name,
+                num_gpus=rent.num_gpus,
+                gpu_ram_mib=0,
+                dph_total=rent.dph,
+                start_date=now,
+                image=rent.image,
+            )
+            for new_id, rent in sorted(applied.rented_as.items())
+            if new_id not in listed
+        )
+    return replace(
+        observed,
+        instances=instances,
+        history=history,
+        memory=replace(memory, gpu_quiet=observed.memory.gpu_quiet),
+    )
+
+
+def update_box_memory(
+    previous: tuple[BoxMemory, ...], instances: list[Instance], probes: list[BoxProbe], now: float,
+    bootstrap_hash: str | Mapping[int, str] = "",
+) -> tuple[BoxMemory, ...]:
+    """Per box: first seen, unreachable since, and since when it answers without its bootstrap done (the clock of
+    ``bootstrap_timeout``; the box's own clock cannot say, and its uptime is its host's). ``bootstrap_hash`` is the
+    fleet's, or per instance id the one of its pool."""
+    prev = {m.instance_id: m for m in previous}
+    reach = {p.instance_id: p.reachable for p in probes}
+
+    def wanted(iid: int) -> str:
+        return bootstrap_hash if isinstance(bootstrap_hash, str) else bootstrap_hash.get(iid, "")
+
+    unbooted = {
+        p.instance_id
+        for p in probes
+        if p.reachable and wanted(p.instance_id) and wanted(p.instance_id) not in p.bootstrap_hashes
+    }
+    out = []
+    for inst in sorted(instances, key=lambda i: i.id):
+        old = prev.get(inst.id)
+        first = old.first_seen_at if old else now
+        if reach.get(inst.id) is False:
+            since = old.unreachable_since if old and old.unreachable_since is not None else now
+        else:
+            since = None
+        booting: float | None
+        if inst.id in unbooted:
+            booting = old.bootstrap_since if old and old.bootstrap_since is not None else now
+        elif reach.get(inst.id) is False and old is not None:
+            booting = old.bootstrap_since  # not known this cycle: the clock keeps running
+        else:
+            booting = None
+        out.append(BoxMemory(inst.id, first_seen_at=first, unreachable_since=since, bootstrap_since=booting))
+    return tuple(out)
+
+
+def track_gpu_quiet(
+    previous: tuple[tuple[str, int, float], ...], desired: Desired, probes: list[BoxProbe], now: float
+) -> tuple[tuple[str, int, float], ...]:
+    """Since when each live attempt of a sweep with ``stall_timeout`` has kept its GPUs under ``stall_gpu_util``.
+
+    A reading is one probe's ``utilization.gpu``: the most of the attempt's GPUs. An attempt at or above the threshold,
+    finished, or on a box that did not answer this cycle is dropped (its clock starts again when it is next quiet).
+    """
+    since = {(r, a): t for r, a, t in previous}
+    out: list[tuple[str, int, float]] = []
+    for p in probes:
+        if not p.reachable:
+            continue
+        util = {g.index: g.utilization_pct for g in p.gpus}
+        for rd in p.runs:
+            spec = desired.run(rd.run_id)
+            if not is_live(rd) or spec is None or spec.stall_timeout_s is None:
+                continue
+            seen = [util[i] for i in rd.gpu_mask if i in util]
+            if seen and max(seen) < spec.stall_gpu_util_pct:
+                out.append((rd.run_id, rd.attempt, since.get((rd.run_id, rd.attempt), now)))
+    return tuple(sorted(out))
+
+
+
+def accrue_billed(
+    spend: Spend,
+    spend_at: float | None,
+    mine: list[Instance],
+    billed: dict[int, float] | None,
+    in_flight: Iterable[InFlight],
+    now: float,
+) -> Spend:
+    """The spend at ``now``: per owned box, what the provider billed since its last figure, added to the totals.
+
+    - A box's figure never decreases (a bill below an earlier estimate keeps the estimate, marked estimated).
+    - An increase is spread evenly over the time since the box's last figure (its start for a new box), so the
+      part after UTC midnight goes to today and the rest only to the total.
+    - When the provider cannot say (``billed`` is None, or has no charge for the box), a listed box is estimated
+      at its listed $/h since its last figure; a gone box adds nothing more.
+    - A box missing from the list is kept (``gone_at``) until apply could archive its overhead line (its bill
+      was final at the previous read and no attempt on it is in flight), then dropped: its money stays in the total.
+    """
+    busy = {f.instance_id for f in in_flight}
+    out = spend.rolled(spend_at, now) if spend_at is not None else spend
+    listed = {i.id: i for i in mine}
+    previous = {b.instance_id: b for b in spend.boxes}
+    boxes: list[BoxSpend] = []
+    for iid in sorted(set(previous) | set(listed)):
+        old, inst = previous.get(iid), listed.get(iid)
+        if inst is None and old is not None and old.bill_final(old.at) and iid not in busy:
+            continue  # its overhead line was due last cycle; its money is in the total
+        since = old.at if old is not None else min(inst.start_date if inst and inst.start_date > 0 else now, now)
+        last = old.usd if old is not None else 0.0
+        figure = billed.get(iid) if billed is not None else None
+        if figure is not None:
+            usd = max(last, figure)
+            estimated = figure + _FLOAT_SLACK_USD < last
+        else:
+            rate = inst.dph_total if inst is not None else 0.0
+            usd = last + rate * max(0.0, now - since) / 3600.0
+            estimated = True
+        out = out.plus(usd - last, since, now)
+        boxes.append(
+            BoxSpend(
+                instance_id=iid,
+                usd=usd,
+                at=now,
+                dph=inst.dph_total if inst is not None else (old.dph if old else 0.0),
+                estimated=estimated,
+                gone_at=None if inst is not None else (old.gone_at if old and old.gone_at is not None else now),
+                started_at=inst.start_date if inst is not None else (old.started_at if old else None),
+                machine_id=inst.machine_id if inst is not None else (old.machine_id if old else 0),
+                gpu_name=inst.gpu_name if inst is not None else (old.gpu_name if old else ""),
+                num_gpus=inst.num_gpus if inst is not None else (old.num_gpus if old else 0),
+            )
+        )
+    return Spend(today_usd=out.today_usd, total_usd=out.total_usd, boxes=tuple(boxes))
+
+
+
+def next_in_flight(previous: tuple[InFlight, ...], observed: Observed, result: ApplyResult) -> tuple[InFlight, ...]:
+    """In flight after this cycle: what was, plus what runs on boxes, plus launches, minus what settled."""
+    by_key: dict[tuple[str, int], InFlight] = {(f.run_id, f.attempt): f for f in previous}
+    for probe in observed.probes:
+        for r in probe.runs:
+            if is_unfinished(r) and (r.run_id, r.attempt) not in by_key:
+                by_key[(r.run_id, r.attempt)] = InFlight(
+                    run_id=r.run_id,
+                    attempt=r.attempt,
+                    instance_id=probe.instance_id,
+                    gpu_mask=r.gpu_mask,
+                    launched_at=r.started_at or 0.0,
+                )
+    for f in (*result.in_doubt, *result.launched):
+        by_key[(f.run_id, f.attempt)] = f
+    archived_keys = {rec.key for rec in observed.history}
+    for key in list(by_key):
+        if key in result.settled or key in archived_keys:
+            del by_key[key]
+    return tuple(sorted(by_key.values(), key=lambda f: (f.run_id, f.attempt)))

@@ -1,0 +1,333 @@
+"""The controller's side of the run protocol: the commands it runs on a box over SSH (pure builders).
+
+Everything rigsync does on a rented box is one of a few small programs kept as files in ``reconciler.box`` (see
+its docstring for the programs, the watchdog's rules and the layout on a box). The files are static: every
+parameter reaches them as a shell-quoted positional argument, never as text formatted into a script. The one
+exception is a job's environment (it may hold secrets, and every user of a box sees arguments in ``ps``): it
+arrives on the launch command's stdin (``launch.sh``). The builders here are pure (no I/O beyond reading those
+package files), so the unit tests run the commands with a local bash in a temporary HOME, and the SSH adapter stays
+a dumb pipe. Each builder returns one command line that any POSIX login shell can execute, so it can be handed
+straight to ``Shell.run``: it exports ``RIGSYNC_ROOT`` (``ROOT``, the one place rigsync's directory on a box is
+named) and ``RIGSYNC_PYTHON_CANDIDATES``, then runs ``lib.sh`` followed by the script with ``exec bash -c``.
+
+A box-side Python program travels as a bundle (``_program``): one self-contained text holding the program and the
+``reconciler.box`` modules it imports (``boxlib.py``), which it registers under their own names before it runs the
+program as ``__main__``. So the probe runs as ``python3 -c <bundle>`` and the watchdog's file on the box is the
+bundle, with nothing but the standard library there.
+
+The watchdog travels in the instance's onstart (``watchdog_onstart``): at every boot it writes ``watchdog.py`` and
+its supervisor under ``watchdog/`` and starts them detached.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import functools
+import gzip
+import json
+import math
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from importlib import resources
+
+from reconciler.box.probe import FORMAT as PROBE_FORMAT
+from reconciler.box.watchdog import API_URL_ENV as WATCHDOG_API_URL_ENV
+from reconciler.model import Scalar, run_dir_name
+
+__all__ = [
+    "HEARTBEAT_INTERVAL_S",
+    "LAUNCH_LOCK_EXIT",
+    "NO_SUCH_RUN_EXIT",
+    "PROBE_FORMAT",
+    "PYTHON_CANDIDATES",
+    "ROOT",
+    "WATCHDOG_API_URL_ENV",
+    "bash_command",
+    "bootstrap_script",
+    "harvest_script",
+    "kill_script",
+    "launch_script",
+    "probe_script",
+    "ship_code_script",
+    "stage_resume_script",
+    "watchdog_onstart",
+]
+
+ROOT = "$HOME/rigsync"
+LAUNCH_LOCK_EXIT = 17
+NO_SUCH_RUN_EXIT = 3
+HEARTBEAT_INTERVAL_S = 2
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=-]{0,199}$")
+
+# The candidates for "the best Python", most specific first; a candidate counts only if it actually runs.
+PYTHON_CANDIDATES = ("$HOME/venv/bin/python", "/opt/conda/bin/python", "/venv/main/bin/python", "python3", "python")
+
+# What the login shell runs before ``exec bash``: the values are expanded there (``$HOME``), once per command.
+_ENV = f'export RIGSYNC_ROOT="{ROOT}" RIGSYNC_PYTHON_CANDIDATES="{":".join(PYTHON_CANDIDATES)}"; '
+
+
+def _check_name(kind: str, value: str) -> str:
+    if not _SAFE_NAME.match(value) or ".." in value:
+        raise ValueError(f"{kind} {value!r} is not a safe file name (letters, digits, '_', '.', '-', '+', '=')")
+    return value
+
+
+BOX_PACKAGE = "reconciler.box"
+
+
+@functools.cache
+def _text(name: str) -> str:
+    """A file of the box-side package ``reconciler.box`` (``probe.py``, ``*.sh``), as it is in the source tree."""
+    return resources.files(BOX_PACKAGE).joinpath(name).read_text(encoding="utf-8")
+
+
+def _box_imports(source: str) -> list[str]:
+    """The modules of ``reconciler.box`` that ``source`` imports (by their file names, ``boxlib.py``)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module]
+        for name in names:
+            if name.startswith(BOX_PACKAGE + ".") and name.count(".") == 2:
+                found.append(name.rsplit(".", 1)[1] + ".py")
+    return found
+
+
+# The head of a bundle: a module registered from its text, before the program that imports it runs.
+_BUNDLE_HEAD = """\
+# rigsync: {name} with the reconciler.box modules it imports, for a box with only python3's standard library.
+import sys
+import types
+
+
+def _rs_module(name, path, source, package=False):
+    module = types.ModuleType(name)
+    if package:
+        module.__path__ = []
+    sys.modules[name] = module
+    parent, _, child = name.rpartition(".")
+    if parent:
+        setattr(sys.modules[parent], child, module)
+    exec(compile(source, path, "exec"), module.__dict__)  # path: what a traceback names
+
+
+"""
+
+
+@functools.cache
+def _program(name: str) -> str:
+    """A box-side Python program (``probe.py``, ``watchdog.py``, ``harvest.py``) as shipped: one self-contained text
+    that registers the ``reconciler.box`` modules it imports (``boxlib.py``) under their own names, then runs the
+    program as ``__main__``."""
+    main = _text(name)
+    order: list[str] = []
+
+    def need(module: str) -> None:
+        for dep in _box_imports(_text(module)):
+            if dep not in order:
+                need(dep)
+        if module not in order:
+            order.append(module)
+
+    for dep in _box_imports(main):
+        need(dep)
+    lines = [
+        _BUNDLE_HEAD.format(name=name),
+        "_rs_module('reconciler', 'reconciler/__init__.py', '', True)\n",
+        f"_rs_module({BOX_PACKAGE!r}, 'reconciler/box/__init__.py', '', True)\n",  # its docstring is all it holds
+        *(f"_rs_module({BOX_PACKAGE + '.' + m.removesuffix('.py')!r}, {'reconciler/box/' + m!r}, {_text(m)!r})\n"
+          for m in order),
+        f"_rs_module('__main__', {'reconciler/box/' + name!r}, {main!r})\n",
+    ]
+    return "".join(lines)
+
+
+def _script(name: str) -> str:
+    """A box-side bash script: ``lib.sh`` (the shared functions), then the named script."""
+    return _text("lib.sh") + "\n" + _text(name)
+
+
+def bash_command(script: str) -> str:
+    """One command line that runs ``script`` with bash, whatever the login shell is; stdin passes through."""
+    return "exec bash -c " + shlex.quote(script)
+
+
+def _command(name: str, *args: str) -> str:
+    """The command line running the packaged script ``name`` with ``args`` (each its own quoted word)."""
+    words = [shlex.quote("rigsync-" + name.removesuffix(".sh")), *(shlex.quote(a) for a in args)]
+    return _ENV + bash_command(_script(name)) + " " + " ".join(words)
+
+
+# ------------------------------------------------------------------------------------------------- probe
+
+
+def probe_script() -> str:
+    """A command printing one JSON document describing the box (see ``probe.py``).
+
+    One Python process does all the work (plus one ``nvidia-smi`` query): the first candidate interpreter that
+    runs it is also reported as the box's best Python.
+    """
+    return _command("probe.sh", str(PROBE_FORMAT), _program("probe.py"))
+
+
+# ------------------------------------------------------------------------------------------------ launch
+
+
+def launch_script(
+    *,
+    run_id: str,
+    attempt: int,
+    gpu_mask: Sequence[int],
+    command: str,
+    code_commit: str | None,
+    desired_commit: str | None,
+    metrics_file: str,
+    metric_key: str | None,
+    metric_goal: str,
+    max_runtime_s: float,
+    sweep: str,
+    params: Mapping[str, Scalar],
+    seed: int,
+    env_records: int = 0,
+) -> str:
+    """A command that takes the launch lock (atomic mkdir), writes meta + wrapper, and starts it detached.
+
+    ``env_records``: how many job environment records (``jobenv.JobEnv.stdin``) the command reads from its stdin;
+    the values never appear in the command itself.
+
+    Exit 0 printing the wrapper's pid; exit ``LAUNCH_LOCK_EXIT`` (17) if this attempt's directory exists.
+    """
+    _check_name("run id", run_id)
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
+        raise ValueError(f"attempt must be a non-negative integer, not {attempt!r}")
+    if code_commit is not None:
+        _check_name("commit", code_commit)
+    meta = {
+        "format": PROBE_FORMAT,
+        "run_id": run_id,
+        "attempt": attempt,
+        "gpu_mask": [int(g) for g in gpu_mask],
+        "command": command,
+        "code_commit": code_commit,
+        "desired_commit": desired_commit,
+        "metrics_file": metrics_file,
+        "metric_key": metric_key,
+        "metric_goal": str(metric_goal),
+        "max_runtime_s": max_runtime_s if math.isfinite(max_runtime_s) else None,
+        "sweep": sweep,
+        "params": dict(params),
+        "seed": seed,
+    }
+    max_s = max(0, math.ceil(max_runtime_s)) if math.isfinite(max_runtime_s) else 0
+    return _command(
+        "launch.sh",
+        run_dir_name(run_id, attempt),
+        str(LAUNCH_LOCK_EXIT),
+        str(int(env_records)),
+        json.dumps(meta, sort_keys=True),
+        _script("wrapper.sh"),
+        # wrapper.sh's arguments after the run directory:
+        code_commit or "",
+        metrics_file,
+        run_id,
+        str(attempt),
+        ",".join(str(int(g)) for g in gpu_mask),
+        str(max_s),
+        str(HEARTBEAT_INTERVAL_S),
+        command,
+    )
+
+
+# -------------------------------------------------------------------------------------------------- kill
+
+
+def kill_script(run_id: str, attempt: int, *, exit_code: int = 137, reason: str) -> str:
+    """A command that ends an attempt's whole process group and records ``exit_code`` and ``killed_reason``.
+
+    Idempotent: killing a finished attempt keeps its real exit code and only adds the reason. An attempt with no
+    run directory gets a tombstone (the directory, holding the exit code and reason): a launch of it that is still
+    on its way finds the launch lock taken and never starts.
+    """
+    _check_name("run id", run_id)
+    name = run_dir_name(run_id, int(attempt))
+    return _command("kill.sh", name, str(int(exit_code)), reason, str(NO_SUCH_RUN_EXIT))
+
+
+# --------------------------------------------------------------------------------------------- bootstrap
+
+
+def bootstrap_script(script_text: str, script_hash: str) -> str:
+    """A command that runs the fleet's bootstrap script once per box per hash, detached.
+
+    Prints ``ok`` (already done), ``running`` (a live run holds the lock) or ``started <pid>``. A previous
+    failure is retried: its ``.failed`` marker is removed when a new run starts.
+    """
+    h = _check_name("bootstrap hash", script_hash)
+    return _command("bootstrap.sh", h, script_text, _script("bootstrap_run.sh"))
+
+
+# --------------------------------------------------------------------------------------------- ship code
+
+
+def ship_code_script(commit: str) -> str:
+    """A command that unpacks a tar stream from stdin into ``code/<commit>/`` atomically (idempotent)."""
+    return _command("ship_code.sh", _check_name("commit", commit))
+
+
+# ----------------------------------------------------------------------------------------------- harvest
+
+
+def harvest_script(run_id: str, attempt: int, *, what: str, patterns: Sequence[str], cap_bytes: int) -> str:
+    """A command writing a tar stream of the attempt's results (``what="run"``: logs, ``meta.json`` and the files
+    ``patterns`` match) or of its checkpoint (``what="checkpoint"``: the files under ``patterns``) to stdout, at
+    most ``cap_bytes`` of file data, ending with the ``.rigsync-harvest.json`` manifest (``harvest.py``). A missing
+    run directory exits ``NO_SUCH_RUN_EXIT`` (3)."""
+    if what not in ("run", "checkpoint"):
+        raise ValueError(f"harvest what must be 'run' or 'checkpoint', not {what!r}")
+    name = run_dir_name(_check_name("run id", run_id), int(attempt))
+    return _command(
+        "harvest.sh", _program("harvest.py"), name, what, str(max(0, int(cap_bytes))), json.dumps(list(patterns)),
+        str(NO_SUCH_RUN_EXIT),
+    )
+
+
+def stage_resume_script(run_id: str, attempt: int) -> str:
+    """A command unpacking a checkpoint tar from stdin into ``resume/<run_id>.<attempt>/``, which ``launch.sh``
+    moves into the attempt's run directory (``resume/``) and the wrapper names in ``RIGSYNC_RESUME_DIR``."""
+    return _command("stage_resume.sh", run_dir_name(_check_name("run id", run_id), int(attempt)))
+
+
+# ---------------------------------------------------------------------------------------------- watchdog
+
+
+def _seconds(value: float) -> str:
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"a watchdog limit must be a positive number of seconds, not {value!r}")
+    return repr(float(value))
+
+
+def watchdog_onstart(*, ttl_s: float | None, idle_timeout_s: float, orphan_timeout_s: float) -> str:
+    """The instance's onstart script: start the box's watchdog (``watchdog.py``) at every boot.
+
+    The command that writes and starts it (``watchdog_start.sh`` with the program, its supervisor and the fleet's
+    limits as quoted arguments) travels gzipped and base64-encoded, so the onstart stays a few KiB and needs only
+    ``base64``, ``gzip`` and ``bash`` besides the watchdog's own ``python3``. It names no key and no URL: the
+    watchdog reads ``CONTAINER_ID``/``CONTAINER_API_KEY`` (set by the provider) and ``RIGSYNC_API_URL`` (set in the
+    instance's environment by the Provider adapter) from its environment.
+    """
+    ttl = "none" if ttl_s is None or math.isinf(ttl_s) else _seconds(ttl_s)
+    command = _command(
+        "watchdog_start.sh", _program("watchdog.py"), _text("watchdog_run.sh"), ttl, _seconds(idle_timeout_s),
+        _seconds(orphan_timeout_s),
+    )
+    blob = base64.b64encode(gzip.compress(command.encode(), mtime=0)).decode()
+    return (
+        "# rigsync: start this box's watchdog (rigsync's reconciler/box/watchdog.py), which destroys the\n"
+        f"# instance past ttl {ttl}, idle_timeout {_seconds(idle_timeout_s)} or orphan_timeout "
+        f"{_seconds(orphan_timeout_s)} (seconds).\n"
+        f"printf %s {blob} | base64 -d | gzip -dc | bash\n"
+    )
