@@ -894,7 +894,7 @@ class Schedule:
         for k, n in keys.items():
             if n > 1:
                 v["duplicate_archive_record"].append(f"{tag}: {k} archived {n} times at the remote")
-        from reconciler.archive import RunArchive
+        from reconciler.adapters.archive import RunArchive
 
         local = Counter(r.key for r in RunArchive(self.main.checkout).records())
         for k, n in local.items():

@@ -31,11 +31,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from reconciler.actions import Plan
+from reconciler.adapters.archive import RunArchive
 from reconciler.adapters.git import GitRepo
-from reconciler.archive import RunArchive, record_to_json
 from reconciler.desired import load_desired_from_dir
 from reconciler.fleet import write_back
 from reconciler.model import AttemptOutcome, AttemptRecord, Instance, InstanceStatus, Observed, Spend
+from reconciler.observed.archive_lines import record_to_json
 from reconciler.observed.documents import ReconcilerStatus, render_observed
 from reconciler.observed.summary import describe_change
 from reconciler.observed.tree import read_observed, write_observed

@@ -6,7 +6,7 @@ plan → apply; render observed/ deterministically and commit only when the reco
 (``observed.summary.describe_change``: boxes, launches, finished attempts, the desired revision, errors, budget,
 drift; never probe noise or clock-driven fields); push with fetch/rebase/retry, never force. Exactly one reconciler
 acts on a fleet: a local fcntl lock on the checkout plus a lease on its own ref of the remote
-(``refs/heads/rigsync/lease/<branch>``, ``reconciler.lease``), taken and renewed every ``lease_renew_s`` by
+(``refs/heads/rigsync/lease/<branch>``, ``reconciler.adapters.lease``), taken and renewed every ``lease_renew_s`` by
 compare-and-swap pushes that never touch the tracked branch.
 """
 
@@ -23,7 +23,6 @@ from pathlib import Path
 from types import FrameType
 
 from reconciler.actions import Action, Destroy
-from reconciler.adapters.git import GitRepo
 from reconciler.desired import load_desired
 from reconciler.errors import (
     DesiredStateInvalid,
@@ -31,10 +30,19 @@ from reconciler.errors import (
     LeaseLost,
     RigsyncError,
     TransientError,
+    cause_chain,
 )
-from reconciler.fleet import AdapterFactory, open_fleet, render_cycle, write_back
-from reconciler.lease import Lease, LocalLock, lock_path
-from reconciler.loop import CycleResult, Reconciler, SystemClock, build_adapters
+from reconciler.fleet import (
+    AdapterFactory,
+    build_adapters,
+    open_fleet,
+    open_git,
+    open_lease,
+    open_local_lock,
+    render_cycle,
+    write_back,
+)
+from reconciler.loop import CycleResult, Reconciler, SystemClock
 from reconciler.model import CONTROLLER_INTERVAL_S, Desired
 from reconciler.observed.codec import LEASE, OBSERVED_DIR, RENDERED, STATUS, load_yaml
 from reconciler.observed.documents import ReconcilerStatus, status_only
@@ -105,7 +113,7 @@ class FleetDaemon:
         self.api_url = api_url  # the controller's provider URL (None: RIGSYNC_API_URL or Vast.ai), never desired/'s
         self.clock = clock or SystemClock()
         self.on_action: Callable[[Action], None] = lambda action: None  # each action apply starts (the demo's progress)
-        self.git = GitRepo(
+        self.git = open_git(
             self.repo_dir,
             remote=self.config.remote,
             branch=self.config.branch,
@@ -114,7 +122,7 @@ class FleetDaemon:
         )
         host = socket.gethostname()
         holder = self.config.holder or f"rigsync@{host}:{self.repo_dir}"
-        self.lease = Lease(
+        self.lease = open_lease(
             self.git,
             holder=holder,
             host=host,
@@ -122,7 +130,7 @@ class FleetDaemon:
             stale_after=self.config.lease_stale_s,
             renew_every=self.config.lease_renew_s,
         )
-        self.local_lock = LocalLock(lock_path(self.repo_dir))
+        self.local_lock = open_local_lock(self.repo_dir)
         self.last_valid: Desired | None = None
         self.reconciler: Reconciler | None = None
         self._fleet_key: tuple[str, str] | None = None
@@ -147,7 +155,8 @@ class FleetDaemon:
         """``ports.Fence``: return while this daemon may act, else raise ``LeaseLost`` (and remember it).
 
         When a heartbeat is due it is pushed first, on its own (``_push_heartbeat``), so a long apply keeps the
-        lease while it is alive; then the deadline rule decides (``Lease.check``, explained in ``reconciler.lease``).
+        lease while it is alive; then the deadline rule decides (``Lease.check``,
+        explained in ``reconciler.adapters.lease``).
         """
         self._fenced(renew=True)
 
@@ -401,6 +410,7 @@ class FleetDaemon:
                     backoff = min(self.config.max_backoff_s, max(2.0, backoff * 2))
                     if isinstance(exc, RigsyncError):
                         kind = "transient" if isinstance(exc, TransientError) else "error"
+                        log.debug("cycle failed: %s", cause_chain(exc))
                     else:  # a library's surprise (KeyboardInterrupt and SystemExit are not Exceptions: they end it)
                         log.exception("cycle: unexpected %s", type(exc).__name__)
                         kind = f"unexpected {type(exc).__name__}"

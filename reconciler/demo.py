@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import reconciler
-from reconciler.archive import RunArchive
 from reconciler.daemon import DaemonConfig, FleetDaemon
 from reconciler.errors import UserError
+from reconciler.fleet import open_archive
 from reconciler.model import AttemptOutcome, Desired, InstanceStatus, Observed, owns, split_owned
 from reconciler.progress import LineProgress, Progress, booting, describe
 from reconciler.runphase import count_phases, is_unfinished, run_phases
@@ -314,7 +314,7 @@ def run_demo(opts: DemoOptions) -> DemoSummary:
         shutil.rmtree(state, ignore_errors=True)
         if data_is_temp and data is not None:
             shutil.rmtree(data, ignore_errors=True)
-    archive = list(RunArchive(workdir).records())
+    archive = list(open_archive(workdir).records())
     successes = Counter(r.run_id for r in archive if r.phase is AttemptOutcome.SUCCEEDED)
     summary.attempts = len(archive)
     summary.runs_succeeded = len(successes)

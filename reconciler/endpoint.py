@@ -69,7 +69,7 @@ def check_api_url(url: str, source: str) -> str:
         parts = urlsplit(text)
         port = parts.port
     except ValueError as exc:
-        raise refuse(f"it does not parse ({exc})") from None
+        raise refuse(f"it does not parse ({exc})") from exc
     scheme = parts.scheme.lower()
     if scheme not in ("https", "http"):
         raise refuse("it must start with https:// (or http:// to a loopback host such as 127.0.0.1)")

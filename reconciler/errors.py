@@ -29,6 +29,7 @@ Every concrete error that an adapter raises says which of the two it is; the ada
     │   │   │   └── LaunchLockHeld        this attempt's run directory exists: launched before
     │   │   ├── ArchiveCorrupt            (RepoError) a run archive line is not a record
     │   │   └── StoreError                the local result store cannot take a harvest (disk, a bad stream)
+    │   ├── LeaseRace                     a compare-and-swap of the lease lost to another writer: decide again
     │   ├── ProviderError                 raised by a Provider adapter
     │   ├── ShellError                    raised by a Shell adapter (also: rigsync's own SSH key is unusable)
     │   └── RepoError                     raised by the git adapter
@@ -37,6 +38,11 @@ Every concrete error that an adapter raises says which of the two it is; the ada
         └── YamlRefused                   a YAML construct rigsync refuses (becomes a desired/ error)
 
 The last two never leave the loading of desired/: they are turned into ``file:line:col`` errors there.
+
+**Causes are kept.** An adapter raises ours ``from`` the library's exception (``raise HostUnreachable(...) from
+exc``), so the original travels as ``__cause__``. People see one line, ours (``rigsync: error: ...``); the chain
+below it (``cause_chain``) is logged at DEBUG where the error is caught (the CLI, the daemon's cycle), with
+``--log-level DEBUG`` on `rigsync run` or ``RIGSYNC_LOG_LEVEL=DEBUG`` for any command.
 
 Anything else (a ``KeyError`` from an SDK, an ``OSError`` a library forgot to wrap) is a bug somewhere below
 us, not a decision: ``apply()`` records it as that one action's failed outcome (the rest of the plan still
@@ -49,6 +55,18 @@ errors live in ``reconciler.emulator.errors``.
 from __future__ import annotations
 
 from typing import Any
+
+
+def cause_chain(exc: BaseException) -> str:
+    """``exc`` and each ``__cause__`` below it, one ``Type: message`` per step joined by `` <- ``: for DEBUG logs."""
+    steps: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        steps.append(f"{type(current).__module__}.{type(current).__qualname__}: {current}")
+        current = current.__cause__
+    return " <- ".join(steps)
 
 
 class RigsyncError(Exception):

@@ -1,11 +1,17 @@
 """Opening a fleet: the one place where rigsync is wired together (the composition root).
 
+It owns three rules nobody else repeats: where a fleet's state lives (``state_dir_for``: ``--state-dir``,
+``$RIGSYNC_STATE_DIR``, ``$XDG_STATE_HOME/rigsync/<fleet>/``), which providers rigsync can drive
+(``require_supported_provider``), and how adapters are built: every adapter the commands, the daemon and the demo
+use is constructed by a function here (``build_adapters``, ``open_git``, ``open_archive``, ``open_lease``,
+``open_local_lock``, ``open_provider``, ``open_shell``), so the layers below only see ``reconciler.ports``.
+
 `rigsync run` (``FleetDaemon``), the live commands `rigsync plan`/`apply`/`status`, and through the daemon
 the demo, all open a fleet here and write back through here, so the wiring cannot drift apart:
 
 * ``open_fleet``: the fleet's cross-cycle memory from the observed files in the checkout (read first, so a
   bad file fails before the provider is contacted), the run archive, the adapters (an injectable factory,
-  by default ``loop.build_adapters``: the Vast.ai SDK and SSH), and the ``Reconciler`` holding them.
+  by default ``build_adapters``: the Vast.ai SDK and SSH), and the ``Reconciler`` holding them.
 * ``render_cycle``: the observed/*.yaml documents after a cycle, from the state the next cycle starts from.
 * ``write_back``: the one path observed/ takes to disk: the rendered files and the run archive's new lines
   go to the git adapter's writer together, committed when there is a message (`rigsync run`) and left in
@@ -14,25 +20,133 @@ the demo, all open a fleet here and write back through here, so the wiring canno
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from reconciler import ports
 from reconciler.actions import Plan
+from reconciler.adapters.archive import RunArchive
 from reconciler.adapters.git import GitRepo
+from reconciler.adapters.launch_journal import LaunchJournal, merge_in_flight
+from reconciler.adapters.lease import DEFAULT_RENEW_EVERY_S, DEFAULT_STALE_AFTER_S, Lease, LocalLock, lock_path
 from reconciler.adapters.store import LocalStore, data_dir_for
-from reconciler.archive import RunArchive
-from reconciler.launch_journal import LaunchJournal, merge_in_flight
-from reconciler.loop import DESTROY_LATENCY_S, Reconciler, SystemClock, build_adapters, state_dir_for
-from reconciler.model import CONTROLLER_INTERVAL_S, Desired, Fleet, Observed
+from reconciler.errors import UserError
+from reconciler.loop import DESTROY_LATENCY_S, Reconciler, SystemClock
+from reconciler.model import CONTROLLER_INTERVAL_S, OWN_PROVIDER, Desired, Fleet, Observed
 from reconciler.observed.documents import ReconcilerStatus, render_observed
 from reconciler.observed.memory import read_fleet_memory
 from reconciler.observed.tree import read_observed
 from reconciler.ports import Provider, Shell
 from reconciler.views.status_md import STATUS_MD, read_status_md, render_status_md
 
+if TYPE_CHECKING:
+    from reconciler.adapters.ssh import SshShell
+
 # (fleet, state dir, the controller's provider URL or None for its default) -> the adapters
 AdapterFactory = Callable[[Fleet, Path, str | None], tuple[Provider, Shell]]
+
+SUPPORTED_PROVIDERS = ("vast",)  # markets rigsync rents from
+POOL_PROVIDERS = (*SUPPORTED_PROVIDERS, OWN_PROVIDER)  # what a pool may say: a market, or the lab's own machines
+
+
+def state_dir_for(fleet: Fleet, override: str | os.PathLike[str] | None = None) -> Path:
+    """Where rigsync keeps its SSH key, pinned host keys and lock: never inside the repository."""
+    if override:
+        base = Path(override)
+    elif os.environ.get("RIGSYNC_STATE_DIR"):
+        base = Path(os.environ["RIGSYNC_STATE_DIR"])
+    else:
+        xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        base = Path(xdg) / "rigsync"
+    path = base / fleet.name
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+def require_supported_provider(fleet: Fleet) -> None:
+    """The one place that says which providers rigsync can drive (a UserError for any other): the fleet rents from
+    Vast.ai, and each pool is either rented from it or the lab's own machines over SSH (``provider: ssh``), which
+    rigsync never rents and never destroys."""
+    if fleet.provider not in SUPPORTED_PROVIDERS:
+        raise UserError(f"unknown provider {fleet.provider!r}: only 'vast' is supported")
+    for pool in fleet.pools:
+        if pool.provider not in POOL_PROVIDERS:
+            raise UserError(f"pool {pool.name}: unknown provider {pool.provider!r}: 'vast' or 'ssh'")
+        if pool.own and not pool.hosts:
+            raise UserError(f"pool {pool.name}: provider ssh needs its hosts")
+
+
+def build_adapters(fleet: Fleet, state_dir: Path, api_url: str | None = None) -> tuple[Provider, Shell]:
+    """The real adapters: the official vastai SDK and paramiko, with rigsync's own key on the account.
+
+    ``api_url`` is the provider URL configured on the controller (the CLI's ``--api-url``, or a caller's own);
+    None: ``RIGSYNC_API_URL`` or https://console.vast.ai (``reconciler.endpoint``). Never a URL
+    from desired/: the account's key goes where this URL says.
+    """
+    from reconciler.adapters.ssh import SshShell, ensure_keypair
+    from reconciler.adapters.vast import VastProvider, load_api_key
+    from reconciler.endpoint import controller_api_url
+
+    require_supported_provider(fleet)
+    url = controller_api_url() if api_url is None else api_url  # an explicit URL is checked by VastProvider
+    key_path, public = ensure_keypair(state_dir)
+    provider = VastProvider(api_key=load_api_key(), server_url=url)
+    provider.ensure_ssh_key(public)
+    shell = SshShell(private_key=key_path, known_hosts=state_dir / "known_hosts")
+    return provider, shell
+
+
+def open_provider(fleet: Fleet, api_url: str) -> Provider:
+    """The provider for reading only (`rigsync logs`/`ssh`): no key is uploaded to the account."""
+    from reconciler.adapters.vast import VastProvider, load_api_key
+
+    require_supported_provider(fleet)
+    return VastProvider(api_key=load_api_key(), server_url=api_url)
+
+
+def open_shell(private_key: Path, known_hosts: Path) -> SshShell:
+    """An SSH shell with rigsync's key and pinned host keys (paramiko)."""
+    from reconciler.adapters.ssh import SshShell
+
+    return SshShell(private_key=private_key, known_hosts=known_hosts)
+
+
+def open_git(
+    checkout: Path,
+    *,
+    remote: str = "origin",
+    branch: str = "main",
+    author_name: str = "rigsync",
+    author_email: str = "rigsync@localhost",
+) -> GitRepo:
+    """The git adapter over the checkout at ``checkout`` (raises ``RepoError`` when it is not one)."""
+    return GitRepo(Path(checkout), remote=remote, branch=branch, author_name=author_name, author_email=author_email)
+
+
+def open_archive(checkout: Path) -> RunArchive:
+    """The run archive of the checkout: its shards under observed/runs/ and its journal in ``.git/``."""
+    return RunArchive(Path(checkout))
+
+
+def open_lease(
+    git: GitRepo,
+    *,
+    holder: str,
+    host: str,
+    pid: int,
+    stale_after: float = DEFAULT_STALE_AFTER_S,
+    renew_every: float = DEFAULT_RENEW_EVERY_S,
+) -> Lease:
+    """The fleet's lease on its own ref of ``git``'s remote."""
+    return Lease(git, holder=holder, host=host, pid=pid, stale_after=stale_after, renew_every=renew_every)
+
+
+def open_local_lock(checkout: Path) -> LocalLock:
+    """The checkout's local lock (not yet taken)."""
+    return LocalLock(lock_path(Path(checkout)))
 
 
 def open_fleet(
@@ -61,12 +175,12 @@ def open_fleet(
     (``adapters.store.data_dir_for``: ``--data-dir``, ``$RIGSYNC_DATA_DIR``, ``$XDG_DATA_HOME/rigsync``).
     """
     checkout = Path(checkout)
-    git = git if git is not None else GitRepo(checkout)
+    git = git if git is not None else open_git(checkout)
     clock = clock if clock is not None else SystemClock()
     memory = read_fleet_memory(checkout, now=clock.now())
     state = state_dir_for(fleet, state_dir)
     provider, shell = adapters(fleet, state, api_url)
-    archive = RunArchive(checkout)
+    archive = open_archive(checkout)
     # Launches a crash kept out of observed/runs.yaml: known again before anything is planned.
     journal = LaunchJournal(state)
     written = journal.read()
@@ -108,7 +222,9 @@ def render_cycle(
     return previous, rendered
 
 
-def write_back(git: GitRepo, archive: RunArchive, files: Mapping[str, str | None], message: str | None) -> str | None:
+def write_back(
+    git: GitRepo, archive: ports.RunArchive, files: Mapping[str, str | None], message: str | None
+) -> str | None:
     """Hand ``files`` and the archive's new lines to the one writer; commit them when ``message`` is given.
 
     Returns the new commit (None when nothing changed, or when only writing). The archive's journal is

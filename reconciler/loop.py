@@ -1,9 +1,9 @@
-"""One reconcile cycle, and the real adapters it runs on.
+"""One reconcile cycle.
 
 A cycle is a straight line (Flux's Reconcile): observe → plan → apply → remember. The ``Reconciler`` holds only
 what must survive between cycles (pooled SSH connections, the archive's key index, cross-cycle memory), and that
 memory is also written under observed/ so a restarted process rebuilds it from files plus the world. It is
-assembled in one place, ``reconciler.fleet.open_fleet``, with ``build_adapters`` as the default adapter factory.
+assembled in one place, ``reconciler.fleet.open_fleet``, with ``fleet.build_adapters`` as the default adapter factory.
 """
 
 from __future__ import annotations
@@ -13,27 +13,21 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from reconciler.actions import Action, ApplyResult, Plan
 from reconciler.apply import ApplyContext, apply
-from reconciler.archive import RunArchive
-from reconciler.errors import UserError
 from reconciler.jobenv import ControllerEnv, references
-from reconciler.launch_journal import LaunchJournal
 from reconciler.model import (
     CONTROLLER_INTERVAL_S,
-    OWN_PROVIDER,
     AttemptRecord,
     Desired,
     Endpoint,
-    Fleet,
     FleetMemory,
     Observed,
 )
 from reconciler.observe import PROBE_TIMEOUT_S, observe
 from reconciler.plan import plan
-from reconciler.ports import BoxControl, Fence, Provider, ResultStore, Shell, no_fence
+from reconciler.ports import BoxControl, Fence, LaunchJournal, Provider, ResultStore, RunArchive, Shell, no_fence
 from reconciler.remember import remember, world_after_apply
 from reconciler.runphase import is_live
 
@@ -76,7 +70,7 @@ class Reconciler:
     destroy_latency_s: float = DESTROY_LATENCY_S
     fence: Fence = no_fence  # apply asks it before every action (the daemon's lease fence; ports.Fence)
     on_action: Callable[[Action], None] = lambda action: None  # apply tells it each action it starts (progress)
-    journal: LaunchJournal | None = None  # launches written down before they happen (reconciler/launch_journal.py)
+    journal: LaunchJournal | None = None  # launches written down before they happen (ports.LaunchJournal)
     # what the sweeps' ``${NAME}`` references resolve to (this process's environment): plan() learns which names
     # are set, apply() reads the values at launch (reconciler.jobenv)
     controller_env: ControllerEnv = field(default_factory=lambda: ControllerEnv(os.environ))
@@ -201,55 +195,3 @@ class Reconciler:
         if self.journal is not None:
             self.journal.reset(self.memory.in_flight)
         return result
-
-
-def state_dir_for(fleet: Fleet, override: str | os.PathLike[str] | None = None) -> Path:
-    """Where rigsync keeps its SSH key, pinned host keys and lock: never inside the repository."""
-    if override:
-        base = Path(override)
-    elif os.environ.get("RIGSYNC_STATE_DIR"):
-        base = Path(os.environ["RIGSYNC_STATE_DIR"])
-    else:
-        xdg = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-        base = Path(xdg) / "rigsync"
-    path = base / fleet.name
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return path
-
-
-SUPPORTED_PROVIDERS = ("vast",)  # markets rigsync rents from
-POOL_PROVIDERS = (*SUPPORTED_PROVIDERS, OWN_PROVIDER)  # what a pool may say: a market, or the lab's own machines
-
-
-def require_supported_provider(fleet: Fleet) -> None:
-    """The one place that says which providers rigsync can drive (a UserError for any other): the fleet rents from
-    Vast.ai, and each pool is either rented from it or the lab's own machines over SSH (``provider: ssh``), which
-    rigsync never rents and never destroys."""
-    if fleet.provider not in SUPPORTED_PROVIDERS:
-        raise UserError(f"unknown provider {fleet.provider!r}: only 'vast' is supported")
-    for pool in fleet.pools:
-        if pool.provider not in POOL_PROVIDERS:
-            raise UserError(f"pool {pool.name}: unknown provider {pool.provider!r}: 'vast' or 'ssh'")
-        if pool.own and not pool.hosts:
-            raise UserError(f"pool {pool.name}: provider ssh needs its hosts")
-
-
-def build_adapters(fleet: Fleet, state_dir: Path, api_url: str | None = None) -> tuple[Provider, Shell]:
-    """The real adapters: the official vastai SDK and paramiko, with rigsync's own key on the account.
-
-    ``api_url`` is the provider URL configured on the controller (the CLI's ``--api-url``, or a caller's own);
-    None: ``RIGSYNC_API_URL`` or https://console.vast.ai (``reconciler.endpoint``). Never a URL
-    from desired/: the account's key goes where this URL says.
-    """
-    from reconciler.adapters.ssh import SshShell, ensure_keypair
-    from reconciler.adapters.vast import VastProvider, load_api_key
-    from reconciler.endpoint import controller_api_url
-
-    require_supported_provider(fleet)
-    url = controller_api_url() if api_url is None else api_url  # an explicit URL is checked by VastProvider
-    key_path, public = ensure_keypair(state_dir)
-    provider = VastProvider(api_key=load_api_key(), server_url=url)
-    provider.ensure_ssh_key(public)
-    shell = SshShell(private_key=key_path, known_hosts=state_dir / "known_hosts")
-    return provider, shell
-

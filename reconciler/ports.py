@@ -1,8 +1,13 @@
 """The small Protocols the loop talks through; adapters implement them, tests fake them.
 
 Only these shapes cross the boundary between the pure core and the world. Each adapter wraps its library's
-exceptions in ``reconciler.errors`` so callers never see requests, paramiko or git exceptions (and where one
-slips through anyway, ``apply()`` turns it into that action's failed outcome).
+exceptions in ``reconciler.errors``, raised ``from`` the library's, so callers never see requests, paramiko or git
+exceptions (and where one slips through anyway, ``apply()`` turns it into that action's failed outcome).
+
+The files rigsync keeps are ports too: ``RunArchive`` (the history the planner reads, exactly-once appends),
+``LaunchJournal`` (launches written down before they happen) and ``Lease`` (the fence's view of the fleet's
+lease, over ``LeaseStore``). Their adapters, of the same names, live in ``reconciler.adapters``; only the
+composition root (``reconciler.fleet``) constructs them.
 
 ``observe()`` and ``apply()`` talk to the market through ``Provider`` and to the boxes through ``BoxControl``:
 what is done to a box, in the run protocol's own words (probe, launch, kill, bootstrap, ship code), not shell
@@ -13,12 +18,26 @@ world instead, without having to interpret bash.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from reconciler.jobenv import JobEnv
-from reconciler.model import BoxProbe, Endpoint, Instance, MetricGoal, Offer, OfferFilters, Scalar
+from reconciler.model import (
+    AttemptRecord,
+    BoxProbe,
+    Endpoint,
+    InFlight,
+    Instance,
+    MetricGoal,
+    Offer,
+    OfferFilters,
+    OverheadRecord,
+    Scalar,
+)
+
+R = TypeVar("R", AttemptRecord, OverheadRecord)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -209,7 +228,7 @@ class ResultStore(Protocol):
 
 class LeaseStore(Protocol):
     """Where the fleet's lease lives, read and replaced only by compare-and-swap (``adapters.git.GitRepo``: its own
-    ref on the remote, ``refs/heads/rigsync/lease/<branch>``; the rules over it are ``reconciler.lease``)."""
+    ref on the remote, ``refs/heads/rigsync/lease/<branch>``; the rules over it are ``reconciler.adapters.lease``)."""
 
     def read_lease(self) -> tuple[str | None, str | None]:
         """(version, text) of the lease as the remote has it now; (None, None) when there is none."""
@@ -218,6 +237,60 @@ class LeaseStore(Protocol):
     def swap_lease(self, expected: str | None, text: str | None, message: str) -> str | None:
         """Replace the lease with ``text`` (None: delete it) only if its version is still ``expected`` (None: that
         there is none); return the new version. Raises ``errors.LeaseRace`` when ``expected`` no longer holds."""
+        ...
+
+
+class RunArchive(Protocol):
+    """The run archive as the loop uses it (``adapters.archive.RunArchive``: month shards under observed/runs/ and a
+    write-ahead journal): the history the planner reads, exactly-once appends, and the hand-off to the one writer."""
+
+    def records(self) -> Iterator[AttemptRecord]:
+        """Every archived attempt, each key once (the history ``plan()`` reads)."""
+        ...
+
+    def append(self, records: list[R]) -> list[R]:
+        """Archive the records not archived yet, durably before returning; return them."""
+        ...
+
+    def pending_lines(self) -> dict[str, bytes]:
+        """The lines archived since the last hand-off, per shard path."""
+        ...
+
+    def hand_off(self, write: Callable[[dict[str, bytes]], T]) -> T:
+        """Give the pending lines to ``write`` (the writer of observed/); once it returned, forget them."""
+        ...
+
+
+class LaunchJournal(Protocol):
+    """Launches written down before they happen (``adapters.launch_journal.LaunchJournal``, in the state dir)."""
+
+    def note(self, flight: InFlight) -> None:
+        """One launch about to happen, durably."""
+        ...
+
+    def reset(self, in_flight: Iterable[InFlight]) -> None:
+        """After an apply: exactly the attempts in flight."""
+        ...
+
+    def read(self) -> list[InFlight]:
+        """Every well-formed entry."""
+        ...
+
+
+class Lease(Protocol):
+    """The fleet's lease as the fence uses it (``adapters.lease.Lease``, over a ``LeaseStore``): act only while it is
+    certainly ours, renewing it when a heartbeat is due."""
+
+    def check(self, now: float) -> None:
+        """Return while this controller may act; raise ``errors.LeaseLost`` when it may not."""
+        ...
+
+    def renew_due(self, now: float) -> bool:
+        """Whether a heartbeat is due."""
+        ...
+
+    def renew(self, now: float) -> bool:
+        """Push a heartbeat when one is due; whether one was pushed."""
         ...
 
 

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.adapters.git import GitRepo
-from reconciler.archive import entry_from_json
 from reconciler.desired import errors_of, load_desired
 from reconciler.errors import DesiredStateInvalid, ObservedInvalid, RepoError, UserError
 from reconciler.model import AttemptRecord, FleetMemory, Observed
+from reconciler.observed.archive_lines import entry_from_json
 from reconciler.observed.codec import BUDGET, FLEET, RUNS, RUNS_DIR, expect_mapping, load_yaml
 from reconciler.observed.memory import fleet_memory_from_files
 from reconciler.plan.estimate import Place
@@ -94,13 +94,13 @@ def review(repo: Path, base: str, head: str = "HEAD", *, now: float | None = Non
     try:
         g = GitRepo(Path(repo))
     except RepoError as exc:
-        raise UserError(str(exc)) from None
+        raise UserError(str(exc)) from exc
     shas: dict[str, str] = {}
     for flag, ref in (("--base", base), ("--head", head)):
         try:
             shas[flag] = g.rev(ref)
-        except RepoError:
-            raise UserError(f"{flag} {ref!r} names no commit in {repo}") from None
+        except RepoError as exc:
+            raise UserError(f"{flag} {ref!r} names no commit in {repo}") from exc
     at = time.time() if now is None else now
     base_side, base_files = _side(g, base, shas["--base"])
     head_side, head_files = _side(g, head, shas["--head"])

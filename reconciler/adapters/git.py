@@ -12,8 +12,8 @@ take rigsync's newer version.
 
 The fleet's lease is not on the tracked branch: it lives on its own ref, ``refs/heads/rigsync/lease/<branch>``, one
 parentless commit holding ``lease.yaml``, replaced only by compare-and-swap pushes (``--force-with-lease`` naming
-the sha it replaces; ``ports.LeaseStore``, the rules in ``reconciler.lease``). A push of the branch can carry a new
-heartbeat in the same ``--atomic`` push, so the branch moves only while the lease is still the one we wrote.
+the sha it replaces; ``ports.LeaseStore``, the rules in ``reconciler.adapters.lease``). A push of the branch can
+carry a new heartbeat in the same ``--atomic`` push, so the branch moves only while the lease is still the one we wrote.
 
 gitpython exceptions are wrapped in ``RepoError``/``PushRejected`` here; callers never see them.
 """
@@ -32,6 +32,7 @@ from typing import Any
 import git
 from git.exc import GitCommandError, InvalidGitRepositoryError, NoSuchPathError
 
+from reconciler.adapters.lease import LEASE_FILE
 from reconciler.desired.tree import (
     MAX_DESIRED_DEPTH,
     MAX_DESIRED_ENTRIES,
@@ -45,7 +46,6 @@ from reconciler.desired.tree import (
 )
 from reconciler.errors import LeaseRace, PushRejected, RepoError
 from reconciler.failpoints import failpoint
-from reconciler.lease import LEASE_FILE
 from reconciler.model import Desired
 from reconciler.observed.codec import OBSERVED_DIR
 from reconciler.observed.tree import write_observed
@@ -451,6 +451,7 @@ class GitRepo:
         """
         new_lease = self._lease_commit(lease[1], lease[2]) if lease is not None else None
         last = ""
+        rejected: GitCommandError | None = None
         for attempt in range(max_tries):
             cmd = ["git", "push", "--quiet", "--porcelain"]
             if lease is not None:
@@ -466,6 +467,7 @@ class GitRepo:
                 self._run("update-ref", self._remote_ref, "HEAD")
                 return new_lease
             except GitCommandError as exc:
+                rejected = exc
                 out = exc.stdout if isinstance(exc.stdout, str) else ""
                 last = f"{_stderr(exc)} {out}".strip()
                 if lease is not None:
@@ -483,7 +485,9 @@ class GitRepo:
             if attempt + 1 < max_tries:
                 time.sleep(min(2.0, 0.05 * (2**attempt)) * (0.5 + random.random()))
                 self.sync_to_remote()
-        raise PushRejected(f"push to {self.remote}/{self.branch} still rejected after {max_tries} tries: {last}")
+        raise PushRejected(
+            f"push to {self.remote}/{self.branch} still rejected after {max_tries} tries: {last}"
+        ) from rejected
 
     # ---------------------------------------------------------------------------------------------- the lease
 

@@ -49,7 +49,7 @@ def ensure_keypair(directory: Path) -> tuple[Path, str]:
         try:
             loaded = serialization.load_ssh_private_key(path.read_bytes(), password=None)
         except (ValueError, TypeError) as exc:
-            raise ShellError(f"{path} is not an unencrypted OpenSSH private key: {type(exc).__name__}") from None
+            raise ShellError(f"{path} is not an unencrypted OpenSSH private key: {type(exc).__name__}") from exc
         if not isinstance(loaded, Ed25519PrivateKey):
             raise ShellError(f"{path} is not an ed25519 key")
         key = loaded
@@ -139,7 +139,7 @@ class SshShell:
         try:
             self._pkey = paramiko.PKey.from_path(private_key)
         except (OSError, paramiko.SSHException, ValueError) as exc:
-            raise ShellError(f"cannot load the SSH private key {private_key}: {type(exc).__name__}") from None
+            raise ShellError(f"cannot load the SSH private key {private_key}: {type(exc).__name__}") from exc
         self._known_hosts_path = known_hosts
         self._user = user
         self._connect_timeout = connect_timeout
@@ -149,7 +149,7 @@ class SshShell:
             try:
                 self._host_keys.load(str(known_hosts))
             except (OSError, paramiko.SSHException) as exc:
-                raise ShellError(f"cannot read {known_hosts}: {exc}") from None
+                raise ShellError(f"cannot read {known_hosts}: {exc}") from exc
         self._keys_lock = threading.Lock()
         self._pool: dict[Endpoint, _Conn] = {}
         self._pool_lock = threading.Lock()
@@ -235,16 +235,16 @@ class SshShell:
             return fn(dl)
         except RigsyncError:
             raise
-        except paramiko.BadHostKeyException:
-            raise HostKeyMismatch(f"{where}: host key changed since it was pinned; refusing to connect") from None
+        except paramiko.BadHostKeyException as exc:
+            raise HostKeyMismatch(f"{where}: host key changed since it was pinned; refusing to connect") from exc
         except paramiko.AuthenticationException as exc:
             self._drop(endpoint)
-            raise HostUnreachable(f"{where}: SSH authentication failed: {exc}") from None
+            raise HostUnreachable(f"{where}: SSH authentication failed: {exc}") from exc
         except (OSError, EOFError, paramiko.SSHException) as exc:
             self._drop(endpoint)
             if dl.expired or isinstance(exc, socket.timeout | TimeoutError):
-                raise HostUnreachable(f"{where}: no answer within {timeout:g}s") from None
-            raise HostUnreachable(f"{where}: {type(exc).__name__}: {exc or 'connection lost'}") from None
+                raise HostUnreachable(f"{where}: no answer within {timeout:g}s") from exc
+            raise HostUnreachable(f"{where}: {type(exc).__name__}: {exc or 'connection lost'}") from exc
         finally:
             dl.cancel()
 
@@ -390,7 +390,7 @@ def is_pinned(known_hosts: Path, endpoint: Endpoint) -> bool:
     try:
         keys.load(str(known_hosts))
     except (OSError, paramiko.SSHException) as exc:
-        raise ShellError(f"cannot read {known_hosts}: {exc}") from None
+        raise ShellError(f"cannot read {known_hosts}: {exc}") from exc
     found = keys.lookup(_host_id(endpoint))
     return found is not None and len(found) > 0
 

@@ -65,14 +65,14 @@ def _unpack(tar: bytes, into: Path) -> None:
                     continue
                 tf.extract(member, into, filter="data")
     except (tarfile.TarError, OSError) as exc:
-        raise StoreError(f"cannot unpack the harvest into {into}: {type(exc).__name__}: {exc}") from None
+        raise StoreError(f"cannot unpack the harvest into {into}: {type(exc).__name__}: {exc}") from exc
 
 
 def _manifest(directory: Path) -> Harvested:
     try:
         doc = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise StoreError(f"the harvest in {directory} has no readable manifest: {exc}") from None
+        raise StoreError(f"the harvest in {directory} has no readable manifest: {exc}") from exc
     resumed = doc.get("resumed_from")
     return Harvested(
         files=tuple((str(p), int(n)) for p, n in doc.get("files") or ()),

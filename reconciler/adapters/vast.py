@@ -311,7 +311,7 @@ class VastProvider:
                 retryable = isinstance(err, ProviderTransient) and (idempotent or _certainly_not_sent(exc))
                 spent = time.monotonic() - start
                 if not retryable or attempt == self._max_tries or spent + delay > self._max_total_s:
-                    raise err from None
+                    raise err from exc
                 log.info("%s: %s; retry %d in %.1fs", what, err, attempt, delay)
                 self._sleep(delay)
                 delay = min(delay * 2, 8.0)

@@ -1,7 +1,9 @@
 """The ``rigsync`` command: argument parsing and dispatch to one module per subcommand.
 
 User errors (``reconciler.errors.UserError``) print one clear line to stderr and exit 1; they never show a
-traceback. Each subcommand module exposes ``add_parser(subparsers)`` (which sets ``handler`` to its
+traceback. What caused one (the library's exception an adapter wrapped, ``errors.cause_chain``) is logged at
+DEBUG only: ``RIGSYNC_LOG_LEVEL=DEBUG`` shows it for any command (`rigsync run` also has ``--log-level``).
+Each subcommand module exposes ``add_parser(subparsers)`` (which sets ``handler`` to its
 ``run(args) -> int``); they are listed below, in the order ``rigsync --help`` shows them.
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -31,8 +34,11 @@ from reconciler.cli import (
     validate_cmd,
 )
 from reconciler.emulator.errors import EmulatorError
-from reconciler.errors import RigsyncError, UserError
+from reconciler.errors import RigsyncError, UserError, cause_chain
 from reconciler.textsafe import SafeStream
+
+log = logging.getLogger("rigsync.cli")
+LOG_LEVEL_ENV = "RIGSYNC_LOG_LEVEL"
 
 SUBCOMMANDS = (
     init_cmd, validate_cmd, runs_cmd, emulator_cmd, plan_cmd, apply_cmd, status_cmd, demo_cmd, run_cmd, diff_cmd,
@@ -66,6 +72,9 @@ def _main(argv: Sequence[str] | None) -> int:
     # The SSH adapter turns every paramiko failure into one line of ours (an unreachable box is an
     # observation, not a crash); paramiko's own tracebacks on stderr would only bury that.
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+    level = os.environ.get(LOG_LEVEL_ENV, "").upper()
+    if level in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        logging.basicConfig(level=getattr(logging, level), format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):
@@ -75,9 +84,11 @@ def _main(argv: Sequence[str] | None) -> int:
         code: int = args.handler(args)
         return code
     except (UserError, EmulatorError) as exc:  # the emulator has its own errors; they are meant for people too
+        log.debug("%s failed: %s", args.command, cause_chain(exc))
         print(f"rigsync: error: {exc}", file=sys.stderr)
         return 1
     except RigsyncError as exc:
+        log.debug("%s failed: %s", args.command, cause_chain(exc))
         print(f"rigsync: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

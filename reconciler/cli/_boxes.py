@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reconciler.adapters.ssh import KEY_FILE, SshShell
-from reconciler.archive import RunArchive
 from reconciler.cli._common import load_local_desired
 from reconciler.errors import UserError
-from reconciler.loop import require_supported_provider, state_dir_for
+from reconciler.fleet import open_archive, open_provider, open_shell, state_dir_for
 from reconciler.model import Desired, Instance, InstanceStatus, owned_by
 from reconciler.observed.attempts import AttemptIndex, read_attempt_index
 from reconciler.ports import Provider
@@ -35,7 +34,7 @@ def read_fleet_facts(args: argparse.Namespace) -> FleetFacts:
     """desired/ (the fleet), the observed files and the archive of ``--repo``; nothing contacted."""
     repo = Path(args.repo)
     desired = load_local_desired(repo)
-    index = read_attempt_index(repo, RunArchive(repo).records(), (r.id for r in desired.runs))
+    index = read_attempt_index(repo, open_archive(repo).records(), (r.id for r in desired.runs))
     return FleetFacts(repo, desired, index, state_dir_for(desired.fleet, args.state_dir))
 
 
@@ -70,10 +69,7 @@ class BoxAccess:
     def listed(self, instance_id: int) -> Instance | None:
         """The instance as the provider lists it now; None when it is not listed (destroyed)."""
         if self._listed is None:
-            require_supported_provider(self.facts.desired.fleet)
-            from reconciler.adapters.vast import VastProvider, load_api_key
-
-            self._provider = VastProvider(api_key=load_api_key(), server_url=self.api_url)
+            self._provider = open_provider(self.facts.desired.fleet, self.api_url)
             self._listed = {i.id: i for i in self._provider.list_instances()}
         return self._listed.get(instance_id)
 
@@ -95,7 +91,7 @@ class BoxAccess:
 
     def shell(self) -> SshShell:
         if self._shell is None:
-            self._shell = SshShell(private_key=self.key_path, known_hosts=self.known_hosts)
+            self._shell = open_shell(self.key_path, self.known_hosts)
         return self._shell
 
     def close(self) -> None:

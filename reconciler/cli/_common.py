@@ -1,4 +1,10 @@
-"""What the live commands (plan, apply, status) share: desired from a working tree, an opened fleet, write-back."""
+"""What the commands share: their common arguments, declared once, and for the live commands (plan, apply,
+status) desired from a working tree, an opened fleet, write-back.
+
+Each common option has one helper and one help text, used by every command that takes it: ``add_checkout_arg``
+(``--repo``), ``add_state_dir_arg`` (``--state-dir``), ``add_data_dir_arg`` (``--data-dir``) and
+``add_api_url_arg`` (``--api-url``); ``add_live_args`` is the set the live commands take.
+"""
 
 from __future__ import annotations
 
@@ -7,25 +13,42 @@ import os
 from pathlib import Path
 
 from reconciler.actions import Plan
-from reconciler.adapters.git import GitRepo
 from reconciler.apply import ApplyResult
 from reconciler.desired import errors_of, load_desired_from_dir
 from reconciler.endpoint import API_URL_ENV, API_URL_FLAG, DEFAULT_URL, controller_api_url
 from reconciler.errors import DesiredStateInvalid, RepoError, UserError
-from reconciler.fleet import open_fleet, render_cycle, write_back
+from reconciler.fleet import open_fleet, open_git, render_cycle, write_back
 from reconciler.loop import Reconciler
 from reconciler.model import Desired, Observed
 from reconciler.observed.documents import ReconcilerStatus
 
 
-def add_repo_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--repo", default=".", help="the fleet repository (default: current directory)")
-    parser.add_argument("--state-dir", default=None, help="where rigsync keeps its SSH key and pinned host keys")
+def add_checkout_arg(parser: argparse.ArgumentParser) -> None:
+    """``--repo``, on every command that reads a fleet repository."""
+    parser.add_argument(
+        "--repo", type=Path, default=Path("."), metavar="DIR",
+        help="the fleet repository checkout, holding desired/ (default: the current directory)",
+    )
+
+
+def add_state_dir_arg(parser: argparse.ArgumentParser) -> None:
+    """``--state-dir``, on every command that reaches the fleet's boxes (``fleet.state_dir_for``)."""
+    parser.add_argument(
+        "--state-dir", default=None, metavar="DIR",
+        help="where rigsync keeps its SSH key, pinned host keys and launch journal (default: $RIGSYNC_STATE_DIR, "
+        "else $XDG_STATE_HOME/rigsync); never in the repository",
+    )
+
+
+def add_live_args(parser: argparse.ArgumentParser) -> None:
+    """What every command that acts on the live fleet takes: the checkout, the state dir, the provider's URL."""
+    add_checkout_arg(parser)
+    add_state_dir_arg(parser)
     add_api_url_arg(parser)
 
 
 def add_data_dir_arg(parser: argparse.ArgumentParser) -> None:
-    """``--data-dir``, on every command that may settle attempts (their results are harvested there)."""
+    """``--data-dir``, on every command that settles attempts or reads their results (``adapters.store``)."""
     parser.add_argument(
         "--data-dir", default=None, metavar="DIR",
         help="where attempts' harvested results and checkpoints go (default: $RIGSYNC_DATA_DIR, else "
@@ -59,7 +82,7 @@ def add_allow_dirty_arg(parser: argparse.ArgumentParser) -> None:
 def dirty_files(repo: Path, desired: Desired) -> list[str]:
     """Uncommitted files under desired/ and the sweeps' code paths; [] outside a git checkout with commits."""
     try:
-        git = GitRepo(repo)
+        git = open_git(repo)
         git.head()
     except RepoError:
         return []
@@ -108,9 +131,9 @@ def load_local_desired(repo: Path) -> Desired:
     except DesiredStateInvalid as exc:
         # every problem with its file:line:col, as `rigsync validate` prints them; nothing was contacted yet
         lines = [str(e) for e in errors_of(exc)]
-        raise UserError(f"{exc}:\n  " + "\n  ".join(lines)) from None
+        raise UserError(f"{exc}:\n  " + "\n  ".join(lines)) from exc
     try:
-        return GitRepo(repo).pin(desired)
+        return open_git(repo).pin(desired)
     except RepoError:
         return desired
 
@@ -131,7 +154,7 @@ def write_observed_uncommitted(
         desired_commit_applied=desired.commit, last_valid_desired_commit=desired.commit, apply_errors=failures
     )
     _, files = render_cycle(rec, desired, observed, plan, status, repo)
-    write_back(GitRepo(repo), rec.archive, files, message=None)
+    write_back(open_git(repo), rec.archive, files, message=None)
 
 
 def observe_once(

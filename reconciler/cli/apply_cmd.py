@@ -16,13 +16,13 @@ from pathlib import Path
 
 import jsonschema
 
-from reconciler import lease
 from reconciler.actions import PLAN_FORMAT_VERSION, Bootstrap, Launch, Plan, ShipCode
-from reconciler.adapters.git import GitRepo
+from reconciler.adapters import lease
+from reconciler.adapters.lease import LeaseState, LocalLock, lock_path
 from reconciler.cli._common import (
     add_allow_dirty_arg,
     add_data_dir_arg,
-    add_repo_arg,
+    add_live_args,
     api_url_of,
     dirty_banner,
     load_live_desired,
@@ -31,7 +31,7 @@ from reconciler.cli._common import (
 )
 from reconciler.desired import schema_path
 from reconciler.errors import LeaseHeld, RepoError, StalePlan, UserError
-from reconciler.lease import Lease, LeaseState, LocalLock, lock_path
+from reconciler.fleet import open_git, open_lease, open_local_lock
 from reconciler.model import Desired
 from reconciler.progress import booting, describe, progress_for
 from reconciler.render import plan_text
@@ -42,7 +42,7 @@ _SHIPS = (Bootstrap, ShipCode, Launch)  # what puts the tree's content on a box
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("apply", help="apply a fresh plan (after showing it) or a saved one")
-    add_repo_arg(p)
+    add_live_args(p)
     add_data_dir_arg(p)
     p.add_argument("--plan", default=None, help="a plan saved by `rigsync plan --out`; applied exactly or refused")
     p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
@@ -55,9 +55,9 @@ def _load_saved(path: str) -> Plan:
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
-        raise UserError(f"{path}: cannot read saved plan: {exc.strerror}") from None
+        raise UserError(f"{path}: cannot read saved plan: {exc.strerror}") from exc
     except ValueError as exc:
-        raise UserError(f"{path}: not a rigsync plan: not JSON ({exc})") from None
+        raise UserError(f"{path}: not a rigsync plan: not JSON ({exc})") from exc
     if isinstance(doc, dict) and doc.get("format_version") not in (None, PLAN_FORMAT_VERSION):
         raise UserError(
             f"{path}: plan format_version {doc.get('format_version')!r} is not {PLAN_FORMAT_VERSION}: "
@@ -71,21 +71,21 @@ def _load_saved(path: str) -> Plan:
     try:
         return Plan.from_json(doc)
     except (ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"{path}: not a rigsync plan: {exc}") from None
+        raise UserError(f"{path}: not a rigsync plan: {exc}") from exc
 
 
 def _lease_on_the_remote(repo: Path) -> LeaseState | None:
     """The fleet's lease as the checkout's remote has it (its own ref); None without a git checkout or a remote."""
     try:
-        git = GitRepo(repo)
+        git = open_git(repo)
     except RepoError:
         return None
     if not git.has_remote():
         return None
     try:
-        return Lease(git, holder="", host="", pid=0).read()
+        return open_lease(git, holder="", host="", pid=0).read()
     except RepoError as exc:
-        raise UserError(f"cannot read the fleet's lease, so cannot tell whether a reconciler acts: {exc}") from None
+        raise UserError(f"cannot read the fleet's lease, so cannot tell whether a reconciler acts: {exc}") from exc
 
 
 def _refuse_if_a_reconciler_acts(repo: Path) -> LocalLock | None:
@@ -95,7 +95,7 @@ def _refuse_if_a_reconciler_acts(repo: Path) -> LocalLock | None:
     """
     lock = None
     if lock_path(repo).parent.is_dir():
-        lock = LocalLock(lock_path(repo)).acquire()
+        lock = open_local_lock(repo).acquire()
     try:
         current = _lease_on_the_remote(repo)
         if current is not None:

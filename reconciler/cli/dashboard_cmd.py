@@ -11,6 +11,7 @@ import argparse
 import http.server
 from pathlib import Path
 
+from reconciler.cli._common import add_checkout_arg
 from reconciler.errors import UserError
 from reconciler.views import dashboard
 
@@ -21,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="Build an HTML page of the fleet (boxes, runs by phase, spend against the caps, learning "
         "curves, cells by metric) from the checkout's committed files. Nothing is contacted.",
     )
-    p.add_argument("--repo", default=".", help="the fleet repository checkout (default: current directory)")
+    add_checkout_arg(p)
     p.add_argument("--out", default=None, metavar="FILE", help="write the page to FILE (one self-contained file)")
     p.add_argument("--port", type=int, default=None, metavar="P", help="serve the page on http://127.0.0.1:P/")
     p.set_defaults(handler=run)
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             written = dashboard.write(repo, Path(args.out) if args.out else None)
         except OSError as exc:
-            raise UserError(f"{args.out or dashboard.default_out(repo)}: cannot write the dashboard: {exc}") from None
+            raise UserError(f"{args.out or dashboard.default_out(repo)}: cannot write the dashboard: {exc}") from exc
         print(dashboard.open_hint(written))
     if args.port is not None:
         serve(repo, args.port)
@@ -67,7 +68,7 @@ def serve(repo: Path, port: int) -> None:
     try:
         server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
     except OSError as exc:
-        raise UserError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}") from None
+        raise UserError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}") from exc
     with server:
         print(f"serving the dashboard of {repo.resolve()} on http://127.0.0.1:{server.server_port}/ (Ctrl-C stops)",
               flush=True)

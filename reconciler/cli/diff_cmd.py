@@ -23,6 +23,7 @@ from typing import Any
 import jsonschema
 
 from reconciler.actions import SweepEstimate
+from reconciler.cli._common import add_checkout_arg
 from reconciler.errors import DesiredStateInvalid, ObservedInvalid, RepoError, UserError
 from reconciler.jobenv import held_back
 from reconciler.model import Desired, RunPhase
@@ -51,7 +52,7 @@ def add_parser(subparsers: Any) -> None:
         description="Compare observed/ (as rigsync last committed it) with desired/ at the checkout's HEAD: "
         "runs per sweep by phase, boxes wanted vs held, and drift with the action the plan takes.",
     )
-    p.add_argument("--repo", default=".", help="the fleet repository checkout (default: current directory)")
+    add_checkout_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     p.add_argument(
         "--markdown", action="store_true",
@@ -75,17 +76,17 @@ def _committed(repo: Path) -> tuple[Desired, dict[str, str]]:
 
     Outside a git checkout the working tree is read and the revisions stay None.
     """
-    from reconciler.adapters.git import GitRepo
     from reconciler.desired import load_desired, read_desired_files
+    from reconciler.fleet import open_git
 
     if not (repo / ".git").exists():
         observed = {p: (repo / p).read_text(encoding="utf-8") for p in REQUIRED if (repo / p).is_file()}
         return load_desired(_require_desired_files(repo, read_desired_files(repo))), observed
-    g = GitRepo(repo)
+    g = open_git(repo)
     try:
         head = g.head()
-    except RepoError:
-        raise UserError(f"{repo}: no desired/ files committed") from None  # a fresh repository without commits
+    except RepoError as exc:
+        raise UserError(f"{repo}: no desired/ files committed") from exc  # a fresh repository without commits
     committed = g.files_at(head, "observed/", max_bytes=MAX_OBSERVED_BYTES, only=REQUIRED)
     if committed.refused:
         raise ObservedInvalid("; ".join(f"{path}: {why}" for path, why in sorted(committed.refused.items())))

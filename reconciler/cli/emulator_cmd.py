@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             emu.start()
         except OSError as exc:
-            raise UserError(f"cannot serve on 127.0.0.1:{args.port}: {exc.strerror or exc}") from None
+            raise UserError(f"cannot serve on 127.0.0.1:{args.port}: {exc.strerror or exc}") from exc
         print(f"VAST_URL={emu.url}", flush=True)
         print(f"VAST_API_KEY={emu.api_key}", flush=True)
         # what a shell needs to point rigsync at this emulator (the key only ever goes to the controller's URL)

@@ -31,7 +31,7 @@ from typing import BinaryIO, Protocol
 
 from reconciler.adapters.store import attempt_dir, data_dir_for
 from reconciler.cli._boxes import BoxAccess, read_fleet_facts
-from reconciler.cli._common import add_repo_arg, api_url_of
+from reconciler.cli._common import add_data_dir_arg, add_live_args, api_url_of
 from reconciler.errors import HostKeyMismatch, HostUnreachable, RemoteCommandFailed, UserError
 from reconciler.model import Endpoint
 from reconciler.observed.attempts import AttemptPlace
@@ -67,17 +67,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="write the log's bytes as they are (default: control characters shown as escapes)")
     p.add_argument("--json", action="store_true", help="print the log as it is now as one JSON object "
                    "(run_id, attempt, stream, source, exit_code, text)")
-    p.add_argument("--data-dir", default=None, metavar="DIR",
-                   help="the local result store (default: $RIGSYNC_DATA_DIR, else $XDG_DATA_HOME/rigsync)")
-    add_repo_arg(p)
+    add_data_dir_arg(p)
+    add_live_args(p)
     p.set_defaults(handler=run)
 
 
 def _non_negative(text: str) -> int:
     try:
         n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from exc
     if n < 0:
         raise argparse.ArgumentTypeError(f"{n} is negative")
     return n
@@ -119,7 +118,7 @@ class StoreSource:
         except FileNotFoundError:
             data, offset, size = b"", 0, 0
         except OSError as exc:
-            raise UserError(f"cannot read {self.path}: {exc.strerror or exc}") from None
+            raise UserError(f"cannot read {self.path}: {exc.strerror or exc}") from exc
         return LogSlice(data, offset, offset + len(data), size, self.exit_code, False)
 
 
@@ -172,10 +171,10 @@ class BoxSource:
                 res = self.shell.run(self.endpoint, command, timeout=READ_TIMEOUT_S)
                 break
             except HostKeyMismatch as exc:
-                raise UserError(f"{where}: {exc}") from None
+                raise UserError(f"{where}: {exc}") from exc
             except HostUnreachable as exc:
                 if tried >= self.retries:
-                    raise UserError(f"{where} is unreachable: {exc}") from None
+                    raise UserError(f"{where} is unreachable: {exc}") from exc
                 self.sleep(POLL_S)
         if res.exit_code == NO_SUCH_RUN_EXIT:
             raise UserError(f"{where} has no run directory for attempt {self.place.name}")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from reconciler import __version__
 from reconciler.cli import diff_cmd, logs_cmd, plan_cmd, runs_cmd, status_cmd, validate_cmd
-from reconciler.cli._common import load_local_desired
+from reconciler.cli._common import add_checkout_arg, load_local_desired
 from reconciler.desired import schema_path
 from reconciler.emulator.errors import EmulatorError
 from reconciler.errors import RigsyncError, UserError
@@ -172,7 +172,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description="A Model Context Protocol server on stdin/stdout: tools validate, runs, diff, plan, status, "
         "logs, each returning the JSON of the command's --json. Nothing is applied.",
     )
-    p.add_argument("--repo", default=".", help="the fleet checkout the tools read by default (default: .)")
+    add_checkout_arg(p)
     p.set_defaults(handler=run)
 
 

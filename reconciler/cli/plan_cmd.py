@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.actions import Plan
-from reconciler.cli._common import add_allow_dirty_arg, add_repo_arg, dirty_banner, observe_once
+from reconciler.cli._common import add_allow_dirty_arg, add_live_args, dirty_banner, observe_once
 from reconciler.errors import UserError
 from reconciler.render import plan_text
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("plan", help="show what apply would do, with a reason per action")
-    add_repo_arg(p)
+    add_live_args(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON (schemas/plan.schema.json)")
     p.add_argument("--detailed-exitcode", action="store_true", help="exit 0 no changes, 2 changes, 1 error")
     p.add_argument("--out", default=None, help="save the plan as JSON for `rigsync apply --plan`")
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             Path(args.out).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         except OSError as exc:
-            raise UserError(f"{args.out}: cannot save the plan: {exc.strerror}") from None
+            raise UserError(f"{args.out}: cannot save the plan: {exc.strerror}") from exc
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True))
     else:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 from reconciler import review as reviewing
+from reconciler.cli._common import add_checkout_arg
 from reconciler.errors import UserError
 from reconciler.review_git import review
 
@@ -26,7 +26,7 @@ def add_parser(subparsers: Any) -> None:
         "content id, the price and time of the added work against the budget left (observed/ at the base), and "
         "the head's validation errors. Exit 1 when the head is invalid.",
     )
-    p.add_argument("--repo", type=Path, default=Path("."), help="the fleet repository checkout (default: .)")
+    add_checkout_arg(p)
     p.add_argument("--base", required=True, help="the revision the change is compared with (e.g. origin/main)")
     p.add_argument("--head", default="HEAD", help="the revision under review (default: HEAD)")
     fmt = p.add_mutually_exclusive_group()

@@ -6,7 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from reconciler.cli._common import add_api_url_arg, add_data_dir_arg, api_url_of
+from reconciler.cli._common import add_data_dir_arg, add_live_args, api_url_of
 from reconciler.daemon import DaemonConfig, FleetDaemon
 from reconciler.errors import UserError
 from reconciler.model import CONTROLLER_INTERVAL_S
@@ -14,9 +14,7 @@ from reconciler.model import CONTROLLER_INTERVAL_S
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("run", help="the loop: follow the remote, reconcile, commit observed/ back")
-    p.add_argument("--repo", default=".", help="rigsync's git checkout of the fleet repository (default: .)")
-    p.add_argument("--state-dir", default=None, help="where rigsync keeps its SSH key and pinned host keys")
-    add_api_url_arg(p)
+    add_live_args(p)
     add_data_dir_arg(p)
     p.add_argument("--once", action="store_true", help="run one cycle and exit")
     interval = f"seconds between cycles (default {CONTROLLER_INTERVAL_S:g})"

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
+from reconciler.cli._common import add_checkout_arg
 from reconciler.desired import errors_of, load_desired_from_dir
 from reconciler.errors import DesiredStateInvalid
 from reconciler.expand import scalar_text
@@ -23,7 +23,7 @@ def add_parser(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "runs", help="list the runs the desired sweeps expand to (ids, params, seeds, commands)"
     )
-    parser.add_argument("--repo", type=Path, default=Path("."), help="repository root holding desired/ (default: .)")
+    add_checkout_arg(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON list of runs")
     parser.add_argument(
         "--promotions", action="store_true", help="also list promotion candidates, with their thresholds"

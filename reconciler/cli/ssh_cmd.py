@@ -24,7 +24,7 @@ import sys
 
 from reconciler.adapters.ssh import is_pinned, openssh_argv
 from reconciler.cli._boxes import BoxAccess, FleetFacts, read_fleet_facts
-from reconciler.cli._common import add_repo_arg, api_url_of
+from reconciler.cli._common import add_live_args, api_url_of
 from reconciler.errors import HostKeyMismatch, HostUnreachable, UserError
 from reconciler.model import Instance, RunPhase
 
@@ -43,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                    help="an instance id (a number), or a run id or unique prefix (the box its live attempt is on)")
     p.add_argument("--print", action="store_true", dest="print_only",
                    help="print the ssh command (shell-quoted) instead of running it")
-    add_repo_arg(p)
+    add_live_args(p)
     p.set_defaults(handler=run)
 
 
@@ -101,8 +101,8 @@ def _argv(boxes: BoxAccess, instance: Instance) -> list[str]:
         try:
             boxes.shell().run(endpoint, "true", timeout=PIN_TIMEOUT_S)
         except HostKeyMismatch as exc:
-            raise UserError(f"box {instance.id}: {exc}") from None
+            raise UserError(f"box {instance.id}: {exc}") from exc
         except HostUnreachable as exc:
-            raise UserError(f"box {instance.id} ({endpoint.host}:{endpoint.port}) is unreachable: {exc}") from None
+            raise UserError(f"box {instance.id} ({endpoint.host}:{endpoint.port}) is unreachable: {exc}") from exc
         print(f"rigsync: pinned box {instance.id}'s host key in {boxes.known_hosts} (first contact)", file=sys.stderr)
     return openssh_argv(endpoint, private_key=key, known_hosts=boxes.known_hosts)

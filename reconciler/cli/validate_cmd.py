@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from reconciler.cli._common import add_checkout_arg
 from reconciler.desired import LoadError, errors_of, load_desired_from_dir
 from reconciler.errors import DesiredStateInvalid
 from reconciler.model import Desired
@@ -22,7 +23,7 @@ def add_parser(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "validate", help="validate desired/ (fleet, budget, sweeps) against the schemas and rules"
     )
-    parser.add_argument("--repo", type=Path, default=Path("."), help="repository root holding desired/ (default: .)")
+    add_checkout_arg(parser)
     fmt = parser.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help='print {"valid": bool, "errors": [...]}')
     fmt.add_argument(

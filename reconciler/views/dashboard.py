@@ -18,11 +18,11 @@ from typing import Any
 
 from markupsafe import Markup
 
-from reconciler.archive import entry_from_json
 from reconciler.curves import CURVES_DIR
 from reconciler.desired import load_desired_from_dir
 from reconciler.errors import DesiredStateInvalid
 from reconciler.model import AttemptRecord, Desired, OverheadRecord
+from reconciler.observed.archive_lines import entry_from_json
 from reconciler.observed.codec import BUDGET, RUNS_DIR, load_mapping_quietly
 from reconciler.observed.tree import read_observed
 from reconciler.views.facts import PHASES, FleetView, build_view, mapping, time_of

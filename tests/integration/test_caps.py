@@ -19,7 +19,7 @@ import yaml
 from gitutil import git
 from world import FleetRepo, fleet_repo
 
-from reconciler.archive import RunArchive
+from reconciler.adapters.archive import RunArchive
 from reconciler.daemon import DaemonConfig, FleetDaemon
 from reconciler.emulator import Emulator
 from reconciler.model import AttemptOutcome

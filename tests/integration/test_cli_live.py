@@ -26,10 +26,10 @@ from gitutil import git
 from jsonschema import Draft202012Validator
 from world import dump, emulator_env, fleet_repo
 
+from reconciler.adapters.archive import RunArchive
 from reconciler.adapters.git import GitRepo
-from reconciler.archive import RunArchive
+from reconciler.adapters.lease import LeaseState, LocalLock, lock_path, to_yaml
 from reconciler.emulator import Emulator
-from reconciler.lease import LeaseState, LocalLock, lock_path, to_yaml
 from reconciler.model import AttemptOutcome, Ownership
 
 REPO = Path(__file__).resolve().parents[2]

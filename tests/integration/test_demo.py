@@ -22,7 +22,8 @@ import pytest
 import yaml
 from gitutil import git as _git
 
-from reconciler.archive import RunArchive, overhead_to_json, record_to_json
+from reconciler.adapters.archive import RunArchive
+from reconciler.observed.archive_lines import overhead_to_json, record_to_json
 
 ROOT = Path(__file__).resolve().parents[2]
 RIGSYNC = str(Path(sys.executable).parent / "rigsync")

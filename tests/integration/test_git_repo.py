@@ -13,9 +13,9 @@ import yaml
 from gitutil import git
 
 from reconciler.adapters.git import GitRepo
+from reconciler.adapters.lease import Lease, LeaseState
+from reconciler.adapters.lease import to_yaml as lease_to_yaml
 from reconciler.errors import LeaseHeld, LeaseRace, PushRejected, RepoError
-from reconciler.lease import Lease, LeaseState
-from reconciler.lease import to_yaml as lease_to_yaml
 from reconciler.model import Budget, Desired, Fleet, Sweep
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,8 @@ import pytest
 from gitutil import git as _git
 from test_reconcile import drive, fleet_repo, owned_alive, successes
 
+from reconciler.adapters.archive import RunArchive
 from reconciler.adapters.store import LocalStore, attempt_dir, data_dir_for
-from reconciler.archive import RunArchive
 from reconciler.cli._common import load_local_desired, open_reconciler
 from reconciler.curves import curve_path
 from reconciler.emulator import Emulator

@@ -23,8 +23,8 @@ import world
 
 from reconciler import remote
 from reconciler.actions import Launch, Plan
+from reconciler.adapters.archive import RunArchive
 from reconciler.apply import ApplyContext, apply
-from reconciler.archive import RunArchive
 from reconciler.cli._common import load_local_desired, open_reconciler
 from reconciler.emulator import Emulator
 from reconciler.errors import LaunchLockHeld

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from test_run_daemon import BoxRuns, World, git, log_text, run_ids_by_seed, validate_observed, wait_for, world_factory
 
-from reconciler.archive import RunArchive
+from reconciler.adapters.archive import RunArchive
 
 pytestmark = pytest.mark.integration
 __all__ = ["world_factory"]  # the fixture, shared with test_run_daemon

@@ -31,9 +31,9 @@ from gitutil import git
 from world import FleetRepo, emulator_env, fleet_repo
 
 from reconciler.adapters.git import GitRepo
+from reconciler.adapters.lease import LocalLock, lock_path
 from reconciler.daemon import DaemonConfig, FleetDaemon
 from reconciler.emulator import Emulator
-from reconciler.lease import LocalLock, lock_path
 from reconciler.model import Ownership
 
 pytestmark = pytest.mark.integration
@@ -643,8 +643,8 @@ def test_a_takeover_racing_our_commit_is_lease_lost_and_none_of_ours_lands(
     """Another reconciler's takeover lands on the lease ref between our commit and our push: our push of main carries
     a heartbeat in the same atomic push, so it fails as a whole; the daemon exits with LeaseLost naming the new holder
     and drops what it committed."""
+    from reconciler.adapters.lease import LeaseState, to_yaml
     from reconciler.errors import LeaseLost
-    from reconciler.lease import LeaseState, to_yaml
 
     w = world_factory("t-race", suspend=True)
     human = w.clone("human")

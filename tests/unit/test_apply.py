@@ -14,9 +14,9 @@ import pytest
 from fakes import FakeArchive, FakeClock, FakeWorld, MemoryLeaseStore, code_tar, desired_state, offer
 
 from reconciler.actions import CloseBill, Launch, Plan, ReasonCode, Rent, ShipCode
+from reconciler.adapters.lease import Lease
 from reconciler.apply import ApplyContext, ApplyResult, apply
 from reconciler.errors import HostUnreachable, LaunchLockHeld, LeaseLost
-from reconciler.lease import Lease
 from reconciler.model import BoxSpend, Desired, FleetMemory, InFlight, MetricGoal, Observed, Spend
 from reconciler.observe import observe
 from reconciler.plan import plan

@@ -9,17 +9,16 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from reconciler.archive import (
-    RunArchive,
+from reconciler.adapters.archive import RunArchive, journal_path
+from reconciler.errors import ArchiveCorrupt, RepoError
+from reconciler.model import AttemptOutcome, AttemptRecord, OverheadRecord
+from reconciler.observed.archive_lines import (
     entry_from_json,
-    journal_path,
     overhead_to_json,
     record_from_json,
     record_to_json,
     shard_path,
 )
-from reconciler.errors import ArchiveCorrupt, RepoError
-from reconciler.model import AttemptOutcome, AttemptRecord, OverheadRecord
 from reconciler.observed.tree import write_observed
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "schemas" / "archive-record.schema.json").read_text())

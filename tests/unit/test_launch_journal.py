@@ -14,7 +14,7 @@ from pathlib import Path
 from fakes import FakeArchive, FakeClock, FakeShell, FakeWorld, Work, code_tar, desired_state, offer
 
 from reconciler.actions import Launch
-from reconciler.launch_journal import LaunchJournal, merge_in_flight
+from reconciler.adapters.launch_journal import LaunchJournal, merge_in_flight
 from reconciler.loop import Reconciler
 from reconciler.model import AttemptOutcome, FleetMemory, InFlight
 

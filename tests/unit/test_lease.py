@@ -16,8 +16,7 @@ import pytest
 import yaml
 from fakes import MemoryLeaseStore
 
-from reconciler.errors import LeaseHeld, LeaseLost, ObservedInvalid, RepoError
-from reconciler.lease import (
+from reconciler.adapters.lease import (
     Lease,
     LeaseState,
     LocalLock,
@@ -28,6 +27,7 @@ from reconciler.lease import (
     renew,
     to_yaml,
 )
+from reconciler.errors import LeaseHeld, LeaseLost, ObservedInvalid, RepoError
 
 T0 = 1_790_000_000.0
 SCHEMA = json.loads((Path(__file__).parents[2] / "schemas" / "observed-lease.schema.json").read_text())
@@ -144,7 +144,7 @@ def test_local_lock_refuses_a_second_holder(tmp_path: Path) -> None:
     with LocalLock(path) as lock:
         assert lock.held
         code = (
-            "import sys\nfrom pathlib import Path\nfrom reconciler.lease import LocalLock\n"
+            "import sys\nfrom pathlib import Path\nfrom reconciler.adapters.lease import LocalLock\n"
             "from reconciler.errors import LeaseHeld\n"
             "try:\n    LocalLock(Path(sys.argv[1])).acquire()\nexcept LeaseHeld as e:\n    print(e); sys.exit(3)\n"
         )

@@ -75,7 +75,7 @@ def test_which_providers_a_fleet_and_its_pools_may_name_is_said_in_one_place() -
     import pytest
 
     from reconciler.errors import UserError
-    from reconciler.loop import require_supported_provider
+    from reconciler.fleet import require_supported_provider
     from reconciler.model import Fleet, OwnHost, Pool
 
     lab = Pool(name="lab", provider="ssh", hosts=(OwnHost("127.0.0.9", 2222, gpus=2),))

@@ -175,8 +175,8 @@ def test_commit_messages_are_made_visible(tmp_path: Path) -> None:
 def test_observed_files_and_archive_lines_hold_escapes_not_raw_characters() -> None:
     import json
 
-    from reconciler.archive import record_from_json, record_to_json
     from reconciler.model import AttemptOutcome, AttemptRecord
+    from reconciler.observed.archive_lines import record_from_json, record_to_json
     from reconciler.observed.codec import dump_yaml, load_yaml
 
     doc = {"drift": [{"detail": f"api said {HOSTILE}", "subject": "instance/1"}], "name": "ünï"}

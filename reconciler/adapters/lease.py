@@ -91,11 +91,11 @@ class LocalLock:
         fh = open(self.path, "a+")  # noqa: SIM115 - held open for the life of the lock
         try:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except BlockingIOError as exc:
             fh.seek(0)
             who = fh.read().strip() or "another process"
             fh.close()
-            raise LeaseHeld(f"another rigsync holds the local lock {self.path} ({who})") from None
+            raise LeaseHeld(f"another rigsync holds the local lock {self.path} ({who})") from exc
         fh.seek(0)
         fh.truncate()
         fh.write(f"pid {os.getpid()}\n")
