@@ -167,8 +167,8 @@ def _set_key(text: str, key: str, value: str) -> str:
     return pattern.sub(lambda m: f"{m.group(1)}{key}: {value}", text, count=1)
 
 
-def _make_fleet_repo(workdir: Path, runs: int | None, source: Path | None = None) -> None:
-    """The demo's working clone and its bare remote, holding the example fleet (or a copy of the fleet repository
+def make_fleet_repo(workdir: Path, runs: int | None, source: Path | None = None) -> tuple[Path, Path]:
+    """The demo's (and the benches') working clone and its bare remote, holding the example fleet (or a copy of the fleet repository
     ``source``'s files) with the demo's short timeouts. The source itself is never changed.
 
     The emulator's URL is not written into it: the controller is pointed there (``FleetDaemon(api_url=...)``,
@@ -223,6 +223,7 @@ def _make_fleet_repo(workdir: Path, runs: int | None, source: Path | None = None
         msg += f", about {runs} runs"
     _git(workdir, "commit", "-q", "-am", msg)
     _git(workdir, "push", "-q", "origin", "main")
+    return workdir, remote
 
 
 def _grid_cells(sweep_text: str) -> int:
@@ -286,7 +287,7 @@ def run_demo(opts: DemoOptions) -> DemoSummary:
         with Emulator(seed=opts.seed, boot_delay=opts.boot_delay_s) as emu:
             os.environ["VAST_API_KEY"] = emu.api_key  # the key lives in the environment, never in the repo
             opts.say(f"emulator at {emu.url}; fleet repo {workdir}")
-            _make_fleet_repo(workdir, opts.runs, opts.source)
+            make_fleet_repo(workdir, opts.runs, opts.source)
             config = DaemonConfig(interval_s=opts.interval_s, lease_renew_s=30.0, author_name="rigsync")
             daemon = FleetDaemon(
                 workdir, config=config, state_dir=str(state), api_url=emu.url,
