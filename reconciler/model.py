@@ -8,6 +8,7 @@ durations are seconds. Mappings inside frozen dataclasses are stored as tuples o
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -198,6 +199,24 @@ class Sweep:
     stall_timeout_s: float | None = None
     stall_gpu_util_pct: float = 5.0
     pool: str = ""  # the fleet pool its runs go to ("": the first)
+    progress: Progress | None = None  # the metrics key counting a run's work and its total (None: not told)
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What counts a run's work: the metrics key that grows as it works (``step``) and its value when done."""
+
+    key: str
+    total: float
+
+    def fraction(self, metrics: Mapping[str, Scalar]) -> float | None:
+        """How much of its work a run has done, 0.0 to 1.0, from its last metrics line; None when that line has no
+        usable number under ``key`` (a box's metrics are untrusted: a bool, a string, NaN or inf says nothing)."""
+        value = metrics.get(self.key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        done = float(value) / self.total
+        return min(1.0, max(0.0, done)) if math.isfinite(done) else None
 
 
 @dataclass(frozen=True)

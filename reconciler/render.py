@@ -7,7 +7,7 @@ from typing import Any
 from reconciler.actions import SIGNS, Kind, Plan, SweepEstimate
 from reconciler.jobenv import held_back
 from reconciler.model import Desired, Observed, owns
-from reconciler.runphase import count_phases, is_unfinished, run_phases
+from reconciler.runphase import count_phases, is_unfinished, live_progress, run_phases
 
 VERBS = {
     Kind.RENT: "to rent",
@@ -79,6 +79,7 @@ def status_json(desired: Desired, observed: Observed, plan: Plan | None = None) 
     """What `rigsync status --json` prints; with the plan for this observation, its budget lines and price."""
     mine: list[dict[str, Any]] = []
     foreign: list[dict[str, Any]] = []
+    progress = live_progress(desired.runs, observed)
     for inst in sorted(observed.instances, key=lambda i: i.id):
         probe = observed.probe(inst.id)
         row = {
@@ -90,6 +91,12 @@ def status_json(desired: Desired, observed: Observed, plan: Plan | None = None) 
             "reachable": None if probe is None else probe.reachable,
             "host_key_changed": probe is not None and probe.host_key_changed,
             "runs": sorted(f"{r.run_id}.{r.attempt}" for r in (probe.runs if probe else ()) if is_unfinished(r)),
+            # "run.attempt" → the fraction of its work done, for the live runs here whose sweep declares ``progress``
+            "progress": {
+                f"{r.run_id}.{r.attempt}": round(progress[(r.run_id, r.attempt)], 4)
+                for r in (probe.runs if probe else ())
+                if (r.run_id, r.attempt) in progress
+            },
         }
         (mine if owns(desired.fleet.name, inst.label) else foreign).append(row)
     spend = observed.memory.spend
@@ -116,7 +123,8 @@ def status_text(doc: dict[str, Any]) -> str:
         reach = {None: "-", True: "reachable", False: "UNREACHABLE"}[b["reachable"]]
         if b.get("host_key_changed"):
             reach = "HOST KEY CHANGED (untrusted)"
-        runs = ", ".join(b["runs"]) or "idle"
+        done = b.get("progress") or {}
+        runs = ", ".join(f"{r} ({done[r]:.0%})" if r in done else r for r in b["runs"]) or "idle"
         lines.append(f"  {b['id']:>10}  {b['status']:<8} {b['gpu']:<18} ${b['dph']:.4f}/h  {reach:<11} {runs}")
     for f in doc["foreign"]:
         lines.append(f"  {f['id']:>10}  foreign (label {f['label']!r}): not ours, left alone")

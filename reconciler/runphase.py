@@ -99,6 +99,25 @@ def live_attempts(observed: Observed) -> dict[str, LiveAttempt]:
     return live
 
 
+def live_progress(runs: Iterable[RunSpec], observed: Observed) -> dict[tuple[str, int], float]:
+    """(run id, attempt) → the fraction of its work a run's newest live attempt has done (its sweep's ``progress``,
+    read from the last metrics line the box reported); runs whose sweep has no ``progress``, or whose line says
+    nothing, are left out."""
+    live = live_attempts(observed)
+    out: dict[tuple[str, int], float] = {}
+    for spec in runs:
+        attempt = live.get(spec.id)
+        if attempt is None or spec.sweep.progress is None:
+            continue
+        probe = observed.probe(attempt.instance_id)
+        key = (spec.id, attempt.attempt)
+        state = next((r for r in probe.runs if (r.run_id, r.attempt) == key), None) if probe is not None else None
+        done = spec.sweep.progress.fraction(dict(state.last_metrics)) if state is not None else None
+        if done is not None:
+            out[key] = done
+    return out
+
+
 def tally_runs(history: Iterable[AttemptRecord], live: Iterable[str] = ()) -> dict[str, RunTally]:
     """Run id → its tally from archived attempts, with ``live`` marking the runs that have a live attempt."""
     out: dict[str, RunTally] = {}

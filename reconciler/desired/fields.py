@@ -27,6 +27,7 @@ from reconciler.model import (
     OnExceed,
     OwnHost,
     Pool,
+    Progress,
     PromotionRule,
     Ranking,
     Sweep,
@@ -211,6 +212,7 @@ ROWS: tuple[Row, ...] = (
         ("stall_timeout", "stall_timeout_s", parse_duration),
         ("stall_gpu_util", "stall_gpu_util_pct", float),
         ("pool", "pool", str),
+        ("progress", "progress", lambda value: Progress(str(value["key"]), float(value["total"]))),
     ),
 )
 

@@ -16,6 +16,7 @@ encoded by ``reconciler.observed.memory``, which also reads them back.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +51,7 @@ from reconciler.observed.hosts import HEADER as HOSTS_HEADER
 from reconciler.observed.hosts import hosts_document
 from reconciler.observed.memory import box_memory_entries, in_flight_entries, spend_anchor
 from reconciler.promotion import succeeded_metrics, wanted_ids
-from reconciler.runphase import RunTally, is_live, live_attempts, run_phase, tally_runs
+from reconciler.runphase import RunTally, is_live, live_attempts, live_progress, run_phase, tally_runs
 
 RUN_PHASES = tuple(p.value for p in RunPhase)
 
@@ -161,6 +162,7 @@ def _render_runs(desired: Desired | None, observed: Observed) -> dict[str, Any]:
         history.setdefault(rec.run_id, []).append(rec)
     live = live_attempts(observed)
     tallies = tally_runs(observed.history, live)
+    progress = live_progress(desired.runs, observed) if desired is not None else {}
 
     def entry(run_id: str, spec: RunSpec | None) -> dict[str, Any]:
         recs = sorted(history.get(run_id, []), key=lambda r: r.attempt)
@@ -179,6 +181,9 @@ def _render_runs(desired: Desired | None, observed: Observed) -> dict[str, Any]:
             "instance": instance or None,
             "best_metric": best,
         }
+        done = progress.get((run_id, now_live.attempt)) if now_live else None
+        if done is not None:  # in tenths, floored: a running sweep commits a few progress changes, not every cycle
+            out["progress"] = math.floor(done * 10) / 10
         if spec is not None:
             out["seed"] = spec.seed
             out["params"] = {k: v for k, v in spec.params}

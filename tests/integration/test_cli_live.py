@@ -387,6 +387,10 @@ def test_saved_plan_applies_exactly_then_apply_converges(
     snap, box = busy[0]
     assert snap["runs"]["running"] >= len(box["runs"]) and box["reachable"] is True
     assert box["status"] == "running" and box["dph"] > 0
+    # the sweep's progress (step of 20000): the fraction done of a live run, read from its box's metrics
+    done = [(r, f) for _, b in busy for r, f in b["progress"].items()]
+    assert done and all(r in b["runs"] for _, b in busy for r in b["progress"]), busy
+    assert all(0.0 <= f <= 1.0 for _, f in done) and any(f > 0 for _, f in done), done
 
     final = json.loads(rigsync(env, "status", "--repo", str(repo), "--json").stdout)
     assert final["boxes"] == [] and final["runs"]["succeeded"] == 2 and final["runs"]["pending"] == 0
