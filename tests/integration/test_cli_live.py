@@ -52,6 +52,7 @@ grid:
   lr: [3.0e-4, 1.0e-3]
 seeds: [1]
 max_runtime: 5m
+progress: {key: step, total: 4000}
 metrics:
   file: metrics.jsonl
   key: episode_reward
