@@ -457,9 +457,9 @@ def _redacted(env: JobEnv, step: Callable[[], str]) -> str:
         text = env.redact(str(exc))
         if text == str(exc):
             raise
-        raise RemoteCommandFailed(text) from None
+        raise RemoteCommandFailed(text) from None  # the cause carries the unredacted value: it must not travel on
     except Exception as exc:
-        raise RemoteCommandFailed(env.redact(f"{type(exc).__name__}: {exc}")) from None
+        raise RemoteCommandFailed(env.redact(f"{type(exc).__name__}: {exc}")) from None  # likewise
 
 
 def _run_state(observed: Observed, instance_id: int, run_id: str, attempt: int) -> RunDirState | None:

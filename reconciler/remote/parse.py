@@ -128,4 +128,4 @@ def parse_probe(instance_id: int, stdout: bytes) -> BoxProbe:
             box_now=_opt_float(doc.get("box_now"), "box_now"),
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise RemoteCommandFailed(f"instance {instance_id}: malformed probe output: {exc}") from None
+        raise RemoteCommandFailed(f"instance {instance_id}: malformed probe output: {exc}") from exc
