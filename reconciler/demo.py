@@ -168,8 +168,8 @@ def _set_key(text: str, key: str, value: str) -> str:
 
 
 def make_fleet_repo(workdir: Path, runs: int | None, source: Path | None = None) -> tuple[Path, Path]:
-    """The demo's (and the benches') working clone and its bare remote, holding the example fleet (or a copy of the fleet repository
-    ``source``'s files) with the demo's short timeouts. The source itself is never changed.
+    """The demo's (and the benches') working clone and its bare remote, holding the example fleet (or a copy of
+    the fleet repository ``source``'s files) with the demo's short timeouts. The source itself is never changed.
 
     The emulator's URL is not written into it: the controller is pointed there (``FleetDaemon(api_url=...)``,
     ``RIGSYNC_API_URL`` or ``--api-url``), since desired/ never says where the account's key goes.
