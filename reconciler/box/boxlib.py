@@ -18,6 +18,8 @@ from typing import NamedTuple
 
 RUNS_DIR = "runs"  # under RIGSYNC_ROOT: one directory per attempt (launch.sh)
 BOOTSTRAP_DIR = "bootstrap"  # under RIGSYNC_ROOT: <hash>.pid|.ok|.failed (bootstrap.sh, bootstrap_run.sh)
+WATCHDOG_DIR = "watchdog"  # under RIGSYNC_ROOT: the watchdog's files (watchdog.py)
+STARTED_FILE = "started_at"  # in WATCHDOG_DIR: the box's start, recorded by the watchdog at its first start
 
 
 def alive(pid: int) -> bool:
@@ -68,6 +70,27 @@ def pid_alive(path: str) -> bool:
     """The process whose pid the file ``path`` holds is alive."""
     pid = read(path)
     return bool(pid and pid.isdigit() and alive(int(pid)))
+
+
+def boot_time(now: float) -> float | None:
+    """The kernel's boot (in a container: its host's, so possibly long before the box); None when unknown."""
+    try:
+        with open("/proc/uptime") as f:
+            return now - float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def recorded_start(root: str) -> float | None:
+    """The box's start as its watchdog recorded it (``watchdog.record_start``), or None when none has."""
+    return num(read(os.path.join(root, WATCHDOG_DIR, STARTED_FILE)))
+
+
+def box_started_at(root: str, now: float) -> float | None:
+    """The box's start, read the same way by the probe and the watchdog: what the watchdog recorded at its first
+    start, else (no watchdog has run here) the kernel's boot. Reads only; recording is the watchdog's."""
+    started = recorded_start(root)
+    return started if started is not None else boot_time(now)
 
 
 class Activity(NamedTuple):

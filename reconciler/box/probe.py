@@ -4,7 +4,8 @@ This program runs on the box, under the first candidate interpreter that can run
 uses the standard library only and keeps to Python 3.8 syntax; it travels with ``boxlib.py`` (a bundle built by
 ``reconciler.remote.commands``). The reconciler imports it only for ``FORMAT``.
 
-``last_activity_at`` is ``boxlib.box_activity``, the rule the watchdog uses too, from the box's boot on.
+``last_activity_at`` is ``boxlib.box_activity``, the rule the watchdog uses too, from the box's start on as both
+read it (``boxlib.box_started_at``: the watchdog's recorded start, else the kernel's boot).
 
 It reads ``RIGSYNC_ROOT`` (rigsync's directory on the box, set by the command line) and ``RS_BEST_PY`` (the
 interpreter running it, reported as the box's best Python). One ``nvidia-smi`` call per probe, started first so
@@ -24,7 +25,7 @@ import sys
 import time
 from typing import Any
 
-from reconciler.box.boxlib import alive, box_activity, num, read
+from reconciler.box.boxlib import WATCHDOG_DIR, alive, box_activity, box_started_at, num, read
 
 FORMAT = 1
 NVIDIA_SMI = (
@@ -33,7 +34,7 @@ NVIDIA_SMI = (
     "--format=csv,noheader,nounits",
 )
 SMI_TIMEOUT_S = 10
-WATCHDOG_TOUCH = ("watchdog", "touched")  # under RIGSYNC_ROOT; watchdog.py's DIR and TOUCH_FILE
+WATCHDOG_TOUCH = (WATCHDOG_DIR, "touched")  # under RIGSYNC_ROOT; watchdog.py's TOUCH_FILE
 
 
 def smi_start() -> subprocess.Popen[bytes] | str:
@@ -169,15 +170,6 @@ def run_state(d: str, run_id: str, attempt: int, now: float) -> dict[str, Any]:
     }
 
 
-def booted_at(now: float) -> float | None:
-    """The kernel's boot (in a container: its host's), the start of the box's activity as the probe counts it."""
-    try:
-        with open("/proc/uptime") as f:
-            return now - float(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def touch_watchdog(root: str) -> None:
     """Tell the box's watchdog that the controller was here (the file's mtime is what it reads)."""
     path = os.path.join(root, *WATCHDOG_TOUCH)
@@ -224,7 +216,7 @@ def probe(root: str) -> dict[str, Any]:
         r = run_state(d, run_id, int(att), now)
         runs.append(r)
     out["runs"] = runs
-    out["last_activity_at"] = box_activity(root, booted_at(now)).last_at
+    out["last_activity_at"] = box_activity(root, box_started_at(root, now)).last_at
 
     gpus, err = smi_gpus(smi)
     if err:
