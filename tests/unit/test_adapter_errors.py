@@ -23,12 +23,13 @@ from git.exc import GitError
 from reconciler import errors
 from reconciler.adapters.archive import RunArchive
 from reconciler.adapters.git import GitRepo
+from reconciler.adapters.launch_journal import JOURNAL, LaunchJournal
 from reconciler.adapters.lease import LocalLock
 from reconciler.adapters.ssh import SshShell, ensure_keypair
 from reconciler.adapters.store import LocalStore
 from reconciler.adapters.vast import VastProvider
 from reconciler.errors import RigsyncError, cause_chain
-from reconciler.model import Endpoint
+from reconciler.model import Endpoint, InFlight
 from reconciler.observed.codec import RUNS_DIR
 
 CLOSED = "127.0.0.1"  # port 1 on loopback: nothing listens there, the connection is refused at once
@@ -136,6 +137,16 @@ def test_archive_journal_that_cannot_be_written(tmp_path: Path) -> None:
     journal.mkdir()  # a directory where the journal file should be
     archive = RunArchive(tmp_path, journal=journal)
     caused_by(raised(archive.append, [rec()]), OSError)
+
+
+def test_launch_journal_that_cannot_be_written(tmp_path: Path) -> None:
+    (tmp_path / JOURNAL).mkdir()  # a directory where the journal file should be
+    (tmp_path / JOURNAL).with_suffix(".tmp").mkdir()
+    journal = LaunchJournal(tmp_path)
+    flight = InFlight(run_id="r1", attempt=1, instance_id=7, gpu_mask=(0,), launched_at=1.0)
+    for exc in (raised(journal.note, flight), raised(journal.reset, [flight])):
+        assert isinstance(exc, errors.LaunchJournalError)
+        caused_by(exc, OSError)
 
 
 def test_local_lock_held_twice(tmp_path: Path) -> None:
