@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 import logging
 import re
-import subprocess
 import tarfile
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import paramiko
 import pytest
 import requests
 from git.exc import GitError
+from gitutil import git
 
 from reconciler import errors
 from reconciler.adapters.archive import RunArchive
@@ -60,16 +60,12 @@ def caused_by(exc: RigsyncError, library: type[BaseException] | tuple[type[BaseE
     assert type(chain[0]).__name__ in cause_chain(exc)
 
 
-def _git(*args: str, cwd: Path) -> None:
-    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
-
-
 @pytest.fixture
 def checkout(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
     repo.mkdir()
-    _git("init", "-q", "-b", "main", cwd=repo)
-    _git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "first", cwd=repo)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "first")
     return repo
 
 
