@@ -27,17 +27,3 @@ _rs_best_python() {
   done
   return 1
 }
-
-# Unpack the tar stream on stdin into a fresh temporary sibling of the directory $1, left in RS_UNTARRED for the
-# caller to rename into place. When the stream does not unpack, it is removed, the failure says what did not
-# unpack ($2) and the script exits 1.
-_rs_untar_beside() {
-  RS_UNTARRED=$1.tmp.$$
-  rm -rf "$RS_UNTARRED"
-  mkdir -p "$RS_UNTARRED" || exit 1
-  if ! tar -x -C "$RS_UNTARRED" -f -; then
-    rm -rf "$RS_UNTARRED"
-    echo "unpacking the $2 tar failed" >&2
-    exit 1
-  fi
-}

@@ -11,8 +11,14 @@ if [ -d "$D" ]; then
   echo present
   exit 0
 fi
-_rs_untar_beside "$D" code
-T=$RS_UNTARRED
+T=$D.tmp.$$
+rm -rf "$T"
+mkdir -p "$T" || exit 1
+if ! tar -x -C "$T" -f -; then
+  rm -rf "$T"
+  echo "unpacking the code tar failed" >&2
+  exit 1
+fi
 if ! mv -T "$T" "$D" 2>/dev/null; then
   rm -rf "$T"
   [ -d "$D" ] || {

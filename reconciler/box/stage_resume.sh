@@ -7,8 +7,14 @@ name=$1
 S=$RIGSYNC_ROOT/resume
 D=$S/$name
 mkdir -p "$S" || exit 1
-_rs_untar_beside "$D" checkpoint
-T=$RS_UNTARRED
+T=$D.tmp.$$
+rm -rf "$T"
+mkdir -p "$T" || exit 1
+if ! tar -x -C "$T" -f -; then
+  rm -rf "$T"
+  echo "unpacking the checkpoint tar failed" >&2
+  exit 1
+fi
 rm -rf "$D"
 mv -T "$T" "$D" || exit 1
 echo staged
