@@ -25,7 +25,16 @@ import sys
 import time
 from typing import Any
 
-from reconciler.box.boxlib import WATCHDOG_DIR, alive, box_activity, box_started_at, num, read
+from reconciler.box.boxlib import (
+    WATCHDOG_DIR,
+    alive,
+    bootstrap_running,
+    box_activity,
+    box_started_at,
+    num,
+    read,
+    read_pid,
+)
 
 FORMAT = 1
 NVIDIA_SMI = (
@@ -118,13 +127,8 @@ def bootstrap_state(bdir: str) -> dict[str, list[str]]:
             boot["ok"].append(n[:-3])
         elif n.endswith(".failed"):
             boot["failed"].append(n[:-7])
-        elif n.endswith(".pid"):
-            h = n[:-4]
-            if h + ".ok" in nameset or h + ".failed" in nameset:
-                continue
-            pid = read(os.path.join(bdir, n))
-            if pid and pid.isdigit() and alive(int(pid)):
-                boot["running"].append(h)
+        elif n.endswith(".pid") and bootstrap_running(bdir, n, nameset):
+            boot["running"].append(n[:-4])
     return boot
 
 
@@ -136,7 +140,7 @@ def run_state(d: str, run_id: str, attempt: int, now: float) -> dict[str, Any]:
             meta = {}
     except (OSError, ValueError):
         meta = {}
-    pid = read(os.path.join(d, "pid"))
+    pid = read_pid(os.path.join(d, "pid"))
     code = read(os.path.join(d, "exit_code"))
     try:
         hb_age: float | None = now - os.stat(os.path.join(d, "heartbeat")).st_mtime
@@ -154,8 +158,8 @@ def run_state(d: str, run_id: str, attempt: int, now: float) -> dict[str, Any]:
         "run_id": run_id,
         "attempt": attempt,
         "gpu_mask": [int(g) for g in mask] if isinstance(mask, list) else [],
-        "pid": int(pid) if pid and pid.isdigit() else None,
-        "pid_alive": bool(pid and pid.isdigit() and alive(int(pid))),
+        "pid": pid,
+        "pid_alive": pid is not None and alive(pid),
         "started_at": num(read(os.path.join(d, "started_at"))),
         "heartbeat_age_s": hb_age,
         "exit_code": int(code) if code and code.lstrip("-").isdigit() else None,

@@ -90,8 +90,7 @@ def check_interval(ttl_s: float | None, idle_timeout_s: float, orphan_timeout_s:
 
 
 def record_start(root: str, now: float) -> float:
-    """The box's start (``boxlib.recorded_start``), recorded at the watchdog's first start and kept across its
-    restarts, so the probe reads the same start (``boxlib.box_started_at``)."""
+    """The box's start, written at the watchdog's first start and kept: the probe reads it too."""
     t = recorded_start(root)
     if t is not None:
         return t
