@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Protocol, TypeVar, assert_never
+from typing import assert_never
 
 from reconciler.actions import (
     APPLY_ORDER,
@@ -59,12 +59,11 @@ from reconciler.model import (
     InFlight,
     Instance,
     Observed,
-    OverheadRecord,
     RunDirState,
     RunSpec,
     Sweep,
 )
-from reconciler.ports import BoxControl, Fence, Harvested, LaunchJob, Provider, ResultStore, no_fence
+from reconciler.ports import ArchiveAppender, BoxControl, Fence, Harvested, LaunchJob, Provider, ResultStore, no_fence
 from reconciler.remember import attempt_cost, capped_to_bill, overhead_record
 from reconciler.remote import watchdog_onstart
 
@@ -77,20 +76,13 @@ HARVEST_CAP_BYTES = 256 << 20  # at most this much of an attempt's files comes h
 STDERR_TAIL_BYTES = 4096  # how much of a failed attempt's stderr its archive record carries
 
 
-R = TypeVar("R", AttemptRecord, OverheadRecord)
-
-
-class Archive(Protocol):
-    def append(self, records: list[R]) -> list[R]: ...
-
-
 @dataclass
 class ApplyContext:
     provider: Provider
     boxes: BoxControl
     desired: Desired
     observed: Observed
-    archive: Archive
+    archive: ArchiveAppender
     code_tar: Callable[[str, tuple[str, ...]], bytes]  # (commit, paths) -> tar of those paths at that commit
     now: Callable[[], float]
     should_stop: Callable[[], bool] = lambda: False

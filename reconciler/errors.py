@@ -28,7 +28,8 @@ Every concrete error that an adapter raises says which of the two it is; the ada
     │   │   ├── RemoteCommandFailed       (ShellError) a command on the box exited non-zero
     │   │   │   └── LaunchLockHeld        this attempt's run directory exists: launched before
     │   │   ├── ArchiveCorrupt            (RepoError) a run archive line is not a record
-    │   │   └── StoreError                the local result store cannot take a harvest (disk, a bad stream)
+    │   │   ├── StoreError                the local result store cannot take a harvest (disk, a bad stream)
+    │   │   └── LaunchJournalError        the launch journal in the state dir cannot be written: no launch then
     │   ├── LeaseRace                     a compare-and-swap of the lease lost to another writer: decide again
     │   ├── ProviderError                 raised by a Provider adapter
     │   ├── ShellError                    raised by a Shell adapter (also: rigsync's own SSH key is unusable)
@@ -196,6 +197,11 @@ class ArchiveCorrupt(RepoError, PermanentError):
 
 class StoreError(PermanentError):
     """The local result store (``adapters.store``) cannot take or give a harvest: a full disk, a bad stream."""
+
+
+class LaunchJournalError(PermanentError):
+    """The launch journal (``adapters.launch_journal``) cannot be written: a full disk, a read-only state dir.
+    Raised by ``note`` before a launch, that launch does not happen (a launch nobody wrote down could run twice)."""
 
 
 # ------------------------------------------------------------------------- internal to loading desired/

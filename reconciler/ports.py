@@ -240,16 +240,20 @@ class LeaseStore(Protocol):
         ...
 
 
-class RunArchive(Protocol):
+class ArchiveAppender(Protocol):
+    """The run archive as ``apply()`` uses it: it only appends what the plan settled (attempts, boxes' overheads)."""
+
+    def append(self, records: list[R]) -> list[R]:
+        """Archive the records not archived yet, durably before returning; return them."""
+        ...
+
+
+class RunArchive(ArchiveAppender, Protocol):
     """The run archive as the loop uses it (``adapters.archive.RunArchive``: month shards under observed/runs/ and a
     write-ahead journal): the history the planner reads, exactly-once appends, and the hand-off to the one writer."""
 
     def records(self) -> Iterator[AttemptRecord]:
         """Every archived attempt, each key once (the history ``plan()`` reads)."""
-        ...
-
-    def append(self, records: list[R]) -> list[R]:
-        """Archive the records not archived yet, durably before returning; return them."""
         ...
 
     def pending_lines(self) -> dict[str, bytes]:

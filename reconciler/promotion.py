@@ -14,8 +14,9 @@ from collections.abc import Iterable, Mapping
 from reconciler.model import AttemptOutcome, AttemptRecord, MetricGoal, RunSpec
 
 
-def _better(goal: MetricGoal, new: float, cur: float | None) -> bool:
-    return cur is None or (new > cur if goal is MetricGoal.MAX else new < cur)
+def better(goal: MetricGoal | str, new: float, cur: float | None) -> bool:
+    """``new`` beats ``cur`` (None: nothing yet) by the sweep's goal (the enum, or its value as a file says it)."""
+    return cur is None or (new > cur if goal == MetricGoal.MAX else new < cur)
 
 
 def best_by_cell(runs: Mapping[str, RunSpec], metrics: Mapping[str, Iterable[float | None]]) -> dict[str, float]:
@@ -28,7 +29,7 @@ def best_by_cell(runs: Mapping[str, RunSpec], metrics: Mapping[str, Iterable[flo
         for m in metrics[run_id]:
             if m is None or math.isnan(m):
                 continue
-            if _better(spec.sweep.metric_goal, m, best.get(spec.cell)):
+            if better(spec.sweep.metric_goal, m, best.get(spec.cell)):
                 best[spec.cell] = m
     return best
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -31,6 +33,7 @@ SWEEPS = "desired/sweeps"
 # the example's timeouts are for real boxes; emulated ones boot in about a second
 SHORT_TIMEOUTS = {"idle_timeout": "20s", "unreachable_grace": "8s", "heartbeat_stale": "12s", "boot_timeout": "2m"}
 CHECKPOINT_EVERY = "1s"  # the example's runs last seconds: sync their checkpoints every second
+RIGSYNC = Path(sys.executable).parent / "rigsync"  # the console script of the running environment
 
 
 @dataclass(frozen=True)
@@ -142,3 +145,16 @@ def emulator_env(emu: Any, **paths: Path) -> dict[str, str]:
     env = {**os.environ, "VAST_API_KEY": emu.api_key, "RIGSYNC_API_URL": emu.url}
     env.update({f"RIGSYNC_{name.upper()}": str(path) for name, path in paths.items()})
     return env
+
+
+def rigsync(
+    env: Mapping[str, str], *args: str, timeout: float = 180, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The console script with stdin from /dev/null (not a terminal), as in CI or an agent's shell; it never
+    ends in a traceback."""
+    result = subprocess.run(
+        [str(RIGSYNC), *args], env=dict(env), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+        timeout=timeout, cwd=cwd,
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    return result

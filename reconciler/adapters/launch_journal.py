@@ -18,6 +18,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from reconciler.errors import LaunchJournalError
 from reconciler.model import InFlight
 
 JOURNAL = "launches.jsonl"
@@ -44,16 +45,23 @@ class LaunchJournal:
 
     def note(self, flight: InFlight) -> None:
         """Append one launch about to happen, durably."""
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(_entry(flight) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(_entry(flight) + "\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            what = f"launch {flight.run_id}.{flight.attempt}"
+            raise LaunchJournalError(f"cannot note {what} in the launch journal {self.path}: {exc}") from exc
 
     def reset(self, in_flight: Iterable[InFlight]) -> None:
         """After an apply: the journal holds exactly the attempts in flight (atomic replace)."""
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(_entry(f) + "\n" for f in in_flight), encoding="utf-8")
-        os.replace(tmp, self.path)
+        try:
+            tmp.write_text("".join(_entry(f) + "\n" for f in in_flight), encoding="utf-8")
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            raise LaunchJournalError(f"cannot rewrite the launch journal {self.path}: {exc}") from exc
 
     def read(self) -> list[InFlight]:
         """Every well-formed entry (a line torn by a crash is skipped)."""

@@ -18,6 +18,8 @@ from typing import NamedTuple
 
 RUNS_DIR = "runs"  # under RIGSYNC_ROOT: one directory per attempt (launch.sh)
 BOOTSTRAP_DIR = "bootstrap"  # under RIGSYNC_ROOT: <hash>.pid|.ok|.failed (bootstrap.sh, bootstrap_run.sh)
+WATCHDOG_DIR = "watchdog"  # under RIGSYNC_ROOT: the watchdog's files
+STARTED_FILE = "started_at"  # in WATCHDOG_DIR: the box's start, written by the watchdog
 
 
 def alive(pid: int) -> bool:
@@ -64,10 +66,42 @@ def mtime(path: str) -> float | None:
         return None
 
 
+def read_pid(path: str) -> int | None:
+    """The pid the file ``path`` holds, or None."""
+    pid = read(path)
+    return int(pid) if pid and pid.isdigit() else None
+
+
 def pid_alive(path: str) -> bool:
     """The process whose pid the file ``path`` holds is alive."""
-    pid = read(path)
-    return bool(pid and pid.isdigit() and alive(int(pid)))
+    pid = read_pid(path)
+    return pid is not None and alive(pid)
+
+
+def bootstrap_running(bdir: str, name: str, names: set[str]) -> bool:
+    """``<hash>.pid`` in ``bdir`` (listing ``names``) is a bootstrap running: no .ok or .failed yet, pid alive."""
+    h = name[: -len(".pid")]
+    return h + ".ok" not in names and h + ".failed" not in names and pid_alive(os.path.join(bdir, name))
+
+
+def boot_time(now: float) -> float | None:
+    """The kernel's boot (in a container: its host's); None when unknown."""
+    try:
+        with open("/proc/uptime") as f:
+            return now - float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def recorded_start(root: str) -> float | None:
+    """The box's start as the watchdog recorded it, or None."""
+    return num(read(os.path.join(root, WATCHDOG_DIR, STARTED_FILE)))
+
+
+def box_started_at(root: str, now: float) -> float | None:
+    """The box's start as the probe and the watchdog read it: the watchdog's record, else the kernel's boot."""
+    started = recorded_start(root)
+    return started if started is not None else boot_time(now)
 
 
 class Activity(NamedTuple):
@@ -116,7 +150,5 @@ def box_activity(root: str, started_at: float | None = None) -> Activity:
             if t is not None:
                 times.append(t)
         elif name.endswith(".pid"):
-            h = name[: -len(".pid")]
-            if h + ".ok" not in nameset and h + ".failed" not in nameset:
-                live = live or pid_alive(path)
+            live = live or bootstrap_running(bdir, name, nameset)
     return Activity(live, max(times) if times else None)

@@ -4,7 +4,8 @@ This program runs on the box, under the first candidate interpreter that can run
 uses the standard library only and keeps to Python 3.8 syntax; it travels with ``boxlib.py`` (a bundle built by
 ``reconciler.remote.commands``). The reconciler imports it only for ``FORMAT``.
 
-``last_activity_at`` is ``boxlib.box_activity``, the rule the watchdog uses too, from the box's boot on.
+``last_activity_at`` is ``boxlib.box_activity``, the rule the watchdog uses too, from the box's start on as both
+read it (``boxlib.box_started_at``: the watchdog's recorded start, else the kernel's boot).
 
 It reads ``RIGSYNC_ROOT`` (rigsync's directory on the box, set by the command line) and ``RS_BEST_PY`` (the
 interpreter running it, reported as the box's best Python). One ``nvidia-smi`` call per probe, started first so
@@ -24,7 +25,16 @@ import sys
 import time
 from typing import Any
 
-from reconciler.box.boxlib import alive, box_activity, num, read
+from reconciler.box.boxlib import (
+    WATCHDOG_DIR,
+    alive,
+    bootstrap_running,
+    box_activity,
+    box_started_at,
+    num,
+    read,
+    read_pid,
+)
 
 FORMAT = 1
 NVIDIA_SMI = (
@@ -33,7 +43,7 @@ NVIDIA_SMI = (
     "--format=csv,noheader,nounits",
 )
 SMI_TIMEOUT_S = 10
-WATCHDOG_TOUCH = ("watchdog", "touched")  # under RIGSYNC_ROOT; watchdog.py's DIR and TOUCH_FILE
+WATCHDOG_TOUCH = (WATCHDOG_DIR, "touched")  # under RIGSYNC_ROOT; watchdog.py's TOUCH_FILE
 
 
 def smi_start() -> subprocess.Popen[bytes] | str:
@@ -117,13 +127,8 @@ def bootstrap_state(bdir: str) -> dict[str, list[str]]:
             boot["ok"].append(n[:-3])
         elif n.endswith(".failed"):
             boot["failed"].append(n[:-7])
-        elif n.endswith(".pid"):
-            h = n[:-4]
-            if h + ".ok" in nameset or h + ".failed" in nameset:
-                continue
-            pid = read(os.path.join(bdir, n))
-            if pid and pid.isdigit() and alive(int(pid)):
-                boot["running"].append(h)
+        elif n.endswith(".pid") and bootstrap_running(bdir, n, nameset):
+            boot["running"].append(n[:-4])
     return boot
 
 
@@ -135,7 +140,7 @@ def run_state(d: str, run_id: str, attempt: int, now: float) -> dict[str, Any]:
             meta = {}
     except (OSError, ValueError):
         meta = {}
-    pid = read(os.path.join(d, "pid"))
+    pid = read_pid(os.path.join(d, "pid"))
     code = read(os.path.join(d, "exit_code"))
     try:
         hb_age: float | None = now - os.stat(os.path.join(d, "heartbeat")).st_mtime
@@ -153,8 +158,8 @@ def run_state(d: str, run_id: str, attempt: int, now: float) -> dict[str, Any]:
         "run_id": run_id,
         "attempt": attempt,
         "gpu_mask": [int(g) for g in mask] if isinstance(mask, list) else [],
-        "pid": int(pid) if pid and pid.isdigit() else None,
-        "pid_alive": bool(pid and pid.isdigit() and alive(int(pid))),
+        "pid": pid,
+        "pid_alive": pid is not None and alive(pid),
         "started_at": num(read(os.path.join(d, "started_at"))),
         "heartbeat_age_s": hb_age,
         "exit_code": int(code) if code and code.lstrip("-").isdigit() else None,
@@ -167,15 +172,6 @@ def run_state(d: str, run_id: str, attempt: int, now: float) -> dict[str, Any]:
         "final_metric": final,
         "metrics_age_s": metrics_age,
     }
-
-
-def booted_at(now: float) -> float | None:
-    """The kernel's boot (in a container: its host's), the start of the box's activity as the probe counts it."""
-    try:
-        with open("/proc/uptime") as f:
-            return now - float(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def touch_watchdog(root: str) -> None:
@@ -224,7 +220,7 @@ def probe(root: str) -> dict[str, Any]:
         r = run_state(d, run_id, int(att), now)
         runs.append(r)
     out["runs"] = runs
-    out["last_activity_at"] = box_activity(root, booted_at(now)).last_at
+    out["last_activity_at"] = box_activity(root, box_started_at(root, now)).last_at
 
     gpus, err = smi_gpus(smi)
     if err:

@@ -23,13 +23,12 @@ import urllib.error
 import urllib.request
 from typing import NamedTuple
 
-from reconciler.box.boxlib import box_activity, mtime, num, read
+from reconciler.box.boxlib import STARTED_FILE, WATCHDOG_DIR, box_activity, mtime, recorded_start
 
 FORMAT = 1
 API_URL_ENV = "RIGSYNC_API_URL"
-DIR = "watchdog"  # under RIGSYNC_ROOT
+DIR = WATCHDOG_DIR  # under RIGSYNC_ROOT
 TOUCH_FILE = "touched"  # refreshed by the probe: the controller was here
-STARTED_FILE = "started_at"  # the box's start as the watchdog counts it (first start on this disk)
 LOG_FILE = "watchdog.log"
 LOG_MAX_BYTES = 1 << 20
 REQUEST_TIMEOUT_S = 30.0
@@ -90,14 +89,15 @@ def check_interval(ttl_s: float | None, idle_timeout_s: float, orphan_timeout_s:
 # ------------------------------------------------------------------------------------- reading the box
 
 
-def box_started_at(wdir: str, now: float) -> float:
-    """The box's start as the watchdog counts it: recorded at its first start, kept across restarts."""
-    path = os.path.join(wdir, STARTED_FILE)
-    t = num(read(path))
+def record_start(root: str, now: float) -> float:
+    """The box's start, written at the watchdog's first start and kept: the probe reads it too."""
+    t = recorded_start(root)
     if t is not None:
         return t
+    path = os.path.join(root, DIR, STARTED_FILE)
     tmp = path + ".tmp"
     try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(tmp, "w") as f:
             f.write(f"{now:.6f}\n")
         os.replace(tmp, path)
@@ -197,7 +197,7 @@ def main(argv: list[str]) -> int:
     if iid and not iid.isdigit():
         missing.append("CONTAINER_ID (not a number)")
     interval = check_interval(ttl_s, idle_s, orphan_s)
-    started = box_started_at(wdir, time.time())
+    started = record_start(root, time.time())
     log(wdir, f"watching instance {iid or '?'} via {api_url or '?'}: ttl {ttl_s}, idle_timeout {idle_s}, "
         f"orphan_timeout {orphan_s}, every {interval:g}s; box start {started:.0f} (pid {os.getpid()})")
     backoff = 1.0
@@ -205,7 +205,7 @@ def main(argv: list[str]) -> int:
     while True:
         now = time.time()
         try:
-            act = box_activity(root)
+            act = box_activity(root, started)
             verdict = decide(
                 now, started_at=started, ttl_s=ttl_s, idle_timeout_s=idle_s, orphan_timeout_s=orphan_s,
                 touched_at=mtime(os.path.join(wdir, TOUCH_FILE)), run_activity_at=act.last_at, run_alive=act.alive,

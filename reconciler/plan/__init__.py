@@ -82,7 +82,7 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
     decided.extend(found)
     wanted, found = wanted_runs(world, recorded)
     decided.extend(found)
-    budget = budget_position(world, seen, recorded, wanted)
+    budget = budget_position(world, recorded, wanted)
 
     table, found = classify_boxes(world, seen, budget)
     decided.extend(found)

@@ -8,7 +8,7 @@ fate is already known); ``run_queue`` asks the one run-phase rule which runs are
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -123,6 +123,16 @@ def collect_attempts(world: World) -> SeenAttempts:
                 box_live.append(rd)
         live[box.id], zombies[box.id], occupied[box.id] = tuple(box_live), tuple(box_zombies), frozenset(held)
     return SeenAttempts(tuple(finished), live, zombies, occupied, frozenset(visible), max_attempt)
+
+
+def unseen_in_flight(world: World, seen: SeenAttempts) -> Iterator[InFlight]:
+    """Attempts in flight that the archive does not know and no reachable box shows: launched on a box that cannot
+    be checked now, or lost (the box vanished, or the launch never happened)."""
+    archived, visible = world.archived, seen.visible
+    for fl in world.observed.memory.in_flight:
+        key = (fl.run_id, fl.attempt)
+        if key not in archived and key not in visible:
+            yield fl
 
 
 def record_finished(seen: SeenAttempts) -> tuple[Recorded, Decisions]:
@@ -294,9 +304,8 @@ def settle_in_flight(
     waiting: set[str] = set()
     used: dict[str, int] = {}
     unverified: dict[str, str] = {}
-    for fl in sorted(world.observed.memory.in_flight, key=lambda x: (x.run_id, x.attempt, x.instance_id)):
-        key = (fl.run_id, fl.attempt)
-        if key in world.archived or key in seen.visible or key in settled:
+    for fl in sorted(unseen_in_flight(world, seen), key=lambda x: (x.run_id, x.attempt, x.instance_id)):
+        if (fl.run_id, fl.attempt) in settled:
             continue
         subj_inst = f"instance/{fl.instance_id}"
         box = world.boxes.get(fl.instance_id)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from reconciler.actions import Bootstrap, Destroy, ReasonCode
 from reconciler.identity import slot_spec_hash
 from reconciler.model import Drift, DriftClass, GpuState, InFlight, InstanceStatus
-from reconciler.plan.attempts import SeenAttempts
+from reconciler.plan.attempts import SeenAttempts, unseen_in_flight
 from reconciler.plan.common import Decisions, cap, count_cap, fmt_duration, usd_h
 from reconciler.plan.money import Purse
 from reconciler.plan.world import OwnedBox, World
@@ -221,10 +221,7 @@ def classify_boxes(world: World, seen: SeenAttempts, budget: Purse) -> tuple[Box
     # In-flight attempts the box cannot show (unreachable, still booting) are work we must not discard.
     waiting: dict[int, list[InFlight]] = {}
     occupied = {i: set(g) for i, g in seen.occupied.items()}
-    for fl in world.observed.memory.in_flight:
-        key = (fl.run_id, fl.attempt)
-        if key in world.archived or key in seen.visible:
-            continue
+    for fl in unseen_in_flight(world, seen):
         b = world.boxes.get(fl.instance_id)
         if b is not None and b.id not in d.destroyed and not b.reachable:
             waiting.setdefault(b.id, []).append(fl)

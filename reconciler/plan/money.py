@@ -31,10 +31,10 @@ from dataclasses import dataclass, replace
 
 from reconciler.model import AttemptOutcome, Desired, Observed, OnExceed, RunSpec
 from reconciler.offers import box_cap_dph, normalize_gpu_name
-from reconciler.plan.attempts import Recorded, SeenAttempts, plan_tallies
+from reconciler.plan.attempts import Recorded, plan_tallies
 from reconciler.plan.common import cap, fmt_duration, usd
 from reconciler.plan.world import World
-from reconciler.runphase import UNTOUCHED, run_phase
+from reconciler.runphase import UNTOUCHED, live_attempts, run_phase
 
 
 class RuntimeSource(enum.StrEnum):
@@ -230,7 +230,7 @@ class Spending:
         self.new_dph += new_dph
 
 
-def budget_position(world: World, seen: SeenAttempts, recorded: Recorded, wanted: frozenset[str]) -> Purse:
+def budget_position(world: World, recorded: Recorded, wanted: frozenset[str]) -> Purse:
     """The purse for this plan: runtimes from the archive, the fleet's $/h now, and the cheapest new work."""
     desired, observed = world.desired, world.observed
     runtimes = sweep_runtimes(desired, observed, world.gpu_dlperf)
@@ -240,9 +240,7 @@ def budget_position(world: World, seen: SeenAttempts, recorded: Recorded, wanted
     b = desired.budget
     if b.daily_usd is not None or b.total_usd is not None:  # without a cap nothing binds: skip the walk
         # the runs that will need a launch: asked of the one run-phase rule, as the run queue does later
-        live = {rd.run_id for rds in seen.live.values() for rd in rds}
-        live.update(f.run_id for f in observed.memory.in_flight if (f.run_id, f.attempt) not in world.archived)
-        tallies = plan_tallies(world, recorded, live)
+        tallies = plan_tallies(world, recorded, live_attempts(observed))
         waiting = [
             world.runs[r] for r in wanted if run_phase(world.runs[r], tallies.get(r, UNTOUCHED)).launchable
         ]

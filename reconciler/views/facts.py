@@ -17,7 +17,7 @@ from reconciler.errors import ObservedInvalid
 from reconciler.jobenv import held_back
 from reconciler.model import AttemptOutcome, AttemptRecord, Desired, MetricGoal, RunPhase
 from reconciler.observed.codec import BUDGET, FLEET, RUNS, STATUS, load_mapping_quietly, parse_iso
-from reconciler.promotion import best_by_cell, promotion_met, succeeded_metrics
+from reconciler.promotion import best_by_cell, better, promotion_met, succeeded_metrics
 
 RECENT_FAILURES = 5  # the failed attempts a view lists (newest first)
 LISTED = 20  # blocked runs and promotions a page lists per sweep before saying how many more
@@ -133,10 +133,6 @@ def _params_key(params: Any) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((str(k), v) for k, v in (params or {}).items())) if isinstance(params, dict) else ()
 
 
-def _better(goal: str, a: float, b: float | None) -> bool:
-    return b is None or (a > b if goal == MetricGoal.MAX.value else a < b)
-
-
 def build_view(
     files: Mapping[str, str | None], history: Iterable[AttemptRecord], desired: Desired | None
 ) -> FleetView:
@@ -196,7 +192,7 @@ def build_view(
             if r.get("phase") == RunPhase.SUCCEEDED.value:
                 c["succeeded"] += 1
             m = _num(r.get("best_metric"))
-            if m is not None and _better(goal, m, c["best"]):
+            if m is not None and better(goal, m, c["best"]):
                 c["best"] = m
         sign = -1.0 if goal == MetricGoal.MAX.value else 1.0
         ordered = sorted(

@@ -15,7 +15,6 @@ import pty
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ import pytest
 import yaml
 from gitutil import git
 from jsonschema import Draft202012Validator
-from world import dump, emulator_env, fleet_repo
+from world import RIGSYNC, dump, emulator_env, fleet_repo, rigsync
 
 from reconciler.adapters.archive import RunArchive
 from reconciler.adapters.git import GitRepo
@@ -33,7 +32,6 @@ from reconciler.emulator import Emulator
 from reconciler.model import AttemptOutcome, Ownership
 
 REPO = Path(__file__).resolve().parents[2]
-RIGSYNC = Path(sys.executable).parent / "rigsync"  # the console script of the running environment
 
 pytestmark = pytest.mark.integration
 
@@ -76,15 +74,6 @@ def env(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     state = tmp_path_factory.mktemp("state")
     # the controller is pointed at the emulator; desired/ never names a URL
     return emulator_env(emulator, state_dir=state)
-
-
-def rigsync(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    """The console script with stdin from /dev/null (not a terminal), as in CI or an agent's shell."""
-    result = subprocess.run(
-        [str(RIGSYNC), *args], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180
-    )
-    assert "Traceback" not in result.stderr, result.stderr
-    return result
 
 
 def rigsync_on_a_terminal(env: dict[str, str], *args: str) -> bytes:

@@ -34,12 +34,12 @@ from urllib.parse import urlsplit
 import pytest
 from gitutil import git
 from world import fleet_repo
+from world import rigsync as console
 
 from reconciler.emulator import Emulator
 
 pytestmark = pytest.mark.integration
 
-RIGSYNC = Path(sys.executable).parent / "rigsync"  # the console script of the running environment
 PROXY_VARS = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 REFUSED_URL = "http://example.com:8080"
 
@@ -159,12 +159,8 @@ def base_env(emu: Emulator, fleet: Fleet, **extra: str) -> dict[str, str]:
 
 
 def rigsync(fleet: Fleet, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(
-        [str(RIGSYNC), *args], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180,
-        cwd=fleet.repo,
-    )
+    result = console(env, *args, cwd=fleet.repo)
     fleet.outputs += [result.stdout, result.stderr]
-    assert "Traceback" not in result.stderr, result.stderr
     return result
 
 

@@ -14,20 +14,18 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from world import emulator_env, fleet_repo
+from world import RIGSYNC, emulator_env, fleet_repo, rigsync
 
 from reconciler.adapters.store import attempt_dir, data_dir_for
 from reconciler.desired import load_desired_from_dir
 from reconciler.emulator import Emulator
 from reconciler.model import Ownership
 
-RIGSYNC = Path(sys.executable).parent / "rigsync"
 FLEET = "itlogs"
 MAX_APPLIES = 40
 OTHER_KEY = "AAAAC3NzaC1lZDI1NTE5AAAAIBQ1ciaXn6Ha0sKrTqDgMNmNcdiGMbxzMQtIPyDD7nl/"  # some ed25519 key, not the box's
@@ -76,13 +74,6 @@ def run_id(repo: Path) -> str:
     runs = load_desired_from_dir(repo).runs
     assert len(runs) == 1
     return runs[0].id
-
-
-def rigsync(env: dict[str, str], *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([str(RIGSYNC), *args], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                            timeout=timeout)
-    assert "Traceback" not in result.stderr, result.stderr
-    return result
 
 
 def owned(emu: Emulator) -> list[int]:

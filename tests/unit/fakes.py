@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
+from reconciler.actions import Plan
 from reconciler.errors import (
     HostUnreachable,
     LaunchLockHeld,
@@ -43,6 +44,7 @@ from reconciler.errors import (
     RejectedByProvider,
     RemoteCommandFailed,
 )
+from reconciler.loop import Reconciler
 from reconciler.model import (
     DEFAULT_POOL,
     AttemptRecord,
@@ -51,6 +53,7 @@ from reconciler.model import (
     Desired,
     Endpoint,
     Fleet,
+    FleetMemory,
     GpuState,
     Instance,
     InstanceStatus,
@@ -64,6 +67,8 @@ from reconciler.model import (
     RunSpec,
     Sweep,
 )
+from reconciler.observe import observe
+from reconciler.plan import plan
 from reconciler.ports import CommandResult, LaunchJob
 
 R = TypeVar("R", AttemptRecord, OverheadRecord)
@@ -712,3 +717,26 @@ def desired_state(
     fleet = Fleet(name=fleet_name, max_instances=max_instances, pools=(pool,))
     runs = tuple(run_spec(i, **run_kw) for i in range(n_runs))
     return Desired(fleet=fleet, budget=Budget(), sweeps=(), runs=runs, commit="d35173d", code_commit="c0ffee")
+
+
+def fake_reconciler(world: FakeWorld, archive: FakeArchive | None = None, **kw: Any) -> Reconciler:
+    """The real ``Reconciler`` over ``world`` and ``archive`` (a fresh one by default); ``kw``: memory, journal..."""
+    return Reconciler(
+        provider=world.provider,
+        shell=FakeShell(),
+        archive=archive if archive is not None else FakeArchive(),  # type: ignore[arg-type]
+        code_tar=code_tar,
+        clock=world.clock,  # type: ignore[arg-type]
+        box_control=world.box_control,
+        **kw,
+    )
+
+
+def observe_and_plan(
+    world: FakeWorld, desired: Desired, archive: FakeArchive, env_names: frozenset[str] = frozenset()
+) -> tuple[Observed, Plan]:
+    """What the real ``observe()`` sees of ``world`` now (with ``env_names`` set on the controller), and its plan."""
+    now = world.clock.now()
+    observed, _ = observe(desired, world.provider, world.box_control, tuple(archive.records()), FleetMemory(), now)
+    observed = replace(observed, controller_env=env_names)
+    return observed, plan(desired, observed, now)

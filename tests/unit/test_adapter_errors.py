@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 import logging
 import re
-import subprocess
 import tarfile
 from pathlib import Path
 
@@ -19,16 +18,18 @@ import paramiko
 import pytest
 import requests
 from git.exc import GitError
+from gitutil import git
 
 from reconciler import errors
 from reconciler.adapters.archive import RunArchive
 from reconciler.adapters.git import GitRepo
+from reconciler.adapters.launch_journal import JOURNAL, LaunchJournal
 from reconciler.adapters.lease import LocalLock
 from reconciler.adapters.ssh import SshShell, ensure_keypair
 from reconciler.adapters.store import LocalStore
 from reconciler.adapters.vast import VastProvider
 from reconciler.errors import RigsyncError, cause_chain
-from reconciler.model import Endpoint
+from reconciler.model import Endpoint, InFlight
 from reconciler.observed.codec import RUNS_DIR
 
 CLOSED = "127.0.0.1"  # port 1 on loopback: nothing listens there, the connection is refused at once
@@ -59,16 +60,12 @@ def caused_by(exc: RigsyncError, library: type[BaseException] | tuple[type[BaseE
     assert type(chain[0]).__name__ in cause_chain(exc)
 
 
-def _git(*args: str, cwd: Path) -> None:
-    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True)
-
-
 @pytest.fixture
 def checkout(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
     repo.mkdir()
-    _git("init", "-q", "-b", "main", cwd=repo)
-    _git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "first", cwd=repo)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "first")
     return repo
 
 
@@ -136,6 +133,16 @@ def test_archive_journal_that_cannot_be_written(tmp_path: Path) -> None:
     journal.mkdir()  # a directory where the journal file should be
     archive = RunArchive(tmp_path, journal=journal)
     caused_by(raised(archive.append, [rec()]), OSError)
+
+
+def test_launch_journal_that_cannot_be_written(tmp_path: Path) -> None:
+    (tmp_path / JOURNAL).mkdir()  # a directory where the journal file should be
+    (tmp_path / JOURNAL).with_suffix(".tmp").mkdir()
+    journal = LaunchJournal(tmp_path)
+    flight = InFlight(run_id="r1", attempt=1, instance_id=7, gpu_mask=(0,), launched_at=1.0)
+    for exc in (raised(journal.note, flight), raised(journal.reset, [flight])):
+        assert isinstance(exc, errors.LaunchJournalError)
+        caused_by(exc, OSError)
 
 
 def test_local_lock_held_twice(tmp_path: Path) -> None:

@@ -11,7 +11,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from fakes import FakeArchive, FakeClock, FakeWorld, MemoryLeaseStore, code_tar, desired_state, offer
+from fakes import (
+    FakeArchive,
+    FakeClock,
+    FakeWorld,
+    MemoryLeaseStore,
+    code_tar,
+    desired_state,
+    observe_and_plan,
+    offer,
+)
 
 from reconciler.actions import CloseBill, Launch, Plan, ReasonCode, Rent, ShipCode
 from reconciler.adapters.lease import Lease
@@ -22,12 +31,6 @@ from reconciler.observe import observe
 from reconciler.plan import plan
 from reconciler.ports import Fence, LaunchJob
 from reconciler.remember import next_in_flight
-
-
-def _observe_and_plan(world: FakeWorld, desired: Desired, archive: FakeArchive) -> tuple[Observed, Plan]:
-    now = world.clock.now()
-    observed, _ = observe(desired, world.provider, world.box_control, tuple(archive.records()), FleetMemory(), now)
-    return observed, plan(desired, observed, now)
 
 
 def _ctx(world: FakeWorld, desired: Desired, observed: Observed, archive: FakeArchive) -> ApplyContext:
@@ -50,7 +53,7 @@ def _ready_box(desired: Desired) -> tuple[FakeWorld, FakeArchive]:
     """A world where the fleet has rented one two-GPU box that has booted."""
     world = FakeWorld([offer(1, gpus=2)], clock=FakeClock(), boot_s=10.0)
     archive = FakeArchive()
-    observed, p = _observe_and_plan(world, desired, archive)
+    observed, p = observe_and_plan(world, desired, archive)
     assert [type(a) for a in p.actions] == [Rent]
     assert _apply(world, desired, observed, p, archive).failures == []
     world.clock.advance(11.0)
@@ -62,7 +65,7 @@ def test_an_oserror_from_the_shell_fails_that_launch_and_the_rest_of_the_plan_ru
 ) -> None:
     desired = desired_state(2, max_instances=1)
     world, archive = _ready_box(desired)
-    observed, p = _observe_and_plan(world, desired, archive)
+    observed, p = observe_and_plan(world, desired, archive)
     launches = [a for a in p.actions if isinstance(a, Launch)]
     assert len(launches) == 2 and any(isinstance(a, ShipCode) for a in p.actions)
 
@@ -83,7 +86,7 @@ def test_an_oserror_from_the_shell_fails_that_launch_and_the_rest_of_the_plan_ru
     assert len(logged) == 1 and logged[0].exc_info is not None and logged[0].exc_info[0] is OSError
 
     # The next cycle plans the failed launch again, and it succeeds.
-    observed, p = _observe_and_plan(world, desired, archive)
+    observed, p = observe_and_plan(world, desired, archive)
     assert [a.run_id for a in p.actions if isinstance(a, Launch)] == [lost.run_id]
     assert _apply(world, desired, observed, p, archive).failures == []
     assert len(world.live_runs()) == 2
@@ -93,7 +96,7 @@ def test_a_keyerror_from_the_provider_sdk_fails_that_rent_only(caplog: pytest.Lo
     desired = desired_state(2, max_instances=2)
     world = FakeWorld([offer(1), offer(2)], clock=FakeClock())
     archive = FakeArchive()
-    observed, p = _observe_and_plan(world, desired, archive)
+    observed, p = observe_and_plan(world, desired, archive)
     assert [type(a) for a in p.actions] == [Rent, Rent]
 
     world.fail_next("create_instance", KeyError("new_contract"))  # a reply without the field the SDK indexes
@@ -109,7 +112,7 @@ def test_a_keyerror_from_the_provider_sdk_fails_that_rent_only(caplog: pytest.Lo
 def test_our_own_errors_fail_the_action_without_a_traceback(caplog: pytest.LogCaptureFixture) -> None:
     desired = desired_state(2, max_instances=1)
     world, archive = _ready_box(desired)
-    observed, p = _observe_and_plan(world, desired, archive)
+    observed, p = observe_and_plan(world, desired, archive)
     assert _apply(world, desired, observed, p, archive).failures == []
 
     with caplog.at_level(logging.WARNING, logger="rigsync.apply"):
@@ -124,7 +127,7 @@ def test_our_own_errors_fail_the_action_without_a_traceback(caplog: pytest.LogCa
 def test_keyboard_interrupt_is_not_an_action_failure() -> None:
     desired = desired_state(2, max_instances=1)
     world, archive = _ready_box(desired)
-    observed, p = _observe_and_plan(world, desired, archive)
+    observed, p = observe_and_plan(world, desired, archive)
     world.fail_next("launch", KeyboardInterrupt())
     with pytest.raises(KeyboardInterrupt):
         _apply(world, desired, observed, p, archive)
@@ -150,7 +153,7 @@ def _lease_fence(
 def test_the_fence_stops_apply_at_the_deadline_and_the_rest_is_skipped(tmp_path: Path) -> None:
     desired = desired_state(2, max_instances=1)
     world, archive = _ready_box(desired)
-    observed, p = _observe_and_plan(world, desired, archive)
+    observed, p = observe_and_plan(world, desired, archive)
     assert [type(a) for a in p.actions] == [ShipCode, Launch, Launch]
     # stale after 100 s, margin 25 s: A may act until 75 s after its heartbeat; each action takes 40 s.
     lease, fence = _lease_fence(world, MemoryLeaseStore(), stale_after=100.0, action_s=40.0)
@@ -171,13 +174,13 @@ def test_holder_a_lost_mid_apply_holder_b_takes_over_and_no_run_is_launched_twic
     desired = desired_state(4, max_instances=1)
     world = FakeWorld([offer(1, gpus=4)], clock=FakeClock(), boot_s=10.0)
     archive = FakeArchive()
-    observed, p = _observe_and_plan(world, desired, archive)
+    observed, p = observe_and_plan(world, desired, archive)
     assert _apply(world, desired, observed, p, archive).failures == []
     world.clock.advance(11.0)
 
     # A plans 4 launches, then its apply is slow (25 s an action): its lease (stale after 100 s, so it may act
     # until 75 s) runs out after shipping the code and 2 launches.
-    observed, p = _observe_and_plan(world, desired, archive)
+    observed, p = observe_and_plan(world, desired, archive)
     assert sum(isinstance(a, Launch) for a in p.actions) == 4
     store = MemoryLeaseStore()
     a_lease, fence = _lease_fence(world, store, stale_after=100.0, action_s=25.0)
@@ -193,7 +196,7 @@ def test_holder_a_lost_mid_apply_holder_b_takes_over_and_no_run_is_launched_twic
     assert decision.takeover
     with pytest.raises(LeaseLost):
         a_lease.check(world.clock.now())
-    observed, p = _observe_and_plan(world, desired, archive)
+    observed, p = observe_and_plan(world, desired, archive)
     b_launches = [a for a in p.actions if isinstance(a, Launch)]
     assert {a.run_id for a in b_launches}.isdisjoint({f.run_id for f in a_result.launched})
     b_result = _apply(world, desired, observed, p, archive)
@@ -219,7 +222,7 @@ def test_a_launch_that_failed_stays_in_flight_and_is_fenced_off_before_its_run_l
     leaves a tombstone that a late arrival of that launch cannot pass before it starts the next attempt."""
     desired = desired_state(1, max_instances=1)
     world, archive = _ready_box(desired)
-    observed, p = _observe_and_plan(world, desired, archive)
+    observed, p = observe_and_plan(world, desired, archive)
     (launch,) = [a for a in p.actions if isinstance(a, Launch)]
     world.fail_next("launch", OSError("Socket is closed"))
     result = _apply(world, desired, observed, p, archive)
@@ -249,7 +252,7 @@ def test_a_launch_that_failed_stays_in_flight_and_is_fenced_off_before_its_run_l
 def test_a_requeue_whose_kill_fails_is_not_counted_and_its_run_is_not_launched_again_in_that_apply() -> None:
     desired = desired_state(1, max_instances=1)
     world, archive = _ready_box(desired)
-    observed, p = _observe_and_plan(world, desired, archive)
+    observed, p = observe_and_plan(world, desired, archive)
     (launch,) = [a for a in p.actions if isinstance(a, Launch)]
     world.fail_next("launch", OSError("Socket is closed"))
     in_flight = next_in_flight((), observed, _apply(world, desired, observed, p, archive))

@@ -16,13 +16,20 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
-from fakes import FakeArchive, FakeClock, FakeShell, FakeWorld, Work, code_tar, desired_state, offer
+from fakes import (
+    FakeArchive,
+    FakeClock,
+    FakeWorld,
+    Work,
+    desired_state,
+    fake_reconciler,
+    offer,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from profiles import examples
 
 from reconciler.errors import ProviderTransient
-from reconciler.loop import Reconciler
 from reconciler.model import (
     AttemptOutcome,
     BoxSpend,
@@ -196,12 +203,6 @@ def test_spend_never_goes_down_whatever_the_provider_says(reads: list[tuple[floa
         spend, at = new, now
 
 
-def _reconciler(world: FakeWorld, archive: FakeArchive) -> Reconciler:
-    return Reconciler(
-        provider=world.provider, shell=FakeShell(), archive=archive,  # type: ignore[arg-type]
-        code_tar=code_tar, clock=world.clock, box_control=world.box_control,  # type: ignore[arg-type]
-    )
-
 
 def test_every_billed_second_is_attributed_to_a_run_or_to_its_box_overhead() -> None:
     """Run time to the runs (their GPU share), boot/bootstrap/idle and idle GPUs to each box's overhead line:
@@ -210,7 +211,7 @@ def test_every_billed_second_is_attributed_to_a_run_or_to_its_box_overhead() -> 
     world = FakeWorld([offer(i, gpus=2, dph=0.2 + i / 100) for i in range(1, 6)], clock=FakeClock(MIDNIGHT + 60),
                       boot_s=45.0, bootstrap_s=25.0, work=lambda job: Work(seconds=300.0))
     archive = FakeArchive()
-    rec = _reconciler(world, archive)
+    rec = fake_reconciler(world, archive)
     vanished: list[int] = []
     spends = []
     for _ in range(200):
@@ -259,7 +260,7 @@ def test_a_lost_attempt_never_costs_more_than_its_box_was_billed() -> None:
     world = FakeWorld([offer(1, gpus=2, dph=0.4), offer(2, gpus=2, dph=0.4)], clock=FakeClock(MIDNIGHT + 60),
                       boot_s=30.0, bootstrap_s=0.0, work=lambda job: Work(seconds=600.0))
     archive = FakeArchive()
-    rec = _reconciler(world, archive)
+    rec = fake_reconciler(world, archive)
     for _ in range(20):
         rec.cycle(desired)
         world.clock.advance(20.0)

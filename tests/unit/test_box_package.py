@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from reconciler import box
-from reconciler.box.boxlib import Activity, box_activity
+from reconciler.box import watchdog
+from reconciler.box.boxlib import Activity, boot_time, box_activity, box_started_at
 from reconciler.remote import commands, parse_probe
 
 PKG = Path(box.__file__).resolve().parent
@@ -58,6 +59,17 @@ def test_a_bundle_is_python_3_8_and_carries_what_its_program_imports(name: str) 
         assert repr(commands._text("boxlib.py")) in bundle
 
 
+def _run_probe(tmp_path: Path, root: Path) -> subprocess.CompletedProcess[bytes]:
+    """The probe's bundle, run as on a box: no site-packages, no nvidia-smi on the PATH."""
+    empty = tmp_path / "bin"
+    empty.mkdir(exist_ok=True)
+    env = {"HOME": str(tmp_path), "PATH": str(empty), "RIGSYNC_ROOT": str(root)}
+    res = subprocess.run([sys.executable, "-S", "-c", commands._program("probe.py")], env=env,
+                         capture_output=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    return res
+
+
 def test_the_probe_reports_the_activity_rule_the_watchdog_reads(tmp_path: Path) -> None:
     now = time.time()
     root = tmp_path / "rigsync"
@@ -74,15 +86,23 @@ def test_the_probe_reports_the_activity_rule_the_watchdog_reads(tmp_path: Path) 
     os.utime(boot / "h.failed", (now - 20, now - 20))  # a failed bootstrap counts too
     assert box_activity(str(root)) == Activity(False, pytest.approx(now - 20, abs=0.01))
     assert box_activity(str(root), now).last_at == now, "the box's start, when given, is activity"
-    empty = tmp_path / "bin"
-    empty.mkdir()
-    env = {"HOME": str(tmp_path), "PATH": str(empty), "RIGSYNC_ROOT": str(root)}
-    res = subprocess.run([sys.executable, "-S", "-c", commands._program("probe.py")], env=env,
-                         capture_output=True, timeout=60, check=False)
-    assert res.returncode == 0, res.stderr
+    res = _run_probe(tmp_path, root)
     # the probe counts from the kernel's boot, long before these files (the machine is up for more than a minute)
     assert json.loads(res.stdout)["last_activity_at"] == pytest.approx(now - 20, abs=0.01)
     assert parse_probe(1, res.stdout).last_activity_at == pytest.approx(now - 20, abs=0.01)
+    assert not (root / "watchdog" / "started_at").exists(), "the probe only reads the box's start"
+
+
+def test_the_probe_and_the_watchdog_read_the_same_box_start(tmp_path: Path) -> None:
+    now = time.time()
+    root = tmp_path / "rigsync"
+    (root / "runs").mkdir(parents=True)
+    assert box_started_at(str(root), now) == boot_time(now), "no watchdog has recorded a start: the kernel's boot"
+    assert watchdog.record_start(str(root), now - 5) == pytest.approx(now - 5, abs=1e-5)
+    assert watchdog.record_start(str(root), now) == pytest.approx(now - 5, abs=1e-5), "kept across restarts"
+    assert box_started_at(str(root), now) == pytest.approx(now - 5, abs=1e-5)
+    res = _run_probe(tmp_path, root)
+    assert json.loads(res.stdout)["last_activity_at"] == pytest.approx(now - 5, abs=1e-5)
 
 
 def _python38() -> str | None:

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
-from fakes import FakeArchive, FakeClock, FakeWorld, code_tar, desired_state, offer
+from fakes import FakeArchive, FakeClock, FakeWorld, code_tar, desired_state, observe_and_plan, offer
 
 from reconciler import remote
 from reconciler.actions import Plan, ReasonCode, Requeue
@@ -21,9 +21,7 @@ from reconciler.apply import STDERR_TAIL_BYTES, ApplyContext, ApplyResult, _tail
 from reconciler.curves import MAX_POINTS, downsample, points_from_metrics, render_curve
 from reconciler.errors import HostUnreachable
 from reconciler.jobenv import ControllerEnv
-from reconciler.model import AttemptOutcome, Desired, FleetMemory, Observed
-from reconciler.observe import observe
-from reconciler.plan import plan
+from reconciler.model import AttemptOutcome, Desired, Observed
 from reconciler.ports import Harvested
 
 
@@ -165,14 +163,6 @@ def test_stderr_tail_is_at_most_4_kib_and_starts_at_a_line() -> None:
     assert tail.startswith("line ") and tail.endswith("line 1999 \u2713")
 
 
-def _observe_and_plan(
-    world: FakeWorld, desired: Desired, archive: FakeArchive, env_names: frozenset[str] = frozenset()
-) -> tuple[Observed, Plan]:
-    now = world.clock.now()
-    observed, _ = observe(desired, world.provider, world.box_control, tuple(archive.records()), FleetMemory(), now)
-    observed = replace(observed, controller_env=env_names)
-    return observed, plan(desired, observed, now)
-
 
 def _apply(world: FakeWorld, desired: Desired, observed: Observed, p: Plan, archive: FakeArchive,
            data: Path, controller_env: ControllerEnv | None = None) -> ApplyResult:
@@ -196,24 +186,24 @@ def test_a_finished_attempt_is_harvested_before_its_box_goes(tmp_path: Path) -> 
     archive = FakeArchive()
     data = tmp_path / "data"
     for _ in range(3):  # rent, then ship code and launch
-        observed, p = _observe_and_plan(world, desired, archive)
+        observed, p = observe_and_plan(world, desired, archive)
         assert _apply(world, desired, observed, p, archive, data).failures == []
         world.clock.advance(11.0)
     ((iid, run),) = world.live_runs()
     run.end(world.clock.now(), 3)
-    observed, p = _observe_and_plan(world, desired, archive)
+    observed, p = observe_and_plan(world, desired, archive)
     assert [a.kind.value for a in p.actions] == ["record"]
     assert [n.code for n in p.noops if n.target == f"instance/{iid}"] == [ReasonCode.HARVEST_PENDING]
     world.fail_next("harvest", HostUnreachable("connection dropped mid-stream"))
     first = _apply(world, desired, observed, p, archive, data)
     assert len(first.failures) == 1 and not first.archived  # the next cycle harvests again
-    observed, p = _observe_and_plan(world, desired, archive)
+    observed, p = observe_and_plan(world, desired, archive)
     assert [a.kind.value for a in p.actions] == ["record"]  # still waiting: nothing destroyed
     second = _apply(world, desired, observed, p, archive, data)
     (rec,) = second.archived
     assert rec.phase is AttemptOutcome.FAILED and rec.harvest == "ok: 2 file(s), 0 B"
     assert (attempt_dir(data, rec.run_id, rec.attempt) / "stderr.log").is_file()
-    observed, p = _observe_and_plan(world, desired, archive)
+    observed, p = observe_and_plan(world, desired, archive)
     assert [(a.kind.value, a.code) for a in p.actions] == [("destroy", ReasonCode.SURPLUS)]
 
 
@@ -222,12 +212,12 @@ def test_a_lost_attempt_says_what_was_lost(tmp_path: Path) -> None:
     world = FakeWorld([offer(1, gpus=1)], clock=FakeClock(), boot_s=10.0)
     archive = FakeArchive()
     for _ in range(3):
-        observed, p = _observe_and_plan(world, desired, archive)
+        observed, p = observe_and_plan(world, desired, archive)
         assert _apply(world, desired, observed, p, archive, tmp_path).failures == []
         world.clock.advance(11.0)
     ((iid, _run),) = world.live_runs()
     world.vanish(iid)
-    observed, _ = _observe_and_plan(world, desired, archive)
+    observed, _ = observe_and_plan(world, desired, archive)
     run_id = desired.runs[0].id
     lost = Requeue(reason="box vanished", code=ReasonCode.BOX_VANISHED, run_id=run_id, attempt=1, instance_id=iid)
     out = _apply(world, desired, observed, Plan(actions=(lost,)), archive, tmp_path)
@@ -248,13 +238,13 @@ def test_a_failed_attempts_stderr_tail_hides_its_secrets_values(tmp_path: Path) 
     world = FakeWorld([offer(1, gpus=1)], clock=FakeClock(), boot_s=10.0)
     archive = FakeArchive()
     for _ in range(3):
-        observed, p = _observe_and_plan(world, desired, archive, frozenset({"WANDB_API_KEY"}))
+        observed, p = observe_and_plan(world, desired, archive, frozenset({"WANDB_API_KEY"}))
         assert _apply(world, desired, observed, p, archive, tmp_path, controller).failures == []
         world.clock.advance(11.0)
     ((_iid, run),) = world.live_runs()
     world.job_stderr[(desired.runs[0].id, 1)] = f"mode fast\nwandb: key {secret} rejected\n".encode()
     run.end(world.clock.now(), 1)
-    observed, p = _observe_and_plan(world, desired, archive, frozenset({"WANDB_API_KEY"}))
+    observed, p = observe_and_plan(world, desired, archive, frozenset({"WANDB_API_KEY"}))
     (rec,) = _apply(world, desired, observed, p, archive, tmp_path, controller).archived
     assert rec.stderr_tail == "mode fast\nwandb: key ${WANDB_API_KEY} rejected"
     assert all(secret not in repr(r) for r in archive.records())

@@ -11,11 +11,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fakes import FakeArchive, FakeClock, FakeShell, FakeWorld, Work, code_tar, desired_state, offer
+from fakes import (
+    FakeArchive,
+    FakeClock,
+    FakeWorld,
+    Work,
+    desired_state,
+    fake_reconciler,
+    offer,
+)
 
 from reconciler.actions import Launch
 from reconciler.adapters.launch_journal import LaunchJournal, merge_in_flight
-from reconciler.loop import Reconciler
 from reconciler.model import AttemptOutcome, FleetMemory, InFlight
 
 STEP_S = 20.0
@@ -45,18 +52,6 @@ def test_merge_adds_only_what_neither_in_flight_nor_the_archive_knows() -> None:
     assert merge_in_flight(known, [], set()) is known
 
 
-def _reconciler(world: FakeWorld, archive: FakeArchive, journal: LaunchJournal, memory: FleetMemory) -> Reconciler:
-    return Reconciler(
-        provider=world.provider,
-        shell=FakeShell(),
-        archive=archive,  # type: ignore[arg-type]
-        code_tar=code_tar,
-        clock=world.clock,  # type: ignore[arg-type]
-        box_control=world.box_control,
-        memory=memory,
-        journal=journal,
-    )
-
 
 def test_a_launch_lost_to_a_crash_is_not_launched_again_under_the_same_number(tmp_path: Path) -> None:
     desired = desired_state(1, max_instances=2)
@@ -64,7 +59,7 @@ def test_a_launch_lost_to_a_crash_is_not_launched_again_under_the_same_number(tm
                       work=lambda job: Work(seconds=300.0))
     archive = FakeArchive()
     journal = LaunchJournal(tmp_path)
-    first = _reconciler(world, archive, journal, FleetMemory())
+    first = fake_reconciler(world, archive, journal=journal, memory=FleetMemory())
     for _ in range(20):
         first.cycle(desired)
         if world.live_runs():
@@ -76,7 +71,9 @@ def test_a_launch_lost_to_a_crash_is_not_launched_again_under_the_same_number(tm
     # kill -9 before the cycle's commit: git knows nothing of the launch; then the box hangs.
     world.hang(box)
     archived = {r.key for r in archive.records()}
-    second = _reconciler(world, archive, journal, FleetMemory(in_flight=merge_in_flight((), journal.read(), archived)))
+    second = fake_reconciler(
+        world, archive, journal=journal, memory=FleetMemory(in_flight=merge_in_flight((), journal.read(), archived))
+    )
     launches: list[str] = []
     for _ in range(60):
         res = second.cycle(desired)

@@ -13,11 +13,19 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 
-from fakes import FakeArchive, FakeClock, FakeShell, FakeWorld, Work, code_tar, desired_state, offer
+from fakes import (
+    FakeArchive,
+    FakeClock,
+    FakeWorld,
+    Work,
+    desired_state,
+    fake_reconciler,
+    offer,
+)
 
 from reconciler.actions import Destroy, Launch, Rent
 from reconciler.apply import Outcome
-from reconciler.loop import RECENT_CYCLES, CycleResult, Reconciler
+from reconciler.loop import RECENT_CYCLES, CycleResult
 from reconciler.model import AttemptOutcome, Desired, Instance
 from reconciler.observe import PROBE_TIMEOUT_S
 from reconciler.ports import LaunchJob
@@ -39,16 +47,6 @@ def _work_failing_r2_once() -> Callable[[LaunchJob], Work]:
     return work
 
 
-def _reconciler(world: FakeWorld, archive: FakeArchive) -> Reconciler:
-    return Reconciler(
-        provider=world.provider,
-        shell=FakeShell(),
-        archive=archive,  # type: ignore[arg-type]
-        code_tar=code_tar,
-        clock=world.clock,  # type: ignore[arg-type]
-        box_control=world.box_control,
-    )
-
 
 def _check_invariants(world: FakeWorld, archive: FakeArchive) -> None:
     for iid, box in world.boxes.items():
@@ -65,7 +63,7 @@ def _failed(res: CycleResult) -> list[Outcome]:
 
 
 def _drive(desired: Desired, world: FakeWorld, archive: FakeArchive, on_cycle=None) -> list[CycleResult]:  # type: ignore[no-untyped-def]
-    rec = _reconciler(world, archive)
+    rec = fake_reconciler(world, archive)
     results = []
     for _ in range(MAX_CYCLES):
         res = rec.cycle(desired)
@@ -189,7 +187,7 @@ def test_the_budget_horizon_covers_the_slowest_recent_cycle_and_never_less_than_
     desired = desired_state(1, max_instances=1)
     world = FakeWorld([offer(1)], clock=FakeClock(), work=lambda job: Work(seconds=1e6))
     slow = _SlowListing(world, delay_s=40.0)
-    rec = replace(_reconciler(world, FakeArchive()), provider=slow, cycle_s=5.0, destroy_latency_s=2.0)
+    rec = replace(fake_reconciler(world, FakeArchive()), provider=slow, cycle_s=5.0, destroy_latency_s=2.0)
     assert rec.cycle(desired).observed.cycle_s == 5.0 + PROBE_TIMEOUT_S + 2.0
     slow.slow = True
     rec.cycle(desired)  # takes 40 s

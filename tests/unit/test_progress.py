@@ -6,10 +6,15 @@ import io
 import os
 import pty
 
-from fakes import FakeArchive, FakeClock, FakeShell, FakeWorld, code_tar, desired_state, offer
+from fakes import (
+    FakeClock,
+    FakeWorld,
+    desired_state,
+    fake_reconciler,
+    offer,
+)
 
 from reconciler.actions import Action
-from reconciler.loop import Reconciler
 from reconciler.progress import LineProgress, LiveProgress, booting, describe, progress_for
 from reconciler.textsafe import SafeStream
 
@@ -67,8 +72,7 @@ def test_apply_tells_each_action_as_it_starts_and_boot_is_what_the_provider_stil
     desired = desired_state(2, max_instances=1)
     world = FakeWorld([offer(1, gpus=2, dph=0.2)], clock=FakeClock())
     seen: list[str] = []
-    rec = Reconciler(provider=world.provider, shell=FakeShell(), archive=FakeArchive(),  # type: ignore[arg-type]
-                     code_tar=code_tar, clock=world.clock, box_control=world.box_control)  # type: ignore[arg-type]
+    rec = fake_reconciler(world)
 
     def told(action: Action) -> None:
         seen.append(describe(action))

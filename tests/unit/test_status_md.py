@@ -8,11 +8,18 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fakes import FakeArchive, FakeClock, FakeShell, FakeWorld, Work, code_tar, desired_state, offer
+from fakes import (
+    FakeArchive,
+    FakeClock,
+    FakeWorld,
+    Work,
+    desired_state,
+    fake_reconciler,
+    offer,
+)
 
 from reconciler.desired import load_desired_from_dir
 from reconciler.fleet import render_cycle
-from reconciler.loop import Reconciler
 from reconciler.model import AttemptOutcome, AttemptRecord, Desired
 from reconciler.observed.codec import BUDGET, FLEET, RUNS, STATUS
 from reconciler.observed.documents import ReconcilerStatus
@@ -149,8 +156,7 @@ def test_every_cycle_renders_it_and_an_unchanged_world_renders_it_unchanged(tmp_
     desired = desired_state(3, max_instances=1)
     world = FakeWorld([offer(1, gpus=2, dph=0.2)], clock=FakeClock(), work=work)
     archive = FakeArchive()
-    rec = Reconciler(provider=world.provider, shell=FakeShell(), archive=archive,  # type: ignore[arg-type]
-                     code_tar=code_tar, clock=world.clock, box_control=world.box_control)  # type: ignore[arg-type]
+    rec = fake_reconciler(world, archive)
     pages = []
     for _ in range(60):
         res = rec.cycle(desired)

@@ -162,8 +162,8 @@ def test_run_activity_reads_run_directories_and_bootstrap_markers(tmp_path: Path
 
 
 def test_box_start_is_recorded_once(tmp_path: Path) -> None:
-    assert wd.box_started_at(str(tmp_path), 500.0) == 500.0
-    assert wd.box_started_at(str(tmp_path), 900.0) == 500.0
+    assert wd.record_start(str(tmp_path), 500.0) == 500.0
+    assert wd.record_start(str(tmp_path), 900.0) == 500.0
 
 
 def test_the_probe_touches_the_file_the_watchdog_reads(tmp_path: Path) -> None:
