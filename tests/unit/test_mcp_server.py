@@ -13,10 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
-from mcp.client.session import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
 from snapshot_repo import make_snapshot_repo
 
 RIGSYNC = Path(sys.executable).parent / "rigsync"
@@ -41,6 +38,11 @@ def cli_json(env: dict[str, str], *args: str) -> Any:
 
 
 def session_calls(repo: Path, env: dict[str, str], calls: list[tuple[str, dict[str, Any]]]) -> tuple[Any, list[Any]]:
+    # the SDK's client is imported here, not at collection: each pytest worker would pay its seconds otherwise
+    import anyio
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
     async def go() -> tuple[Any, list[Any]]:
         params = StdioServerParameters(command=str(RIGSYNC), args=["mcp", "--repo", str(repo)], env=env)
         with open(os.devnull, "w") as errlog:
