@@ -6,15 +6,20 @@ against the output schema the tool declares (the client checks that itself), and
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from snapshot_repo import make_snapshot_repo
+
+from reconciler.cli import main
 
 RIGSYNC = Path(sys.executable).parent / "rigsync"
 TOOLS = {"validate", "runs", "diff", "plan", "status", "logs", "review"}
@@ -33,8 +38,12 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 def cli_json(env: dict[str, str], *args: str) -> Any:
-    result = subprocess.run([str(RIGSYNC), *args], capture_output=True, text=True, timeout=120, env=env)
-    return json.loads(result.stdout)
+    """What the command prints with ``--json``: the CLI's own ``main`` in this process, in ``env``. The server is the
+    subprocess under test; the command is only its reference (the console script has its own tests)."""
+    out = io.StringIO()
+    with mock.patch.dict(os.environ, env, clear=True), contextlib.redirect_stdout(out):
+        main(list(args))
+    return json.loads(out.getvalue())
 
 
 def session_calls(repo: Path, env: dict[str, str], calls: list[tuple[str, dict[str, Any]]]) -> tuple[Any, list[Any]]:
