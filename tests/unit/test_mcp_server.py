@@ -64,12 +64,26 @@ def session_calls(repo: Path, env: dict[str, str], calls: list[tuple[str, dict[s
     return anyio.run(go)
 
 
-def test_tools_return_the_cli_json_and_apply_nothing(repo: Path, env: dict[str, str]) -> None:
-    before = subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True).stdout
-    listed, (validate, runs, promos, diff, status, logs) = session_calls(repo, env, [
+def _porcelain(repo: Path) -> str:
+    return subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True).stdout
+
+
+@pytest.fixture(scope="module")
+def served(repo: Path, env: dict[str, str]) -> tuple[Any, list[Any], str, str]:
+    """One server on ``repo`` answering every tool call the tests below check (a server's start-up is most of the
+    cost): the tools listed, the results in call order, and ``git status`` before and after."""
+    before = _porcelain(repo)
+    listed, results = session_calls(repo, env, [
         ("validate", {}), ("runs", {}), ("runs", {"promotions": True}), ("diff", {}), ("status", {}),
-        ("logs", {"target": "tdmpc-9165"}),
+        ("logs", {"target": "tdmpc-9165"}), ("review", {"base": "HEAD"}),
     ])
+    return listed, results, before, _porcelain(repo)
+
+
+def test_tools_return_the_cli_json_and_apply_nothing(
+    repo: Path, env: dict[str, str], served: tuple[Any, list[Any], str, str]
+) -> None:
+    listed, (validate, runs, promos, diff, status, logs, _), before, after = served
     tools = {t.name: t for t in listed.tools}
     assert set(tools) == TOOLS
     for t in tools.values():
@@ -92,7 +106,6 @@ def test_tools_return_the_cli_json_and_apply_nothing(repo: Path, env: dict[str, 
     # logs: the run's box is gone and its output was never harvested into this (empty) store
     assert logs.is_error and "rigsync: error:" in logs.content[0].text
 
-    after = subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True).stdout
     assert after == before  # nothing written to the checkout
 
 
@@ -107,7 +120,7 @@ def test_a_bad_desired_state_is_a_result_not_an_error(repo: Path, env: dict[str,
     assert runs.is_error and "budget.yaml" in runs.content[0].text
 
 
-def test_review_returns_the_cli_json(repo: Path, env: dict[str, str]) -> None:
-    _, (review,) = session_calls(repo, env, [("review", {"base": "HEAD"})])
+def test_review_returns_the_cli_json(repo: Path, env: dict[str, str], served: tuple[Any, list[Any], str, str]) -> None:
+    review = served[1][-1]
     assert not review.is_error, review.content
     assert review.structured_content == cli_json(env, "review", "--json", "--base", "HEAD", "--repo", str(repo))
