@@ -6,6 +6,10 @@ It owns three rules nobody else repeats: where a fleet's state lives (``state_di
 use is constructed by a function here (``build_adapters``, ``open_git``, ``open_archive``, ``open_lease``,
 ``open_local_lock``, ``open_provider``, ``open_shell``), so the layers below only see ``reconciler.ports``.
 
+The adapters and the loop are imported by the functions that build them: the commands that read only the checkout
+(`rigsync diff`, `review`, ...) import this module for ``open_git`` and must not pay for paramiko, the provider's
+SDK or the reconciler at start-up.
+
 `rigsync run` (``FleetDaemon``), the live commands `rigsync plan`/`apply`/`status`, and through the daemon
 the demo, all open a fleet here and write back through here, so the wiring cannot drift apart:
 
@@ -27,23 +31,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from reconciler import ports
-from reconciler.actions import Plan
-from reconciler.adapters.archive import RunArchive
-from reconciler.adapters.git import GitRepo
-from reconciler.adapters.launch_journal import LaunchJournal, merge_in_flight
-from reconciler.adapters.lease import DEFAULT_RENEW_EVERY_S, DEFAULT_STALE_AFTER_S, Lease, LocalLock, lock_path
-from reconciler.adapters.store import LocalStore, data_dir_for
+from reconciler.adapters.lease import DEFAULT_RENEW_EVERY_S, DEFAULT_STALE_AFTER_S
 from reconciler.errors import UserError
-from reconciler.loop import DESTROY_LATENCY_S, Reconciler, SystemClock
 from reconciler.model import CONTROLLER_INTERVAL_S, OWN_PROVIDER, Desired, Fleet, Observed
-from reconciler.observed.documents import ReconcilerStatus, render_observed
-from reconciler.observed.memory import read_fleet_memory
-from reconciler.observed.tree import read_observed
 from reconciler.ports import Provider, Shell
-from reconciler.views.status_md import STATUS_MD, read_status_md, render_status_md
 
 if TYPE_CHECKING:
+    from reconciler.actions import Plan
+    from reconciler.adapters.archive import RunArchive
+    from reconciler.adapters.git import GitRepo
+    from reconciler.adapters.lease import Lease, LocalLock
     from reconciler.adapters.ssh import SshShell
+    from reconciler.loop import Reconciler, SystemClock
+    from reconciler.observed.documents import ReconcilerStatus
 
 # (fleet, state dir, the controller's provider URL or None for its default) -> the adapters
 AdapterFactory = Callable[[Fleet, Path, str | None], tuple[Provider, Shell]]
@@ -123,11 +123,15 @@ def open_git(
     author_email: str = "rigsync@localhost",
 ) -> GitRepo:
     """The git adapter over the checkout at ``checkout`` (raises ``RepoError`` when it is not one)."""
+    from reconciler.adapters.git import GitRepo
+
     return GitRepo(Path(checkout), remote=remote, branch=branch, author_name=author_name, author_email=author_email)
 
 
 def open_archive(checkout: Path) -> RunArchive:
     """The run archive of the checkout: its shards under observed/runs/ and its journal in ``.git/``."""
+    from reconciler.adapters.archive import RunArchive
+
     return RunArchive(Path(checkout))
 
 
@@ -141,11 +145,15 @@ def open_lease(
     renew_every: float = DEFAULT_RENEW_EVERY_S,
 ) -> Lease:
     """The fleet's lease on its own ref of ``git``'s remote."""
+    from reconciler.adapters.lease import Lease
+
     return Lease(git, holder=holder, host=host, pid=pid, stale_after=stale_after, renew_every=renew_every)
 
 
 def open_local_lock(checkout: Path) -> LocalLock:
     """The checkout's local lock (not yet taken)."""
+    from reconciler.adapters.lease import LocalLock, lock_path
+
     return LocalLock(lock_path(Path(checkout)))
 
 
@@ -174,6 +182,11 @@ def open_fleet(
     Vast.ai); desired/ never names one. ``data_dir`` overrides where harvested results and checkpoints go
     (``adapters.store.data_dir_for``: ``--data-dir``, ``$RIGSYNC_DATA_DIR``, ``$XDG_DATA_HOME/rigsync``).
     """
+    from reconciler.adapters.launch_journal import LaunchJournal, merge_in_flight
+    from reconciler.adapters.store import LocalStore, data_dir_for
+    from reconciler.loop import DESTROY_LATENCY_S, Reconciler, SystemClock
+    from reconciler.observed.memory import read_fleet_memory
+
     checkout = Path(checkout)
     git = git if git is not None else open_git(checkout)
     clock = clock if clock is not None else SystemClock()
@@ -206,6 +219,10 @@ def render_cycle(
     rec: Reconciler, desired: Desired, observed: Observed, plan: Plan, status: ReconcilerStatus, checkout: Path
 ) -> tuple[dict[str, str], dict[str, str]]:
     """(the observed files as they are in the checkout now, the ones this cycle renders), keyed by path."""
+    from reconciler.observed.documents import render_observed
+    from reconciler.observed.tree import read_observed
+    from reconciler.views.status_md import STATUS_MD, read_status_md, render_status_md
+
     previous = read_observed(checkout)
     rendered = render_observed(
         desired=desired,

@@ -38,12 +38,11 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 
-from reconciler.countries import ALIASES, NAMES
 from reconciler.model import Budget, Fleet, HostLedger, HostRecord, Offer, OfferFilters, Pool, Ranking
 
 __all__ = [
@@ -176,10 +175,15 @@ def _fold(text: str) -> str:
     return _SEPARATORS.sub(" ", plain).strip().casefold()
 
 
-_COUNTRY_BY_NAME: dict[str, str] = {
-    **{_fold(name): code for code, name in NAMES.items()},
-    **{_fold(name): code for name, code in ALIASES.items()},
-}
+@cache
+def _countries() -> tuple[Mapping[str, str], dict[str, str]]:
+    """(each alpha-2 code -> its name, each folded name or alias -> its code), read from the ISO database on first
+    use: pycountry costs every command's start-up a tenth of a second, and most desired/ trees name no country."""
+    from reconciler.countries import ALIASES, NAMES
+
+    by_name = {_fold(name): code for code, name in NAMES.items()}
+    by_name.update((_fold(name), code) for name, code in ALIASES.items())
+    return NAMES, by_name
 
 
 def country_code(entry: str) -> str | None:
@@ -188,10 +192,11 @@ def country_code(entry: str) -> str | None:
     ``entry`` is a code or an English name, compared case-insensitively (accents, spaces and underscores folded):
     ``"de"``, ``"DE"``, ``"Germany"`` -> ``"DE"``; ``"USA"``, ``"United States"`` -> ``"US"``; ``"E"`` -> None.
     """
+    names, by_name = _countries()
     folded = _fold(entry)
-    if len(folded) == 2 and folded.upper() in NAMES:
+    if len(folded) == 2 and folded.upper() in names:
         return folded.upper()
-    return _COUNTRY_BY_NAME.get(folded)
+    return by_name.get(folded)
 
 
 @lru_cache(maxsize=4096)
@@ -205,7 +210,7 @@ def offer_countries(geolocation: str) -> frozenset[str]:
     if whole is not None:
         return frozenset({whole})
     parts = [p.strip() for p in geolocation.split(",") if p.strip()]
-    if parts and parts[-1].upper() in NAMES:
+    if parts and parts[-1].upper() in _countries()[0]:
         return frozenset({parts[-1].upper()})
     return frozenset(code for p in parts if (code := country_code(p)) is not None)
 

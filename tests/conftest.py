@@ -3,12 +3,36 @@
 This file being here makes pytest put tests/ on sys.path, so ``from gitutil import git``, ``from world import
 fleet_repo`` and ``from profiles import examples`` work from tests/unit and tests/integration alike. The
 ``fast`` profile is loaded unless ``--hypothesis-profile`` names another (the README's test command says ``ci``).
+Everything under tests/integration is marked ``integration``, and the fast tier (``-m "not integration"``) does not
+even collect it.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from hypothesis import settings
 from profiles import register
 
 register()
 settings.load_profile("fast")  # pytest's hypothesis plugin loads ``--hypothesis-profile`` after this
+
+INTEGRATION = Path(__file__).parent / "integration"
+FAST_TIER = "not integration"  # the README's mark expression for the unit tier
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything under tests/integration is in the integration tier, whether or not its module says so."""
+    for item in items:
+        if INTEGRATION in item.path.parents:
+            item.add_marker(pytest.mark.integration)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The fast tier does not import tests/integration at all: ``-m "not integration"`` would deselect all of it
+    (the hook above), and importing its modules (the vastai SDK, the emulator) cost every xdist worker seconds."""
+    if collection_path == INTEGRATION and config.getoption("markexpr") == FAST_TIER:
+        return True
+    return None

@@ -12,14 +12,17 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from reconciler.adapters.ssh import KEY_FILE, SshShell
 from reconciler.cli._common import load_local_desired
 from reconciler.errors import UserError
 from reconciler.fleet import open_archive, open_provider, open_shell, state_dir_for
 from reconciler.model import Desired, Instance, InstanceStatus, owned_by
 from reconciler.observed.attempts import AttemptIndex, read_attempt_index
 from reconciler.ports import Provider
+
+if TYPE_CHECKING:  # paramiko is imported when a box is reached: `rigsync logs` from the local store never needs it
+    from reconciler.adapters.ssh import SshShell
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ class BoxAccess:
 
     @property
     def key_path(self) -> Path:
+        from reconciler.adapters.ssh import KEY_FILE
+
         path = self.facts.state_dir / KEY_FILE
         if not path.is_file():
             raise UserError(

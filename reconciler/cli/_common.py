@@ -4,6 +4,10 @@ status) desired from a working tree, an opened fleet, write-back.
 Each common option has one helper and one help text, used by every command that takes it: ``add_checkout_arg``
 (``--repo``), ``add_state_dir_arg`` (``--state-dir``), ``add_data_dir_arg`` (``--data-dir``) and
 ``add_api_url_arg`` (``--api-url``); ``add_live_args`` is the set the live commands take.
+
+The argument helpers import nothing heavy: every command imports this module, and the light ones (validate, runs,
+diff, review, init, dashboard) must not pay for the fleet's adapters (git, paramiko, the provider) at start-up, so
+the live helpers import the composition root (``reconciler.fleet``) and the desired/ loader when they are called.
 """
 
 from __future__ import annotations
@@ -11,16 +15,15 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from reconciler.actions import Plan
-from reconciler.apply import ApplyResult
-from reconciler.desired import errors_of, load_desired_from_dir
-from reconciler.endpoint import API_URL_ENV, API_URL_FLAG, DEFAULT_URL, controller_api_url
 from reconciler.errors import DesiredStateInvalid, RepoError, UserError
-from reconciler.fleet import open_fleet, open_git, render_cycle, write_back
-from reconciler.loop import Reconciler
-from reconciler.model import Desired, Observed
-from reconciler.observed.documents import ReconcilerStatus
+
+if TYPE_CHECKING:
+    from reconciler.actions import Plan
+    from reconciler.apply import ApplyResult
+    from reconciler.loop import Reconciler
+    from reconciler.model import Desired, Observed
 
 
 def add_checkout_arg(parser: argparse.ArgumentParser) -> None:
@@ -58,6 +61,8 @@ def add_data_dir_arg(parser: argparse.ArgumentParser) -> None:
 
 def add_api_url_arg(parser: argparse.ArgumentParser) -> None:
     """``--api-url``, on every command that talks to the provider."""
+    from reconciler.endpoint import API_URL_ENV, API_URL_FLAG, DEFAULT_URL
+
     parser.add_argument(
         API_URL_FLAG, dest="api_url", default=None, metavar="URL",
         help=f"the provider API the key is sent to (default: ${API_URL_ENV}, else {DEFAULT_URL}); https, or "
@@ -67,6 +72,8 @@ def add_api_url_arg(parser: argparse.ArgumentParser) -> None:
 
 def api_url_of(args: argparse.Namespace) -> str:
     """The controller's provider URL for this command, checked before anything is read or contacted."""
+    from reconciler.endpoint import controller_api_url
+
     return controller_api_url(args.api_url, os.environ)
 
 
@@ -81,6 +88,8 @@ def add_allow_dirty_arg(parser: argparse.ArgumentParser) -> None:
 
 def dirty_files(repo: Path, desired: Desired) -> list[str]:
     """Uncommitted files under desired/ and the sweeps' code paths; [] outside a git checkout with commits."""
+    from reconciler.fleet import open_git
+
     try:
         git = open_git(repo)
         git.head()
@@ -124,6 +133,9 @@ def load_local_desired(repo: Path) -> Desired:
 
     Outside a git checkout (or before its first commit) the revisions stay None.
     """
+    from reconciler.desired import errors_of, load_desired_from_dir
+    from reconciler.fleet import open_git
+
     if not repo.is_dir():
         raise UserError(f"{repo}: not a directory")
     try:
@@ -142,6 +154,8 @@ def open_reconciler(
     repo: Path, desired: Desired, state_dir: str | None, api_url: str, data_dir: str | None = None
 ) -> Reconciler:
     """The fleet opened as `rigsync run` opens it (``reconciler.fleet.open_fleet``)."""
+    from reconciler.fleet import open_fleet
+
     return open_fleet(repo, desired.fleet, state_dir=state_dir, api_url=api_url, data_dir=data_dir)
 
 
@@ -149,6 +163,9 @@ def write_observed_uncommitted(
     repo: Path, desired: Desired, observed: Observed, plan: Plan, rec: Reconciler, result: ApplyResult | None = None
 ) -> None:
     """Write observed/ (and the archive's new lines) into the working tree; `rigsync run` is the one that commits."""
+    from reconciler.fleet import open_git, render_cycle, write_back
+    from reconciler.observed.documents import ReconcilerStatus
+
     failures = result.failure_lines() if result else ()
     status = ReconcilerStatus(
         desired_commit_applied=desired.commit, last_valid_desired_commit=desired.commit, apply_errors=failures

@@ -40,8 +40,7 @@ from reconciler.saved_plan import stale_reasons
 _SHIPS = (Bootstrap, ShipCode, Launch)  # what puts the tree's content on a box
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("apply", help="apply a fresh plan (after showing it) or a saved one")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_live_args(p)
     add_data_dir_arg(p)
     p.add_argument("--plan", default=None, help="a plan saved by `rigsync plan --out`; applied exactly or refused")

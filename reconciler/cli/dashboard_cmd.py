@@ -16,11 +16,10 @@ from reconciler.errors import UserError
 from reconciler.views import dashboard
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "dashboard", help="a local HTML page of the fleet from the committed files (no credentials)",
-        description="Build an HTML page of the fleet (boxes, runs by phase, spend against the caps, learning "
-        "curves, cells by metric) from the checkout's committed files. Nothing is contacted.",
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Build an HTML page of the fleet (boxes, runs by phase, spend against the caps, learning "
+        "curves, cells by metric) from the checkout's committed files. Nothing is contacted."
     )
     add_checkout_arg(p)
     p.add_argument("--out", default=None, metavar="FILE", help="write the page to FILE (one self-contained file)")

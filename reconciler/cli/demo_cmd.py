@@ -12,8 +12,7 @@ from reconciler.progress import progress_for
 from reconciler.views.dashboard import open_hint
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("demo", help="run the example sweep to completion on the built-in emulator")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=None, help="at least N runs (whole grid cells x enough seeds)")
     p.add_argument("--chaos", action="store_true", help="vanish a box mid-run, hang another, burst 429s")
     p.add_argument("--keep", default=None, help="leave the fleet repo here (its bare remote beside it)")

@@ -45,12 +45,10 @@ _BUCKETS = {
 _SCHEMAS = {FLEET: "observed-fleet", RUNS: "observed-runs", DRIFT: "observed-drift", STATUS: "observed-status"}
 
 
-def add_parser(subparsers: Any) -> None:
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "diff",
-        help="observed against desired, from the committed files (no provider access)",
-        description="Compare observed/ (as rigsync last committed it) with desired/ at the checkout's HEAD: "
-        "runs per sweep by phase, boxes wanted vs held, and drift with the action the plan takes.",
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Compare observed/ (as rigsync last committed it) with desired/ at the checkout's HEAD: "
+        "runs per sweep by phase, boxes wanted vs held, and drift with the action the plan takes."
     )
     add_checkout_arg(p)
     p.add_argument("--json", action="store_true", help="print one JSON document instead of text")

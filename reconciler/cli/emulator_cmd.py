@@ -16,12 +16,10 @@ from typing import Any
 from reconciler.errors import UserError
 
 
-def add_parser(subparsers: Any) -> None:
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "emulator",
-        help="serve the Vast.ai emulator (REST API + real SSH boxes) in the foreground",
-        description="Serve a Vast.ai-compatible API whose instances are real OpenSSH hosts on loopback "
-        "addresses. Prints the base URL and API key; SIGTERM or Ctrl-C tears everything down.",
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Serve a Vast.ai-compatible API whose instances are real OpenSSH hosts on loopback "
+        "addresses. Prints the base URL and API key; SIGTERM or Ctrl-C tears everything down."
     )
     p.add_argument("--port", type=int, default=0, help="API port on 127.0.0.1 (default: a free port)")
     p.add_argument("--api-key", default=None, help="API key clients must send (default: a random key)")

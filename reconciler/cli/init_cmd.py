@@ -21,7 +21,6 @@ import subprocess
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any
 
 from reconciler import __version__
 from reconciler.errors import UserError
@@ -33,13 +32,11 @@ SCHEMAS = ("fleet", "budget", "sweep")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 
 
-def add_parser(subparsers: Any) -> None:
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "init",
-        help="create a ready fleet repository: desired/, schemas, workflows, pre-commit hook",
-        description="Write a fleet repository into DIR: desired/ with a commented example sweep, the schemas, the "
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Write a fleet repository into DIR: desired/ with a commented example sweep, the schemas, the "
         "review workflow, an optional scheduled `rigsync run --once` workflow, .pre-commit-config.yaml and "
-        ".gitignore; `git init` it with an initial commit when it is not inside a repository already.",
+        ".gitignore; `git init` it with an initial commit when it is not inside a repository already."
     )
     p.add_argument("dir", type=Path, help="the directory (created when missing)")
     p.add_argument(

@@ -51,12 +51,10 @@ READ_TIMEOUT_S = 30.0
 FOLLOW_RETRIES = 2  # --follow: a dropped connection is tried again this many times (POLL_S apart) before giving up
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "logs",
-        help="an attempt's stdout/stderr, from its box while it lives, from the local store afterwards",
-        description="Print the log of RUN's latest attempt (or RUN.ATTEMPT): from the local result store when the "
-        "harvest brought it home, else from the box over SSH. RUN is a run id or a unique prefix of it.",
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Print the log of RUN's latest attempt (or RUN.ATTEMPT): from the local result store when the "
+        "harvest brought it home, else from the box over SSH. RUN is a run id or a unique prefix of it."
     )
     p.add_argument("target", metavar="RUN[.ATTEMPT]", help="a run id or unique prefix (tdmpc-9165, 9165e5), .N for "
                    "attempt N (default: the latest)")

@@ -166,11 +166,10 @@ def build_server(default_repo: Path) -> Server[Any]:
     return Server("rigsync", version=__version__, on_list_tools=on_list_tools, on_call_tool=on_call_tool)
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "mcp", help="serve rigsync's read-only commands to coding agents (Model Context Protocol over stdio)",
-        description="A Model Context Protocol server on stdin/stdout: tools validate, runs, diff, plan, status, "
-        "logs, each returning the JSON of the command's --json. Nothing is applied.",
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "A Model Context Protocol server on stdin/stdout: tools validate, runs, diff, plan, status, "
+        "logs, each returning the JSON of the command's --json. Nothing is applied."
     )
     add_checkout_arg(p)
     p.set_defaults(handler=run)

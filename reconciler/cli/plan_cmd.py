@@ -13,8 +13,7 @@ from reconciler.errors import UserError
 from reconciler.render import plan_text
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("plan", help="show what apply would do, with a reason per action")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_live_args(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON (schemas/plan.schema.json)")
     p.add_argument("--detailed-exitcode", action="store_true", help="exit 0 no changes, 2 changes, 1 error")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
 from reconciler import review as reviewing
 from reconciler.cli._common import add_checkout_arg
@@ -18,13 +17,11 @@ from reconciler.errors import UserError
 from reconciler.review_git import review
 
 
-def add_parser(subparsers: Any) -> None:
-    p: argparse.ArgumentParser = subparsers.add_parser(
-        "review",
-        help="what a change to desired/ means: runs added/removed/changed, price, budget (no credentials)",
-        description="Compare desired/ at --head with --base from committed files alone: runs per sweep by "
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Compare desired/ at --head with --base from committed files alone: runs per sweep by "
         "content id, the price and time of the added work against the budget left (observed/ at the base), and "
-        "the head's validation errors. Exit 1 when the head is invalid.",
+        "the head's validation errors. Exit 1 when the head is invalid."
     )
     add_checkout_arg(p)
     p.add_argument("--base", required=True, help="the revision the change is compared with (e.g. origin/main)")

@@ -12,8 +12,7 @@ from reconciler.errors import UserError
 from reconciler.model import CONTROLLER_INTERVAL_S
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("run", help="the loop: follow the remote, reconcile, commit observed/ back")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_live_args(p)
     add_data_dir_arg(p)
     p.add_argument("--once", action="store_true", help="run one cycle and exit")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
 from reconciler.cli._common import add_checkout_arg
 from reconciler.desired import errors_of, load_desired_from_dir
@@ -19,10 +18,7 @@ from reconciler.model import Desired, RunSpec
 from reconciler.textsafe import md_section
 
 
-def add_parser(subparsers: Any) -> None:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "runs", help="list the runs the desired sweeps expand to (ids, params, seeds, commands)"
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_checkout_arg(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON list of runs")
     parser.add_argument(

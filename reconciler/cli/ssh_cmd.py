@@ -31,13 +31,11 @@ from reconciler.model import Instance, RunPhase
 PIN_TIMEOUT_S = 20.0
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser(
-        "ssh",
-        help="a shell on a box (an instance id, or the box a run's live attempt is on), with rigsync's key",
-        description="Open an interactive shell on one of the fleet's boxes with rigsync's SSH key and its pinned host "
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = (
+        "Open an interactive shell on one of the fleet's boxes with rigsync's SSH key and its pinned host "
         "key (the system ssh client, StrictHostKeyChecking=yes). With --print, the command is printed: append "
-        "`-- COMMAND` to it to run one command non-interactively.",
+        "`-- COMMAND` to it to run one command non-interactively."
     )
     p.add_argument("target", metavar="BOX|RUN",
                    help="an instance id (a number), or a run id or unique prefix (the box its live attempt is on)")

@@ -10,8 +10,7 @@ from reconciler.cli._common import add_live_args, observe_once
 from reconciler.render import status_json, status_text
 
 
-def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("status", help="boxes, runs by phase, $/h now")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     add_live_args(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=run)

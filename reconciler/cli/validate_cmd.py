@@ -19,10 +19,7 @@ from reconciler.errors import DesiredStateInvalid
 from reconciler.model import Desired
 
 
-def add_parser(subparsers: Any) -> None:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "validate", help="validate desired/ (fleet, budget, sweeps) against the schemas and rules"
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_checkout_arg(parser)
     fmt = parser.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help='print {"valid": bool, "errors": [...]}')

@@ -34,8 +34,9 @@ def schema_path(name: str) -> Path:
 
 @cache
 def _validator(name: str) -> jsonschema.Draft202012Validator:
+    # The schemas are checked against the metaschema by the tests (test_schema_conventions), not on every command:
+    # that check costs each `rigsync validate` more than validating desired/ does.
     schema = json.loads(schema_path(name).read_text(encoding="utf-8"))
-    jsonschema.Draft202012Validator.check_schema(schema)
     return jsonschema.Draft202012Validator(schema)
 
 

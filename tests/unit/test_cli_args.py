@@ -14,7 +14,7 @@ COMMON = ("--repo", "--state-dir", "--data-dir", "--api-url")
 
 
 def _subcommands() -> dict[str, argparse.ArgumentParser]:
-    parser = build_parser()
+    parser = build_parser(full=True)
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     return dict(sub.choices)
 

@@ -165,39 +165,34 @@ def test_runs_on_invalid_tree(repo: Path) -> None:
 def test_demo_training_script(tmp_path: Path) -> None:
     """experiments/train.py: a deterministic learning curve, quick under RIGSYNC_DEMO_SECONDS, promotable cells."""
     env = {"PATH": "/usr/bin:/bin", "RIGSYNC_DEMO_SECONDS": "0.2", "EMULATOR_SPEED_FACTOR": "2"}
+    cells = [(task, lr, seed) for task in ("walker-walk", "cheetah-run") for lr in ("0.0003", "0.001")
+             for seed in ("1", "2", "3")]
+    again = tmp_path / "again.jsonl"
+    outs = [tmp_path / task / lr / seed / "metrics.jsonl" for task, lr, seed in cells] + [again]
+    argvs = [["--task", task, "--lr", lr, "--seed", seed] for task, lr, seed in cells]
+    argvs.append(["--task", "walker-walk", "--lr", "0.001", "--seed", "3"])  # a second run of one cell
+    # all at once: each sleeps through its short curve, and they are independent
+    procs = [
+        subprocess.Popen([sys.executable, str(REPO / "experiments" / "train.py"), *args, "--out", str(out)], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for args, out in zip(argvs, outs, strict=True)
+    ]
+    for proc in procs:
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
     best: dict[tuple[str, str], float] = {}
-    for task in ("walker-walk", "cheetah-run"):
-        for lr in ("0.0003", "0.001"):
-            for seed in ("1", "2", "3"):
-                out = tmp_path / task / lr / seed / "metrics.jsonl"
-                args = ["--task", task, "--lr", lr, "--seed", seed, "--out", str(out)]
-                subprocess.run(
-                    [sys.executable, str(REPO / "experiments" / "train.py"), *args],
-                    env=env,
-                    check=True,
-                    capture_output=True,
-                    timeout=60,
-                )
-                lines = [json.loads(line) for line in out.read_text().splitlines()]
-                assert len(lines) == 20
-                assert [line["step"] for line in lines] == sorted(line["step"] for line in lines)
-                assert all(set(line) == {"step", "episode_reward"} for line in lines)
-                best[(task, lr)] = max(best.get((task, lr), 0.0), max(line["episode_reward"] for line in lines))
+    for (task, lr, _), out in zip(cells, outs, strict=False):
+        lines = [json.loads(line) for line in out.read_text().splitlines()]
+        assert len(lines) == 20
+        assert [line["step"] for line in lines] == sorted(line["step"] for line in lines)
+        assert all(set(line) == {"step", "episode_reward"} for line in lines)
+        best[(task, lr)] = max(best.get((task, lr), 0.0), max(line["episode_reward"] for line in lines))
     # The example sweep's promotion rules (>= 600: +5, >= 500: +2, >= 380: +1) hit each tier once.
     assert best[("walker-walk", "0.001")] >= 600
     assert 500 <= best[("walker-walk", "0.0003")] < 600
     assert 380 <= best[("cheetah-run", "0.001")] < 500
     assert best[("cheetah-run", "0.0003")] < 380
     # Deterministic: a second run of one cell writes the same curve.
-    again = tmp_path / "again.jsonl"
-    args = ["--task", "walker-walk", "--lr", "0.001", "--seed", "3", "--out", str(again)]
-    subprocess.run(
-        [sys.executable, str(REPO / "experiments" / "train.py"), *args],
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
     assert again.read_text() == (tmp_path / "walker-walk" / "0.001" / "3" / "metrics.jsonl").read_text()
 
 

@@ -35,7 +35,7 @@ def test_unit_runs_the_console_script_as_its_own_user() -> None:
     argv = shlex.split(service["ExecStart"])
     assert Path(argv[0]).name == SCRIPT and argv[0].startswith("/")
     args = build_parser().parse_args(argv[1:])
-    assert args.handler is run_cmd.run and not args.once and args.repo == service["WorkingDirectory"]
+    assert args.handler is run_cmd.run and not args.once and args.repo == Path(service["WorkingDirectory"])
     assert service["User"] == "rigsync" and service["Restart"] == "on-failure"
     assert service["EnvironmentFile"].startswith("/etc/")  # the key lives there, never in the unit or in git
     assert "VAST_API_KEY=" not in "".join(line for line in UNIT.read_text().splitlines() if not line.startswith("#"))
@@ -76,7 +76,7 @@ def test_container_runs_rigsync_run_without_secrets() -> None:
     entry, cmd = json.loads(get["ENTRYPOINT"]), json.loads(get["CMD"])
     assert entry == [SCRIPT]
     args = build_parser().parse_args(cmd)
-    assert args.handler is run_cmd.run and args.repo == "/fleet"
+    assert args.handler is run_cmd.run and args.repo == Path("/fleet")
     assert get["USER"] not in ("root", "0")
     env = dict(re.findall(r"(\w+)=(\S+)", get["ENV"]))
     assert env["RIGSYNC_STATE_DIR"] == "/state" and env["RIGSYNC_DATA_DIR"] == "/data"

@@ -6,18 +6,20 @@ against the output schema the tool declares (the client checks that itself), and
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
-import anyio
 import pytest
-from mcp.client.session import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
 from snapshot_repo import make_snapshot_repo
+
+from reconciler.cli import main
 
 RIGSYNC = Path(sys.executable).parent / "rigsync"
 TOOLS = {"validate", "runs", "diff", "plan", "status", "logs", "review"}
@@ -36,11 +38,20 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 def cli_json(env: dict[str, str], *args: str) -> Any:
-    result = subprocess.run([str(RIGSYNC), *args], capture_output=True, text=True, timeout=120, env=env)
-    return json.loads(result.stdout)
+    """What the command prints with ``--json``: the CLI's own ``main`` in this process, in ``env``. The server is the
+    subprocess under test; the command is only its reference (the console script has its own tests)."""
+    out = io.StringIO()
+    with mock.patch.dict(os.environ, env, clear=True), contextlib.redirect_stdout(out):
+        main(list(args))
+    return json.loads(out.getvalue())
 
 
 def session_calls(repo: Path, env: dict[str, str], calls: list[tuple[str, dict[str, Any]]]) -> tuple[Any, list[Any]]:
+    # the SDK's client is imported here, not at collection: each pytest worker would pay its seconds otherwise
+    import anyio
+    from mcp.client.session import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
     async def go() -> tuple[Any, list[Any]]:
         params = StdioServerParameters(command=str(RIGSYNC), args=["mcp", "--repo", str(repo)], env=env)
         with open(os.devnull, "w") as errlog:
@@ -53,12 +64,26 @@ def session_calls(repo: Path, env: dict[str, str], calls: list[tuple[str, dict[s
     return anyio.run(go)
 
 
-def test_tools_return_the_cli_json_and_apply_nothing(repo: Path, env: dict[str, str]) -> None:
-    before = subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True).stdout
-    listed, (validate, runs, promos, diff, status, logs) = session_calls(repo, env, [
+def _porcelain(repo: Path) -> str:
+    return subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True).stdout
+
+
+@pytest.fixture(scope="module")
+def served(repo: Path, env: dict[str, str]) -> tuple[Any, list[Any], str, str]:
+    """One server on ``repo`` answering every tool call the tests below check (a server's start-up is most of the
+    cost): the tools listed, the results in call order, and ``git status`` before and after."""
+    before = _porcelain(repo)
+    listed, results = session_calls(repo, env, [
         ("validate", {}), ("runs", {}), ("runs", {"promotions": True}), ("diff", {}), ("status", {}),
-        ("logs", {"target": "tdmpc-9165"}),
+        ("logs", {"target": "tdmpc-9165"}), ("review", {"base": "HEAD"}),
     ])
+    return listed, results, before, _porcelain(repo)
+
+
+def test_tools_return_the_cli_json_and_apply_nothing(
+    repo: Path, env: dict[str, str], served: tuple[Any, list[Any], str, str]
+) -> None:
+    listed, (validate, runs, promos, diff, status, logs, _), before, after = served
     tools = {t.name: t for t in listed.tools}
     assert set(tools) == TOOLS
     for t in tools.values():
@@ -81,7 +106,6 @@ def test_tools_return_the_cli_json_and_apply_nothing(repo: Path, env: dict[str, 
     # logs: the run's box is gone and its output was never harvested into this (empty) store
     assert logs.is_error and "rigsync: error:" in logs.content[0].text
 
-    after = subprocess.run(["git", "-C", str(repo), "status", "--porcelain"], capture_output=True, text=True).stdout
     assert after == before  # nothing written to the checkout
 
 
@@ -96,7 +120,7 @@ def test_a_bad_desired_state_is_a_result_not_an_error(repo: Path, env: dict[str,
     assert runs.is_error and "budget.yaml" in runs.content[0].text
 
 
-def test_review_returns_the_cli_json(repo: Path, env: dict[str, str]) -> None:
-    _, (review,) = session_calls(repo, env, [("review", {"base": "HEAD"})])
+def test_review_returns_the_cli_json(repo: Path, env: dict[str, str], served: tuple[Any, list[Any], str, str]) -> None:
+    review = served[1][-1]
     assert not review.is_error, review.content
     assert review.structured_content == cli_json(env, "review", "--json", "--base", "HEAD", "--repo", str(repo))

@@ -16,7 +16,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from profiles import examples
-from vastai.api.query import offers_alias, offers_fields, offers_mult, parse_query
 
 from reconciler import offers
 from reconciler.countries import ALIASES, NAMES
@@ -270,6 +269,9 @@ CLIENT_DEFAULTS = {"verified": {"eq": True}, "external": {"eq": False}, "rentabl
 
 def parsed(filters: OfferFilters, disk_gb: float) -> dict[str, Any]:
     """The query as the real vastai 1.9.1 client sends it (string query, default filters seeded first)."""
+    # imported here, not at collection: the SDK's package costs every pytest worker a second
+    from vastai.api.query import offers_alias, offers_fields, offers_mult, parse_query
+
     query = " ".join(offers.vast_query_terms(filters, disk_gb))
     base = {k: dict(v) for k, v in CLIENT_DEFAULTS.items()}
     return parse_query(query, base, offers_fields, offers_alias, offers_mult)

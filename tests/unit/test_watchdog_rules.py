@@ -219,7 +219,8 @@ def api() -> Iterator[FakeApi]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     state.server = server
-    t = threading.Thread(target=server.serve_forever, daemon=True)
+    # a short poll: shutdown() waits for serve_forever to notice it, up to one interval
+    t = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     t.start()
     yield state
     server.shutdown()
