@@ -505,8 +505,10 @@ def test_only_one_reconciler_acts_and_a_stale_lease_is_taken_over(world_factory:
     first.send_signal(signal.SIGKILL)  # dies holding the lease: it goes stale
     first.wait(timeout=10)
     beat = w.remote_lease()["heartbeat_at"]
-    wait_for("the lease to be older than 2s", lambda: time.time() - _ts(beat) > 2.5, 10)
-    third = w.run_once("--lease-stale", "2", repo=other)
+    # stale after 8 s, not 2: the taker's own cycle must finish inside that same window (its fencing deadline), and a
+    # cycle on a loaded 2-core runner took longer than 2 s
+    wait_for("the lease to be older than 8s", lambda: time.time() - _ts(beat) > 8.5, 20)
+    third = w.run_once("--lease-stale", "8", repo=other)
     assert third.returncode == 0, third.stdout + third.stderr
     lease = w.remote_lease()
     assert lease["holder"] == f"rigsync@{os.uname().nodename}:{other}"
