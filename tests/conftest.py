@@ -1,4 +1,4 @@
-"""Shared by both tiers: tests/ on sys.path, and hypothesis's profiles.
+"""Shared by both tiers: tests/ on sys.path, hypothesis's profiles, and the package compiled once.
 
 This file being here makes pytest put tests/ on sys.path, so ``from gitutil import git``, ``from world import
 fleet_repo`` and ``from profiles import examples`` work from tests/unit and tests/integration alike. The
@@ -9,6 +9,8 @@ even collect it.
 
 from __future__ import annotations
 
+import compileall
+import os
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ register()
 settings.load_profile("fast")  # pytest's hypothesis plugin loads ``--hypothesis-profile`` after this
 
 INTEGRATION = Path(__file__).parent / "integration"
+PACKAGE = Path(__file__).resolve().parents[1] / "reconciler"
 FAST_TIER = "not integration"  # the README's mark expression for the unit tier
 
 
@@ -36,3 +39,14 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     if collection_path == INTEGRATION and config.getoption("markexpr") == FAST_TIER:
         return True
     return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile the package once, in the controlling process, before any test starts the console script.
+
+    Many tests run ``rigsync`` as a user would, as a new process each time. Where no bytecode is on disk (a fresh
+    checkout) and PYTHONDONTWRITEBYTECODE is set (as on these runners), every one of those processes compiled every
+    module it imports from source again: about 1.3 s more per ``rigsync validate``.
+    """
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        compileall.compile_dir(PACKAGE, quiet=1)
