@@ -215,7 +215,10 @@ class Progress:
         value = metrics.get(self.key)
         if isinstance(value, bool) or not isinstance(value, int | float):
             return None
-        done = float(value) / self.total
+        try:
+            done = float(value) / self.total
+        except OverflowError:  # an integer past a float's range (JSON allows 10**400)
+            return None
         return min(1.0, max(0.0, done)) if math.isfinite(done) else None
 
 

@@ -45,6 +45,7 @@ def test_the_example_sweep_declares_its_progress(desired: Desired) -> None:
         ({"step": math.nan}, None),
         ({"step": math.inf}, None),
         ({"step": 1e308 * 10}, None),
+        ({"step": 10**400}, None),  # JSON has no bound on integers: a float cannot hold this one
         ({"episode_reward": 3.0}, None),  # a line without the key says nothing
         ({}, None),
     ],
