@@ -86,7 +86,7 @@ def build_adapters(fleet: Fleet, state_dir: Path, api_url: str | None = None) ->
     None: ``RIGSYNC_API_URL`` or https://console.vast.ai (``reconciler.endpoint``). Never a URL
     from desired/: the account's key goes where this URL says.
     """
-    from reconciler.adapters.ssh import SshShell, ensure_keypair
+    from reconciler.adapters.ssh import ensure_keypair
     from reconciler.adapters.vast import VastProvider, load_api_key
     from reconciler.endpoint import controller_api_url
 
@@ -95,8 +95,7 @@ def build_adapters(fleet: Fleet, state_dir: Path, api_url: str | None = None) ->
     key_path, public = ensure_keypair(state_dir)
     provider = VastProvider(api_key=load_api_key(), server_url=url)
     provider.ensure_ssh_key(public)
-    shell = SshShell(private_key=key_path, known_hosts=state_dir / "known_hosts")
-    return provider, shell
+    return provider, open_shell(key_path, state_dir / "known_hosts")
 
 
 def open_provider(fleet: Fleet, api_url: str) -> Provider:

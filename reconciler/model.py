@@ -713,6 +713,11 @@ class BoxSpend:
     gpu_name: str = ""
     num_gpus: int = 0
 
+    @property
+    def estimate_note(self) -> str:
+        """What a reason adds about this bill: that it is rigsync's estimate, when it is."""
+        return " (estimated: the provider did not say its final bill)" if self.estimated else ""
+
     def bill_final(self, now: float) -> bool:
         """The box is gone and its bill is final: the provider said it after the box left the list (or it could
         not say for ``BILL_SETTLE_S``, and the estimate stands)."""

@@ -122,7 +122,6 @@ def overhead_record(box: BoxSpend, records: Iterable[AttemptRecord]) -> Overhead
     ran = [r for r in records if r.instance_id == box.instance_id]
     attempts_usd = round(sum(r.cost_usd for r in ran), 6)
     billed = round(box.usd, 6)
-    note = " (estimated: the provider did not say its final bill)" if box.estimated else ""
     return OverheadRecord(
         instance_id=box.instance_id,
         billed_usd=billed,
@@ -137,7 +136,7 @@ def overhead_record(box: BoxSpend, records: Iterable[AttemptRecord]) -> Overhead
         ended_at=box.gone_at,
         estimated=box.estimated,
         reason=f"box ended: billed ${billed:.6f}, {len(ran)} attempt(s) ${attempts_usd:.6f}, the rest was boot, "
-        f"bootstrap and idle time{note}",
+        f"bootstrap and idle time{box.estimate_note}",
     )
 
 

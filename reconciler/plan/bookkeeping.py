@@ -60,7 +60,6 @@ def close_bills(world: World) -> Decisions:
     for box in world.observed.memory.spend.boxes:
         if not box.bill_final(box.at):
             continue
-        note = " (estimated: the provider did not say its final bill)" if box.estimated else ""
-        reason = f"box ended: billed ${box.usd:.6f}{note}"
+        reason = f"box ended: billed ${box.usd:.6f}{box.estimate_note}"
         out.act(CloseBill(reason=reason, code=ReasonCode.BILL_FINAL, instance_id=box.instance_id))
     return out
