@@ -106,19 +106,24 @@ def test_the_probe_and_the_watchdog_read_the_same_box_start(tmp_path: Path) -> N
 
 
 def _python38() -> str | None:
-    """A Python 3.8 to run the bundles with: ``$RIGSYNC_TEST_PYTHON38``, or ``python3.8`` on the PATH."""
-    exe = os.environ.get("RIGSYNC_TEST_PYTHON38") or shutil.which("python3.8")
-    if exe is None:
-        return None
-    ok = subprocess.run([exe, "-c", "import sys; assert sys.version_info[:2] == (3, 8)"], capture_output=True,
-                        timeout=30, check=False)
-    return exe if ok.returncode == 0 else None
+    """A Python 3.8 to run the bundles with: ``$RIGSYNC_TEST_PYTHON38``, ``python3.8`` on the PATH, or one that
+    pyenv installed (this machine kind has one under ``~/.pyenv/versions``; the shim alone may not run it)."""
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    candidates = [os.environ.get("RIGSYNC_TEST_PYTHON38"), shutil.which("python3.8")]
+    candidates += [str(p) for p in sorted(pyenv.glob("3.8*/bin/python3.8"))]
+    for exe in filter(None, candidates):
+        ok = subprocess.run([exe, "-c", "import sys; assert sys.version_info[:2] == (3, 8)"], capture_output=True,
+                            timeout=30, check=False)
+        if ok.returncode == 0:
+            return exe
+    return None
 
 
 def test_the_bundles_run_on_python_3_8(tmp_path: Path) -> None:
     exe = _python38()
-    if exe is None:
-        pytest.skip("no python3.8 on this machine")
+    assert exe is not None, (
+        "no Python 3.8 found (the oldest Python a box may have): set RIGSYNC_TEST_PYTHON38 to one, or install it"
+    )
     root = tmp_path / "rigsync"
     (root / "runs" / "r1.0").mkdir(parents=True)
     env = {"HOME": str(tmp_path), "PATH": os.defpath, "RIGSYNC_ROOT": str(root)}
