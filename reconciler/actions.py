@@ -80,6 +80,7 @@ class ReasonCode(enum.StrEnum):
     HEARTBEAT_STALE = "heartbeat_stale"  # no heartbeat for longer than heartbeat_stale
     BOX_VANISHED = "box_vanished"  # the box it was launched on is no longer listed (or no longer ours)
     LAUNCH_NEVER_HAPPENED = "launch_never_happened"  # in flight, but its box answers without a run directory
+    RESULTS_UNUSABLE = "results_unusable"  # its box's report of it cannot be used: settled once, with the reason
     # sync_checkpoint, close_bill: bookkeeping
     CHECKPOINT_DUE = "checkpoint_due"  # a running attempt's checkpoint was last pulled longer ago than its `every`
     BILL_FINAL = "bill_final"  # a box is gone, its bill is final and its attempts are archived: close its overhead
@@ -99,6 +100,7 @@ class ReasonCode(enum.StrEnum):
     PAST_TTL = "past_ttl"
     BOOT_TIMEOUT = "boot_timeout"
     UNREACHABLE_PAST_GRACE = "unreachable_past_grace"
+    PROBE_UNUSABLE = "probe_unusable"  # its probe's answer could not be used for longer than unreachable_grace
     HOST_KEY_CHANGED = "host_key_changed"  # its SSH host key is not the pinned one: untrusted, destroyed at once
     BOOTSTRAP_FAILED = "bootstrap_failed"
     BOOTSTRAP_TIMEOUT = "bootstrap_timeout"  # still bootstrapping after bootstrap_timeout
@@ -108,6 +110,8 @@ class ReasonCode(enum.StrEnum):
     SURPLUS = "surplus"  # no pending or running work in the fleet
     # no-ops: considered and left alone
     FOREIGN = "foreign"  # not carrying this fleet's label: reported, never touched
+    FOREIGN_ATTEMPT = "foreign_attempt"  # a run directory no launch of this fleet made on that box: never recorded
+    UNUSABLE_WAITING = "unusable_waiting"  # its probe could not be used, within unreachable_grace
     PROMOTION_WAITING = "promotion_waiting"  # promotion seeds wait for their cell's metric
     RUNNING = "running"  # a live attempt within its limits
     UNCHECKABLE = "uncheckable"  # launched on a box that cannot be checked now
@@ -226,6 +230,10 @@ class Kill(Action):
     instance_id: int
     run_id: str
     attempt: int
+    # its process group as the launch recorded it (``InFlight.pid``/``pid_started``); None: end it without a signal
+    # by pid (the box's wrapper ends its own command once the exit code is written)
+    pid: int | None = None
+    pid_started: int | None = None
     kind: ClassVar[Kind] = Kind.KILL
 
     @property

@@ -519,6 +519,10 @@ class BoxProbe:
     # not reachable, and not trusted either (someone may be impersonating it). Its drift class is
     # ``host_key_changed``: destroyed at once, never sent another command.
     host_key_changed: bool = False
+    # The box answered, but what it sent cannot be used (over its byte bound, not a document, out of range): the
+    # reason names the source and the problem. ``reachable`` is False with it, so nothing is sent to the box on
+    # the strength of its claims; its drift class is ``unusable`` (destroyed after ``unreachable_grace``).
+    unusable: str | None = None
 
     def on_clock(self, now: float) -> BoxProbe:
         """This probe with the box's timestamps moved onto the controller's clock (``now`` when it answered).
@@ -635,6 +639,12 @@ class InFlight:
     launched_at: float
     sweep: str = ""
     resumed_from: int | None = None  # launched from the checkpoint synced from this attempt
+    # The attempt's process group as its launch recorded it: the wrapper's pid (a session leader, so its group id)
+    # and that process's start time in clock ticks since the box booted (/proc/<pid>/stat field 22). A kill
+    # targets this group only, and only while that pid still has that start time; None: the launch did not say.
+    pid: int | None = None
+    pid_started: int | None = None
+    epoch: int = 0  # the lease epoch of the controller that launched it (0: no lease)
 
 
 class DriftClass(enum.StrEnum):
@@ -649,6 +659,9 @@ class DriftClass(enum.StrEnum):
     FOREIGN = "foreign"  # an instance without our ownership label: reported, never touched
     OVER_BUDGET = "over_budget"
     STALLED = "stalled"  # alive, but no metric progress or GPU under its threshold for stall_timeout: killed, retried
+    UNUSABLE = "unusable"  # the box answered with a probe that cannot be used: destroyed after unreachable_grace
+    # a run directory on an owned box that no launch of this fleet made there: reported, never recorded or trusted
+    FOREIGN_ATTEMPT = "foreign_attempt"
 
 
 @dataclass(frozen=True)
