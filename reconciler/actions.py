@@ -264,6 +264,9 @@ class Record(Action):
     instance_id: int
     phase: str
     exit_code: int | None = None
+    # the harvest is not tried, and why (its box's answer was unusable, or the same harvest failed last cycle):
+    # the record is written with what the probe read, so a bad box settles the attempt once instead of looping
+    skip_harvest: str | None = None
     kind: ClassVar[Kind] = Kind.RECORD
 
     @property

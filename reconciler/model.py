@@ -496,6 +496,9 @@ class RunDirState:
     best_metric: float | None = None
     final_metric: float | None = None
     metrics_age_s: float | None = None  # since its metrics file last grew (None: no metrics file yet)
+    # what of the box's report of it could not be used, naming the source and the problem ("exit_code: not an
+    # integer", "metrics: best_metric out of range"); the value stays None. Set by ``remote.parse`` only.
+    problem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -523,6 +526,9 @@ class BoxProbe:
     # reason names the source and the problem. ``reachable`` is False with it, so nothing is sent to the box on
     # the strength of its claims; its drift class is ``unusable`` (destroyed after ``unreachable_grace``).
     unusable: str | None = None
+    # what the probe claimed that was refused, each a short escaped text ("run dir '../x.1': not a run id",
+    # "gpu 7: not one of the instance's 1 GPU(s)"): reported by the planner (foreign attempts), never acted on
+    rejected: tuple[str, ...] = ()
 
     def on_clock(self, now: float) -> BoxProbe:
         """This probe with the box's timestamps moved onto the controller's clock (``now`` when it answered).
