@@ -9,25 +9,37 @@ and writers (``observed``, ``views``) import them and never restate a number.
 
 from __future__ import annotations
 
+import json
 import math
+import re
+from typing import Any
 
 from reconciler.textsafe import visible
 
 __all__ = [
     "COMMAND_STDERR_BYTES",
     "COMMAND_STDOUT_BYTES",
+    "EXIT_CODE_RANGE",
+    "MAX_ATTEMPT",
     "MAX_GPUS",
+    "MAX_GPU_MEMORY_MIB",
     "MAX_JSON_DEPTH",
+    "MAX_LIST_ENTRIES",
     "MAX_METRIC_ABS",
+    "MAX_METRIC_KEYS",
     "MAX_PROBE_RUNS",
+    "MAX_REJECTED",
     "MAX_TEXT_CHARS",
     "METRICS_FILE_BYTES",
     "METRICS_LINE_BYTES",
     "PROBE_STDOUT_BYTES",
     "TIME_WINDOW_S",
+    "bounded_int",
     "bounded_text",
     "clamp_time",
     "finite",
+    "json_depth",
+    "strict_json",
 ]
 
 PROBE_STDOUT_BYTES = 1 << 20  # the probe's whole answer; an honest one is a few KiB per run directory
@@ -41,6 +53,12 @@ METRICS_LINE_BYTES = 64 << 10  # one line of a metrics.jsonl; a longer line is u
 METRICS_FILE_BYTES = 64 << 20  # a harvested metrics.jsonl read for its curve
 MAX_METRIC_ABS = 1e15  # a metric that promotes, ranks or stops runs is finite and at most this in magnitude
 TIME_WINDOW_S = 7 * 86400.0  # a box's times are clamped to this window around the controller's clock
+MAX_ATTEMPT = 10_000  # an attempt number a box reports (the planner numbers them from 1; 0 is read, never launched)
+MAX_GPU_MEMORY_MIB = 1 << 24  # a GPU's reported memory (16 TiB): more is a lie, not a GPU
+MAX_LIST_ENTRIES = 256  # entries of any list of names a probe reports (bootstrap hashes, code commits)
+MAX_METRIC_KEYS = 64  # keys of one metrics record kept from a probe (its last line)
+MAX_REJECTED = 32  # refused claims one probe reports (each a bounded text); past it, one line counts the rest
+EXIT_CODE_RANGE = (-(2**31), 2**31)  # an exit code is a C int: [low, high)
 
 
 def finite(value: object, *, limit: float = MAX_METRIC_ABS) -> float | None:
@@ -56,6 +74,13 @@ def finite(value: object, *, limit: float = MAX_METRIC_ABS) -> float | None:
     return value
 
 
+def bounded_int(value: object, low: int, high: int) -> int | None:
+    """``value`` when it is an int (not bool) with ``low <= value < high``, else None."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value < high:
+        return None
+    return value
+
+
 def clamp_time(t: float, now: float) -> float:
     """A box's timestamp (already on the controller's clock) kept within ``TIME_WINDOW_S`` of ``now``."""
     return min(max(t, now - TIME_WINDOW_S), now + TIME_WINDOW_S)
@@ -65,3 +90,46 @@ def bounded_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:
     """A box's string, safe to store and show: control and bidi characters made visible, at most ``limit`` long."""
     shown = visible(text[: limit * 4])
     return shown if len(shown) <= limit else shown[: limit - 1] + "…"
+
+
+# A JSON string, escapes included (unrolled so that a long string costs no backtracking), and any JSON bracket.
+_JSON_STRING_RE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET_RE = re.compile(r"[^\[\]{}]+")
+
+
+def json_depth(text: str, *, stop_past: int = MAX_JSON_DEPTH) -> int:
+    """How deeply the arrays and objects of a JSON text nest, counted on its text before it is parsed (so a deep
+    document can never reach the parser's recursion). Brackets inside strings do not count; an unterminated string
+    counts its brackets (such a text is not JSON anyway). Counting stops once past ``stop_past``."""
+    brackets = _NOT_BRACKET_RE.sub("", _JSON_STRING_RE.sub('""', text))
+    depth = deepest = 0
+    for c in brackets:
+        if c in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > stop_past:
+                    break
+        else:
+            depth -= 1
+    return deepest
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number")
+
+
+def strict_json(text: str, *, max_depth: int = MAX_JSON_DEPTH) -> tuple[Any, str | None]:
+    """A JSON text from a box, parsed strictly: ``(value, None)``, or ``(None, problem)`` when it is not JSON, nests
+    deeper than ``max_depth``, or carries ``NaN``/``Infinity`` or an integer too long to convert. Never raises.
+
+    A float literal past a double's range (``1e400``) parses as an infinity: the caller's ``finite`` refuses it.
+    """
+    if json_depth(text, stop_past=max_depth) > max_depth:
+        return None, f"nested deeper than {max_depth}"
+    try:
+        return json.loads(text, parse_constant=_no_constant), None
+    except RecursionError:  # not reachable past the depth check; kept so that no text can make this raise
+        return None, "nested too deeply"
+    except ValueError as exc:  # JSONDecodeError, NaN/Infinity, an integer of more digits than Python converts
+        return None, f"invalid JSON: {bounded_text(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, 120)}"

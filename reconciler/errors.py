@@ -26,7 +26,8 @@ Every concrete error that an adapter raises says which of the two it is; the ada
     │   │   │   └── ProviderAuthError
     │   │   ├── HostKeyMismatch           (ShellError) the box's host key changed since it was pinned
     │   │   ├── RemoteCommandFailed       (ShellError) a command on the box exited non-zero
-    │   │   │   └── LaunchLockHeld        this attempt's run directory exists: launched before
+    │   │   │   ├── LaunchLockHeld        this attempt's run directory exists: launched before
+    │   │   │   └── OutputOverBound       it printed more than its byte bound: reading stopped there
     │   │   ├── ArchiveCorrupt            (RepoError) a run archive line is not a record
     │   │   ├── StoreError                the local result store cannot take a harvest (disk, a bad stream)
     │   │   └── LaunchJournalError        the launch journal in the state dir cannot be written: no launch then
@@ -175,6 +176,10 @@ class RemoteCommandFailed(ShellError, PermanentError):
 
 class LaunchLockHeld(RemoteCommandFailed):
     """The run directory already exists on the box: this attempt was launched before."""
+
+
+class OutputOverBound(RemoteCommandFailed):
+    """A command printed more than its byte bound (``reconciler.bounds``): the controller stopped reading it."""
 
 
 # ---------------------------------------------------------------------------------------------------- repo

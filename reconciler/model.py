@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 Scalar = str | int | float | bool
@@ -530,24 +530,24 @@ class BoxProbe:
     # "gpu 7: not one of the instance's 1 GPU(s)"): reported by the planner (foreign attempts), never acted on
     rejected: tuple[str, ...] = ()
 
-    def on_clock(self, now: float) -> BoxProbe:
+    def on_clock(self, now: float, *, clamp: Callable[[float, float], float]) -> BoxProbe:
         """This probe with the box's timestamps moved onto the controller's clock (``now`` when it answered).
 
         A box's clock may be off, and the planner compares run start times with its own ``now``: read raw, a
         box five minutes fast would make every run look five minutes older. Durations (heartbeat age) need no
-        change. Without ``box_now`` the probe is returned as it is.
+        change. Every time moved is then kept near ``now`` by ``clamp(t, now)`` (``bounds.clamp_time``, passed in:
+        this vocabulary imports nothing of rigsync's). A ``box_now`` that ``clamp`` would move (a clock days off,
+        year 33658) says nothing about the skew: the times are only clamped then, as without ``box_now``.
         """
-        if self.box_now is None:
-            return self
-        skew = now - self.box_now
+        sane = self.box_now is not None and math.isfinite(self.box_now) and clamp(self.box_now, now) == self.box_now
+        skew = now - self.box_now if sane and self.box_now is not None else 0.0
 
         def moved(t: float | None) -> float | None:
-            return None if t is None else t + skew
+            return None if t is None or not math.isfinite(t) else clamp(t + skew, now)
 
-        runs = tuple(
-            replace(r, started_at=moved(r.started_at), ended_at=moved(r.ended_at)) for r in self.runs
-        )
-        return replace(self, runs=runs, last_activity_at=moved(self.last_activity_at), box_now=now)
+        runs = tuple(replace(r, started_at=moved(r.started_at), ended_at=moved(r.ended_at)) for r in self.runs)
+        box_now = None if self.box_now is None else now
+        return replace(self, runs=runs, last_activity_at=moved(self.last_activity_at), box_now=box_now)
 
 
 class AttemptOutcome(enum.StrEnum):

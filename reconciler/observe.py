@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
+from reconciler.bounds import clamp_time
 from reconciler.errors import ProviderError
 from reconciler.identity import own_boxes, slot_pool
 from reconciler.model import (
@@ -111,7 +112,8 @@ def observe(
     own = own_boxes(fleet)
     instances = [*instances, *own]
     mine_and_own = [*mine, *own]
-    probes = [p.on_clock(now) for p in probe_boxes(box_control, mine_and_own)]  # box clocks may be off
+    # box clocks may be off: each probe's times onto ours, and none far from now
+    probes = [p.on_clock(now, clamp=clamp_time) for p in probe_boxes(box_control, mine_and_own)]
     hashes = {p.name: p.bootstrap_hash for p in fleet.pools}
     pool_hash = {
         i.id: hashes.get(slot_pool(fleet, o.slot), "") for i in mine_and_own if (o := owned_by(fleet.name, i.label))

@@ -42,6 +42,8 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class CommandResult:
+    """One command's answer from a box: ``stdout`` whole (within its bound), ``stderr`` its last bytes only."""
+
     exit_code: int
     stdout: bytes
     stderr: bytes
@@ -95,13 +97,17 @@ class Shell(Protocol):
         timeout: float = 30.0,
         max_stdout: int | None = None,
     ) -> CommandResult:
-        """``max_stdout``: a command printing more than this many bytes fails (``RemoteCommandFailed``) instead of
-        filling the controller's memory (a harvest stream from a box that ignores its cap)."""
+        """``max_stdout``: a command printing more than this many bytes (``bounds.COMMAND_STDOUT_BYTES`` when None)
+        fails with ``OutputOverBound`` (a ``RemoteCommandFailed``), and reading stops there instead of filling the
+        controller's memory (a box is a stranger's machine). Of stderr only the last ``bounds.COMMAND_STDERR_BYTES``
+        are kept."""
         ...
 
     def run_many(
-        self, targets: dict[int, tuple[Endpoint, str]], *, timeout: float = 10.0
-    ) -> dict[int, CommandResult | Exception]: ...
+        self, targets: dict[int, tuple[Endpoint, str]], *, timeout: float = 10.0, max_stdout: int | None = None
+    ) -> dict[int, CommandResult | Exception]:
+        """``run`` on many boxes in parallel; each box's error (``OutputOverBound`` too) is its answer."""
+        ...
 
     def forget(self, endpoint: Endpoint) -> None: ...
 

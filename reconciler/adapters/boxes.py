@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from reconciler import remote
-from reconciler.errors import HostKeyMismatch, LaunchLockHeld, RemoteCommandFailed, RigsyncError
+from reconciler.bounds import PROBE_STDOUT_BYTES, bounded_text
+from reconciler.errors import HostKeyMismatch, LaunchLockHeld, OutputOverBound, RemoteCommandFailed
 from reconciler.failpoints import failpoint
 from reconciler.model import BoxProbe, Endpoint, Instance
 from reconciler.ports import CommandResult, LaunchJob, Shell
+from reconciler.remote.parse import unusable_probe
 
 COMMAND_TIMEOUT_S = 60.0
 HARVEST_SLACK = 64 << 20  # tar headers and the manifest on top of a harvest's capped file data
@@ -38,9 +40,10 @@ class ShellBoxes:
                 answers[box.id] = BoxProbe(instance_id=box.id, reachable=False, error="no ssh address yet")
             else:
                 targets[box.id] = (box.ssh, script)
-        results = self.shell.run_many(targets, timeout=timeout) if targets else {}
+        listed = {box.id: box.num_gpus for box in boxes}
+        results = self.shell.run_many(targets, timeout=timeout, max_stdout=PROBE_STDOUT_BYTES) if targets else {}
         for instance_id in targets:
-            answers[instance_id] = _probe_from(instance_id, results.get(instance_id))
+            answers[instance_id] = _probe_from(instance_id, results.get(instance_id), listed[instance_id])
         return [answers[box.id] for box in boxes]
 
     # -------------------------------------------------------------------------------------------- apply
@@ -106,20 +109,22 @@ class ShellBoxes:
         return self.shell.run(box.ssh, command, stdin=stdin, timeout=self.command_timeout)
 
 
-def _probe_from(instance_id: int, result: CommandResult | Exception | None) -> BoxProbe:
+def _probe_from(instance_id: int, result: CommandResult | Exception | None, gpus_listed: int) -> BoxProbe:
+    """One box's probe: unreachable when the answer never came (the transport failed), unusable when it came and
+    cannot be used (over its bound, or whatever ``remote.parse_probe`` refuses)."""
     if result is None:
         return BoxProbe(instance_id=instance_id, reachable=False, error="no answer from the shell")
     if isinstance(result, HostKeyMismatch):  # not merely unreachable: untrusted (the planner's host_key_changed)
         return BoxProbe(instance_id=instance_id, reachable=False, error=one_line(result), host_key_changed=True)
+    if isinstance(result, OutputOverBound):
+        return unusable_probe(instance_id, f"output over {PROBE_STDOUT_BYTES} bytes")
     if isinstance(result, Exception):
-        return BoxProbe(instance_id=instance_id, reachable=False, error=one_line(result))
+        return BoxProbe(instance_id=instance_id, reachable=False, error=bounded_text(one_line(result)))
     if result.exit_code != 0:
         err = result.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
-        return BoxProbe(instance_id=instance_id, reachable=False, error=f"probe exited {result.exit_code}: {err[0]}")
-    try:
-        return remote.parse_probe(instance_id, result.stdout)
-    except RigsyncError as exc:
-        return BoxProbe(instance_id=instance_id, reachable=False, error=one_line(exc))
+        text = bounded_text(f"probe exited {result.exit_code}: {err[0]}")
+        return BoxProbe(instance_id=instance_id, reachable=False, error=text)
+    return remote.parse_probe(instance_id, result.stdout, gpus_listed=gpus_listed)
 
 
 def _text(raw: bytes) -> str:

@@ -8,6 +8,12 @@ for that box alone within about the requested timeout. paramiko bounds some step
 operation also runs under a watchdog that closes the socket when the deadline passes, which wakes any blocked
 paramiko call with an exception.
 
+Every command's output is read under a byte bound (``reconciler.bounds``): stdout up to ``max_stdout``
+(``COMMAND_STDOUT_BYTES`` unless the caller says otherwise), and reading stops past it (``OutputOverBound``, the
+channel closed); of stderr only the last ``COMMAND_STDERR_BYTES`` are kept. A box is a stranger's machine, and
+whatever it prints, the controller's memory stays flat: the channel's window is no larger than the bound either,
+so paramiko never buffers much past it.
+
 Host keys are pinned trust-on-first-use into rigsync's own ``known_hosts`` file; a different key later is refused
 with ``HostKeyMismatch``, never accepted silently. ``forget(endpoint)`` drops both the pooled connection and the
 pin, and is meant for a box that was destroyed: providers hand the same address to the next rental.
@@ -30,7 +36,8 @@ import paramiko
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from reconciler.errors import HostKeyMismatch, HostUnreachable, RemoteCommandFailed, RigsyncError, ShellError
+from reconciler.bounds import COMMAND_STDERR_BYTES, COMMAND_STDOUT_BYTES
+from reconciler.errors import HostKeyMismatch, HostUnreachable, OutputOverBound, RigsyncError, ShellError
 from reconciler.model import Endpoint
 from reconciler.ports import CommandResult
 
@@ -169,18 +176,19 @@ class SshShell:
         max_stdout: int | None = None,
     ) -> CommandResult:
         """Run one command; its exit code is returned, not raised. Connection trouble raises ``ShellError``; more
-        than ``max_stdout`` bytes of output, ``RemoteCommandFailed``."""
+        than ``max_stdout`` bytes of output (``COMMAND_STDOUT_BYTES`` when None), ``OutputOverBound``."""
         return self._bounded(endpoint, timeout, lambda dl: self._run_on(endpoint, command, stdin, dl, max_stdout))
 
     def run_many(
-        self, targets: dict[int, tuple[Endpoint, str]], *, timeout: float = 10.0
+        self, targets: dict[int, tuple[Endpoint, str]], *, timeout: float = 10.0, max_stdout: int | None = None
     ) -> dict[int, CommandResult | Exception]:
-        """Run one command per box in parallel; each box gets ``timeout`` from when its turn starts."""
+        """Run one command per box in parallel; each box gets ``timeout`` from when its turn starts. A box's error
+        (``max_stdout`` as in ``run``) is its answer, never raised."""
         if not targets:
             return {}
         pool = self._pool_executor()
         futures = {
-            key: pool.submit(self._safe_run, endpoint, command, timeout)
+            key: pool.submit(self._safe_run, endpoint, command, timeout, max_stdout)
             for key, (endpoint, command) in sorted(targets.items())
         }
         return {key: fut.result() for key, fut in futures.items()}
@@ -220,9 +228,11 @@ class SshShell:
                 self._executor = ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="rigsync-ssh")
             return self._executor
 
-    def _safe_run(self, endpoint: Endpoint, command: str, timeout: float) -> CommandResult | Exception:
+    def _safe_run(
+        self, endpoint: Endpoint, command: str, timeout: float, max_stdout: int | None
+    ) -> CommandResult | Exception:
         try:
-            return self.run(endpoint, command, timeout=timeout)
+            return self.run(endpoint, command, timeout=timeout, max_stdout=max_stdout)
         except RigsyncError as exc:
             return exc
         except Exception as exc:  # a library surprise must not sink the other boxes' answers
@@ -339,10 +349,13 @@ class SshShell:
     def _run_on(
         self, endpoint: Endpoint, command: str, stdin: bytes | None, dl: _Deadline, max_stdout: int | None = None
     ) -> CommandResult:
+        limit = COMMAND_STDOUT_BYTES if max_stdout is None else max_stdout
+        # The box may send at most a window ahead of what is read: no larger than the bound (nor than paramiko's).
+        window = min(paramiko.common.DEFAULT_WINDOW_SIZE, max(limit + 1, 1 << 16))
         conn, pooled = self._conn(endpoint, dl)
         dl.watch(conn.close)
         try:
-            chan = conn.transport.open_session(timeout=dl.remaining())
+            chan = conn.transport.open_session(window_size=window, timeout=dl.remaining())
         except (paramiko.SSHException, OSError, EOFError):
             if not pooled or dl.expired:
                 raise
@@ -350,33 +363,33 @@ class SshShell:
             self._drop(endpoint, conn)
             conn, _ = self._conn(endpoint, dl)
             dl.watch(conn.close)
-            chan = conn.transport.open_session(timeout=dl.remaining())
+            chan = conn.transport.open_session(window_size=window, timeout=dl.remaining())
         with chan:
             chan.settimeout(dl.remaining())
             chan.exec_command(command)
             if stdin:
                 chan.sendall(stdin)
             chan.shutdown_write()
-            out: list[bytes] = []
-            err: list[bytes] = []
-            got = 0
+            out = bytearray()
+            err = bytearray()
             while True:
                 while chan.recv_ready():
-                    out.append(chan.recv(1 << 16))
-                    got += len(out[-1])
-                    if max_stdout is not None and got > max_stdout:
-                        raise RemoteCommandFailed(
-                            f"{endpoint.host}:{endpoint.port}: output over {max_stdout} bytes; stopped reading"
+                    out += chan.recv(min(1 << 16, limit + 1 - len(out)))
+                    if len(out) > limit:  # leaving the block closes the channel: the box's sshd ends the command
+                        raise OutputOverBound(
+                            f"{endpoint.host}:{endpoint.port}: output over {limit} bytes; stopped reading"
                         )
                 while chan.recv_stderr_ready():
-                    err.append(chan.recv_stderr(1 << 16))
+                    err += chan.recv_stderr(1 << 16)
+                    if len(err) > COMMAND_STDERR_BYTES:  # only its tail is kept: that is where the error is
+                        del err[: len(err) - COMMAND_STDERR_BYTES]
                 if (chan.eof_received or chan.closed) and not chan.recv_ready() and not chan.recv_stderr_ready():
                     break
                 select.select([chan], [], [], min(dl.remaining(), 0.5))
             if not chan.status_event.wait(dl.remaining()):
                 raise TimeoutError("no exit status")
             code = chan.recv_exit_status()
-        return CommandResult(exit_code=code, stdout=b"".join(out), stderr=b"".join(err))
+        return CommandResult(exit_code=code, stdout=bytes(out), stderr=bytes(err))
 
 
 # ---------------------------------------------------------------------------------------- the system ssh client

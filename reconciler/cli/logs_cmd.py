@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol
 
 from reconciler.adapters.store import attempt_dir, data_dir_for
+from reconciler.bounds import COMMAND_STDOUT_BYTES
 from reconciler.cli._boxes import BoxAccess, read_fleet_facts
 from reconciler.cli._common import add_data_dir_arg, add_live_args, api_url_of
 from reconciler.errors import HostKeyMismatch, HostUnreachable, RemoteCommandFailed, UserError
@@ -166,7 +167,10 @@ class BoxSource:
         where = f"box {self.instance_id} ({self.endpoint.host}:{self.endpoint.port})"
         for tried in range(self.retries + 1):
             try:
-                res = self.shell.run(self.endpoint, command, timeout=READ_TIMEOUT_S)
+                # a slice, plus room for the reader's header and a login banner before it
+                res = self.shell.run(
+                    self.endpoint, command, timeout=READ_TIMEOUT_S, max_stdout=MAX_SLICE_BYTES + COMMAND_STDOUT_BYTES
+                )
                 break
             except HostKeyMismatch as exc:
                 raise UserError(f"{where}: {exc}") from exc

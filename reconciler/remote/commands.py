@@ -47,6 +47,7 @@ __all__ = [
     "bash_command",
     "bootstrap_script",
     "harvest_script",
+    "is_safe_name",
     "kill_script",
     "launch_script",
     "probe_script",
@@ -69,8 +70,13 @@ PYTHON_CANDIDATES = ("$HOME/venv/bin/python", "/opt/conda/bin/python", "/venv/ma
 _ENV = f'export RIGSYNC_ROOT="{ROOT}" RIGSYNC_PYTHON_CANDIDATES="{":".join(PYTHON_CANDIDATES)}"; '
 
 
+def is_safe_name(value: str) -> bool:
+    """Whether ``value`` may name a file on a box (a run id, a commit, a bootstrap hash): no ``/``, no ``..``."""
+    return _SAFE_NAME.fullmatch(value) is not None and ".." not in value
+
+
 def _check_name(kind: str, value: str) -> str:
-    if not _SAFE_NAME.match(value) or ".." in value:
+    if not is_safe_name(value):
         raise ValueError(f"{kind} {value!r} is not a safe file name (letters, digits, '_', '.', '-', '+', '=')")
     return value
 

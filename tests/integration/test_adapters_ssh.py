@@ -63,7 +63,7 @@ def test_probe_a_rented_box(shell: SshShell, boxes: list[Instance], emulator: Em
     inst = boxes[0]
     res = shell.run(_ep(inst), remote.probe_script(), timeout=20)
     assert res.exit_code == 0, res.stderr
-    probe = remote.parse_probe(inst.id, res.stdout)
+    probe = remote.parse_probe(inst.id, res.stdout, gpus_listed=inst.num_gpus)
     assert probe.reachable and len(probe.gpus) == inst.num_gpus
     assert all(g.memory_used_mib <= 100 for g in probe.gpus)
     assert probe.python is not None and probe.runs == ()
@@ -135,7 +135,7 @@ def test_a_hung_box_is_unreachable_alone_and_bounded(
         for i in boxes[:2]:
             r = res[i.id]
             assert isinstance(r, CommandResult) and r.exit_code == 0
-            assert remote.parse_probe(i.id, r.stdout).reachable
+            assert remote.parse_probe(i.id, r.stdout, gpus_listed=i.num_gpus).reachable
         print(f"hung pooled box answered HostUnreachable after {elapsed:.2f}s")
 
         cold = SshShell(private_key=ssh_keypair.private_path, known_hosts=tmp_path / "kh2", connect_timeout=2)
@@ -181,7 +181,7 @@ def test_launch_over_ssh_and_see_the_run_finish(
     run = None
     while time.monotonic() < deadline:
         res = shell.run(ep, remote.probe_script(), timeout=20)
-        probe = remote.parse_probe(inst.id, res.stdout)
+        probe = remote.parse_probe(inst.id, res.stdout, gpus_listed=inst.num_gpus)
         run = next(r for r in probe.runs if r.run_id == "sshrun")
         if run.exit_code is not None:
             break

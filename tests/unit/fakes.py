@@ -569,7 +569,7 @@ class FakeShell:
         raise AssertionError("the unit tier reaches boxes through BoxControl, never with shell commands")
 
     def run_many(
-        self, targets: dict[int, tuple[Endpoint, str]], *, timeout: float = 10.0
+        self, targets: dict[int, tuple[Endpoint, str]], *, timeout: float = 10.0, max_stdout: int | None = None
     ) -> dict[int, CommandResult | Exception]:
         raise AssertionError("the unit tier reaches boxes through BoxControl, never with shell commands")
 

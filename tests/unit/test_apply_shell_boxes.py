@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.adapters.boxes import ShellBoxes
-from reconciler.errors import HostUnreachable, LaunchLockHeld, RemoteCommandFailed
+from reconciler.errors import HostUnreachable, LaunchLockHeld, OutputOverBound, RemoteCommandFailed
 from reconciler.model import Endpoint, Instance, InstanceStatus, MetricGoal
 from reconciler.ports import CommandResult, LaunchJob
 
@@ -56,17 +56,17 @@ class LocalShell:
         res = subprocess.run(["sh", "-c", command], env=env, input=stdin, capture_output=True, timeout=timeout,
                              check=False)
         if max_stdout is not None and len(res.stdout) > max_stdout:
-            raise RemoteCommandFailed(f"{endpoint.host}: output over {max_stdout} bytes; stopped reading")
+            raise OutputOverBound(f"{endpoint.host}: output over {max_stdout} bytes; stopped reading")
         return CommandResult(res.returncode, res.stdout, res.stderr)
 
     def run_many(
-        self, targets: dict[int, tuple[Endpoint, str]], *, timeout: float = 10.0
+        self, targets: dict[int, tuple[Endpoint, str]], *, timeout: float = 10.0, max_stdout: int | None = None
     ) -> dict[int, CommandResult | Exception]:
         out: dict[int, CommandResult | Exception] = {}
         for iid, (endpoint, command) in targets.items():
             try:
-                out[iid] = self.run(endpoint, command, timeout=timeout)
-            except HostUnreachable as exc:
+                out[iid] = self.run(endpoint, command, timeout=timeout, max_stdout=max_stdout)
+            except (HostUnreachable, OutputOverBound) as exc:
                 out[iid] = exc
         return out
 
@@ -138,7 +138,7 @@ def test_probe_many_answers_for_every_box_and_never_raises(shell: LocalShell) ->
     assert ok.reachable and [g.memory_used_mib for g in ok.gpus] == [12, 30] and ok.runs == ()
     assert not down.reachable and down.error == "HostUnreachable: box2: no answer within 5s"
     assert not failed.reachable and failed.error == "probe exited 255: bash: not found"
-    assert not garbled.reachable and garbled.error is not None and garbled.error.startswith("RemoteCommandFailed:")
+    assert not garbled.reachable and garbled.error == garbled.unusable == "probe: printed no JSON document: 'Welcome!'"
     assert not unaddressed.reachable and unaddressed.error == "no ssh address yet"
 
 

@@ -89,7 +89,7 @@ def test_the_probe_reports_the_activity_rule_the_watchdog_reads(tmp_path: Path) 
     res = _run_probe(tmp_path, root)
     # the probe counts from the kernel's boot, long before these files (the machine is up for more than a minute)
     assert json.loads(res.stdout)["last_activity_at"] == pytest.approx(now - 20, abs=0.01)
-    assert parse_probe(1, res.stdout).last_activity_at == pytest.approx(now - 20, abs=0.01)
+    assert parse_probe(1, res.stdout, gpus_listed=1).last_activity_at == pytest.approx(now - 20, abs=0.01)
     assert not (root / "watchdog" / "started_at").exists(), "the probe only reads the box's start"
 
 
@@ -130,7 +130,7 @@ def test_the_bundles_run_on_python_3_8(tmp_path: Path) -> None:
     res = subprocess.run([exe, "-S", "-c", commands._program("probe.py")], env=env, capture_output=True,
                          timeout=60, check=False)
     assert res.returncode == 0, res.stderr
-    assert [r.run_id for r in parse_probe(1, res.stdout).runs] == ["r1"]
+    assert [r.run_id for r in parse_probe(1, res.stdout, gpus_listed=1).runs] == ["r1"]
     bad = subprocess.run([exe, "-S", "-c", commands._program("watchdog.py"), "none", "0", "60"], env=env,
                          capture_output=True, timeout=60, check=False)
     assert bad.returncode == 2, bad.stderr  # it ran as far as reading its arguments

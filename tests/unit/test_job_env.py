@@ -124,8 +124,8 @@ class _RecordingShell:
         self.calls.append((command, stdin))
         return self.result
 
-    def run_many(self, targets: dict[int, tuple[Endpoint, str]], *, timeout: float = 10.0
-                 ) -> dict[int, CommandResult | Exception]:
+    def run_many(self, targets: dict[int, tuple[Endpoint, str]], *, timeout: float = 10.0,
+                 max_stdout: int | None = None) -> dict[int, CommandResult | Exception]:
         return {}
 
     def forget(self, endpoint: Endpoint) -> None:

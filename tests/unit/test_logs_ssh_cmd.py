@@ -365,14 +365,15 @@ class FailingShell:
         self.commands: list[str] = []
 
     def run(self, endpoint: Endpoint, command: str, *, stdin: bytes | None = None,
-            timeout: float = 30.0) -> CommandResult:
+            timeout: float = 30.0, max_stdout: int | None = None) -> CommandResult:
         self.commands.append(command)
         outcome = self.outcomes.pop(0) if len(self.outcomes) > 1 else self.outcomes[0]
         if isinstance(outcome, Exception):
             raise outcome
         return outcome
 
-    def run_many(self, targets: object, *, timeout: float = 10.0) -> dict[int, CommandResult | Exception]:
+    def run_many(self, targets: object, *, timeout: float = 10.0,
+                 max_stdout: int | None = None) -> dict[int, CommandResult | Exception]:
         raise NotImplementedError
 
     def forget(self, endpoint: Endpoint) -> None: ...

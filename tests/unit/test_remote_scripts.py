@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from reconciler import box, remote
-from reconciler.errors import RemoteCommandFailed
 from reconciler.remote import commands
 
 PKG = Path(box.__file__).resolve().parent
@@ -98,7 +97,7 @@ def test_probe_file_runs_standalone(tmp_path: Path) -> None:
     doc = json.loads(res.stdout)
     assert doc["v"] == remote.PROBE_FORMAT and doc["gpus"] == [] and "nvidia-smi" in doc["gpu_error"]
     assert doc["python"] == sys.executable
-    p = remote.parse_probe(1, res.stdout)
+    p = remote.parse_probe(1, res.stdout, gpus_listed=1)
     assert p.code_commits == ("abc",)
     assert [(r.run_id, r.attempt, r.exit_code, r.best_metric) for r in p.runs] == [("r1", 0, 0, 1.0)]
 
@@ -106,8 +105,8 @@ def test_probe_file_runs_standalone(tmp_path: Path) -> None:
 def test_probe_without_a_root_says_so(tmp_path: Path) -> None:
     res = _run_probe({"HOME": str(tmp_path), "PATH": os.defpath})
     assert res.returncode == 0, res.stderr
-    with pytest.raises(RemoteCommandFailed, match="RIGSYNC_ROOT is not set"):
-        remote.parse_probe(1, res.stdout)
+    p = remote.parse_probe(1, res.stdout, gpus_listed=1)
+    assert not p.reachable and p.unusable is not None and "RIGSYNC_ROOT is not set" in p.unusable
 
 
 def test_the_probe_shipped_is_the_file() -> None:
