@@ -53,8 +53,8 @@ def _shown(value: Any, limit: int = 60) -> str:
     """A refused value as a short escaped text (its repr, cut before it is made visible)."""
     if isinstance(value, str):
         return bounded_text(repr(value[: limit * 2]), limit)
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        return f"an integer of {len(str(value)) if value.bit_length() < 10_000 else 'many'} digits"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"  # no str(): it may be huge
     if isinstance(value, dict | list):
         return f"a JSON {'object' if isinstance(value, dict) else 'array'}"
     return bounded_text(repr(value), limit)
