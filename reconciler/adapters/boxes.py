@@ -16,7 +16,6 @@ from reconciler.errors import HostKeyMismatch, LaunchLockHeld, OutputOverBound, 
 from reconciler.failpoints import failpoint
 from reconciler.model import BoxProbe, Endpoint, Instance
 from reconciler.ports import CommandResult, LaunchJob, Shell
-from reconciler.remote.parse import unusable_probe
 
 COMMAND_TIMEOUT_S = 60.0
 HARVEST_SLACK = 64 << 20  # tar headers and the manifest on top of a harvest's capped file data
@@ -92,7 +91,7 @@ class ShellBoxes:
             box.ssh, script, timeout=self.command_timeout + cap_bytes / (2 << 20), max_stdout=cap_bytes + HARVEST_SLACK
         )
         if res.exit_code != 0:
-            raise RemoteCommandFailed(f"harvest exited {res.exit_code}: {_text(res.stderr)[-300:]}")
+            raise RemoteCommandFailed(f"harvest exited {res.exit_code}: {_stderr_tail(res.stderr)}")
         return res.stdout
 
     def stage_resume(self, box: Instance, run_id: str, attempt: int, tar: bytes) -> None:
@@ -117,7 +116,7 @@ def _probe_from(instance_id: int, result: CommandResult | Exception | None, gpus
     if isinstance(result, HostKeyMismatch):  # not merely unreachable: untrusted (the planner's host_key_changed)
         return BoxProbe(instance_id=instance_id, reachable=False, error=one_line(result), host_key_changed=True)
     if isinstance(result, OutputOverBound):
-        return unusable_probe(instance_id, f"output over {PROBE_STDOUT_BYTES} bytes")
+        return remote.unusable_probe(instance_id, f"output over {PROBE_STDOUT_BYTES} bytes")
     if isinstance(result, Exception):
         return BoxProbe(instance_id=instance_id, reachable=False, error=bounded_text(one_line(result)))
     if result.exit_code != 0:
@@ -131,10 +130,15 @@ def _text(raw: bytes) -> str:
     return raw.decode("utf-8", "replace").strip()
 
 
+def _stderr_tail(raw: bytes) -> str:
+    """The end of a command's stderr, as an error message may carry it: the box's text, escaped and bounded."""
+    return bounded_text(_text(raw)[-300:], 300)
+
+
 def _checked(res: CommandResult) -> str:
     """The command's stdout, or ``RemoteCommandFailed`` with the tail of its stderr when it exited non-zero."""
     if res.exit_code != 0:
-        raise RemoteCommandFailed(f"exit {res.exit_code}: {_text(res.stderr)[-300:]}")
+        raise RemoteCommandFailed(f"exit {res.exit_code}: {_stderr_tail(res.stderr)}")
     return _text(res.stdout)
 
 

@@ -3,7 +3,8 @@
 What runs on the box itself lives in ``reconciler.box`` (standard library only, shipped as text); here are the
 pure builders of the command lines that carry it there (``commands``), the parser of what the probe prints
 (``parse``) and the log reader's command and answer (``logs``). This module re-exports the first two, so callers
-write ``from reconciler.remote import launch_script, parse_probe``.
+write ``from reconciler.remote import launch_script, parse_probe``; ``unusable_probe`` is the probe of a box whose
+answer cannot be used.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from reconciler.remote.commands import (
     stage_resume_script,
     watchdog_onstart,
 )
-from reconciler.remote.parse import parse_probe
+from reconciler.remote.parse import parse_probe, unusable_probe
 
 __all__ = [
     "HEARTBEAT_INTERVAL_S",
@@ -45,5 +46,6 @@ __all__ = [
     "probe_script",
     "ship_code_script",
     "stage_resume_script",
+    "unusable_probe",
     "watchdog_onstart",
 ]
