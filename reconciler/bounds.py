@@ -82,7 +82,10 @@ def bounded_int(value: object, low: int, high: int) -> int | None:
 
 
 def clamp_time(t: float, now: float) -> float:
-    """A box's timestamp (already on the controller's clock) kept within ``TIME_WINDOW_S`` of ``now``."""
+    """A box's timestamp (already on the controller's clock) kept within ``TIME_WINDOW_S`` of ``now`` (NaN, which
+    says nothing, is ``now``)."""
+    if math.isnan(t):
+        return now
     return min(max(t, now - TIME_WINDOW_S), now + TIME_WINDOW_S)
 
 

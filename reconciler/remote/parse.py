@@ -193,10 +193,11 @@ def _parse_run(r: Any, n: int, gpu_limit: int, rejected: _Rejected) -> RunDirSta
         rejected.add(f"run entry {n}: not an object")
         return None
     run_id, attempt = r.get("run_id"), r.get("attempt")
-    if not isinstance(run_id, str) or not is_safe_name(run_id):
-        rejected.add(f"run dir {_shown(run_id)}: not a run id")
-        return None
     number = bounded_int(attempt, 0, MAX_ATTEMPT + 1)
+    if not isinstance(run_id, str) or not is_safe_name(run_id):
+        shown = _shown(run_id if number is None or not isinstance(run_id, str) else f"{run_id}.{number}")
+        rejected.add(f"run dir {shown}: not a run id")
+        return None
     if number is None:
         rejected.add(f"run dir {_shown(run_id)}: attempt {_shown(attempt)} is not in [0, {MAX_ATTEMPT}]")
         return None

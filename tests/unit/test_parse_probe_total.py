@@ -278,7 +278,7 @@ def test_deep_nesting_is_unusable_without_recursion() -> None:
 def test_a_traversing_run_id_is_refused_and_named() -> None:
     p = _parse(_doc([_run(run_id="../../tmp/x"), _run(run_id="ok/../x"), _run(run_id="r1")]))
     assert [r.run_id for r in p.runs] == ["r1"]
-    assert p.rejected == ("run dir '../../tmp/x': not a run id", "run dir 'ok/../x': not a run id")
+    assert p.rejected == ("run dir '../../tmp/x.1': not a run id", "run dir 'ok/../x.1': not a run id")
 
 
 def test_an_attempt_out_of_range_is_refused() -> None:
