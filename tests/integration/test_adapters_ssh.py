@@ -71,7 +71,8 @@ def test_probe_a_rented_box(shell: SshShell, boxes: list[Instance], emulator: Em
 
 
 def test_exit_codes_stdin_and_stderr_come_back(shell: SshShell, boxes: list[Instance]) -> None:
-    res = shell.run(_ep(boxes[0]), "cat; echo err >&2; exit 3", stdin=b"x" * 300_000, timeout=20)
+    # echoed back: more than a command's default stdout bound (COMMAND_STDOUT_BYTES), so the test states its own
+    res = shell.run(_ep(boxes[0]), "cat; echo err >&2; exit 3", stdin=b"x" * 300_000, timeout=20, max_stdout=300_000)
     assert res == CommandResult(exit_code=3, stdout=b"x" * 300_000, stderr=b"err\n")
 
 
