@@ -9,20 +9,23 @@ box prints 200 MB or never stops.
 from __future__ import annotations
 
 import contextlib
+import json
 import resource
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from reconciler.adapters.boxes import ShellBoxes
 from reconciler.adapters.ssh import SshShell
 from reconciler.adapters.vast import VastProvider
-from reconciler.bounds import COMMAND_STDERR_BYTES, COMMAND_STDOUT_BYTES
+from reconciler.bounds import COMMAND_STDERR_BYTES, COMMAND_STDOUT_BYTES, PROBE_STDOUT_BYTES
 from reconciler.emulator import Emulator
 from reconciler.emulator.testing import KeyPair
 from reconciler.errors import OutputOverBound
-from reconciler.model import Endpoint, OfferFilters
+from reconciler.model import Endpoint, Instance, OfferFilters
 from reconciler.ports import CommandResult
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -34,15 +37,20 @@ RSS_SLACK = 48 << 20  # the peak may grow by at most this while a box floods: th
 
 
 @pytest.fixture(scope="module")
-def box(emulator: Emulator) -> Iterator[Endpoint]:
+def instance(emulator: Emulator) -> Iterator[Instance]:
     provider = VastProvider(api_key=emulator.api_key, server_url=emulator.url)
     (offer, *_) = provider.search_offers(OfferFilters(verified=False), disk_gb=10)
     iid = provider.create_instance(offer.id, image="img", disk_gb=10, label="rigsync:bounds:0", onstart="", env={})
     emulator.wait_running([iid])
     (inst,) = [i for i in provider.list_instances() if i.id == iid]
-    assert inst.ssh is not None
-    yield inst.ssh
+    yield inst
     provider.destroy_instance(iid)
+
+
+@pytest.fixture
+def box(instance: Instance) -> Endpoint:
+    assert instance.ssh is not None
+    return instance.ssh
 
 
 @pytest.fixture
@@ -113,3 +121,25 @@ def test_only_the_tail_of_a_flood_of_stderr_is_kept(shell: SshShell, box: Endpoi
 def test_an_honest_command_s_output_is_whole(shell: SshShell, box: Endpoint) -> None:
     res = shell.run(box, f"head -c {COMMAND_STDOUT_BYTES} /dev/zero; echo oops >&2; exit 3")
     assert (res.exit_code, res.stdout, res.stderr) == (3, b"\0" * COMMAND_STDOUT_BYTES, b"oops\n")
+
+
+def test_a_probe_answer_past_its_bound_makes_the_box_unusable(
+    shell: SshShell, instance: Instance, emulator: Emulator
+) -> None:
+    """The real probe on a real box, its answer swollen by a run's metrics record (the probe reports its last
+    line's keys): past ``PROBE_STDOUT_BYTES`` it is unusable, not unreachable, and the memory stays flat."""
+    run = emulator.host_root(instance.id) / "rigsync" / "runs" / "fat.1"
+    run.mkdir(parents=True)
+    try:
+        record = {f"k{i}": "v" * 100 for i in range(20_000)}  # one line of about 2.3 MB
+        (run / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+        grew, took, got = _growth(lambda: ShellBoxes(shell).probe_many([instance], timeout=30))
+        assert isinstance(got, list)
+        (probe,) = got
+        assert not probe.reachable and probe.unusable == f"probe: output over {PROBE_STDOUT_BYTES} bytes"
+        assert probe.error == probe.unusable and grew < RSS_SLACK, (probe, grew)
+        print(f"swollen probe: unusable after {took:.2f}s, peak RSS +{grew >> 10} KiB")
+    finally:
+        shutil.rmtree(run)
+    (honest,) = ShellBoxes(shell).probe_many([instance], timeout=30)
+    assert honest.reachable and honest.unusable is None and len(honest.gpus) == instance.num_gpus
