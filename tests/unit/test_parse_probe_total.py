@@ -423,3 +423,16 @@ def test_probe_many_reads_under_the_probe_bound_and_tells_unusable_from_unreacha
     assert not down.reachable and down.unusable is None and down.error == "HostUnreachable: b2:22: no answer within 5s"
     assert capped.reachable and [g.index for g in capped.gpus] == [0, 1], "the instance lists 2 GPUs"
     assert deep.unusable == "probe: nested deeper than 16"
+
+
+def test_without_a_box_clock_times_are_only_clamped() -> None:
+    p = _parse(_doc([_run(started_at=NOW - 60, ended_at=YEAR_33658)], box_now=None, last_activity_at=-1e9))
+    assert p.box_now is None
+    moved = p.on_clock(NOW, clamp=clamp_time)
+    (r,) = moved.runs
+    assert (r.started_at, r.ended_at, moved.last_activity_at, moved.box_now) == (
+        NOW - 60,
+        NOW + TIME_WINDOW_S,
+        NOW - TIME_WINDOW_S,
+        None,
+    )
