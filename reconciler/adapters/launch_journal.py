@@ -5,11 +5,11 @@ cycle's apply, and through the probes of the boxes. A controller killed between 
 box then stops answering (hung, partitioned) before anyone probes it again, leaves an attempt nobody knows of: the
 restarted controller would launch the same attempt number of that run on another box, and if the first box came
 back both would run at once. So before each launch its ``InFlight`` is appended (and fsynced) to
-``launches.jsonl`` in the controller's state directory (the launch's recorded process group, ``pid`` and
-``pid_started``, is known only after it, so it reaches the file at the rewrite); after each apply the file is rewritten to exactly the
-attempts in flight; and opening a fleet adds the journal's attempts that neither ``in_flight`` nor the archive
-knows. A launch that failed before a crash becomes an in-flight attempt no box shows: the planner requeues it
-("launch never happened"), which costs that run one attempt and nothing else.
+``launches.jsonl`` in the controller's state directory; after each apply the file is rewritten to exactly the
+attempts in flight (with the process group each launch recorded, ``pid``/``pid_started``, known only after it);
+and opening a fleet adds the journal's attempts that neither ``in_flight`` nor the archive knows. A launch that
+failed before a crash becomes an in-flight attempt no box shows: the planner requeues it ("launch never
+happened"), which costs that run one attempt and nothing else.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ _rs_members() {
     p=${p%/stat}
     rest=${line##*) }
     read -r -a fields <<<"$rest"
-    [ "${fields[2]:-}" = "$pgid" ] && [ "${fields[0]:-}" != "Z" ] || continue
+    if [ "${fields[2]:-}" != "$pgid" ] || [ "${fields[0]:-}" = "Z" ]; then continue; fi
     skip=
     for x in "$BASHPID" "$@"; do [ "$p" = "$x" ] && skip=1; done
     [ -n "$skip" ] || printf "%s\n" "$p"
