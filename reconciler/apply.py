@@ -437,8 +437,11 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
     except Exception:
         result.in_doubt.append(flight)
         raise
-    # The process group a kill may signal, as this launch saw it (never a pid read back from the box later).
+    # The process group a kill may signal, as this launch saw it (never a pid read back from the box later): a pid
+    # and its start tick together, or neither (a pid alone cannot tell its process from a later one).
     pid, pid_started = parse_launch_answer(out.encode("utf-8", "replace"))
+    if pid is None or pid_started is None:
+        pid, pid_started = None, None
     flight = replace(flight, pid=pid, pid_started=pid_started)
     result.launched.append(flight)
     resumed = f", resumed from attempt {resumed_from}'s checkpoint" if resumed_from is not None else ""
