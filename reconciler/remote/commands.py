@@ -147,9 +147,14 @@ def _program(name: str) -> str:
     return "".join(lines)
 
 
+_PROC_SCRIPTS = frozenset({"kill.sh", "launch.sh", "wrapper.sh"})  # they also need proc.sh's process functions
+
+
 def _script(name: str) -> str:
-    """A box-side bash script: ``lib.sh`` (the shared functions), then the named script."""
-    return _text("lib.sh") + "\n" + _text(name)
+    """A box-side bash script: ``lib.sh`` (the shared functions; ``proc.sh`` too for the scripts that end or identify
+    a run's processes), then the named script."""
+    proc = _text("proc.sh") + "\n" if name in _PROC_SCRIPTS else ""
+    return _text("lib.sh") + "\n" + proc + _text(name)
 
 
 def bash_command(script: str) -> str:
