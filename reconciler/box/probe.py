@@ -72,8 +72,9 @@ def smi_start() -> subprocess.Popen[bytes] | str:
         return str(exc)
 
 
-def _read_bounded(p: subprocess.Popen[bytes], limit: int, timeout: float) -> tuple[bytes, str | None]:
-    """At most ``limit`` bytes of ``p``'s output within ``timeout`` seconds; past either it is killed."""
+def _read_bounded(p: subprocess.Popen[bytes], limit: int, timeout: float) -> tuple[bytes, str | None, bool]:
+    """At most ``limit`` bytes of ``p``'s output within ``timeout`` seconds, its error, and whether it was cut off
+    at ``limit`` (then only its full lines are kept). Past either bound it is killed."""
     assert p.stdout is not None
     deadline = time.monotonic() + timeout
     out = bytearray()
@@ -84,7 +85,7 @@ def _read_bounded(p: subprocess.Popen[bytes], limit: int, timeout: float) -> tup
             if left <= 0:
                 p.kill()
                 p.wait()
-                return bytes(out), "nvidia-smi timed out"
+                return bytes(out), "nvidia-smi timed out", False
             if not sel.select(left):
                 continue
             chunk = os.read(p.stdout.fileno(), 65536)
@@ -92,15 +93,16 @@ def _read_bounded(p: subprocess.Popen[bytes], limit: int, timeout: float) -> tup
                 break
             out += chunk[: limit - len(out)]
             if len(out) >= limit:
-                p.kill()  # more than any real GPU list: what was read is what counts
-                break
+                p.kill()  # more than any real GPU list: what was read is what counts, up to its last full line
+                p.wait()
+                return bytes(out[: out.rfind(b"\n") + 1]), None, True
     try:
         p.wait(timeout=max(0.1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         p.kill()
         p.wait()
-        return bytes(out), "nvidia-smi timed out"
-    return bytes(out), None
+        return bytes(out), "nvidia-smi timed out", False
+    return bytes(out), None, False
 
 
 def _amount(cell: str) -> float | None:
@@ -113,10 +115,10 @@ def smi_gpus(p: subprocess.Popen[bytes] | str) -> tuple[list[dict[str, Any]], st
     """The GPUs nvidia-smi reported (indexes 0..63, each once, numbers finite and >= 0), and its error if it failed."""
     if isinstance(p, str):
         return [], text(p)
-    so, err = _read_bounded(p, SMI_BYTES, SMI_TIMEOUT_S)
+    so, err, cut = _read_bounded(p, SMI_BYTES, SMI_TIMEOUT_S)
     if err:
         return [], err
-    if p.returncode != 0:
+    if p.returncode != 0 and not cut:  # one cut off was killed by us: its exit says nothing
         return [], text(so.decode("utf-8", "replace").strip()[-200:])
     gpus: list[dict[str, Any]] = []
     seen: set[int] = set()
