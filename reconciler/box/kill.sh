@@ -61,6 +61,17 @@ if _rs_recorded_group "$pid" "$pid_started"; then
     [ -n "$(_rs_members "$pid")" ] || break
     sleep 0.1
   done
+elif orphans=$(_rs_orphans "$pid" "$pid_started") && [ -n "$orphans" ]; then
+  # The recorded wrapper is gone but its command's processes are not: they are ended one by one.
+  # shellcheck disable=SC2086 # one pid a word
+  kill -TERM $orphans 2>/dev/null
+  for _ in $(seq 1 30); do
+    [ -n "$(_rs_orphans "$pid" "$pid_started")" ] || break
+    sleep 0.1
+  done
+  orphans=$(_rs_orphans "$pid" "$pid_started")
+  # shellcheck disable=SC2086
+  [ -z "$orphans" ] || kill -KILL $orphans 2>/dev/null
 else
   # ended_at is the wrapper's last word; a dead wrapper's heartbeat goes stale, and then nobody is waited for.
   for _ in $(seq 1 $((WRAPPER_WAIT_S * 10))); do

@@ -65,3 +65,26 @@ _rs_end_members() {
     [ "${#members[@]}" -gt 0 ] || return 0
   done
 }
+
+# The live members of the session and process group $1 (a recorded wrapper pid > 1, itself gone) that started at or
+# after clock tick $2 (its recorded start): what its command left running when the wrapper died. While they live
+# the id $1 stays theirs (the kernel gives no new process an id still in use as a group's), and they all started
+# after the recorded wrapper did, so they are that attempt's processes.
+_rs_orphans() {
+  local f p line rest
+  local -a fields
+  case "$1" in '' | 0* | *[!0-9]*) return 0 ;; esac
+  case "$2" in '' | *[!0-9]*) return 0 ;; esac
+  [ "${#1}" -le 7 ] && [ "$1" -gt 1 ] || return 0
+  for f in /proc/[0-9]*/stat; do
+    { read -r line <"$f"; } 2>/dev/null || continue
+    p=${f#/proc/}
+    p=${p%/stat}
+    rest=${line##*) }
+    read -r -a fields <<<"$rest"
+    if [ "${fields[2]:-}" != "$1" ] || [ "${fields[3]:-}" != "$1" ] || [ "${fields[0]:-}" = "Z" ]; then continue; fi
+    case "${fields[19]:-}" in '' | *[!0-9]*) continue ;; esac
+    if [ "${#fields[19]}" -gt 18 ] || [ "${#2}" -gt 18 ] || [ "${fields[19]}" -lt "$2" ]; then continue; fi
+    [ "$p" != "$BASHPID" ] && printf "%s\n" "$p"
+  done
+}

@@ -235,3 +235,29 @@ def _in_group(pid: int, pgid: int) -> bool:
     except OSError:
         return False
     return int(fields[2]) == pgid and fields[0] != "Z"
+
+
+def _members(pgid: int) -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and _in_group(int(p), pgid)]
+
+
+def test_a_dead_wrappers_leftover_processes_are_ended_by_its_recorded_identity(box: Box) -> None:
+    """The wrapper (and its heartbeat) died, its command's processes did not: they are still its session and group,
+    started after it, so a kill by the recorded identity ends them; one naming a later start ends nothing."""
+    pid, started = _launched(box, "orphan", "sleep 300 & sleep 300; wait")
+    time.sleep(0.5)  # its command has started its two sleeps
+    for m in _members(pid):
+        if b"wrapper.sh" in Path(f"/proc/{m}/cmdline").read_bytes():
+            os.kill(m, signal.SIGKILL)
+    assert _gone(pid)
+    time.sleep(2.5)  # the heartbeat's last sleep ends
+    left = _members(pid)
+    assert len(left) == 3  # bash -c and its sleeps
+
+    later = box.sh(remote.kill_script("orphan", 0, reason="x", pid=pid, pid_started=started + 10**6))
+    assert later.returncode == 0, later.stderr
+    assert _members(pid) == left  # they started before that: not the recorded attempt's
+
+    res = box.sh(remote.kill_script("orphan", 0, reason="lost", pid=pid, pid_started=started))
+    assert res.returncode == 0, res.stderr
+    assert _members(pid) == []
