@@ -70,7 +70,7 @@ elif orphans=$(_rs_orphans "$pid" "$pid_started") && [ -n "$orphans" ]; then
     sleep 0.1
   done
   orphans=$(_rs_orphans "$pid" "$pid_started")
-  # shellcheck disable=SC2086
+  # shellcheck disable=SC2086 # one pid a word
   [ -z "$orphans" ] || kill -KILL $orphans 2>/dev/null
 else
   # ended_at is the wrapper's last word; a dead wrapper's heartbeat goes stale, and then nobody is waited for.
