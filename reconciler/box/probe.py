@@ -232,7 +232,7 @@ def metrics(path: str, key: Any, goal: Any) -> tuple[dict[str, Any] | None, floa
                 final = value
                 if best is None or (final < best if goal == "min" else final > best):
                     best = final
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a path with a NUL byte
         pass
     if last is not None:
         kept: dict[str, Any] = {}

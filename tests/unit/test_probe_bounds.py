@@ -242,3 +242,43 @@ def test_a_run_with_huge_last_metrics_is_still_reported_without_them(tmp_path: P
     (d / "metrics.jsonl").write_text(json.dumps({f"k{i}" + "x" * 500: "v" * 600 for i in range(64)}) + "\n")
     (run,) = probe.probe(str(root))["runs"]
     assert run["run_id"] == "wide" and run["last_metrics"] == {}
+
+
+_FILES = ("meta.json", "exit_code", "pid", "started_at", "ended_at", "killed_reason", "metrics.jsonl", "heartbeat")
+_JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(_FILES),
+        st.binary(max_size=600) | _JSONISH.map(lambda v: json.dumps(v, allow_nan=True).encode()),
+        max_size=len(_FILES),
+    )
+)
+def test_any_run_directory_gives_a_bounded_strict_report(
+    tmp_path_factory: pytest.TempPathFactory, files: dict[str, bytes]
+) -> None:
+    d = tmp_path_factory.mktemp("run")
+    for name, raw in files.items():
+        (d / name).write_bytes(raw)
+    r = probe.run_state(str(d), "r", 1, time.time())
+    json.dumps(r, allow_nan=False)
+    assert r["pid"] is None or (type(r["pid"]) is int and r["pid"] > 1)
+    assert r["exit_code"] is None or (type(r["exit_code"]) is int and -(1 << 31) <= r["exit_code"] < 1 << 31)
+    assert all(0 <= g < limits.GPU_INDEXES for g in r["gpu_mask"])
+    for key in ("code_commit", "desired_commit", "killed_reason"):
+        assert r[key] is None or (isinstance(r[key], str) and len(r[key]) <= limits.TEXT_CHARS)
+    assert len(r["last_metrics"]) <= limits.MAX_METRIC_KEYS
+    for k, v in r["last_metrics"].items():
+        assert len(k) <= limits.TEXT_CHARS and (not isinstance(v, str) or len(v) <= limits.TEXT_CHARS)
+
+
+def test_a_metrics_file_name_with_a_nul_byte_is_no_file(tmp_path: Path) -> None:
+    (tmp_path / "meta.json").write_text(json.dumps({"metrics_file": "a\u0000b", "metric_key": "acc"}))
+    r = probe.run_state(str(tmp_path), "r", 1, time.time())
+    assert r["last_metrics"] == {} and r["best_metric"] is None and r["metrics_age_s"] is None
