@@ -253,7 +253,7 @@ def bootstrap_state(bdir: str) -> dict[str, list[str]]:
     except OSError:
         names = []
     nameset = set(names)
-    for n in sorted(names):
+    for n in sorted(n for n in names if _plain(n)):
         if n.endswith(".ok"):
             boot["ok"].append(n[:-3][:TEXT_CHARS])
         elif n.endswith(".failed"):
@@ -261,6 +261,15 @@ def bootstrap_state(bdir: str) -> dict[str, list[str]]:
         elif n.endswith(".pid") and len(boot["running"]) < MAX_LISTED and bootstrap_running(bdir, n, nameset):
             boot["running"].append(n[:-4][:TEXT_CHARS])
     return {k: v[-MAX_LISTED:] for k, v in boot.items()}
+
+
+def _plain(name: str) -> bool:
+    """A file name that is text (not bytes the file system could not decode, which no JSON reader can store)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _meta(d: str) -> dict[str, Any]:
@@ -328,7 +337,7 @@ def _run_dirs(rdir: str) -> list[tuple[str, str, int]]:
     finished: list[tuple[float, str, str, int]] = []
     for name in entries:
         run_id, _, att = name.rpartition(".")
-        if not run_id or not att.isascii() or not att.isdigit() or len(att) > 9:
+        if not run_id or not att.isascii() or not att.isdigit() or len(att) > 9 or not _plain(name):
             continue
         d = os.path.join(rdir, name)
         try:
@@ -376,7 +385,9 @@ def probe(root: str) -> dict[str, Any]:
 
     cdir = os.path.join(root, "code")
     try:
-        code = sorted(n for n in os.listdir(cdir) if ".tmp." not in n and os.path.isdir(os.path.join(cdir, n)))
+        code = sorted(
+            n for n in os.listdir(cdir) if ".tmp." not in n and _plain(n) and os.path.isdir(os.path.join(cdir, n))
+        )
     except OSError:
         code = []
     out["code"] = [n[:TEXT_CHARS] for n in code[-MAX_LISTED:]]

@@ -282,3 +282,13 @@ def test_a_metrics_file_name_with_a_nul_byte_is_no_file(tmp_path: Path) -> None:
     (tmp_path / "meta.json").write_text(json.dumps({"metrics_file": "a\u0000b", "metric_key": "acc"}))
     r = probe.run_state(str(tmp_path), "r", 1, time.time())
     assert r["last_metrics"] == {} and r["best_metric"] is None and r["metrics_age_s"] is None
+
+
+def test_names_the_file_system_cannot_decode_are_left_out(tmp_path: Path) -> None:
+    root = tmp_path / "rigsync"
+    _run_dir(root, "ok.1", finished=True, mtime=time.time())
+    os.mkdir(os.path.join(os.fsencode(root / "runs"), b"bad\xff.1"))
+    os.makedirs(os.path.join(os.fsencode(root / "code"), b"c\xfe"))
+    doc = probe.probe(str(root))
+    assert [r["run_id"] for r in doc["runs"]] == ["ok"] and doc["code"] == []
+    json.dumps(doc, allow_nan=False).encode("utf-8")
