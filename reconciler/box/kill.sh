@@ -3,8 +3,9 @@
 # prints the recorded exit code.
 # A signal goes only to the process group the launch recorded: the controller passes the wrapper's pid and its
 # start time (clock ticks since boot, /proc/<pid>/stat field 22) as launch.sh printed them, and the group is
-# signalled only while that pid is a number > 1, alive, started at that tick and leads its own session. A pid read
-# back from the run directory is never signalled (a job can write anything there: `1` would be `kill -- -1`).
+# signalled only while that pid is a number > 1, alive, started at that tick and leads its own session (with the
+# wrapper dead, its command's leftovers are: members of that session and group started at or after that tick). A pid
+# read back from the run directory is never signalled (a job can write anything there: `1` would be `kill -- -1`).
 # Without a valid recorded identity the end is only recorded: the wrapper's heartbeat sees an exit code it did not
 # write and ends its own command; this waits for it while the wrapper shows signs of life.
 # An attempt with no directory yet gets a tombstone: its directory made (taking the launch lock that launch.sh
