@@ -66,6 +66,7 @@ from reconciler.model import (
 from reconciler.ports import ArchiveAppender, BoxControl, Fence, Harvested, LaunchJob, Provider, ResultStore, no_fence
 from reconciler.remember import attempt_cost, capped_to_bill, overhead_record
 from reconciler.remote import watchdog_onstart
+from reconciler.remote.launched import parse_launch_answer
 
 __all__ = ["ApplyContext", "ApplyResult", "Outcome", "apply", "harvest_note"]  # the outcomes' types live in actions
 
@@ -227,7 +228,8 @@ def _execute(planned: Action, ctx: ApplyContext, instances: dict[int, Instance],
         case Kill():
             state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
             box = _box(instances, action.instance_id)
-            ctx.boxes.kill(box, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason)
+            ctx.boxes.kill(box, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason,
+                           pid=action.pid, pid_started=action.pid_started)
             rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
                                   AttemptOutcome.FAILED, KILL_EXIT_CODE, action.reason)
             rec = _harvest(ctx, result, box, rec, required=True)
@@ -243,7 +245,9 @@ def _execute(planned: Action, ctx: ApplyContext, instances: dict[int, Instance],
                 # The attempt may still run half-alive, or its launch may still be on its way (kill.sh then leaves a
                 # tombstone): it must not come back beside the next attempt. A box that stops answering now fails the
                 # requeue, so nothing is archived and the run is not launched again in this apply (``_mark_unsafe``).
-                ctx.boxes.kill(listed, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason)
+                pid, pid_started = _recorded_group(ctx.observed, action.run_id, action.attempt, action.instance_id)
+                ctx.boxes.kill(listed, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason,
+                               pid=pid, pid_started=pid_started)
                 rec = _harvest(ctx, result, listed, rec, required=False)  # what it wrote before it was lost
             elif ctx.store is not None:
                 why = "host key changed, not contacted" if probe is not None and probe.host_key_changed else (
@@ -433,9 +437,16 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
     except Exception:
         result.in_doubt.append(flight)
         raise
+    # The process group a kill may signal, as this launch saw it (never a pid read back from the box later): a pid
+    # and its start tick together, or neither (a pid alone cannot tell its process from a later one).
+    pid, pid_started = parse_launch_answer(out.encode("utf-8", "replace"))
+    if pid is None or pid_started is None:
+        pid, pid_started = None, None
+    flight = replace(flight, pid=pid, pid_started=pid_started)
     result.launched.append(flight)
     resumed = f", resumed from attempt {resumed_from}'s checkpoint" if resumed_from is not None else ""
-    return (f"pid {out}" if out else "launched") + resumed
+    started = f" (started at tick {pid_started})" if pid_started is not None else ""
+    return (f"pid {pid}{started}" if pid is not None else "launched") + resumed
 
 
 def _redacted(env: JobEnv, step: Callable[[], str]) -> str:
@@ -452,6 +463,14 @@ def _redacted(env: JobEnv, step: Callable[[], str]) -> str:
         raise RemoteCommandFailed(text) from None  # the cause carries the unredacted value: it must not travel on
     except Exception as exc:
         raise RemoteCommandFailed(env.redact(f"{type(exc).__name__}: {exc}")) from None  # likewise
+
+
+def _recorded_group(observed: Observed, run_id: str, attempt: int, instance_id: int) -> tuple[int | None, int | None]:
+    """The attempt's process group as its launch on that box recorded it (``InFlight``), or (None, None)."""
+    for f in observed.memory.in_flight:
+        if (f.run_id, f.attempt, f.instance_id) == (run_id, attempt, instance_id):
+            return f.pid, f.pid_started
+    return None, None
 
 
 def _run_state(observed: Observed, instance_id: int, run_id: str, attempt: int) -> RunDirState | None:

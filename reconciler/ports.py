@@ -151,12 +151,25 @@ class BoxControl(Protocol):
 
     def launch(self, box: Instance, job: LaunchJob) -> str:
         """Take the launch lock (atomic mkdir of the attempt's run directory) and start the run detached;
-        returns the wrapper's pid as text. ``LaunchLockHeld`` if this attempt was launched before."""
+        returns launch's answer as text: the wrapper's pid and start tick (``remote.launched.parse_launch_answer``).
+        ``LaunchLockHeld`` if this attempt was launched before."""
         ...
 
-    def kill(self, box: Instance, run_id: str, attempt: int, *, exit_code: int, reason: str) -> None:
-        """End the attempt's process group and record ``exit_code`` (unless it already has one) and ``reason``.
-        ``RemoteCommandFailed`` if the box has no such attempt."""
+    def kill(
+        self,
+        box: Instance,
+        run_id: str,
+        attempt: int,
+        *,
+        exit_code: int,
+        reason: str,
+        pid: int | None = None,
+        pid_started: int | None = None,
+    ) -> None:
+        """End the attempt and record ``exit_code`` (unless it already has one) and ``reason``. A signal goes only to
+        the process group its launch recorded (``pid`` with start tick ``pid_started``, while that process still has
+        that start); without them the end is recorded and the box's wrapper ends its own command. An attempt the box
+        never saw is tombstoned."""
         ...
 
     def bootstrap(self, box: Instance, script: str, script_hash: str) -> str:

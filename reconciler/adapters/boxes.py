@@ -71,8 +71,21 @@ class ShellBoxes:
         failpoint("boxes.launch.locked")
         return _checked(res)
 
-    def kill(self, box: Instance, run_id: str, attempt: int, *, exit_code: int, reason: str) -> None:
-        _checked(self._run(box, remote.kill_script(run_id, attempt, exit_code=exit_code, reason=reason)))
+    def kill(
+        self,
+        box: Instance,
+        run_id: str,
+        attempt: int,
+        *,
+        exit_code: int,
+        reason: str,
+        pid: int | None = None,
+        pid_started: int | None = None,
+    ) -> None:
+        script = remote.kill_script(
+            run_id, attempt, exit_code=exit_code, reason=reason, pid=pid, pid_started=pid_started
+        )
+        _checked(self._run(box, script))
 
     def bootstrap(self, box: Instance, script: str, script_hash: str) -> str:
         return _checked(self._run(box, remote.bootstrap_script(script, script_hash)))

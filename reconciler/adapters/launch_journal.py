@@ -6,9 +6,10 @@ box then stops answering (hung, partitioned) before anyone probes it again, leav
 restarted controller would launch the same attempt number of that run on another box, and if the first box came
 back both would run at once. So before each launch its ``InFlight`` is appended (and fsynced) to
 ``launches.jsonl`` in the controller's state directory; after each apply the file is rewritten to exactly the
-attempts in flight; and opening a fleet adds the journal's attempts that neither ``in_flight`` nor the archive
-knows. A launch that failed before a crash becomes an in-flight attempt no box shows: the planner requeues it
-("launch never happened"), which costs that run one attempt and nothing else.
+attempts in flight (with the process group each launch recorded, ``pid``/``pid_started``, known only after it);
+and opening a fleet adds the journal's attempts that neither ``in_flight`` nor the archive knows. A launch that
+failed before a crash becomes an in-flight attempt no box shows: the planner requeues it ("launch never
+happened"), which costs that run one attempt and nothing else.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from reconciler.errors import LaunchJournalError
 from reconciler.model import InFlight
+from reconciler.remote.launched import valid_pid, valid_start
 
 JOURNAL = "launches.jsonl"
 
@@ -34,9 +36,16 @@ def _entry(f: InFlight) -> str:
             "launched_at": f.launched_at,
             "sweep": f.sweep,
             "resumed_from": f.resumed_from,
+            "pid": f.pid,
+            "pid_started": f.pid_started,
+            "epoch": f.epoch,
         },
         sort_keys=True,
     )
+
+
+def _epoch(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 class LaunchJournal:
@@ -82,6 +91,10 @@ class LaunchJournal:
                         launched_at=float(d["launched_at"]),
                         sweep=str(d.get("sweep") or ""),
                         resumed_from=None if d.get("resumed_from") is None else int(d["resumed_from"]),
+                        # absent in the lines of older versions
+                        pid=valid_pid(d.get("pid")),
+                        pid_started=valid_start(d.get("pid_started")),
+                        epoch=_epoch(d.get("epoch")),
                     )
                 )
             except (ValueError, KeyError, TypeError):

@@ -1,17 +1,20 @@
 """What runs ON a rented box: rigsync's side of the run protocol there, standard library only (Python >= 3.8).
 
 Nothing here is imported by the box as a package: the controller (``reconciler.remote``) ships these files over
-SSH as text. The shell scripts run as ``lib.sh`` (the shared functions) followed by the script; the Python
+SSH as text. The shell scripts run as ``lib.sh`` (the shared functions; ``proc.sh`` too for kill, launch and the
+wrapper) followed by the script; the Python
 programs (``probe.py``, ``watchdog.py``, ``harvest.py``) travel as one bundle each, the program plus the modules of
 this package it imports (``boxlib.py``, the shared helpers and the one rule of box activity), registered under their
 own names so ``from reconciler.box.boxlib import ...`` works on a box that has only ``python3``. An import contract
 (pyproject.toml) and a unit test keep every module here to the standard library and Python 3.8 syntax.
 
-The programs: the probe (``probe.py`` run by ``probe.sh``: one JSON document describing the box), launch
-(``launch.sh``, which installs and starts ``wrapper.sh``), kill (``kill.sh``), bootstrap (``bootstrap.sh``, which
-installs and starts ``bootstrap_run.sh``), ship-code (``ship_code.sh``), the harvest (``harvest.py`` run by
-``harvest.sh``: a capped tar stream of an attempt's results on stdout), ``stage_resume.sh`` (a checkpoint tar from
-stdin into ``resume/``), ``read_log.sh`` (a slice of an attempt's log) and the watchdog.
+The programs: the probe (``probe.py`` run by ``probe.sh``: one JSON document describing the box, read and reported
+under the bounds of ``limits.py``), launch (``launch.sh``, which installs and starts ``wrapper.sh`` and prints its
+pid and start tick), kill (``kill.sh``: it signals only the process group the launch recorded, never a pid read
+from a run directory; without that identity it records the end and the wrapper ends its own command), bootstrap
+(``bootstrap.sh``, which installs and starts ``bootstrap_run.sh``), ship-code (``ship_code.sh``), the harvest
+(``harvest.py`` run by ``harvest.sh``: a capped tar stream of an attempt's results on stdout), ``stage_resume.sh``
+(a checkpoint tar from stdin into ``resume/``), ``read_log.sh`` (a slice of an attempt's log) and the watchdog.
 
 The watchdog is the box's own kill switch. At rent, the instance's onstart writes ``watchdog.py`` and its supervisor
 ``watchdog_run.sh`` under ``watchdog/`` (``watchdog_start.sh``) at every boot and starts them detached, so they

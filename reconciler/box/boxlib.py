@@ -21,6 +21,8 @@ BOOTSTRAP_DIR = "bootstrap"  # under RIGSYNC_ROOT: <hash>.pid|.ok|.failed (boots
 WATCHDOG_DIR = "watchdog"  # under RIGSYNC_ROOT: the watchdog's files
 STARTED_FILE = "started_at"  # in WATCHDOG_DIR: the box's start, written by the watchdog
 
+SMALL_FILE_BYTES = 4096  # what is read of pid, exit_code, started_at and the like (a line each)
+
 
 def alive(pid: int) -> bool:
     """True when ``pid`` exists and is not a zombie (the same test as lib.sh's ``_rs_alive``)."""
@@ -39,12 +41,12 @@ def alive(pid: int) -> bool:
         return True
 
 
-def read(path: str) -> str | None:
-    """A small file's text, stripped; None when it cannot be read."""
+def read(path: str, limit: int = SMALL_FILE_BYTES) -> str | None:
+    """A small file's text (its first ``limit`` bytes), stripped; None when it cannot be read."""
     try:
         with open(path, "rb") as f:
-            return f.read().decode("utf-8", "replace").strip()
-    except OSError:
+            return f.read(limit).decode("utf-8", "replace").strip()
+    except (OSError, ValueError):
         return None
 
 
@@ -69,7 +71,9 @@ def mtime(path: str) -> float | None:
 def read_pid(path: str) -> int | None:
     """The pid the file ``path`` holds, or None."""
     pid = read(path)
-    return int(pid) if pid and pid.isdigit() else None
+    if not pid or len(pid) > 10 or not pid.isascii() or not pid.isdigit():
+        return None
+    return int(pid) if int(pid) > 1 else None  # 0 would be "my own group", 1 is init: never a run's wrapper
 
 
 def pid_alive(path: str) -> bool:

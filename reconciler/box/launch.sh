@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Launch one run attempt: take the launch lock (an atomic mkdir of the attempt's directory), write meta.json and
-# the wrapper, start the wrapper detached in a session of its own, and print its pid.
+# the wrapper, start the wrapper detached in a session of its own, and print its pid and start time as one line
+# `PID START`.
 # Arguments: the attempt's directory name, the exit code for "lock held", how many job environment records
 # stdin holds, the meta.json text, the wrapper's text, then the wrapper's own arguments after its first (see
 # wrapper.sh).
@@ -59,4 +60,10 @@ for _ in $(seq 1 50); do
   [ -s "$RUN_DIR/pid" ] && break
   sleep 0.02
 done
-if [ -s "$RUN_DIR/pid" ]; then cat "$RUN_DIR/pid"; else printf "%s\n" "$spawned"; fi
+# The attempt's identity, for the controller to record: the session leader's pid and its start time (clock ticks
+# since boot, /proc/<pid>/stat field 22). The spawned process when it leads its session (setsid did not fork), else
+# the pid the wrapper wrote before it started any command of the job's.
+pid=$spawned
+if [ "$(_rs_stat_field "$pid" 6)" != "$pid" ]; then pid=$(cat "$RUN_DIR/pid" 2>/dev/null); fi
+case "$pid" in '' | *[!0-9]*) pid=$spawned ;; esac
+if started=$(_rs_stat_field "$pid" 22); then printf "%s %s\n" "$pid" "$started"; else printf "%s\n" "$pid"; fi

@@ -20,10 +20,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import selectors
 import subprocess
 import sys
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, BinaryIO
 
 from reconciler.box.boxlib import (
     WATCHDOG_DIR,
@@ -34,6 +36,21 @@ from reconciler.box.boxlib import (
     num,
     read,
     read_pid,
+)
+from reconciler.box.limits import (
+    GPU_INDEXES,
+    MAX_LISTED,
+    MAX_METRIC_KEYS,
+    MAX_RUNS,
+    META_BYTES,
+    METRICS_INT_DIGITS,
+    METRICS_LINE_BYTES,
+    METRICS_READ_BYTES,
+    PROBE_BYTES,
+    RUN_BYTES,
+    SMI_BYTES,
+    TEXT_CHARS,
+    text,
 )
 
 FORMAT = 1
@@ -49,51 +66,156 @@ WATCHDOG_TOUCH = (WATCHDOG_DIR, "touched")  # under RIGSYNC_ROOT; watchdog.py's 
 def smi_start() -> subprocess.Popen[bytes] | str:
     try:
         return subprocess.Popen(
-            list(NVIDIA_SMI), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
+            list(NVIDIA_SMI), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
     except OSError as exc:
         return str(exc)
 
 
-def smi_gpus(p: subprocess.Popen[bytes] | str) -> tuple[list[dict[str, Any]], str | None]:
-    """The GPUs nvidia-smi reported, and its error if it failed."""
-    if isinstance(p, str):
-        return [], p
+def _read_bounded(p: subprocess.Popen[bytes], limit: int, timeout: float) -> tuple[bytes, str | None, bool]:
+    """At most ``limit`` bytes of ``p``'s output within ``timeout`` seconds, its error, and whether it was cut off
+    at ``limit`` (then only its full lines are kept). Past either bound it is killed."""
+    assert p.stdout is not None
+    deadline = time.monotonic() + timeout
+    out = bytearray()
+    with selectors.DefaultSelector() as sel:
+        sel.register(p.stdout, selectors.EVENT_READ)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                p.kill()
+                p.wait()
+                return bytes(out), "nvidia-smi timed out", False
+            if not sel.select(left):
+                continue
+            chunk = os.read(p.stdout.fileno(), 65536)
+            if not chunk:
+                break
+            out += chunk[: limit - len(out)]
+            if len(out) >= limit:
+                p.kill()  # more than any real GPU list: what was read is what counts, up to its last full line
+                p.wait()
+                return bytes(out[: out.rfind(b"\n") + 1]), None, True
     try:
-        so, se = p.communicate(timeout=SMI_TIMEOUT_S)
+        p.wait(timeout=max(0.1, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         p.kill()
-        p.communicate()
-        return [], "nvidia-smi timed out"
-    if p.returncode != 0:
-        return [], (se or so).decode("utf-8", "replace").strip()[-200:]
+        p.wait()
+        return bytes(out), "nvidia-smi timed out", False
+    return bytes(out), None, False
+
+
+def _amount(cell: str) -> float | None:
+    """A finite number >= 0 written in an nvidia-smi cell; None for "[N/A]", negatives, inf, nan and the like."""
+    v = num(cell[:64])
+    return v if v is not None and v >= 0 else None
+
+
+def smi_gpus(p: subprocess.Popen[bytes] | str) -> tuple[list[dict[str, Any]], str | None]:
+    """The GPUs nvidia-smi reported (indexes 0..63, each once, numbers finite and >= 0), and its error if it failed."""
+    if isinstance(p, str):
+        return [], text(p)
+    so, err, cut = _read_bounded(p, SMI_BYTES, SMI_TIMEOUT_S)
+    if err:
+        return [], err
+    if p.returncode != 0 and not cut:  # one cut off was killed by us: its exit says nothing
+        return [], text(so.decode("utf-8", "replace").strip()[-200:])
     gpus: list[dict[str, Any]] = []
+    seen: set[int] = set()
     for line in so.decode("utf-8", "replace").splitlines():
         r = [c.strip() for c in line.split(",")]
-        if len(r) < 3:
+        if len(r) < 3 or not r[0].isascii() or not r[0].isdigit() or len(r[0]) > 2:
             continue
-        try:
-            util = num(r[3]) if len(r) > 3 else None
-            gpus.append({"index": int(r[0]), "memory_used_mib": int(float(r[1])),
-                         "memory_total_mib": int(float(r[2])), "utilization_pct": util or 0.0})
-        except ValueError:  # "[N/A]" and friends
+        index = int(r[0])
+        used, total = _amount(r[1]), _amount(r[2])
+        if index >= GPU_INDEXES or index in seen or used is None or total is None:
             continue
+        util = _amount(r[3]) if len(r) > 3 else None
+        seen.add(index)
+        gpus.append(
+            {
+                "index": index,
+                "memory_used_mib": int(used),
+                "memory_total_mib": int(total),
+                "utilization_pct": util or 0.0,
+            }
+        )
     return gpus, None
 
 
+def _lines(f: BinaryIO, limit: int) -> Iterator[bytes]:
+    """Each line of ``f`` no longer than ``limit`` bytes; a longer one is skipped, never held whole."""
+    while True:
+        line = f.readline(limit + 1)
+        if not line:
+            return
+        if len(line) > limit and not (len(line) == limit + 1 and line.endswith(b"\n")):
+            while line and not line.endswith(b"\n"):
+                line = f.readline(limit + 1)
+            continue
+        yield line
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a finite number")
+
+
+def _finite_float(s: str) -> float:
+    v = float(s)
+    if not math.isfinite(v):
+        raise ValueError(f"{s[:20]} is not a finite number")
+    return v
+
+
+def _bounded_int(s: str) -> int:
+    if len(s.lstrip("-")) > METRICS_INT_DIGITS:
+        raise ValueError("an integer too long to be a number")
+    return int(s)
+
+
+def _json_line(line: bytes) -> Any:
+    """One JSON value from a metrics line; ValueError for non-finite numbers, too deep or invalid JSON."""
+    try:
+        return json.loads(line, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_bounded_int)
+    except RecursionError as exc:
+        raise ValueError("nested too deep") from exc
+
+
+def _scalar(v: Any) -> Any:
+    """A metric value to report as it is (strings bounded), or None to leave it out."""
+    if isinstance(v, str):
+        return text(v)
+    if isinstance(v, bool) or (isinstance(v, int) and abs(v) < 1 << 53):
+        return v
+    if isinstance(v, float) and math.isfinite(v):
+        return v
+    return None
+
+
 def metrics(path: str, key: Any, goal: Any) -> tuple[dict[str, Any] | None, float | None, float | None]:
-    """The last JSON object of a JSON-lines file, and the best and final values of ``key`` in it."""
+    """The last JSON object of a JSON-lines file, and the best and final values of ``key`` in it.
+
+    Streamed with a bounded line buffer (``METRICS_LINE_BYTES``); of a file past ``METRICS_READ_BYTES`` only its
+    tail is read. Lines too long, too deep, invalid or holding a non-finite number are skipped."""
     last: dict[str, Any] | None = None
     best: float | None = None
     final: float | None = None
+    if not isinstance(key, str):
+        key = None
     try:
         with open(path, "rb") as f:
-            for raw in f:
+            size = os.fstat(f.fileno()).st_size
+            if size > METRICS_READ_BYTES:
+                f.seek(size - METRICS_READ_BYTES)
+                partial = f.readline(METRICS_LINE_BYTES + 1)  # the line the tail starts in, however long
+                while partial and not partial.endswith(b"\n"):
+                    partial = f.readline(METRICS_LINE_BYTES + 1)
+            for raw in _lines(f, METRICS_LINE_BYTES):
                 line = raw.strip()
                 if not line.startswith(b"{"):
                     continue
                 try:
-                    obj = json.loads(line)
+                    obj = _json_line(line)
                 except ValueError:
                     continue
                 if not isinstance(obj, dict):
@@ -102,16 +224,25 @@ def metrics(path: str, key: Any, goal: Any) -> tuple[dict[str, Any] | None, floa
                 if key is None:
                     continue
                 v = obj.get(key)
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
                     continue
-                final = float(v)
+                value = float(v)
+                if not math.isfinite(value):
+                    continue
+                final = value
                 if best is None or (final < best if goal == "min" else final > best):
                     best = final
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a path with a NUL byte
         pass
     if last is not None:
-        last = {k: v for k, v in last.items()
-                if isinstance(v, (str, bool, int)) or (isinstance(v, float) and math.isfinite(v))}
+        kept: dict[str, Any] = {}
+        for k, v in last.items():
+            if len(kept) >= MAX_METRIC_KEYS:
+                break
+            value = _scalar(v)
+            if value is not None:
+                kept[k[:TEXT_CHARS]] = value
+        last = kept
     return last, best, final
 
 
@@ -122,56 +253,108 @@ def bootstrap_state(bdir: str) -> dict[str, list[str]]:
     except OSError:
         names = []
     nameset = set(names)
-    for n in sorted(names):
+    for n in sorted(n for n in names if _plain(n)):
         if n.endswith(".ok"):
-            boot["ok"].append(n[:-3])
+            boot["ok"].append(n[:-3][:TEXT_CHARS])
         elif n.endswith(".failed"):
-            boot["failed"].append(n[:-7])
-        elif n.endswith(".pid") and bootstrap_running(bdir, n, nameset):
-            boot["running"].append(n[:-4])
-    return boot
+            boot["failed"].append(n[:-7][:TEXT_CHARS])
+        elif n.endswith(".pid") and len(boot["running"]) < MAX_LISTED and bootstrap_running(bdir, n, nameset):
+            boot["running"].append(n[:-4][:TEXT_CHARS])
+    return {k: v[-MAX_LISTED:] for k, v in boot.items()}
+
+
+def _plain(name: str) -> bool:
+    """A file name that is text (not bytes the file system could not decode, which no JSON reader can store)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _meta(d: str) -> dict[str, Any]:
+    """A run's meta.json (read bounded), or {} when it cannot be read as a JSON object."""
+    try:
+        with open(os.path.join(d, "meta.json"), "rb") as f:
+            meta = json.loads(f.read(META_BYTES))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _exit_code(code: str | None) -> int | None:
+    if not code or len(code) > 11 or not code.isascii() or not code.lstrip("-").isdigit():
+        return None
+    value = int(code)
+    return value if -(1 << 31) <= value < 1 << 31 else None
 
 
 def run_state(d: str, run_id: str, attempt: int, now: float) -> dict[str, Any]:
-    try:
-        with open(os.path.join(d, "meta.json")) as f:
-            meta = json.load(f)
-        if not isinstance(meta, dict):
-            meta = {}
-    except (OSError, ValueError):
-        meta = {}
+    meta = _meta(d)
     pid = read_pid(os.path.join(d, "pid"))
-    code = read(os.path.join(d, "exit_code"))
     try:
         hb_age: float | None = now - os.stat(os.path.join(d, "heartbeat")).st_mtime
     except OSError:
         hb_age = None
-    mfile = meta.get("metrics_file") or "metrics.jsonl"
+    mfile = text(meta.get("metrics_file")) or "metrics.jsonl"
     mpath = mfile if os.path.isabs(mfile) else os.path.join(d, mfile)
     last, best, final = metrics(mpath, meta.get("metric_key"), meta.get("metric_goal"))
     try:
         metrics_age: float | None = now - os.stat(mpath).st_mtime  # the stall clock: since the file last grew
-    except OSError:
+    except (OSError, ValueError):
         metrics_age = None
     mask = meta.get("gpu_mask")
+    mask = mask[:GPU_INDEXES] if isinstance(mask, list) else []
+    gpu_mask = [g for g in mask if type(g) is int and 0 <= g < GPU_INDEXES]
     return {
-        "run_id": run_id,
+        "run_id": run_id[:TEXT_CHARS],
         "attempt": attempt,
-        "gpu_mask": [int(g) for g in mask] if isinstance(mask, list) else [],
+        "gpu_mask": gpu_mask,
         "pid": pid,
         "pid_alive": pid is not None and alive(pid),
         "started_at": num(read(os.path.join(d, "started_at"))),
         "heartbeat_age_s": hb_age,
-        "exit_code": int(code) if code and code.lstrip("-").isdigit() else None,
+        "exit_code": _exit_code(read(os.path.join(d, "exit_code"))),
         "ended_at": num(read(os.path.join(d, "ended_at"))),
-        "code_commit": meta.get("code_commit"),
-        "desired_commit": meta.get("desired_commit"),
-        "killed_reason": read(os.path.join(d, "killed_reason")),
+        "code_commit": text(meta.get("code_commit")),
+        "desired_commit": text(meta.get("desired_commit")),
+        "killed_reason": text(read(os.path.join(d, "killed_reason"))),
         "last_metrics": last or {},
         "best_metric": best,
         "final_metric": final,
         "metrics_age_s": metrics_age,
     }
+
+
+def _run_dirs(rdir: str) -> list[tuple[str, str, int]]:
+    """The run directories to report (name, run id, attempt): at most ``MAX_RUNS``, every unfinished one first
+    (no exit_code yet), then the newest finished, each group newest first by the directory's mtime."""
+    try:
+        entries = os.listdir(rdir)
+    except OSError:
+        return []
+    unfinished: list[tuple[float, str, str, int]] = []
+    finished: list[tuple[float, str, str, int]] = []
+    for name in entries:
+        run_id, _, att = name.rpartition(".")
+        if not run_id or not att.isascii() or not att.isdigit() or len(att) > 9 or not _plain(name):
+            continue
+        d = os.path.join(rdir, name)
+        try:
+            st = os.stat(d)
+        except (OSError, ValueError):
+            continue
+        if not os.path.isdir(d):
+            continue
+        row = (st.st_mtime, name, run_id, int(att))
+        (finished if os.path.exists(os.path.join(d, "exit_code")) else unfinished).append(row)
+    chosen = sorted(unfinished, reverse=True)[:MAX_RUNS]
+    chosen += sorted(finished, reverse=True)[: MAX_RUNS - len(chosen)]
+    return [(name, run_id, att) for _, name, run_id, att in chosen]
+
+
+def _size(doc: Any) -> int:
+    return len(json.dumps(doc, separators=(",", ":"), allow_nan=False)) + 1
 
 
 def touch_watchdog(root: str) -> None:
@@ -189,7 +372,7 @@ def touch_watchdog(root: str) -> None:
 def probe(root: str) -> dict[str, Any]:
     now = time.time()
     touch_watchdog(root)
-    out: dict[str, Any] = {"v": FORMAT, "box_now": now, "python": os.environ.get("RS_BEST_PY") or sys.executable}
+    out: dict[str, Any] = {"v": FORMAT, "box_now": now, "python": text(os.environ.get("RS_BEST_PY") or sys.executable)}
     smi = smi_start()  # runs while the file system is read: on a real box it takes tens of milliseconds
 
     try:
@@ -202,24 +385,31 @@ def probe(root: str) -> dict[str, Any]:
 
     cdir = os.path.join(root, "code")
     try:
-        out["code"] = sorted(n for n in os.listdir(cdir) if ".tmp." not in n and os.path.isdir(os.path.join(cdir, n)))
+        code = sorted(
+            n for n in os.listdir(cdir) if ".tmp." not in n and _plain(n) and os.path.isdir(os.path.join(cdir, n))
+        )
     except OSError:
-        out["code"] = []
+        code = []
+    out["code"] = [n[:TEXT_CHARS] for n in code[-MAX_LISTED:]]
 
-    runs: list[dict[str, Any]] = []
     rdir = os.path.join(root, "runs")
-    try:
-        entries = sorted(os.listdir(rdir))
-    except OSError:
-        entries = []
-    for name in entries:
-        d = os.path.join(rdir, name)
-        run_id, _, att = name.rpartition(".")
-        if not run_id or not att.isdigit() or not os.path.isdir(d):
+    runs: list[tuple[str, dict[str, Any]]] = []
+    omitted = 0
+    budget = PROBE_BYTES - 64 * 1024  # what the rest of the document may take (GPUs, lists, errors: a few KiB)
+    for name, run_id, att in _run_dirs(rdir):
+        r = run_state(os.path.join(rdir, name), run_id, att, now)
+        size = _size(r)
+        if size > RUN_BYTES:  # its last metrics are what can be large: the run itself is still reported
+            r["last_metrics"] = {}
+            size = _size(r)
+        if size > budget:
+            omitted += 1
             continue
-        r = run_state(d, run_id, int(att), now)
-        runs.append(r)
-    out["runs"] = runs
+        budget -= size
+        runs.append((name, r))
+    out["runs"] = [r for _, r in sorted(runs, key=lambda nr: nr[0])]
+    if omitted:
+        out["runs_omitted"] = omitted
     out["last_activity_at"] = box_activity(root, box_started_at(root, now)).last_at
 
     gpus, err = smi_gpus(smi)
@@ -236,7 +426,7 @@ def main() -> int:
             raise RuntimeError("RIGSYNC_ROOT is not set")
         doc = probe(root)
     except Exception as exc:
-        doc = {"v": FORMAT, "box_now": time.time(), "error": f"probe crashed: {type(exc).__name__}: {exc}"}
+        doc = {"v": FORMAT, "box_now": time.time(), "error": text(f"probe crashed: {type(exc).__name__}: {exc}")}
     sys.stdout.write(json.dumps(doc, separators=(",", ":"), allow_nan=False))
     sys.stdout.write("\n")
     return 0

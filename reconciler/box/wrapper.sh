@@ -49,16 +49,32 @@ else
   echo "rigsync: code directory $RIGSYNC_CODE_DIR is missing" >"$RUN_DIR/stderr.log"
   CMD=
 fi
-# The heartbeat loop is also the box-side max-runtime guard: it still fires if the reconciler is down.
+# The wrapper leads its own session (launch.sh's setsid), so its process group is its pid and the command's
+# processes are members of it. Only then are the members ended one by one; otherwise only the command itself.
+if [ "$(_rs_stat_field "$$" 5)" = "$$" ]; then own_group=1; else own_group=; fi
+_rs_end_command() {
+  if [ -n "$own_group" ]; then
+    _rs_end_members "$$" "$$" "$BASHPID"
+  else
+    kill -TERM "$CMD" 2>/dev/null
+    sleep 3
+    kill -KILL "$CMD" 2>/dev/null
+  fi
+}
+# The heartbeat loop is also the box-side max-runtime guard: it still fires if the reconciler is down. And it ends
+# the command once someone else recorded the attempt's end (kill.sh writes exit_code first; a tombstone too): a
+# kill without the recorded pid signals nothing itself.
 (
   start=$(date +%s)
   while :; do
     touch "$RUN_DIR/heartbeat"
+    if [ -n "$CMD" ] && { [ -e "$RUN_DIR/exit_code" ] || [ -e "$RUN_DIR/tombstone" ]; }; then
+      _rs_end_command
+      break
+    fi
     if [ "$max_s" -gt 0 ] && [ -n "$CMD" ] && [ $(($(date +%s) - start)) -ge "$max_s" ]; then
       echo "max_runtime_s $max_s exceeded" >"$RUN_DIR/killed_reason"
-      kill -TERM "$CMD" 2>/dev/null
-      sleep 10
-      kill -KILL "$CMD" 2>/dev/null
+      _rs_end_command
       break
     fi
     sleep "$heartbeat_s"
@@ -72,8 +88,14 @@ else
   code=127
 fi
 kill "$HB" 2>/dev/null
+# Ended by someone else or by the runtime guard: what the command left behind in this group goes too.
+if [ -n "$own_group" ] && { [ -e "$RUN_DIR/exit_code" ] || [ -e "$RUN_DIR/killed_reason" ]; }; then
+  _rs_end_members "$$" "$$"
+fi
+touch "$RUN_DIR/heartbeat"
+# ended_at before the exit code (a probe that sees one sees both); a kill without the recorded pid (kill.sh) waits
+# for it as the sign that the command is over, so it is the last write of a killed attempt's wrapper.
 date +%s.%N >"$RUN_DIR/ended_at.tmp" && mv -f "$RUN_DIR/ended_at.tmp" "$RUN_DIR/ended_at"
 if [ ! -e "$RUN_DIR/exit_code" ]; then
   printf "%s\n" "$code" >"$RUN_DIR/exit_code.tmp" && mv -f "$RUN_DIR/exit_code.tmp" "$RUN_DIR/exit_code"
 fi
-touch "$RUN_DIR/heartbeat"

@@ -27,6 +27,7 @@ from reconciler.model import BoxMemory, BoxSpend, FleetMemory, InFlight, Spend
 from reconciler.observed.codec import BUDGET, FLEET, RUNS, expect_mapping, iso, load_yaml, money, parse_iso, utc_day
 from reconciler.observed.hosts import read_hosts
 from reconciler.observed.tree import read_observed
+from reconciler.remote.launched import valid_pid, valid_start
 
 JITTER_S = 10.0  # how far apart in time two reads of the same line may be taken (list, bills, clock)
 _EPS_USD = 1e-6  # the rounding of money() and float noise
@@ -62,6 +63,11 @@ def in_flight_entries(in_flight: Iterable[InFlight]) -> list[dict[str, Any]]:
         }
         if f.resumed_from is not None:  # only when it resumed: other entries stay as they were
             entry["resumed_from"] = f.resumed_from
+        if f.pid is not None and f.pid_started is not None:  # the process group its launch recorded
+            entry["pid"] = f.pid
+            entry["pid_started"] = f.pid_started
+        if f.epoch:
+            entry["epoch"] = f.epoch
         out.append(entry)
     return out
 
@@ -206,6 +212,9 @@ def _in_flight(entries: list[Any]) -> tuple[InFlight, ...]:
                     launched_at=launched if launched is not None else 0.0,
                     sweep=str(f.get("sweep") or ""),
                     resumed_from=None if f.get("resumed_from") is None else int(f["resumed_from"]),
+                    pid=valid_pid(f.get("pid")),
+                    pid_started=valid_start(f.get("pid_started")),
+                    epoch=int(f.get("epoch") or 0),
                 )
             )
         except (KeyError, TypeError, ValueError) as exc:

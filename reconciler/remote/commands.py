@@ -35,6 +35,7 @@ from importlib import resources
 from reconciler.box.probe import FORMAT as PROBE_FORMAT
 from reconciler.box.watchdog import API_URL_ENV as WATCHDOG_API_URL_ENV
 from reconciler.model import Scalar, run_dir_name
+from reconciler.remote.launched import valid_pid, valid_start
 
 __all__ = [
     "HEARTBEAT_INTERVAL_S",
@@ -152,9 +153,14 @@ def _program(name: str) -> str:
     return "".join(lines)
 
 
+_PROC_SCRIPTS = frozenset({"kill.sh", "launch.sh", "wrapper.sh"})  # they also need proc.sh's process functions
+
+
 def _script(name: str) -> str:
-    """A box-side bash script: ``lib.sh`` (the shared functions), then the named script."""
-    return _text("lib.sh") + "\n" + _text(name)
+    """A box-side bash script: ``lib.sh`` (the shared functions; ``proc.sh`` too for the scripts that end or identify
+    a run's processes), then the named script."""
+    proc = _text("proc.sh") + "\n" if name in _PROC_SCRIPTS else ""
+    return _text("lib.sh") + "\n" + proc + _text(name)
 
 
 def bash_command(script: str) -> str:
@@ -205,7 +211,8 @@ def launch_script(
     ``env_records``: how many job environment records (``jobenv.JobEnv.stdin``) the command reads from its stdin;
     the values never appear in the command itself.
 
-    Exit 0 printing the wrapper's pid; exit ``LAUNCH_LOCK_EXIT`` (17) if this attempt's directory exists.
+    Exit 0 printing the wrapper's pid and start time, ``PID START`` (``remote.launched.parse_launch_answer``);
+    exit ``LAUNCH_LOCK_EXIT`` (17) if this attempt's directory exists.
     """
     _check_name("run id", run_id)
     if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
@@ -251,8 +258,22 @@ def launch_script(
 # -------------------------------------------------------------------------------------------------- kill
 
 
-def kill_script(run_id: str, attempt: int, *, exit_code: int = 137, reason: str) -> str:
-    """A command that ends an attempt's whole process group and records ``exit_code`` and ``killed_reason``.
+def kill_script(
+    run_id: str,
+    attempt: int,
+    *,
+    exit_code: int = 137,
+    reason: str,
+    pid: int | None = None,
+    pid_started: int | None = None,
+) -> str:
+    """A command that ends an attempt and records ``exit_code`` and ``killed_reason``.
+
+    ``pid``/``pid_started``: the attempt's process group as its launch recorded it (``InFlight``). ``kill.sh``
+    signals that group only while the pid is alive with that start time and leads its session. Both travel only
+    when both are valid (a pid an int > 1 and below the pid limit, a start an int >= 0): by construction no pid
+    <= 1 is ever on a kill's command line. Without them the end is only recorded, and the box's wrapper ends its own
+    command when it sees it.
 
     Idempotent: killing a finished attempt keeps its real exit code and only adds the reason. An attempt with no
     run directory gets a tombstone (the directory, holding the exit code and reason): a launch of it that is still
@@ -260,7 +281,9 @@ def kill_script(run_id: str, attempt: int, *, exit_code: int = 137, reason: str)
     """
     _check_name("run id", run_id)
     name = run_dir_name(run_id, int(attempt))
-    return _command("kill.sh", name, str(int(exit_code)), reason, str(NO_SUCH_RUN_EXIT))
+    group, started = valid_pid(pid), valid_start(pid_started)
+    identity = (str(group), str(started)) if group is not None and started is not None else ("", "")
+    return _command("kill.sh", name, str(int(exit_code)), reason, str(NO_SUCH_RUN_EXIT), *identity)
 
 
 # --------------------------------------------------------------------------------------------- bootstrap

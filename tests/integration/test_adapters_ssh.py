@@ -18,6 +18,7 @@ from reconciler.emulator.testing import KeyPair
 from reconciler.errors import HostKeyMismatch, HostUnreachable
 from reconciler.model import Endpoint, Instance, OfferFilters
 from reconciler.ports import CommandResult
+from reconciler.remote.launched import parse_launch_answer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -175,7 +176,8 @@ def test_launch_over_ssh_and_see_the_run_finish(
     )
     started = shell.run(ep, launch, timeout=20)
     assert started.exit_code == 0, started.stderr
-    assert started.stdout.strip().isdigit()
+    pid, pid_started = parse_launch_answer(started.stdout)
+    assert pid is not None and pid_started is not None, started.stdout
     assert shell.run(ep, launch, timeout=20).exit_code == remote.LAUNCH_LOCK_EXIT
 
     deadline = time.monotonic() + 60

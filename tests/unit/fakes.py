@@ -487,7 +487,10 @@ class FakeBoxes:
             run.end(now, 127)  # the wrapper cannot cd into the code directory
         return str(next(w._pids))
 
-    def kill(self, box: Instance, run_id: str, attempt: int, *, exit_code: int, reason: str) -> None:
+    def kill(
+        self, box: Instance, run_id: str, attempt: int, *, exit_code: int, reason: str, pid: int | None = None,
+        pid_started: int | None = None,
+    ) -> None:
         w = self.world
         w._enter("kill", f"{box.id} {run_id}.{attempt}")
         b = self._box(box)

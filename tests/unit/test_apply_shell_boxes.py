@@ -22,6 +22,7 @@ from reconciler.adapters.boxes import ShellBoxes
 from reconciler.errors import HostUnreachable, LaunchLockHeld, OutputOverBound, RemoteCommandFailed
 from reconciler.model import Endpoint, Instance, InstanceStatus, MetricGoal
 from reconciler.ports import CommandResult, LaunchJob
+from reconciler.remote.launched import parse_launch_answer
 
 FAKE_SMI = """#!/bin/bash
 echo "0, 12, 24564, 0"
@@ -149,14 +150,14 @@ def test_ship_launch_kill_and_bootstrap_through_the_real_run_protocol(shell: Loc
     boxes.ship_code(box, "c0ffee", _tar({"train.py": "ignored: the tree is already there\n"}))
     assert (shell.home(Endpoint("box1", 22)) / "rigsync/code/c0ffee/train.py").read_text() == "print('hi')\n"
 
-    pid = boxes.launch(box, _job("r1", "sleep 30"))
-    assert pid.isdigit()
+    pid, pid_started = parse_launch_answer(boxes.launch(box, _job("r1", "sleep 30")).encode())
+    assert pid is not None and pid_started is not None
     with pytest.raises(LaunchLockHeld):
         boxes.launch(box, _job("r1", "sleep 30"))  # the launch lock: this attempt exists
 
     (run,) = boxes.probe_many([box], timeout=10.0)[0].runs
     assert (run.run_id, run.attempt, run.gpu_mask, run.code_commit) == ("r1", 1, (1,), "c0ffee")
-    boxes.kill(box, "r1", 1, exit_code=137, reason="past max_runtime")
+    boxes.kill(box, "r1", 1, exit_code=137, reason="past max_runtime", pid=pid, pid_started=pid_started)
     _wait(lambda: boxes.probe_many([box], timeout=10.0)[0].runs[0].exit_code == 137)
     boxes.kill(box, "r9", 1, exit_code=137, reason="launch never happened")  # a tombstone: a late launch is refused
     with pytest.raises(LaunchLockHeld):

@@ -18,6 +18,7 @@ from gitutil import git
 from reconciler import remote
 from reconciler.model import BoxProbe, RunDirState
 from reconciler.remote import commands
+from reconciler.remote.launched import parse_launch_answer
 
 # Answers only the one query the probe makes, as real nvidia-smi formats it, and logs every call.
 FAKE_SMI = """#!/bin/bash
@@ -159,7 +160,8 @@ def test_run_that_writes_metrics_and_exits_zero(box: Box) -> None:
     )
     res = _launch(box, "r1", cmd)
     assert res.returncode == 0, res.stderr
-    pid = int(res.stdout.decode().strip())
+    pid, started = parse_launch_answer(res.stdout)
+    assert started is not None
     d = box.run_dir("r1", 0)
     assert box.wait_file(d / "exit_code").strip() == "0"
     assert int((d / "pid").read_text()) == pid
