@@ -91,7 +91,7 @@ name: held
 code: [experiments]
 command: {CMD.format(mode="honest")}
 env:
-  ADV_TOKEN: ${{RIGSYNC_ADV_NEVER_SET}}
+  ADV_TOKEN: ${{ADV_SECRET_NEVER_SET}}
 seeds: [1]
 max_runtime: 2m
 retries: 0
@@ -257,7 +257,7 @@ def _fleet(tmp: Path, emu: Emulator, name: str, max_instances: int, sweeps: dict
 def _start(f: Fleet) -> None:
     f.log = f.world.tmp / "daemon.log"
     env = {**f.world.env, "RIGSYNC_DATA_DIR": str(f.data)}
-    env.pop("RIGSYNC_ADV_NEVER_SET", None)
+    env.pop("ADV_SECRET_NEVER_SET", None)
     with open(f.log, "wb") as fh:
         f.proc = subprocess.Popen(
             [str(RIGSYNC), "run", "--repo", str(f.world.work), "--interval", "1"],
