@@ -25,11 +25,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from world import RIGSYNC, emulator_env, fleet_repo
+
 from adversary import boxes as hostile
 from adversary import checks
 from adversary.jobs import JOB
-from world import RIGSYNC, emulator_env, fleet_repo
-
 from reconciler.emulator import Emulator
 from reconciler.model import Ownership
 
