@@ -47,7 +47,7 @@ from reconciler.model import Ownership
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
-RUN_BUDGET_S = 150.0  # the fleets' wall time at most; the whole module stays under 3 minutes
+RUN_BUDGET_S = 120.0  # the fleets' wall time at most; the whole module stays under 3 minutes
 MAX_RUNTIME_S = 30
 JOB_MODES = ("honest", "pid1", "future", "nonfinite", "garbage_exit")
 BOX_MODES = ("liar", "nested", "smi_garbage", "smi_hang")  # the first four boxes adv-boxes rents, in that order
@@ -314,7 +314,7 @@ def outcome(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> Ite
         for f in o.fleets():
             assert f.proc is not None
             try:
-                f.exit_code = f.proc.wait(timeout=60)
+                f.exit_code = f.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 f.proc.kill()
                 f.exit_code = f.proc.wait(timeout=10)
@@ -364,9 +364,9 @@ def test_the_rest_of_the_fleet_converges(outcome: Outcome) -> None:
 
 
 def test_git_holds_only_strict_escaped_bounded_text(outcome: Outcome) -> None:
-    forbidden = [str(outcome.tmp), str(outcome.jobs.data), str(outcome.boxes.data), os.environ.get("TMPDIR", "")]
-    for f in outcome.fleets():
-        forbidden += [str(f.world.state), str(f.world.work)]
+    # the controller's own directories (its clone's path is the lease holder's name, on the record by design)
+    forbidden = [str(outcome.jobs.data), str(outcome.boxes.data), os.environ.get("TMPDIR", "")]
+    forbidden += [str(f.world.state) for f in outcome.fleets()]
     for f in outcome.fleets():
         problems = checks.strict_observed(f.world.remote, forbidden)
         assert problems == [], f"{f.name}: " + "\n".join(problems[:40])
