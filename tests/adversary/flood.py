@@ -82,6 +82,7 @@ def run_fleet(
             "calm": SWEEP.format(name="calm", mode="honest", seeds=", ".join(str(s) for s in range(1, boxes))),
         }
     )
+    repo.edit("desired/budget.yaml", lambda d: d.update(max_fleet_dph=2.0))
     repo.write("experiments/adv_job.py", JOB)
     repo.commit(f"flood fleet {name}")
     state, data = tmp / "state", tmp / "data"

@@ -247,6 +247,7 @@ class Outcome:
 def _fleet(tmp: Path, emu: Emulator, name: str, max_instances: int, sweeps: dict[str, str]) -> Fleet:
     w = make_world(tmp, emu, name, max_instances=max_instances, idle_timeout="10m")
     w.repo.set_sweeps(sweeps)
+    w.repo.edit("desired/budget.yaml", lambda d: d.update(max_fleet_dph=2.0))  # every box at once, not three
     w.repo.write("experiments/adv_job.py", JOB)
     w.repo.commit(f"adversary corpus: {name}")
     data = tmp / "data"
