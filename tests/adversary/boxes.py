@@ -77,8 +77,10 @@ else:
         doc["runs"].append(won(run_id))
     doc["runs"].append(won("../../tmp/evil"))
     doc["runs"].append(won("evil\u202e\x1b[31m\x07"))
+    # 1,000 GPUs keep the document under the probe's byte bound: these claims must be capped, not make the box
+    # unusable (the smi_garbage box claims 100,000 through nvidia-smi)
     gpus = [{"index": i, "memory_used_mib": 0, "memory_total_mib": 24576, "utilization_pct": 0.0}
-            for i in range(100000)]
+            for i in range(1000)]
     gpus.append({"index": -1, "memory_used_mib": 0, "memory_total_mib": 24576, "utilization_pct": 0.0})
     gpus.append({"index": 10 ** 23, "memory_used_mib": 0, "memory_total_mib": 10 ** 23, "utilization_pct": 0.0})
     doc["gpus"] = gpus
@@ -105,8 +107,9 @@ def box_dir(emu: Emulator, iid: int) -> Path:
 
 
 def make_liar(emu: Emulator, iid: int, mode: str, *, forge: Iterable[str] = (), **conf: Any) -> None:
-    """Put a liar probe interpreter on box ``iid``: ``liar`` (doctored real probe: forged runs, pid 1, 100,000
-    GPUs), ``nested`` (JSON nested 200,000 deep), ``flood`` (``flood_mib`` MiB), ``endless`` (never ends)."""
+    """Put a liar probe interpreter on box ``iid``: ``liar`` (doctored real probe: forged runs, pid 1, 1,000
+    GPUs, GPU -1 and 10^23), ``nested`` (JSON nested 200,000 deep), ``flood`` (``flood_mib`` MiB), ``endless``
+    (never ends)."""
     root = emu.host_root(iid)
     adv = root / ".adv"
     adv.mkdir(parents=True, exist_ok=True)
