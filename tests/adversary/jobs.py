@@ -5,8 +5,9 @@ run by the sweep's command with ``--mode``. Standard library only, as any job on
 issue's adversaries; what the controller must do about each is asserted by the tests, not here.
 
 * ``honest``: a few finite metric lines, exit 0 (the rest of the fleet must converge).
-* ``pid1``: writes ``1`` into its pid file (PID 1 of the box's namespace is its sshd) and stops the heartbeat,
-  then sleeps forever: a requeue that trusts the pid file runs ``kill -- -1``.
+* ``pid1``: starts a sentinel (``adv-sentinel-job-<run id>``, in a session of its own), writes ``1`` into its
+  pid file (PID 1 of the box's namespace is its sshd) and stops the heartbeat, then sleeps forever: a requeue
+  that trusts the pid file runs ``kill -- -1``, which ends the sentinel too.
 * ``future``: stops the heartbeat loop (which is also the box-side max-runtime guard) and dates ``started_at`` and
   the heartbeat ten days ahead, then sleeps forever: only the controller's own clock can end it.
 * ``nonfinite``: metric lines with ``NaN``, ``Infinity``, ``-Infinity``, ``1e400``, ``1e308`` and a step of
@@ -28,6 +29,7 @@ import json
 import os
 import signal
 import stat
+import subprocess
 import sys
 import time
 
@@ -101,6 +103,10 @@ if mode == "honest":
         time.sleep(0.7)
 elif mode == "pid1":
     line(json.dumps({"step": 1, "episode_reward": 1.0}))
+    # an unrelated process in a session of its own, up before the pid is forged: a kill -- -1 ends it
+    marker = "adv-sentinel-job-" + os.environ.get("RIGSYNC_RUN_ID", "x")
+    subprocess.call(["setsid", "-f", "bash", "-c", "exec -a %s sleep 100000" % marker],
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     stop_heartbeat()
     write("pid", "1\n")
     forever()

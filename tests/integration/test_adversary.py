@@ -147,6 +147,7 @@ class BoxSeen:
     fleet: str
     mode: str = "honest"
     sentinel: int | None = None
+    sentinel_at: float | None = None
     num_gpus: int = 1
     gone_at: float | None = None
     dirs: dict[str, dict[str, Any]] = field(default_factory=dict)  # run dir -> first_seen, exit_code, ended
@@ -160,7 +161,9 @@ class Watcher:
     emu: Emulator
     fleets: dict[str, Fleet]
     forge: list[str]
+    sentinel_runs: list[str]  # runs whose jobs start a sentinel of their own
     boxes: dict[int, BoxSeen] = field(default_factory=dict)
+    job_sentinels: dict[str, int] = field(default_factory=dict)  # run id -> host pid of the sentinel its job started
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -192,8 +195,15 @@ class Watcher:
             hostile.make_liar(self.emu, iid, seen.mode, forge=self.forge)
         elif seen.mode.startswith("smi_"):
             hostile.make_smi(self.emu, iid, seen.mode[4:])
-        seen.sentinel = hostile.sentinel(self.emu, iid, fleet)
         self.boxes[iid] = seen
+        self._sentinel(iid, seen)
+
+    def _sentinel(self, iid: int, seen: BoxSeen) -> None:
+        try:
+            seen.sentinel = hostile.sentinel(self.emu, iid, seen.fleet)
+            seen.sentinel_at = time.time()
+        except Exception as exc:  # tried again at the next look
+            self.errors.append(f"sentinel on {iid}: {type(exc).__name__}: {exc}")
 
     def scan(self) -> None:
         live = set(self.emu.instance_ids())
@@ -209,6 +219,8 @@ class Watcher:
                         continue
                     self._adopt(iid, own.fleet)
                 seen = self.boxes[iid]
+                if seen.sentinel is None:
+                    self._sentinel(iid, seen)
                 runs = self.emu.host_root(iid) / "rigsync" / "runs"
                 live_dirs = 0
                 for d in runs.iterdir() if runs.is_dir() else []:
@@ -217,6 +229,10 @@ class Watcher:
                     info["ended"] = code
                     live_dirs += 0 if code or (d / "tombstone").exists() else 1
                 seen.max_live = max(seen.max_live, live_dirs)
+        for rid in set(self.sentinel_runs) - set(self.job_sentinels):
+            pid = hostile.find_marker(f"adv-sentinel-job-{rid}")
+            if pid is not None:
+                self.job_sentinels[rid] = pid
 
     def of_mode(self, mode: str) -> list[tuple[int, BoxSeen]]:
         return [(i, b) for i, b in self.boxes.items() if b.mode == mode]
@@ -294,7 +310,7 @@ def outcome(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> Ite
             ids[f"plain{r.seed}"] = r.id
     # the liar claims successes for a run that cannot start anywhere and for every run of the other boxes
     forge = [ids["held"], *(ids[f"plain{s}"] for s in range(1, PLAIN_SEEDS + 1))]
-    watcher = Watcher(emulator, {jobs.name: jobs, boxes.name: boxes}, forge).start()
+    watcher = Watcher(emulator, {jobs.name: jobs, boxes.name: boxes}, forge, [ids["pid1"]]).start()
     t0 = time.monotonic()
     try:
         _start(jobs)
@@ -315,7 +331,7 @@ def outcome(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> Ite
         for f in o.fleets():
             assert f.proc is not None
             try:
-                f.exit_code = f.proc.wait(timeout=20)
+                f.exit_code = f.proc.wait(timeout=45)
             except subprocess.TimeoutExpired:
                 f.proc.kill()
                 f.exit_code = f.proc.wait(timeout=10)
@@ -392,9 +408,17 @@ def test_a_pid_file_of_1_is_settled_once_and_kills_nothing_else(outcome: Outcome
     assert rec["phase"] != "succeeded", rec
     where = outcome.watcher.box_of(rid)
     assert where, "the pid-1 job never ran"
+    job_sentinel = outcome.watcher.job_sentinels.get(rid)
+    assert job_sentinel is not None, "the pid-1 job's sentinel was never seen"
     for iid, b, _ in where:
-        if b.gone_at is None and b.sentinel is not None:
-            assert hostile.alive(b.sentinel), f"box {iid}: the sentinel died: kill -- -1 ran on the box"
+        if b.gone_at is None:
+            assert hostile.alive(job_sentinel), f"box {iid}: the job's sentinel died: kill -- -1 ran on the box"
+            if (
+                b.sentinel is not None
+                and b.sentinel_at is not None
+                and b.sentinel_at < min(info["first_seen"] for _, _, info in where)
+            ):
+                assert hostile.alive(b.sentinel), f"box {iid}: the box's sentinel died: kill -- -1 ran on the box"
 
 
 def test_a_clock_from_the_future_is_ended_on_the_controllers_clock(outcome: Outcome) -> None:
