@@ -133,7 +133,7 @@ def make_smi(emu: Emulator, iid: int, mode: str) -> None:
     os.replace(tmp, path)
 
 
-def _box_init(emu: Emulator, iid: int) -> int:
+def box_init(emu: Emulator, iid: int) -> int:
     """The host pid of box ``iid``'s PID 1 (its sshd): the child of its ``unshare`` process."""
     boot = str(box_dir(emu, iid) / "boot.sh").encode()
     for entry in os.listdir("/proc"):
@@ -150,7 +150,7 @@ def _box_init(emu: Emulator, iid: int) -> int:
 
 def sentinel(emu: Emulator, iid: int, tag: str) -> int:
     """Start an unrelated long-lived process inside box ``iid`` (its own session); its host pid."""
-    init = _box_init(emu, iid)
+    init = box_init(emu, iid)
     marker = f"adv-sentinel-{tag}-{iid}"
     proc = subprocess.Popen(
         ["nsenter", "-t", str(init), "-p", "-m", "setsid", "-f", "bash", "-c", f"exec -a {marker} sleep 100000"],

@@ -111,7 +111,7 @@ def repeated_failures(log: str) -> list[str]:
         if CYCLE.search(line):
             per_cycle.append(set())
             continue
-        m = re.search(r"(\w+ \S+ failed(?: with an unexpected \w+)?:.*)$", line)
+        m = re.search(r"(\w+ \S+ failed\b.*)$", line)
         if m:
             per_cycle[-1].add(m.group(1)[:300])
     out: list[str] = []
