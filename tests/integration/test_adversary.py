@@ -148,6 +148,8 @@ class BoxSeen:
     mode: str = "honest"
     sentinel: int | None = None
     sentinel_at: float | None = None
+    init_pid: int | None = None  # the host pid of the box's PID 1 (its sshd): alive while the box is up
+    sentinel_killed: bool = False  # the sentinel died while the box was up
     num_gpus: int = 1
     gone_at: float | None = None
     dirs: dict[str, dict[str, Any]] = field(default_factory=dict)  # run dir -> first_seen, exit_code, ended
@@ -164,6 +166,7 @@ class Watcher:
     sentinel_runs: list[str]  # runs whose jobs start a sentinel of their own
     boxes: dict[int, BoxSeen] = field(default_factory=dict)
     job_sentinels: dict[str, int] = field(default_factory=dict)  # run id -> host pid of the sentinel its job started
+    job_sentinels_killed: set[str] = field(default_factory=set)  # those that died while their box was up
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -200,6 +203,7 @@ class Watcher:
 
     def _sentinel(self, iid: int, seen: BoxSeen) -> None:
         try:
+            seen.init_pid = hostile.box_init(self.emu, iid)
             seen.sentinel = hostile.sentinel(self.emu, iid, seen.fleet)
             seen.sentinel_at = time.time()
         except Exception as exc:  # tried again at the next look
@@ -233,6 +237,15 @@ class Watcher:
             pid = hostile.find_marker(f"adv-sentinel-job-{rid}")
             if pid is not None:
                 self.job_sentinels[rid] = pid
+        # a sentinel dead while its box's sshd lives was killed on the box (a destroyed box takes both)
+        for b in self.boxes.values():
+            if b.sentinel is not None and not b.sentinel_killed and not hostile.alive(b.sentinel):
+                b.sentinel_killed = b.init_pid is not None and hostile.alive(b.init_pid)
+        for rid, pid in self.job_sentinels.items():
+            if rid not in self.job_sentinels_killed and not hostile.alive(pid):
+                inits = [b.init_pid for _, b, _ in self.box_of(rid) if b.init_pid is not None]
+                if any(hostile.alive(i) for i in inits):
+                    self.job_sentinels_killed.add(rid)
 
     def of_mode(self, mode: str) -> list[tuple[int, BoxSeen]]:
         return [(i, b) for i, b in self.boxes.items() if b.mode == mode]
@@ -389,13 +402,11 @@ def test_git_holds_only_strict_escaped_bounded_text(outcome: Outcome) -> None:
         assert problems == [], f"{f.name}: " + "\n".join(problems[:40])
 
 
-def test_sentinels_survive_on_every_box_still_up(outcome: Outcome) -> None:
-    """A forged pid (PID 1) must never become ``kill -- -1``: an unrelated process on every box outlives it."""
-    dead = []
-    for iid, b in outcome.watcher.boxes.items():
-        up = b.gone_at is None and iid in outcome.emu.instance_ids()
-        if up and b.sentinel is not None and not hostile.alive(b.sentinel):
-            dead.append((iid, b.mode, b.fleet, sorted(b.dirs)))
+def test_sentinels_survive_on_every_box(outcome: Outcome) -> None:
+    """A forged pid (PID 1) must never become ``kill -- -1``: an unrelated process on every box lives as long as the
+    box does."""
+    assert all(b.sentinel is not None for b in outcome.watcher.boxes.values()), outcome.watcher.errors
+    dead = [(iid, b.mode, b.fleet, sorted(b.dirs)) for iid, b in outcome.watcher.boxes.items() if b.sentinel_killed]
     assert not dead, f"sentinels killed on boxes still up (a kill -- -1 happened): {dead}"
 
 
@@ -408,17 +419,11 @@ def test_a_pid_file_of_1_is_settled_once_and_kills_nothing_else(outcome: Outcome
     assert rec["phase"] != "succeeded", rec
     where = outcome.watcher.box_of(rid)
     assert where, "the pid-1 job never ran"
-    job_sentinel = outcome.watcher.job_sentinels.get(rid)
-    assert job_sentinel is not None, "the pid-1 job's sentinel was never seen"
-    for iid, b, _ in where:
-        if b.gone_at is None:
-            assert hostile.alive(job_sentinel), f"box {iid}: the job's sentinel died: kill -- -1 ran on the box"
-            if (
-                b.sentinel is not None
-                and b.sentinel_at is not None
-                and b.sentinel_at < min(info["first_seen"] for _, _, info in where)
-            ):
-                assert hostile.alive(b.sentinel), f"box {iid}: the box's sentinel died: kill -- -1 ran on the box"
+    assert rid in outcome.watcher.job_sentinels, "the pid-1 job's sentinel was never seen"
+    boxes = [iid for iid, _, _ in where]
+    assert rid not in outcome.watcher.job_sentinels_killed, f"kill -- -1 ran on box {boxes}: the job's sentinel died"
+    killed = [iid for iid, b, _ in where if b.sentinel_killed]
+    assert not killed, f"kill -- -1 ran on box {killed}: the box's sentinel died while its sshd lived"
 
 
 def test_a_clock_from_the_future_is_ended_on_the_controllers_clock(outcome: Outcome) -> None:
