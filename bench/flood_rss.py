@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         for flooded in (False, True):
             key = "flooded" if flooded else "honest"
             with Emulator(seed=7, offers=200, boot_delay=0.2) as emu:
-                out[key] = run_fleet(
+                figures = run_fleet(
                     emu,
                     Path(tmp) / key,
                     f"bench-{key}",
@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
                     flood_mib=args.flood_mib,
                     ceiling_mib=args.ceiling_mib,
                 )
+                figures.pop("log")  # in the temporary directory, gone when this ends
+                out[key] = figures
     honest, flooded_fig = out["honest"], out["flooded"]
     assert isinstance(honest, dict) and isinstance(flooded_fig, dict)
     out["flooded_over_honest"] = round(flooded_fig["peak_rss_mib"] / max(honest["peak_rss_mib"], 1.0), 2)
