@@ -73,8 +73,11 @@ else:
                 "last_metrics": {"step": 1, "episode_reward": conf["metric"]},
                 "best_metric": conf["metric"], "final_metric": conf["metric"], "metrics_age_s": 1.0}
 
+    # a box can always lie about what really runs on it; the forgeries are runs never launched here
+    real = {r.get("run_id") for r in doc.get("runs", [])}
     for run_id in conf["forge"]:
-        doc["runs"].append(won(run_id))
+        if run_id not in real:
+            doc["runs"].append(won(run_id))
     doc["runs"].append(won("../../tmp/evil"))
     doc["runs"].append(won("evil\u202e\x1b[31m\x07"))
     # 1,000 GPUs keep the document under the probe's byte bound: these claims must be capped, not make the box
