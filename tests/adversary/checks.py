@@ -54,6 +54,29 @@ def _non_finite(doc: Any, where: str) -> list[str]:
     return out
 
 
+def bad_char(text: str) -> str | None:
+    """The first raw control or bidi character in ``text`` as ``U+XXXX at N``, or None."""
+    m = _BAD_CHARS.search(text)
+    return None if m is None else f"U+{ord(m.group()):04X} at {m.start()}"
+
+
+# a number drawn that is not one: NaN, Infinity, inf in an attribute value (a coordinate, a path, a style)
+_NON_NUMBER = re.compile(r'\s[\w:-]+="[^"<>]*\b(?:NaN|-?Infinity|-?inf)\b')
+
+
+def page_problems(html: str, forbidden: Iterable[str] = ()) -> list[str]:
+    """What is wrong with a rendered page: non-numbers drawn, raw control or bidi characters, controller paths."""
+    problems: list[str] = []
+    m = _NON_NUMBER.search(html)
+    if m:
+        problems.append(f"a non-finite coordinate drawn: {m.group()[:120]!r}")
+    bad = bad_char(html)
+    if bad:
+        problems.append(f"raw character {bad}")
+    problems += [f"carries the controller path {p}" for p in forbidden if p and p in html]
+    return problems
+
+
 def remote_files(remote: Path, prefix: str = "observed/", rev: str = "refs/heads/main") -> dict[str, bytes]:
     names = subprocess.run(
         ["git", "ls-tree", "-r", "--name-only", rev, prefix], cwd=remote, capture_output=True, text=True, check=True
@@ -79,9 +102,9 @@ def strict_observed(remote: Path, forbidden: Iterable[str]) -> list[str]:
         except UnicodeDecodeError as exc:
             problems.append(f"{name}: not UTF-8 ({exc})")
             continue
-        bad = _BAD_CHARS.search(text)
+        bad = bad_char(text)
         if bad:
-            problems.append(f"{name}: raw character U+{ord(bad.group()):04X} at {bad.start()}")
+            problems.append(f"{name}: raw character {bad}")
         for path in forbidden:
             if path in text:
                 problems.append(f"{name}: carries the controller path {path}")

@@ -12,6 +12,8 @@ issue's adversaries; what the controller must do about each is asserted by the t
   the heartbeat ten days ahead, then sleeps forever: only the controller's own clock can end it.
 * ``nonfinite``: metric lines with ``NaN``, ``Infinity``, ``-Infinity``, ``1e400``, ``1e308`` and a step of
   10^400, plus ESC, C1, BEL and bidi characters on stderr; exit 0.
+* ``stderr``: fails (exit 3) after writing ESC sequences, an OSC title with BEL, C1, bidi overrides and HTML to
+  stderr, so its record carries them as its stderr tail.
 * ``garbage_exit``: ends its whole session (the wrapper too, so it records nothing) after writing an exit code
   of 10^29 and an ``ended_at`` in the year 33658.
 * ``harvest``: artifacts and a checkpoint directory holding a sparse 1 GiB file, 200,000 files, symlinks out of
@@ -128,6 +130,10 @@ elif mode == "nonfinite":
     line('{"step": 1' + "0" * 400 + ', "episode_reward": 1e400}')
     line('{"step": 6, "episode_reward": 1e308, "nan": NaN}')
     sys.stderr.write("\x1b[31mred\x1b[0m \u202eevil\u202c \x07bell \x9bc1 \u2066iso\u2069\n")
+elif mode == "stderr":
+    line(json.dumps({"step": 1, "episode_reward": 6.0}))
+    sys.stderr.write("\x1b[2J\x1b]0;owned\x07 \u202egnp.exe\u202c \x9b31m \u2066iso\u2069 <b>&amp;</b>\n" * 3)
+    sys.exit(3)
 elif mode == "garbage_exit":
     line(json.dumps({"step": 1, "episode_reward": 3.0}))
     write("exit_code", "1" + "0" * 28 + "\n")

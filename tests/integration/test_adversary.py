@@ -39,7 +39,7 @@ from adversary import boxes as hostile
 from adversary import checks
 from adversary.jobs import JOB
 from test_run_daemon import World, make_world
-from world import RIGSYNC
+from world import RIGSYNC, rigsync
 
 from reconciler.bounds import MAX_METRIC_ABS, TIME_WINDOW_S
 from reconciler.desired import load_desired_from_dir
@@ -50,7 +50,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
 RUN_BUDGET_S = 120.0  # the fleets' wall time at most; the whole module stays under 3 minutes
 MAX_RUNTIME_S = 30
-JOB_MODES = ("honest", "pid1", "future", "nonfinite", "garbage_exit")
+JOB_MODES = ("honest", "pid1", "future", "nonfinite", "stderr", "garbage_exit")
 BOX_MODES = ("liar", "nested", "smi_garbage", "smi_hang")  # the first four boxes adv-boxes rents, in that order
 PLAIN_SEEDS = 5
 WALL = re.compile(r"; (\d+\.\d+)s$")  # a cycle line's wall time
@@ -404,6 +404,23 @@ def test_git_holds_only_strict_escaped_bounded_text(outcome: Outcome) -> None:
         assert problems == [], f"{f.name}: " + "\n".join(problems[:40])
 
 
+def test_the_dashboard_draws_no_nan_and_escapes_every_box_text(outcome: Outcome) -> None:
+    for f in outcome.fleets():
+        clone = outcome.tmp / f"{f.name}-reader"
+        subprocess.run(["git", "clone", "-q", str(f.world.remote), str(clone)], check=True)
+        page = clone / "dashboard.html"
+        result = rigsync(f.world.env, "dashboard", "--repo", str(clone), "--out", str(page))
+        assert result.returncode == 0, result.stderr
+        problems = checks.page_problems(page.read_text(errors="replace"), [str(f.data), str(f.world.state)])
+        assert problems == [], f"{f.name}: {problems}"
+
+
+def test_nothing_escapes_the_data_dirs(outcome: Outcome) -> None:
+    for f in outcome.fleets():
+        problems = checks.data_dir_problems(f.data)
+        assert problems == [], f"{f.name}: " + "\n".join(problems[:20])
+
+
 def test_sentinels_survive_on_every_box(outcome: Outcome) -> None:
     """A forged pid (PID 1) must never become ``kill -- -1``: an unrelated process on every box lives as long as the
     box does."""
@@ -452,6 +469,14 @@ def test_non_finite_and_huge_metrics_never_reach_the_archive_or_promote(outcome:
     promoted += [n for _, b in outcome.watcher.boxes.items() for n in b.dirs if n.rsplit(".", 1)[0] in promotion_seeds]
     assert not promoted, f"a forged metric (Infinity, 1e308) promoted seeds: {promoted}"
     assert "\x1b" not in str(rec.get("stderr_tail", "")), rec
+
+
+def test_a_failing_jobs_hostile_stderr_is_stored_escaped(outcome: Outcome) -> None:
+    rec = _one_record(outcome.jobs, outcome.ids["stderr"], "failing job with ESC/bidi stderr")
+    assert rec["phase"] == "failed" and rec.get("exit_code") == 3, rec
+    tail = rec.get("stderr_tail") or ""
+    assert "gnp.exe" in tail, f"the stderr tail was not kept: {rec}"
+    assert checks.bad_char(tail) is None, f"raw character {checks.bad_char(tail)} stored: {tail!r}"
 
 
 def test_a_garbage_exit_code_and_an_end_in_year_33658_are_settled_once(outcome: Outcome) -> None:

@@ -87,3 +87,16 @@ def test_data_dir_problems_finds_escapes_and_special_files(tmp_path: Path) -> No
     os.mkfifo(data / "run" / "fifo")
     problems = "\n".join(checks.data_dir_problems(data))
     assert "symlink out of the data dir" in problems and "special file" in problems, problems
+
+
+def test_page_problems_finds_nan_coordinates_raw_characters_and_paths() -> None:
+    good = '<svg><path d="M 1 2 L 3.5 4"/><circle cx="1" cy="2"/></svg><pre>&#27;[31m</pre>'
+    assert checks.page_problems(good, ["/srv/data"]) == []
+    for bad in (
+        '<circle cx="NaN" cy="2"/>',
+        '<path d="M 1 2 L NaN 4"/>',
+        "<pre>\x1b[31m</pre>",
+        "<p>\u202e</p>",
+        "<p>/srv/data/x</p>",
+    ):
+        assert checks.page_problems(bad, ["/srv/data"]), bad
