@@ -88,6 +88,16 @@ def stop_heartbeat(also_ancestors=False):
         time.sleep(0.2)
 
 
+def running(marker):
+    for e in os.listdir("/proc"):
+        if e.isdigit():
+            with contextlib.suppress(OSError):
+                with open("/proc/%s/cmdline" % e, "rb") as f:
+                    if f.read().startswith(marker.encode()):
+                        return True
+    return False
+
+
 def write(name, text):
     with open(os.path.join(run_dir, name), "w") as f:
         f.write(text)
@@ -109,6 +119,11 @@ elif mode == "pid1":
     marker = "adv-sentinel-job-" + os.environ.get("RIGSYNC_RUN_ID", "x")
     subprocess.call(["setsid", "-f", "bash", "-c", "exec -a %s sleep 100000" % marker],
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # wait for it to be exec'd (so out of this session) before ending this session's other processes
+    for _ in range(100):
+        if running(marker):
+            break
+        time.sleep(0.05)
     stop_heartbeat()
     write("pid", "1\n")
     forever()
