@@ -16,6 +16,7 @@ from reconciler.textsafe import visible
 __all__ = [
     "COMMAND_STDERR_BYTES",
     "COMMAND_STDOUT_BYTES",
+    "MANIFEST_BYTES",
     "MAX_GPUS",
     "MAX_JSON_DEPTH",
     "MAX_METRIC_ABS",
@@ -28,6 +29,7 @@ __all__ = [
     "bounded_text",
     "clamp_time",
     "finite",
+    "json_depth_ok",
 ]
 
 PROBE_STDOUT_BYTES = 1 << 20  # the probe's whole answer; an honest one is a few KiB per run directory
@@ -40,6 +42,7 @@ MAX_TEXT_CHARS = 512  # any one string from a box that is stored (ids, commits, 
 METRICS_LINE_BYTES = 64 << 10  # one line of a metrics.jsonl; a longer line is unusable, not read into memory
 METRICS_FILE_BYTES = 64 << 20  # a harvested metrics.jsonl read for its curve
 MAX_METRIC_ABS = 1e15  # a metric that promotes, ranks or stops runs is finite and at most this in magnitude
+MANIFEST_BYTES = 32 << 20  # a harvest's manifest (.rigsync-harvest.json); 200k files' entries fit
 TIME_WINDOW_S = 7 * 86400.0  # a box's times are clamped to this window around the controller's clock
 
 
@@ -65,3 +68,17 @@ def bounded_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:
     """A box's string, safe to store and show: control and bidi characters made visible, at most ``limit`` long."""
     shown = visible(text[: limit * 4])
     return shown if len(shown) <= limit else shown[: limit - 1] + "…"
+
+
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def json_depth_ok(data: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether brackets in ``data`` nest at most ``limit`` deep: a cheap check before ``json.loads`` (whose recursion
+    deep nesting exhausts). Brackets inside strings count too, which only errs on the shallow side."""
+    depth = 0
+    for b in data.translate(None, delete=_NOT_BRACKETS):
+        depth += 1 if b in b"[{" else -1
+        if depth > limit:
+            return False
+    return True

@@ -20,7 +20,9 @@ import shutil
 import tarfile
 import uuid
 from pathlib import Path
+from typing import Any, BinaryIO
 
+from reconciler.bounds import MANIFEST_BYTES, MAX_JSON_DEPTH, bounded_text, json_depth_ok
 from reconciler.errors import StoreError
 from reconciler.ports import Harvested, StoredCheckpoint
 
@@ -65,25 +67,65 @@ def _unpack(tar: bytes, into: Path) -> None:
                     continue
                 tf.extract(member, into, filter="data")
     except (tarfile.TarError, OSError) as exc:
-        raise StoreError(f"cannot unpack the harvest into {into}: {type(exc).__name__}: {exc}") from exc
+        # the message goes into a committed archive record: it names the problem, never the controller's paths
+        raise StoreError(f"cannot unpack the harvest: {type(exc).__name__}: {_no_path(exc)}") from exc
+
+
+def _no_path(exc: BaseException) -> str:
+    """What went wrong, without the file names an ``OSError`` carries (they are the controller's own paths)."""
+    if isinstance(exc, OSError):
+        return exc.strerror or type(exc).__name__
+    return bounded_text(str(exc), 200)
+
+
+def _count(value: object) -> int | None:
+    """A byte count from the box's manifest: a non-negative int (not bool) below 2**63, else None."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 63:
+        return None
+    return value
+
+
+def _entries(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _manifest(directory: Path) -> Harvested:
+    """The harvest's manifest, as the box wrote it: read under ``bounds.MANIFEST_BYTES``, every entry checked
+    (a malformed one is left out; a path is shown escaped and bounded). A missing or unparsable manifest is a
+    ``StoreError`` that names no path of the controller's."""
     try:
-        doc = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise StoreError(f"the harvest in {directory} has no readable manifest: {exc}") from exc
+        with (directory / MANIFEST).open("rb") as fh:
+            raw = fh.read(MANIFEST_BYTES + 1)
+        if len(raw) > MANIFEST_BYTES:
+            raise StoreError(f"the harvest's manifest is larger than {MANIFEST_BYTES} bytes")
+        if not json_depth_ok(raw):
+            raise StoreError(f"the harvest's manifest is nested deeper than {MAX_JSON_DEPTH}")
+        doc = json.loads(raw)
+    except OSError as exc:
+        raise StoreError(f"the harvest has no readable manifest: {_no_path(exc)}") from exc
+    except (ValueError, RecursionError) as exc:
+        raise StoreError(f"the harvest's manifest is not JSON: {type(exc).__name__}") from exc
+    if not isinstance(doc, dict):
+        raise StoreError("the harvest's manifest is not a JSON object")
+    files = tuple(
+        (bounded_text(e[0]), n)
+        for e in _entries(doc.get("files"))
+        if isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and (n := _count(e[1])) is not None
+    )
+    skipped = tuple(
+        (bounded_text(str(e.get("path"))), _count(e.get("size")), bounded_text(str(e.get("why", ""))))
+        for e in _entries(doc.get("skipped"))
+        if isinstance(e, dict)
+    )
     resumed = doc.get("resumed_from")
     return Harvested(
-        files=tuple((str(p), int(n)) for p, n in doc.get("files") or ()),
-        skipped=tuple(
-            (str(s.get("path")), None if s.get("size") is None else int(s["size"]), str(s.get("why", "")))
-            for s in doc.get("skipped") or ()
-        ),
-        bytes=int(doc.get("bytes", 0)),
-        cap=int(doc.get("cap", 0)),
-        resumed_from=resumed if isinstance(resumed, int) and not isinstance(resumed, bool) else None,
+        files=files,
+        skipped=skipped,
+        bytes=_count(doc.get("bytes", 0)) or 0,
+        cap=_count(doc.get("cap", 0)) or 0,
+        resumed_from=resumed if isinstance(resumed, int) and not isinstance(resumed, bool) and resumed > 0 else None,
     )
+
 
 
 def _swap_in(tmp: Path, final: Path) -> None:
@@ -128,6 +170,16 @@ class LocalStore:
                 if tail is not None:
                     f.seek(max(0, path.stat().st_size - tail))
                 return f.read()
+        except OSError:
+            return None
+
+    def open_attempt(self, run_id: str, attempt: int, name: str) -> BinaryIO | None:
+        base = attempt_dir(self.fleet_data, run_id, attempt)
+        path = base / name
+        try:
+            if not path.resolve().is_relative_to(base.resolve()) or not path.is_file():
+                return None
+            return path.open("rb")
         except OSError:
             return None
 
