@@ -193,7 +193,7 @@ def test_hostile_metrics_settle_the_attempt_once_with_a_named_problem(tmp_path: 
     res = _apply(world, desired, observed, p, archive, tmp_path)
     assert res.failures == [] and len(res.archived) == 1
     (rec,) = res.archived
-    assert rec.harvest is not None and "unusable metrics: line 3: number out of range (3 line(s) dropped)" in rec.harvest
+    assert "unusable metrics: line 3: number out of range (3 line(s) dropped)" in (rec.harvest or "")
     (curve,) = res.curves.values()
     doc = _strict(curve)
     assert doc["points"] == [[1, 1], [2, 2], [6, 4]] and doc["points_dropped"] == 3
@@ -222,7 +222,7 @@ def test_an_exception_from_reading_results_still_settles(tmp_path: Path, monkeyp
 
 
 def test_a_record_that_skips_its_harvest_never_asks_the_box(tmp_path: Path) -> None:
-    world, desired, archive, run = _finished(tmp_path)
+    world, desired, archive, _run = _finished(tmp_path)
     observed, p = observe_and_plan(world, desired, archive)
     (rec_action,) = [a for a in p.actions if isinstance(a, Record)]
     skipping = replace(p, actions=(replace(rec_action, skip_harvest="probe: run dir answer unusable\x1b[2J"),))
