@@ -41,7 +41,7 @@ from reconciler.actions import (
     SyncCheckpoint,
     closed,
 )
-from reconciler.bounds import bounded_text, clamp_time, finite
+from reconciler.bounds import MAX_NOTE_CHARS, bounded_text, clamp_time, finite
 from reconciler.curves import curve_path, read_metrics, render_curve
 from reconciler.errors import (
     HostUnreachable,
@@ -324,7 +324,7 @@ def _harvest(
             unusable.append(f"unusable metrics: {problem}")
     if unusable:
         note = f"{note}; {'; '.join(unusable)}"
-    return replace(rec, harvest=bounded_text(note, 2000), stderr_tail=tail, resumed_from=resumed)
+    return replace(rec, harvest=bounded_text(note, MAX_NOTE_CHARS), stderr_tail=tail, resumed_from=resumed)
 
 
 def _curve(
@@ -406,7 +406,7 @@ def harvest_note(got: Harvested) -> str:
         f"{path} ({_size(size) if size is not None else '?'}, {why})" for path, size, why in got.skipped[:5]
     )
     more = f" and {len(got.skipped) - 5} more" if len(got.skipped) > 5 else ""
-    return f"partial: {text} kept within the {_size(got.cap)} cap; skipped {shown}{more}"[:2000]
+    return bounded_text(f"partial: {text} kept within the {_size(got.cap)} cap; skipped {shown}{more}", MAX_NOTE_CHARS)
 
 
 def _size(n: int) -> str:

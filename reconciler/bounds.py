@@ -19,13 +19,16 @@ __all__ = [
     "MANIFEST_BYTES",
     "MAX_GPUS",
     "MAX_JSON_DEPTH",
+    "MAX_LISTED_CLAIMS",
     "MAX_METRIC_ABS",
+    "MAX_NOTE_CHARS",
     "MAX_PROBE_RUNS",
     "MAX_TEXT_CHARS",
     "METRICS_FILE_BYTES",
     "METRICS_LINE_BYTES",
     "PROBE_STDOUT_BYTES",
     "TIME_WINDOW_S",
+    "bounded_block",
     "bounded_text",
     "clamp_time",
     "finite",
@@ -38,6 +41,8 @@ COMMAND_STDERR_BYTES = 64 << 10  # every command's stderr: only its tail is kept
 MAX_JSON_DEPTH = 16  # nesting of any JSON document from a box (the probe's is 4 deep)
 MAX_PROBE_RUNS = 1024  # run directories one probe may report (the box reports its newest first)
 MAX_GPUS = 64  # GPU entries one probe may report; the instance's listed count caps it further
+MAX_LISTED_CLAIMS = 64  # entries of one box's claimed list (code commits, bootstrap hashes) kept in observed/
+MAX_NOTE_CHARS = 2000  # a note or message rigsync composes around a box's texts (harvest notes, drift, errors)
 MAX_TEXT_CHARS = 512  # any one string from a box that is stored (ids, commits, metric keys, reasons, errors)
 METRICS_LINE_BYTES = 64 << 10  # one line of a metrics.jsonl; a longer line is unusable, not read into memory
 METRICS_FILE_BYTES = 64 << 20  # a harvested metrics.jsonl read for its curve
@@ -67,6 +72,12 @@ def clamp_time(t: float, now: float) -> float:
 def bounded_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:
     """A box's string, safe to store and show: control and bidi characters made visible, at most ``limit`` long."""
     shown = visible(text[: limit * 4])
+    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
+
+
+def bounded_block(text: str, limit: int = MAX_TEXT_CHARS) -> str:
+    """``bounded_text`` for a text of lines (an error quoting stderr): newlines and tabs kept, the rest escaped."""
+    shown = visible(text[: limit * 4], block=True)
     return shown if len(shown) <= limit else shown[: limit - 1] + "…"
 
 
