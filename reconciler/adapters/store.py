@@ -128,6 +128,19 @@ def _manifest(directory: Path) -> Harvested:
 
 
 
+def harvest_skipped(directory: Path, name: str) -> str | None:
+    """Why the harvest kept in ``directory`` left ``name`` behind (``over the size cap, 2.0 GiB``), as its manifest
+    says; None when it did not (or there is no readable manifest)."""
+    try:
+        got = _manifest(directory)
+    except StoreError:
+        return None
+    for path, size, why in got.skipped:
+        if path == name:
+            return f"{why}, {size} bytes" if size is not None else why
+    return None
+
+
 def _swap_in(tmp: Path, final: Path) -> None:
     """Replace ``final`` with ``tmp`` (a directory): the old one is moved aside, then removed."""
     old = final.with_name(f".{final.name}.old.{os.getpid()}")

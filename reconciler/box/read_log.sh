@@ -20,7 +20,10 @@ fi
 ended=-
 if [ -s "$RUN_DIR/exit_code" ]; then
   ended=$(head -c 32 "$RUN_DIR/exit_code" | tr -dc '0-9-')
-  [ -n "$ended" ] || ended=-
+  # what the job's box wrote there may be anything: only a plain integer of at most 10 digits is passed on
+  case "$ended" in "" | - | *[!0-9-]* | ?*-* | -*[!0-9]*) ended=- ;; esac
+  digits=${ended#-}
+  [ "${#digits}" -le 10 ] || ended=-
 fi
 alive=-
 pid=$(cat "$RUN_DIR/pid" 2>/dev/null)

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from reconciler.adapters.store import attempt_dir, data_dir_for
+from reconciler.adapters.store import attempt_dir, data_dir_for, harvest_skipped
 from reconciler.cli._boxes import BoxAccess, read_fleet_facts
 from reconciler.cli._common import add_data_dir_arg, add_live_args, api_url_of
 from reconciler.errors import HostKeyMismatch, HostUnreachable, RemoteCommandFailed, UserError
@@ -260,12 +260,22 @@ def _open(args: argparse.Namespace) -> tuple[AttemptPlace, LogStream, BoxAccess,
     stream = LogStream.STDERR if args.stderr else LogStream.STDOUT
     stored = attempt_dir(data_dir_for(facts.desired.fleet.name, args.data_dir), place.run_id, place.attempt)
     boxes = BoxAccess(facts, api_url)
+    retries = FOLLOW_RETRIES if args.follow else 0
     try:
         source: LogSource
-        if stored.is_dir():
+        left_behind = harvest_skipped(stored, stream.value) if stored.is_dir() else None
+        if stored.is_dir() and left_behind is None:
             source = StoreSource(stored, stream, place.record.exit_code if place.record else None)
+        elif left_behind is not None:
+            # harvested, but without this log (a 2 GiB stderr.log is over the harvest's cap): its box may still
+            # have it; printing the empty store copy would say the log is empty
+            try:
+                source = _box_source(boxes, place, stream, stored, retries=retries)
+            except UserError as exc:
+                raise UserError(f"attempt {place.name}'s {stream.value} was not harvested ({left_behind}), and its "
+                                f"box cannot give it: {exc}") from exc
         else:
-            source = _box_source(boxes, place, stream, stored, retries=FOLLOW_RETRIES if args.follow else 0)
+            source = _box_source(boxes, place, stream, stored, retries=retries)
     except BaseException:
         boxes.close()
         raise

@@ -248,3 +248,68 @@ def test_a_box_s_forged_numbers_and_times_do_not_stop_the_record(tmp_path: Path)
     assert rec.code_commit is not None and len(rec.code_commit) <= 512 and "\x1b" not in rec.code_commit
     line = record_to_json(rec)
     _strict(line)
+
+
+# ------------------------------------------------------------------------------------- harvest: special files
+
+
+def test_a_fifo_and_a_socket_in_a_harvest_are_named_in_its_note(tmp_path: Path) -> None:
+    import os
+    import socket
+    import subprocess
+
+    from reconciler import remote
+    from reconciler.apply import harvest_note
+
+    home = tmp_path / "home"
+    d = home / "rigsync" / "runs" / "r5.1"
+    (d / "eval").mkdir(parents=True)
+    (d / "stderr.log").write_text("err\n")
+    os.mkfifo(d / "eval" / "pipe.json")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(d / "eval" / "sock.json"))
+    (d / "eval" / "gone.json").symlink_to(d / "nothing-here")
+    (d / "eval" / "ok.json").write_text("{}")
+    env = {"HOME": str(home), "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    res = subprocess.run(["bash", "-c", remote.harvest_script("r5", 1, what="run", patterns=["eval/*"],
+                                                              cap_bytes=1 << 20)],
+                         env=env, capture_output=True, timeout=60, check=False)
+    sock.close()
+    assert res.returncode == 0, res.stderr
+    got = LocalStore(tmp_path / "data").put_attempt("r5", 1, res.stdout)
+    assert [p for p, _ in got.files] == ["stderr.log", "eval/ok.json"]
+    assert sorted((p, why) for p, _, why in got.skipped) == [
+        ("eval/gone.json", "a symlink to nothing readable"),
+        ("eval/pipe.json", "not a regular file (fifo)"),
+        ("eval/sock.json", "not a regular file (socket)"),
+    ]
+    note = harvest_note(got)
+    assert "eval/pipe.json (?, not a regular file (fifo))" in note and "eval/sock.json" in note
+
+
+# --------------------------------------------------------------------------------------------- log answers
+
+
+@given(st.binary(max_size=512), st.binary(max_size=64))
+def test_parse_log_slice_is_total(banner: bytes, header: bytes) -> None:
+    from reconciler.errors import RemoteCommandFailed
+    from reconciler.remote.logs import MAX_SLICE_BYTES, LogSlice, parse_log_slice
+
+    for answer in (banner, b"rigsync-log " + header + b"\n" + banner, banner + b"\nrigsync-log - 1 0 3 3\nabc"):
+        try:
+            got = parse_log_slice(answer)
+        except RemoteCommandFailed as exc:
+            assert len(str(exc)) < 400 and "\x1b" not in str(exc)
+            continue
+        assert isinstance(got, LogSlice) and got.start <= got.end <= got.size
+        assert len(got.data) == got.end - got.start <= MAX_SLICE_BYTES
+
+
+def test_parse_log_slice_refuses_absurd_headers() -> None:
+    from reconciler.errors import RemoteCommandFailed
+    from reconciler.remote.logs import parse_log_slice
+
+    for bad in (b"rigsync-log " + b"9" * 5000 + b" 1 0 0 0\n", b"rigsync-log - 1 0 3 2\nabc",
+                b"rigsync-log - 1 0 " + b"9" * 30 + b" " + b"9" * 30 + b"\n"):
+        with pytest.raises(RemoteCommandFailed):
+            parse_log_slice(bad)
