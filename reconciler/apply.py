@@ -41,7 +41,7 @@ from reconciler.actions import (
     SyncCheckpoint,
     closed,
 )
-from reconciler.bounds import MAX_NOTE_CHARS, bounded_text, clamp_time, finite
+from reconciler.bounds import MAX_NOTE_CHARS, bounded_block, bounded_text, clamp_time, finite
 from reconciler.curves import curve_path, read_metrics, render_curve
 from reconciler.errors import (
     HostUnreachable,
@@ -312,7 +312,7 @@ def _harvest(
         try:
             raw = ctx.store.read_attempt(rec.run_id, rec.attempt, "stderr.log", tail=STDERR_TAIL_BYTES)
             text = _tail_text(raw) if raw else None
-            tail = _secrets_hidden(ctx, spec, text) if text else None
+            tail = bounded_block(_secrets_hidden(ctx, spec, text), STDERR_TAIL_BYTES) if text else None
         except Exception as exc:  # what the box wrote must not keep its attempt from being settled
             unusable.append(f"unusable stderr.log: {type(exc).__name__}")
     if spec is not None and spec.sweep.metric_key and not spec.sweep.metrics_file.startswith("/"):
@@ -547,7 +547,7 @@ def _attempt_record(
         cost_usd=attempt_cost(dph, num_gpus, mask, started, ended),
         best_metric=finite(state.best_metric) if state else None,
         final_metric=finite(state.final_metric) if state else None,
-        reason=reason,
+        reason=bounded_text(reason, MAX_NOTE_CHARS),  # it may quote a box (a killed reason, an error)
         resumed_from=launched.resumed_from if launched else None,
     )
 

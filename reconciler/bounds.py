@@ -18,6 +18,7 @@ __all__ = [
     "COMMAND_STDOUT_BYTES",
     "MANIFEST_BYTES",
     "MAX_GPUS",
+    "MAX_HARVEST_FILES",
     "MAX_JSON_DEPTH",
     "MAX_LISTED_CLAIMS",
     "MAX_METRIC_ABS",
@@ -40,6 +41,7 @@ COMMAND_STDOUT_BYTES = 64 << 10  # launch, kill, bootstrap, ship-code, stage-res
 COMMAND_STDERR_BYTES = 64 << 10  # every command's stderr: only its tail is kept past this
 MAX_JSON_DEPTH = 16  # nesting of any JSON document from a box (the probe's is 4 deep)
 MAX_PROBE_RUNS = 1024  # run directories one probe may report (the box reports its newest first)
+MAX_HARVEST_FILES = 20_000  # files one harvest unpacks into the store; the rest are named as skipped
 MAX_GPUS = 64  # GPU entries one probe may report; the instance's listed count caps it further
 MAX_LISTED_CLAIMS = 64  # entries of one box's claimed list (code commits, bootstrap hashes) kept in observed/
 MAX_NOTE_CHARS = 2000  # a note or message rigsync composes around a box's texts (harvest notes, drift, errors)

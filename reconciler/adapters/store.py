@@ -19,10 +19,11 @@ import os
 import shutil
 import tarfile
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from reconciler.bounds import MANIFEST_BYTES, MAX_JSON_DEPTH, bounded_text, json_depth_ok
+from reconciler.bounds import MANIFEST_BYTES, MAX_HARVEST_FILES, MAX_JSON_DEPTH, bounded_text, json_depth_ok
 from reconciler.errors import StoreError
 from reconciler.ports import Harvested, StoredCheckpoint
 
@@ -57,18 +58,63 @@ MANIFEST = ".rigsync-harvest.json"  # the harvest's own manifest (``reconciler/b
 CHECKPOINT_MARK = ".rigsync-checkpoint.json"  # in a checkpoint dir: {"run_id", "attempt", "synced_at"}
 
 
-def _unpack(tar: bytes, into: Path) -> None:
-    """Unpack a harvest stream into the new directory ``into``: regular files only, no path out of it."""
+Refused = tuple[str, int | None, str]  # (member name, bytes if known, why), as ``Harvested.skipped``
+
+
+def _unpack(tar: bytes, into: Path) -> list[Refused]:
+    """Unpack a harvest stream into the new directory ``into``: regular files only, no path out of it, at most
+    ``bounds.MAX_HARVEST_FILES`` of them. What is refused (a FIFO or device node, a link, a path out of the
+    directory) is returned, named, for the harvest's note; the rest is unpacked."""
     into.mkdir(parents=True, mode=0o700)
+    refused: list[Refused] = []
+    taken = 0
     try:
         with tarfile.open(fileobj=io.BytesIO(tar), mode="r:*") as tf:
-            for member in tf.getmembers():
-                if not member.isfile():
+            for member in tf:
+                name = bounded_text(member.name, 200)
+                if member.isdir():
                     continue
-                tf.extract(member, into, filter="data")
+                if not member.isfile():
+                    refused.append((name, None, f"not a regular file ({_member_kind(member)})"))
+                    continue
+                if taken >= MAX_HARVEST_FILES and member.name != MANIFEST:
+                    refused.append((name, member.size, f"past {MAX_HARVEST_FILES} files"))
+                    continue
+                try:
+                    tf.extract(member, into, filter="data")
+                except tarfile.FilterError as exc:  # its message names where it would land: the controller's path
+                    refused.append((name, member.size, f"refused ({_filter_why(exc)})"))
+                    continue
+                taken += 1
+                # the members read so far are not needed again (no links are unpacked): 200k of them stay unheld
+                tf.members.clear()  # type: ignore[attr-defined]
     except (tarfile.TarError, OSError) as exc:
         # the message goes into a committed archive record: it names the problem, never the controller's paths
-        raise StoreError(f"cannot unpack the harvest: {type(exc).__name__}: {_no_path(exc)}") from exc
+        why = type(exc).__name__ if isinstance(exc, tarfile.FilterError) else _no_path(exc)
+        raise StoreError(f"cannot unpack the harvest: {type(exc).__name__}: {why}") from exc
+    return refused
+
+
+def _member_kind(member: tarfile.TarInfo) -> str:
+    if member.isfifo():
+        return "fifo"
+    if member.ischr():
+        return "character device"
+    if member.isblk():
+        return "block device"
+    if member.issym():
+        return "symlink"
+    if member.islnk():
+        return "hard link"
+    return "special file"
+
+
+def _filter_why(exc: tarfile.FilterError) -> str:
+    if isinstance(exc, tarfile.AbsolutePathError):
+        return "an absolute path"
+    if isinstance(exc, tarfile.OutsideDestinationError):
+        return "outside the run directory"
+    return type(exc).__name__
 
 
 def _no_path(exc: BaseException) -> str:
@@ -141,6 +187,14 @@ def harvest_skipped(directory: Path, name: str) -> str | None:
     return None
 
 
+def _with_refused(got: Harvested, refused: list[Refused]) -> Harvested:
+    """The manifest's account, with what the store refused to unpack added to what was skipped."""
+    if not refused:
+        return got
+    listed = {path for path, _, _ in got.skipped}
+    return replace(got, skipped=got.skipped + tuple(r for r in refused if r[0] not in listed))
+
+
 def _swap_in(tmp: Path, final: Path) -> None:
     """Replace ``final`` with ``tmp`` (a directory): the old one is moved aside, then removed."""
     old = final.with_name(f".{final.name}.old.{os.getpid()}")
@@ -166,12 +220,12 @@ class LocalStore:
         final = attempt_dir(self.fleet_data, run_id, attempt)
         tmp = self._tmp(final)
         try:
-            _unpack(tar, tmp)
+            refused = _unpack(tar, tmp)
             got = _manifest(tmp)
             _swap_in(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        return got
+        return _with_refused(got, refused)
 
     def read_attempt(self, run_id: str, attempt: int, name: str, *, tail: int | None = None) -> bytes | None:
         base = attempt_dir(self.fleet_data, run_id, attempt)
@@ -200,8 +254,8 @@ class LocalStore:
         final = checkpoint_dir(self.fleet_data, run_id)
         tmp = self._tmp(final)
         try:
-            _unpack(tar, tmp)
-            got = _manifest(tmp)
+            refused = _unpack(tar, tmp)
+            got = _with_refused(_manifest(tmp), refused)
             if got.skipped or not got.files:  # incomplete (or nothing yet): keep the last complete sync
                 return got
             (tmp / MANIFEST).unlink()

@@ -313,3 +313,37 @@ def test_parse_log_slice_refuses_absurd_headers() -> None:
                 b"rigsync-log - 1 0 " + b"9" * 30 + b" " + b"9" * 30 + b"\n"):
         with pytest.raises(RemoteCommandFailed):
             parse_log_slice(bad)
+
+
+def test_the_store_names_what_it_refuses_to_unpack_and_keeps_the_rest(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import reconciler.adapters.store as store_module
+    from reconciler.apply import harvest_note
+
+    monkeypatch.setattr(store_module, "MAX_HARVEST_FILES", 4)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for name, kind in (("pipe", tarfile.FIFOTYPE), ("dev", tarfile.CHRTYPE), ("link", tarfile.SYMTYPE)):
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            info.linkname = "/etc/passwd" if kind == tarfile.SYMTYPE else ""
+            tf.addfile(info)
+        for name in ("../../escape.txt", "/etc/cron.d/x", "stderr.log", "a", "b", "c", "d"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tf.addfile(info, io.BytesIO(b"x"))
+        blob = json.dumps({"files": [["stderr.log", 1]], "skipped": [], "bytes": 1, "cap": 10}).encode()
+        info = tarfile.TarInfo(".rigsync-harvest.json")
+        info.size = len(blob)
+        tf.addfile(info, io.BytesIO(blob))
+    data = tmp_path / "data-dir-secret"
+    got = LocalStore(data).put_attempt("r1", 1, buf.getvalue())
+    why = {p: w for p, _, w in got.skipped}
+    assert why["pipe"] == "not a regular file (fifo)" and why["dev"] == "not a regular file (character device)"
+    assert why["link"] == "not a regular file (symlink)"
+    assert why["../../escape.txt"] == "refused (outside the run directory)"
+    assert "/etc/cron.d/x" not in why  # the data filter takes it as etc/cron.d/x, inside the attempt's directory
+    assert why["d"] == "past 4 files"
+    assert not (tmp_path / "escape.txt").exists() and not list(tmp_path.rglob("escape.txt"))
+    note = harvest_note(got)
+    assert "pipe (?, not a regular file (fifo))" in note and "data-dir-secret" not in note and str(tmp_path) not in note
