@@ -18,6 +18,7 @@ shell command itself.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import assert_never
@@ -301,9 +302,9 @@ def _harvest(
     except HostUnreachable as exc:
         if required:
             raise
-        return replace(rec, harvest=f"lost: box unreachable ({bounded_text(_error_text(exc), 200)})")
+        return replace(rec, harvest=f"lost: box unreachable ({_note_text(exc, 200)})")
     except RigsyncError as exc:  # no run directory, no python, a stream the store refuses: say so, do not block
-        return replace(rec, harvest=f"lost: {bounded_text(_error_text(exc), 300)}")
+        return replace(rec, harvest=f"lost: {_note_text(exc, 300)}")
     note = harvest_note(got)
     resumed = rec.resumed_from if rec.resumed_from is not None else got.resumed_from
     tail: str | None = None
@@ -348,6 +349,16 @@ def _curve(
         return None
     dropped = f" ({got.dropped} line(s) dropped)" if got.dropped else ""
     return bounded_text(got.problem, 200) + dropped
+
+
+def _note_text(exc: Exception, limit: int) -> str:
+    """An error as a harvest note (committed to git) says it: escaped, bounded, and with this controller's home
+    directory shown as ``~`` (a message of a library below may name a key or a file under it)."""
+    text = _error_text(exc)
+    home = os.path.expanduser("~")
+    if len(home) > 1:
+        text = text.replace(home, "~")
+    return bounded_text(text, limit)
 
 
 def _secrets_hidden(ctx: ApplyContext, spec: RunSpec | None, text: str) -> str:

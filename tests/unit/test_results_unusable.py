@@ -347,3 +347,15 @@ def test_the_store_names_what_it_refuses_to_unpack_and_keeps_the_rest(tmp_path: 
     assert not (tmp_path / "escape.txt").exists() and not list(tmp_path.rglob("escape.txt"))
     note = harvest_note(got)
     assert "pipe (?, not a regular file (fifo))" in note and "data-dir-secret" not in note and str(tmp_path) not in note
+
+
+def test_a_harvest_error_note_names_no_controller_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from reconciler.errors import RemoteCommandFailed
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home-of-the-controller"))
+    world, desired, archive, _run = _finished(tmp_path)
+    world.fail_next("harvest", RemoteCommandFailed(f"exit 2: {tmp_path}/home-of-the-controller/.ssh/id: denied"))
+    observed, p = observe_and_plan(world, desired, archive)
+    res = _apply(world, desired, observed, p, archive, tmp_path)
+    (rec,) = res.archived
+    assert rec.harvest == "lost: RemoteCommandFailed: exit 2: ~/.ssh/id: denied"
