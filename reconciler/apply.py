@@ -305,6 +305,8 @@ def _harvest(
         return replace(rec, harvest=f"lost: box unreachable ({_note_text(exc, 200)})")
     except RigsyncError as exc:  # no run directory, no python, a stream the store refuses: say so, do not block
         return replace(rec, harvest=f"lost: {_note_text(exc, 300)}")
+    except (ValueError, OverflowError, RecursionError, MemoryError) as exc:  # the box's stream itself is unusable
+        return replace(rec, harvest=f"lost: unusable harvest: {type(exc).__name__}")
     note = harvest_note(got)
     resumed = rec.resumed_from if rec.resumed_from is not None else got.resumed_from
     tail: str | None = None

@@ -52,14 +52,14 @@ def read_repo(repo: Path) -> RepoFacts:
         for line in shard.read_bytes().splitlines():
             try:
                 entry = entry_from_json(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # a line nobody could have written as it stands is not shown
                 continue
             (overheads if isinstance(entry, OverheadRecord) else attempts).append(entry)  # type: ignore[arg-type]
     curves: list[dict[str, Any]] = []
     for f in sorted((repo / CURVES_DIR).glob("*/*.json")):
         try:
             doc = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             continue
         if isinstance(doc, dict) and isinstance(doc.get("points"), list):
             curves.append(doc)

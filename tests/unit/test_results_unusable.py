@@ -359,3 +359,12 @@ def test_a_harvest_error_note_names_no_controller_path(tmp_path: Path, monkeypat
     res = _apply(world, desired, observed, p, archive, tmp_path)
     (rec,) = res.archived
     assert rec.harvest == "lost: RemoteCommandFailed: exit 2: ~/.ssh/id: denied"
+
+
+@pytest.mark.parametrize("exc", [ValueError("bad stream"), RecursionError(), OverflowError(), MemoryError()])
+def test_an_unusable_harvest_stream_settles_the_attempt(tmp_path: Path, exc: Exception) -> None:
+    world, desired, archive, _run = _finished(tmp_path)
+    world.fail_next("harvest", exc)
+    observed, p = observe_and_plan(world, desired, archive)
+    res = _apply(world, desired, observed, p, archive, tmp_path)
+    assert res.failures == [] and [r.harvest for r in res.archived] == [f"lost: unusable harvest: {type(exc).__name__}"]
