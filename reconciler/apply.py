@@ -42,7 +42,7 @@ from reconciler.actions import (
     SyncCheckpoint,
     closed,
 )
-from reconciler.bounds import MAX_NOTE_CHARS, bounded_block, bounded_text, clamp_time, finite
+from reconciler.bounds import MAX_NOTE_CHARS, bounded_text, clamp_time, finite
 from reconciler.curves import curve_path, read_metrics, render_curve
 from reconciler.errors import (
     HostUnreachable,
@@ -68,6 +68,7 @@ from reconciler.model import (
 from reconciler.ports import ArchiveAppender, BoxControl, Fence, Harvested, LaunchJob, Provider, ResultStore, no_fence
 from reconciler.remember import attempt_cost, capped_to_bill, overhead_record
 from reconciler.remote import watchdog_onstart
+from reconciler.textsafe import visible
 
 __all__ = ["ApplyContext", "ApplyResult", "Outcome", "apply", "harvest_note"]  # the outcomes' types live in actions
 
@@ -315,7 +316,7 @@ def _harvest(
         try:
             raw = ctx.store.read_attempt(rec.run_id, rec.attempt, "stderr.log", tail=STDERR_TAIL_BYTES)
             text = _tail_text(raw) if raw else None
-            tail = bounded_block(_secrets_hidden(ctx, spec, text), STDERR_TAIL_BYTES) if text else None
+            tail = _shown_tail(_secrets_hidden(ctx, spec, text)) if text else None
         except Exception as exc:  # what the box wrote must not keep its attempt from being settled
             unusable.append(f"unusable stderr.log: {type(exc).__name__}")
     if spec is not None and spec.sweep.metric_key and not spec.sweep.metrics_file.startswith("/"):
@@ -361,6 +362,13 @@ def _note_text(exc: Exception, limit: int) -> str:
     if len(home) > 1:
         text = text.replace(home, "~")
     return bounded_text(text, limit)
+
+
+def _shown_tail(text: str) -> str:
+    """A stderr tail as the archive stores it: control and bidi characters escaped (newlines kept), and when the
+    escapes make it longer than ``STDERR_TAIL_BYTES`` characters, its end kept (the last lines say the most)."""
+    shown = visible(text, block=True)
+    return shown if len(shown) <= STDERR_TAIL_BYTES else "…" + shown[-(STDERR_TAIL_BYTES - 1) :]
 
 
 def _secrets_hidden(ctx: ApplyContext, spec: RunSpec | None, text: str) -> str:
