@@ -373,7 +373,7 @@ def test_an_unusable_harvest_stream_settles_the_attempt(tmp_path: Path, exc: Exc
 
 def test_a_hostile_stderr_tail_is_stored_escaped_bounded_and_keeps_its_end(tmp_path: Path) -> None:
     world, desired, archive, run = _finished(tmp_path, exit_code=1)
-    world.job_stderr[(run.run_id, run.attempt)] = b"\x1b[2J\x07\xc2\x9b\xe2\x80\xae" * 2000 + b"\nthe last line\n"
+    world.job_stderr[(run.run_id, run.attempt)] = b"\x1b[2J\x07\xc2\x9b\xe2\x80\xae\n" * 2000 + b"the last line\n"
     observed, p = observe_and_plan(world, desired, archive)
     (rec,) = _apply(world, desired, observed, p, archive, tmp_path).archived
     tail = rec.stderr_tail or ""
