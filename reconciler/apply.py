@@ -588,6 +588,10 @@ def _box_text(text: str | None) -> str | None:
 
 
 def _archive(ctx: ApplyContext, result: ApplyResult, rec: AttemptRecord) -> None:
+    state = _run_state(ctx.observed, rec.instance_id, rec.run_id, rec.attempt)
+    if state is not None and state.problem:  # what of the box's report could not be used is said where it is kept
+        said = f"unusable {bounded_text(state.problem, 300)}"
+        rec = replace(rec, harvest=bounded_text(f"{rec.harvest}; {said}" if rec.harvest else said, MAX_NOTE_CHARS))
     listed = next((i for i in ctx.observed.instances if i.id == rec.instance_id), None)
     box = ctx.observed.memory.spend.box(rec.instance_id)
     rec = capped_to_bill(rec, box, listed, (*ctx.observed.history, *result.archived), ctx.now())

@@ -379,3 +379,13 @@ def test_a_hostile_stderr_tail_is_stored_escaped_bounded_and_keeps_its_end(tmp_p
     tail = rec.stderr_tail or ""
     assert len(tail) <= 4096 and tail.endswith("\nthe last line") and tail.startswith("…")
     assert "\x1b" not in tail and "\u202e" not in tail and "\\x1b[2J\\x07\\u009b\\u202e" in tail
+
+
+def test_what_the_probe_could_not_use_is_said_in_the_record(tmp_path: Path) -> None:
+    world, desired, archive, _run = _finished(tmp_path)
+    observed, p = observe_and_plan(world, desired, archive)
+    (probe,) = [pr for pr in observed.probes if pr.runs]
+    flagged = replace(probe, runs=tuple(replace(r, problem="metrics: best_metric out of range") for r in probe.runs))
+    observed = replace(observed, probes=tuple(flagged if pr is probe else pr for pr in observed.probes))
+    (rec,) = _apply(world, desired, observed, p, archive, tmp_path).archived
+    assert (rec.harvest or "").endswith("; unusable metrics: best_metric out of range"), rec.harvest
