@@ -423,11 +423,14 @@ def harvest_note(got: Harvested) -> str:
     text = f"{len(got.files)} file(s), {_size(got.bytes)}"
     if not got.skipped:
         return f"ok: {text}"
-    shown = ", ".join(
-        f"{path} ({_size(size) if size is not None else '?'}, {why})" for path, size, why in got.skipped[:5]
-    )
+    # what a box had no business sending (a FIFO, a device node, a link, a path out of the run directory) is named
+    # first, so the five named always include it; then what the size cap left behind
+    named = sorted(got.skipped, key=lambda s: s[2] == "over the size cap")
+    shown = ", ".join(f"{path} ({_size(size) if size is not None else '?'}, {why})" for path, size, why in named[:5])
     more = f" and {len(got.skipped) - 5} more" if len(got.skipped) > 5 else ""
-    return bounded_text(f"partial: {text} kept within the {_size(got.cap)} cap; skipped {shown}{more}", MAX_NOTE_CHARS)
+    capped = any(why == "over the size cap" for _, _, why in got.skipped)
+    within = f" kept within the {_size(got.cap)} cap" if capped else ""
+    return bounded_text(f"partial: {text}{within}; skipped {shown}{more}", MAX_NOTE_CHARS)
 
 
 def _size(n: int) -> str:

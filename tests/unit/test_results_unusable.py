@@ -389,3 +389,18 @@ def test_what_the_probe_could_not_use_is_said_in_the_record(tmp_path: Path) -> N
     observed = replace(observed, probes=tuple(flagged if pr is probe else pr for pr in observed.probes))
     (rec,) = _apply(world, desired, observed, p, archive, tmp_path).archived
     assert (rec.harvest or "").endswith("; unusable metrics: best_metric out of range"), rec.harvest
+
+
+def test_a_note_names_special_files_before_what_the_cap_left() -> None:
+    from reconciler.apply import harvest_note
+    from reconciler.ports import Harvested
+
+    capped = tuple((f"big{i}.bin", 1 << 20, "over the size cap") for i in range(8))
+    got = Harvested(files=(("stderr.log", 3),), skipped=(*capped, ("eval/pipe", None, "not a regular file (fifo)")),
+                    bytes=3, cap=10)
+    note = harvest_note(got)
+    assert note.startswith("partial: 1 file(s), 3 B kept within the 10 B cap; skipped eval/pipe (?, not a regular")
+    assert note.endswith("and 4 more")
+    only = harvest_note(Harvested(files=(), skipped=(("dev", None, "not a regular file (character device)"),),
+                                  bytes=0, cap=10))
+    assert only == "partial: 0 file(s), 0 B; skipped dev (?, not a regular file (character device))"
