@@ -48,6 +48,7 @@ from reconciler.remote.logs import (
 
 POLL_S = 1.0  # --follow: how often the box is asked for new bytes
 READ_TIMEOUT_S = 30.0
+JSON_TEXT_BYTES = 1 << 20  # --json (and the MCP tool): at most the log's last this many bytes
 FOLLOW_RETRIES = 2  # --follow: a dropped connection is tried again this many times (POLL_S apart) before giving up
 
 
@@ -217,6 +218,7 @@ def pump(
     tail: int | None = None,
     poll_s: float = POLL_S,
     sleep: Callable[[float], None] = time.sleep,
+    start: int = 0,
 ) -> LogSlice:
     """Copy the log from ``source`` to ``write``: what is there now, or with ``follow`` until the attempt ended.
 
@@ -225,7 +227,7 @@ def pump(
     ``follow`` it ends when the exit code appears or the source is finished, and when the wrapper is gone without
     an exit code on two reads in a row (the wrapper writes the exit code just before it exits).
     """
-    offset, target, gone = 0, -1, 0
+    offset, target, gone = start, -1, 0
     last_lines = tail
     while True:
         sl = source.read(offset, last_lines)
@@ -287,18 +289,35 @@ def logs_json(args: argparse.Namespace) -> dict[str, object]:
     exit code when known (``rigsync mcp``'s ``logs`` returns the same)."""
     place, stream, boxes, source = _open(args)
     chunks: list[bytes] = []
+
+    def keep(data: bytes) -> None:  # what was read, its last JSON_TEXT_BYTES held at most (twice that, briefly)
+        chunks.append(data)
+        if sum(map(len, chunks)) > 2 * JSON_TEXT_BYTES:
+            kept = b"".join(chunks)
+            chunks[:] = [kept[-JSON_TEXT_BYTES:]]
+            dropped[0] += len(kept) - JSON_TEXT_BYTES
+
+    dropped = [0]
     try:
-        last = pump(source, chunks.append, follow=False, tail=args.tail)
+        # one JSON answer holds at most the log's last JSON_TEXT_BYTES (a 2 GiB log must not come home whole)
+        size = source.read(0, 0).size
+        start = max(0, size - JSON_TEXT_BYTES) if args.tail is None else 0
+        last = pump(source, keep, follow=False, tail=args.tail, start=start)
     finally:
         boxes.close()
-    return {
+    data = b"".join(chunks)
+    cut = max(0, len(data) - JSON_TEXT_BYTES)
+    doc: dict[str, object] = {
         "run_id": place.run_id,
         "attempt": place.attempt,
         "stream": stream.value,
         "source": "store" if isinstance(source, StoreSource) else "box",
         "exit_code": last.exit_code,
-        "text": b"".join(chunks).decode("utf-8", "backslashreplace"),
+        "text": data[cut:].decode("utf-8", "backslashreplace"),
     }
+    if start + dropped[0] + cut:
+        doc["omitted_bytes"] = start + dropped[0] + cut
+    return doc
 
 
 def run(args: argparse.Namespace) -> int:

@@ -76,6 +76,12 @@ def test_the_tail_of_a_2_gib_log_the_harvest_left_behind(emulator: Emulator, tmp
     assert tail.returncode == 0, tail.stderr
     assert tail.stdout == "".join(f"tail line {i}\n" for i in range(3, 8)), tail.stdout[:500]
     assert time.monotonic() - started < 60
+    as_json = rigsync(env, "logs", run.id, "--stderr", "--json", "--repo", str(repo))
+    assert as_json.returncode == 0, as_json.stderr
+    doc = json.loads(as_json.stdout)
+    size = (2 << 30) + sum(len(f"tail line {i}\n") for i in range(1, 8))
+    assert doc["source"] == "box" and doc["omitted_bytes"] == size - (1 << 20)
+    assert len(doc["text"].encode()) <= 4 << 20 and doc["text"].endswith("tail line 6\ntail line 7\n")
     out = rigsync(env, "logs", run.id, "--repo", str(repo))  # stdout came home: read from the store
     assert (out.returncode, out.stdout) == (0, "done walker-walk\n"), out.stderr
 
