@@ -35,8 +35,7 @@ grid:
 seeds: [1]
 max_runtime: 5m
 """
-TIMEOUTS = {"min": 1, "idle_timeout": "30m", "unreachable_grace": "3s", "heartbeat_stale": "8s",
-            "boot_timeout": "1m"}
+TIMEOUTS = {"min": 1, "idle_timeout": "30m", "unreachable_grace": "3s", "heartbeat_stale": "8s", "boot_timeout": "1m"}
 
 
 def test_the_tail_of_a_2_gib_log_the_harvest_left_behind(emulator: Emulator, tmp_path: Path) -> None:
@@ -88,5 +87,6 @@ def test_the_tail_of_a_2_gib_log_the_harvest_left_behind(emulator: Emulator, tmp
     emulator.destroy_instance(box)
     gone = rigsync(env, "logs", run.id, "--stderr", "--tail", "5", "--repo", str(repo))
     assert gone.returncode == 1 and gone.stdout == ""
-    assert gone.stderr.startswith(f"rigsync: error: attempt {run.id}.1's stderr.log was not harvested (over the "
-                                  "size cap, "), gone.stderr
+    assert gone.stderr.startswith(
+        f"rigsync: error: attempt {run.id}.1's stderr.log was not harvested (over the size cap, "
+    ), gone.stderr

@@ -23,9 +23,16 @@ NUMBER = r"-?\d+(?:\.\d+)?(?:e[+-]?\d+)?"
 def _hostile_repo(where: Path) -> Path:
     repo = make_snapshot_repo(where)
     run = first_archived_run()
-    rec = AttemptRecord(run_id=str(run["run_id"]), attempt=9, sweep=str(run["sweep"]), phase=AttemptOutcome.FAILED,
-                        exit_code=1, reason="exit code 1 \x1b]8;;http://x\x07", ended_at=4e9,
-                        stderr_tail=HOSTILE_STDERR)
+    rec = AttemptRecord(
+        run_id=str(run["run_id"]),
+        attempt=9,
+        sweep=str(run["sweep"]),
+        phase=AttemptOutcome.FAILED,
+        exit_code=1,
+        reason="exit code 1 \x1b]8;;http://x\x07",
+        ended_at=4e9,
+        stderr_tail=HOSTILE_STDERR,
+    )
     shard = sorted((repo / "observed" / "runs").glob("*.jsonl"))[-1]
     with shard.open("a", encoding="utf-8") as fh:
         fh.write(record_to_json(rec) + "\n")
@@ -47,8 +54,10 @@ def test_the_stderr_pre_and_reason_show_escapes_not_raw_characters(page: str) ->
     assert RAW.search(page) is None
     failures = page.split('<section id="failures">')[1].split("</section>")[0]
     pre = failures.split("<pre>")[1].split("</pre>")[0]
-    assert pre == ("Traceback\n\\x1b[31mred\\x1b[0m \\u009b2J bell\\x07 \\u202eevil\\u202c \\u2066iso\\u2069 "
-                   "&lt;b&gt;bold&lt;/b&gt;\n")
+    assert pre == (
+        "Traceback\n\\x1b[31mred\\x1b[0m \\u009b2J bell\\x07 \\u202eevil\\u202c \\u2066iso\\u2069 "
+        "&lt;b&gt;bold&lt;/b&gt;\n"
+    )
     assert "exit code 1 \\x1b]8;;http://x\\x07" in failures
 
 
@@ -64,8 +73,11 @@ def test_no_svg_coordinate_is_non_finite(page: str) -> None:
 
 
 def test_line_chart_skips_points_it_cannot_draw() -> None:
-    svg = str(line_chart([Series("a\x1b[2J", [(0.0, 1.0), (1.0, float("nan")), (2.0, float("inf")), (3.0, 1e308),
-                                               (4.0, 2.0)])]))
+    svg = str(
+        line_chart(
+            [Series("a\x1b[2J", [(0.0, 1.0), (1.0, float("nan")), (2.0, float("inf")), (3.0, 1e308), (4.0, 2.0)])]
+        )
+    )
     assert "nan" not in svg and "inf" not in svg and "\x1b" not in svg and "a\\x1b[2J" in svg
     (points,) = re.findall(r'points="([^"]*)"', svg)
     assert len(points.split()) == 2

@@ -39,14 +39,24 @@ def _hostile(desired: Desired) -> tuple[dict[str, str], int]:
     )
     run_id = honest.history[0].run_id
     forged = tuple(
-        AttemptRecord(run_id=run_id, attempt=10 + i, sweep=honest.history[0].sweep, phase=AttemptOutcome.SUCCEEDED,
-                      best_metric=m, instance_id=11, ended_at=T0 - 50)
+        AttemptRecord(
+            run_id=run_id,
+            attempt=10 + i,
+            sweep=honest.history[0].sweep,
+            phase=AttemptOutcome.SUCCEEDED,
+            best_metric=m,
+            instance_id=11,
+            ended_at=T0 - 50,
+        )
         for i, m in enumerate((math.nan, math.inf, -math.inf, 1e308))
     )
     observed = replace(honest, probes=(probe,), history=honest.history + forged)
     plan = a_plan(desired)
-    plan = replace(plan, drift=(*plan.drift, Drift(DriftClass.FOREIGN, f"instance/{NASTY}", NASTY * 20000, "none")),
-                   warnings=(f"box said {NASTY}" * 10_000,))
+    plan = replace(
+        plan,
+        drift=(*plan.drift, Drift(DriftClass.FOREIGN, f"instance/{NASTY}", NASTY * 20000, "none")),
+        warnings=(f"box said {NASTY}" * 10_000,),
+    )
     status = replace(STATUS_OK, apply_errors=(f"RemoteCommandFailed: exit 1: {NASTY}\nline two" * 10_000,))
     files = render_observed(desired=desired, observed=observed, plan=plan, status=status, now=T0)
     return files, len(gpus)

@@ -18,8 +18,16 @@ from reconciler.promotion import best_by_cell, succeeded_metrics, wanted_ids
 def _runs(goal: MetricGoal) -> list[RunSpec]:
     common = {"gpus": 1, "retries": 0, "metric_key": "reward", "metric_goal": goal}
     base = flat_run_spec(id="base", sweep="s", cell="c", params=(("lr", 1),), seed=0, command="x", **common)
-    more = flat_run_spec(id="more", sweep="s", cell="c", params=(("lr", 1),), seed=1, command="x",
-                         promotion_threshold=100.0 if goal is MetricGoal.MAX else -100.0, **common)
+    more = flat_run_spec(
+        id="more",
+        sweep="s",
+        cell="c",
+        params=(("lr", 1),),
+        seed=1,
+        command="x",
+        promotion_threshold=100.0 if goal is MetricGoal.MAX else -100.0,
+        **common,
+    )
     return [base, more]
 
 

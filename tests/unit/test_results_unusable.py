@@ -53,10 +53,18 @@ def test_read_metrics_is_total_finite_and_bounded_for_any_bytes(data: bytes, key
     assert got.problem is None or (isinstance(got.problem, str) and len(got.problem) <= 512)
 
 
-@given(st.lists(st.one_of(
-    st.floats(allow_nan=True, allow_infinity=True), st.integers(min_value=-(10**400), max_value=10**400),
-    st.text(max_size=5), st.none(), st.booleans(),
-), max_size=30))
+@given(
+    st.lists(
+        st.one_of(
+            st.floats(allow_nan=True, allow_infinity=True),
+            st.integers(min_value=-(10**400), max_value=10**400),
+            st.text(max_size=5),
+            st.none(),
+            st.booleans(),
+        ),
+        max_size=30,
+    )
+)
 def test_read_metrics_keeps_exactly_the_finite_in_range_values(values: list[Any]) -> None:
     lines = [json.dumps({"step": i, "reward": v}).encode() for i, v in enumerate(values)]
     got = read_metrics(b"\n".join(lines), "reward")
@@ -68,17 +76,19 @@ def test_read_metrics_keeps_exactly_the_finite_in_range_values(values: list[Any]
 
 def test_hostile_lines_are_dropped_counted_and_the_first_named() -> None:
     deep = b'{"reward": ' + b"[" * 5000 + b"]" * 5000 + b"}"
-    text = b"\n".join([
-        b'{"step": 1, "reward": 0.5}',
-        b'{"step": 2, "reward": 1e308}',
-        b'{"step": 1' + b"0" * 400 + b', "reward": 1}',
-        b'{"step": 4, "reward": NaN}',
-        b'{"step": 5, "reward": -Infinity}',
-        deep,
-        b'{"reward": ' + b"1" * 5000 + b"}",  # past Python's int-from-string limit
-        b'{"step": 8, "reward": 2.5}',
-        b"garbage{",
-    ])
+    text = b"\n".join(
+        [
+            b'{"step": 1, "reward": 0.5}',
+            b'{"step": 2, "reward": 1e308}',
+            b'{"step": 1' + b"0" * 400 + b', "reward": 1}',
+            b'{"step": 4, "reward": NaN}',
+            b'{"step": 5, "reward": -Infinity}',
+            deep,
+            b'{"reward": ' + b"1" * 5000 + b"}",  # past Python's int-from-string limit
+            b'{"step": 8, "reward": 2.5}',
+            b"garbage{",
+        ]
+    )
     got = read_metrics(text, "reward")
     assert got.points == [(1.0, 0.5), (8.0, 2.5)]
     assert got.dropped == 5 and got.problem == "line 2: number out of range"
@@ -148,7 +158,9 @@ def test_a_malformed_manifest_keeps_what_it_can(tmp_path: Path) -> None:
     manifest = {
         "files": [["a", 1], ["b", -1], ["c", "9" * 5000], "x", ["d\x1b[31m", 2], ["e", 10**30]],
         "skipped": [{"path": "fifo\u202e", "size": None, "why": "not a regular file"}, 7, {"size": True}],
-        "bytes": 1e308, "cap": "big", "resumed_from": -3,
+        "bytes": 1e308,
+        "cap": "big",
+        "resumed_from": -3,
     }
     (tmp_path / ".rigsync-harvest.json").write_text(json.dumps(manifest))
     h = _manifest(tmp_path)
@@ -160,11 +172,18 @@ def test_a_malformed_manifest_keeps_what_it_can(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------- the record path
 
 
-def _apply(world: FakeWorld, desired: Desired, observed: Observed, p: Plan, archive: FakeArchive,
-           data: Path) -> ApplyResult:
+def _apply(
+    world: FakeWorld, desired: Desired, observed: Observed, p: Plan, archive: FakeArchive, data: Path
+) -> ApplyResult:
     ctx = ApplyContext(
-        provider=world.provider, boxes=world.box_control, desired=desired, observed=observed, archive=archive,
-        code_tar=lambda commit, paths: b"", now=world.clock.now, store=LocalStore(data),
+        provider=world.provider,
+        boxes=world.box_control,
+        desired=desired,
+        observed=observed,
+        archive=archive,
+        code_tar=lambda commit, paths: b"",
+        now=world.clock.now,
+        store=LocalStore(data),
     )
     return apply(p, ctx)
 
@@ -184,10 +203,18 @@ def _finished(tmp_path: Path, exit_code: int = 0) -> tuple[FakeWorld, Desired, F
 
 def test_hostile_metrics_settle_the_attempt_once_with_a_named_problem(tmp_path: Path) -> None:
     world, desired, archive, run = _finished(tmp_path)
-    world.job_files[(run.run_id, run.attempt)] = {"metrics.jsonl": b"\n".join([
-        b'{"step": 1, "reward": 1}', b'{"step": 2, "reward": 2}', b'{"step": 3, "reward": 1e308}',
-        b'{"step": 1' + b"0" * 400 + b', "reward": 5}', b'{"step": 5, "reward": NaN}', b'{"step": 6, "reward": 4}',
-    ])}
+    world.job_files[(run.run_id, run.attempt)] = {
+        "metrics.jsonl": b"\n".join(
+            [
+                b'{"step": 1, "reward": 1}',
+                b'{"step": 2, "reward": 2}',
+                b'{"step": 3, "reward": 1e308}',
+                b'{"step": 1' + b"0" * 400 + b', "reward": 5}',
+                b'{"step": 5, "reward": NaN}',
+                b'{"step": 6, "reward": 4}',
+            ]
+        )
+    }
     observed, p = observe_and_plan(world, desired, archive)
     assert [a.kind.value for a in p.actions] == ["record"]
     res = _apply(world, desired, observed, p, archive, tmp_path)
@@ -272,9 +299,13 @@ def test_a_fifo_and_a_socket_in_a_harvest_are_named(tmp_path: Path, monkeypatch:
     (d / "eval" / "gone.json").symlink_to(d / "nothing-here")
     (d / "eval" / "ok.json").write_text("{}")
     env = {"HOME": str(home), "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-    res = subprocess.run(["bash", "-c", remote.harvest_script("r5", 1, what="run", patterns=["eval/*"],
-                                                              cap_bytes=1 << 20)],
-                         env=env, capture_output=True, timeout=60, check=False)
+    res = subprocess.run(
+        ["bash", "-c", remote.harvest_script("r5", 1, what="run", patterns=["eval/*"], cap_bytes=1 << 20)],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
     sock.close()
     assert res.returncode == 0, res.stderr
     got = LocalStore(tmp_path / "data").put_attempt("r5", 1, res.stdout)
@@ -310,14 +341,18 @@ def test_parse_log_slice_refuses_absurd_headers() -> None:
     from reconciler.errors import RemoteCommandFailed
     from reconciler.remote.logs import parse_log_slice
 
-    for bad in (b"rigsync-log " + b"9" * 5000 + b" 1 0 0 0\n", b"rigsync-log - 1 0 3 2\nabc",
-                b"rigsync-log - 1 0 " + b"9" * 30 + b" " + b"9" * 30 + b"\n"):
+    for bad in (
+        b"rigsync-log " + b"9" * 5000 + b" 1 0 0 0\n",
+        b"rigsync-log - 1 0 3 2\nabc",
+        b"rigsync-log - 1 0 " + b"9" * 30 + b" " + b"9" * 30 + b"\n",
+    ):
         with pytest.raises(RemoteCommandFailed):
             parse_log_slice(bad)
 
 
-def test_the_store_names_what_it_refuses_to_unpack_and_keeps_the_rest(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_store_names_what_it_refuses_to_unpack_and_keeps_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import reconciler.adapters.store as store_module
     from reconciler.apply import harvest_note
 
@@ -396,11 +431,13 @@ def test_a_note_names_special_files_before_what_the_cap_left() -> None:
     from reconciler.ports import Harvested
 
     capped = tuple((f"big{i}.bin", 1 << 20, "over the size cap") for i in range(8))
-    got = Harvested(files=(("stderr.log", 3),), skipped=(*capped, ("eval/pipe", None, "not a regular file (fifo)")),
-                    bytes=3, cap=10)
+    got = Harvested(
+        files=(("stderr.log", 3),), skipped=(*capped, ("eval/pipe", None, "not a regular file (fifo)")), bytes=3, cap=10
+    )
     note = harvest_note(got)
     assert note.startswith("partial: 1 file(s), 3 B kept within the 10 B cap; skipped eval/pipe (?, not a regular")
     assert note.endswith("and 4 more")
-    only = harvest_note(Harvested(files=(), skipped=(("dev", None, "not a regular file (character device)"),),
-                                  bytes=0, cap=10))
+    only = harvest_note(
+        Harvested(files=(), skipped=(("dev", None, "not a regular file (character device)"),), bytes=0, cap=10)
+    )
     assert only == "partial: 0 file(s), 0 B; skipped dev (?, not a regular file (character device))"
