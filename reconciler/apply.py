@@ -42,7 +42,7 @@ from reconciler.actions import (
     SyncCheckpoint,
     closed,
 )
-from reconciler.bounds import MAX_NOTE_CHARS, bounded_text, clamp_time, finite
+from reconciler.bounds import MAX_GPUS, MAX_NOTE_CHARS, bounded_text, clamp_time, finite
 from reconciler.curves import curve_path, read_metrics, render_curve
 from reconciler.errors import (
     HostUnreachable,
@@ -548,7 +548,8 @@ def _attempt_record(
     ended = box_ended or now
     dph = inst.dph_total if inst else (billed.dph if billed else 0.0)
     num_gpus = inst.num_gpus if inst else (billed.num_gpus if billed else 0)
-    box_mask = tuple(g for g in state.gpu_mask if 0 <= g < max(num_gpus, 1))[:64] if state and state.gpu_mask else ()
+    gpus = min(num_gpus, MAX_GPUS) if num_gpus > 0 else MAX_GPUS
+    box_mask = tuple(dict.fromkeys(g for g in state.gpu_mask if 0 <= g < gpus)) if state and state.gpu_mask else ()
     mask = box_mask or (launched.gpu_mask if launched else ())
     box_exit = state.exit_code if state and _exit_code_ok(state.exit_code) else None
     return AttemptRecord(
