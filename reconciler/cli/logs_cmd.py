@@ -40,6 +40,7 @@ from reconciler.remote import NO_SUCH_RUN_EXIT
 from reconciler.remote.logs import (
     EXIT_CODE_FILE,
     MAX_SLICE_BYTES,
+    TAIL_WINDOW_BYTES,
     LogSlice,
     LogStream,
     parse_log_slice,
@@ -130,8 +131,9 @@ def _last_lines_start(fh: BinaryIO, size: int, lines: int) -> int:
     # a final newline ends the last line; it does not start another one
     if fh.read(1) == b"\n":
         pos -= 1
-    while pos > 0:
-        step = min(block, pos)
+    floor = max(0, size - TAIL_WINDOW_BYTES)  # as on the box: a log is never read whole for its last lines
+    while pos > floor:
+        step = min(block, pos - floor)
         fh.seek(pos - step)
         chunk = fh.read(step)
         at = len(chunk)
@@ -143,7 +145,7 @@ def _last_lines_start(fh: BinaryIO, size: int, lines: int) -> int:
             if seen == lines:
                 return pos - step + at + 1
         pos -= step
-    return 0
+    return floor
 
 
 class BoxSource:

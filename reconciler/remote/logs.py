@@ -20,6 +20,7 @@ from reconciler.remote.commands import NO_SUCH_RUN_EXIT, _check_name, _command
 
 EXIT_CODE_FILE = "exit_code"
 MAX_SLICE_BYTES = 1 << 20  # one answer carries at most this much of a log
+TAIL_WINDOW_BYTES = 16 << 20  # --tail N: the last lines are looked for in at most the log's last this many bytes
 
 
 class LogStream(enum.StrEnum):
@@ -66,7 +67,7 @@ def read_log_script(
     lines = -1 if last_lines is None else max(0, int(last_lines))
     return _command(
         "read_log.sh", name, stream.value, str(max(0, int(offset))), str(max(1, int(max_bytes))), str(lines),
-        str(NO_SUCH_RUN_EXIT),
+        str(NO_SUCH_RUN_EXIT), str(TAIL_WINDOW_BYTES),
     )
 
 

@@ -441,3 +441,18 @@ def test_a_note_names_special_files_before_what_the_cap_left() -> None:
         Harvested(files=(), skipped=(("dev", None, "not a regular file (character device)"),), bytes=0, cap=10)
     )
     assert only == "partial: 0 file(s), 0 B; skipped dev (?, not a regular file (character device))"
+
+
+def test_the_store_s_tail_looks_only_at_the_log_s_last_window(tmp_path: Path) -> None:
+    from reconciler.cli.logs_cmd import _last_lines_start
+    from reconciler.remote.logs import TAIL_WINDOW_BYTES
+
+    path = tmp_path / "stderr.log"
+    with path.open("wb") as fh:
+        fh.truncate(1 << 30)  # sparse: a 1 GiB line with no newline
+        fh.seek(0, io.SEEK_END)
+        fh.write(b"a\nb\n")
+    size = path.stat().st_size
+    with path.open("rb") as fh:
+        assert _last_lines_start(fh, size, 2) == size - 4
+        assert _last_lines_start(fh, size, 5) == size - TAIL_WINDOW_BYTES
