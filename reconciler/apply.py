@@ -18,6 +18,7 @@ shell command itself.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import assert_never
@@ -41,7 +42,8 @@ from reconciler.actions import (
     SyncCheckpoint,
     closed,
 )
-from reconciler.curves import curve_path, points_from_metrics, render_curve
+from reconciler.bounds import MAX_GPUS, MAX_NOTE_CHARS, bounded_text, clamp_time, finite
+from reconciler.curves import curve_path, read_metrics, render_curve
 from reconciler.errors import (
     HostUnreachable,
     LaunchLockHeld,
@@ -67,6 +69,7 @@ from reconciler.ports import ArchiveAppender, BoxControl, Fence, Harvested, Laun
 from reconciler.remember import attempt_cost, capped_to_bill, overhead_record
 from reconciler.remote import watchdog_onstart
 from reconciler.remote.launched import parse_launch_answer
+from reconciler.textsafe import visible
 
 __all__ = ["ApplyContext", "ApplyResult", "Outcome", "apply", "harvest_note"]  # the outcomes' types live in actions
 
@@ -259,7 +262,10 @@ def _execute(planned: Action, ctx: ApplyContext, instances: dict[int, Instance],
             state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
             rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
                                   AttemptOutcome(action.phase), action.exit_code, action.reason)
-            rec = _harvest(ctx, result, _box(instances, action.instance_id), rec, required=True)
+            if action.skip_harvest is not None:  # a box whose answer is unusable: settled with what the probe read
+                rec = replace(rec, harvest=f"not tried: {bounded_text(action.skip_harvest, 300)}")
+            else:
+                rec = _harvest(ctx, result, _box(instances, action.instance_id), rec, required=True)
             _archive(ctx, result, rec)
             return "archived"
         case SyncCheckpoint():
@@ -301,24 +307,72 @@ def _harvest(
     except HostUnreachable as exc:
         if required:
             raise
-        return replace(rec, harvest=f"lost: box unreachable ({_error_text(exc)[:200]})")
+        return replace(rec, harvest=f"lost: box unreachable ({_note_text(exc, 200)})")
     except RigsyncError as exc:  # no run directory, no python, a stream the store refuses: say so, do not block
-        return replace(rec, harvest=f"lost: {_error_text(exc)[:300]}")
-    tail: str | None = None
-    if rec.phase is not AttemptOutcome.SUCCEEDED:
-        raw = ctx.store.read_attempt(rec.run_id, rec.attempt, "stderr.log", tail=STDERR_TAIL_BYTES)
-        text = _tail_text(raw) if raw else None
-        tail = _secrets_hidden(ctx, spec, text) if text else None
+        return replace(rec, harvest=f"lost: {_note_text(exc, 300)}")
+    except (ValueError, OverflowError, RecursionError, MemoryError) as exc:  # the box's stream itself is unusable
+        return replace(rec, harvest=f"lost: unusable harvest: {type(exc).__name__}")
+    note = harvest_note(got)
     resumed = rec.resumed_from if rec.resumed_from is not None else got.resumed_from
+    tail: str | None = None
+    unusable: list[str] = []
+    if rec.phase is not AttemptOutcome.SUCCEEDED:
+        try:
+            raw = ctx.store.read_attempt(rec.run_id, rec.attempt, "stderr.log", tail=STDERR_TAIL_BYTES)
+            text = _tail_text(raw) if raw else None
+            tail = _shown_tail(_secrets_hidden(ctx, spec, text)) if text else None
+        except Exception as exc:  # what the box wrote must not keep its attempt from being settled
+            unusable.append(f"unusable stderr.log: {type(exc).__name__}")
     if spec is not None and spec.sweep.metric_key and not spec.sweep.metrics_file.startswith("/"):
-        metrics = ctx.store.read_attempt(rec.run_id, rec.attempt, spec.sweep.metrics_file)
-        points = points_from_metrics(metrics, spec.sweep.metric_key) if metrics else []
-        if points:
-            result.curves[curve_path(spec.sweep.name, rec.run_id, rec.attempt)] = render_curve(
-                sweep=spec.sweep.name, run_id=rec.run_id, attempt=rec.attempt, key=spec.sweep.metric_key,
-                goal=spec.sweep.metric_goal.value, points=points, resumed_from=resumed,
-            )
-    return replace(rec, harvest=harvest_note(got), stderr_tail=tail, resumed_from=resumed)
+        try:
+            problem = _curve(ctx, result, spec, rec, resumed)
+        except Exception as exc:  # likewise: the record is written without a curve, saying why
+            problem = f"{type(exc).__name__}"
+        if problem is not None:
+            unusable.append(f"unusable metrics: {problem}")
+    if unusable:
+        note = f"{note}; {'; '.join(unusable)}"
+    return replace(rec, harvest=bounded_text(note, MAX_NOTE_CHARS), stderr_tail=tail, resumed_from=resumed)
+
+
+def _curve(
+    ctx: ApplyContext, result: ApplyResult, spec: RunSpec, rec: AttemptRecord, resumed: int | None
+) -> str | None:
+    """Read the attempt's harvested metrics file (bounded, ``curves.read_metrics``) and keep its curve for
+    observed/curves/; what of it could not be used (None: all of it)."""
+    key = spec.sweep.metric_key
+    fh = ctx.store.open_attempt(rec.run_id, rec.attempt, spec.sweep.metrics_file) if ctx.store and key else None
+    if fh is None or key is None:
+        return None
+    with fh:
+        got = read_metrics(fh, key)
+    if got.points:
+        result.curves[curve_path(spec.sweep.name, rec.run_id, rec.attempt)] = render_curve(
+            sweep=spec.sweep.name, run_id=rec.run_id, attempt=rec.attempt, key=key,
+            goal=spec.sweep.metric_goal.value, points=got.points, resumed_from=resumed, dropped=got.dropped,
+            points_total=got.total,
+        )
+    if got.problem is None:
+        return None
+    dropped = f" ({got.dropped} line(s) dropped)" if got.dropped else ""
+    return bounded_text(got.problem, 200) + dropped
+
+
+def _note_text(exc: Exception, limit: int) -> str:
+    """An error as a harvest note (committed to git) says it: escaped, bounded, and with this controller's home
+    directory shown as ``~`` (a message of a library below may name a key or a file under it)."""
+    text = _error_text(exc)
+    home = os.path.expanduser("~")
+    if len(home) > 1:
+        text = text.replace(home, "~")
+    return bounded_text(text, limit)
+
+
+def _shown_tail(text: str) -> str:
+    """A stderr tail as the archive stores it: control and bidi characters escaped (newlines kept), and when the
+    escapes make it longer than ``STDERR_TAIL_BYTES`` characters, its end kept (the last lines say the most)."""
+    shown = visible(text, block=True)
+    return shown if len(shown) <= STDERR_TAIL_BYTES else "…" + shown[-(STDERR_TAIL_BYTES - 1) :]
 
 
 def _secrets_hidden(ctx: ApplyContext, spec: RunSpec | None, text: str) -> str:
@@ -373,11 +427,14 @@ def harvest_note(got: Harvested) -> str:
     text = f"{len(got.files)} file(s), {_size(got.bytes)}"
     if not got.skipped:
         return f"ok: {text}"
-    shown = ", ".join(
-        f"{path} ({_size(size) if size is not None else '?'}, {why})" for path, size, why in got.skipped[:5]
-    )
+    # what a box had no business sending (a FIFO, a device node, a link, a path out of the run directory) is named
+    # first, so the five named always include it; then what the size cap left behind
+    named = sorted(got.skipped, key=lambda s: s[2] == "over the size cap")
+    shown = ", ".join(f"{path} ({_size(size) if size is not None else '?'}, {why})" for path, size, why in named[:5])
     more = f" and {len(got.skipped) - 5} more" if len(got.skipped) > 5 else ""
-    return f"partial: {text} kept within the {_size(got.cap)} cap; skipped {shown}{more}"[:2000]
+    capped = any(why == "over the size cap" for _, _, why in got.skipped)
+    within = f" kept within the {_size(got.cap)} cap" if capped else ""
+    return bounded_text(f"partial: {text}{within}; skipped {shown}{more}", MAX_NOTE_CHARS)
 
 
 def _size(n: int) -> str:
@@ -500,11 +557,20 @@ def _attempt_record(
     launched = next(
         (f for f in ctx.observed.memory.in_flight if f.run_id == run_id and f.attempt == attempt), None
     )
-    started = state.started_at if state and state.started_at else (launched.launched_at if launched else None)
-    ended = state.ended_at if state and state.ended_at else ctx.now()
+    now = ctx.now()
+    # what the box said is checked once more here, where it is about to be committed: times within the window
+    # around this controller's clock, metrics finite and in range, texts escaped and bounded, a GPU mask within the
+    # box's GPUs (the parser already did so for a well-behaved probe; a record must be writable whatever it holds)
+    box_started = _box_time(state.started_at, now) if state else None
+    box_ended = _box_time(state.ended_at, now) if state else None
+    started = box_started or (launched.launched_at if launched else None)
+    ended = box_ended or now
     dph = inst.dph_total if inst else (billed.dph if billed else 0.0)
     num_gpus = inst.num_gpus if inst else (billed.num_gpus if billed else 0)
-    mask = state.gpu_mask if state and state.gpu_mask else (launched.gpu_mask if launched else ())
+    gpus = min(num_gpus, MAX_GPUS) if num_gpus > 0 else MAX_GPUS
+    box_mask = tuple(dict.fromkeys(g for g in state.gpu_mask if 0 <= g < gpus)) if state and state.gpu_mask else ()
+    mask = box_mask or (launched.gpu_mask if launched else ())
+    box_exit = state.exit_code if state and _exit_code_ok(state.exit_code) else None
     return AttemptRecord(
         run_id=run_id,
         attempt=attempt,
@@ -512,9 +578,9 @@ def _attempt_record(
         phase=phase,
         params=spec.params if spec else (),
         seed=spec.seed if spec else 0,
-        exit_code=state.exit_code if state and state.exit_code is not None else exit_code,
-        code_commit=state.code_commit if state else ctx.desired.code_commit,
-        desired_commit=state.desired_commit if state and state.desired_commit else ctx.desired.commit,
+        exit_code=box_exit if box_exit is not None else exit_code,
+        code_commit=_box_text(state.code_commit) if state else ctx.desired.code_commit,
+        desired_commit=_box_text(state.desired_commit) if state and state.desired_commit else ctx.desired.commit,
         image=inst.image if inst else "",
         instance_id=instance_id,
         machine_id=inst.machine_id if inst else (billed.machine_id if billed else 0),
@@ -523,14 +589,32 @@ def _attempt_record(
         started_at=started,
         ended_at=ended,
         cost_usd=attempt_cost(dph, num_gpus, mask, started, ended),
-        best_metric=state.best_metric if state else None,
-        final_metric=state.final_metric if state else None,
-        reason=reason,
+        best_metric=finite(state.best_metric) if state else None,
+        final_metric=finite(state.final_metric) if state else None,
+        reason=bounded_text(reason, MAX_NOTE_CHARS),  # it may quote a box (a killed reason, an error)
         resumed_from=launched.resumed_from if launched else None,
     )
 
 
+def _box_time(t: float | None, now: float) -> float | None:
+    """A time the box reported, when it is a finite number: kept within ``bounds.TIME_WINDOW_S`` of ``now``."""
+    v = finite(t, limit=float("inf")) if t else None
+    return clamp_time(v, now) if v is not None else None
+
+
+def _exit_code_ok(code: object) -> bool:
+    return isinstance(code, int) and not isinstance(code, bool) and -(1 << 31) <= code < 1 << 31
+
+
+def _box_text(text: str | None) -> str | None:
+    return bounded_text(text) if isinstance(text, str) else None
+
+
 def _archive(ctx: ApplyContext, result: ApplyResult, rec: AttemptRecord) -> None:
+    state = _run_state(ctx.observed, rec.instance_id, rec.run_id, rec.attempt)
+    if state is not None and state.problem:  # what of the box's report could not be used is said where it is kept
+        said = f"unusable {bounded_text(state.problem, 300)}"
+        rec = replace(rec, harvest=bounded_text(f"{rec.harvest}; {said}" if rec.harvest else said, MAX_NOTE_CHARS))
     listed = next((i for i in ctx.observed.instances if i.id == rec.instance_id), None)
     box = ctx.observed.memory.spend.box(rec.instance_id)
     rec = capped_to_bill(rec, box, listed, (*ctx.observed.history, *result.archived), ctx.now())

@@ -20,13 +20,16 @@ __all__ = [
     "COMMAND_STDERR_BYTES",
     "COMMAND_STDOUT_BYTES",
     "EXIT_CODE_RANGE",
+    "MANIFEST_BYTES",
     "MAX_ATTEMPT",
     "MAX_GPUS",
     "MAX_GPU_MEMORY_MIB",
+    "MAX_HARVEST_FILES",
     "MAX_JSON_DEPTH",
     "MAX_LIST_ENTRIES",
     "MAX_METRIC_ABS",
     "MAX_METRIC_KEYS",
+    "MAX_NOTE_CHARS",
     "MAX_PROBE_RUNS",
     "MAX_REJECTED",
     "MAX_TEXT_CHARS",
@@ -34,6 +37,7 @@ __all__ = [
     "METRICS_LINE_BYTES",
     "PROBE_STDOUT_BYTES",
     "TIME_WINDOW_S",
+    "bounded_block",
     "bounded_int",
     "bounded_text",
     "clamp_time",
@@ -52,10 +56,13 @@ MAX_TEXT_CHARS = 512  # any one string from a box that is stored (ids, commits, 
 METRICS_LINE_BYTES = 64 << 10  # one line of a metrics.jsonl; a longer line is unusable, not read into memory
 METRICS_FILE_BYTES = 64 << 20  # a harvested metrics.jsonl read for its curve
 MAX_METRIC_ABS = 1e15  # a metric that promotes, ranks or stops runs is finite and at most this in magnitude
+MAX_HARVEST_FILES = 20_000  # files one harvest unpacks into the store; the rest are named as skipped
+MAX_NOTE_CHARS = 2000  # a note or message rigsync composes around a box's texts (harvest notes, drift, errors)
+MANIFEST_BYTES = 32 << 20  # a harvest's manifest (.rigsync-harvest.json); 200k files' entries fit
 TIME_WINDOW_S = 7 * 86400.0  # a box's times are clamped to this window around the controller's clock
 MAX_ATTEMPT = 10_000  # an attempt number a box reports (the planner numbers them from 1; 0 is read, never launched)
 MAX_GPU_MEMORY_MIB = 1 << 24  # a GPU's reported memory (16 TiB): more is a lie, not a GPU
-MAX_LIST_ENTRIES = 256  # entries of any list of names a probe reports (bootstrap hashes, code commits)
+MAX_LIST_ENTRIES = 64  # entries of any list of names a probe reports (bootstrap hashes, code commits): read and stored
 MAX_METRIC_KEYS = 64  # keys of one metrics record kept from a probe (its last line)
 MAX_REJECTED = 32  # refused claims one probe reports (each a bounded text); past it, one line counts the rest
 EXIT_CODE_RANGE = (-(2**31), 2**31)  # an exit code is a C int: [low, high)
@@ -87,6 +94,12 @@ def clamp_time(t: float, now: float) -> float:
     if math.isnan(t):
         return now
     return min(max(t, now - TIME_WINDOW_S), now + TIME_WINDOW_S)
+
+
+def bounded_block(text: str, limit: int = MAX_TEXT_CHARS) -> str:
+    """``bounded_text`` for a text of lines (an error quoting stderr): newlines and tabs kept, the rest escaped."""
+    shown = visible(text[: limit * 4], block=True)
+    return shown if len(shown) <= limit else shown[: limit - 1] + "…"
 
 
 def bounded_text(text: str, limit: int = MAX_TEXT_CHARS) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import BinaryIO, Protocol, TypeVar
 
 from reconciler.jobenv import JobEnv
 from reconciler.model import (
@@ -230,6 +230,11 @@ class ResultStore(Protocol):
 
     def read_attempt(self, run_id: str, attempt: int, name: str, *, tail: int | None = None) -> bytes | None:
         """A harvested file (its last ``tail`` bytes when given); None when it did not come home."""
+        ...
+
+    def open_attempt(self, run_id: str, attempt: int, name: str) -> BinaryIO | None:
+        """A harvested file opened for reading (the caller closes it), to read in bounded pieces; None when it did
+        not come home."""
         ...
 
     def put_checkpoint(self, run_id: str, attempt: int, tar: bytes, *, at: float) -> Harvested:

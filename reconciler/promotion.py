@@ -1,16 +1,17 @@
 """Which runs are wanted, given what has finished: the promotion rule, stated once.
 
 Promotion seeds are expanded ahead of time (the planner cannot render templates); one becomes wanted when its
-cell's best metric over *succeeded base-seed* attempts reaches its threshold. Only base seeds count, so a
-promoted seed's own result can never promote further: promotion is bounded by construction. The planner, the
-observed files, the status view and the demo all ask this module, so they can never disagree.
+cell's best metric over *succeeded base-seed* attempts reaches its threshold; a metric counts only when it is a
+finite number within ``bounds.MAX_METRIC_ABS`` (a box's forged Infinity or 1e308 never promotes). Only base seeds
+count, so a promoted seed's own result can never promote further: promotion is bounded by construction. The
+planner, the observed files, the status view and the demo all ask this module, so they can never disagree.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 
+from reconciler.bounds import finite
 from reconciler.model import AttemptOutcome, AttemptRecord, MetricGoal, RunSpec
 
 
@@ -26,8 +27,9 @@ def best_by_cell(runs: Mapping[str, RunSpec], metrics: Mapping[str, Iterable[flo
         spec = runs.get(run_id)
         if spec is None or spec.promotion_threshold is not None:
             continue
-        for m in metrics[run_id]:
-            if m is None or math.isnan(m):
+        for raw in metrics[run_id]:
+            m = finite(raw)  # a box's NaN, Infinity or 1e308 promotes nothing (bounds.MAX_METRIC_ABS)
+            if m is None:
                 continue
             if better(spec.sweep.metric_goal, m, best.get(spec.cell)):
                 best[spec.cell] = m

@@ -19,8 +19,11 @@ import os
 import shutil
 import tarfile
 import uuid
+from dataclasses import replace
 from pathlib import Path
+from typing import Any, BinaryIO
 
+from reconciler.bounds import MANIFEST_BYTES, MAX_HARVEST_FILES, bounded_text, strict_json
 from reconciler.errors import StoreError
 from reconciler.ports import Harvested, StoredCheckpoint
 
@@ -55,35 +58,139 @@ MANIFEST = ".rigsync-harvest.json"  # the harvest's own manifest (``reconciler/b
 CHECKPOINT_MARK = ".rigsync-checkpoint.json"  # in a checkpoint dir: {"run_id", "attempt", "synced_at"}
 
 
-def _unpack(tar: bytes, into: Path) -> None:
-    """Unpack a harvest stream into the new directory ``into``: regular files only, no path out of it."""
+Refused = tuple[str, int | None, str]  # (member name, bytes if known, why), as ``Harvested.skipped``
+
+
+def _unpack(tar: bytes, into: Path) -> list[Refused]:
+    """Unpack a harvest stream into the new directory ``into``: regular files only, no path out of it, at most
+    ``bounds.MAX_HARVEST_FILES`` of them. What is refused (a FIFO or device node, a link, a path out of the
+    directory) is returned, named, for the harvest's note; the rest is unpacked."""
     into.mkdir(parents=True, mode=0o700)
+    refused: list[Refused] = []
+    taken = 0
     try:
         with tarfile.open(fileobj=io.BytesIO(tar), mode="r:*") as tf:
-            for member in tf.getmembers():
-                if not member.isfile():
+            for member in tf:
+                name = bounded_text(member.name, 200)
+                if member.isdir():
                     continue
-                tf.extract(member, into, filter="data")
+                if not member.isfile():
+                    refused.append((name, None, f"not a regular file ({_member_kind(member)})"))
+                    continue
+                if taken >= MAX_HARVEST_FILES and member.name != MANIFEST:
+                    refused.append((name, member.size, f"past {MAX_HARVEST_FILES} files"))
+                    continue
+                try:
+                    tf.extract(member, into, filter="data")
+                except tarfile.FilterError as exc:  # its message names where it would land: the controller's path
+                    refused.append((name, member.size, f"refused ({_filter_why(exc)})"))
+                    continue
+                taken += 1
+                # the members read so far are not needed again (no links are unpacked): 200k of them stay unheld
+                tf.members.clear()  # type: ignore[attr-defined]
     except (tarfile.TarError, OSError) as exc:
-        raise StoreError(f"cannot unpack the harvest into {into}: {type(exc).__name__}: {exc}") from exc
+        # the message goes into a committed archive record: it names the problem, never the controller's paths
+        why = type(exc).__name__ if isinstance(exc, tarfile.FilterError) else _no_path(exc)
+        raise StoreError(f"cannot unpack the harvest: {type(exc).__name__}: {why}") from exc
+    return refused
+
+
+def _member_kind(member: tarfile.TarInfo) -> str:
+    if member.isfifo():
+        return "fifo"
+    if member.ischr():
+        return "character device"
+    if member.isblk():
+        return "block device"
+    if member.issym():
+        return "symlink"
+    if member.islnk():
+        return "hard link"
+    return "special file"
+
+
+def _filter_why(exc: tarfile.FilterError) -> str:
+    if isinstance(exc, tarfile.AbsolutePathError):
+        return "an absolute path"
+    if isinstance(exc, tarfile.OutsideDestinationError):
+        return "outside the run directory"
+    return type(exc).__name__
+
+
+def _no_path(exc: BaseException) -> str:
+    """What went wrong, without the file names an ``OSError`` carries (they are the controller's own paths)."""
+    if isinstance(exc, OSError):
+        return exc.strerror or type(exc).__name__
+    return bounded_text(str(exc), 200)
+
+
+def _count(value: object) -> int | None:
+    """A byte count from the box's manifest: a non-negative int (not bool) below 2**63, else None."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 63:
+        return None
+    return value
+
+
+def _entries(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _manifest(directory: Path) -> Harvested:
+    """The harvest's manifest, as the box wrote it: read under ``bounds.MANIFEST_BYTES``, every entry checked
+    (a malformed one is left out; a path is shown escaped and bounded). A missing or unparsable manifest is a
+    ``StoreError`` that names no path of the controller's."""
     try:
-        doc = json.loads((directory / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise StoreError(f"the harvest in {directory} has no readable manifest: {exc}") from exc
+        with (directory / MANIFEST).open("rb") as fh:
+            raw = fh.read(MANIFEST_BYTES + 1)
+        if len(raw) > MANIFEST_BYTES:
+            raise StoreError(f"the harvest's manifest is larger than {MANIFEST_BYTES} bytes")
+    except OSError as exc:
+        raise StoreError(f"the harvest has no readable manifest: {_no_path(exc)}") from exc
+    doc, problem = strict_json(raw.decode("utf-8", "replace"))
+    if problem is not None:
+        raise StoreError(f"the harvest's manifest cannot be used: {problem}")
+    if not isinstance(doc, dict):
+        raise StoreError("the harvest's manifest is not a JSON object")
+    files = tuple(
+        (bounded_text(e[0]), n)
+        for e in _entries(doc.get("files"))
+        if isinstance(e, list) and len(e) == 2 and isinstance(e[0], str) and (n := _count(e[1])) is not None
+    )
+    skipped = tuple(
+        (bounded_text(str(e.get("path"))), _count(e.get("size")), bounded_text(str(e.get("why", ""))))
+        for e in _entries(doc.get("skipped"))
+        if isinstance(e, dict)
+    )
     resumed = doc.get("resumed_from")
     return Harvested(
-        files=tuple((str(p), int(n)) for p, n in doc.get("files") or ()),
-        skipped=tuple(
-            (str(s.get("path")), None if s.get("size") is None else int(s["size"]), str(s.get("why", "")))
-            for s in doc.get("skipped") or ()
-        ),
-        bytes=int(doc.get("bytes", 0)),
-        cap=int(doc.get("cap", 0)),
-        resumed_from=resumed if isinstance(resumed, int) and not isinstance(resumed, bool) else None,
+        files=files,
+        skipped=skipped,
+        bytes=_count(doc.get("bytes", 0)) or 0,
+        cap=_count(doc.get("cap", 0)) or 0,
+        resumed_from=resumed if isinstance(resumed, int) and not isinstance(resumed, bool) and resumed > 0 else None,
     )
+
+
+
+def harvest_skipped(directory: Path, name: str) -> str | None:
+    """Why the harvest kept in ``directory`` left ``name`` behind (``over the size cap, 2.0 GiB``), as its manifest
+    says; None when it did not (or there is no readable manifest)."""
+    try:
+        got = _manifest(directory)
+    except StoreError:
+        return None
+    for path, size, why in got.skipped:
+        if path == name:
+            return f"{why}, {size} bytes" if size is not None else why
+    return None
+
+
+def _with_refused(got: Harvested, refused: list[Refused]) -> Harvested:
+    """The manifest's account, with what the store refused to unpack added to what was skipped."""
+    if not refused:
+        return got
+    listed = {path for path, _, _ in got.skipped}
+    return replace(got, skipped=got.skipped + tuple(r for r in refused if r[0] not in listed))
 
 
 def _swap_in(tmp: Path, final: Path) -> None:
@@ -111,12 +218,12 @@ class LocalStore:
         final = attempt_dir(self.fleet_data, run_id, attempt)
         tmp = self._tmp(final)
         try:
-            _unpack(tar, tmp)
+            refused = _unpack(tar, tmp)
             got = _manifest(tmp)
             _swap_in(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        return got
+        return _with_refused(got, refused)
 
     def read_attempt(self, run_id: str, attempt: int, name: str, *, tail: int | None = None) -> bytes | None:
         base = attempt_dir(self.fleet_data, run_id, attempt)
@@ -131,12 +238,22 @@ class LocalStore:
         except OSError:
             return None
 
+    def open_attempt(self, run_id: str, attempt: int, name: str) -> BinaryIO | None:
+        base = attempt_dir(self.fleet_data, run_id, attempt)
+        path = base / name
+        try:
+            if not path.resolve().is_relative_to(base.resolve()) or not path.is_file():
+                return None
+            return path.open("rb")
+        except OSError:
+            return None
+
     def put_checkpoint(self, run_id: str, attempt: int, tar: bytes, *, at: float) -> Harvested:
         final = checkpoint_dir(self.fleet_data, run_id)
         tmp = self._tmp(final)
         try:
-            _unpack(tar, tmp)
-            got = _manifest(tmp)
+            refused = _unpack(tar, tmp)
+            got = _with_refused(_manifest(tmp), refused)
             if got.skipped or not got.files:  # incomplete (or nothing yet): keep the last complete sync
                 return got
             (tmp / MANIFEST).unlink()

@@ -25,6 +25,7 @@ import glob
 import io
 import json
 import os
+import stat
 import sys
 import tarfile
 import time
@@ -75,6 +76,24 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "fifo"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def _read_regular(path: str, limit: int) -> bytes:
+    """At most ``limit`` bytes of ``path``, opened without blocking and only if it is still a regular file (it may
+    have been swapped for a FIFO since it was looked at)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(0, "no longer a regular file")
+        return f.read(limit)
+
+
 def _write(out: tarfile.TarFile, run_dir: str, root: str, what: str, cap: int, candidates: list[str]) -> None:
     taken: list[list[Any]] = []
     skipped: list[dict[str, Any]] = []
@@ -85,20 +104,28 @@ def _write(out: tarfile.TarFile, run_dir: str, root: str, what: str, cap: int, c
         if rel in seen or rel == MANIFEST:
             continue
         seen.add(rel)
-        if not os.path.isfile(path):
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            if os.path.islink(path):  # a symlink to nothing (or to what cannot be looked at): named, not taken
+                skipped.append({"path": rel, "size": None, "why": "a symlink to nothing readable"})
+            continue  # a fixed file the attempt never wrote (meta.json before the wrapper ran)
+        if stat.S_ISDIR(mode):
             continue
         if not _inside(root, path):
             skipped.append({"path": rel, "size": None, "why": "outside the run directory"})
+            continue
+        if not stat.S_ISREG(mode):  # a FIFO would block the read, a device never end: named, never opened
+            skipped.append({"path": rel, "size": None, "why": f"not a regular file ({_kind(mode)})"})
             continue
         try:
             size = os.path.getsize(path)
             if total + size > cap:
                 skipped.append({"path": rel, "size": size, "why": "over the size cap"})
                 continue
-            with open(path, "rb") as f:
-                data = f.read(cap - total + 1)
+            data = _read_regular(path, cap - total + 1)
         except OSError as exc:
-            skipped.append({"path": rel, "size": None, "why": f"unreadable: {exc.strerror}"})
+            skipped.append({"path": rel, "size": None, "why": f"unreadable: {exc.strerror or type(exc).__name__}"})
             continue
         if total + len(data) > cap:
             skipped.append({"path": rel, "size": len(data), "why": "over the size cap"})

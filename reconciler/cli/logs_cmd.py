@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
-from reconciler.adapters.store import attempt_dir, data_dir_for
+from reconciler.adapters.store import attempt_dir, data_dir_for, harvest_skipped
 from reconciler.bounds import COMMAND_STDOUT_BYTES
 from reconciler.cli._boxes import BoxAccess, read_fleet_facts
 from reconciler.cli._common import add_data_dir_arg, add_live_args, api_url_of
@@ -41,6 +41,7 @@ from reconciler.remote import NO_SUCH_RUN_EXIT
 from reconciler.remote.logs import (
     EXIT_CODE_FILE,
     MAX_SLICE_BYTES,
+    TAIL_WINDOW_BYTES,
     LogSlice,
     LogStream,
     parse_log_slice,
@@ -49,6 +50,7 @@ from reconciler.remote.logs import (
 
 POLL_S = 1.0  # --follow: how often the box is asked for new bytes
 READ_TIMEOUT_S = 30.0
+JSON_TEXT_BYTES = 1 << 20  # --json (and the MCP tool): at most the log's last this many bytes
 FOLLOW_RETRIES = 2  # --follow: a dropped connection is tried again this many times (POLL_S apart) before giving up
 
 
@@ -130,8 +132,9 @@ def _last_lines_start(fh: BinaryIO, size: int, lines: int) -> int:
     # a final newline ends the last line; it does not start another one
     if fh.read(1) == b"\n":
         pos -= 1
-    while pos > 0:
-        step = min(block, pos)
+    floor = max(0, size - TAIL_WINDOW_BYTES)  # as on the box: a log is never read whole for its last lines
+    while pos > floor:
+        step = min(block, pos - floor)
         fh.seek(pos - step)
         chunk = fh.read(step)
         at = len(chunk)
@@ -143,7 +146,7 @@ def _last_lines_start(fh: BinaryIO, size: int, lines: int) -> int:
             if seen == lines:
                 return pos - step + at + 1
         pos -= step
-    return 0
+    return floor
 
 
 class BoxSource:
@@ -221,6 +224,7 @@ def pump(
     tail: int | None = None,
     poll_s: float = POLL_S,
     sleep: Callable[[float], None] = time.sleep,
+    start: int = 0,
 ) -> LogSlice:
     """Copy the log from ``source`` to ``write``: what is there now, or with ``follow`` until the attempt ended.
 
@@ -229,7 +233,7 @@ def pump(
     ``follow`` it ends when the exit code appears or the source is finished, and when the wrapper is gone without
     an exit code on two reads in a row (the wrapper writes the exit code just before it exits).
     """
-    offset, target, gone = 0, -1, 0
+    offset, target, gone = start, -1, 0
     last_lines = tail
     while True:
         sl = source.read(offset, last_lines)
@@ -264,12 +268,22 @@ def _open(args: argparse.Namespace) -> tuple[AttemptPlace, LogStream, BoxAccess,
     stream = LogStream.STDERR if args.stderr else LogStream.STDOUT
     stored = attempt_dir(data_dir_for(facts.desired.fleet.name, args.data_dir), place.run_id, place.attempt)
     boxes = BoxAccess(facts, api_url)
+    retries = FOLLOW_RETRIES if args.follow else 0
     try:
         source: LogSource
-        if stored.is_dir():
+        left_behind = harvest_skipped(stored, stream.value) if stored.is_dir() else None
+        if stored.is_dir() and left_behind is None:
             source = StoreSource(stored, stream, place.record.exit_code if place.record else None)
+        elif left_behind is not None:
+            # harvested, but without this log (a 2 GiB stderr.log is over the harvest's cap): its box may still
+            # have it; printing the empty store copy would say the log is empty
+            try:
+                source = _box_source(boxes, place, stream, stored, retries=retries)
+            except UserError as exc:
+                raise UserError(f"attempt {place.name}'s {stream.value} was not harvested ({left_behind}), and its "
+                                f"box cannot give it: {exc}") from exc
         else:
-            source = _box_source(boxes, place, stream, stored, retries=FOLLOW_RETRIES if args.follow else 0)
+            source = _box_source(boxes, place, stream, stored, retries=retries)
     except BaseException:
         boxes.close()
         raise
@@ -281,18 +295,35 @@ def logs_json(args: argparse.Namespace) -> dict[str, object]:
     exit code when known (``rigsync mcp``'s ``logs`` returns the same)."""
     place, stream, boxes, source = _open(args)
     chunks: list[bytes] = []
+
+    def keep(data: bytes) -> None:  # what was read, its last JSON_TEXT_BYTES held at most (twice that, briefly)
+        chunks.append(data)
+        if sum(map(len, chunks)) > 2 * JSON_TEXT_BYTES:
+            kept = b"".join(chunks)
+            chunks[:] = [kept[-JSON_TEXT_BYTES:]]
+            dropped[0] += len(kept) - JSON_TEXT_BYTES
+
+    dropped = [0]
     try:
-        last = pump(source, chunks.append, follow=False, tail=args.tail)
+        # one JSON answer holds at most the log's last JSON_TEXT_BYTES (a 2 GiB log must not come home whole)
+        size = source.read(0, 0).size
+        start = max(0, size - JSON_TEXT_BYTES) if args.tail is None else 0
+        last = pump(source, keep, follow=False, tail=args.tail, start=start)
     finally:
         boxes.close()
-    return {
+    data = b"".join(chunks)
+    cut = max(0, len(data) - JSON_TEXT_BYTES)
+    doc: dict[str, object] = {
         "run_id": place.run_id,
         "attempt": place.attempt,
         "stream": stream.value,
         "source": "store" if isinstance(source, StoreSource) else "box",
         "exit_code": last.exit_code,
-        "text": b"".join(chunks).decode("utf-8", "backslashreplace"),
+        "text": data[cut:].decode("utf-8", "backslashreplace"),
     }
+    if start + dropped[0] + cut:
+        doc["omitted_bytes"] = start + dropped[0] + cut
+    return doc
 
 
 def run(args: argparse.Namespace) -> int:

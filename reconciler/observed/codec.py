@@ -8,6 +8,7 @@ commit. Times are whole UTC seconds like ``2026-11-03T12:00:00Z``.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from typing import Any
 
 import yaml
@@ -31,9 +32,12 @@ FORMAT_VERSION = 1
 
 def iso(ts: float | None) -> str | None:
     """POSIX seconds → ``YYYY-MM-DDTHH:MM:SSZ`` (UTC, whole seconds), None stays None."""
-    if ts is None:
+    if ts is None or not math.isfinite(ts):
         return None
-    return dt.datetime.fromtimestamp(round(ts), tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        return dt.datetime.fromtimestamp(round(ts), tz=dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (ValueError, OverflowError, OSError):  # a year past 9999 (or before 1): no such time to write
+        return None
 
 
 def parse_iso(value: Any, where: str) -> float | None:
@@ -68,14 +72,28 @@ _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 def dump_yaml(data: Any, header: str) -> str:
     """The one YAML style of observed/: a comment header, sorted keys, block style, unicode, no wrapping.
 
-    A document holding a control or bidi character (a host name, an API error, a label from the world) is written
-    with every non-ASCII character escaped instead (``"\\u202E"``): the same values, and a reviewer reading the file
-    in a diff sees the escape, not a reordered or recoloured line.
+    Non-finite floats are written as null (``strict_values``). A document holding a control or bidi character (a
+    host name, an API error, a label from the world) is written with every non-ASCII character escaped instead
+    (``"\\u202E"``): the same values, and a reviewer reading the file in a diff sees the escape, not a reordered or
+    recoloured line.
     """
+    data = strict_values(data)
     body = yaml.safe_dump(data, sort_keys=True, default_flow_style=False, allow_unicode=True, width=10_000)
     if has_hazard(body):
         body = yaml.safe_dump(data, sort_keys=True, default_flow_style=False, allow_unicode=False, width=10_000)
     return f"# {header}\n# Written by rigsync; do not edit (rigsync never reads desired/ from here).\n{body}"
+
+
+def strict_values(data: Any) -> Any:
+    """``data`` with every non-finite float (``.nan``, ``.inf`` in YAML, not a number to any strict reader) as None:
+    observed/ never carries one, whatever a box or an old archive line held."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: strict_values(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [strict_values(v) for v in data]
+    return data
 
 
 def load_yaml(text: str, path: str) -> Any:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reconciler.actions import Plan
+from reconciler.bounds import MAX_GPUS, MAX_LIST_ENTRIES, MAX_NOTE_CHARS, bounded_block, bounded_text, finite
 from reconciler.model import (
     AttemptRecord,
     Desired,
@@ -91,15 +92,23 @@ def _render_fleet(fleet: str, observed: Observed) -> dict[str, Any]:
         own = owned_by(fleet, inst.label)
         probe = probes.get(inst.id)
         mem = observed.memory_of(inst.id)
-        gpus = []
+        gpus: list[dict[str, Any]] = []
+        unlisted = 0
         if probe is not None and probe.reachable:
+            # the box's claims never grow the file: GPUs the instance is not listed with are counted, not listed
+            listed = inst.num_gpus if inst.num_gpus > 0 else MAX_GPUS
+            seen: set[int] = set()
             for g in sorted(probe.gpus, key=lambda g: g.index):
+                if not 0 <= g.index < min(listed, MAX_GPUS) or g.index in seen or not 0 <= g.memory_total_mib < 1 << 40:
+                    unlisted += 1
+                    continue
+                seen.add(g.index)
                 gpus.append(
                     {
                         "index": g.index,
                         "memory_total_mib": g.memory_total_mib,
                         "busy": g.memory_in_use,
-                        "run": on_gpu.get((inst.id, g.index)),
+                        "run": _text(on_gpu.get((inst.id, g.index))),
                     }
                 )
         boxes.append(
@@ -119,9 +128,10 @@ def _render_fleet(fleet: str, observed: Observed) -> dict[str, Any]:
                 "reachable": None if probe is None else probe.reachable,
                 "first_seen_at": iso(mem.first_seen_at) if mem else None,
                 "unreachable_since": iso(mem.unreachable_since) if mem else None,
-                "bootstrapped": sorted(probe.bootstrap_hashes) if probe and probe.reachable else [],
-                "code_commits": sorted(probe.code_commits) if probe and probe.reachable else [],
+                "bootstrapped": _claims(probe.bootstrap_hashes) if probe and probe.reachable else [],
+                "code_commits": _claims(probe.code_commits) if probe and probe.reachable else [],
                 "gpus": gpus,
+                **({"gpus_unlisted": unlisted} if unlisted else {}),
             }
         )
     return {
@@ -143,6 +153,16 @@ def _render_fleet(fleet: str, observed: Observed) -> dict[str, Any]:
         ],
         "memory": box_memory_entries(observed.memory.boxes),
     }
+
+
+def _text(value: str | None) -> str | None:
+    """A string a box sent, as observed/ stores it: escaped and bounded (``bounds.bounded_text``)."""
+    return None if value is None else bounded_text(value)
+
+
+def _claims(values: tuple[str, ...]) -> list[str]:
+    """A box's claimed list (commits, bootstrap hashes), each escaped and bounded, at most ``MAX_LIST_ENTRIES``."""
+    return sorted({bounded_text(v) for v in values})[:MAX_LIST_ENTRIES]
 
 
 # ------------------------------------------------------------------------------------------------- runs
@@ -169,7 +189,7 @@ def _render_runs(desired: Desired | None, observed: Observed) -> dict[str, Any]:
         goal = spec.sweep.metric_goal if spec else MetricGoal.MAX
         best: float | None = None
         for r in recs:
-            best = _better(best, r.best_metric, goal)
+            best = _better(best, finite(r.best_metric), goal)
         now_live = live.get(run_id)
         attempts = max([r.attempt for r in recs] + [now_live.attempt if now_live else 0])
         tally = tallies.get(run_id, RunTally())
@@ -182,6 +202,7 @@ def _render_runs(desired: Desired | None, observed: Observed) -> dict[str, Any]:
             "best_metric": best,
         }
         done = progress.get((run_id, now_live.attempt)) if now_live else None
+        done = finite(done) if done is not None else None
         if done is not None:  # in tenths, floored: a running sweep commits a few progress changes, not every cycle
             out["progress"] = math.floor(done * 10) / 10
         if spec is not None:
@@ -233,7 +254,15 @@ def _render_runs(desired: Desired | None, observed: Observed) -> dict[str, Any]:
 
 def _render_drift(plan: Plan) -> dict[str, Any]:
     entries = sorted(
-        ({"class": d.cls.value, "subject": d.subject, "detail": d.detail, "action": d.action} for d in plan.drift),
+        (
+            {
+                "class": d.cls.value,
+                "subject": bounded_text(d.subject),
+                "detail": bounded_block(d.detail, MAX_NOTE_CHARS),  # it may quote what a box claimed
+                "action": d.action,
+            }
+            for d in plan.drift
+        ),
         key=lambda e: (e["subject"], e["class"], e["detail"], e["action"]),
     )
     return {"format_version": FORMAT_VERSION, "drift": entries}
@@ -284,11 +313,11 @@ def _render_status(status: ReconcilerStatus, plan: Plan) -> dict[str, Any]:
         "last_valid_desired_commit": status.last_valid_desired_commit,
         "desired_valid": not status.desired_errors,
         "desired_errors": list(status.desired_errors),
-        "apply_errors": list(status.apply_errors),
+        "apply_errors": [bounded_block(e, MAX_NOTE_CHARS) for e in status.apply_errors],  # may carry a box's stderr
         "suspended": plan.suspended,
         "last_plan": {
             "counts": plan.counts(changes_only=True),
-            "warnings": list(plan.warnings),
+            "warnings": [bounded_block(w, MAX_NOTE_CHARS) for w in plan.warnings],
             "price": [e.to_json() for e in plan.estimates],
         },
     }

@@ -13,12 +13,14 @@ import enum
 import re
 from dataclasses import dataclass
 
+from reconciler.bounds import bounded_text
 from reconciler.errors import RemoteCommandFailed
 from reconciler.model import run_dir_name
 from reconciler.remote.commands import NO_SUCH_RUN_EXIT, _check_name, _command
 
 EXIT_CODE_FILE = "exit_code"
 MAX_SLICE_BYTES = 1 << 20  # one answer carries at most this much of a log
+TAIL_WINDOW_BYTES = 16 << 20  # --tail N: the last lines are looked for in at most the log's last this many bytes
 
 
 class LogStream(enum.StrEnum):
@@ -48,8 +50,9 @@ class LogSlice:
         return self.exit_code is not None
 
 
-# the first such line: a login banner or a chatty .bashrc may print before it, the log's own bytes only after it
-_HEADER = re.compile(rb"(?m)^rigsync-log (-|-?\d+) (-|0|1) (\d+) (\d+) (\d+)\n")
+# the first such line: a login banner or a chatty .bashrc may print before it, the log's own bytes only after it.
+# Bounded digits: a byte offset fits in 19, an exit code in 10 (anything longer is not an answer of read_log.sh).
+_HEADER = re.compile(rb"(?m)^rigsync-log (-|-?\d{1,10}) (-|0|1) (\d{1,19}) (\d{1,19}) (\d{1,19})\n")
 
 
 def read_log_script(
@@ -64,25 +67,30 @@ def read_log_script(
     lines = -1 if last_lines is None else max(0, int(last_lines))
     return _command(
         "read_log.sh", name, stream.value, str(max(0, int(offset))), str(max(1, int(max_bytes))), str(lines),
-        str(NO_SUCH_RUN_EXIT),
+        str(NO_SUCH_RUN_EXIT), str(TAIL_WINDOW_BYTES),
     )
 
 
 def parse_log_slice(stdout: bytes) -> LogSlice:
-    """The answer of ``read_log_script``; ``RemoteCommandFailed`` when it is not one."""
-    m = _HEADER.search(stdout)
+    """The answer of ``read_log_script``. Total: any other answer (a header that is not one, bytes that do not
+    match it, a slice past ``MAX_SLICE_BYTES`` or past the size it names) is ``RemoteCommandFailed``, whose message
+    shows the answer's start escaped and bounded; no other exception leaves it."""
+    m = _HEADER.search(stdout[: 64 << 10])  # a banner longer than this is no login banner
     if m is None:
-        head = stdout[:80].decode("utf-8", "replace")
+        head = bounded_text(stdout[:80].decode("utf-8", "replace"), 120)
         raise RemoteCommandFailed(f"unexpected answer from the log reader: {head!r}")
     code, alive, start, end, size = (g.decode() for g in m.groups())
     data = stdout[m.end():]
-    if int(start) + len(data) != int(end):
+    first, last, total = int(start), int(end), int(size)
+    if first + len(data) != last:
         raise RemoteCommandFailed(f"the log reader sent {len(data)} bytes for [{start}, {end})")
+    if last > total or len(data) > MAX_SLICE_BYTES:
+        raise RemoteCommandFailed(f"the log reader sent [{start}, {end}) of a log of {size} bytes")
     return LogSlice(
         data=data,
-        start=int(start),
-        end=int(end),
-        size=int(size),
+        start=first,
+        end=last,
+        size=total,
         exit_code=None if code == "-" else int(code),
         wrapper_alive=None if alive == "-" else alive == "1",
     )

@@ -18,6 +18,7 @@ from typing import Any
 
 from markupsafe import Markup
 
+from reconciler.bounds import finite
 from reconciler.curves import CURVES_DIR
 from reconciler.desired import load_desired_from_dir
 from reconciler.errors import DesiredStateInvalid
@@ -51,14 +52,14 @@ def read_repo(repo: Path) -> RepoFacts:
         for line in shard.read_bytes().splitlines():
             try:
                 entry = entry_from_json(line)
-            except ValueError:
+            except (ValueError, RecursionError):  # a line nobody could have written as it stands is not shown
                 continue
             (overheads if isinstance(entry, OverheadRecord) else attempts).append(entry)  # type: ignore[arg-type]
     curves: list[dict[str, Any]] = []
     for f in sorted((repo / CURVES_DIR).glob("*/*.json")):
         try:
             doc = json.loads(f.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             continue
         if isinstance(doc, dict) and isinstance(doc.get("points"), list):
             curves.append(doc)
@@ -126,22 +127,29 @@ def _curve_charts(facts: RepoFacts, view: FleetView) -> list[dict[str, Any]]:
             label = " ".join(f"{k}={v}" for k, v in cell.params) or "(no parameters)"
             curves = sorted(curves_by_cell.get(key, []), key=lambda c: (str(c.get("run_id")), c.get("attempt", 0)))
             if curves:
-                series = [
-                    Series(f"{c.get('run_id')}.{c.get('attempt')}", [(float(p[0]), float(p[1])) for p in c["points"]])
-                    for c in curves
-                ]
+                series = [Series(f"{c.get('run_id')}.{c.get('attempt')}", _points(c["points"])) for c in curves]
                 charts.append({"sweep": s.name, "cell": label, "kind": "curve", "svg": line_chart(
                     series, x_label="step", y_label=str(curves[0].get("key") or s.metric_key or "metric"))})
                 continue
             recs = sorted(attempts_by_cell.get(key, []), key=lambda a: (a.started_at or 0.0, a.run_id, a.attempt))
             pts = [(float(i + 1), a.final_metric if a.final_metric is not None else a.best_metric)
                    for i, a in enumerate(recs)]
-            scalars = [(x, float(y)) for x, y in pts if y is not None]
+            scalars = [(x, v) for x, y in pts if (v := finite(y)) is not None]
             if scalars:
                 charts.append({"sweep": s.name, "cell": label, "kind": "scalars", "svg": line_chart(
                     [Series("final metric per attempt (no curve committed)", scalars, dots=True)],
                     x_label="attempt", y_label=s.metric_key or "metric")})
     return charts
+
+
+def _points(raw: Any) -> list[tuple[float, float]]:
+    """A committed curve's ``[step, value]`` pairs that are finite numbers in range (a hand-edited or older curve may
+    hold anything: the rest is skipped, never drawn)."""
+    out: list[tuple[float, float]] = []
+    for p in raw if isinstance(raw, list) else ():
+        if isinstance(p, list) and len(p) == 2 and (x := finite(p[0])) is not None and (y := finite(p[1])) is not None:
+            out.append((x, y))
+    return out
 
 
 def render_dashboard(facts: RepoFacts) -> str:

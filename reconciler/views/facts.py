@@ -8,11 +8,11 @@ snapshot's own time (``status.yaml``'s ``last_change_at``), so the same files gi
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from reconciler.bounds import finite
 from reconciler.errors import ObservedInvalid
 from reconciler.jobenv import held_back
 from reconciler.model import AttemptOutcome, AttemptRecord, Desired, MetricGoal, RunPhase
@@ -118,7 +118,7 @@ def mapping(v: Any) -> dict[str, Any]:
 
 
 def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else None
+    return finite(v)  # a number of the committed files is shown (and ranks cells) only when finite and in range
 
 
 def time_of(v: Any) -> float | None:

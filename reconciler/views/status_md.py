@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import math
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import jinja2
+from markupsafe import Markup
 
 from reconciler.model import AttemptRecord, Desired
 from reconciler.observed.codec import OBSERVED_DIR
-from reconciler.textsafe import md_fenced, md_inline
+from reconciler.textsafe import md_fenced, md_inline, visible
 from reconciler.views.facts import LISTED, build_view
 
 STATUS_MD = f"{OBSERVED_DIR}/STATUS.md"
@@ -26,7 +28,7 @@ STATUS_MD = f"{OBSERVED_DIR}/STATUS.md"
 
 def duration(seconds: float | None) -> str:
     """``3d 4h``, ``2h 05m``, ``7m``: an age for a table cell ("-" when unknown)."""
-    if seconds is None:
+    if seconds is None or not math.isfinite(seconds):
         return "-"
     s = int(seconds)
     if s >= 86400:
@@ -37,11 +39,25 @@ def duration(seconds: float | None) -> str:
 
 
 def utc(ts: float | None) -> str:
-    return "-" if ts is None else dt.datetime.fromtimestamp(round(ts), tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    if ts is None or not math.isfinite(ts):
+        return "-"
+    try:
+        return dt.datetime.fromtimestamp(round(ts), tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    except (ValueError, OverflowError, OSError):  # past year 9999: no date to show
+        return "-"
 
 
 def metric(v: float | None) -> str:
-    return "-" if v is None else f"{v:.6g}"
+    return "-" if v is None or not math.isfinite(v) else f"{v:.6g}"
+
+
+def _shown(value: Any) -> Any:
+    """The dashboard's ``finalize``: a string from the world is made visible (``textsafe.visible``, newlines and tabs
+    kept) before autoescaping HTML-escapes it, so raw ESC, C1, BEL or bidi characters never reach the page. Markup
+    (the page's own SVG and stylesheet) is left as it is."""
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return visible(value, block=True)
+    return value
 
 
 def usd(v: float | None, unit: str = "$") -> str:
@@ -65,6 +81,7 @@ def environment(*, html: bool = False) -> jinja2.Environment:
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=_shown if html else None,
     )
     env.filters.update(
         md=lambda v: md_inline(str(v)), fenced=md_fenced, duration=duration, utc=utc, metric=metric,

@@ -2,7 +2,9 @@
 
 Why hand-made: the page must be one self-contained file with no network (a charting library would be a few
 hundred KiB of JavaScript inlined into every page); these charts need only polylines, rectangles and labels. Every
-label goes through ``markupsafe.escape``; every coordinate is a number this module formats.
+label goes through ``textsafe.visible`` and ``markupsafe.escape``; every coordinate is a number this module formats,
+and a point that is not finite or beyond ``bounds.MAX_METRIC_ABS`` is skipped (an SVG with a NaN coordinate draws
+nothing, or garbage).
 """
 
 from __future__ import annotations
@@ -10,7 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from markupsafe import Markup, escape
+from markupsafe import Markup
+from markupsafe import escape as _html_escape
+
+from reconciler.bounds import finite
+from reconciler.textsafe import visible
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
 PHASE_COLOURS = {
@@ -26,6 +32,20 @@ class Series:
     dashed: bool = False
 
 
+def escape(text: str) -> Markup:
+    """A label for the SVG: control and bidi characters shown as escapes, then HTML-escaped."""
+    return _html_escape(visible(str(text)))
+
+
+def _drawable(series: Sequence[Series]) -> list[Series]:
+    """``series`` with only the points that can be drawn: both coordinates finite and within range."""
+    return [
+        Series(s.label, [(x, y) for x, y in s.points if finite(x) is not None and finite(y) is not None], s.dots,
+               s.dashed)
+        for s in series
+    ]
+
+
 def _fmt(v: float) -> str:
     return f"{v:.6g}"
 
@@ -33,6 +53,7 @@ def _fmt(v: float) -> str:
 def line_chart(series: Sequence[Series], *, width: int = 420, height: int = 220, x_label: str = "",
                y_label: str = "", css_class: str = "chart") -> Markup:
     """A line chart of ``series`` with axes, min/max ticks and a legend; an empty chart says "no data"."""
+    series = _drawable(series)
     pts = [p for s in series for p in s.points]
     left, right, top = 56, 10, 10
     h = height + 14 * len(series)

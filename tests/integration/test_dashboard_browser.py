@@ -68,3 +68,25 @@ def test_a_console_error_would_be_seen(tmp_path: Path) -> None:
     bad.write_text("<!DOCTYPE html><html><body><p>x</p><script>console.error('broken page')</script></body></html>")
     loaded = chromium(tmp_path / "profile", "--dump-dom", bad.as_uri())
     assert any("broken page" in line for line in console_lines(loaded.stderr)), loaded.stderr[-2000:]
+
+
+def test_a_hostile_stderr_and_a_nan_curve_load_clean_and_show_escapes(tmp_path: Path) -> None:
+    """The page of a repository holding a failed attempt's stderr with ESC, C1, BEL and bidi characters and a curve
+    with NaN/Infinity points (``test_dashboard_hostile``): it loads with a silent console, the browser's DOM shows
+    the escapes in the stderr block, and the curve's polyline has finite coordinates only."""
+    from test_dashboard_hostile import _hostile_repo
+
+    repo = _hostile_repo(tmp_path)
+    page = tmp_path / "dashboard.html"
+    made = subprocess.run([str(RIGSYNC), "dashboard", "--repo", str(repo), "--out", str(page)],
+                          capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    loaded = chromium(tmp_path / "profile", "--dump-dom", page.as_uri())
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    assert console_lines(loaded.stderr) == []
+    dom = loaded.stdout
+    pre = dom.split('<section id="failures">')[1].split("<pre>")[1].split("</pre>")[0]
+    assert "\\x1b[31mred" in pre and "\\u202eevil" in pre and "\\x07" in pre and "&lt;b&gt;bold" in pre
+    assert "\x1b" not in dom and "\u202e" not in dom and "\x07" not in dom
+    curves = dom.split('<section id="curves">')[1].split("</section>")[0]
+    assert "<polyline" in curves and "NaN" not in curves and "Infinity" not in curves

@@ -239,6 +239,7 @@ class FakeWorld:
         self.bootstrap_s = bootstrap_s
         self.bootstrap_fails = bootstrap_fails
         self.job_stderr: dict[tuple[str, int], bytes] = {}  # what an attempt's job wrote to stderr (default: nothing)
+        self.job_files: dict[tuple[str, int], dict[str, bytes]] = {}  # more files its run directory holds (metrics)
         self.work = work
         self.credit0: float | None = 1000.0  # the account's deposits; None: the provider does not say its credit
         self.unbilled: set[int] = set()  # instances the provider reports no charge for
@@ -537,6 +538,8 @@ class FakeBoxes:
             raise RemoteCommandFailed(f"exit 3: no run directory runs/{run_id}.{attempt} on this box")
         stderr = w.job_stderr.get((run_id, attempt), b"")
         files = {"stderr.log": stderr, "stdout.log": b""} if what == "run" else {}
+        if what == "run":
+            files.update(w.job_files.get((run_id, attempt), {}))
         manifest = {"v": 1, "what": what, "cap": cap_bytes, "bytes": sum(len(v) for v in files.values()),
                     "files": [[k, len(v)] for k, v in files.items()],
                     "skipped": [], "resumed_from": None}
