@@ -44,6 +44,7 @@ FAULT_COUNTERS: dict[ReasonCode, str] = {
     ReasonCode.BOOTSTRAP_FAILED: "bootstrap_failures",
     ReasonCode.BOOTSTRAP_TIMEOUT: "bootstrap_failures",
     ReasonCode.UNREACHABLE_PAST_GRACE: "hangs",
+    ReasonCode.PROBE_UNUSABLE: "hangs",  # it answered past the grace with nothing usable: as good as hung
     ReasonCode.PROVIDER_DEAD: "vanishes",
 }
 OUTBID_CODES = frozenset({ReasonCode.PROVIDER_STOPPED})

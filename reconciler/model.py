@@ -812,6 +812,19 @@ class FleetMemory:
     # when each running attempt's checkpoint was last pulled home (complete or not): (run_id, attempt, at). Kept by
     # the controller process only, like ``gpu_quiet``; after a restart the store's last sync stands in for it.
     checkpoint_pulls: tuple[tuple[str, int, float], ...] = ()
+    # Per attempt in flight, its heartbeat on the controller's clock: (run_id, attempt, implied, since), where
+    # implied is ``now - heartbeat_age_s`` as last seen to move and since is the controller's time it last moved
+    # forward by more than a second. A box's clock cannot hold a heartbeat fresh: frozen or from the future, it
+    # stales on this clock. Process only, like ``gpu_quiet``: after a restart since starts again at first sight.
+    heartbeats: tuple[tuple[str, int, float, float], ...] = ()
+    # The actions that failed in the last apply: (kind, target, error). The planner does not send the same action
+    # the same way again (a record skips its harvest; a box whose kill failed is distrusted). Process only.
+    failed_actions: tuple[tuple[str, str, str], ...] = ()
+    # Boxes the controller no longer trusts to answer for their attempts although they answer: (instance_id,
+    # since, why), e.g. a kill sent to it failed. Planned as a box whose probe is unusable (waits out
+    # unreachable_grace from since, then destroyed, its attempts requeued). Kept while the box is listed; process
+    # only.
+    distrusted: tuple[tuple[int, float, str], ...] = ()
 
 
 @dataclass(frozen=True)
