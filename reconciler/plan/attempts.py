@@ -146,7 +146,11 @@ def collect_attempts(world: World) -> SeenAttempts:
                 continue
             launch = flights.get(key)
             if launch is None or launch.instance_id != box.id:
-                why = "no launch of this fleet" if launch is None else f"launched on instance/{launch.instance_id}"
+                why = (
+                    "that no launch of this fleet made"
+                    if launch is None
+                    else f"of an attempt launched on instance/{launch.instance_id}, not there"
+                )
                 foreign.append((box.id, rd, why))
                 continue
             visible.add(key)
@@ -172,7 +176,7 @@ def report_foreign(world: World, seen: SeenAttempts) -> Decisions:
             claim = f"claims to run on {gpus_text(rd.gpu_mask)}" if rd.gpu_mask else "claims to run"
         else:
             claim = "no exit code, no live process"
-        detail = f"run directory on instance/{box_id} that {why} made there ({claim})"
+        detail = f"run directory on instance/{box_id} {why} ({claim})"
         out.noop(subj, ReasonCode.FOREIGN_ATTEMPT, f"foreign attempt: {detail}; reported, never recorded")
         out.drift.append(Drift(DriftClass.FOREIGN_ATTEMPT, subj, detail, "none"))
     for box in world.boxes.values():
@@ -212,7 +216,10 @@ def record_finished(world: World, seen: SeenAttempts) -> tuple[Recorded, Decisio
     for box_id, rd in seen.finished:
         ok = rd.exit_code == 0 and not exit_code_unusable(rd)
         outcome = AttemptOutcome.SUCCEEDED if ok else AttemptOutcome.FAILED
-        exited = f"exited with code {rd.exit_code} on instance/{box_id}"
+        if rd.exit_code is None:
+            exited = f"ended on instance/{box_id} without an exit code that could be read"
+        else:
+            exited = f"exited with code {rd.exit_code} on instance/{box_id}"
         if rd.problem is not None:
             code, reason = ReasonCode.RESULTS_UNUSABLE, f"unusable {rd.problem}; {exited}"
         else:

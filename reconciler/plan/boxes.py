@@ -198,14 +198,14 @@ def classify_boxes(world: World, seen: SeenAttempts, budget: Purse) -> tuple[Box
             what = box.probe.unusable
             if down > f.unreachable_grace_s:
                 reason = (
-                    f"probe unusable for {fmt_duration(down)} > unreachable_grace "
+                    f"unusable for {fmt_duration(down)} > unreachable_grace "
                     f"{fmt_duration(f.unreachable_grace_s)}: {what}"
                 )
                 d.destroy(box, ReasonCode.PROBE_UNUSABLE, reason)
                 d.out.drift.append(Drift(DriftClass.UNUSABLE, subj, reason, f"destroy {subj}"))
             else:
                 d.states[box.id] = BoxState.UNUSABLE
-                d.out.drift.append(Drift(DriftClass.UNUSABLE, subj, f"probe unusable: {what}", "none"))
+                d.out.drift.append(Drift(DriftClass.UNUSABLE, subj, f"unusable: {what}", "none"))
             continue
         if not box.reachable:
             since = now
@@ -453,7 +453,7 @@ def box_noops(world: World, seen: SeenAttempts, table: BoxTable) -> Decisions:
             code = ReasonCode.UNUSABLE_WAITING
             what = box.probe.unusable if box.probe is not None else ""
             reason = (
-                f"probe unusable for {fmt_duration(now - unusable_since(box, now))} "
+                f"unusable for {fmt_duration(now - unusable_since(box, now))} "
                 f"(grace {fmt_duration(f.unreachable_grace_s)}): {what}; waiting"
             )
         elif state is BoxState.UNKNOWN:

@@ -114,7 +114,7 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
     for iid, _since, why in observed.memory.distrusted:
         p = probes.get(iid)
         if p is not None and p.reachable:  # nothing more is sent to it on the strength of its answers
-            probes[iid] = replace(p, reachable=False, unusable=why)
+            probes[iid] = replace(p, reachable=False, unusable=f"distrusted: {why}")
     distrusted = {iid: since for iid, since, _ in observed.memory.distrusted}
     memory = {m.instance_id: m for m in observed.memory.boxes}
     f = desired.fleet

@@ -223,6 +223,7 @@ def build_rundir(d: J, now: float) -> RunDirState:
         best_metric=d.get("best_metric"),
         final_metric=d.get("final_metric"),
         metrics_age_s=d.get("metrics_age_s"),
+        problem=d.get("problem"),
     )
 
 
@@ -259,6 +260,8 @@ def build_probe(d: J, now: float, inst: Instance | None, desired: Desired) -> Bo
         code_commits=tuple(d.get("code_commits", [desired.code_commit] if desired.code_commit else [])),
         runs=runs,
         last_activity_at=_t(d, now, "last_activity_at", "last_activity_ago", None),
+        unusable=d.get("unusable"),
+        rejected=tuple(d.get("rejected", [])),
     )
 
 
@@ -353,8 +356,21 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
                 gpu_mask=tuple(f.get("gpu_mask", [0])),
                 launched_at=_t(f, now, "launched_at", "launched_ago", now - 60.0) or 0.0,
                 sweep=f.get("sweep", "s"),
+                pid=f.get("pid"),
+                pid_started=f.get("pid_started"),
+                epoch=f.get("epoch", 0),
             )
             for f in d.get("in_flight", [])
+        ),
+        heartbeats=tuple(
+            sorted(
+                (h["run_id"], h.get("attempt", 1), now - float(h["implied_ago"]), now - float(h["since_ago"]))
+                for h in d.get("heartbeats", [])
+            )
+        ),
+        failed_actions=tuple(sorted((a["kind"], a["target"], a["error"]) for a in d.get("failed_actions", []))),
+        distrusted=tuple(
+            sorted((int(b["instance_id"]), now - float(b["since_ago"]), b["why"]) for b in d.get("distrusted", []))
         ),
     )
     return Observed(
