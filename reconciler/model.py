@@ -826,6 +826,14 @@ class FleetMemory:
     # only.
     distrusted: tuple[tuple[int, float, str], ...] = ()
 
+    def vetted(self, probe: BoxProbe) -> BoxProbe:
+        """The probe as the planner and apply take it: a box this controller distrusts is not reachable (nothing is
+        sent to it), its answer unusable for that reason."""
+        for iid, _since, why in self.distrusted:
+            if iid == probe.instance_id and probe.reachable:
+                return replace(probe, reachable=False, unusable=f"distrusted: {why}")
+        return probe
+
 
 @dataclass(frozen=True)
 class Observed:

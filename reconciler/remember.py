@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from reconciler.actions import ApplyResult, Kill, Plan
+from reconciler.actions import ApplyResult, Kill, Plan, Requeue
 from reconciler.bounds import bounded_text
 from reconciler.ledger import note_cycle
 from reconciler.model import (
@@ -103,13 +103,16 @@ def note_failures(
     distrusted: tuple[tuple[int, float, str], ...], applied: ApplyResult, now: float
 ) -> tuple[tuple[tuple[str, str, str], ...], tuple[tuple[int, float, str], ...]]:
     """The actions that failed in this apply, (kind, target, error), so the next plan does not send them the same
-    way again; and the boxes distrusted from now on: one whose kill failed (it cannot be made to end an attempt,
-    so it is not asked again: it waits out unreachable_grace like a box with an unusable probe, then goes)."""
+    way again; and the boxes distrusted from now on: one whose kill (or requeue, which kills) failed cannot be made
+    to end an attempt, so it is not asked again: it waits out unreachable_grace like a box with an unusable probe,
+    then goes, its attempts requeued."""
     failed = tuple(sorted({(o.action.kind.value, o.action.target, bounded_text(o.detail)) for o in applied.failures}))
     known = {iid: (since, why) for iid, since, why in distrusted}
     for o in applied.failures:
-        if isinstance(o.action, Kill) and o.action.instance_id not in known:
-            known[o.action.instance_id] = (now, bounded_text(f"kill {o.action.target} failed: {o.detail}"))
+        # a requeue from a box that answered kills there first: its failure is a failed kill too
+        if isinstance(o.action, Kill | Requeue) and o.action.instance_id not in known:
+            what = f"{o.action.kind.value} {o.action.target}"
+            known[o.action.instance_id] = (now, bounded_text(f"{what} failed: {o.detail}"))
     return failed, tuple(sorted((iid, since, why) for iid, (since, why) in known.items()))
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from reconciler.actions import ReasonCode
 from reconciler.identity import pool_spec_hash, slot_pool
@@ -110,11 +110,7 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
     for h in observed.history:
         history.setdefault(h.run_id, []).append(h)
         archived[h.key] = h
-    probes = {p.instance_id: p for p in observed.probes}
-    for iid, _since, why in observed.memory.distrusted:
-        p = probes.get(iid)
-        if p is not None and p.reachable:  # nothing more is sent to it on the strength of its answers
-            probes[iid] = replace(p, reachable=False, unusable=f"distrusted: {why}")
+    probes = {p.instance_id: observed.memory.vetted(p) for p in observed.probes}  # (observe vets them already)
     distrusted = {iid: since for iid, since, _ in observed.memory.distrusted}
     memory = {m.instance_id: m for m in observed.memory.boxes}
     f = desired.fleet

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from reconciler.actions import ApplyResult, Kill, Outcome, Plan, ReasonCode, Record
+from reconciler.actions import ApplyResult, Kill, Outcome, Plan, ReasonCode, Record, Requeue
 from reconciler.model import BoxProbe, Fleet, FleetMemory, InFlight, Instance, InstanceStatus, Observed, RunDirState
 from reconciler.remember import next_in_flight, remember, remember_observation, track_heartbeats
 
@@ -89,3 +89,19 @@ def test_what_a_box_shows_running_never_becomes_in_flight() -> None:
     observed = Observed(instances=(box(1),), probes=(probe(1, beating("forged", 1.0)),), fleet_name="lab")
     assert next_in_flight((), observed, ApplyResult()) == ()
     assert next_in_flight(FLYING, replace(observed, memory=FleetMemory(in_flight=FLYING)), ApplyResult()) == FLYING
+
+
+def test_a_failed_requeue_from_a_box_that_answered_distrusts_it_too() -> None:
+    requeue = Requeue(reason="lost", code=ReasonCode.HEARTBEAT_STALE, run_id="r", attempt=1, instance_id=1)
+    applied = ApplyResult(outcomes=[Outcome(requeue, False, "ssh: connection closed")])
+    after = remember(FleetMemory(in_flight=FLYING), Observed(instances=(box(1),)), Plan(actions=(requeue,)), applied,
+                     NOW, fleet=FLEET)
+    assert after.distrusted == ((1, NOW, "requeue run/r.1 failed: ssh: connection closed"),)
+
+
+def test_a_distrusted_box_is_vetted_unreachable_with_its_reason() -> None:
+    memory = FleetMemory(distrusted=((1, NOW - 30, "kill run/r.1@1 failed: x"),))
+    vetted = memory.vetted(probe(1, beating("r", 1.0)))
+    assert (vetted.reachable, vetted.unusable) == (False, "distrusted: kill run/r.1@1 failed: x")
+    other = probe(2, beating("r", 1.0))
+    assert memory.vetted(other) is other
