@@ -325,7 +325,7 @@ def settle_live(
                 kill(box_id, rd, ReasonCode.NOT_DESIRED, "no longer desired")
                 continue
             spec = world.runs[rd.run_id]
-            launched = launched_at(seen, rd)
+            launched = launched_at(world, seen, rd)
             if now - launched > spec.sweep.max_runtime_s:
                 used[rd.run_id] = used.get(rd.run_id, 0) + 1
                 kill(
@@ -357,7 +357,7 @@ def settle_live(
             )
         kept[run_id] = (keep_box, keep_rd)
         spec = world.runs[run_id]
-        ran = fmt_duration(now - launched_at(seen, keep_rd))
+        ran = fmt_duration(now - launched_at(world, seen, keep_rd))
         beat = fmt_duration(keep_rd.heartbeat_age_s) + " ago" if keep_rd.heartbeat_age_s is not None else "not yet"
         out.noop(
             f"run/{keep_rd.run_id}.{keep_rd.attempt}@{keep_box}",
@@ -368,12 +368,17 @@ def settle_live(
     return LiveVerdicts(kept, used, frozenset(settled)), out
 
 
-def launched_at(seen: SeenAttempts, rd: RunDirState) -> float:
+def launched_at(world: World, seen: SeenAttempts, rd: RunDirState) -> float:
     """When this fleet launched a live attempt of ours, on the controller's clock: the runtime limits count from
-    it, never from the ``started_at`` the box reports (a box's clock may be anywhere)."""
+    it, never from the ``started_at`` the box reports (a box's clock may be anywhere). An entry that does not know
+    (an old runs.yaml without ``launched_at``) counts from its box's start as the provider lists it: the attempt
+    cannot be older."""
     fl = seen.launch_of(rd)
     assert fl is not None, "collect_attempts keeps only attempts in flight as ours"
-    return fl.launched_at
+    if fl.launched_at > 0:
+        return fl.launched_at
+    box = world.boxes.get(fl.instance_id)
+    return box.inst.start_date if box is not None and box.inst.start_date > 0 else world.now
 
 
 def heartbeat_stale(world: World, rd: RunDirState) -> str | None:
