@@ -278,6 +278,8 @@ def settle_live(
         settled.add((rd.run_id, rd.attempt))
         fl = seen.launch_of(rd)  # its process group as its launch recorded it, never a pid the box reports
         pid, started = (fl.pid, fl.pid_started) if fl is not None and fl.instance_id == box_id else (None, None)
+        if pid is not None and pid <= 1:  # never a signal to every process, nor to init: no pid at all then
+            pid, started = None, None
         out.act(
             Kill(
                 reason=reason,
