@@ -94,8 +94,14 @@ def test_what_a_box_shows_running_never_becomes_in_flight() -> None:
 def test_a_failed_requeue_from_a_box_that_answered_distrusts_it_too() -> None:
     requeue = Requeue(reason="lost", code=ReasonCode.HEARTBEAT_STALE, run_id="r", attempt=1, instance_id=1)
     applied = ApplyResult(outcomes=[Outcome(requeue, False, "ssh: connection closed")])
-    after = remember(FleetMemory(in_flight=FLYING), Observed(instances=(box(1),)), Plan(actions=(requeue,)), applied,
-                     NOW, fleet=FLEET)
+    after = remember(
+        FleetMemory(in_flight=FLYING),
+        Observed(instances=(box(1),)),
+        Plan(actions=(requeue,)),
+        applied,
+        NOW,
+        fleet=FLEET,
+    )
     assert after.distrusted == ((1, NOW, "requeue run/r.1 failed: ssh: connection closed"),)
 
 
