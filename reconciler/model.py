@@ -325,9 +325,9 @@ class HostRecord:
     """What rigsync learned about one machine of the market (``machine_id``), kept in observed/hosts.yaml.
 
     Counts only grow. ``faults`` are the events that say the machine itself is bad (it did not boot in time, its
-    bootstrap failed, its box vanished or hung); they rank it lower and, past the fleet's ``blacklist_after``,
-    keep it from being rented again (``reconciler.offers``). Outbids and failed attempts are recorded, not held
-    against the host: the first is the market, the second usually the job.
+    bootstrap failed, its box vanished, hung or answered with nothing usable); they rank it lower and, past the
+    fleet's ``blacklist_after``, keep it from being rented again (``reconciler.offers``). Outbids and failed
+    attempts are recorded, not held against the host: the first is the market, the second usually the job.
     """
 
     machine_id: int
@@ -338,6 +338,7 @@ class HostRecord:
     bootstrap_failures: int = 0
     vanishes: int = 0  # an owned box on it left the provider's list without rigsync destroying it
     hangs: int = 0  # an owned box on it stopped answering for longer than unreachable_grace
+    unusable: int = 0  # an owned box on it answered with nothing usable (its probe, or a kill) past unreachable_grace
     outbids: int = 0
     attempts_succeeded: int = 0
     attempts_failed: int = 0
@@ -349,7 +350,7 @@ class HostRecord:
 
     @property
     def faults(self) -> int:
-        return self.boot_timeouts + self.bootstrap_failures + self.vanishes + self.hangs
+        return self.boot_timeouts + self.bootstrap_failures + self.vanishes + self.hangs + self.unusable
 
 
 @dataclass(frozen=True)
