@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from reconciler.actions import Kill, Kind, ReasonCode, Record, Requeue
+from reconciler.bounds import MAX_REPORTED_CLAIMS, bounded_text
 from reconciler.model import (
     LAUNCHABLE_PHASES,
     AttemptOutcome,
@@ -166,25 +167,36 @@ def collect_attempts(world: World) -> SeenAttempts:
 
 def report_foreign(world: World, seen: SeenAttempts) -> Decisions:
     """Each foreign run directory, and each claim a probe made that was refused (``BoxProbe.rejected``): reported
-    as ``foreign_attempt``, never acted on."""
+    as ``foreign_attempt``, never acted on. Per box the first ``MAX_REPORTED_CLAIMS`` are reported one by one and
+    the rest counted in one line, so what is reported (and the drift file committed from it) does not grow with
+    a box's claims."""
     out = Decisions()
+    per_box: dict[int, list[tuple[str, str]]] = {}  # box id -> (subject, detail) in report order
     for box_id, rd, why in seen.foreign:
-        subj = f"run/{rd.run_id}.{rd.attempt}@{box_id}"
         if rd.exit_code is not None:
             claim = f"claims exit code {rd.exit_code}"
         elif is_live(rd):
             claim = f"claims to run on {gpus_text(rd.gpu_mask)}" if rd.gpu_mask else "claims to run"
         else:
             claim = "no exit code, no live process"
-        detail = f"run directory on instance/{box_id} {why} ({claim})"
-        out.noop(subj, ReasonCode.FOREIGN_ATTEMPT, f"foreign attempt: {detail}; reported, never recorded")
-        out.drift.append(Drift(DriftClass.FOREIGN_ATTEMPT, subj, detail, "none"))
+        detail = bounded_text(f"run directory on instance/{box_id} {why} ({claim})")
+        per_box.setdefault(box_id, []).append((f"run/{rd.run_id}.{rd.attempt}@{box_id}", detail))
     for box in world.boxes.values():
-        if box.probe is None:
-            continue
-        for text in box.probe.rejected:
-            out.noop(box.subject, ReasonCode.FOREIGN_ATTEMPT, f"probe claim refused: {text}")
-            out.drift.append(Drift(DriftClass.FOREIGN_ATTEMPT, box.subject, f"probe claim refused: {text}", "none"))
+        if box.probe is not None:
+            claims = per_box.setdefault(box.id, [])
+            claims.extend((box.subject, f"probe claim refused: {text}") for text in box.probe.rejected)
+    for box_id, claims in sorted(per_box.items()):
+        for subj, detail in claims[:MAX_REPORTED_CLAIMS]:
+            if subj.startswith("run/"):
+                out.noop(subj, ReasonCode.FOREIGN_ATTEMPT, f"foreign attempt: {detail}; reported, never recorded")
+            else:
+                out.noop(subj, ReasonCode.FOREIGN_ATTEMPT, f"{detail}; reported, never acted on")
+            out.drift.append(Drift(DriftClass.FOREIGN_ATTEMPT, subj, detail, "none"))
+        more = len(claims) - MAX_REPORTED_CLAIMS
+        if more > 0:
+            detail = f"{more} more foreign run directories or refused claims on instance/{box_id}"
+            out.noop(f"instance/{box_id}", ReasonCode.FOREIGN_ATTEMPT, f"{detail}; reported, never recorded")
+            out.drift.append(Drift(DriftClass.FOREIGN_ATTEMPT, f"instance/{box_id}", detail, "none"))
     return out
 
 
