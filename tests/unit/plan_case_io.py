@@ -6,7 +6,10 @@ times may be given relative to ``now`` (``start_ago``, ``started_ago``, ``launch
 current spec (``"{spec}"`` inside a given label is replaced by the current spec hash); a RUNNING instance
 without a probe gets a reachable, bootstrapped probe with its code shipped; a probe without ``gpus`` gets one
 GPU per instance GPU, with memory in use on the GPUs of its live runs. The host ledger is ``observed.memory.hosts``
-(``build_hosts``).
+(``build_hosts``). Only what is in ``observed.in_flight`` on a box (or archived) is this fleet's there: a run a
+probe shows without it is foreign. The process-only memory: ``heartbeats`` (``run_id``, ``attempt``,
+``implied_ago``, ``since_ago``), ``failed_actions`` (``kind``, ``target``, ``error``) and ``distrusted``
+(``instance_id``, ``since_ago``, ``why``).
 """
 
 from __future__ import annotations
