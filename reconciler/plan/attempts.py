@@ -67,6 +67,7 @@ class LiveVerdicts:
     running: Mapping[str, tuple[int, RunDirState]]  # run id -> (box id, the attempt kept running)
     used: Mapping[str, int]  # run id -> attempts this plan ends as failed (max runtime) or lost (requeue)
     settled: frozenset[AttemptKey]
+    launched: Mapping[str, float] = field(default_factory=dict)  # run id -> when its kept attempt was launched
 
 
 @dataclass(frozen=True)
@@ -359,6 +360,7 @@ def settle_live(
             running.setdefault(rd.run_id, []).append((box_id, rd))
     # A duplicate daemon once launched the same seed twice; keep the oldest attempt, stop the others.
     kept: dict[str, tuple[int, RunDirState]] = {}
+    launched_kept: dict[str, float] = {}
     for run_id in sorted(running):
         group = sorted(running[run_id], key=lambda t: (t[1].attempt, t[0]))
         keep_box, keep_rd = group[0]
@@ -371,7 +373,8 @@ def settle_live(
             )
         kept[run_id] = (keep_box, keep_rd)
         spec = world.runs[run_id]
-        ran = fmt_duration(now - launched_at(world, seen, keep_rd))
+        launched_kept[run_id] = launched_at(world, seen, keep_rd)
+        ran = fmt_duration(now - launched_kept[run_id])
         beat = fmt_duration(keep_rd.heartbeat_age_s) + " ago" if keep_rd.heartbeat_age_s is not None else "not yet"
         out.noop(
             f"run/{keep_rd.run_id}.{keep_rd.attempt}@{keep_box}",
@@ -379,7 +382,7 @@ def settle_live(
             f"running for {ran} of max {fmt_duration(spec.sweep.max_runtime_s)} on {gpus_text(keep_rd.gpu_mask)}; "
             f"heartbeat {beat}",
         )
-    return LiveVerdicts(kept, used, frozenset(settled)), out
+    return LiveVerdicts(kept, used, frozenset(settled), launched_kept), out
 
 
 def launched_at(world: World, seen: SeenAttempts, rd: RunDirState) -> float:
