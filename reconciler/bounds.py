@@ -32,6 +32,7 @@ __all__ = [
     "MAX_NOTE_CHARS",
     "MAX_PROBE_RUNS",
     "MAX_REJECTED",
+    "MAX_REPORTED_CLAIMS",
     "MAX_TEXT_CHARS",
     "METRICS_FILE_BYTES",
     "METRICS_LINE_BYTES",
@@ -52,6 +53,7 @@ COMMAND_STDERR_BYTES = 64 << 10  # every command's stderr: only its tail is kept
 MAX_JSON_DEPTH = 16  # nesting of any JSON document from a box (the probe's is 4 deep)
 MAX_PROBE_RUNS = 1024  # run directories one probe may report (the box reports its newest first)
 MAX_GPUS = 64  # GPU entries one probe may report; the instance's listed count caps it further
+MAX_REPORTED_CLAIMS = 8  # foreign run directories and refused claims reported one by one per box; the rest counted
 MAX_TEXT_CHARS = 512  # any one string from a box that is stored (ids, commits, metric keys, reasons, errors)
 METRICS_LINE_BYTES = 64 << 10  # one line of a metrics.jsonl; a longer line is unusable, not read into memory
 METRICS_FILE_BYTES = 64 << 20  # a harvested metrics.jsonl read for its curve

@@ -12,9 +12,10 @@ What counts, per machine:
 * a rent: a ``Rent`` that succeeded on one of its offers; a rent failure (and a ghost): one that failed;
 * a host fault (``HostRecord.faults``): a ``Destroy`` that succeeded for a box of it that did not boot in time
   (``boot_timeout``), whose bootstrap failed or timed out, that stopped answering past ``unreachable_grace``
-  (a hang), that the provider reports exited/offline, or that left the provider's list without rigsync
-  destroying it (both a vanish; the latter only while this controller watched without a gap longer than
-  ``orphan_timeout``, since after one its own watchdog may have destroyed it as designed);
+  (a hang) or answered with nothing usable for as long (``unusable``), that the provider reports
+  exited/offline, or that left the provider's list without rigsync destroying it (both a vanish; the latter
+  only while this controller watched without a gap longer than ``orphan_timeout``, since after one its own
+  watchdog may have destroyed it as designed);
 * an outbid: a ``Destroy`` of a box the provider stopped;
 * attempts: each archived attempt by its ``machine_id`` (succeeded, failed, lost).
 
@@ -44,6 +45,7 @@ FAULT_COUNTERS: dict[ReasonCode, str] = {
     ReasonCode.BOOTSTRAP_FAILED: "bootstrap_failures",
     ReasonCode.BOOTSTRAP_TIMEOUT: "bootstrap_failures",
     ReasonCode.UNREACHABLE_PAST_GRACE: "hangs",
+    ReasonCode.PROBE_UNUSABLE: "unusable",
     ReasonCode.PROVIDER_DEAD: "vanishes",
 }
 OUTBID_CODES = frozenset({ReasonCode.PROVIDER_STOPPED})

@@ -325,9 +325,9 @@ class HostRecord:
     """What rigsync learned about one machine of the market (``machine_id``), kept in observed/hosts.yaml.
 
     Counts only grow. ``faults`` are the events that say the machine itself is bad (it did not boot in time, its
-    bootstrap failed, its box vanished or hung); they rank it lower and, past the fleet's ``blacklist_after``,
-    keep it from being rented again (``reconciler.offers``). Outbids and failed attempts are recorded, not held
-    against the host: the first is the market, the second usually the job.
+    bootstrap failed, its box vanished, hung or answered with nothing usable); they rank it lower and, past the
+    fleet's ``blacklist_after``, keep it from being rented again (``reconciler.offers``). Outbids and failed
+    attempts are recorded, not held against the host: the first is the market, the second usually the job.
     """
 
     machine_id: int
@@ -338,6 +338,7 @@ class HostRecord:
     bootstrap_failures: int = 0
     vanishes: int = 0  # an owned box on it left the provider's list without rigsync destroying it
     hangs: int = 0  # an owned box on it stopped answering for longer than unreachable_grace
+    unusable: int = 0  # an owned box on it answered with nothing usable (its probe, or a kill) past unreachable_grace
     outbids: int = 0
     attempts_succeeded: int = 0
     attempts_failed: int = 0
@@ -349,7 +350,7 @@ class HostRecord:
 
     @property
     def faults(self) -> int:
-        return self.boot_timeouts + self.bootstrap_failures + self.vanishes + self.hangs
+        return self.boot_timeouts + self.bootstrap_failures + self.vanishes + self.hangs + self.unusable
 
 
 @dataclass(frozen=True)
@@ -812,6 +813,27 @@ class FleetMemory:
     # when each running attempt's checkpoint was last pulled home (complete or not): (run_id, attempt, at). Kept by
     # the controller process only, like ``gpu_quiet``; after a restart the store's last sync stands in for it.
     checkpoint_pulls: tuple[tuple[str, int, float], ...] = ()
+    # Per attempt in flight, its heartbeat on the controller's clock: (run_id, attempt, implied, since), where
+    # implied is ``now - heartbeat_age_s`` as last seen to move and since is the controller's time it last moved
+    # forward by more than a second. A box's clock cannot hold a heartbeat fresh: frozen or from the future, it
+    # stales on this clock. Process only, like ``gpu_quiet``: after a restart since starts again at first sight.
+    heartbeats: tuple[tuple[str, int, float, float], ...] = ()
+    # The actions that failed in the last apply: (kind, target, error). The planner does not send the same action
+    # the same way again (a record skips its harvest; a box whose kill failed is distrusted). Process only.
+    failed_actions: tuple[tuple[str, str, str], ...] = ()
+    # Boxes the controller no longer trusts to answer for their attempts although they answer: (instance_id,
+    # since, why), e.g. a kill sent to it failed. Planned as a box whose probe is unusable (waits out
+    # unreachable_grace from since, then destroyed, its attempts requeued). Kept while the box is listed; process
+    # only.
+    distrusted: tuple[tuple[int, float, str], ...] = ()
+
+    def vetted(self, probe: BoxProbe) -> BoxProbe:
+        """The probe as the planner and apply take it: a box this controller distrusts is not reachable (nothing is
+        sent to it), its answer unusable for that reason."""
+        for iid, _since, why in self.distrusted:
+            if iid == probe.instance_id and probe.reachable:
+                return replace(probe, reachable=False, unusable=f"distrusted: {why}")
+        return probe
 
 
 @dataclass(frozen=True)

@@ -112,8 +112,9 @@ def observe(
     own = own_boxes(fleet)
     instances = [*instances, *own]
     mine_and_own = [*mine, *own]
-    # box clocks may be off: each probe's times onto ours, and none far from now
-    probes = [p.on_clock(now, clamp=clamp_time) for p in probe_boxes(box_control, mine_and_own)]
+    # box clocks may be off: each probe's times onto ours, and none far from now; a box this controller distrusts
+    # (its kill failed) is planned and applied as unusable
+    probes = [memory.vetted(p.on_clock(now, clamp=clamp_time)) for p in probe_boxes(box_control, mine_and_own)]
     hashes = {p.name: p.bootstrap_hash for p in fleet.pools}
     pool_hash = {
         i.id: hashes.get(slot_pool(fleet, o.slot), "") for i in mine_and_own if (o := owned_by(fleet.name, i.label))

@@ -449,6 +449,7 @@ def _fault_text(record: HostRecord) -> str:
         (record.bootstrap_failures, "bootstrap failure"),
         (record.vanishes, "vanish"),
         (record.hangs, "hang"),
+        (record.unusable, "unusable box"),
     ]
     return ", ".join(f"{n} {what}{'s' if n > 1 else ''}" for n, what in parts if n)
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from reconciler.actions import ApplyResult, Plan
+from reconciler.actions import ApplyResult, Kill, Plan, Requeue
+from reconciler.bounds import bounded_text
 from reconciler.ledger import note_cycle
 from reconciler.model import (
     AttemptRecord,
@@ -38,7 +39,7 @@ from reconciler.model import (
     OverheadRecord,
     Spend,
 )
-from reconciler.runphase import is_live, is_unfinished
+from reconciler.runphase import is_live
 
 _FLOAT_SLACK_USD = 1e-9
 
@@ -58,7 +59,18 @@ def remember_observation(
     boxes = update_box_memory(memory.boxes, mine, probes, now, bootstrap_hash)
     spend = accrue_billed(memory.spend, memory.spend_at, billed_boxes, billed, memory.in_flight, now)
     gpu_quiet = track_gpu_quiet(memory.gpu_quiet, desired, probes, now)
-    return replace(memory, boxes=boxes, spend=spend, spend_at=now, gpu_quiet=gpu_quiet)
+    heartbeats = track_heartbeats(memory.heartbeats, memory.in_flight, probes, now)
+    listed = {i.id for i in mine}
+    distrusted = tuple(d for d in memory.distrusted if d[0] in listed)
+    return replace(
+        memory,
+        boxes=boxes,
+        spend=spend,
+        spend_at=now,
+        gpu_quiet=gpu_quiet,
+        heartbeats=heartbeats,
+        distrusted=distrusted,
+    )
 
 
 def remember(
@@ -75,7 +87,33 @@ def remember(
     done = [(o.action, o.ok, o.detail) for o in applied.outcomes if not o.skipped]
     hosts = note_cycle(memory.hosts, fleet, observed, done, applied.archived, now)
     pulls = note_checkpoint_pulls(memory.checkpoint_pulls, applied.checkpoint_pulls, in_flight)
-    return replace(memory, in_flight=in_flight, spend=spend, hosts=hosts, checkpoint_pulls=pulls)
+    failed, distrusted = note_failures(memory.distrusted, applied, now)
+    return replace(
+        memory,
+        in_flight=in_flight,
+        spend=spend,
+        hosts=hosts,
+        checkpoint_pulls=pulls,
+        failed_actions=failed,
+        distrusted=distrusted,
+    )
+
+
+def note_failures(
+    distrusted: tuple[tuple[int, float, str], ...], applied: ApplyResult, now: float
+) -> tuple[tuple[tuple[str, str, str], ...], tuple[tuple[int, float, str], ...]]:
+    """The actions that failed in this apply, (kind, target, error), so the next plan does not send them the same
+    way again; and the boxes distrusted from now on: one whose kill (or requeue, which kills) failed cannot be made
+    to end an attempt, so it is not asked again: it waits out unreachable_grace like a box with an unusable probe,
+    then goes, its attempts requeued."""
+    failed = tuple(sorted({(o.action.kind.value, o.action.target, bounded_text(o.detail)) for o in applied.failures}))
+    known = {iid: (since, why) for iid, since, why in distrusted}
+    for o in applied.failures:
+        # a requeue from a box that answered kills there first: its failure is a failed kill too
+        if isinstance(o.action, Kill | Requeue) and o.action.instance_id not in known:
+            what = f"{o.action.kind.value} {o.action.target}"
+            known[o.action.instance_id] = (now, bounded_text(f"{what} failed: {o.detail}"))
+    return failed, tuple(sorted((iid, since, why) for iid, (since, why) in known.items()))
 
 
 def note_checkpoint_pulls(
@@ -188,7 +226,10 @@ def world_after_apply(
 
 
 def update_box_memory(
-    previous: tuple[BoxMemory, ...], instances: list[Instance], probes: list[BoxProbe], now: float,
+    previous: tuple[BoxMemory, ...],
+    instances: list[Instance],
+    probes: list[BoxProbe],
+    now: float,
     bootstrap_hash: str | Mapping[int, str] = "",
 ) -> tuple[BoxMemory, ...]:
     """Per box: first seen, unreachable since, and since when it answers without its bootstrap done (the clock of
@@ -248,6 +289,37 @@ def track_gpu_quiet(
     return tuple(sorted(out))
 
 
+def track_heartbeats(
+    previous: tuple[tuple[str, int, float, float], ...],
+    in_flight: Iterable[InFlight],
+    probes: list[BoxProbe],
+    now: float,
+) -> tuple[tuple[str, int, float, float], ...]:
+    """Each attempt in flight's heartbeat on the controller's clock: (run_id, attempt, implied, since).
+
+    ``implied`` is when the heartbeat was written by this clock (``now - heartbeat_age_s``), ``since`` when it last
+    moved forward by more than a second. Only attempts this fleet launched, as their box shows them, are tracked
+    (so a box's claims cannot grow it); one whose box did not show it this cycle keeps its entry while it is in
+    flight. First sight (after a restart too): since is now.
+    """
+    old = {(r, a): (implied, since) for r, a, implied, since in previous}
+    flying = {(f.run_id, f.attempt): f.instance_id for f in in_flight}
+    out: dict[tuple[str, int], tuple[float, float]] = {}
+    for p in probes:
+        if not p.reachable:
+            continue
+        for rd in p.runs:
+            key = (rd.run_id, rd.attempt)
+            if flying.get(key) != p.instance_id or not is_live(rd) or rd.heartbeat_age_s is None:
+                continue
+            implied = now - rd.heartbeat_age_s
+            last = old.get(key)
+            out[key] = (implied, now) if last is None or implied > last[0] + 1.0 else last
+    for key, last in old.items():
+        if key in flying and key not in out:
+            out[key] = last
+    return tuple(sorted((r, a, implied, since) for (r, a), (implied, since) in out.items()))
+
 
 def accrue_billed(
     spend: Spend,
@@ -304,20 +376,10 @@ def accrue_billed(
     return Spend(today_usd=out.today_usd, total_usd=out.total_usd, boxes=tuple(boxes))
 
 
-
 def next_in_flight(previous: tuple[InFlight, ...], observed: Observed, result: ApplyResult) -> tuple[InFlight, ...]:
-    """In flight after this cycle: what was, plus what runs on boxes, plus launches, minus what settled."""
+    """In flight after this cycle: what was, plus launches, minus what settled. What a box shows running is never
+    added: only a launch of this fleet makes an attempt ours (anything else is foreign)."""
     by_key: dict[tuple[str, int], InFlight] = {(f.run_id, f.attempt): f for f in previous}
-    for probe in observed.probes:
-        for r in probe.runs:
-            if is_unfinished(r) and (r.run_id, r.attempt) not in by_key:
-                by_key[(r.run_id, r.attempt)] = InFlight(
-                    run_id=r.run_id,
-                    attempt=r.attempt,
-                    instance_id=probe.instance_id,
-                    gpu_mask=r.gpu_mask,
-                    launched_at=r.started_at or 0.0,
-                )
     for f in (*result.in_doubt, *result.launched):
         by_key[(f.run_id, f.attempt)] = f
     archived_keys = {rec.key for rec in observed.history}

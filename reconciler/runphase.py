@@ -2,8 +2,9 @@
 
 A run's phase is derived from two facts only: its finished attempts (the archive, plus whatever the current
 cycle settles) and whether an attempt of it is live. "Live" means an attempt that is not archived and either
-runs on a reachable box (no exit code, wrapper alive) or was launched on a box that cannot be checked right
-now (in flight, the box unreachable or still booting): a run on an unreachable box is *running*, not pending.
+runs on a reachable box (no exit code, wrapper alive) where this fleet launched it, or was launched on a box that
+cannot be checked right now (in flight, the box unreachable or still booting): a run on an unreachable box is
+*running*, not pending.
 """
 
 from __future__ import annotations
@@ -78,8 +79,10 @@ _RETRYING, _PENDING = RunPhase.RETRYING, RunPhase.PENDING
 
 
 def live_attempts(observed: Observed) -> dict[str, LiveAttempt]:
-    """Run id → its newest live attempt: alive on a reachable box, or in flight and not yet archived."""
+    """Run id → its newest live attempt: alive on a reachable box, or in flight and not yet archived. Only what this
+    fleet launched counts: a live attempt a box shows that is not in flight there is foreign, not the run's."""
     archived = {rec.key for rec in observed.history}
+    flying = {(f.run_id, f.attempt): f.instance_id for f in observed.memory.in_flight}
     live: dict[str, LiveAttempt] = {}
 
     def keep(a: LiveAttempt) -> None:
@@ -91,7 +94,8 @@ def live_attempts(observed: Observed) -> dict[str, LiveAttempt]:
         if not probe.reachable:
             continue
         for r in probe.runs:
-            if is_live(r) and (r.run_id, r.attempt) not in archived:
+            key = (r.run_id, r.attempt)
+            if is_live(r) and key not in archived and flying.get(key) == probe.instance_id:
                 keep(LiveAttempt(r.run_id, r.attempt, probe.instance_id))
     for f in observed.memory.in_flight:
         if (f.run_id, f.attempt) not in archived:
@@ -101,8 +105,8 @@ def live_attempts(observed: Observed) -> dict[str, LiveAttempt]:
 
 def live_progress(runs: Iterable[RunSpec], observed: Observed) -> dict[tuple[str, int], float]:
     """(run id, attempt) → the fraction of its work a run's newest live attempt has done (its sweep's ``progress``,
-    read from the last metrics line the box reported); runs whose sweep has no ``progress``, or whose line says
-    nothing, are left out."""
+    read from the last metrics line the box reported while it runs); runs whose sweep has no ``progress``, or whose
+    line says nothing, are left out."""
     live = live_attempts(observed)
     out: dict[tuple[str, int], float] = {}
     for spec in runs:
@@ -112,7 +116,7 @@ def live_progress(runs: Iterable[RunSpec], observed: Observed) -> dict[tuple[str
         probe = observed.probe(attempt.instance_id)
         key = (spec.id, attempt.attempt)
         state = next((r for r in probe.runs if (r.run_id, r.attempt) == key), None) if probe is not None else None
-        done = spec.sweep.progress.fraction(dict(state.last_metrics)) if state is not None else None
+        done = spec.sweep.progress.fraction(dict(state.last_metrics)) if state is not None and is_live(state) else None
         if done is not None:
             out[key] = done
     return out

@@ -29,6 +29,7 @@ _COUNTS = (
     "bootstrap_failures",
     "vanishes",
     "hangs",
+    "unusable",
     "outbids",
     "attempts_succeeded",
     "attempts_failed",

@@ -8,7 +8,8 @@ carries a reason (a ``ReasonCode`` and a text), and what was considered and left
 ``plan()`` is a straight line of named phases, each in its own module, passing frozen values forward:
 
     world      index the inputs; foreign instances set aside; the budget position
-    attempts   what the boxes show; record finished attempts; which runs are wanted (promotion)
+    attempts   what the boxes show (only what this fleet launched there: the rest is foreign); record finished
+               attempts; which runs are wanted (promotion)
     boxes      limits that do not depend on the work (halt, status, ttl, boot, reachability, bootstrap)
     attempts   kill or requeue live attempts that must end; settle in-flight ones; queue the pending runs
     environment  hold back the runs of sweeps whose env references a variable the controller does not set
@@ -43,6 +44,7 @@ from reconciler.model import Desired, Drift, DriftClass, Observed
 from reconciler.plan.attempts import (
     collect_attempts,
     record_finished,
+    report_foreign,
     run_queue,
     settle_in_flight,
     settle_live,
@@ -78,7 +80,8 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
     decided.extend(found)
 
     seen = collect_attempts(world)
-    recorded, found = record_finished(seen)
+    decided.extend(report_foreign(world, seen))
+    recorded, found = record_finished(world, seen)
     decided.extend(found)
     wanted, found = wanted_runs(world, recorded)
     decided.extend(found)

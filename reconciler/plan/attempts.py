@@ -1,18 +1,21 @@
 """Attempts: what the boxes show, what finished, what must be killed or requeued, and which runs wait to launch.
 
 The phases here run in this order (``plan()`` calls them so): ``collect_attempts`` sorts what reachable boxes
-show; ``record_finished`` archives exited attempts; ``wanted_runs`` applies the promotion rule;
-``settle_live`` and ``settle_in_flight`` decide about attempts still alive or unaccounted for (their boxes'
-fate is already known); ``run_queue`` asks the one run-phase rule which runs are pending.
+show (only what this fleet launched there counts: the rest is foreign, ``report_foreign``); ``record_finished``
+archives exited attempts; ``wanted_runs`` applies the promotion rule; ``settle_live`` and ``settle_in_flight``
+decide about attempts still alive or unaccounted for (their boxes' fate is already known); ``run_queue`` asks the
+one run-phase rule which runs are pending. Runtime limits and staleness run on the controller's clock, from the
+launch this fleet made (``launched_at``, ``heartbeat_stale``), never on times a box reports.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from reconciler.actions import Kill, ReasonCode, Record, Requeue
+from reconciler.actions import Kill, Kind, ReasonCode, Record, Requeue
+from reconciler.bounds import MAX_REPORTED_CLAIMS, bounded_text
 from reconciler.model import (
     LAUNCHABLE_PHASES,
     AttemptOutcome,
@@ -38,9 +41,15 @@ class SeenAttempts:
     finished: tuple[tuple[int, RunDirState], ...]  # exited, not archived: to record
     live: Mapping[int, tuple[RunDirState, ...]]  # per box: no exit code, not archived
     zombies: Mapping[int, tuple[RunDirState, ...]]  # per box: archived already, process still alive
-    occupied: Mapping[int, frozenset[int]]  # per box: GPU indexes held by alive attempts
-    visible: frozenset[AttemptKey]
+    occupied: Mapping[int, frozenset[int]]  # per box: GPU indexes held by alive attempts (of the instance's GPUs)
+    visible: frozenset[AttemptKey]  # our attempts that a reachable box shows
     max_attempt: Mapping[str, int]  # highest attempt number known per run (archive, in flight, boxes)
+    # run directories no launch of this fleet made on the box that shows them: (box id, what it shows, why)
+    foreign: tuple[tuple[int, RunDirState, str], ...] = ()
+    flights: Mapping[AttemptKey, InFlight] = field(default_factory=dict)  # the launches in flight, by attempt
+
+    def launch_of(self, rd: RunDirState) -> InFlight | None:
+        return self.flights.get((rd.run_id, rd.attempt))
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,7 @@ class LiveVerdicts:
     running: Mapping[str, tuple[int, RunDirState]]  # run id -> (box id, the attempt kept running)
     used: Mapping[str, int]  # run id -> attempts this plan ends as failed (max runtime) or lost (requeue)
     settled: frozenset[AttemptKey]
+    launched: Mapping[str, float] = field(default_factory=dict)  # run id -> when its kept attempt was launched
 
 
 @dataclass(frozen=True)
@@ -89,40 +99,106 @@ class RunQueue:
     held: tuple[PendingRun, ...] = ()
 
 
+def exit_code_unusable(rd: RunDirState) -> bool:
+    """The box's report of the attempt's exit code could not be used (``RunDirState.problem`` names it)."""
+    return rd.problem is not None and rd.problem.startswith("exit_code")
+
+
+def is_finished(rd: RunDirState) -> bool:
+    """The attempt ended: it has an exit code, or its wrapper is gone having written one that cannot be read (it is
+    settled once as failed with the problem, not requeued as lost)."""
+    return not is_unfinished(rd) or (exit_code_unusable(rd) and not rd.pid_alive)
+
+
 def collect_attempts(world: World) -> SeenAttempts:
+    """What the reachable boxes show, sorted. A run directory counts only when this fleet launched that attempt on
+    that box (it is in flight there) or it is archived; any other is foreign, whatever it claims: it is reported,
+    never recorded, killed, requeued or promoted. A foreign attempt that claims to be alive still holds the GPUs it
+    claims among those the instance has (a process the box says runs there may well use them: nothing is placed
+    beside it), and its attempt number is kept clear of (our launch's run directory must not collide with it)."""
     max_attempt: dict[str, int] = {}
     for h in world.observed.history:
         max_attempt[h.run_id] = max(max_attempt.get(h.run_id, 0), h.attempt)
+    flights: dict[AttemptKey, InFlight] = {}
     for f in world.observed.memory.in_flight:
         max_attempt[f.run_id] = max(max_attempt.get(f.run_id, 0), f.attempt)
+        flights[(f.run_id, f.attempt)] = f
     finished: list[tuple[int, RunDirState]] = []
     live: dict[int, tuple[RunDirState, ...]] = {}
     zombies: dict[int, tuple[RunDirState, ...]] = {}
     occupied: dict[int, frozenset[int]] = {}
     visible: set[AttemptKey] = set()
+    foreign: list[tuple[int, RunDirState, str]] = []
     for box in world.boxes.values():
         if not box.reachable or box.probe is None:
             continue
         box_live: list[RunDirState] = []
         box_zombies: list[RunDirState] = []
         held: set[int] = set()
+        gpus = range(box.inst.num_gpus)
         for rd in sorted(box.probe.runs, key=lambda r: (r.run_id, r.attempt)):
             key = (rd.run_id, rd.attempt)
-            visible.add(key)
             max_attempt[rd.run_id] = max(max_attempt.get(rd.run_id, 0), rd.attempt)
             alive = is_live(rd)
             if alive:
-                held.update(rd.gpu_mask)
+                held.update(i for i in rd.gpu_mask if i in gpus)
             if key in world.archived:
                 if alive:
                     box_zombies.append(rd)
                 continue
-            if not is_unfinished(rd):
+            launch = flights.get(key)
+            if launch is None or launch.instance_id != box.id:
+                why = (
+                    "that no launch of this fleet made"
+                    if launch is None
+                    else f"of an attempt launched on instance/{launch.instance_id}, not there"
+                )
+                foreign.append((box.id, rd, why))
+                continue
+            visible.add(key)
+            if is_finished(rd):
                 finished.append((box.id, rd))
             else:
                 box_live.append(rd)
         live[box.id], zombies[box.id], occupied[box.id] = tuple(box_live), tuple(box_zombies), frozenset(held)
-    return SeenAttempts(tuple(finished), live, zombies, occupied, frozenset(visible), max_attempt)
+    return SeenAttempts(
+        tuple(finished), live, zombies, occupied, frozenset(visible), max_attempt, tuple(foreign), flights
+    )
+
+
+def report_foreign(world: World, seen: SeenAttempts) -> Decisions:
+    """Each foreign run directory, and each claim a probe made that was refused (``BoxProbe.rejected``): reported
+    as ``foreign_attempt``, never acted on. Per box the first ``MAX_REPORTED_CLAIMS`` are reported one by one and
+    the rest counted in one line, so what is reported (and the drift file committed from it) does not grow with
+    a box's claims."""
+    out = Decisions()
+    per_box: dict[int, list[tuple[str, str]]] = {}  # box id -> (subject, detail) in report order
+    for box_id, rd, why in seen.foreign:
+        if rd.exit_code is not None:
+            claim = f"claims exit code {rd.exit_code}"
+        elif is_live(rd):
+            claim = f"claims to run on {gpus_text(rd.gpu_mask)}" if rd.gpu_mask else "claims to run"
+        else:
+            claim = "no exit code, no live process"
+        detail = bounded_text(f"run directory on instance/{box_id} {why} ({claim})")
+        per_box.setdefault(box_id, []).append((f"run/{rd.run_id}.{rd.attempt}@{box_id}", detail))
+    for box in world.boxes.values():
+        if box.probe is not None:
+            claims = per_box.setdefault(box.id, [])
+            claims.extend((box.subject, f"probe claim refused: {text}") for text in box.probe.rejected)
+    for box_id, claims in sorted(per_box.items()):
+        for subj, detail in claims[:MAX_REPORTED_CLAIMS]:
+            if subj.startswith("run/"):
+                out.noop(subj, ReasonCode.FOREIGN_ATTEMPT, f"foreign attempt: {detail}; reported, never recorded")
+            else:
+                out.noop(subj, ReasonCode.FOREIGN_ATTEMPT, f"{detail}; reported, never acted on")
+            out.drift.append(Drift(DriftClass.FOREIGN_ATTEMPT, subj, detail, "none"))
+        more = len(claims) - MAX_REPORTED_CLAIMS
+        if more > 0:
+            detail = f"{more} more foreign run directories or refused claims on instance/{box_id}"
+            out.noop(f"instance/{box_id}", ReasonCode.FOREIGN_ATTEMPT, f"{detail}; reported, never recorded")
+            out.drift.append(Drift(DriftClass.FOREIGN_ATTEMPT, f"instance/{box_id}", detail, "none"))
+    return out
 
 
 def unseen_in_flight(world: World, seen: SeenAttempts) -> Iterator[InFlight]:
@@ -135,21 +211,45 @@ def unseen_in_flight(world: World, seen: SeenAttempts) -> Iterator[InFlight]:
             yield fl
 
 
-def record_finished(seen: SeenAttempts) -> tuple[Recorded, Decisions]:
+def failed_last_cycle(world: World, kind: Kind, target: str) -> str | None:
+    """The error of the same action (kind and target) when it failed in the last apply, else None."""
+    for k, t, error in world.observed.memory.failed_actions:
+        if k == kind.value and t == target:
+            return error
+    return None
+
+
+def record_finished(world: World, seen: SeenAttempts) -> tuple[Recorded, Decisions]:
+    """Archive the attempts of ours that ended. One whose results the box reported unusably (``problem``) is
+    settled all the same, with the problem as its reason: succeeded only on exit code 0 read as such, and with no
+    metric for promotion. A record that failed last cycle is planned again without its harvest (the harvest is
+    what fails on a bad box), so the attempt settles instead of failing the same way every cycle."""
     out = Decisions()
     outcomes: dict[str, list[tuple[AttemptOutcome, float | None]]] = {}
     for box_id, rd in seen.finished:
-        outcome = AttemptOutcome.SUCCEEDED if rd.exit_code == 0 else AttemptOutcome.FAILED
-        outcomes.setdefault(rd.run_id, []).append((outcome, rd.best_metric))
+        ok = rd.exit_code == 0 and not exit_code_unusable(rd)
+        outcome = AttemptOutcome.SUCCEEDED if ok else AttemptOutcome.FAILED
+        if rd.exit_code is None:
+            exited = f"ended on instance/{box_id} without an exit code that could be read"
+        else:
+            exited = f"exited with code {rd.exit_code} on instance/{box_id}"
+        if rd.problem is not None:
+            code, reason = ReasonCode.RESULTS_UNUSABLE, f"unusable {rd.problem}; {exited}"
+        else:
+            code, reason = ReasonCode.EXITED, exited
+        outcomes.setdefault(rd.run_id, []).append((outcome, rd.best_metric if rd.problem is None else None))
+        target = f"run/{rd.run_id}.{rd.attempt}"
+        failed = failed_last_cycle(world, Kind.RECORD, target)
         out.act(
             Record(
-                reason=f"exited with code {rd.exit_code} on instance/{box_id}",
-                code=ReasonCode.EXITED,
+                reason=reason,
+                code=code,
                 run_id=rd.run_id,
                 attempt=rd.attempt,
                 instance_id=box_id,
                 phase=outcome.value,
                 exit_code=rd.exit_code,
+                skip_harvest=None if failed is None else f"harvest failed last cycle: {failed}",
             )
         )
     keys = frozenset((rd.run_id, rd.attempt) for _, rd in seen.finished)
@@ -182,7 +282,6 @@ def settle_live(
 ) -> tuple[LiveVerdicts, Decisions]:
     """Kill or requeue live attempts that must end; keep one running attempt per run."""
     out = Decisions()
-    f = world.desired.fleet
     now = world.now
     settled: set[AttemptKey] = set()
     used: dict[str, int] = {}
@@ -190,7 +289,21 @@ def settle_live(
 
     def kill(box_id: int, rd: RunDirState, code: ReasonCode, reason: str) -> None:
         settled.add((rd.run_id, rd.attempt))
-        out.act(Kill(reason=reason, code=code, instance_id=box_id, run_id=rd.run_id, attempt=rd.attempt))
+        fl = seen.launch_of(rd)  # its process group as its launch recorded it, never a pid the box reports
+        pid, started = (fl.pid, fl.pid_started) if fl is not None and fl.instance_id == box_id else (None, None)
+        if pid is not None and pid <= 1:  # never a signal to every process, nor to init: no pid at all then
+            pid, started = None, None
+        out.act(
+            Kill(
+                reason=reason,
+                code=code,
+                instance_id=box_id,
+                run_id=rd.run_id,
+                attempt=rd.attempt,
+                pid=pid,
+                pid_started=started,
+            )
+        )
 
     def requeue(box_id: int, rd: RunDirState, code: ReasonCode, reason: str) -> None:
         settled.add((rd.run_id, rd.attempt))
@@ -218,27 +331,27 @@ def settle_live(
                 requeue(box_id, rd, ReasonCode.WRAPPER_GONE, f"lost: {detail}")
                 out.drift.append(Drift(DriftClass.JOB_CRASHED, subj, detail, f"requeue {subj}"))
                 continue
-            hb = rd.heartbeat_age_s
-            if hb is not None and hb > f.heartbeat_stale_s:
-                detail = f"heartbeat {fmt_duration(hb)} old > heartbeat_stale {fmt_duration(f.heartbeat_stale_s)}"
-                requeue(box_id, rd, ReasonCode.HEARTBEAT_STALE, f"lost: {detail}")
-                out.drift.append(Drift(DriftClass.JOB_CRASHED, subj, detail, f"requeue {subj}"))
+            stale = heartbeat_stale(world, rd)
+            if stale is not None:
+                requeue(box_id, rd, ReasonCode.HEARTBEAT_STALE, f"lost: {stale}")
+                out.drift.append(Drift(DriftClass.JOB_CRASHED, subj, stale, f"requeue {subj}"))
                 continue
             if rd.run_id not in wanted:
                 kill(box_id, rd, ReasonCode.NOT_DESIRED, "no longer desired")
                 continue
             spec = world.runs[rd.run_id]
-            if rd.started_at is not None and now - rd.started_at > spec.sweep.max_runtime_s:
+            launched = launched_at(world, seen, rd)
+            if now - launched > spec.sweep.max_runtime_s:
                 used[rd.run_id] = used.get(rd.run_id, 0) + 1
                 kill(
                     box_id,
                     rd,
                     ReasonCode.MAX_RUNTIME,
                     f"exceeded max runtime {fmt_duration(spec.sweep.max_runtime_s)} "
-                    f"(running for {fmt_duration(now - rd.started_at)})",
+                    f"(running for {fmt_duration(now - launched)})",
                 )
                 continue
-            stalled = stall_of(world, rd, spec)
+            stalled = stall_of(world, rd, spec, launched)
             if stalled is not None:
                 used[rd.run_id] = used.get(rd.run_id, 0) + 1
                 kill(box_id, rd, ReasonCode.STALLED, f"stalled: {stalled}")
@@ -247,6 +360,7 @@ def settle_live(
             running.setdefault(rd.run_id, []).append((box_id, rd))
     # A duplicate daemon once launched the same seed twice; keep the oldest attempt, stop the others.
     kept: dict[str, tuple[int, RunDirState]] = {}
+    launched_kept: dict[str, float] = {}
     for run_id in sorted(running):
         group = sorted(running[run_id], key=lambda t: (t[1].attempt, t[0]))
         keep_box, keep_rd = group[0]
@@ -259,7 +373,8 @@ def settle_live(
             )
         kept[run_id] = (keep_box, keep_rd)
         spec = world.runs[run_id]
-        ran = fmt_duration(now - keep_rd.started_at) if keep_rd.started_at is not None else "?"
+        launched_kept[run_id] = launched_at(world, seen, keep_rd)
+        ran = fmt_duration(now - launched_kept[run_id])
         beat = fmt_duration(keep_rd.heartbeat_age_s) + " ago" if keep_rd.heartbeat_age_s is not None else "not yet"
         out.noop(
             f"run/{keep_rd.run_id}.{keep_rd.attempt}@{keep_box}",
@@ -267,18 +382,51 @@ def settle_live(
             f"running for {ran} of max {fmt_duration(spec.sweep.max_runtime_s)} on {gpus_text(keep_rd.gpu_mask)}; "
             f"heartbeat {beat}",
         )
-    return LiveVerdicts(kept, used, frozenset(settled)), out
+    return LiveVerdicts(kept, used, frozenset(settled), launched_kept), out
 
 
-def stall_of(world: World, rd: RunDirState, spec: RunSpec) -> str | None:
+def launched_at(world: World, seen: SeenAttempts, rd: RunDirState) -> float:
+    """When this fleet launched a live attempt of ours, on the controller's clock: the runtime limits count from
+    it, never from the ``started_at`` the box reports (a box's clock may be anywhere). An entry that does not know
+    (an old runs.yaml without ``launched_at``) counts from its box's start as the provider lists it: the attempt
+    cannot be older."""
+    fl = seen.launch_of(rd)
+    assert fl is not None, "collect_attempts keeps only attempts in flight as ours"
+    if fl.launched_at > 0:
+        return fl.launched_at
+    box = world.boxes.get(fl.instance_id)
+    return box.inst.start_date if box is not None and box.inst.start_date > 0 else world.now
+
+
+def heartbeat_stale(world: World, rd: RunDirState) -> str | None:
+    """Why a live attempt's heartbeat is stale, or None: the age the box reports (clamped at 0) is past
+    ``heartbeat_stale``, or its heartbeat has not moved on the controller's clock for that long
+    (``FleetMemory.heartbeats``: a frozen heartbeat, or one from the future, stales so)."""
+    limit = world.desired.fleet.heartbeat_stale_s
+    hb = rd.heartbeat_age_s
+    if hb is None:
+        return None
+    age = max(0.0, hb)
+    if age > limit:
+        return f"heartbeat {fmt_duration(age)} old > heartbeat_stale {fmt_duration(limit)}"
+    for run_id, attempt, _implied, since in world.observed.memory.heartbeats:
+        if (run_id, attempt) == (rd.run_id, rd.attempt) and world.now - since > limit:
+            return (
+                f"heartbeat unchanged for {fmt_duration(world.now - since)} on the controller's clock > "
+                f"heartbeat_stale {fmt_duration(limit)}"
+            )
+    return None
+
+
+def stall_of(world: World, rd: RunDirState, spec: RunSpec, launched: float) -> str | None:
     """Why a live attempt is stalled (its sweep's ``stall_timeout`` passed with no metric progress, or with its GPUs
-    under ``stall_gpu_util`` all along), or None. No metrics file yet counts from the attempt's start."""
+    under ``stall_gpu_util`` all along), or None. No metrics file yet counts from the attempt's launch."""
     limit = spec.sweep.stall_timeout_s
-    if limit is None or rd.started_at is None:
+    if limit is None:
         return None
     now = world.now
-    ran = now - rd.started_at
-    quiet = min(ran, rd.metrics_age_s) if rd.metrics_age_s is not None else ran
+    ran = now - launched
+    quiet = min(ran, max(0.0, rd.metrics_age_s)) if rd.metrics_age_s is not None else ran
     if quiet > limit:
         file = spec.sweep.metrics_file
         what = f"{file} unchanged for" if rd.metrics_age_s is not None else f"no {file} in"

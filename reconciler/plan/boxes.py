@@ -30,6 +30,7 @@ class BoxState(enum.StrEnum):
     BOOTING = "booting"  # created or loading, within boot_timeout
     BOOTSTRAPPING = "bootstrapping"  # reachable, the bootstrap script has not finished
     UNREACHABLE = "unreachable"  # running but not answering, within unreachable_grace
+    UNUSABLE = "unusable"  # answering with a probe that cannot be used (or distrusted), within unreachable_grace
     DRIFTED = "drifted"  # built for another spec: replaced once its work is done
     UNKNOWN = "unknown"  # a provider status rigsync does not act on
     DESTROYED = "destroyed"  # this plan destroys it
@@ -121,6 +122,16 @@ class _Destroyer:
         self.out.noop(box.subject, code, reason)
 
 
+def unusable_since(box: OwnedBox, now: float) -> float:
+    """Since when a box's answers have been unusable: distrusted since, else unreachable since (an unusable probe
+    is not reachable), else now."""
+    if box.distrusted_since is not None:
+        return box.distrusted_since
+    if box.memory is not None and box.memory.unreachable_since is not None:
+        return box.memory.unreachable_since
+    return now
+
+
 def classify_boxes(world: World, seen: SeenAttempts, budget: Purse) -> tuple[BoxTable, Decisions]:
     """Destroys that do not depend on the work, and every other box's state."""
     f = world.desired.fleet
@@ -178,6 +189,23 @@ def classify_boxes(world: World, seen: SeenAttempts, budget: Purse) -> tuple[Box
             continue
         if inst.status is not InstanceStatus.RUNNING:
             d.states[box.id] = BoxState.UNKNOWN
+            continue
+        if box.probe is not None and box.probe.unusable is not None:
+            # It answered, but with nothing to act on: like an unreachable box (its attempts wait, then are
+            # requeued when it is destroyed after the grace), with its own class and codes.
+            since = unusable_since(box, now)
+            down = now - since
+            what = box.probe.unusable
+            if down > f.unreachable_grace_s:
+                reason = (
+                    f"unusable for {fmt_duration(down)} > unreachable_grace "
+                    f"{fmt_duration(f.unreachable_grace_s)}: {what}"
+                )
+                d.destroy(box, ReasonCode.PROBE_UNUSABLE, reason)
+                d.out.drift.append(Drift(DriftClass.UNUSABLE, subj, reason, f"destroy {subj}"))
+            else:
+                d.states[box.id] = BoxState.UNUSABLE
+                d.out.drift.append(Drift(DriftClass.UNUSABLE, subj, f"unusable: {what}", "none"))
             continue
         if not box.reachable:
             since = now
@@ -266,9 +294,7 @@ def enforce_max_instances(world: World, seen: SeenAttempts, table: BoxTable) -> 
     return replace(table, states=d.states, destroyed=d.destroyed, considered=frozenset(d.considered)), d.out
 
 
-def prepare_boxes(
-    world: World, seen: SeenAttempts, table: BoxTable, budget: Purse
-) -> tuple[BoxTable, Decisions]:
+def prepare_boxes(world: World, seen: SeenAttempts, table: BoxTable, budget: Purse) -> tuple[BoxTable, Decisions]:
     """Replace drifted boxes once idle, bootstrap new ones, and list the free GPUs of ready ones."""
     d = _Destroyer(world, seen, table)
     free: dict[int, tuple[GpuState, ...]] = {}
@@ -311,15 +337,25 @@ def prepare_boxes(
                     )
                 )
         elif state is BoxState.READY and box.probe is not None:
-            used = table.occupied.get(box.id, frozenset())
-            free[box.id] = tuple(
-                sorted(
-                    (g for g in box.probe.gpus if g.index not in used and not g.memory_in_use),
-                    key=lambda g: g.index,
-                )
-            )
+            free[box.id] = free_gpus(box, table.occupied.get(box.id, frozenset()))
     new = replace(table, states=d.states, destroyed=d.destroyed, considered=frozenset(d.considered), free=free)
     return new, d.out
+
+
+def free_gpus(box: OwnedBox, used: frozenset[int]) -> tuple[GpuState, ...]:
+    """A ready box's free GPUs: those its probe shows unheld and without memory in use, among the GPUs the provider
+    lists for the instance (an index below its ``num_gpus``), each index once. A box's claims never add a GPU."""
+    if box.probe is None:
+        return ()
+    listed = range(box.inst.num_gpus)
+    by_index: dict[int, GpuState] = {}
+    busy = set(used)
+    for g in box.probe.gpus:
+        if g.index in listed:
+            by_index.setdefault(g.index, g)
+            if g.memory_in_use:  # an index claimed twice is busy if either claim says so
+                busy.add(g.index)
+    return tuple(g for i, g in sorted(by_index.items()) if i not in busy)
 
 
 def retire_idle(
@@ -412,6 +448,13 @@ def box_noops(world: World, seen: SeenAttempts, table: BoxTable) -> Decisions:
             code = ReasonCode.UNREACHABLE_WAITING
             reason = (
                 f"unreachable for {fmt_duration(now - since)} (grace {fmt_duration(f.unreachable_grace_s)}); waiting"
+            )
+        elif state is BoxState.UNUSABLE:
+            code = ReasonCode.UNUSABLE_WAITING
+            what = box.probe.unusable if box.probe is not None else ""
+            reason = (
+                f"unusable for {fmt_duration(now - unusable_since(box, now))} "
+                f"(grace {fmt_duration(f.unreachable_grace_s)}): {what}; waiting"
             )
         elif state is BoxState.UNKNOWN:
             code = ReasonCode.STATUS_UNKNOWN

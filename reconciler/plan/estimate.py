@@ -138,7 +138,7 @@ def estimate(
         hours = hours_of.get(spec.sweep.name)
         if hours is None:
             hours = hours_of[spec.sweep.name] = runtime_of(budget.runtimes, spec).hours
-        elapsed = (world.now - rd.started_at) / 3600.0 if rd.started_at is not None else 0.0
+        elapsed = max(0.0, world.now - live.launched.get(run_id, world.now)) / 3600.0  # the controller's clock
         running.setdefault(spec.sweep.name, []).append(max(0.0, hours - elapsed) * max(1, len(rd.gpu_mask)))
     by_pool: dict[str, tuple[_Prices, int]] = {}
 

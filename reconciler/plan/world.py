@@ -42,6 +42,9 @@ class OwnedBox:
     memory: BoxMemory | None
     pool: str = ""  # the fleet pool it was rented for (its label's suffix; the first pool without one)
     own_box: bool = False  # one of the lab's own machines (a provider ssh pool): never destroyed, never counted
+    # since when the controller has distrusted this box although it answers (``FleetMemory.distrusted``): its probe
+    # is then planned as unusable, and its unreachable_grace counts from here
+    distrusted_since: float | None = None
 
     @property
     def rented(self) -> bool:
@@ -85,6 +88,7 @@ class World:
     def pool_of_run(self, spec: RunSpec) -> str:
         """The pool a run goes to: its sweep's ``pool``, or the first."""
         return spec.sweep.pool or next(iter(self.pools))
+
     gpu_dlperf: Mapping[str, float]  # normalised GPU name -> median DLPerf of one such GPU on the market
 
 
@@ -106,7 +110,8 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
     for h in observed.history:
         history.setdefault(h.run_id, []).append(h)
         archived[h.key] = h
-    probes = {p.instance_id: p for p in observed.probes}
+    probes = {p.instance_id: observed.memory.vetted(p) for p in observed.probes}  # (observe vets them already)
+    distrusted = {iid: since for iid, since, _ in observed.memory.distrusted}
     memory = {m.instance_id: m for m in observed.memory.boxes}
     f = desired.fleet
     fleet = f.name
@@ -125,7 +130,9 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
             pool = slot_pool(f, own.slot)
             of = f.pool(pool)
             mine = of is not None and of.own and inst.id < 0  # only the ids own_boxes() makes: never a rented box
-            boxes[inst.id] = OwnedBox(inst.id, inst, own, probes.get(inst.id), memory.get(inst.id), pool, mine)
+            boxes[inst.id] = OwnedBox(
+                inst.id, inst, own, probes.get(inst.id), memory.get(inst.id), pool, mine, distrusted.get(inst.id)
+            )
     pools = {p.name: p for p in f.pools}
     pool_offers = _rentable_offers(desired, observed, now, out)
     first = next(iter(pools))
@@ -151,9 +158,7 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
     return world, out
 
 
-def _rentable_offers(
-    desired: Desired, observed: Observed, now: float, out: Decisions
-) -> dict[str, tuple[Offer, ...]]:
+def _rentable_offers(desired: Desired, observed: Observed, now: float, out: Decisions) -> dict[str, tuple[Offer, ...]]:
     """Per pool, the offers that pass its filters and the host ledger's rules, best first by its ranking and the
     host penalty. An offer the ledger keeps back is said once, whichever pools it passes."""
     f = desired.fleet

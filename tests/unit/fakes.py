@@ -55,6 +55,7 @@ from reconciler.model import (
     Fleet,
     FleetMemory,
     GpuState,
+    InFlight,
     Instance,
     InstanceStatus,
     MetricGoal,
@@ -744,5 +745,24 @@ def observe_and_plan(
     """What the real ``observe()`` sees of ``world`` now (with ``env_names`` set on the controller), and its plan."""
     now = world.clock.now()
     observed, _ = observe(desired, world.provider, world.box_control, tuple(archive.records()), FleetMemory(), now)
-    observed = replace(observed, controller_env=env_names)
+    memory = replace(observed.memory, in_flight=launched(observed))
+    observed = replace(observed, controller_env=env_names, memory=memory)
     return observed, plan(desired, observed, now)
+
+
+def launched(observed: Observed) -> tuple[InFlight, ...]:
+    """The attempts the reachable boxes show and the archive does not know, as in flight where they are: what the
+    launches of a test that keeps no memory between cycles made (only launched attempts are recorded)."""
+    archived = {rec.key for rec in observed.history}
+    return tuple(
+        sorted(
+            (
+                InFlight(r.run_id, r.attempt, p.instance_id, r.gpu_mask, r.started_at or 0.0)
+                for p in observed.probes
+                if p.reachable
+                for r in p.runs
+                if (r.run_id, r.attempt) not in archived
+            ),
+            key=lambda f: (f.run_id, f.attempt),
+        )
+    )

@@ -6,7 +6,10 @@ times may be given relative to ``now`` (``start_ago``, ``started_ago``, ``launch
 current spec (``"{spec}"`` inside a given label is replaced by the current spec hash); a RUNNING instance
 without a probe gets a reachable, bootstrapped probe with its code shipped; a probe without ``gpus`` gets one
 GPU per instance GPU, with memory in use on the GPUs of its live runs. The host ledger is ``observed.memory.hosts``
-(``build_hosts``).
+(``build_hosts``). Only what is in ``observed.in_flight`` on a box (or archived) is this fleet's there: a run a
+probe shows without it is foreign. The process-only memory: ``heartbeats`` (``run_id``, ``attempt``,
+``implied_ago``, ``since_ago``), ``failed_actions`` (``kind``, ``target``, ``error``) and ``distrusted``
+(``instance_id``, ``since_ago``, ``why``).
 """
 
 from __future__ import annotations
@@ -223,6 +226,7 @@ def build_rundir(d: J, now: float) -> RunDirState:
         best_metric=d.get("best_metric"),
         final_metric=d.get("final_metric"),
         metrics_age_s=d.get("metrics_age_s"),
+        problem=d.get("problem"),
     )
 
 
@@ -259,6 +263,8 @@ def build_probe(d: J, now: float, inst: Instance | None, desired: Desired) -> Bo
         code_commits=tuple(d.get("code_commits", [desired.code_commit] if desired.code_commit else [])),
         runs=runs,
         last_activity_at=_t(d, now, "last_activity_at", "last_activity_ago", None),
+        unusable=d.get("unusable"),
+        rejected=tuple(d.get("rejected", [])),
     )
 
 
@@ -353,8 +359,21 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
                 gpu_mask=tuple(f.get("gpu_mask", [0])),
                 launched_at=_t(f, now, "launched_at", "launched_ago", now - 60.0) or 0.0,
                 sweep=f.get("sweep", "s"),
+                pid=f.get("pid"),
+                pid_started=f.get("pid_started"),
+                epoch=f.get("epoch", 0),
             )
             for f in d.get("in_flight", [])
+        ),
+        heartbeats=tuple(
+            sorted(
+                (h["run_id"], h.get("attempt", 1), now - float(h["implied_ago"]), now - float(h["since_ago"]))
+                for h in d.get("heartbeats", [])
+            )
+        ),
+        failed_actions=tuple(sorted((a["kind"], a["target"], a["error"]) for a in d.get("failed_actions", []))),
+        distrusted=tuple(
+            sorted((int(b["instance_id"]), now - float(b["since_ago"]), b["why"]) for b in d.get("distrusted", []))
         ),
     )
     return Observed(

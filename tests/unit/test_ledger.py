@@ -137,3 +137,14 @@ def test_throughput_against_dlperf_compares_a_sweeps_attempts_across_machines() 
     assert [(h["machine_id"], h["throughput_vs_dlperf"], h["throughput_attempts"]) for h in doc["hosts"]] == [
         (1, 1.0, 2), (2, 1.0, 1), (3, 0.5, 1), (4, None, 0)
     ]
+
+
+def test_a_box_destroyed_as_unusable_is_a_host_fault_of_its_own_kind() -> None:
+    observed = Observed(instances=(box(1, 5),))
+    ledger = note_cycle(HostLedger(), FLEET, observed, [(destroy(1, ReasonCode.PROBE_UNUSABLE), True, "gone")], [], NOW)
+    five = ledger.host(5)
+    assert five is not None and (five.unusable, five.hangs, five.faults) == (1, 0, 1)
+    assert ledger.failures_in_a_row == 0  # it came up and worked: no rent backoff
+    assert hosts_document(ledger, FLEET)["hosts"][0]["unusable"] == 1
+    skipped = offer_skipped(offer(111, 5), replace(FLEET, blacklist_after=1), ledger, NOW)
+    assert skipped is not None and "1 unusable box" in skipped[1]

@@ -43,6 +43,9 @@ ACTION_FIELDS = (
     "sweep",
     "bid_dph",
     "path",
+    "skip_harvest",
+    "pid",
+    "pid_started",
 )
 
 

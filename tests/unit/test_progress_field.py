@@ -12,7 +12,17 @@ import yaml
 
 from reconciler.actions import Plan
 from reconciler.desired import load_desired_from_dir
-from reconciler.model import BoxProbe, Desired, Instance, InstanceStatus, Observed, Progress, RunDirState
+from reconciler.model import (
+    BoxProbe,
+    Desired,
+    FleetMemory,
+    InFlight,
+    Instance,
+    InstanceStatus,
+    Observed,
+    Progress,
+    RunDirState,
+)
 from reconciler.observed.codec import RUNS
 from reconciler.observed.documents import ReconcilerStatus, render_observed
 from reconciler.render import status_json, status_text
@@ -64,7 +74,10 @@ def a_world(desired: Desired, step: object) -> Observed:
         run_id=run.id, attempt=2, gpu_mask=(0,), pid_alive=True, started_at=T0 - 60, heartbeat_age_s=1.0,
         exit_code=None, last_metrics=(("episode_reward", 12.5), ("step", step)),  # type: ignore[arg-type]
     )
-    return Observed(instances=(box,), probes=(BoxProbe(instance_id=11, reachable=True, runs=(state,)),))
+    launched = FleetMemory(in_flight=(InFlight(run.id, 2, 11, (0,), T0 - 60),))  # only what was launched is live
+    return Observed(
+        instances=(box,), probes=(BoxProbe(instance_id=11, reachable=True, runs=(state,)),), memory=launched
+    )
 
 
 def test_live_progress_is_per_live_attempt(desired: Desired) -> None:
