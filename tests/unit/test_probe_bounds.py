@@ -202,7 +202,7 @@ def test_at_most_512_run_dirs_every_unfinished_one_first_then_the_newest_finishe
     assert finished == list(range(600 - (limits.MAX_RUNS - 3), 600))  # the newest
     text = json.dumps(doc, separators=(",", ":"), allow_nan=False)
     assert len(text) < limits.PROBE_BYTES <= bounds.PROBE_STDOUT_BYTES // 2
-    parsed = parse_probe(7, text.encode() + b"\n")
+    parsed = parse_probe(7, text.encode() + b"\n", gpus_listed=1)
     assert parsed.reachable and len(parsed.runs) == limits.MAX_RUNS
 
 
