@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import BinaryIO, Protocol, TypeVar
+from typing import IO, BinaryIO, Protocol, TypeVar
 
 from reconciler.jobenv import JobEnv
 from reconciler.model import (
@@ -38,6 +38,11 @@ from reconciler.model import (
 
 R = TypeVar("R", AttemptRecord, OverheadRecord)
 T = TypeVar("T")
+
+
+# A harvest's tar stream: bytes (small ones, the unit tier's fakes) or a file positioned at its start (a real box's,
+# spooled to disk as it arrives, so that hundreds of MiB never sit in the controller's memory).
+HarvestStream = bytes | IO[bytes]
 
 
 @dataclass(frozen=True)
@@ -96,11 +101,13 @@ class Shell(Protocol):
         stdin: bytes | None = None,
         timeout: float = 30.0,
         max_stdout: int | None = None,
+        stdout_sink: IO[bytes] | None = None,
     ) -> CommandResult:
         """``max_stdout``: a command printing more than this many bytes (``bounds.COMMAND_STDOUT_BYTES`` when None)
         fails with ``OutputOverBound`` (a ``RemoteCommandFailed``), and reading stops there instead of filling the
         controller's memory (a box is a stranger's machine). Of stderr only the last ``bounds.COMMAND_STDERR_BYTES``
-        are kept."""
+        are kept. ``stdout_sink``: stdout is written there as it arrives, under the same bound, and the result's
+        ``stdout`` is empty (a harvest stream never sits whole in memory)."""
         ...
 
     def run_many(
@@ -187,7 +194,7 @@ class BoxControl(Protocol):
 
     def harvest(
         self, box: Instance, run_id: str, attempt: int, *, what: str, patterns: Sequence[str], cap_bytes: int
-    ) -> bytes:
+    ) -> HarvestStream:
         """A tar stream of the attempt's results (``what="run"``: stdout.log, stderr.log, meta.json and the files
         ``patterns`` match in its run directory) or of its checkpoint (``what="checkpoint"``: the files under
         ``patterns``), at most ``cap_bytes`` of file data, ending with the ``.rigsync-harvest.json`` manifest
@@ -224,7 +231,7 @@ class StoredCheckpoint:
 class ResultStore(Protocol):
     """The local result store (``adapters.store``): where attempts' outputs and runs' checkpoints live once home."""
 
-    def put_attempt(self, run_id: str, attempt: int, tar: bytes) -> Harvested:
+    def put_attempt(self, run_id: str, attempt: int, tar: HarvestStream) -> Harvested:
         """Unpack a harvest into the attempt's directory, replacing an earlier harvest of it whole (idempotent)."""
         ...
 
@@ -237,7 +244,7 @@ class ResultStore(Protocol):
         not come home."""
         ...
 
-    def put_checkpoint(self, run_id: str, attempt: int, tar: bytes, *, at: float) -> Harvested:
+    def put_checkpoint(self, run_id: str, attempt: int, tar: HarvestStream, *, at: float) -> Harvested:
         """Keep this sync as the run's checkpoint if it is complete (nothing skipped); else keep the last one."""
         ...
 

@@ -8,6 +8,7 @@ boxes; the unit tests drive ``observe()``/``apply()`` through an in-memory ``Box
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Sequence
 
 from reconciler import remote
@@ -15,9 +16,10 @@ from reconciler.bounds import PROBE_STDOUT_BYTES, bounded_text
 from reconciler.errors import HostKeyMismatch, LaunchLockHeld, OutputOverBound, RemoteCommandFailed
 from reconciler.failpoints import failpoint
 from reconciler.model import BoxProbe, Endpoint, Instance
-from reconciler.ports import CommandResult, LaunchJob, Shell
+from reconciler.ports import CommandResult, HarvestStream, LaunchJob, Shell
 
 COMMAND_TIMEOUT_S = 60.0
+SPOOL_IN_MEMORY_BYTES = 4 << 20  # a harvest stream past this goes to a temporary file as it arrives
 HARVEST_SLACK = 64 << 20  # tar headers and the manifest on top of a harvest's capped file data
 
 
@@ -95,17 +97,29 @@ class ShellBoxes:
 
     def harvest(
         self, box: Instance, run_id: str, attempt: int, *, what: str, patterns: Sequence[str], cap_bytes: int
-    ) -> bytes:
+    ) -> HarvestStream:
         script = remote.harvest_script(run_id, attempt, what=what, patterns=patterns, cap_bytes=cap_bytes)
         if box.ssh is None:
             raise RemoteCommandFailed(f"instance {box.id} has no ssh address")
-        # the stream may be large: a minute plus one per 2 MiB/s of the cap (the deadline closes the channel)
-        res = self.shell.run(
-            box.ssh, script, timeout=self.command_timeout + cap_bytes / (2 << 20), max_stdout=cap_bytes + HARVEST_SLACK
-        )
-        if res.exit_code != 0:
-            raise RemoteCommandFailed(f"harvest exited {res.exit_code}: {_stderr_tail(res.stderr)}")
-        return res.stdout
+        # The stream may be hundreds of MiB: it is spooled to a temporary file as it arrives (in memory only while
+        # small), never held whole. The deadline is a minute plus one per 2 MiB/s of the cap.
+        # The store closes it once unpacked (``LocalStore.put_attempt``): a context manager here would close it early.
+        spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY_BYTES, prefix="rigsync-harvest-")  # noqa: SIM115
+        try:
+            res = self.shell.run(
+                box.ssh,
+                script,
+                timeout=self.command_timeout + cap_bytes / (2 << 20),
+                max_stdout=cap_bytes + HARVEST_SLACK,
+                stdout_sink=spool,
+            )
+            if res.exit_code != 0:
+                raise RemoteCommandFailed(f"harvest exited {res.exit_code}: {_stderr_tail(res.stderr)}")
+        except BaseException:
+            spool.close()
+            raise
+        spool.seek(0)
+        return spool
 
     def stage_resume(self, box: Instance, run_id: str, attempt: int, tar: bytes) -> None:
         _checked(self._run(box, remote.stage_resume_script(run_id, attempt), stdin=tar))

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import IO, TypeVar
 
 import paramiko
 from cryptography.hazmat.primitives import serialization
@@ -174,10 +174,13 @@ class SshShell:
         stdin: bytes | None = None,
         timeout: float = 30.0,
         max_stdout: int | None = None,
+        stdout_sink: IO[bytes] | None = None,
     ) -> CommandResult:
         """Run one command; its exit code is returned, not raised. Connection trouble raises ``ShellError``; more
         than ``max_stdout`` bytes of output (``COMMAND_STDOUT_BYTES`` when None), ``OutputOverBound``."""
-        return self._bounded(endpoint, timeout, lambda dl: self._run_on(endpoint, command, stdin, dl, max_stdout))
+        return self._bounded(
+            endpoint, timeout, lambda dl: self._run_on(endpoint, command, stdin, dl, max_stdout, stdout_sink)
+        )
 
     def run_many(
         self, targets: dict[int, tuple[Endpoint, str]], *, timeout: float = 10.0, max_stdout: int | None = None
@@ -347,7 +350,13 @@ class SshShell:
         os.replace(tmp, path)
 
     def _run_on(
-        self, endpoint: Endpoint, command: str, stdin: bytes | None, dl: _Deadline, max_stdout: int | None = None
+        self,
+        endpoint: Endpoint,
+        command: str,
+        stdin: bytes | None,
+        dl: _Deadline,
+        max_stdout: int | None = None,
+        sink: IO[bytes] | None = None,
     ) -> CommandResult:
         limit = COMMAND_STDOUT_BYTES if max_stdout is None else max_stdout
         # The box may send at most a window ahead of what is read: no larger than the bound (nor than paramiko's).
@@ -372,10 +381,16 @@ class SshShell:
             chan.shutdown_write()
             out = bytearray()
             err = bytearray()
+            got = 0
             while True:
                 while chan.recv_ready():
-                    out += chan.recv(min(1 << 16, limit + 1 - len(out)))
-                    if len(out) > limit:  # leaving the block closes the channel: the box's sshd ends the command
+                    chunk = chan.recv(min(1 << 16, limit + 1 - got))
+                    got += len(chunk)
+                    if sink is None:
+                        out += chunk
+                    else:
+                        sink.write(chunk)
+                    if got > limit:  # leaving the block closes the channel: the box's sshd ends the command
                         raise OutputOverBound(
                             f"{endpoint.host}:{endpoint.port}: output over {limit} bytes; stopped reading"
                         )

@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 
 from reconciler.bounds import MANIFEST_BYTES, MAX_HARVEST_FILES, bounded_text, strict_json
 from reconciler.errors import StoreError
-from reconciler.ports import Harvested, StoredCheckpoint
+from reconciler.ports import Harvested, HarvestStream, StoredCheckpoint
 
 DATA_DIR_ENV = "RIGSYNC_DATA_DIR"
 
@@ -61,15 +61,15 @@ CHECKPOINT_MARK = ".rigsync-checkpoint.json"  # in a checkpoint dir: {"run_id", 
 Refused = tuple[str, int | None, str]  # (member name, bytes if known, why), as ``Harvested.skipped``
 
 
-def _unpack(tar: bytes, into: Path) -> list[Refused]:
-    """Unpack a harvest stream into the new directory ``into``: regular files only, no path out of it, at most
-    ``bounds.MAX_HARVEST_FILES`` of them. What is refused (a FIFO or device node, a link, a path out of the
-    directory) is returned, named, for the harvest's note; the rest is unpacked."""
+def _unpack(tar: HarvestStream, into: Path) -> list[Refused]:
+    """Unpack a harvest stream (consumed: a file is closed after) into the new directory ``into``: regular files
+    only, no path out of it, at most ``bounds.MAX_HARVEST_FILES`` of them. What is refused (a FIFO or device node, a
+    link, a path out of the directory) is returned, named, for the harvest's note; the rest is unpacked."""
     into.mkdir(parents=True, mode=0o700)
     refused: list[Refused] = []
     taken = 0
     try:
-        with tarfile.open(fileobj=io.BytesIO(tar), mode="r:*") as tf:
+        with tarfile.open(fileobj=io.BytesIO(tar) if isinstance(tar, bytes) else tar, mode="r:*") as tf:
             for member in tf:
                 name = bounded_text(member.name, 200)
                 if member.isdir():
@@ -92,6 +92,9 @@ def _unpack(tar: bytes, into: Path) -> list[Refused]:
         # the message goes into a committed archive record: it names the problem, never the controller's paths
         why = type(exc).__name__ if isinstance(exc, tarfile.FilterError) else _no_path(exc)
         raise StoreError(f"cannot unpack the harvest: {type(exc).__name__}: {why}") from exc
+    finally:
+        if not isinstance(tar, bytes):
+            tar.close()
     return refused
 
 
@@ -214,7 +217,7 @@ class LocalStore:
         final.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         return final.with_name(f".{final.name}.tmp.{os.getpid()}.{uuid.uuid4().hex[:8]}")
 
-    def put_attempt(self, run_id: str, attempt: int, tar: bytes) -> Harvested:
+    def put_attempt(self, run_id: str, attempt: int, tar: HarvestStream) -> Harvested:
         final = attempt_dir(self.fleet_data, run_id, attempt)
         tmp = self._tmp(final)
         try:
@@ -248,7 +251,7 @@ class LocalStore:
         except OSError:
             return None
 
-    def put_checkpoint(self, run_id: str, attempt: int, tar: bytes, *, at: float) -> Harvested:
+    def put_checkpoint(self, run_id: str, attempt: int, tar: HarvestStream, *, at: float) -> Harvested:
         final = checkpoint_dir(self.fleet_data, run_id)
         tmp = self._tmp(final)
         try:

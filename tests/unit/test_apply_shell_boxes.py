@@ -15,6 +15,7 @@ import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -47,7 +48,7 @@ class LocalShell:
 
     def run(
         self, endpoint: Endpoint, command: str, *, stdin: bytes | None = None, timeout: float = 30.0,
-        max_stdout: int | None = None,
+        max_stdout: int | None = None, stdout_sink: IO[bytes] | None = None,
     ) -> CommandResult:
         if endpoint.host in self.down:
             raise HostUnreachable(f"{endpoint.host}: no answer within {timeout:g}s")
@@ -58,6 +59,9 @@ class LocalShell:
                              check=False)
         if max_stdout is not None and len(res.stdout) > max_stdout:
             raise OutputOverBound(f"{endpoint.host}: output over {max_stdout} bytes; stopped reading")
+        if stdout_sink is not None:
+            stdout_sink.write(res.stdout)
+            return CommandResult(res.returncode, b"", res.stderr)
         return CommandResult(res.returncode, res.stdout, res.stderr)
 
     def run_many(
