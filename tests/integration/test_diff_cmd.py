@@ -23,6 +23,8 @@ from reconciler.model import (
     BoxProbe,
     Drift,
     DriftClass,
+    FleetMemory,
+    InFlight,
     Instance,
     InstanceStatus,
     Observed,
@@ -85,6 +87,8 @@ def fleet_repo(tmp_path: Path) -> Path:
                 for a in (1, 2, 3)
             ),
         ),
+        # the attempt the box shows running is this fleet's launch (only launched attempts count)
+        memory=FleetMemory(in_flight=(InFlight(base[1].id, 1, 11, (0,), T0 - 60, sweep="tdmpc"),)),
         fleet_name="demo",
     )
     plan = Plan(

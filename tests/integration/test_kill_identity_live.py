@@ -138,7 +138,9 @@ def test_a_kill_without_a_recorded_identity_ends_the_job_through_its_wrapper(
     assert (d / "killed_reason").read_text().strip() == "requeued" and (d / "ended_at").exists()
     _wait(lambda: _group(shell, box, pid) == [], limit_s=15)
     assert _alive(shell, box, bystander) and _sh(shell, box, "echo ok") == "ok"
-    probe = remote.parse_probe(box.id, shell.run(_ep(box), remote.probe_script(), timeout=30).stdout)
+    probe = remote.parse_probe(
+        box.id, shell.run(_ep(box), remote.probe_script(), timeout=30).stdout, gpus_listed=box.num_gpus
+    )
     (run,) = [r for r in probe.runs if r.run_id == "plain"]
     assert run.exit_code == 137 and not run.pid_alive
     _sh(shell, box, f"kill {bystander}")

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from adversary.boxes import LIAR_PATH, make_liar
 
 from reconciler.adapters.boxes import ShellBoxes
 from reconciler.adapters.ssh import SshShell
@@ -126,20 +127,25 @@ def test_an_honest_command_s_output_is_whole(shell: SshShell, box: Endpoint) -> 
 def test_a_probe_answer_past_its_bound_makes_the_box_unusable(
     shell: SshShell, instance: Instance, emulator: Emulator
 ) -> None:
-    """The real probe on a real box, its answer swollen by a run's metrics record (the probe reports its last
-    line's keys): past ``PROBE_STDOUT_BYTES`` it is unusable, not unreachable, and the memory stays flat."""
+    """A run's metrics record swollen to 2.3 MB is cut on the box itself (the real probe keeps at most 64 keys of a
+    line under 64 KiB): its answer stays usable. A probe replaced by a liar that prints 2 MiB is past
+    ``PROBE_STDOUT_BYTES``: unusable, not unreachable, and the controller's memory stays flat."""
     run = emulator.host_root(instance.id) / "rigsync" / "runs" / "fat.1"
     run.mkdir(parents=True)
     try:
         record = {f"k{i}": "v" * 100 for i in range(20_000)}  # one line of about 2.3 MB
         (run / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+        (swollen,) = ShellBoxes(shell).probe_many([instance], timeout=30)
+        assert swollen.reachable and swollen.unusable is None, swollen
+        make_liar(emulator, instance.id, "flood", flood_mib=2)
         grew, took, got = _growth(lambda: ShellBoxes(shell).probe_many([instance], timeout=30))
         assert isinstance(got, list)
         (probe,) = got
         assert not probe.reachable and probe.unusable == f"probe: output over {PROBE_STDOUT_BYTES} bytes"
         assert probe.error == probe.unusable and grew < RSS_SLACK, (probe, grew)
-        print(f"swollen probe: unusable after {took:.2f}s, peak RSS +{grew >> 10} KiB")
+        print(f"liar's probe: unusable after {took:.2f}s, peak RSS +{grew >> 10} KiB")
     finally:
         shutil.rmtree(run)
+        (emulator.host_root(instance.id) / LIAR_PATH).unlink(missing_ok=True)
     (honest,) = ShellBoxes(shell).probe_many([instance], timeout=30)
     assert honest.reachable and honest.unusable is None and len(honest.gpus) == instance.num_gpus
