@@ -8,6 +8,7 @@ import io
 import json
 import math
 import tarfile
+import tempfile
 import tracemalloc
 from dataclasses import replace
 from pathlib import Path
@@ -21,9 +22,9 @@ from hypothesis import strategies as st
 
 from reconciler import apply as apply_module
 from reconciler.actions import Plan, Record
-from reconciler.adapters.store import LocalStore, _manifest
+from reconciler.adapters.store import MANIFEST, LocalStore, _manifest
 from reconciler.apply import ApplyContext, ApplyResult, apply
-from reconciler.bounds import MAX_METRIC_ABS, METRICS_LINE_BYTES, TIME_WINDOW_S
+from reconciler.bounds import MAX_METRIC_ABS, MAX_TEXT_CHARS, METRICS_LINE_BYTES, TIME_WINDOW_S
 from reconciler.curves import read_metrics, render_curve
 from reconciler.errors import StoreError
 from reconciler.model import Desired, Observed
@@ -456,3 +457,34 @@ def test_the_store_s_tail_looks_only_at_the_log_s_last_window(tmp_path: Path) ->
     with path.open("rb") as fh:
         assert _last_lines_start(fh, size, 1) == size - 2
         assert _last_lines_start(fh, size, 2) == size - TAIL_WINDOW_BYTES  # its start is 1 GiB back: not looked for
+
+
+_JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5),
+    max_leaves=30,
+)
+
+
+@given(
+    raw=st.one_of(
+        st.binary(max_size=2000),
+        _JSONISH.map(lambda d: json.dumps(d).encode()),
+        st.fixed_dictionaries(
+            {"files": _JSONISH, "skipped": _JSONISH, "bytes": _JSONISH, "cap": _JSONISH, "resumed_from": _JSONISH}
+        ).map(lambda d: json.dumps(d).encode()),
+        st.integers(1, 100).map(lambda n: b"[" * n + b"]" * n),
+    )
+)
+def test_any_manifest_reads_as_a_bounded_harvest_or_a_store_error(raw: bytes) -> None:
+    """The harvest's manifest is a box's text: any bytes read as a ``Harvested`` of bounded, escaped entries, or as
+    ``StoreError`` (which the record path turns into a note); never another exception."""
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / MANIFEST).write_bytes(raw)
+        try:
+            got = _manifest(Path(tmp))
+        except StoreError:
+            return
+    assert all(isinstance(p, str) and len(p) <= MAX_TEXT_CHARS and isinstance(n, int) for p, n in got.files)
+    assert all(len(p) <= MAX_TEXT_CHARS and len(why) <= MAX_TEXT_CHARS for p, _n, why in got.skipped)
+    assert isinstance(got.bytes, int) and isinstance(got.cap, int)
