@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from reconciler.actions import ApplyResult, Kill, Plan, Requeue
+from reconciler.actions import ApplyResult, Bootstrap, Kill, Launch, Plan, Requeue, ShipCode
 from reconciler.bounds import bounded_text
 from reconciler.ledger import note_cycle
 from reconciler.model import (
@@ -87,7 +87,7 @@ def remember(
     done = [(o.action, o.ok, o.detail) for o in applied.outcomes if not o.skipped]
     hosts = note_cycle(memory.hosts, fleet, observed, done, applied.archived, now)
     pulls = note_checkpoint_pulls(memory.checkpoint_pulls, applied.checkpoint_pulls, in_flight)
-    failed, distrusted = note_failures(memory.distrusted, applied, now)
+    failed, distrusted = note_failures(memory.distrusted, applied, now, memory.failed_actions)
     return replace(
         memory,
         in_flight=in_flight,
@@ -100,20 +100,41 @@ def remember(
 
 
 def note_failures(
-    distrusted: tuple[tuple[int, float, str], ...], applied: ApplyResult, now: float
+    distrusted: tuple[tuple[int, float, str], ...],
+    applied: ApplyResult,
+    now: float,
+    before: tuple[tuple[str, str, str], ...] = (),
 ) -> tuple[tuple[tuple[str, str, str], ...], tuple[tuple[int, float, str], ...]]:
     """The actions that failed in this apply, (kind, target, error), so the next plan does not send them the same
     way again; and the boxes distrusted from now on: one whose kill (or requeue, which kills) failed cannot be made
     to end an attempt, so it is not asked again: it waits out unreachable_grace like a box with an unusable probe,
-    then goes, its attempts requeued."""
+    then goes, its attempts requeued. Work of one kind (ship code, bootstrap, launch) that fails on a box that
+    answered, as work of that kind failed there in the cycle ``before`` (one failure may be a passing fault),
+    distrusts the box too: no such failure comes a third time. A box that did not answer is left to the
+    unreachable rule."""
     failed = tuple(sorted({(o.action.kind.value, o.action.target, bounded_text(o.detail)) for o in applied.failures}))
+    failed_before = {(kind, _box_of(target)) for kind, target, error in before if not error.startswith(_NOT_THE_BOX)}
     known = {iid: (since, why) for iid, since, why in distrusted}
     for o in applied.failures:
+        act = o.action
+        if not isinstance(act, Kill | Requeue | ShipCode | Bootstrap | Launch) or act.instance_id in known:
+            continue
         # a requeue from a box that answered kills there first: its failure is a failed kill too
-        if isinstance(o.action, Kill | Requeue) and o.action.instance_id not in known:
-            what = f"{o.action.kind.value} {o.action.target}"
-            known[o.action.instance_id] = (now, bounded_text(f"{what} failed: {o.detail}"))
+        if isinstance(act, Kill | Requeue) or (
+            (act.kind.value, str(act.instance_id)) in failed_before and not o.detail.startswith(_NOT_THE_BOX)
+        ):
+            known[act.instance_id] = (now, bounded_text(f"{act.kind.value} {act.target} failed: {o.detail}"))
     return failed, tuple(sorted((iid, since, why) for iid, (since, why) in known.items()))
+
+
+# failures that say nothing against the box: it did not answer (the unreachable rule decides), a launch fenced by its
+# own lock, the controller's own launch journal
+_NOT_THE_BOX = ("HostUnreachable", "HostKeyMismatch", "LaunchLockHeld", "LaunchJournalError")
+
+
+def _box_of(target: str) -> str:
+    """The instance id an action's target names (``instance/7``, ``run/r.2@7``)."""
+    return target.rpartition("@")[2] if "@" in target else target.removeprefix("instance/")
 
 
 def note_checkpoint_pulls(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from reconciler.actions import ApplyResult, Kill, Outcome, Plan, ReasonCode, Record, Requeue
+from reconciler.actions import ApplyResult, Kill, Launch, Outcome, Plan, ReasonCode, Record, Requeue, ShipCode
 from reconciler.model import BoxProbe, Fleet, FleetMemory, InFlight, Instance, InstanceStatus, Observed, RunDirState
 from reconciler.remember import next_in_flight, remember, remember_observation, track_heartbeats
 
@@ -111,3 +111,35 @@ def test_a_distrusted_box_is_vetted_unreachable_with_its_reason() -> None:
     assert (vetted.reachable, vetted.unusable) == (False, "distrusted: kill run/r.1@1 failed: x")
     other = probe(2, beating("r", 1.0))
     assert memory.vetted(other) is other
+
+
+def test_work_that_fails_on_a_box_that_answered_two_cycles_running_distrusts_the_box() -> None:
+    ship = ShipCode(reason="code missing", code=ReasonCode.CODE_MISSING, instance_id=1, commit="c0ffee")
+    observed = Observed(instances=(box(1), box(2)), fleet_name="lab")
+
+    def cycle(memory: FleetMemory, *outcomes: Outcome) -> FleetMemory:
+        plan = Plan(actions=tuple(o.action for o in outcomes))
+        return remember(memory, observed, plan, ApplyResult(outcomes=list(outcomes)), NOW, fleet=FLEET)
+
+    full = "RemoteCommandFailed: exit 1: tar: No space left on device"
+    once = cycle(FleetMemory(), Outcome(ship, False, full))
+    assert once.distrusted == ()  # one failure may pass
+    twice = cycle(once, Outcome(ship, False, full))
+    assert twice.distrusted == ((1, NOW, f"ship_code instance/1 failed: {full}"),)
+    # a launch of another attempt number on the same box is the same kind of work on it
+    launch = [
+        Launch(
+            reason="pending", code=ReasonCode.PENDING_RUN, instance_id=2, run_id="r", attempt=n, gpu_mask=(0,),
+            command="true", code_commit=None,
+        )
+        for n in (1, 2)
+    ]
+    first = cycle(FleetMemory(), Outcome(launch[0], False, "RemoteCommandFailed: exit 1: runs/r.1: disk full"))
+    second = cycle(first, Outcome(launch[1], False, "RemoteCommandFailed: exit 1: runs/r.2: disk full"))
+    assert [iid for iid, _since, _why in second.distrusted] == [2]
+    # a box that did not answer, or a launch fenced by its own lock, says nothing against the box
+    down = "HostUnreachable: 127.0.1.9:22: no answer within 60s"
+    assert cycle(cycle(FleetMemory(), Outcome(ship, False, down)), Outcome(ship, False, down)).distrusted == ()
+    held = "LaunchLockHeld: launch lock held"
+    lock = cycle(FleetMemory(), Outcome(launch[0], False, held))
+    assert cycle(lock, Outcome(launch[1], False, held)).distrusted == ()
