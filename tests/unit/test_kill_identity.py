@@ -204,6 +204,7 @@ def test_a_recorded_pid_with_another_start_tick_is_not_signalled(box: Box, bysta
     assert bystander.poll() is None
 
 
+@pytest.mark.integration  # real processes that wait out a heartbeat: seconds, not the fast loop's
 def test_a_recorded_pid_that_leads_no_session_is_not_signalled(box: Box) -> None:
     _launched(box, "member", "sleep 300")
     parent = subprocess.Popen(
@@ -241,6 +242,7 @@ def _members(pgid: int) -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit() and _in_group(int(p), pgid)]
 
 
+@pytest.mark.integration  # real processes that wait out a heartbeat: seconds, not the fast loop's
 def test_a_dead_wrappers_leftover_processes_are_ended_by_its_recorded_identity(box: Box) -> None:
     """The wrapper (and its heartbeat) died, its command's processes did not: they are still its session and group,
     started after it, so a kill by the recorded identity ends them; one naming a later start ends nothing."""

@@ -26,7 +26,17 @@ NASTY = "\x1b[31mred\x07\x9b2J\u202eevil\u2066\x00"
 RAW_HAZARD = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029]")
 
 
+_RENDERED: dict[str | None, tuple[dict[str, str], int]] = {}
+
+
 def _hostile(desired: Desired) -> tuple[dict[str, str], int]:
+    """The files rendered from the hostile world (built once per process: 100,000 GPUs take a second)."""
+    if desired.commit not in _RENDERED:
+        _RENDERED[desired.commit] = _render_hostile(desired)
+    return _RENDERED[desired.commit]
+
+
+def _render_hostile(desired: Desired) -> tuple[dict[str, str], int]:
     honest = world(desired)
     (probe,) = honest.probes
     gpus = tuple(GpuState(index=i, memory_used_mib=0, memory_total_mib=12288) for i in range(100_000))

@@ -390,6 +390,7 @@ def test_the_onstart_starts_one_detached_watchdog_that_destroys_its_instance(loc
     assert req["at"] - started >= 2.0
 
 
+@pytest.mark.integration  # a real watchdog process waited on for seconds: CI's tier, not the fast loop
 def test_the_api_call_is_retried_until_it_succeeds(local_box: LocalBox, api: FakeApi) -> None:
     api.answers += [(429, b"API requests too frequent"), (502, b"{}")]
     res = local_box.onstart(remote.watchdog_onstart(ttl_s=1, idle_timeout_s=600, orphan_timeout_s=600))
@@ -400,6 +401,7 @@ def test_the_api_call_is_retried_until_it_succeeds(local_box: LocalBox, api: Fak
     assert log.count("destroying instance 4242: ttl") == 1, "the verdict is logged once, the tries each"
 
 
+@pytest.mark.integration  # a real watchdog process waited on for seconds: CI's tier, not the fast loop
 def test_a_killed_watchdog_is_restarted_by_its_supervisor(local_box: LocalBox) -> None:
     res = local_box.onstart(remote.watchdog_onstart(ttl_s=None, idle_timeout_s=600, orphan_timeout_s=600))
     assert res.returncode == 0, res.stderr
