@@ -89,13 +89,8 @@ def _time(v: Any, what: str, problems: list[str]) -> float | None:
 
 def _age(v: Any, what: str, problems: list[str]) -> float | None:
     """A duration the box measured (seconds), kept within [0, ``TIME_WINDOW_S``]."""
-    if v is None:
-        return None
-    t = finite(v)
-    if t is None:
-        problems.append(f"{what}: not a finite number: {_shown(v)}")
-        return None
-    return min(max(t, 0.0), TIME_WINDOW_S)
+    t = _time(v, what, problems)
+    return None if t is None else min(max(t, 0.0), TIME_WINDOW_S)
 
 
 def _names(v: Any, what: str, ok: Any, rejected: _Rejected) -> tuple[str, ...]:
