@@ -91,6 +91,7 @@ class ApplyContext:
     now: Callable[[], float]
     should_stop: Callable[[], bool] = lambda: False
     fence: Fence = no_fence  # raises LeaseLost when this controller may no longer act (ports.Fence)
+    epoch: Callable[[], int] = lambda: 0  # the lease epoch this controller acts under (0: no lease), per launch
     note_launch: Callable[[InFlight], None] = lambda flight: None  # the launch journal, before each launch
     on_action: Callable[[Action], None] = lambda action: None  # told as each action starts (reconciler.progress)
     # where a sweep's ``${NAME}`` references are resolved, at launch and nowhere else (reconciler.jobenv)
@@ -485,6 +486,7 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
         launched_at=ctx.now(),
         sweep=spec.sweep.name,
         resumed_from=resumed_from,
+        epoch=ctx.epoch(),
     )
     ctx.note_launch(flight)  # written ahead: a crash right after the launch must not lose the attempt's number
     try:

@@ -228,6 +228,7 @@ class FleetDaemon:
             )
             self._fleet_key = key
         self.reconciler.fence = self.fence
+        self.reconciler.epoch = lambda: self.lease.epoch
         self.reconciler.on_action = self.on_action
         return self.reconciler
 

@@ -69,6 +69,7 @@ class Reconciler:
     cycle_s: float = CONTROLLER_INTERVAL_S  # how often this controller decides (the daemon's --interval)
     destroy_latency_s: float = DESTROY_LATENCY_S
     fence: Fence = no_fence  # apply asks it before every action (the daemon's lease fence; ports.Fence)
+    epoch: Callable[[], int] = lambda: 0  # the lease epoch each launch is stamped with (the daemon's lease)
     on_action: Callable[[Action], None] = lambda action: None  # apply tells it each action it starts (progress)
     journal: LaunchJournal | None = None  # launches written down before they happen (ports.LaunchJournal)
     # what the sweeps' ``${NAME}`` references resolve to (this process's environment): plan() learns which names
@@ -181,6 +182,7 @@ class Reconciler:
             now=self.clock.now,
             should_stop=self.should_stop,
             fence=self.fence,
+            epoch=self.epoch,
             on_action=self.on_action,
             note_launch=self.journal.note if self.journal is not None else (lambda flight: None),
             controller_env=self.controller_env,

@@ -132,6 +132,12 @@ class LeaseState:
     acquired_at: float
     heartbeat_at: float
     taken_over_from: str | None = None
+    # Which holding of the lease this is: larger for every later acquisition or takeover, the same while one holder
+    # resumes its own. It is stamped on each launch (``InFlight.epoch``), so a box can tell an older controller's
+    # late command from the current one's. A released lease is removed, so the epoch cannot simply count: it is the
+    # acquisition's moment in milliseconds (or one past the lease it replaces, when that is later), which grows as
+    # long as two controllers' clocks disagree by less than ``stale_after``.
+    epoch: int = 0
 
     def describe(self) -> str:
         return f"{self.holder} on {self.host} (pid {self.pid})"
@@ -157,7 +163,9 @@ def acquire(
 ) -> LeaseDecision:
     """Decide whether ``holder`` may act: a free lease is taken, our own is resumed, a stale one taken over."""
     if current is None:
-        state = LeaseState(holder=holder, host=host, pid=pid, acquired_at=now, heartbeat_at=now)
+        state = LeaseState(
+            holder=holder, host=host, pid=pid, acquired_at=now, heartbeat_at=now, epoch=next_epoch(None, now)
+        )
         return LeaseDecision(True, state, True, False, f"lease acquired by {holder}")
     if current.holder == holder:
         state = replace(current, host=host, pid=pid, heartbeat_at=now)
@@ -173,6 +181,7 @@ def acquire(
             acquired_at=now,
             heartbeat_at=now,
             taken_over_from=f"{current.describe()}, heartbeat {iso(current.heartbeat_at)}",
+            epoch=next_epoch(current, now),
         )
         msg = f"lease taken over from {current.describe()}: heartbeat {age:.0f}s old (stale after {stale_after:.0f}s)"
         return LeaseDecision(True, state, True, True, msg, current)
@@ -181,6 +190,11 @@ def acquire(
         f"it can be taken over when the heartbeat is older than {stale_after:.0f}s"
     )
     return LeaseDecision(False, None, False, False, msg, current)
+
+
+def next_epoch(replaced: LeaseState | None, now: float) -> int:
+    """The epoch of a lease acquired at ``now`` in place of ``replaced`` (None: no lease there)."""
+    return max(int(now * 1000), (replaced.epoch if replaced is not None else 0) + 1)
 
 
 def renew(state: LeaseState, now: float, renew_every: float = DEFAULT_RENEW_EVERY_S) -> LeaseState | None:
@@ -208,6 +222,7 @@ def to_yaml(state: LeaseState) -> str:
         "acquired_at": iso(state.acquired_at),
         "heartbeat_at": iso(state.heartbeat_at),
         "taken_over_from": state.taken_over_from,
+        "epoch": state.epoch,
     }
     return dump_yaml(doc, "rigsync lease: the one reconciler acting on this fleet, and its last heartbeat")
 
@@ -229,11 +244,22 @@ def from_yaml(text: str, path: str = LEASE_FILE) -> LeaseState | None:
             acquired_at=acquired if acquired is not None else (heartbeat or 0.0),
             heartbeat_at=heartbeat if heartbeat is not None else 0.0,
             taken_over_from=None if doc.get("taken_over_from") is None else str(doc["taken_over_from"]),
+            # a lease written before epochs existed: its acquisition's moment, as ``next_epoch`` would have said
+            epoch=_epoch_of(doc, acquired if acquired is not None else (heartbeat or 0.0)),
         )
     except KeyError as exc:
         raise ObservedInvalid(f"{path}: missing {exc.args[0]!r}") from exc
     except (TypeError, ValueError) as exc:
         raise ObservedInvalid(f"{path}: malformed ({exc})") from exc
+
+
+def _epoch_of(doc: dict[str, Any], acquired_at: float) -> int:
+    """The lease's epoch; for a lease written before epochs existed, its acquisition's moment as ``next_epoch``
+    would have said."""
+    epoch = doc.get("epoch")
+    if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0:
+        return epoch
+    return int(acquired_at * 1000)
 
 
 # ---------------------------------------------------------------------------------------------- thin I/O
@@ -297,6 +323,11 @@ class Lease:
             self.confirm()  # written by us, or resumed as the remote has it
             return decision
         raise LeaseHeld("could not take the fleet's lease: it kept changing under us")
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the lease this reconciler holds (0: none)."""
+        return self.state.epoch if self.state is not None else 0
 
     def confirm(self) -> None:
         """Our current lease is on the remote now (pushed, or read from it unchanged): the fence counts from it."""

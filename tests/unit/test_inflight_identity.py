@@ -53,8 +53,11 @@ class AnsweringBoxes:
         self.inner.kill(box, run_id, attempt, exit_code=exit_code, reason=reason)
 
 
-def _ctx(world: FakeWorld, boxes: AnsweringBoxes, desired: Desired, observed: Observed) -> ApplyContext:
+def _ctx(
+    world: FakeWorld, boxes: AnsweringBoxes, desired: Desired, observed: Observed, epoch: int = 0
+) -> ApplyContext:
     return ApplyContext(
+        epoch=lambda: epoch,
         provider=world.provider,
         boxes=boxes,
         desired=desired,
@@ -65,7 +68,9 @@ def _ctx(world: FakeWorld, boxes: AnsweringBoxes, desired: Desired, observed: Ob
     )
 
 
-def _launch_on_a_ready_box(answer: str) -> tuple[FakeWorld, AnsweringBoxes, Desired, InFlight, str]:
+def _launch_on_a_ready_box(
+    answer: str, epoch: int = 0, noted: list[InFlight] | None = None
+) -> tuple[FakeWorld, AnsweringBoxes, Desired, InFlight, str]:
     desired = desired_state(1, max_instances=1)
     world = FakeWorld([offer(1, gpus=2)], clock=FakeClock(), boot_s=10.0)
     boxes = AnsweringBoxes(world, answer)
@@ -77,7 +82,10 @@ def _launch_on_a_ready_box(answer: str) -> tuple[FakeWorld, AnsweringBoxes, Desi
     observed, p = observe_and_plan(world, desired, archive)
     launches = [a for a in p.actions if isinstance(a, Launch)]
     assert len(launches) == 1
-    result = apply(Plan(actions=tuple(launches)), _ctx(world, boxes, desired, observed))
+    ctx = _ctx(world, boxes, desired, observed, epoch)
+    if noted is not None:
+        ctx = replace(ctx, note_launch=noted.append)
+    result = apply(Plan(actions=tuple(launches)), ctx)
     assert result.failures == []
     (flight,) = result.launched
     return world, boxes, desired, flight, result.outcomes[0].detail
@@ -87,6 +95,15 @@ def test_apply_records_the_launch_answer_as_the_attempts_process_group() -> None
     _, _, _, flight, detail = _launch_on_a_ready_box("4321 987654\n")
     assert (flight.pid, flight.pid_started, flight.epoch) == (4321, 987654, 0)
     assert detail == "pid 4321 (started at tick 987654)"
+
+
+def test_a_launch_is_stamped_with_the_lease_epoch_it_was_made_under() -> None:
+    noted: list[InFlight] = []
+    _, _, _, flight, _ = _launch_on_a_ready_box("4321 987654\n", epoch=1_790_000_000_123, noted=noted)
+    assert flight.epoch == 1_790_000_000_123
+    assert [f.epoch for f in noted] == [1_790_000_000_123]  # the journal has it before the launch is sent
+    (entry,) = in_flight_entries((flight,))
+    assert entry["epoch"] == 1_790_000_000_123
 
 
 def test_a_launch_answer_that_names_no_group_of_ours_records_none() -> None:

@@ -40,7 +40,7 @@ def held_by(holder: str = "a", heartbeat: float = T0) -> LeaseState:
 def test_free_lease_is_acquired() -> None:
     d = acquire(None, holder="b", host="hostB", pid=7, now=T0, stale_after=300)
     assert d.granted and d.changed and not d.takeover
-    assert d.state == LeaseState("b", "hostB", 7, T0, T0)
+    assert d.state == LeaseState("b", "hostB", 7, T0, T0, epoch=int(T0 * 1000))
 
 
 def test_fresh_lease_of_another_holder_is_refused_naming_it() -> None:
@@ -91,7 +91,9 @@ def test_lease_over_the_store_second_reconciler_refused_then_takes_over() -> Non
     assert decision.granted and store.version == "v1" and store.messages == ["lease: lease acquired by a"]
     assert a.renew(T0 + 30) is False and store.version == "v1"  # no heartbeat due: nothing written
     assert a.renew(T0 + 61) is True and store.version == "v2"
-    assert from_yaml(store.text or "") == replace(held_by("a", T0 + 61), host="hostA", pid=1, acquired_at=T0)
+    assert from_yaml(store.text or "") == replace(
+        held_by("a", T0 + 61), host="hostA", pid=1, acquired_at=T0, epoch=int(T0 * 1000)
+    )
 
     b = Lease(store, holder="b", host="hostB", pid=2, stale_after=300, renew_every=60)
     with pytest.raises(LeaseHeld, match="held by a on hostA"):
@@ -204,3 +206,34 @@ def test_a_heartbeat_after_a_takeover_keeps_the_takeover_on_the_lease_commit() -
     assert b.acquire(T0).takeover
     b.beat(T0 + 1)
     assert store.messages[-1].startswith("lease: heartbeat (taken over from old"), store.messages
+
+
+def test_every_later_holding_has_a_larger_epoch_and_a_resumed_one_keeps_it() -> None:
+    """The epoch a box is told (``InFlight.epoch``) grows with every acquisition and takeover, also across a release
+    (which removes the lease), and stays while one holder resumes its own lease."""
+    store = MemoryLeaseStore()
+    a = Lease(store, holder="a", host="hostA", pid=1, stale_after=300, renew_every=60)
+    a.acquire(T0)
+    first = a.epoch
+    assert first == int(T0 * 1000) and from_yaml(store.text or "").epoch == first  # type: ignore[union-attr]
+    assert a.renew(T0 + 61) and a.epoch == first  # a heartbeat is the same holding
+    again = Lease(store, holder="a", host="hostA", pid=2, stale_after=300, renew_every=60)
+    assert again.acquire(T0 + 70).changed and again.epoch == first  # restarted, resumed: the same holding
+    b = Lease(store, holder="b", host="hostB", pid=3, stale_after=300, renew_every=60)
+    b.acquire(T0 + 70 + 301)
+    assert b.epoch > first
+    taken = b.epoch
+    assert b.release() and store.read_lease() == (None, None) and b.epoch == 0
+    c = Lease(store, holder="c", host="hostC", pid=4, stale_after=300, renew_every=60)
+    c.acquire(T0 + 400)  # the lease was released: acquired afresh
+    assert c.epoch > taken
+    # a takeover by a controller whose clock is behind still gets a larger epoch than the lease it replaces
+    ahead = replace(held_by("a", T0 - 1000), epoch=int(T0 * 1000) + 5)
+    d = acquire(ahead, holder="d", host="hostD", pid=5, now=T0, stale_after=300)
+    assert d.state is not None and d.state.epoch == int(T0 * 1000) + 6
+
+
+def test_a_lease_written_before_epochs_reads_its_acquisition_as_its_epoch() -> None:
+    text = to_yaml(held_by("a", T0)).replace("epoch: 0\n", "")
+    assert "epoch" not in text
+    assert from_yaml(text).epoch == int((T0 - 1000) * 1000)  # type: ignore[union-attr]
