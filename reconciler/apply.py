@@ -42,7 +42,7 @@ from reconciler.actions import (
     SyncCheckpoint,
     closed,
 )
-from reconciler.bounds import MAX_GPUS, MAX_NOTE_CHARS, bounded_text, clamp_time, finite
+from reconciler.bounds import EXIT_CODE_RANGE, MAX_GPUS, MAX_NOTE_CHARS, bounded_int, bounded_text, clamp_time, finite
 from reconciler.curves import curve_path, read_metrics, render_curve
 from reconciler.errors import (
     HostUnreachable,
@@ -572,7 +572,7 @@ def _attempt_record(
     gpus = min(num_gpus, MAX_GPUS) if num_gpus > 0 else MAX_GPUS
     box_mask = tuple(dict.fromkeys(g for g in state.gpu_mask if 0 <= g < gpus)) if state and state.gpu_mask else ()
     mask = box_mask or (launched.gpu_mask if launched else ())
-    box_exit = state.exit_code if state and _exit_code_ok(state.exit_code) else None
+    box_exit = bounded_int(state.exit_code, *EXIT_CODE_RANGE) if state else None
     return AttemptRecord(
         run_id=run_id,
         attempt=attempt,
@@ -602,10 +602,6 @@ def _box_time(t: float | None, now: float) -> float | None:
     """A time the box reported, when it is a finite number: kept within ``bounds.TIME_WINDOW_S`` of ``now``."""
     v = finite(t, limit=float("inf")) if t else None
     return clamp_time(v, now) if v is not None else None
-
-
-def _exit_code_ok(code: object) -> bool:
-    return isinstance(code, int) and not isinstance(code, bool) and -(1 << 31) <= code < 1 << 31
 
 
 def _box_text(text: str | None) -> str | None:
