@@ -248,6 +248,9 @@ class Requeue(Action):
     run_id: str
     attempt: int
     instance_id: int
+    # its process group as the launch recorded it, as ``Kill`` has it: a requeue from a box that answers kills there
+    pid: int | None = None
+    pid_started: int | None = None
     kind: ClassVar[Kind] = Kind.REQUEUE
 
     @property

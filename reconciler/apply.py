@@ -249,9 +249,8 @@ def _execute(planned: Action, ctx: ApplyContext, instances: dict[int, Instance],
                 # The attempt may still run half-alive, or its launch may still be on its way (kill.sh then leaves a
                 # tombstone): it must not come back beside the next attempt. A box that stops answering now fails the
                 # requeue, so nothing is archived and the run is not launched again in this apply (``_mark_unsafe``).
-                pid, pid_started = _recorded_group(ctx.observed, action.run_id, action.attempt, action.instance_id)
                 ctx.boxes.kill(listed, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason,
-                               pid=pid, pid_started=pid_started)
+                               pid=action.pid, pid_started=action.pid_started)
                 rec = _harvest(ctx, result, listed, rec, required=False)  # what it wrote before it was lost
             elif ctx.store is not None:
                 why = "host key changed, not contacted" if probe is not None and probe.host_key_changed else (
@@ -522,14 +521,6 @@ def _redacted(env: JobEnv, step: Callable[[], str]) -> str:
         raise RemoteCommandFailed(text) from None  # the cause carries the unredacted value: it must not travel on
     except Exception as exc:
         raise RemoteCommandFailed(env.redact(f"{type(exc).__name__}: {exc}")) from None  # likewise
-
-
-def _recorded_group(observed: Observed, run_id: str, attempt: int, instance_id: int) -> tuple[int | None, int | None]:
-    """The attempt's process group as its launch on that box recorded it (``InFlight``), or (None, None)."""
-    for f in observed.memory.in_flight:
-        if (f.run_id, f.attempt, f.instance_id) == (run_id, attempt, instance_id):
-            return f.pid, f.pid_started
-    return None, None
 
 
 def _run_state(observed: Observed, instance_id: int, run_id: str, attempt: int) -> RunDirState | None:

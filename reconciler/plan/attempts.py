@@ -211,6 +211,14 @@ def unseen_in_flight(world: World, seen: SeenAttempts) -> Iterator[InFlight]:
             yield fl
 
 
+def recorded_group(fl: InFlight | None, box_id: int) -> tuple[int | None, int | None]:
+    """The process group a kill on ``box_id`` may signal: the one the attempt's launch there recorded, never a pid
+    the box reports; (None, None) when there is none, or it names every process or init (pid <= 1)."""
+    if fl is None or fl.instance_id != box_id or fl.pid is None or fl.pid <= 1:
+        return None, None
+    return fl.pid, fl.pid_started
+
+
 def failed_last_cycle(world: World, kind: Kind, target: str) -> str | None:
     """The error of the same action (kind and target) when it failed in the last apply, else None."""
     for k, t, error in world.observed.memory.failed_actions:
@@ -289,10 +297,7 @@ def settle_live(
 
     def kill(box_id: int, rd: RunDirState, code: ReasonCode, reason: str) -> None:
         settled.add((rd.run_id, rd.attempt))
-        fl = seen.launch_of(rd)  # its process group as its launch recorded it, never a pid the box reports
-        pid, started = (fl.pid, fl.pid_started) if fl is not None and fl.instance_id == box_id else (None, None)
-        if pid is not None and pid <= 1:  # never a signal to every process, nor to init: no pid at all then
-            pid, started = None, None
+        pid, started = recorded_group(seen.launch_of(rd), box_id)
         out.act(
             Kill(
                 reason=reason,
@@ -308,7 +313,18 @@ def settle_live(
     def requeue(box_id: int, rd: RunDirState, code: ReasonCode, reason: str) -> None:
         settled.add((rd.run_id, rd.attempt))
         used[rd.run_id] = used.get(rd.run_id, 0) + 1
-        out.act(Requeue(reason=reason, code=code, run_id=rd.run_id, attempt=rd.attempt, instance_id=box_id))
+        pid, started = recorded_group(seen.launch_of(rd), box_id)
+        out.act(
+            Requeue(
+                reason=reason,
+                code=code,
+                run_id=rd.run_id,
+                attempt=rd.attempt,
+                instance_id=box_id,
+                pid=pid,
+                pid_started=started,
+            )
+        )
 
     for box_id in world.boxes:
         gone = destroyed.get(box_id)
@@ -460,7 +476,18 @@ def settle_in_flight(
 
         def requeue(fl: InFlight, code: ReasonCode, reason: str) -> None:
             used[fl.run_id] = used.get(fl.run_id, 0) + 1
-            out.act(Requeue(reason=reason, code=code, run_id=fl.run_id, attempt=fl.attempt, instance_id=fl.instance_id))
+            pid, started = recorded_group(fl, fl.instance_id)
+            out.act(
+                Requeue(
+                    reason=reason,
+                    code=code,
+                    run_id=fl.run_id,
+                    attempt=fl.attempt,
+                    instance_id=fl.instance_id,
+                    pid=pid,
+                    pid_started=started,
+                )
+            )
 
         if box is None:
             why = "vanished" if fl.instance_id not in world.listed_ids else "no longer carries our label"

@@ -18,6 +18,7 @@ from reconciler.apply import ApplyContext, apply
 from reconciler.model import Desired, FleetMemory, InFlight, Instance, Observed
 from reconciler.observed.codec import RUNS
 from reconciler.observed.memory import fleet_memory_from_files, in_flight_entries
+from reconciler.plan.attempts import recorded_group
 from reconciler.ports import LaunchJob
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -204,7 +205,18 @@ def test_a_requeue_ends_the_attempt_by_the_identity_its_launch_recorded() -> Non
         run_id=flight.run_id,
         attempt=flight.attempt,
         instance_id=flight.instance_id,
+        pid=flight.pid,  # the planner carries the launch's identity on the action (plan.attempts.recorded_group)
+        pid_started=flight.pid_started,
     )
     result = apply(Plan(actions=(requeue,)), _ctx(world, boxes, desired, observed))
     assert result.failures == []
     assert boxes.kills == [(flight.run_id, flight.attempt, 4321, 987654)]
+
+
+def test_a_kill_or_requeue_may_signal_only_the_group_its_launch_on_that_box_recorded() -> None:
+    flight = InFlight("r", 1, 7, (0,), 100.0, pid=4321, pid_started=987654)
+    assert recorded_group(flight, 7) == (4321, 987654)
+    assert recorded_group(flight, 8) == (None, None)  # launched elsewhere: nothing of it to signal here
+    assert recorded_group(None, 7) == (None, None)
+    for forged in (1, 0, -1):
+        assert recorded_group(replace(flight, pid=forged), 7) == (None, None)
