@@ -22,6 +22,7 @@ class Kind(enum.StrEnum):
     BOOTSTRAP = "bootstrap"
     SHIP_CODE = "ship_code"
     LAUNCH = "launch"
+    DRAIN = "drain"
     KILL = "kill"
     REQUEUE = "requeue"
     RECORD = "record"
@@ -36,6 +37,7 @@ SIGNS: dict[Kind, str] = {
     Kind.BOOTSTRAP: "*",
     Kind.SHIP_CODE: "^",
     Kind.LAUNCH: ">",
+    Kind.DRAIN: "%",
     Kind.KILL: "!",
     Kind.REQUEUE: "~",
     Kind.RECORD: "=",
@@ -56,9 +58,10 @@ APPLY_ORDER: dict[Kind, int] = {
     Kind.BOOTSTRAP: 5,
     Kind.SHIP_CODE: 6,
     Kind.LAUNCH: 7,
-    Kind.SYNC_CHECKPOINT: 8,
-    Kind.CLOSE_BILL: 9,
-    Kind.NOOP: 10,
+    Kind.DRAIN: 8,
+    Kind.SYNC_CHECKPOINT: 9,
+    Kind.CLOSE_BILL: 10,
+    Kind.NOOP: 11,
 }
 
 
@@ -86,11 +89,16 @@ class ReasonCode(enum.StrEnum):
     BILL_FINAL = "bill_final"  # a box is gone, its bill is final and its attempts are archived: close its overhead
     # launch, ship code, bootstrap: work
     PENDING_RUN = "pending_run"  # a run waits and a GPU slot is free
+    QUEUED_AHEAD = "queued_ahead"  # queued on a busy slot predicted to free within queue_ahead (launch, queued)
+    TAIL_TO_FASTEST = "tail_to_fastest"  # the last runs: the longest remaining work goes to the fastest free GPU
+    DRAIN_TAIL = "drain_tail"  # no pending run will use this box: it ends once its queue is dry (drain)
     CODE_MISSING = "code_missing"  # the pinned commit is not on the box yet
     BOOTSTRAP_MISSING = "bootstrap_missing"  # the bootstrap script has not run on the box
     # rent
     RENT_FOR_PENDING = "rent_for_pending"  # runs no box can take
     RENT_FOR_MIN_INSTANCES = "rent_for_min_instances"  # the floor of min_instances
+    EXPLORE_UNMEASURED = "explore_unmeasured"  # an unmeasured model DLPerf predicts cheaper, within exploration_share
+    RENT_MULTI_GPU = "rent_multi_gpu"  # a multi-GPU box: cheaper per GPU, and enough pending runs fill it
     # destroy
     BUDGET_EXHAUSTED = "budget_exhausted"  # the boxes held would pass a cap before the next decision
     OVER_BUDGET_HALT = "over_budget_halt"  # the budget can start no new work and on_exceed is halt
@@ -108,6 +116,8 @@ class ReasonCode(enum.StrEnum):
     SPEC_DRIFTED = "spec_drifted"  # built from another image/disk/bootstrap than the fleet now says
     IDLE_TIMEOUT = "idle_timeout"
     SURPLUS = "surplus"  # no pending or running work in the fleet
+    QUEUE_OVER_BUDGET = "queue_over_budget"  # a queued attempt no longer fits the budget's headroom (kill)
+    DRAINED = "drained"  # draining, its queue dry, its attempts recorded: destroyed in the same plan
     # no-ops: considered and left alone
     FOREIGN = "foreign"  # not carrying this fleet's label: reported, never touched
     FOREIGN_ATTEMPT = "foreign_attempt"  # a run directory no launch of this fleet made on that box: never recorded
@@ -126,6 +136,10 @@ class ReasonCode(enum.StrEnum):
     UNREACHABLE_WAITING = "unreachable_waiting"  # within unreachable_grace
     STATUS_UNKNOWN = "status_unknown"  # a provider status rigsync does not act on
     BUSY = "busy"  # GPUs in use by rigsync's runs
+    QUEUED = "queued"  # an attempt waits in its box's queue
+    WAIT_FOR_BUSY_GPU = "wait_for_busy_gpu"  # a held GPU frees before a new box would be ready: not rented for
+    PREDICTED_NEED = "predicted_need"  # kept: a queued or predicted run needs it within its idle timeout
+    EXPLORE_CAPPED = "explore_capped"  # an unmeasured model was not rented: exploration_share is used up
     NOT_LAUNCHED = "not_launched"  # pending runs waiting for boxes (booting, rented now, no capacity)
     SECRET_MISSING = "secret_missing"  # the sweep's env references a variable the controller does not set
     BUDGET_REFUSED = "budget_refused"  # a launch or a rent would not fit what the budget leaves
@@ -216,11 +230,27 @@ class Launch(Action):
     command: str
     code_commit: str | None
     sweep: str = ""
+    # given to the box's queue behind the slot's current attempt instead of started now: the box starts it the
+    # moment the slot frees (and refuses it if its epoch is older than the box's fence)
+    queued: bool = False
     kind: ClassVar[Kind] = Kind.LAUNCH
 
     @property
     def target(self) -> str:
         return f"run/{self.run_id}.{self.attempt}@{self.instance_id}"
+
+
+@dataclass(frozen=True)
+class Drain(Action):
+    """Mark a box draining: its queue gets nothing more, and it ends itself once the queue is dry and every finished
+    attempt on it is harvested (the controller destroys it first when it sees that)."""
+
+    instance_id: int
+    kind: ClassVar[Kind] = Kind.DRAIN
+
+    @property
+    def target(self) -> str:
+        return f"instance/{self.instance_id}"
 
 
 @dataclass(frozen=True)
@@ -318,12 +348,14 @@ class Noop(Action):
 
 # The closed set: ``apply`` matches over it, and mypy checks the match is exhaustive (``assert_never``).
 AnyAction: TypeAlias = (
-    Rent | Destroy | Bootstrap | ShipCode | Launch | Kill | Requeue | Record | SyncCheckpoint | CloseBill | Noop
+    Rent | Destroy | Bootstrap | ShipCode | Launch | Drain | Kill | Requeue | Record | SyncCheckpoint | CloseBill | Noop
 )
 
 ACTION_TYPES: dict[Kind, type[Action]] = {
     cls.kind: cls
-    for cls in (Rent, Destroy, Bootstrap, ShipCode, Launch, Kill, Requeue, Record, SyncCheckpoint, CloseBill, Noop)
+    for cls in (
+        Rent, Destroy, Bootstrap, ShipCode, Launch, Drain, Kill, Requeue, Record, SyncCheckpoint, CloseBill, Noop
+    )
 }
 # Kinds that change nothing in the world (a read the controller makes): a plan of only these has no changes.
 READS_ONLY = frozenset({Kind.SYNC_CHECKPOINT})
@@ -385,6 +417,9 @@ class Plan:
     warnings: tuple[str, ...] = field(default=())
     drift: tuple[Drift, ...] = ()
     estimates: tuple[SweepEstimate, ...] = ()
+    # When the planner wants to decide again, if sooner than the controller's interval (a slot predicted to free
+    # with nothing queued behind it, a draining box's last attempt predicted to end); None: at the interval.
+    wake_at: float | None = None
 
     @property
     def changes(self) -> bool:
@@ -417,6 +452,7 @@ class Plan:
                 for d in self.drift
             ],
             "estimates": [e.to_json() for e in self.estimates],
+            "wake_at": self.wake_at,
         }
 
     @staticmethod
@@ -437,6 +473,7 @@ class Plan:
                 for x in d.get("drift", [])
             ),
             estimates=tuple(SweepEstimate.from_json(e) for e in d.get("estimates", [])),
+            wake_at=None if d.get("wake_at") is None else float(d["wake_at"]),
         )
 
 

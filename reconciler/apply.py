@@ -30,6 +30,7 @@ from reconciler.actions import (
     Bootstrap,
     CloseBill,
     Destroy,
+    Drain,
     Kill,
     Launch,
     Noop,
@@ -229,6 +230,9 @@ def _execute(planned: Action, ctx: ApplyContext, instances: dict[int, Instance],
             return f"{len(tar)} bytes shipped"
         case Launch():
             return _launch(action, ctx, instances, result)
+        case Drain():
+            ctx.boxes.drain(_box(instances, action.instance_id))
+            return "draining"
         case Kill():
             state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
             box = _box(instances, action.instance_id)

@@ -27,6 +27,9 @@ class Ranking(enum.StrEnum):
     """How offers that pass the filters are ordered; the first is rented."""
 
     DLPERF_PER_DPH = "dlperf_per_dph"
+    # predicted work per $: the sweep's progress rate measured on that machine or GPU model (``throughput``), else
+    # the nearest measured model scaled by DLPerf, else DLPerf itself (then it orders as dlperf_per_dph)
+    WORK_PER_DPH = "work_per_dph"
     PRICE = "price"
     DLPERF = "dlperf"
     RELIABILITY = "reliability"
@@ -135,6 +138,12 @@ class Fleet:
     bootstrap_timeout_s: float = 1800.0
     max_rents_per_hour: int | None = None
     rent_backoff_s: float = 60.0
+    # The box-side queue: each GPU slot is given its next attempts ahead of time, as many as are predicted to start
+    # within this long (at least one behind a running attempt; 0: no queue, a slot waits for the next cycle).
+    queue_ahead_s: float = 300.0
+    # At most this share of the boxes held (rounded up, at least one box) may be on a GPU model the sweep has not
+    # measured, rented because DLPerf predicts it cheaper per unit of work (0: never explore).
+    exploration_share: float = 0.25
     # the pools, in fleet.yaml order; the first is the pool of a sweep that names none
     pools: tuple[Pool, ...] = (Pool(name=DEFAULT_POOL),)
 
@@ -497,9 +506,25 @@ class RunDirState:
     best_metric: float | None = None
     final_metric: float | None = None
     metrics_age_s: float | None = None  # since its metrics file last grew (None: no metrics file yet)
+    # The wrapper's pid and start tick as the box's own launch of it said (a queued attempt the box started): the
+    # controller records them once into ``InFlight`` for a kill (kill.sh checks them again before any signal).
+    pid: int | None = None
+    pid_started: int | None = None
     # what of the box's report of it could not be used, naming the source and the problem ("exit_code: not an
     # integer", "metrics: best_metric out of range"); the value stays None. Set by ``remote.parse`` only.
     problem: str | None = None
+
+
+@dataclass(frozen=True)
+class QueuedEntry:
+    """One attempt in a box's queue (``~/rigsync/queue/``): given ahead of time, started by the box when its slot
+    frees, refused by the box when ``epoch`` is older than the box's fence."""
+
+    run_id: str
+    attempt: int
+    gpu_mask: tuple[int, ...]
+    epoch: int = 0
+    position: int = 0  # its place in its slot's queue (0: next)
 
 
 @dataclass(frozen=True)
@@ -530,6 +555,10 @@ class BoxProbe:
     # what the probe claimed that was refused, each a short escaped text ("run dir '../x.1': not a run id",
     # "gpu 7: not one of the instance's 1 GPU(s)"): reported by the planner (foreign attempts), never acted on
     rejected: tuple[str, ...] = ()
+    # The box-side queue: attempts given ahead of time, not started yet, in the order each slot starts them.
+    queued: tuple[QueuedEntry, ...] = ()
+    epoch: int | None = None  # the highest lease epoch the box was shown (its fence); None: never shown one
+    draining: bool = False  # the controller marked it: it ends itself once its queue is dry and its runs harvested
 
     def on_clock(self, now: float, *, clamp: Callable[[float, float], float]) -> BoxProbe:
         """This probe with the box's timestamps moved onto the controller's clock (``now`` when it answered).
@@ -572,6 +601,7 @@ class RunPhase(enum.StrEnum):
     SUCCEEDED = "succeeded"
     RETRYING = "retrying"  # the last attempt failed or was lost; retries remain, so it is launched again
     BLOCKED = "blocked"  # as many attempts failed or were lost as ``retries`` allows: no more launches
+    QUEUED = "queued"  # an attempt waits in its box's queue behind the slot's current one (in flight, not started)
 
     @property
     def launchable(self) -> bool:
@@ -616,6 +646,8 @@ class AttemptRecord:
     harvest: str | None = None
     stderr_tail: str | None = None  # a failed attempt's last lines of stderr (at most STDERR_TAIL_BYTES)
     resumed_from: int | None = None  # the attempt whose checkpoint this one started from
+    queued_at: float | None = None  # given to its box's queue at (None: launched at once)
+    progress: float | None = None  # the sweep's progress key's last value (its work done), when it has one
 
     @property
     def key(self) -> tuple[str, int]:
@@ -630,6 +662,12 @@ class BoxMemory:
     first_seen_at: float
     unreachable_since: float | None = None
     bootstrap_since: float | None = None  # since when the fleet's bootstrap has not been done on it (it answers)
+    # When it first answered a probe, and when it was first ready for work (answering with the pool's bootstrap
+    # done): boot is first_seen_at..reachable_at, bootstrap reachable_at..ready_at (the timeline, and the
+    # pool's measured time to a ready box)
+    reachable_at: float | None = None
+    ready_at: float | None = None
+    pool: str = ""
 
 
 @dataclass(frozen=True)
@@ -652,6 +690,7 @@ class InFlight:
     pid: int | None = None
     pid_started: int | None = None
     epoch: int = 0  # the lease epoch of the controller that launched it (0: no lease)
+    queued: bool = False  # given to the box's queue (``Launch.queued``), started by the box when its slot frees
 
 
 class DriftClass(enum.StrEnum):
@@ -702,6 +741,9 @@ class OverheadRecord:
     dph: float = 0.0
     started_at: float | None = None  # the rental's start
     ended_at: float | None = None  # when rigsync first saw it gone from the provider's list
+    reachable_at: float | None = None  # ``BoxMemory.reachable_at``/``ready_at``, kept for the timeline
+    ready_at: float | None = None
+    pool: str = ""
     estimated: bool = False  # the provider could not say the final bill: billed_usd is rigsync's estimate
     reason: str = ""
 

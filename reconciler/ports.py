@@ -141,6 +141,10 @@ class LaunchJob:
     # the job's own environment, secrets resolved: sent on the SSH channel's stdin, never in a command line or a
     # file; its repr shows names only (``reconciler.jobenv.JobEnv``)
     env: JobEnv = field(default_factory=JobEnv)
+    # queued: given to the box's queue behind its slot's current attempt (started by the box when the slot frees)
+    queued: bool = False
+    # the lease epoch of the controller sending it: the box refuses it when it was shown a newer one (0: no lease)
+    epoch: int = 0
 
 
 class BoxControl(Protocol):
@@ -177,6 +181,11 @@ class BoxControl(Protocol):
         the process group its launch recorded (``pid`` with start tick ``pid_started``, while that process still has
         that start); without them the end is recorded and the box's wrapper ends its own command. An attempt the box
         never saw is tombstoned."""
+        ...
+
+    def drain(self, box: Instance) -> None:
+        """Mark the box draining: it takes no more queue entries, and ends itself once its queue is dry, nothing
+        runs and every finished attempt on it is harvested."""
         ...
 
     def bootstrap(self, box: Instance, script: str, script_hash: str) -> str:

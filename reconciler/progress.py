@@ -26,6 +26,7 @@ _VERB = {
     Kind.BOOTSTRAP: "bootstrap",
     Kind.SHIP_CODE: "ship code",
     Kind.LAUNCH: "launch",
+    Kind.DRAIN: "drain",
     Kind.DESTROY: "destroy",
     Kind.KILL: "kill",
     Kind.REQUEUE: "requeue",

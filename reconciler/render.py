@@ -15,6 +15,7 @@ VERBS = {
     Kind.BOOTSTRAP: "to bootstrap",
     Kind.SHIP_CODE: "to ship code",
     Kind.LAUNCH: "to launch",
+    Kind.DRAIN: "to drain",
     Kind.KILL: "to kill",
     Kind.REQUEUE: "to requeue",
     Kind.RECORD: "to record",

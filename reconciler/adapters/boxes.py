@@ -49,6 +49,9 @@ class ShellBoxes:
 
     # -------------------------------------------------------------------------------------------- apply
 
+    def drain(self, box: Instance) -> None:
+        raise NotImplementedError("issue 21: the box-side drain marker (box-queue helper)")
+
     def launch(self, box: Instance, job: LaunchJob) -> str:
         script = remote.launch_script(
             run_id=job.run_id,

@@ -176,6 +176,8 @@ ROWS: tuple[Row, ...] = (
         ("bootstrap_timeout", "bootstrap_timeout_s", parse_duration),
         ("max_rents_per_hour", "max_rents_per_hour", _opt(int)),
         ("rent_backoff", "rent_backoff_s", parse_duration),
+        ("queue_ahead", "queue_ahead_s", parse_duration),
+        ("exploration_share", "exploration_share", float),
     ),
     *_rows(
         Budget,

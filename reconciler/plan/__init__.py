@@ -56,6 +56,7 @@ from reconciler.plan.boxes import BoxState, box_noops, classify_boxes, enforce_m
 from reconciler.plan.common import Decisions, fleet_dph_cap, fmt_duration
 from reconciler.plan.environment import withhold_missing_secrets
 from reconciler.plan.estimate import estimate
+from reconciler.plan.forecast import forecast
 from reconciler.plan.money import Purse, budget_position
 from reconciler.plan.placement import place, without_free_gpus
 from reconciler.plan.renting import rent_for
@@ -86,6 +87,7 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
     wanted, found = wanted_runs(world, recorded)
     decided.extend(found)
     budget = budget_position(world, recorded, wanted)
+    fc = forecast(world, budget.runtimes)
 
     table, found = classify_boxes(world, seen, budget)
     decided.extend(found)
@@ -103,7 +105,7 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
 
     table, found = prepare_boxes(world, seen, table, budget)
     decided.extend(found)
-    placement, found = place(world, launchable, table, budget)
+    placement, found = place(world, launchable, table, budget, fc=fc)
     decided.extend(found)
     estimates, price_warnings = estimate(world, queue, live, budget)
     decided.warnings.extend(price_warnings)
@@ -111,7 +113,9 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
     for run in (*placement.unplaced, *queue.held):
         pool = world.pool_of_run(run.spec)
         waiting[pool] = waiting.get(pool, 0) + 1
-    table, found = retire_idle(world, seen, placement.table, placement.launches, waiting, queue.live_work, budget)
+    table, found = retire_idle(
+        world, seen, placement.table, placement.launches, waiting, queue.live_work, budget, fc=fc
+    )
     decided.extend(found)
     unplaced = placement.unplaced
     held = without_free_gpus(world, placement.table, queue.held)
@@ -120,7 +124,7 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
         unplaced = tuple(
             sorted((*unplaced, *held), key=lambda r: (-r.spec.sweep.priority, r.spec.sweep.order, order[r.spec.id]))
         )
-    decided.extend(rent_for(world, unplaced, table, budget, placement.spent))
+    decided.extend(rent_for(world, unplaced, table, budget, placement.spent, fc=fc))
     decided.extend(box_noops(world, seen, table))
     decided.extend(sync_checkpoints(world, recorded.keys | live.settled, table.destroyed))
     decided.extend(close_bills(world))

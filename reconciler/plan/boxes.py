@@ -18,6 +18,7 @@ from reconciler.identity import slot_spec_hash
 from reconciler.model import Drift, DriftClass, GpuState, InFlight, InstanceStatus
 from reconciler.plan.attempts import SeenAttempts, unseen_in_flight
 from reconciler.plan.common import Decisions, cap, count_cap, fmt_duration, usd_h
+from reconciler.plan.forecast import Forecast
 from reconciler.plan.money import Purse
 from reconciler.plan.world import OwnedBox, World
 
@@ -366,6 +367,8 @@ def retire_idle(
     waiting: Mapping[str, int],
     live_work: bool,
     budget: Purse,
+    *,
+    fc: Forecast,
 ) -> tuple[BoxTable, Decisions]:
     """Destroy idle boxes, down to min_instances: past idle_timeout, or at once when no run waits for a GPU.
 

@@ -16,6 +16,7 @@ from reconciler.offers import normalize_gpu_name
 from reconciler.plan.attempts import PendingRun, RunQueue
 from reconciler.plan.boxes import BoxState, BoxTable
 from reconciler.plan.common import Decisions, gpus_text, usd
+from reconciler.plan.forecast import Forecast
 from reconciler.plan.money import Purse, Spending, runtime_of
 from reconciler.plan.world import OwnedBox, World
 from reconciler.runphase import allowed_attempts
@@ -29,7 +30,9 @@ class Placement:
     spent: float  # what the launches placed are expected to cost (they count against the budget's headroom)
 
 
-def place(world: World, queue: RunQueue, table: BoxTable, budget: Purse) -> tuple[Placement, Decisions]:
+def place(
+    world: World, queue: RunQueue, table: BoxTable, budget: Purse, *, fc: Forecast
+) -> tuple[Placement, Decisions]:
     out = Decisions()
     if budget.stop:
         return Placement(queue.pending, {}, table, 0.0), out

@@ -26,6 +26,7 @@ from reconciler.offers import box_cap_dph, normalize_gpu_name
 from reconciler.plan.attempts import PendingRun
 from reconciler.plan.boxes import BoxState, BoxTable
 from reconciler.plan.common import EPS, Decisions, count_cap, fleet_dph_cap, fmt_duration, usd, usd_h
+from reconciler.plan.forecast import Forecast
 from reconciler.plan.money import Purse, Spending, runtime_of
 from reconciler.plan.world import World
 
@@ -216,7 +217,7 @@ class _Tally:
 
 
 def rent_for(
-    world: World, unplaced: tuple[PendingRun, ...], table: BoxTable, budget: Purse, launched: float
+    world: World, unplaced: tuple[PendingRun, ...], table: BoxTable, budget: Purse, launched: float, *, fc: Forecast
 ) -> Decisions:
     """Rent for ``unplaced`` runs; ``launched`` is what this plan's launches already committed of the budget.
 

@@ -489,6 +489,9 @@ class FakeBoxes:
             run.end(now, 127)  # the wrapper cannot cd into the code directory
         return str(next(w._pids))
 
+    def drain(self, box: Instance) -> None:
+        raise NotImplementedError("issue 21: the fake box's drain (plan-queue helper)")
+
     def kill(
         self, box: Instance, run_id: str, attempt: int, *, exit_code: int, reason: str, pid: int | None = None,
         pid_started: int | None = None,

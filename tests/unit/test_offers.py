@@ -252,7 +252,11 @@ def test_rank_key_per_ranking() -> None:
     assert order(Ranking.DLPERF) == [4, 2, 3, 1]
     assert order(Ranking.RELIABILITY) == [1, 3, 2, 4]
     assert order(Ranking.DLPERF_PER_DPH) == [2, 3, 4, 1]
-    assert {r for r in Ranking} == {Ranking.PRICE, Ranking.DLPERF, Ranking.RELIABILITY, Ranking.DLPERF_PER_DPH}
+    # with nothing measured, predicted work per $ is DLPerf per $
+    assert order(Ranking.WORK_PER_DPH) == [2, 3, 4, 1]
+    assert {r for r in Ranking} == {
+        Ranking.PRICE, Ranking.DLPERF, Ranking.RELIABILITY, Ranking.DLPERF_PER_DPH, Ranking.WORK_PER_DPH,
+    }
     assert offers.rank_key(Ranking.PRICE)(a) == (0.2, 1)
 
 
