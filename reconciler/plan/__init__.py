@@ -124,7 +124,7 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
         unplaced = tuple(
             sorted((*unplaced, *held), key=lambda r: (-r.spec.sweep.priority, r.spec.sweep.order, order[r.spec.id]))
         )
-    decided.extend(rent_for(world, unplaced, table, budget, placement.spent, fc=fc))
+    decided.extend(rent_for(world, unplaced, table, budget, placement.spent, fc=fc, slots=placement.slot_free_s))
     decided.extend(box_noops(world, seen, table))
     decided.extend(sync_checkpoints(world, recorded.keys | live.settled, table.destroyed))
     decided.extend(close_bills(world))

@@ -28,6 +28,10 @@ class Placement:
     launches: Mapping[int, int]  # box id -> launches placed on it
     table: BoxTable  # free GPUs left, boxes with launches considered
     spent: float  # what the launches placed are expected to cost (they count against the budget's headroom)
+    # Per busy GPU slot of a ready box after this plan's launches and queue entries: (box id, its GPU mask, seconds
+    # until the slot is predicted free of all its work, ``Forecast``'s figures). Renting reads it: a run waits for
+    # a held GPU that frees before a new box would be ready instead of renting one (``WAIT_FOR_BUSY_GPU``).
+    slot_free_s: tuple[tuple[int, tuple[int, ...], float], ...] = ()
 
 
 def place(

@@ -217,7 +217,14 @@ class _Tally:
 
 
 def rent_for(
-    world: World, unplaced: tuple[PendingRun, ...], table: BoxTable, budget: Purse, launched: float, *, fc: Forecast
+    world: World,
+    unplaced: tuple[PendingRun, ...],
+    table: BoxTable,
+    budget: Purse,
+    launched: float,
+    *,
+    fc: Forecast,
+    slots: tuple[tuple[int, tuple[int, ...], float], ...] = (),
 ) -> Decisions:
     """Rent for ``unplaced`` runs; ``launched`` is what this plan's launches already committed of the budget.
 
