@@ -87,10 +87,13 @@ def _wait(predicate: object, limit_s: float = 30.0) -> None:
     raise AssertionError("timed out")
 
 
-# The job: its pid file says FORGED, then it stops its wrapper and the wrapper's heartbeat (SIGSTOP), and runs on.
+# The job: its pid file says FORGED, then it stops its wrapper and the wrapper's heartbeat (SIGSTOP), says so in a
+# file of its own (the test waits for that, not for the pid file: a heartbeat may still land between the two), and
+# runs on.
 FORGER = (
     'echo FORGED > "$RIGSYNC_RUN_DIR/pid"; '
     'for c in $(pgrep -P "$PPID"); do [ "$c" != "$$" ] && kill -STOP "$c"; done; kill -STOP "$PPID"; '
+    ': > "$RIGSYNC_RUN_DIR/stopped"; '
     "sleep 600 & sleep 600; wait"
 )
 
@@ -107,7 +110,8 @@ def test_a_forged_pid_file_kills_nothing_else_and_the_recorded_group_ends(
     run_id = f"forger-{tag}"
     pid, started = _launch(shell, box, run_id, FORGER.replace("FORGED", value))
     d = _run_dir(emulator, box, run_id)
-    _wait(lambda: (d / "pid").exists() and (d / "pid").read_text().strip() == value)
+    _wait(lambda: (d / "stopped").exists())
+    assert (d / "pid").read_text().strip() == value
     beat = (d / "heartbeat").stat().st_mtime
     time.sleep(5)
     assert (d / "heartbeat").stat().st_mtime == beat, "the job stopped its wrapper's heartbeat"
