@@ -7,7 +7,8 @@ boxes that ended, ``OverheadRecord``), plus, for the boxes still held, their $/h
 
 - ``useful``: the cost of each run's first succeeded attempt (the work that was wanted), not tax;
 - ``running``: the cost so far of attempts still in flight (not yet settled either way), not tax;
-- ``boot``: a box's rental start to ``reachable_at`` (never reachable: its whole overhead);
+- ``boot``: a box's rental start to ``reachable_at`` (a box with neither ``reachable_at`` nor ``ready_at``, e.g.
+  one archived before they were recorded: to its first attempt's start, or its whole life when none ran);
 - ``bootstrap``: ``reachable_at`` to ``ready_at``;
 - ``idle``: the rest of a box's money that no attempt ran on (gaps between runs, GPUs no run held, the tail);
 - ``lost``: attempts that failed or were lost (their whole cost);
@@ -45,6 +46,7 @@ class LiveBox:
     reachable_at: float | None = None
     ready_at: float | None = None
     running_usd: float = 0.0  # what its in-flight attempts have cost so far (run time x GPU share x $/h)
+    first_launch_at: float | None = None  # its earliest in-flight attempt's launch
 
 
 @dataclass(frozen=True)
@@ -93,13 +95,20 @@ def _span_usd(dph: float, a: float | None, b: float | None) -> float:
     return max(0.0, b - a) / 3600.0 * max(0.0, dph)
 
 
+def boot_end(reachable: float | None, ready: float | None, first_work: float | None, end: float | None) -> float | None:
+    """Where a box's boot ends: ``reachable_at``, else ``ready_at``, else (neither recorded) its first attempt's
+    start, else its end (it never ran anything). The timeline draws the same span."""
+    for t in (reachable, ready, first_work, end):
+        if t is not None:
+            return t
+    return None
+
+
 def _box_overhead(overhead: float, dph: float, start: float | None, reachable: float | None,
-                  ready: float | None, *, ended: bool) -> tuple[float, float, float]:
+                  ready: float | None, first_work: float | None, end: float | None) -> tuple[float, float, float]:
     """(boot, bootstrap, idle) of one box's ``overhead`` $: boot first, then bootstrap, capped by what is left."""
     left = max(0.0, overhead)
-    if reachable is None and ready is None and ended:
-        return left, 0.0, 0.0  # it never answered: its whole life was boot
-    boot = min(left, _span_usd(dph, start, reachable if reachable is not None else ready))
+    boot = min(left, _span_usd(dph, start, boot_end(reachable, ready, first_work, end)))
     left -= boot
     bootstrap = min(left, _span_usd(dph, reachable, ready)) if reachable is not None else 0.0
     return boot, bootstrap, left - bootstrap
@@ -123,10 +132,14 @@ def ops_tax(attempts: Iterable[AttemptRecord], overheads: Iterable[OverheadRecor
                 first_success[r.run_id] = key
     attempts_usd = lost = duplicate = 0.0
     on_box: dict[int, float] = {}
+    first_work: dict[int, float] = {}
     for r in records:
         cost = _usd(r.cost_usd)
         attempts_usd += cost
         on_box[r.instance_id] = on_box.get(r.instance_id, 0.0) + cost
+        began = finite(r.queued_at) or finite(r.started_at)
+        if began is not None:
+            first_work[r.instance_id] = min(began, first_work.get(r.instance_id, began))
         if r.phase is AttemptOutcome.SUCCEEDED:
             key = (r.ended_at if r.ended_at is not None else float("inf"), r.attempt)
             if first_success[r.run_id] != key:
@@ -140,7 +153,8 @@ def ops_tax(attempts: Iterable[AttemptRecord], overheads: Iterable[OverheadRecor
     for o in ended.values():
         overhead = _usd(o.cost_usd)
         billed += overhead
-        b, s, i = _box_overhead(overhead, _usd(o.dph), o.started_at, o.reachable_at, o.ready_at, ended=True)
+        b, s, i = _box_overhead(overhead, _usd(o.dph), o.started_at, o.reachable_at, o.ready_at,
+                                first_work.get(o.instance_id), o.ended_at)
         boot, bootstrap, idle = boot + b, bootstrap + s, idle + i
     for box in held:
         so_far = _span_usd(_usd(box.dph), box.started_at, box.until)
@@ -149,7 +163,9 @@ def ops_tax(attempts: Iterable[AttemptRecord], overheads: Iterable[OverheadRecor
         overhead = max(0.0, so_far - settled - box_running)
         billed += overhead + box_running
         running += box_running
-        b, s, i = _box_overhead(overhead, _usd(box.dph), box.started_at, box.reachable_at, box.ready_at, ended=False)
+        starts = [t for t in (first_work.get(box.instance_id), box.first_launch_at) if t is not None]
+        b, s, i = _box_overhead(overhead, _usd(box.dph), box.started_at, box.reachable_at, box.ready_at,
+                                min(starts, default=None), box.until)
         boot, bootstrap, idle = boot + b, bootstrap + s, idle + i
     parts = (("boot", boot), ("bootstrap", bootstrap), ("idle", idle), ("lost", lost), ("duplicate", duplicate))
     useful = billed - running - sum(usd for _, usd in parts)

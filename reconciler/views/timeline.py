@@ -20,7 +20,7 @@ from reconciler.bounds import finite
 from reconciler.model import AttemptRecord, OverheadRecord
 from reconciler.remember import attempt_cost
 from reconciler.views.facts import mapping, time_of
-from reconciler.views.opstax import LiveBox, is_duplicate_kill
+from reconciler.views.opstax import LiveBox, boot_end, is_duplicate_kill
 
 MAX_LANES = 40
 MAX_ROWS = 8  # attempts that overlap on one box (its GPUs) get a row each, up to this; more share the last row
@@ -142,7 +142,9 @@ def live_boxes(overheads: Iterable[OverheadRecord], fleet_doc: Mapping[str, Any]
             if f.instance_id == box.instance_id and not f.queued and snapshot is not None and f.launched_at
             and f.launched_at <= snapshot
         )
-        out.append(LiveBox(box.instance_id, box.dph, box.start, snapshot, box.reachable_at, box.ready_at, running))
+        launches = [f.launched_at for f in flights if f.instance_id == box.instance_id and f.launched_at is not None]
+        out.append(LiveBox(box.instance_id, box.dph, box.start, snapshot, box.reachable_at, box.ready_at, running,
+                           min(launches, default=None)))
     return out
 
 
@@ -167,17 +169,15 @@ def _lane(box: _Box, attempts: Sequence[AttemptRecord], flights: Sequence[_Fligh
     segs: list[Segment] = []
     reachable = box.reachable_at if box.reachable_at is not None and start <= box.reachable_at <= end else None
     ready = box.ready_at if box.ready_at is not None and start <= box.ready_at <= end else None
-    if reachable is None and ready is None and not box.held:
-        segs += _span("boot", start, end, "boot: never reachable")
-        work_from = end
-    else:
-        segs += _span("boot", start, reachable if reachable is not None else ready if ready is not None else start,
-                      "boot")
-        if reachable is not None:
-            segs += _span("bootstrap", reachable, ready if ready is not None else end, "bootstrap")
-        work_from = ready if ready is not None else reachable if reachable is not None else start
-        if reachable is not None and ready is None:
-            work_from = end  # still bootstrapping (or never ready): nothing of its life is idle
+    began = [t for kind, a, _, _, q in spans for t in (q if q is not None else a,) if t is not None and t >= start]
+    booted = boot_end(reachable, ready, min(began, default=None), end)
+    booted = end if booted is None else min(end, booted)
+    segs += _span("boot", start, booted, "boot" if reachable is not None or ready is not None or began
+                  else "boot: never reachable (or never used)")
+    work_from = booted
+    if reachable is not None:
+        segs += _span("bootstrap", reachable, ready if ready is not None else end, "bootstrap")
+        work_from = ready if ready is not None else end  # still bootstrapping (or never ready): none of it is idle
     rows_end: list[float] = []
     busy: list[tuple[float, float]] = []
     for kind, a, b, label, queued_at in sorted(spans, key=lambda s: (s[1] if s[1] is not None else end, s[3])):
