@@ -9,6 +9,7 @@ nothing, or garbage).
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -134,6 +135,16 @@ SEGMENT_COLOURS = {
 }
 
 
+LANE_LABEL_CHARS = 38  # a lane's label stops before the time axis (its whole text is its tooltip)
+
+
+def _clock(t: float) -> str:
+    try:
+        return dt.datetime.fromtimestamp(round(t), tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    except (ValueError, OverflowError, OSError):
+        return "-"
+
+
 def timeline_chart(timeline: Timeline, *, width: int = 960, row_h: int = 10) -> Markup:
     """One lane per box (``timeline.Timeline``): its label on the left, its segments on a shared time axis; each
     segment a rect titled with what it was and how long; a legend of the segment kinds below."""
@@ -153,14 +164,16 @@ def timeline_chart(timeline: Timeline, *, width: int = 960, row_h: int = 10) -> 
     def sx(t: float) -> float:
         return left + (t - t0) / span * pw
 
-    out.append(f'<text x="{left}" y="12" class="tick">0</text>')
+    out.append(f'<text x="{left}" y="12" class="tick">{_clock(t0)}</text>')
     out.append(f'<text x="{left + pw}" y="12" text-anchor="end" class="tick">{_fmt(span / 60)} min</text>')
     y = float(top)
     for lane, lh in zip(timeline.lanes, heights, strict=True):
         state = "held" if lane.held else "ended"
         out.append(f'<g class="lane lane-{state}" data-box="{lane.instance_id}">')
-        out.append(f'<text x="4" y="{y + min(lh, 14) - 3:.1f}" class="legend">box {lane.instance_id} '
-                   f"{escape(lane.title)}</text>")
+        name = f"box {lane.instance_id} {visible(lane.title)}"
+        shown = name if len(name) <= LANE_LABEL_CHARS else name[: LANE_LABEL_CHARS - 1] + "\u2026"
+        out.append(f'<text x="4" y="{y + min(lh, 14) - 3:.1f}" class="legend">{_html_escape(shown)}'
+                   f"<title>{_html_escape(name)}</title></text>")
         for s in lane.segments:
             sy: float
             sh: float

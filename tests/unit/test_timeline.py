@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import yaml
@@ -40,7 +41,7 @@ S, F, L = AttemptOutcome.SUCCEEDED, AttemptOutcome.FAILED, AttemptOutcome.LOST
 ATTEMPTS = [
     _attempt("s-aaa", 1, S, 60, 200, 5),
     _attempt("s-bbb", 1, F, 200, 260, 5, reason="exited with code 1 <b>bold</b>"),
-    _attempt("s-ccc", 1, S, 400, 700, 9, queued=380),
+    _attempt("s-ccc", 1, S, 400, 700, 9),
     _attempt("s-ddd", 1, L, 700, 760, 9),
 ]
 OVERHEADS = [
@@ -81,7 +82,8 @@ def timeline_repo(where: Path) -> Path:
 
 
 def test_one_lane_per_box_newest_first_with_its_segments_in_order() -> None:
-    tl = build_timeline(ATTEMPTS, OVERHEADS, FLEET_DOC, RUNS_DOC, T0 + SNAPSHOT)
+    given_early = [*ATTEMPTS[:2], replace(ATTEMPTS[2], queued_at=T0 + 380), ATTEMPTS[3]]  # in its box's queue at 380
+    tl = build_timeline(given_early, OVERHEADS, FLEET_DOC, RUNS_DOC, T0 + SNAPSHOT)
     assert [ln.instance_id for ln in tl.lanes] == [9, 5] and tl.left_out == 0
     held, ended = tl.lanes
     assert held.held and not ended.held and tl.start == T0 and tl.end == T0 + SNAPSHOT
