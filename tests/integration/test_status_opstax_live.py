@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from jsonschema import Draft202012Validator
 from world import emulator_env, fleet_repo, rigsync
 
 from reconciler.emulator import Emulator
@@ -15,6 +16,8 @@ from reconciler.observed.archive_lines import entry_to_json
 
 pytestmark = pytest.mark.integration
 
+SCHEMA_PATH = Path(__file__).parents[2] / "schemas" / "cli-status.schema.json"
+SCHEMA = Draft202012Validator(json.loads(SCHEMA_PATH.read_text()))
 T0 = 1_793_000_000.0  # 2026-10
 DPH = 3.6  # $0.001 a second
 
@@ -54,6 +57,7 @@ def test_status_prints_the_ops_tax_as_text_and_json(emulator: Emulator, tmp_path
     assert "runs: " in text.stdout and "queued 0" in text.stdout
 
     doc = json.loads(rigsync(env, "status", "--repo", str(fleet.work), "--json").stdout)
+    assert [e.message for e in SCHEMA.iter_errors(doc)] == []
     tax = doc["ops_tax"]
     assert tax["billed_usd"] == 1.1 and tax["tax_usd"] == 0.8 and tax["boxes"] == 2 and tax["held"] == 0
     assert tax["parts"]["duplicate"] == {"usd": 0.15, "share": 0.1364}
