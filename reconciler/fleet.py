@@ -233,7 +233,8 @@ def render_cycle(
     )
     # each settled attempt's learning curve (reconciler/curves.py), written once beside the documents
     rendered.update(rec.take_curves())
-    rendered[STATUS_MD] = render_status_md(rendered, rec.history, desired)  # the page for people (reconciler/views/)
+    # the page for people (reconciler/views/)
+    rendered[STATUS_MD] = render_status_md(rendered, rec.history, desired, rec.overheads)
     previous.update(read_status_md(checkout))
     return previous, rendered
 

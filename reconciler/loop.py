@@ -24,6 +24,7 @@ from reconciler.model import (
     Endpoint,
     FleetMemory,
     Observed,
+    OverheadRecord,
 )
 from reconciler.observe import PROBE_TIMEOUT_S, observe
 from reconciler.plan import plan
@@ -79,6 +80,7 @@ class Reconciler:
     pending_curves: dict[str, str] = field(default_factory=dict)  # observed/curves/ files for the next write
     _walls_s: list[float] = field(default_factory=list)  # how long the last cycles took (at most RECENT_CYCLES)
     _history: list[AttemptRecord] | None = None
+    _overheads: list[OverheadRecord] | None = None  # the archive's overhead lines (the views' ops tax)
     _endpoints: dict[int, tuple[Endpoint, ...]] = field(default_factory=dict)
     _applied: ApplyResult | None = None  # this cycle's apply, until the next cycle observes
 
@@ -95,6 +97,12 @@ class Reconciler:
         if self._history is None:
             self._history = list(self.archive.records())
         return tuple(self._history)
+
+    @property
+    def overheads(self) -> tuple[OverheadRecord, ...]:
+        if self._overheads is None:
+            self._overheads = list(self.archive.overheads())
+        return tuple(self._overheads)
 
     def observe_and_plan(self, desired: Desired) -> tuple[Observed, Plan, FleetMemory]:
         self._applied = None  # a new cycle: what the last apply did is in the world's lists now
@@ -193,6 +201,8 @@ class Reconciler:
         self.pending_curves.update(result.curves)
         if self._history is not None:
             self._history.extend(result.archived)
+        if self._overheads is not None:
+            self._overheads.extend(result.overheads)
         self.memory = remember(memory, observed, the_plan, result, self.clock.now(), fleet=desired.fleet)
         if self.journal is not None:
             self.journal.reset(self.memory.in_flight)

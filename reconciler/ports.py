@@ -296,6 +296,10 @@ class RunArchive(ArchiveAppender, Protocol):
         """Every archived attempt, each key once (the history ``plan()`` reads)."""
         ...
 
+    def overheads(self) -> Iterator[OverheadRecord]:
+        """Every overhead line (one per box that ended: the views' ops tax)."""
+        ...
+
     def pending_lines(self) -> dict[str, bytes]:
         """The lines archived since the last hand-off, per shard path."""
         ...

@@ -92,6 +92,12 @@ def status_json(desired: Desired, observed: Observed, plan: Plan | None = None) 
             "reachable": None if probe is None else probe.reachable,
             "host_key_changed": probe is not None and probe.host_key_changed,
             "runs": sorted(f"{r.run_id}.{r.attempt}" for r in (probe.runs if probe else ()) if is_unfinished(r)),
+            # given to the box's queue, not started yet: as the box says it, or (it does not answer) as launched
+            "queued": sorted(
+                f"{q.run_id}.{q.attempt}" for q in probe.queued
+            ) if probe is not None and probe.reachable else sorted(
+                f"{f.run_id}.{f.attempt}" for f in observed.memory.in_flight if f.instance_id == inst.id and f.queued
+            ),
             # "run.attempt" → the fraction of its work done, for the live runs here whose sweep declares ``progress``
             "progress": {
                 f"{r.run_id}.{r.attempt}": round(progress[(r.run_id, r.attempt)], 4)
@@ -126,6 +132,8 @@ def status_text(doc: dict[str, Any]) -> str:
             reach = "HOST KEY CHANGED (untrusted)"
         done = b.get("progress") or {}
         runs = ", ".join(f"{r} ({done[r]:.0%})" if r in done else r for r in b["runs"]) or "idle"
+        if b.get("queued"):
+            runs += "; queued " + ", ".join(b["queued"])
         lines.append(f"  {b['id']:>10}  {b['status']:<8} {b['gpu']:<18} ${b['dph']:.4f}/h  {reach:<11} {runs}")
     for f in doc["foreign"]:
         lines.append(f"  {f['id']:>10}  foreign (label {f['label']!r}): not ours, left alone")

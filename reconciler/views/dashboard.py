@@ -3,8 +3,9 @@
 It reads the working tree of a clone (observed/*.yaml, the run archive's shards, observed/curves/, desired/)
 and nothing else: no provider, no box, no credentials, no network. The page inlines its stylesheet (shipped in
 ``reconciler/views/assets``) and draws its charts as SVG (``svg``), so ``--out`` writes one file that opens
-anywhere. Sections: the fleet, runs by phase, spend over time against the caps, learning curves per cell (the
-committed curves; a cell without any shows its attempts' archived metrics as dots), and the cells by metric.
+anywhere. Sections: the fleet, runs by phase, spend over time against the caps, the ops tax (``opstax``), one lane
+per box over time (``timeline``), learning curves per cell (the committed curves; a cell without any shows its
+attempts' archived metrics as dots), and the cells by metric.
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from reconciler.desired import load_desired_from_dir
 from reconciler.errors import DesiredStateInvalid
 from reconciler.model import AttemptRecord, Desired, OverheadRecord
 from reconciler.observed.archive_lines import entry_from_json
-from reconciler.observed.codec import BUDGET, RUNS_DIR, load_mapping_quietly
+from reconciler.observed.codec import BUDGET, FLEET, RUNS, RUNS_DIR, load_mapping_quietly
 from reconciler.observed.tree import read_observed
-from reconciler.views.facts import PHASES, FleetView, build_view, mapping, time_of
+from reconciler.views.facts import PHASES, FleetView, build_view, document, mapping, time_of
 from reconciler.views.status_md import environment
-from reconciler.views.svg import Series, line_chart, stacked_bar
+from reconciler.views.svg import Series, line_chart, stacked_bar, timeline_chart
+from reconciler.views.timeline import build_timeline
 
 MAX_CELL_CHARTS = 60  # a page stays readable (and small) for a large sweep: the best cells get a chart
 
@@ -154,13 +156,16 @@ def _points(raw: Any) -> list[tuple[float, float]]:
 
 def render_dashboard(facts: RepoFacts) -> str:
     """The page's HTML (one self-contained document)."""
-    view = build_view(facts.files, facts.attempts, facts.desired)
+    view = build_view(facts.files, facts.attempts, facts.desired, facts.overheads)
+    timeline = build_timeline(facts.attempts, facts.overheads, document(facts.files.get(FLEET)),
+                              document(facts.files.get(RUNS)), view.snapshot_at)
     css = resources.files("reconciler.views").joinpath("assets/dashboard.css").read_text(encoding="utf-8")
     env = environment(html=True)
     bars = {s.name: stacked_bar([(p, s.counts.get(p, 0)) for p in PHASES]) for s in view.sweeps}
     return env.get_template("dashboard.html.j2").render(
         v=view, css=Markup(css), bars=bars, phases=PHASES, spend_chart=_spend_chart(facts, view),
         charts=_curve_charts(facts, view), attempts=len(facts.attempts), curves=len(facts.curves),
+        timeline=timeline, timeline_svg=timeline_chart(timeline),
     )
 
 

@@ -1,8 +1,9 @@
 """One view model of a fleet built from its committed files: what STATUS.md and the dashboard both show.
 
-Inputs are facts rigsync committed: the rendered observed/*.yaml texts, the archive's attempt lines, and desired/
-(for each sweep's metric goal and its promotion thresholds). Nothing reads a clock: a box's age is measured to the
-snapshot's own time (``status.yaml``'s ``last_change_at``), so the same files give the same view, byte for byte.
+Inputs are facts rigsync committed: the rendered observed/*.yaml texts, the archive's attempt and overhead lines
+(the ops tax, ``opstax``), and desired/ (for each sweep's metric goal and its promotion thresholds). Nothing reads
+a clock: a box's age (and a held box's bill) is measured to the snapshot's own time (``status.yaml``'s
+``last_change_at``), so the same files give the same view, byte for byte.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from typing import Any
 from reconciler.bounds import finite
 from reconciler.errors import ObservedInvalid
 from reconciler.jobenv import held_back
-from reconciler.model import AttemptOutcome, AttemptRecord, Desired, MetricGoal, RunPhase
+from reconciler.model import AttemptOutcome, AttemptRecord, Desired, MetricGoal, OverheadRecord, RunPhase
 from reconciler.observed.codec import BUDGET, FLEET, RUNS, STATUS, load_mapping_quietly, parse_iso
 from reconciler.promotion import best_by_cell, better, promotion_met, succeeded_metrics
+from reconciler.views.opstax import OpsTax, ops_tax
 
 RECENT_FAILURES = 5  # the failed attempts a view lists (newest first)
 LISTED = 20  # blocked runs and promotions a page lists per sweep before saying how many more
@@ -34,6 +36,7 @@ class BoxView:
     age_s: float | None  # from its start to the snapshot's time
     runs_now: tuple[str, ...]  # run.attempt on its GPUs
     runs_seen: int  # runs whose latest attempt ran here (runs.yaml)
+    queued: tuple[str, ...] = ()  # run.attempt given to its queue, not started yet (runs.yaml in_flight)
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,7 @@ class FleetView:
     promotions: tuple[PromotionView, ...]
     warnings: tuple[str, ...]  # budget lines and held-back sweeps, as the last plan said them
     errors: tuple[str, ...] = field(default=())  # desired and apply errors of the last cycle
+    ops_tax: OpsTax = field(default_factory=OpsTax)  # the bill's money that bought no succeeded work (opstax)
 
 
 @functools.lru_cache(maxsize=8)
@@ -110,6 +114,9 @@ def _document(text: str | None) -> dict[str, Any]:
     """An observed document parsed once per distinct text: a still fleet re-renders its page without parsing
     runs.yaml again every cycle (tens of thousands of runs take seconds). Never mutated by the view."""
     return load_mapping_quietly(text)
+
+
+document = _document  # the same memo, public: the dashboard's timeline reads fleet.yaml and runs.yaml through it
 
 
 def mapping(v: Any) -> dict[str, Any]:
@@ -134,14 +141,19 @@ def _params_key(params: Any) -> tuple[tuple[str, Any], ...]:
 
 
 def build_view(
-    files: Mapping[str, str | None], history: Iterable[AttemptRecord], desired: Desired | None
+    files: Mapping[str, str | None], history: Iterable[AttemptRecord], desired: Desired | None,
+    overheads: Iterable[OverheadRecord] = (),
 ) -> FleetView:
-    """The view of the fleet from its observed documents (path -> text), archived attempts and desired state."""
+    """The view of the fleet from its observed documents (path -> text), archived attempts, the archive's overhead
+    lines (one per ended box) and desired state."""
+    from reconciler.views.timeline import in_flight, live_boxes  # it reads this module's helpers
+
     fleet_doc = _document(files.get(FLEET))
     runs_doc = _document(files.get(RUNS))
     budget_doc = _document(files.get(BUDGET))
     status_doc = _document(files.get(STATUS))
     records = list(history)
+    ended = list(overheads)
     snapshot = time_of(status_doc.get("last_change_at"))
 
     sweeps_doc = mapping(runs_doc.get("sweeps"))
@@ -151,6 +163,10 @@ def build_view(
             if isinstance(r, dict) and isinstance(r.get("instance"), int):
                 runs_on[r["instance"]] = runs_on.get(r["instance"], 0) + 1
 
+    queued_on: dict[int, list[str]] = {}
+    for f in in_flight(runs_doc, fleet_doc):
+        if f.queued:
+            queued_on.setdefault(f.instance_id, []).append(f"{f.run_id}.{f.attempt}")
     boxes = []
     for b in fleet_doc.get("boxes") or []:
         if not isinstance(b, dict):
@@ -167,6 +183,7 @@ def build_view(
                 age_s=max(0.0, snapshot - started) if snapshot is not None and started is not None else None,
                 runs_now=tuple(sorted(str(g["run"]) for g in gpus if g.get("run"))),
                 runs_seen=runs_on.get(int(b.get("id") or 0), 0),
+                queued=tuple(sorted(queued_on.get(int(b.get("id") or 0), []))),
             )
         )
 
@@ -272,4 +289,5 @@ def build_view(
         promotions=tuple(promotions),
         warnings=tuple(warnings),
         errors=tuple(errors),
+        ops_tax=ops_tax(records, ended, live_boxes(ended, fleet_doc, runs_doc, snapshot)),
     )

@@ -18,7 +18,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from reconciler.model import AttemptRecord, Desired
+from reconciler.model import AttemptRecord, Desired, OverheadRecord
 from reconciler.observed.codec import OBSERVED_DIR
 from reconciler.textsafe import md_fenced, md_inline, visible
 from reconciler.views.facts import LISTED, build_view
@@ -97,7 +97,9 @@ def read_status_md(checkout: Path) -> dict[str, str]:
     return {STATUS_MD: path.read_text(encoding="utf-8")} if path.is_file() else {}
 
 
-def render_status_md(files: Mapping[str, str | None], history: Iterable[AttemptRecord], desired: Desired | None) -> str:
-    """STATUS.md's text from the observed documents (path -> text), the archived attempts and desired/."""
-    view = build_view(files, history, desired)
+def render_status_md(files: Mapping[str, str | None], history: Iterable[AttemptRecord], desired: Desired | None,
+                     overheads: Iterable[OverheadRecord] = ()) -> str:
+    """STATUS.md's text from the observed documents (path -> text), the archived attempts, the archive's overhead
+    lines (the ops tax) and desired/."""
+    view = build_view(files, history, desired, overheads)
     return environment().get_template("STATUS.md.j2").render(v=view)

@@ -9,6 +9,7 @@ nothing, or garbage).
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,10 +18,12 @@ from markupsafe import escape as _html_escape
 
 from reconciler.bounds import finite
 from reconciler.textsafe import visible
+from reconciler.views.timeline import Timeline
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
 PHASE_COLOURS = {
     "succeeded": "#59a14f", "running": "#4e79a7", "pending": "#bab0ac", "retrying": "#edc948", "blocked": "#e15759",
+    "queued": "#76b7b2",
 }
 
 
@@ -122,5 +125,78 @@ def stacked_bar(counts: Sequence[tuple[str, int]], *, width: int = 420, height: 
         x += w
     if total == 0:
         out.append(f'<rect x="0" y="0" width="{width}" height="{height}" fill="#eee"/>')
+    out.append("</svg>")
+    return Markup("".join(out))
+
+
+SEGMENT_COLOURS = {
+    "boot": "#9c755f", "bootstrap": "#b07aa1", "idle": "#e8e2dc", "queued": "#76b7b2", "running": "#4e79a7",
+    "succeeded": "#59a14f", "failed": "#e15759", "lost": "#ff9da7", "duplicate": "#f28e2b", "destroy": "#333333",
+}
+
+
+LANE_LABEL_CHARS = 38  # a lane's label stops before the time axis (its whole text is its tooltip)
+
+
+def _clock(t: float) -> str:
+    try:
+        return dt.datetime.fromtimestamp(round(t), tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    except (ValueError, OverflowError, OSError):
+        return "-"
+
+
+def timeline_chart(timeline: Timeline, *, width: int = 960, row_h: int = 10) -> Markup:
+    """One lane per box (``timeline.Timeline``): its label on the left, its segments on a shared time axis; each
+    segment a rect titled with what it was and how long; a legend of the segment kinds below."""
+    left, right, top, gap = 230, 10, 18, 6
+    pw = width - left - right
+    heights = [ln.rows * row_h + 4 for ln in timeline.lanes]
+    legend_y = top + sum(h + gap for h in heights) + 14
+    h = legend_y + 16
+    out = [f'<svg class="timeline" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {h}" '
+           f'width="{width}" height="{h}" role="img">']
+    t0, t1 = timeline.start, timeline.end
+    if t0 is None or t1 is None or not timeline.lanes:
+        out.append(f'<text x="{width / 2}" y="20" text-anchor="middle" class="muted">no boxes yet</text></svg>')
+        return Markup("".join(out))
+    span = t1 - t0 if t1 > t0 else 1.0
+
+    def sx(t: float) -> float:
+        return left + (t - t0) / span * pw
+
+    out.append(f'<text x="{left}" y="12" class="tick">{_clock(t0)}</text>')
+    out.append(f'<text x="{left + pw}" y="12" text-anchor="end" class="tick">{_fmt(span / 60)} min</text>')
+    y = float(top)
+    for lane, lh in zip(timeline.lanes, heights, strict=True):
+        state = "held" if lane.held else "ended"
+        out.append(f'<g class="lane lane-{state}" data-box="{lane.instance_id}">')
+        name = f"box {lane.instance_id} {visible(lane.title)}"
+        shown = name if len(name) <= LANE_LABEL_CHARS else name[: LANE_LABEL_CHARS - 1] + "\u2026"
+        out.append(f'<text x="4" y="{y + min(lh, 14) - 3:.1f}" class="legend">{_html_escape(shown)}'
+                   f"<title>{_html_escape(name)}</title></text>")
+        for s in lane.segments:
+            sy: float
+            sh: float
+            x = sx(s.start)
+            w = max(sx(s.end) - x, 1.0)
+            if s.kind == "destroy":
+                sy, sh, w = y, lh, 3.0
+            elif s.kind in ("boot", "bootstrap", "idle"):
+                sy, sh = y, lh
+            elif s.kind == "queued":
+                sy, sh = y + 2 + s.row * row_h, 3.0
+            else:
+                sy, sh = y + 2 + s.row * row_h, row_h - 2.0
+            secs = max(0.0, s.end - s.start)
+            out.append(f'<rect class="seg seg-{s.kind}" x="{x:.1f}" y="{sy:.1f}" width="{w:.1f}" height="{sh:.1f}" '
+                       f'fill="{SEGMENT_COLOURS[s.kind]}"><title>{escape(s.kind)} {_fmt(secs)} s: '
+                       f"{escape(s.label)}</title></rect>")
+        out.append("</g>")
+        y += lh + gap
+    x = float(left)
+    for kind, colour in SEGMENT_COLOURS.items():
+        out.append(f'<rect x="{x:.1f}" y="{legend_y - 9}" width="10" height="10" fill="{colour}"/>'
+                   f'<text x="{x + 13:.1f}" y="{legend_y}" class="legend">{kind}</text>')
+        x += 13 + 7.5 * len(kind) + 10
     out.append("</svg>")
     return Markup("".join(out))
