@@ -240,6 +240,7 @@ class Acceptable:
     max_boxes: int
     timeouts: dict[str, float]
     queue_ahead_s: float
+    ranking: str
 
 
 def acceptable() -> Acceptable:
@@ -247,7 +248,8 @@ def acceptable() -> Acceptable:
     f, pool = d.fleet, d.fleet.pools[0]
     filters = dataclasses.replace(pool.filters, dph_max=box_cap_dph(pool, d.budget))
     timeouts = scaled_timeouts((ROOT / "desired" / "fleet.yaml").read_text())
-    return Acceptable(filters, pool.disk_gb, pool.image, int(f.max_instances or 1), timeouts, f.queue_ahead_s)
+    return Acceptable(filters, pool.disk_gb, pool.image, int(f.max_instances or 1), timeouts, f.queue_ahead_s,
+                      pool.ranking.value)
 
 
 # ------------------------------------------------------------------------------------- measurement helpers
@@ -682,7 +684,7 @@ def run_rigsync(sc: Scenario, ok: Acceptable, tmp: Path, max_bid_dph: float | No
             res.faults = faults.fired
             res.extra = {"cycles": summary.cycles, "runs_failed": summary.runs_failed,
                          "config": {"interval_s": interval, **settings,
-                                    "max_boxes": ok.max_boxes, "ranking": "dlperf_per_dph",
+                                    "max_boxes": ok.max_boxes, "ranking": ok.ranking,
                                     "max_bid_dph": max_bid_dph},
                          "bid_boxes": sum(1 for e in emu.ledger.events if e["type"] == "create" and e.get("is_bid"))}
         finally:
