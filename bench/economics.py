@@ -44,7 +44,8 @@ would share the 2 cores with the one measured); the ``defaults`` scenario runs b
 controller sleeps 30 s between cycles, and its figures are at that granularity). ``--sequential`` runs it after.
 
 Printed JSON: ``scenarios`` (per scenario its ``workload``, per policy the figures below, ``rigsync_over_baseline``,
-``targets`` and ``targets_met``), a ``summary`` row per scenario, ``targets_met`` per scenario and ``wall_s``. Per
+``targets`` and ``targets_met``), a ``summary`` row per scenario, ``targets_met`` per scenario, ``host`` (cores,
+load averages: other work on the host slows the controllers' cycles) and ``wall_s``. Per
 policy (money from the emulator's per-second ledger, box lifetimes from its event log, attempts from the job log):
 - ``ledger_usd``: what the emulator billed (GPU $/h while loading/running, storage while stopped/offline).
 - ``lower_bound_usd`` (today's bound): Σ over succeeded runs of its work × the cheapest price of that work among the
@@ -77,7 +78,7 @@ baseline's and makespan <= 0.80x the baseline's. At the defaults: idle <= 12 % a
 Every scenario also needs rigsync ``complete``. The figures are reported as they come, met or not.
 
 Run (as root: the emulated boxes are sshd in namespaces; the full matrix takes about 20 minutes on 2 cores,
-``--quick``, one run-length of each with 4 runs per scenario, about 6):
+``--quick``, the same matrix with 4 runs per scenario, about 7; both longer on a loaded host):
 
     .venv/bin/python bench/economics.py [--quick] [--seeds 7,11] [--only long,short-seed7,defaults]
         [--policies rigsync,baseline] [--interruptible] [--sequential]
@@ -1043,6 +1044,7 @@ def main() -> int:
         "bench": "economics", "variant": "quick" if args.quick else "full",
         "concurrency": ("the defaults scenario (30 s cycles, mostly asleep) in a child process beside the scaled "
                         "scenarios, which run one policy at a time" if beside else "one policy at a time"),
+        "host": {"cpus": os.cpu_count(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]},
         "scenarios": {},
     }
     child: subprocess.Popen[str] | None = None
@@ -1067,6 +1069,7 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     out["summary"] = [summary_row(n, d) for n, d in out["scenarios"].items()]
     out["targets_met"] = {n: d.get("targets_met") for n, d in out["scenarios"].items()}
+    out["host"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     out["wall_s"] = round(time.monotonic() - started, 1)
     print(json.dumps(out, indent=2))
     return 0
