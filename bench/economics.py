@@ -399,10 +399,13 @@ def _box_states(p: PolicyRun) -> dict[int, dict[str, Any]]:
             b["spans"].append((b["state"], b["since"], p.t_end))
             b["gone"] = p.t_end
         b["spans"] = [s for s in b["spans"] if s[2] > s[1]]
-        ups = [s for s in b["spans"] if s[0] == "up"]
-        b["up_end"] = ups[0][2] if ups else b["created"]  # attempts are clipped to the first up span's end
-        b["up_start"] = ups[0][1] if ups else None
+        b["ups"] = [(a, z) for state, a, z in b["spans"] if state == "up"]
     return boxes
+
+
+def _up_end(b: dict[str, Any], t: float) -> float:
+    """When the box's up span holding (or next after) ``t`` ended: an attempt cannot outlive its box's running."""
+    return float(next((z for _, z in b["ups"] if z > t), t))
 
 
 def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -457,7 +460,8 @@ def analyse(p: PolicyRun, runs_total: int, k: int) -> dict[str, Any]:
         b = boxes[iid]
         e = ends.get(key)
         t_s = max(float(s["t"]), b["created"])
-        t_e = min(float(e["t"]) if e else b["up_end"], b["up_end"])
+        up_end = _up_end(b, t_s)
+        t_e = min(float(e["t"]) if e else up_end, up_end)
         if t_e <= t_s:
             continue
         ok_ = e is not None and int(e.get("rc", 1)) == 0
