@@ -71,7 +71,8 @@ policy (money from the emulator's per-second ledger, box lifetimes from its even
 - ``timelines``: per box its GPU, $/h, created and destroyed (seconds after the policy's start) and its segments in
   order: boot, bootstrap, each attempt (succeeded, lost or duplicate; run, attempt, exit code), idle, down.
 - ``cost_breakdown_usd`` (succeeded runs, lost attempts, the rest), ``complete`` (every run succeeded once, nothing
-  left billing), counts, and what each fault hit.
+  left billing), counts, and what each fault hit; for rigsync ``mean_cycle_period_s`` (its wall time over its
+  cycles: the configured interval plus each cycle's own time, which a loaded host stretches).
 
 Targets, per (seed, mix): ledger <= 1.15x the k-box bound, idle <= 3 % of billed box-seconds, ledger <= 0.80x the
 baseline's and makespan <= 0.80x the baseline's. At the defaults: idle <= 12 % and ledger <= 1.30x the k-box bound.
@@ -673,7 +674,9 @@ def run_rigsync(sc: Scenario, ok: Acceptable, tmp: Path, max_bid_dph: float | No
             faults.start()
             opts = demo.DemoOptions(timeout_s=sc.timeout_s, interval_s=interval, say=lambda s: say(f"{tag} {s}"))
             try:
-                summary = demo._drive(daemon, emu, opts, LineProgress(opts.say), None, time.monotonic())
+                drive_t0 = time.monotonic()
+                summary = demo._drive(daemon, emu, opts, LineProgress(opts.say), None, drive_t0)
+                drive_s = time.monotonic() - drive_t0
             finally:
                 faults.stop.set()
                 faults.join(timeout=5)
@@ -688,6 +691,7 @@ def run_rigsync(sc: Scenario, ok: Acceptable, tmp: Path, max_bid_dph: float | No
             res.jobs = log.lines()
             res.faults = faults.fired
             res.extra = {"cycles": summary.cycles, "runs_failed": summary.runs_failed,
+                         "mean_cycle_period_s": round(drive_s / max(1, summary.cycles), 2),
                          "config": {"interval_s": interval, **settings,
                                     "max_boxes": ok.max_boxes, "ranking": ok.ranking,
                                     "max_bid_dph": max_bid_dph},
