@@ -78,8 +78,9 @@ Targets, per (seed, mix): ledger <= 1.15x the k-box bound, idle <= 3 % of billed
 baseline's and makespan <= 0.80x the baseline's. At the defaults: idle <= 12 % and ledger <= 1.30x the k-box bound.
 Every scenario also needs rigsync ``complete``. The figures are reported as they come, met or not.
 
-Run (as root: the emulated boxes are sshd in namespaces; the full matrix takes about 20 minutes on 2 cores,
-``--quick``, the same matrix with 4 runs per scenario, about 7; both longer on a loaded host):
+Run as root (the emulated boxes are sshd in namespaces). The full matrix took 18 minutes on 2 cores; ``--quick``
+(the same matrix with 4 runs per scenario, the long ones of 10 s of work, the faults sooner) took 7; both with a
+load average near 10 from other work on the host, so the scenarios' ``wall_s`` vary with it:
 
     .venv/bin/python bench/economics.py [--quick] [--seeds 7,11] [--only long,short-seed7,defaults]
         [--policies rigsync,baseline] [--interruptible] [--sequential]
