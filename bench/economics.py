@@ -1,54 +1,89 @@
 """Economics: what a sweep costs under rigsync and under a typical in-house daemon, on the same churning market.
 
-One sweep of runs that are long against boot time (about a minute of work each, 5 s boots) is run twice in this
-invocation, each time on a fresh emulator with the same seed (so the same market), the same price drifts and the
-same fault schedule (a vanish and an outbid of a box that is running work, ±10 % price drifts):
+One invocation runs a matrix of scenarios. Per market seed (``--seeds``, default 7 and 11) two run-length mixes,
+each on both policies, each policy on a fresh emulator with that seed (so the same market), the same price drifts
+and the same fault schedule (a vanish and an outbid of a box that is running work, ±10 % price drifts):
+
+- ``long-seedN``: runs much longer than a boot: 8 runs of 24 s of speed-1 work (34-69 s on the fleet's cards,
+  speed 0.35-0.7), 5 s boots.
+- ``short-seedN``: runs about as long as a boot: 12 runs of 2.5 s of speed-1 work (3.6-7.1 s), 5 s boots.
+
+and then ``defaults``: rigsync alone at its default settings, unscaled: the daemon's default 30 s interval, the
+example fleet's own timeouts (idle_timeout 10m, unreachable_grace 2m, heartbeat_stale 60s, boot_timeout 15m: the
+demo's short ones undone), queue_ahead as the example fleet or the fleet default gives it, 3 boxes
+(``instances.max``), runs of about a minute (8 runs of 30 s of speed-1 work: 43-86 s), 5 s boots, two drifts and
+no box faults (an unscaled grace would make one cost minutes of wall time).
+
+The policies:
 
 - ``rigsync``: the real ``FleetDaemon`` cycle in-process, as ``rigsync demo`` drives it (``reconciler.demo``'s
   throwaway fleet repo with a bare remote, ``make_fleet_repo`` and ``_drive`` reused), with the example fleet of
-  ``desired/`` as configured: its offer filters, ranking (DLPerf per $), caps, ``max`` boxes, bootstrap, and its
-  timeouts scaled by the bench's time factor (floors where an unscaled mechanism would otherwise trip: the on-box
-  heartbeat is touched every 2 s, so ``heartbeat_stale`` >= 12 s, ``unreachable_grace`` >= 8 s, as the demo uses).
-  The daemon's default 30 s interval, scaled.
+  ``desired/`` as configured: its offer filters, ranking, caps, ``max`` boxes, bootstrap. In the scaled scenarios
+  its timeouts and queue_ahead are scaled by the bench's time factor (floors where an unscaled mechanism would
+  otherwise trip: the on-box heartbeat is touched every 2 s, so ``heartbeat_stale`` >= 12 s, ``unreachable_grace``
+  >= 8 s, as the demo uses) and so is the daemon's default 30 s interval.
 - ``baseline``: what an in-house daemon typically does, written here against the real ``vastai`` SDK and paramiko,
   without any of rigsync's planner: rent the cheapest $/h offer passing the same filters (the fleet's, as a Vast
   query) for each pending run no idle box can take, up to the same number of boxes; poll serially (instance list,
   then one SSH command per box) every 60 s (scaled); launch over SSH with ``setsid nohup``; requeue the run of a box
   that is offline, stopped or unreachable past the same grace (and destroy that box); destroy a box after 10 min
   (scaled) idle.
+- ``rigsync_interruptible`` (with ``--interruptible``, in each (seed, mix)): the same rigsync run with
+  ``interruptible: {max_bid_dph: 0.1}`` in the fleet: boxes are bid for where the market takes a bid (1.2x the
+  minimum bid), the fault schedule's outbid lands on a bid box, and ``interruptible_vs_on_demand`` reports the
+  saving over on-demand rigsync (``saving_fraction`` of the ledger) and the work lost to preemption.
 
-- ``rigsync_interruptible`` (with ``--interruptible``): the same rigsync run with ``interruptible: {max_bid_dph:
-  0.1}`` in the fleet: boxes are bid for where the market takes a bid (1.2x the minimum bid), the fault schedule's
-  outbid lands on a bid box, and ``interruptible_vs_on_demand`` reports the saving over on-demand rigsync
-  (``saving_fraction`` of the ledger) and the work lost to preemption (``lost_run_s``, run seconds of attempts that
-  did not succeed; each requeued attempt resumes from its last synced checkpoint).
+Time factor of the scaled scenarios: 1/60 (a nominal 1 h run is ~1 min, a 5 min boot is 5 s, the baseline polls
+every 1 s and destroys after 10 s idle). The work is ``experiments/train.py --seconds W`` (wall time W / the card's
+emulated speed factor) wrapped in a tiny job script that appends its start and end (time, instance, speed, exit
+code) to a log file on the host: the emulated boxes share the host's /tmp, so run seconds are measured the same way
+for both policies, including attempts killed with their box.
 
-Time factor: 1/60 (a nominal 1 h run is ~1 min, a 5 min boot is 5 s, the baseline polls every 1 s and
-destroys after 10 s idle). The work is ``experiments/train.py --seconds W`` (wall time W / the card's emulated speed
-factor) wrapped in a tiny job script that appends its start and end (time, instance, speed, exit code) to a log
-file on the host: the emulated boxes share the host's /tmp, so run seconds are measured the same way for both
-policies, including attempts killed with their box.
+Concurrency: the scaled scenarios run one policy at a time (their figures are seconds long and a second controller
+would share the 2 cores with the one measured); the ``defaults`` scenario runs beside them in a child process (its
+controller sleeps 30 s between cycles, and its figures are at that granularity). ``--sequential`` runs it after.
 
-Printed JSON, per policy (money from the emulator's per-second ledger, box lifetimes from its event log):
+Printed JSON: ``scenarios`` (per scenario its ``workload``, per policy the figures below, ``rigsync_over_baseline``,
+``targets`` and ``targets_met``), a ``summary`` row per scenario, ``targets_met`` per scenario, ``host`` (cores,
+load averages: other work on the host slows the controllers' cycles) and ``wall_s``. Per
+policy (money from the emulator's per-second ledger, box lifetimes from its event log, attempts from the job log):
 - ``ledger_usd``: what the emulator billed (GPU $/h while loading/running, storage while stopped/offline).
-- ``lower_bound_usd``: Σ over succeeded runs of its work × the cheapest price of that work among the offers passing
-  the fleet's filters at the run's start (the whole market, our own rentals included, after the drifts so far).
-  Work = measured run seconds × the box's speed factor, its price per offer = dph_total / speed, so on equally fast
-  cards this is exactly Σ run seconds × cheapest fitting $/h; ``lower_bound_literal_usd`` is that literal formula
-  (measured seconds × cheapest fitting $/h), which is no bound when cards differ in speed (shown for comparison).
-- ``cost_over_lower_bound``, ``makespan_s`` (policy start to the last run's success), ``billing_s`` (to the last box
-  destroyed), ``idle_fraction`` (billed box-seconds during which no run was alive on the box, boot and storage-only
-  seconds included, over all billed box-seconds), ``idle_usd_fraction`` (the same in dollars: ledger minus run
-  seconds × the box's $/h), ``lost_run_s`` (run seconds of attempts that did not succeed: killed with their box, or
-  duplicates), ``cost_breakdown_usd`` (the ledger split into succeeded runs, lost attempts and idle, each at the
-  box's $/h), ``complete`` (every run succeeded once, nothing left billing), counts, and what each fault hit.
-- ``rigsync_over_baseline``: the ratios, and ``targets`` (issue 9: cost <= 1.10x lower bound, idle <= 3 %, at least
-  20 % cheaper than the baseline) with whether each was met. The figures are reported as they come.
+- ``lower_bound_usd`` (today's bound): Σ over succeeded runs of its work × the cheapest price of that work among the
+  offers passing the fleet's filters at the run's start (the whole market, our own rentals included, after the
+  drifts so far). Work = measured run seconds × the box's speed factor, its price per offer = dph_total / speed.
+  ``lower_bound_literal_usd`` is the literal formula (measured seconds × cheapest fitting $/h), shown for
+  comparison. ``cost_over_lower_bound`` = ledger / lower bound.
+- ``k_box_bound_usd``: the same work W on the k = ``instances.max`` offers cheapest per unit of work (dph / speed,
+  among the offers passing the filters), in parallel and finishing together: box i does speed_i × T of the work,
+  T = W / Σ speed, each box billed from its first run to its last (no boot, no gap, work divisible), so the bill is
+  W × Σ dph / Σ speed. Taken at the market snapshot (start or after a drift) where it is cheapest.
+  ``k_box_bound`` gives k, that rate, the combined speed and T (``ideal_makespan_s``); ``cost_over_k_box_bound`` =
+  ledger / k-box bound.
+- ``makespan_s`` (policy start to the last run's success), ``billing_s`` (to the last box destroyed),
+  ``idle_fraction`` (billed box-seconds during which no run was alive on the box, boot and storage-only seconds
+  included, over all billed box-seconds), ``idle_usd_fraction`` (the same in dollars).
+- ``ops_tax_usd`` (billed $ not spent on succeeded work), ``ops_tax_fraction`` and ``ops_tax_breakdown_usd``:
+  ``boot`` (create to running, and again after a restart), ``bootstrap`` (running to the box's first attempt: the
+  bootstrap script, code shipping and the wait for a launch), ``idle`` (running with no attempt alive after the
+  first one, and all the running time of a box that never ran one), ``lost`` (attempts that did not succeed: failed,
+  killed with their box), ``duplicate`` (successes of a run that had already succeeded), ``other`` (the ledger's
+  rest: storage billed while a box was down, rounding); each at the box's $/h. ``ops_tax_breakdown_s`` the seconds.
+- ``timelines``: per box its GPU, $/h, created and destroyed (seconds after the policy's start) and its segments in
+  order: boot, bootstrap, each attempt (succeeded, lost or duplicate; run, attempt, exit code), idle, down.
+- ``cost_breakdown_usd`` (succeeded runs, lost attempts, the rest), ``complete`` (every run succeeded once, nothing
+  left billing), counts, and what each fault hit; for rigsync ``mean_cycle_period_s`` (its wall time over its
+  cycles: the configured interval plus each cycle's own time, which a loaded host stretches).
 
-Run (as root: the emulated boxes are sshd in namespaces; about 6-7 minutes, ``--quick`` about 2-3):
+Targets, per (seed, mix): ledger <= 1.15x the k-box bound, idle <= 3 % of billed box-seconds, ledger <= 0.80x the
+baseline's and makespan <= 0.80x the baseline's. At the defaults: idle <= 12 % and ledger <= 1.30x the k-box bound.
+Every scenario also needs rigsync ``complete``. The figures are reported as they come, met or not.
 
-    .venv/bin/python bench/economics.py [--quick] [--seed 7] [--interruptible]
-        [--only rigsync|baseline|rigsync_interruptible]
+Run as root (the emulated boxes are sshd in namespaces). The full matrix took 18 minutes on 2 cores; ``--quick``
+(the same matrix with 4 runs per scenario, the long ones of 10 s of work, the faults sooner) took 7; both with a
+load average near 10 from other work on the host, so the scenarios' ``wall_s`` vary with it:
+
+    .venv/bin/python bench/economics.py [--quick] [--seeds 7,11] [--only long,short-seed7,defaults]
+        [--policies rigsync,baseline] [--interruptible] [--sequential]
 
 Progress goes to stderr, the JSON document to stdout.
 """
@@ -63,6 +98,7 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -85,6 +121,7 @@ from reconciler.emulator.market import price, speed_factor
 from reconciler.emulator.testing import make_keypair
 from reconciler.model import OfferFilters
 from reconciler.offers import box_cap_dph, passing_offers, vast_query_terms
+from reconciler.progress import LineProgress
 
 ROOT = Path(__file__).resolve().parents[1]
 SCALE = 1 / 60  # real seconds per nominal second
@@ -122,12 +159,15 @@ LRS = ("3.0e-4", "1.0e-3")
 @dataclass(frozen=True)
 class Scenario:
     name: str
+    mix: str  # "long" (runs much longer than a boot), "short" (about as long as a boot), "defaults"
     seeds: tuple[int, ...]
     work_s: float  # train.py --seconds: wall time on a speed-1.0 card (RTX 3090); the fleet's cards run 0.35-0.7
     boot_s: float
     faults: tuple[tuple[float, str, int], ...]  # (seconds after the policy starts, kind, drift seed)
     timeout_s: float
     market_seed: int = 7
+    scaled: bool = True  # False: rigsync at its default interval and the example fleet's timeouts, unscaled
+    policies: tuple[str, ...] = ("rigsync", "baseline")
     offers: int = 200
     retries: int = 3
 
@@ -136,13 +176,31 @@ class Scenario:
         return len(TASKS) * len(LRS) * len(self.seeds)
 
 
-def scenario(quick: bool, seed: int) -> Scenario:
-    if quick:
-        return Scenario("quick", (1,), 10.0, 5.0,
-                        ((6, "drift", 1), (14, "vanish", 0), (24, "outbid", 0), (34, "drift", 2)), 240.0, seed)
-    return Scenario("full", (1, 2), 24.0, 5.0,
-                    ((20, "drift", 1), (45, "vanish", 0), (80, "drift", 2), (110, "outbid", 0), (140, "drift", 3)),
-                    420.0, seed)
+MARKET_SEEDS = (7, 11)
+
+
+def scenarios(quick: bool, market_seeds: tuple[int, ...], interruptible: bool) -> list[Scenario]:
+    """Per market seed the two run-length mixes (rigsync and the baseline on each), then rigsync at its defaults."""
+    pol: tuple[str, ...] = ("rigsync", "baseline") + (("rigsync_interruptible",) if interruptible else ())
+    out = []
+    for seed in market_seeds:
+        if quick:
+            out.append(Scenario(f"long-seed{seed}", "long", (1,), 10.0, 5.0,
+                                ((6, "drift", 1), (14, "vanish", 0), (24, "outbid", 0), (34, "drift", 2)), 240.0,
+                                seed, policies=pol))
+            out.append(Scenario(f"short-seed{seed}", "short", (1,), 2.5, 5.0,
+                                ((4, "drift", 1), (10, "vanish", 0), (20, "drift", 2)), 180.0, seed, policies=pol))
+        else:
+            out.append(Scenario(f"long-seed{seed}", "long", (1, 2), 24.0, 5.0,
+                                ((20, "drift", 1), (45, "vanish", 0), (80, "drift", 2), (110, "outbid", 0),
+                                 (140, "drift", 3)), 420.0, seed, policies=pol))
+            out.append(Scenario(f"short-seed{seed}", "short", (1, 2, 3), 2.5, 5.0,
+                                ((5, "drift", 1), (12, "vanish", 0), (22, "outbid", 0), (30, "drift", 2)), 240.0,
+                                seed, policies=pol))
+    out.append(Scenario("defaults", "defaults", (1,) if quick else (1, 2), 30.0, 5.0,
+                        ((30, "drift", 1), (150, "drift", 2)), 900.0, market_seeds[0], scaled=False,
+                        policies=("rigsync",)))
+    return out
 
 
 def say(text: str) -> None:
@@ -184,6 +242,8 @@ class Acceptable:
     image: str
     max_boxes: int
     timeouts: dict[str, float]
+    queue_ahead_s: float
+    ranking: str
 
 
 def acceptable() -> Acceptable:
@@ -191,7 +251,8 @@ def acceptable() -> Acceptable:
     f, pool = d.fleet, d.fleet.pools[0]
     filters = dataclasses.replace(pool.filters, dph_max=box_cap_dph(pool, d.budget))
     timeouts = scaled_timeouts((ROOT / "desired" / "fleet.yaml").read_text())
-    return Acceptable(filters, pool.disk_gb, pool.image, int(f.max_instances or 1), timeouts)
+    return Acceptable(filters, pool.disk_gb, pool.image, int(f.max_instances or 1), timeouts, f.queue_ahead_s,
+                      pool.ranking.value)
 
 
 # ------------------------------------------------------------------------------------- measurement helpers
@@ -226,17 +287,22 @@ class JobLog:
 
 
 class MarketTape:
-    """The cheapest fitting prices over time: a snapshot of the whole market at the start and after each drift."""
+    """The fitting market over time: a snapshot of the whole market at the start and after each drift (the cheapest
+    $/h, the cheapest $/h per unit of speed, and every fitting offer for the k-box bound)."""
 
     def __init__(self, emu: Emulator, ok: Acceptable) -> None:
         self.emu, self.ok = emu, ok
         self.snaps: list[tuple[float, float, float]] = []  # (t, min $/h, min $/h per unit of speed)
+        self.offers: list[list[tuple[int, str, float, float]]] = []  # per snapshot: (id, gpu, $/h, speed)
+        self.gpu_of: dict[int, str] = {}
 
     def snap(self) -> None:
         offers = [offer_from_record(price(o, self.ok.disk_gb, False)) for o in self.emu.market.all()]
         fit = passing_offers(offers, self.ok.filters, self.ok.disk_gb)
         if not fit:
             raise SystemExit("bench: no offer in the emulated market passes the fleet's filters")
+        self.gpu_of.update({int(o.id): o.gpu_name for o in offers})
+        self.offers.append([(int(o.id), o.gpu_name, o.dph_total, speed_factor(o.gpu_name)) for o in fit])
         self.snaps.append((time.time(), min(o.dph_total for o in fit),
                            min(o.dph_total / speed_factor(o.gpu_name) for o in fit)))
 
@@ -304,101 +370,201 @@ class PolicyRun:
     alive_at_end: int = 0
 
 
-def analyse(p: PolicyRun, runs_total: int) -> dict[str, Any]:
+def _box_states(p: PolicyRun) -> dict[int, dict[str, Any]]:
+    """Per box from the emulator's event log: its $/h, offer, and its billed life as (state, from, to) spans, the
+    state ``boot`` (loading: GPU-billed), ``up`` (running) or ``down`` (vanished, offline, stopped, outbid: storage
+    only) until it was destroyed (or the bench ended)."""
     boxes: dict[int, dict[str, Any]] = {}
     for ev in sorted(p.events, key=lambda x: x["t"]):
         iid = ev.get("instance_id")
         if iid is None:
             continue
+        t = float(ev["t"])
         if ev["type"] == "create":
-            boxes[iid] = {"created": ev["t"], "dph": float(ev["dph_total"]), "down": None, "gone": None}
-        elif iid in boxes:
-            b = boxes[iid]
-            if ev["type"] in DOWN_EVENTS and b["down"] is None:
-                b["down"] = ev["t"]
-            elif ev["type"] == "start":
-                b["down"] = None
-            elif ev["type"] == "destroy":
-                b["gone"] = ev["t"]
+            boxes[iid] = {"created": t, "dph": float(ev["dph_total"]), "offer_id": ev.get("offer_id"),
+                          "is_bid": bool(ev.get("is_bid")), "state": "boot", "since": t, "spans": [], "gone": None}
+            continue
+        b = boxes.get(iid)
+        if b is None or b["gone"] is not None:
+            continue
+        new = {"running": "up", "start": "boot", "destroy": "gone"}.get(ev["type"])
+        if ev["type"] in DOWN_EVENTS:
+            new = "down"
+        if new is None or new == b["state"]:
+            continue
+        b["spans"].append((b["state"], b["since"], t))
+        if new == "gone":
+            b["gone"] = t
+        b["state"], b["since"] = new, t
     for b in boxes.values():
-        b["gone"] = b["gone"] if b["gone"] is not None else p.t_end
-        b["up_end"] = min(b["down"] or b["gone"], b["gone"])
+        if b["gone"] is None:
+            b["spans"].append((b["state"], b["since"], p.t_end))
+            b["gone"] = p.t_end
+        b["spans"] = [s for s in b["spans"] if s[2] > s[1]]
+        b["ups"] = [(a, z) for state, a, z in b["spans"] if state == "up"]
+    return boxes
+
+
+def _up_end(b: dict[str, Any], t: float) -> float:
+    """When the box's up span holding (or next after) ``t`` ended: an attempt cannot outlive its box's running."""
+    return float(next((z for _, z in b["ups"] if z > t), t))
+
+
+def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for a, z in sorted(intervals):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], z)
+        else:
+            merged.append([a, z])
+    return [(a, z) for a, z in merged]
+
+
+def _minus(span: tuple[float, float], cut: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of ``span`` outside the (merged, sorted) intervals ``cut``."""
+    out, a = [], span[0]
+    for c0, c1 in cut:
+        if c1 <= a or c0 >= span[1]:
+            continue
+        if c0 > a:
+            out.append((a, c0))
+        a = max(a, c1)
+    if a < span[1]:
+        out.append((a, span[1]))
+    return out
+
+
+def k_box_rate(offers: list[tuple[int, str, float, float]], k: int) -> tuple[float, float]:
+    """The k offers cheapest per unit of work (dph / speed) run the work in parallel, finishing together: box i does
+    speed_i x T of it, so T = W / Σ speed and the bill T x Σ dph. Returns (Σ dph / Σ speed, Σ speed): the $/h of one
+    unit of speed-1 work on those k boxes, and their combined speed."""
+    best = sorted(offers, key=lambda o: (o[2] / o[3], o[0]))[: max(1, k)]
+    speed = sum(o[3] for o in best)
+    return sum(o[2] for o in best) / speed, speed
+
+
+def analyse(p: PolicyRun, runs_total: int, k: int) -> dict[str, Any]:
+    boxes = _box_states(p)
     starts: dict[tuple[int, str, str], dict[str, Any]] = {}
     ends: dict[tuple[int, str, str], dict[str, Any]] = {}
     for r in p.jobs:
-        k = (int(r["instance"]), r["run"], r["attempt"])
-        (starts if r["ev"] == "start" else ends)[k] = r
-    intervals: dict[int, list[tuple[float, float]]] = {}
+        key = (int(r["instance"]), r["run"], r["attempt"])
+        (starts if r["ev"] == "start" else ends)[key] = r
+    attempts: dict[int, list[dict[str, Any]]] = {}
     succeeded: dict[str, tuple[float, float, float]] = {}  # run -> (start, end, speed), first success
-    duplicate = lost_s = lost_usd = succeeded_usd = 0.0
-    for k, s in starts.items():
-        iid = k[0]
+    duplicate = 0
+    lost_s = 0.0
+    usd = {"succeeded": 0.0, "duplicate": 0.0, "lost": 0.0}
+    for key, s in sorted(starts.items(), key=lambda kv: float(kv[1]["t"])):
+        iid = key[0]
         if iid not in boxes:
             continue
         b = boxes[iid]
-        e = ends.get(k)
+        e = ends.get(key)
         t_s = max(float(s["t"]), b["created"])
-        t_e = min(float(e["t"]) if e else b["up_end"], b["up_end"])
+        up_end = _up_end(b, t_s)
+        t_e = min(float(e["t"]) if e else up_end, up_end)
         if t_e <= t_s:
             continue
-        intervals.setdefault(iid, []).append((t_s, t_e))
-        usd = (t_e - t_s) * b["dph"] / 3600
-        if e is not None and int(e.get("rc", 1)) == 0 and k[1] not in succeeded:
-            succeeded[k[1]] = (t_s, t_e, float(s.get("speed") or 1.0))
-            succeeded_usd += usd
+        ok_ = e is not None and int(e.get("rc", 1)) == 0
+        if ok_ and key[1] not in succeeded:
+            kind = "succeeded"
+            succeeded[key[1]] = (t_s, t_e, float(s.get("speed") or 1.0))
+        elif ok_:
+            kind, duplicate = "duplicate", duplicate + 1
         else:
-            duplicate += e is not None and int(e.get("rc", 1)) == 0
+            kind = "lost"
+        if kind != "succeeded":
             lost_s += t_e - t_s
-            lost_usd += usd
+        usd[kind] += (t_e - t_s) * b["dph"] / 3600
+        attempts.setdefault(iid, []).append({"kind": kind, "t0": t_s, "t1": t_e, "run": key[1], "attempt": key[2],
+                                             "rc": None if e is None else e.get("rc")})
     billed_s = busy_s = run_usd = 0.0
-    for iid, b in boxes.items():
+    tax_s = {"boot": 0.0, "bootstrap": 0.0, "idle": 0.0, "down": 0.0}
+    tax_usd = {"boot": 0.0, "bootstrap": 0.0, "idle": 0.0}
+    timelines = []
+    gpu_of = p.tape.gpu_of if p.tape is not None else {}
+    for iid, b in sorted(boxes.items()):
         billed_s += b["gone"] - b["created"]
-        merged: list[list[float]] = []
-        for a, z in sorted(intervals.get(iid, [])):
-            if merged and a <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], z)
-            else:
-                merged.append([a, z])
+        mine = attempts.get(iid, [])
+        merged = _merge([(a["t0"], a["t1"]) for a in mine])
         box_busy = sum(z - a for a, z in merged)
         busy_s += box_busy
         run_usd += box_busy * b["dph"] / 3600
+        first = merged[0][0] if merged else None
+        segs: list[dict[str, Any]] = []
+        for state, a, z in b["spans"]:
+            if state != "up":
+                kind = "boot" if state == "boot" else "down"
+                segs.append({"kind": kind, "t0": a, "t1": z})
+                continue
+            for g0, g1 in _minus((a, z), merged):
+                kind = "bootstrap" if first is not None and g1 <= first else "idle"
+                segs.append({"kind": kind, "t0": g0, "t1": g1})
+        segs.extend(mine)
+        segs.sort(key=lambda s: (s["t0"], s["t1"]))
+        for s in segs:
+            if s["kind"] in tax_s:
+                tax_s[s["kind"]] += s["t1"] - s["t0"]
+                if s["kind"] in tax_usd:
+                    tax_usd[s["kind"]] += (s["t1"] - s["t0"]) * b["dph"] / 3600
+        timelines.append({
+            "instance": iid, "gpu": gpu_of.get(b["offer_id"]), "dph": round(b["dph"], 4), "bid": b["is_bid"],
+            "created_s": round(b["created"] - p.t0, 1), "destroyed_s": round(b["gone"] - p.t0, 1),
+            "segments": [{**{k_: v for k_, v in s.items() if k_ not in ("t0", "t1") and v is not None},
+                          "t0": round(s["t0"] - p.t0, 1), "t1": round(s["t1"] - p.t0, 1)} for s in segs],
+        })
     assert p.tape is not None
-    lb = lb_literal = run_s = 0.0
+    lb = lb_literal = run_s = work = 0.0
     for t_s, t_e, speed in succeeded.values():
         min_dph, min_per_speed = p.tape.at(t_s)
         secs = t_e - t_s
         run_s += secs
+        work += secs * speed
         lb += secs * speed * min_per_speed / 3600
         lb_literal += secs * min_dph / 3600
+    rate, k_speed = min((k_box_rate(offers, k) for offers in p.tape.offers), key=lambda x: x[0])
+    k_bound = work * rate / 3600
     last_success = max((z for _, z, _ in succeeded.values()), default=p.t_end)
+    tax = {
+        "boot": tax_usd["boot"], "bootstrap": tax_usd["bootstrap"], "idle": tax_usd["idle"],
+        "lost": usd["lost"], "duplicate": usd["duplicate"],
+    }
+    tax["other"] = p.ledger_usd - usd["succeeded"] - sum(tax.values())  # storage while down; rounding
     return {
         "ledger_usd": round(p.ledger_usd, 6),
         "lower_bound_usd": round(lb, 6),
         "cost_over_lower_bound": round(p.ledger_usd / lb, 3) if lb else None,
+        "k_box_bound_usd": round(k_bound, 6),
+        "cost_over_k_box_bound": round(p.ledger_usd / k_bound, 3) if k_bound else None,
+        "k_box_bound": {"k": k, "usd_per_speed1_hour": round(rate, 6), "combined_speed": round(k_speed, 3),
+                        "work_speed1_s": round(work, 1), "ideal_makespan_s": round(work / k_speed, 1)},
         "lower_bound_literal_usd": round(lb_literal, 6),
         "makespan_s": round(last_success - p.t0, 1),
         "billing_s": round(max((b["gone"] for b in boxes.values()), default=p.t0) - p.t0, 1),
         "idle_fraction": round(1 - busy_s / billed_s, 4) if billed_s else None,
         "idle_usd_fraction": round(1 - run_usd / p.ledger_usd, 4) if p.ledger_usd else None,
-        "cost_breakdown_usd": {"succeeded_runs": round(succeeded_usd, 6), "lost_attempts": round(lost_usd, 6),
-                               "idle": round(p.ledger_usd - succeeded_usd - lost_usd, 6)},
+        "ops_tax_usd": round(p.ledger_usd - usd["succeeded"], 6),
+        "ops_tax_fraction": round(1 - usd["succeeded"] / p.ledger_usd, 4) if p.ledger_usd else None,
+        "ops_tax_breakdown_usd": {k_: round(v, 6) for k_, v in tax.items()},
+        "ops_tax_breakdown_s": {**{k_: round(v, 1) for k_, v in tax_s.items()}, "lost_and_duplicate": round(lost_s, 1)},
+        "cost_breakdown_usd": {"succeeded_runs": round(usd["succeeded"], 6),
+                               "lost_attempts": round(usd["lost"] + usd["duplicate"], 6),
+                               "idle": round(p.ledger_usd - usd["succeeded"] - usd["lost"] - usd["duplicate"], 6)},
         "complete": len(succeeded) == runs_total and not duplicate and not p.alive_at_end and not p.timed_out,
         "billed_box_s": round(billed_s, 1),
         "run_s_succeeded": round(run_s, 1),
         "lost_run_s": round(lost_s, 1),
         "runs_total": runs_total,
         "runs_succeeded": len(succeeded),
-        "duplicate_successes": int(duplicate),
+        "duplicate_successes": duplicate,
         "attempts": len(starts),
         "boxes_rented": len(boxes),
-        "rented": sorted(
-            {f"{iid}: ${b['dph']:.4f}/h, up {b['up_end'] - b['created']:.0f}s, billed {b['gone'] - b['created']:.0f}s"
-             for iid, b in boxes.items()}
-        ),
         "faults": p.faults,
         "alive_at_end": p.alive_at_end,
         "timed_out": p.timed_out,
         **p.extra,
+        "timelines": timelines,
     }
 
 
@@ -443,6 +609,24 @@ metrics:
 # ------------------------------------------------------------------------------------- rigsync
 
 
+def fleet_settings(sc: Scenario, ok: Acceptable) -> dict[str, str]:
+    """What the bench writes into the fleet's settings: scaled, the example fleet's timeouts scaled and floored and
+    queue_ahead (the fleet default) scaled; unscaled, the example fleet's own timeouts (undoing the demo's short
+    ones) and queue_ahead left at whatever the example fleet or the default says."""
+    if sc.scaled:
+        out = {k: f"{v:g}s" for k, v in ok.timeouts.items()}
+        qa = ok.queue_ahead_s
+        out["queue_ahead"] = f"{round(qa * SCALE, 1):g}s"
+        return out
+    text = (ROOT / "desired" / "fleet.yaml").read_text()
+    out = {}
+    for key in demo.DEMO_TIMEOUTS:
+        m = re.search(rf"^\s*{key}:\s*(\S+)", text, re.M)
+        if m:
+            out[key] = m.group(1)
+    return out
+
+
 MAX_BID_DPH = 0.1  # the interruptible run's fleet.yaml interruptible.max_bid_dph (the example fleet caps boxes at 0.15)
 
 
@@ -453,12 +637,14 @@ def run_rigsync_interruptible(sc: Scenario, ok: Acceptable, tmp: Path) -> Policy
 
 def run_rigsync(sc: Scenario, ok: Acceptable, tmp: Path, max_bid_dph: float | None = None) -> PolicyRun:
     name = "rigsync" if max_bid_dph is None else "rigsync_interruptible"
+    tag = f"{sc.name}/{name}"
     res = PolicyRun(name)
-    log = JobLog(tmp / f"jobs-{name}.jsonl")
-    workdir = tmp / name / "fleet"
+    log = JobLog(tmp / f"jobs-{sc.name}-{name}.jsonl")
+    workdir = tmp / sc.name / name / "fleet"
     workdir.parent.mkdir(parents=True)
-    state = tmp / name / "state"
-    interval = round(DaemonConfig().interval_s * SCALE, 2)
+    state = tmp / sc.name / name / "state"
+    interval = round(DaemonConfig().interval_s * SCALE, 2) if sc.scaled else DaemonConfig().interval_s
+    settings = fleet_settings(sc, ok)
     old_key = os.environ.get("VAST_API_KEY")
     with Emulator(seed=sc.market_seed, offers=sc.offers, boot_delay=sc.boot_s) as emu:
         try:
@@ -466,8 +652,9 @@ def run_rigsync(sc: Scenario, ok: Acceptable, tmp: Path, max_bid_dph: float | No
             demo.make_fleet_repo(workdir, None)
             fleet = workdir / "desired" / "fleet.yaml"
             text = fleet.read_text()
-            for key, secs in ok.timeouts.items():
-                text = demo._set_key(text, key, f"{secs:g}s")
+            for key, value in settings.items():
+                text = demo._set_key(text, key, value) if re.search(rf"^\s*#?\s*{key}:", text, re.M) \
+                    else text + f"{key}: {value}\n"
             if max_bid_dph is not None:
                 text += f"interruptible: {{max_bid_dph: {max_bid_dph}}}\n"
             fleet.write_text(text)
@@ -476,7 +663,7 @@ def run_rigsync(sc: Scenario, ok: Acceptable, tmp: Path, max_bid_dph: float | No
             (workdir / "desired" / "sweeps" / "econ.yaml").write_text(sweep_yaml(sc, log.path))
             (workdir / "experiments" / "econ_job.py").write_text(JOB_SCRIPT)
             demo._git(workdir, "add", "-A")
-            demo._git(workdir, "commit", "-q", "-m", "bench: the economics sweep, fleet timeouts scaled")
+            demo._git(workdir, "commit", "-q", "-m", f"bench: the economics sweep ({sc.name}), fleet settings")
             demo._git(workdir, "push", "-q", "origin", "main")
             daemon = FleetDaemon(workdir, config=DaemonConfig(interval_s=interval, lease_renew_s=30.0),
                                  state_dir=str(state), api_url=emu.url)
@@ -486,9 +673,11 @@ def run_rigsync(sc: Scenario, ok: Acceptable, tmp: Path, max_bid_dph: float | No
             res.tape.snap()
             faults = Faults(emu, sc, log, res.tape, res.t0)
             faults.start()
-            opts = demo.DemoOptions(timeout_s=sc.timeout_s, interval_s=interval, say=lambda s: say(f"{name} {s}"))
+            opts = demo.DemoOptions(timeout_s=sc.timeout_s, interval_s=interval, say=lambda s: say(f"{tag} {s}"))
             try:
-                summary = demo._drive(daemon, emu, opts, None, time.monotonic())
+                drive_t0 = time.monotonic()
+                summary = demo._drive(daemon, emu, opts, LineProgress(opts.say), None, drive_t0)
+                drive_s = time.monotonic() - drive_t0
             finally:
                 faults.stop.set()
                 faults.join(timeout=5)
@@ -503,8 +692,9 @@ def run_rigsync(sc: Scenario, ok: Acceptable, tmp: Path, max_bid_dph: float | No
             res.jobs = log.lines()
             res.faults = faults.fired
             res.extra = {"cycles": summary.cycles, "runs_failed": summary.runs_failed,
-                         "config": {"interval_s": interval, **{k: f"{v:g}s" for k, v in ok.timeouts.items()},
-                                    "max_boxes": ok.max_boxes, "ranking": "dlperf_per_dph",
+                         "mean_cycle_period_s": round(drive_s / max(1, summary.cycles), 2),
+                         "config": {"interval_s": interval, **settings,
+                                    "max_boxes": ok.max_boxes, "ranking": ok.ranking,
                                     "max_bid_dph": max_bid_dph},
                          "bid_boxes": sum(1 for e in emu.ledger.events if e["type"] == "create" and e.get("is_bid"))}
         finally:
@@ -710,8 +900,8 @@ class Baseline:
 
 def run_baseline(sc: Scenario, ok: Acceptable, tmp: Path) -> PolicyRun:
     res = PolicyRun("baseline")
-    log = JobLog(tmp / "jobs-baseline.jsonl")
-    kp = make_keypair(tmp / "baseline-key")
+    log = JobLog(tmp / f"jobs-{sc.name}-baseline.jsonl")
+    kp = make_keypair(tmp / f"baseline-key-{sc.name}")
     with Emulator(seed=sc.market_seed, offers=sc.offers, boot_delay=sc.boot_s) as emu:
         VastAI(api_key=emu.api_key, server_url=emu.url).create_ssh_key(ssh_key=kp.public)
         b = Baseline(emu, sc, ok, kp.private_path, log)
@@ -753,68 +943,142 @@ def run_baseline(sc: Scenario, ok: Acceptable, tmp: Path) -> PolicyRun:
 # ------------------------------------------------------------------------------------- main
 
 
+def target(value: float | None, limit: float) -> dict[str, Any]:
+    return {"value": value, "limit": limit, "met": value is not None and value <= limit}
+
+
+def judge(sc: Scenario, res: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The scenario's ratios and targets: per (seed, mix) against the k-box bound and the baseline; at the defaults
+    against the k-box bound only (no baseline is run there)."""
+    out: dict[str, Any] = {}
+    r, b = res.get("rigsync"), res.get("baseline")
+    if "rigsync" in res and "rigsync_interruptible" in res:
+        on_demand, spot = res["rigsync"], res["rigsync_interruptible"]
+        out["interruptible_vs_on_demand"] = {
+            "saving_fraction": round(1 - spot["ledger_usd"] / on_demand["ledger_usd"], 3)
+            if on_demand.get("ledger_usd") else None,
+            "ledger_usd": [on_demand["ledger_usd"], spot["ledger_usd"]],
+            "lost_run_s": [on_demand.get("lost_run_s"), spot.get("lost_run_s")],
+            "makespan_s": [on_demand.get("makespan_s"), spot.get("makespan_s")],
+            "complete": [on_demand.get("complete"), spot.get("complete")],
+        }
+    if r is None:
+        return out
+    t: dict[str, Any] = {"rigsync_complete": {"value": r["complete"], "met": bool(r["complete"])}}
+    if sc.mix == "defaults":
+        t["ledger_le_1.30x_k_box_bound"] = target(r["cost_over_k_box_bound"], 1.30)
+        t["idle_fraction_le_0.12"] = target(r["idle_fraction"], 0.12)
+    else:
+        t["ledger_le_1.15x_k_box_bound"] = target(r["cost_over_k_box_bound"], 1.15)
+        t["idle_fraction_le_0.03"] = target(r["idle_fraction"], 0.03)
+    if b is not None:
+        def ratio(k: str) -> float | None:
+            return round(r[k] / b[k], 3) if r.get(k) and b.get(k) else None
+
+        out["rigsync_over_baseline"] = {k: ratio(k) for k in ("ledger_usd", "makespan_s", "billing_s",
+                                                              "idle_fraction", "ops_tax_usd", "cost_over_k_box_bound")}
+        t["ledger_le_0.80x_baseline"] = target(out["rigsync_over_baseline"]["ledger_usd"], 0.80)
+        t["makespan_le_0.80x_baseline"] = target(out["rigsync_over_baseline"]["makespan_s"], 0.80)
+    out["targets"] = t
+    out["targets_met"] = all(v["met"] for v in t.values())
+    return out
+
+
+def run_scenario(sc: Scenario, ok: Acceptable, tmp: Path, policies: set[str] | None) -> dict[str, Any]:
+    fns: dict[str, Callable[[Scenario, Acceptable, Path], PolicyRun]] = {
+        "rigsync": run_rigsync, "baseline": run_baseline, "rigsync_interruptible": run_rigsync_interruptible}
+    doc: dict[str, Any] = {
+        "workload": {"mix": sc.mix, "runs": sc.runs, "work_s_at_speed_1": sc.work_s, "boot_s": sc.boot_s,
+                     "time_scale": "1/60" if sc.scaled else "1 (unscaled)", "market_seed": sc.market_seed,
+                     "offers": sc.offers, "retries": sc.retries, "fault_schedule_s": [list(f) for f in sc.faults]},
+    }
+    res: dict[str, dict[str, Any]] = {}
+    for name in sc.policies:
+        if policies and name not in policies:
+            continue
+        say(f"== {sc.name}/{name}")
+        started = time.monotonic()
+        res[name] = analyse(fns[name](sc, ok, tmp), sc.runs, ok.max_boxes)
+        res[name]["wall_s"] = round(time.monotonic() - started, 1)
+        brief = {k: v for k, v in res[name].items() if not isinstance(v, (list, dict))}
+        say(f"== {sc.name}/{name}: {json.dumps(brief)}")
+    doc.update(res)
+    doc.update(judge(sc, res))
+    return doc
+
+
+def summary_row(name: str, doc: dict[str, Any]) -> dict[str, Any]:
+    r = doc.get("rigsync") or {}
+    row = {"scenario": name, "ledger_usd": r.get("ledger_usd"), "k_box_bound_usd": r.get("k_box_bound_usd"),
+           "cost_over_k_box_bound": r.get("cost_over_k_box_bound"), "idle_fraction": r.get("idle_fraction"),
+           "ops_tax_fraction": r.get("ops_tax_fraction"), "makespan_s": r.get("makespan_s"),
+           "complete": r.get("complete")}
+    if "rigsync_over_baseline" in doc:
+        row["ledger_over_baseline"] = doc["rigsync_over_baseline"]["ledger_usd"]
+        row["makespan_over_baseline"] = doc["rigsync_over_baseline"]["makespan_s"]
+    row["targets_met"] = doc.get("targets_met")
+    row["missed"] = sorted(k for k, v in (doc.get("targets") or {}).items() if not v["met"])
+    return row
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="4 shorter runs and a compressed fault schedule")
-    ap.add_argument("--seed", type=int, default=7, help="the emulated market's seed (default 7, the demo's)")
-    ap.add_argument("--only", choices=("rigsync", "baseline", "rigsync_interruptible"),
-                    help="run one policy only (no ratios)")
+    ap.add_argument("--quick", action="store_true", help="a short smoke run: 4 runs per scenario, shorter faults")
+    ap.add_argument("--seeds", default=",".join(str(s) for s in MARKET_SEEDS),
+                    help="the emulated market seeds, comma-separated (default 7,11; the first also for defaults)")
+    ap.add_argument("--only", help="scenarios to run, comma-separated: names (long-seed7, short-seed11, defaults) "
+                    "or mixes (long, short, defaults)")
+    ap.add_argument("--policies", help="policies to run, comma-separated (rigsync, baseline, rigsync_interruptible)")
     ap.add_argument("--interruptible", action="store_true",
-                    help=f"also run rigsync with interruptible: {{max_bid_dph: {MAX_BID_DPH}}} and report its saving "
-                    "over on-demand rigsync and the work lost to preemption")
+                    help=f"also run rigsync with interruptible: {{max_bid_dph: {MAX_BID_DPH}}} in each (seed, mix) "
+                    "and report its saving over on-demand rigsync and the work lost to preemption")
+    ap.add_argument("--sequential", action="store_true",
+                    help="run the defaults scenario after the others instead of beside them")
     args = ap.parse_args()
-    sc = scenario(args.quick, args.seed)
+    seeds = tuple(int(s) for s in args.seeds.split(",") if s.strip())
+    chosen = scenarios(args.quick, seeds, args.interruptible)
+    if args.only:
+        want = {w.strip() for w in args.only.split(",") if w.strip()}
+        unknown = want - {s.name for s in chosen} - {s.mix for s in chosen}
+        if unknown:
+            ap.error(f"--only: no scenario {', '.join(sorted(unknown))} (have {', '.join(s.name for s in chosen)})")
+        chosen = [s for s in chosen if s.name in want or s.mix in want]
+    policies = {p.strip() for p in args.policies.split(",")} if args.policies else None
     ok = acceptable()
     tmp = Path(tempfile.mkdtemp(prefix="rigsync-econ-"))
     os.chmod(tmp, 0o755)
     started = time.monotonic()
+    beside = not args.sequential and len(chosen) > 1 and any(s.mix == "defaults" for s in chosen)
     out: dict[str, Any] = {
-        "bench": "economics",
-        "variant": sc.name,
-        "workload": {"runs": sc.runs, "work_s_at_speed_1": sc.work_s, "boot_s": sc.boot_s, "time_scale": "1/60",
-                     "market_seed": sc.market_seed, "offers": sc.offers, "retries": sc.retries,
-                     "fault_schedule_s": [list(f) for f in sc.faults]},
+        "bench": "economics", "variant": "quick" if args.quick else "full",
+        "concurrency": ("the defaults scenario (30 s cycles, mostly asleep) in a child process beside the scaled "
+                        "scenarios, which run one policy at a time" if beside else "one policy at a time"),
+        "host": {"cpus": os.cpu_count(), "loadavg_at_start": [round(x, 2) for x in os.getloadavg()]},
+        "scenarios": {},
     }
+    child: subprocess.Popen[str] | None = None
     try:
-        results: dict[str, dict[str, Any]] = {}
-        policies: list[tuple[str, Any]] = [("rigsync", run_rigsync), ("baseline", run_baseline)]
-        if args.interruptible or args.only == "rigsync_interruptible":
-            policies.append(("rigsync_interruptible", run_rigsync_interruptible))
-        for name, fn in policies:
-            if args.only and args.only != name:
-                continue
-            say(f"== {name}")
-            p = fn(sc, ok, tmp)
-            results[name] = analyse(p, sc.runs)
-            say(f"== {name}: {json.dumps({k: v for k, v in results[name].items() if not isinstance(v, list)})}")
-        out.update(results)
-        if "rigsync" in results and "rigsync_interruptible" in results:
-            on_demand, spot = results["rigsync"], results["rigsync_interruptible"]
-            out["interruptible_vs_on_demand"] = {
-                "saving_fraction": round(1 - spot["ledger_usd"] / on_demand["ledger_usd"], 3)
-                if on_demand.get("ledger_usd") else None,
-                "ledger_usd": [on_demand["ledger_usd"], spot["ledger_usd"]],
-                "lost_run_s": [on_demand.get("lost_run_s"), spot.get("lost_run_s")],
-                "makespan_s": [on_demand.get("makespan_s"), spot.get("makespan_s")],
-                "complete": [on_demand.get("complete"), spot.get("complete")],
-            }
-        if "rigsync" in results and "baseline" in results:
-            r, b = results["rigsync"], results["baseline"]
-
-            def ratio(k: str) -> float | None:
-                return round(r[k] / b[k], 3) if r.get(k) and b.get(k) else None
-
-            out["rigsync_over_baseline"] = {k: ratio(k) for k in
-                                            ("ledger_usd", "makespan_s", "billing_s", "idle_fraction",
-                                             "cost_over_lower_bound")}
-            cost_ratio = out["rigsync_over_baseline"]["ledger_usd"]
-            out["targets"] = {
-                "rigsync_cost_over_lower_bound_le_1.10": (r["cost_over_lower_bound"] or 99) <= 1.10,
-                "rigsync_idle_fraction_le_0.03": (r["idle_fraction"] or 1) <= 0.03,
-                "rigsync_at_least_20pct_cheaper_than_baseline": cost_ratio is not None and cost_ratio <= 0.80,
-            }
+        if beside:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--only", "defaults", "--seeds", args.seeds,
+                   "--sequential"] + (["--quick"] if args.quick else []) + (
+                       ["--policies", args.policies] if args.policies else [])
+            child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+            chosen = [s for s in chosen if s.mix != "defaults"]
+        for sc in chosen:
+            out["scenarios"][sc.name] = run_scenario(sc, ok, tmp, policies)
+        if child is not None:
+            text, _ = child.communicate()
+            if child.returncode != 0:
+                out["scenarios"]["defaults"] = {"error": f"child exited {child.returncode}"}
+            else:
+                out["scenarios"].update(json.loads(text)["scenarios"])
     finally:
+        if child is not None and child.poll() is None:
+            child.kill()
         shutil.rmtree(tmp, ignore_errors=True)
+    out["summary"] = [summary_row(n, d) for n, d in out["scenarios"].items()]
+    out["targets_met"] = {n: d.get("targets_met") for n, d in out["scenarios"].items()}
+    out["host"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     out["wall_s"] = round(time.monotonic() - started, 1)
     print(json.dumps(out, indent=2))
     return 0
