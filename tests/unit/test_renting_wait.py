@@ -77,7 +77,9 @@ def test_each_slot_absorbs_runs_in_turn_the_soonest_first(monkeypatch: pytest.Mo
     assert [a.reason.split(" needs")[0] for a in rents] == ["pending run r5"]
 
 
-def test_a_pool_measured_ready_sooner_than_the_slot_frees_rents(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_a_pool_measured_ready_sooner_than_the_slot_frees_rents(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     case = _case("wait_for_busy_gpu")
     # box 1 was ready 60s after its rent: a new box is predicted ready in 60s, before the slot frees in 100s
     case["observed"]["instances"] = [{"id": 1, "start_ago": 2000}]
@@ -85,7 +87,8 @@ def test_a_pool_measured_ready_sooner_than_the_slot_frees_rents(monkeypatch: pyt
     case["observed"]["offers"].append({"id": 102, "dph_total": 0.3, "dlperf": 20})
     got, _ = _plan_with_slots(monkeypatch, case, ((1, (0,), 100.0),), tmp_path)
     assert not _codes(got, ReasonCode.WAIT_FOR_BUSY_GPU)
-    assert [a.reason.split(" needs")[0] for a in got.actions if isinstance(a, Rent)] == ["pending run r2", "pending run r3"]
+    rented = [a.reason.split(" needs")[0] for a in got.actions if isinstance(a, Rent)]
+    assert rented == ["pending run r2", "pending run r3"]
     # measured slow (15m): both runs wait for the slot (free in 100s, then 700s, both before 900s)
     case["observed"]["memory"] = [{"instance_id": 1, "ready_ago": 1100, "pool": "default"}]
     got, _ = _plan_with_slots(monkeypatch, case, ((1, (0,), 100.0),), tmp_path)
