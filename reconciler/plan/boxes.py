@@ -443,12 +443,12 @@ def retire_idle(
         elif idle_for is not None:
             d.noop(box, ReasonCode.IDLE_KEPT, f"idle for {fmt_duration(idle_for)} (idle_timeout {timeout}); kept")
     keep_at_least = min(count_cap(f.min_instances), count_cap(f.max_instances))
-    spare = sum(1 for i in table.alive() if world.boxes[i].rented) - keep_at_least
+    spare = sum(1 for i in table.alive() if world.boxes[i].rented and i not in d.destroyed) - keep_at_least
     # with named pools each also keeps its own min_instances (a box of a pool gone from the fleet keeps nothing)
     pool_floor = {p.name: min(count_cap(p.min_instances), count_cap(p.max_instances)) for p in world.pools.values()}
     pool_spare = {name: -floor for name, floor in pool_floor.items()}
     for i in table.alive():
-        if world.boxes[i].rented and world.boxes[i].pool in pool_spare:
+        if world.boxes[i].rented and world.boxes[i].pool in pool_spare and i not in d.destroyed:
             pool_spare[world.boxes[i].pool] += 1
     for box, code, reason in sorted(candidates, key=lambda t: (-t[0].inst.dph_total, t[0].id)):
         left_in_pool = pool_spare.get(box.pool, 1) if f.named_pools else 1
