@@ -391,6 +391,8 @@ class FleetDaemon:
         interval, never less than ``MIN_WAKE_S`` (a forecast that is wrong, or an end that is overdue, cannot spin
         the loop)."""
         wake = cyc.result.plan.wake_at if cyc is not None and cyc.result is not None else None
+        if wake is None:
+            return self.config.interval_s
         return sleep_until(wake, self.clock.now(), self.config.interval_s)
 
     def run_forever(self, *, once: bool = False, on_cycle: Callable[[DaemonCycle], None] | None = None) -> int:
