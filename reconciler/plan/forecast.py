@@ -13,12 +13,11 @@ from dataclasses import dataclass
 from reconciler.model import RunDirState, RunSpec
 from reconciler.offers import normalize_gpu_name
 from reconciler.plan.money import Runtime, runtime_of
-from reconciler.plan.readiness import DEFAULT_READY_S, ready_s
+from reconciler.plan.readiness import measured_ready_s
 from reconciler.plan.world import OwnedBox, World
 
-__all__ = ["DEFAULT_READY_S", "Forecast", "forecast"]
-
-
+# A new box's boot and bootstrap, before any box of its pool has been measured (a typical Vast boot is minutes).
+DEFAULT_READY_S = 300.0
 
 @dataclass(frozen=True)
 class Forecast:
@@ -40,8 +39,9 @@ class Forecast:
 
     def ready_s(self, pool: str) -> float:
         """Predicted seconds from renting a box in ``pool`` to that box being ready for work (boot + bootstrap):
-        measured for the pool (``readiness.ready_s``), ``DEFAULT_READY_S`` until one of its boxes was ready."""
-        return ready_s(self.world, pool)
+        as measured for the pool (``readiness.measured_ready_s``), ``DEFAULT_READY_S`` until one of its boxes was."""
+        measured = measured_ready_s(self.world, pool)
+        return DEFAULT_READY_S if measured is None else measured
 
 
 def forecast(world: World, runtimes: Mapping[str, Runtime]) -> Forecast:

@@ -4,7 +4,8 @@ Renting against waiting (``WAIT_FOR_BUSY_GPU``) compares a busy GPU's predicted 
 rents boxes for work a held GPU would have taken sooner, or leaves work waiting that a box would have done. So it is
 the pool's own measure, not a constant: the median of (first ready - rental start) over the pool's most recent boxes
 (``BoxMemory.ready_at``, kept by ``remember.update_box_memory``; a box gone from the list keeps its memory while its
-bill is open), and ``DEFAULT_READY_S`` until one of its boxes has been ready. Pure.
+bill is open); ``Forecast.ready_s`` falls back to ``forecast.DEFAULT_READY_S`` until one of them has been ready.
+Pure.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ import statistics
 
 from reconciler.plan.world import World
 
-# A new box's boot and bootstrap, before any box of its pool has been measured (a typical Vast boot is minutes).
-DEFAULT_READY_S = 300.0
 RECENT_BOXES = 7  # the pool's latest boxes a measure is taken over: a market's boots drift, an old one says little
 
 
@@ -40,9 +39,10 @@ def ready_samples(world: World, pool: str) -> list[tuple[float, float]]:
     return sorted(out)
 
 
-def ready_s(world: World, pool: str) -> float:
-    """Predicted seconds from renting a box in ``pool`` to that box being ready for work (boot + bootstrap)."""
+def measured_ready_s(world: World, pool: str) -> float | None:
+    """Seconds from renting a box in ``pool`` to that box being ready for work (boot + bootstrap), as measured on
+    its ``RECENT_BOXES`` latest boxes (the median); None before any was ready."""
     samples = ready_samples(world, pool)[-RECENT_BOXES:]
     if not samples:
-        return DEFAULT_READY_S
+        return None
     return float(statistics.median(s for _, s in samples))

@@ -17,8 +17,7 @@ from reconciler.cli._common import load_local_desired, open_reconciler
 from reconciler.emulator import Emulator
 from reconciler.loop import CycleResult
 from reconciler.model import BoxMemory
-from reconciler.plan.forecast import forecast
-from reconciler.plan.readiness import DEFAULT_READY_S
+from reconciler.plan.forecast import DEFAULT_READY_S, forecast
 from reconciler.plan.world import index_world
 
 pytestmark = pytest.mark.integration

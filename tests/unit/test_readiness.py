@@ -16,8 +16,8 @@ from reconciler.model import BoxMemory, BoxProbe, BoxSpend, Instance, InstanceSt
 from reconciler.observed.archive_lines import entry_from_json, overhead_to_json
 from reconciler.observed.codec import FLEET
 from reconciler.observed.memory import box_memory_entries, fleet_memory_from_files
-from reconciler.plan.forecast import forecast
-from reconciler.plan.readiness import DEFAULT_READY_S, RECENT_BOXES, ready_s
+from reconciler.plan.forecast import DEFAULT_READY_S, forecast
+from reconciler.plan.readiness import RECENT_BOXES
 from reconciler.plan.world import index_world
 from reconciler.remember import overhead_record, update_box_memory
 
@@ -93,8 +93,7 @@ def _ready(boxes: list[tuple[int, float, float | None]], gone: list[tuple[int, f
         )
         observed = replace(observed, memory=replace(observed.memory, spend=replace(observed.memory.spend, boxes=bills)))
     world, _ = index_world(desired, observed, T)
-    assert forecast(world, {}).ready_s("default") == ready_s(world, "default")
-    return ready_s(world, "default")
+    return forecast(world, {}).ready_s("default")
 
 
 def test_ready_s_is_the_median_over_the_pools_recent_boxes_else_the_default() -> None:
