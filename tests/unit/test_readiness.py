@@ -106,3 +106,19 @@ def test_ready_s_is_the_median_over_the_pools_recent_boxes_else_the_default() ->
     assert _ready(old + recent) == 120.0
     # a gone box whose bill is still open counts, from its bill's start
     assert _ready([(1, 1000, 900)], gone=[(5, 2000, 1700), (6, 2000, 1700)]) == 300.0
+
+
+def test_fleet_yaml_shows_each_held_boxs_reachable_and_ready_times() -> None:
+    from reconciler.actions import Plan
+    from reconciler.observed.documents import ReconcilerStatus, render_observed
+
+    desired = build_desired({})
+    memory = [{"instance_id": 1, "reachable_ago": 300, "ready_ago": 240, "pool": "default"}, {"instance_id": 2}]
+    observed = build_observed({"instances": [{"id": 1}, {"id": 2}], "memory": memory}, T, desired)
+    files = render_observed(desired=desired, observed=observed, plan=Plan(actions=()), status=ReconcilerStatus(), now=T)
+    doc = yaml.safe_load(files[FLEET])
+    jsonschema.Draft202012Validator(json.loads((SCHEMAS / "observed-fleet.schema.json").read_text())).validate(doc)
+    by_id = {b["id"]: b for b in doc["boxes"]}
+    assert (by_id[1]["reachable_at"], by_id[1]["ready_at"]) == ("1970-01-12T13:41:40Z", "1970-01-12T13:42:40Z")
+    assert "ready_at" not in by_id[2]  # not known: not written
+    assert {m["instance_id"]: m.get("ready_at") for m in doc["memory"]} == {1: "1970-01-12T13:42:40Z", 2: None}
