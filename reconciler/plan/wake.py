@@ -3,8 +3,9 @@
 A box-side queue keeps a slot working between cycles, but two ends still wait for a decision: a slot that frees
 with nothing queued behind it while runs wait for a GPU (the next launch), and a draining box's last attempt (its
 harvest and destroy). Deciding at the interval wastes the gap to it on every such end; deciding at the predicted
-end (``Forecast.remaining_s``) plus ``WAKE_MARGIN_S`` does not. The daemon floors the sleep (a wrong forecast
-cannot spin its loop) and never sleeps past its interval. Pure.
+end (``Forecast.remaining_s``) plus ``WAKE_MARGIN_S`` does not. An end already overdue asks for nothing (its
+forecast was wrong: the interval decides, so a run slower than predicted cannot make the loop cycle every few
+seconds), the daemon floors the sleep and never sleeps past its interval. Pure.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def wake_at(
         if box is None or box_id in table.destroyed or box.probe is None:
             continue
         if box.probe.draining or box_id in drained_now:
-            ends.append(world.now + work_left_s(world, fc, seen, box))
+            ends.append(work_left_s(world, fc, seen, box))
             continue
         if not waiting.get(box.pool, 0):
             continue
@@ -50,7 +51,8 @@ def wake_at(
             spec = world.runs.get(rd.run_id)
             if spec is None or rd.gpu_mask in behind:
                 continue
-            ends.append(world.now + fc.remaining_s(spec, rd, box))
-    if not ends:
+            ends.append(fc.remaining_s(spec, rd, box))
+    ahead = [left for left in ends if left > 0.0]  # an overdue end: its forecast was wrong, the interval decides
+    if not ahead:
         return None
-    return round(min(ends) + WAKE_MARGIN_S, 3)
+    return round(world.now + min(ahead) + WAKE_MARGIN_S, 3)

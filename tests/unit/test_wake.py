@@ -115,3 +115,12 @@ def test_the_daemon_sleeps_until_the_plans_wake_at() -> None:
     d.cycle = cycle  # type: ignore[method-assign]
     assert d.run_forever() == 0
     assert waits.timeouts == [15.0, 60.0, MIN_WAKE_S]
+
+
+def test_an_overdue_end_asks_for_no_sooner_wake(tmp_path: Path) -> None:
+    case = _case("drain_tail")
+    case["observed"]["probes"][0]["draining"] = True
+    case["observed"]["probes"][0]["runs"][0]["started_ago"] = 900  # expected 600s: 5m overdue
+    case["observed"]["probes"][1]["runs"][0]["started_ago"] = 900
+    got, _ = _plan(case, tmp_path)
+    assert got.wake_at is None
