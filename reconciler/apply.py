@@ -36,6 +36,7 @@ from reconciler.actions import (
     Noop,
     Outcome,
     Plan,
+    ReasonCode,
     Record,
     Rent,
     Requeue,
@@ -137,6 +138,9 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
             # archive yet, so the bill stays open until the next cycle settles it
             result.outcomes.append(Outcome(action, False, f"not run: {open_attempt} is not archived", skipped=True))
             continue
+        if isinstance(action, Destroy) and (bad := _record_failed_on(result, action)):
+            result.outcomes.append(Outcome(action, False, f"not run: {bad} was not harvested", skipped=True))
+            continue  # a drained box goes with its results home, not before: the next cycle destroys it
         ctx.on_action(action)
         try:
             detail = _execute(action, ctx, instances, result)
@@ -160,6 +164,16 @@ def _mark_unsafe(action: Action, result: ApplyResult, error: str) -> None:
         result.unsafe_runs[action.run_id] = f"{action.kind.value} of attempt {action.attempt} failed ({error[:120]})"
 
 
+def _record_failed_on(result: ApplyResult, destroy: Destroy) -> str | None:
+    """For a ``DRAINED`` destroy, a record of an attempt on the box that failed in this apply (None: none)."""
+    if destroy.code is not ReasonCode.DRAINED:
+        return None
+    for o in result.outcomes:
+        if isinstance(o.action, Record) and not o.ok and o.action.instance_id == destroy.instance_id:
+            return o.action.target
+    return None
+
+
 def _unsettled_on(ctx: ApplyContext, result: ApplyResult, instance_id: int) -> str | None:
     """An attempt on the box still in flight after what this apply settled and launched (None: none)."""
     for f in (*ctx.observed.memory.in_flight, *result.launched):
@@ -173,7 +187,7 @@ def _close_bill(ctx: ApplyContext, result: ApplyResult, action: CloseBill) -> st
     box = ctx.observed.memory.spend.box(action.instance_id)
     if box is None:
         raise RemoteCommandFailed(f"instance {action.instance_id} has no bill in the spend this plan was made from")
-    rec = overhead_record(box, (*ctx.observed.history, *result.archived))
+    rec = overhead_record(box, (*ctx.observed.history, *result.archived), ctx.observed.memory_of(action.instance_id))
     result.overheads.extend(ctx.archive.append([rec]))
     return f"overhead ${rec.cost_usd:.6f} archived"
 

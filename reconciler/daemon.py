@@ -7,12 +7,15 @@ plan → apply; render observed/ deterministically and commit only when the reco
 drift; never probe noise or clock-driven fields); push with fetch/rebase/retry, never force. Exactly one reconciler
 acts on a fleet: a local fcntl lock on the checkout plus a lease on its own ref of the remote
 (``refs/heads/rigsync/lease/<branch>``, ``reconciler.adapters.lease``), taken and renewed every ``lease_renew_s`` by
-compare-and-swap pushes that never touch the tracked branch.
+compare-and-swap pushes that never touch the tracked branch. Between cycles it sleeps its interval, or less when
+the plan asks to decide sooner (``Plan.wake_at``: a slot freeing while runs wait, a draining box's last attempt),
+never less than ``MIN_WAKE_S``.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import socket
@@ -50,6 +53,17 @@ from reconciler.observed.summary import describe_change
 from reconciler.observed.tree import read_observed
 
 log = logging.getLogger("rigsync.run")
+
+
+MIN_WAKE_S = 5.0  # the shortest sleep a plan's wake_at can ask for
+
+
+def sleep_until(wake_at: float | None, now: float, interval_s: float) -> float:
+    """Seconds to sleep before the next cycle: ``interval_s``, or less to wake at ``wake_at``, at least
+    ``MIN_WAKE_S`` (and never more than the interval)."""
+    if wake_at is None or not math.isfinite(wake_at):
+        return interval_s
+    return min(interval_s, max(MIN_WAKE_S, wake_at - now))
 
 
 @dataclass
@@ -372,6 +386,15 @@ class FleetDaemon:
 
         return stop
 
+    def next_sleep_s(self, cyc: DaemonCycle | None) -> float:
+        """How long to sleep after ``cyc``: until its plan's ``wake_at`` (``plan.wake``) when that is sooner than the
+        interval, never less than ``MIN_WAKE_S`` (a forecast that is wrong, or an end that is overdue, cannot spin
+        the loop)."""
+        wake = cyc.result.plan.wake_at if cyc is not None and cyc.result is not None else None
+        if wake is None:
+            return self.config.interval_s
+        return sleep_until(wake, self.clock.now(), self.config.interval_s)
+
     def run_forever(self, *, once: bool = False, on_cycle: Callable[[DaemonCycle], None] | None = None) -> int:
         def on_term(signum: int, frame: FrameType | None) -> None:
             log.info("signal %d: finishing the current action, then exiting", signum)
@@ -383,6 +406,7 @@ class FleetDaemon:
         stop_watch = None if once else self._watch()
         backoff = 0.0
         code = 0
+        cyc: DaemonCycle | None = None
         try:
             while not self.stop_event.is_set():
                 self.wake_event.clear()
@@ -419,7 +443,7 @@ class FleetDaemon:
                     code = 1
                 if once:
                     break
-                self.wake_event.wait(timeout=backoff or self.config.interval_s)
+                self.wake_event.wait(timeout=backoff or self.next_sleep_s(cyc))
             if self.stop_event.is_set():
                 code = 0  # asked to stop (SIGTERM/SIGINT): the current action finished, nothing failed by it
         finally:

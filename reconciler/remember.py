@@ -23,6 +23,7 @@ from dataclasses import replace
 
 from reconciler.actions import ApplyResult, Bootstrap, Kill, Launch, Plan, Requeue, ShipCode
 from reconciler.bounds import bounded_text
+from reconciler.identity import slot_pool
 from reconciler.ledger import note_cycle
 from reconciler.model import (
     AttemptRecord,
@@ -38,6 +39,7 @@ from reconciler.model import (
     Observed,
     OverheadRecord,
     Spend,
+    owned_by,
 )
 from reconciler.runphase import is_live
 
@@ -56,7 +58,9 @@ def remember_observation(
 ) -> FleetMemory:
     """The memory after observing: ``mine`` are the owned boxes listed (the lab's own machines included),
     ``billed_boxes`` those the provider bills, ``billed`` what it billed each so far (None: it could not say)."""
-    boxes = update_box_memory(memory.boxes, mine, probes, now, bootstrap_hash)
+    pools = {i.id: slot_pool(desired.fleet, o.slot) for i in mine if (o := owned_by(desired.fleet.name, i.label))}
+    open_bills = frozenset(b.instance_id for b in memory.spend.boxes)
+    boxes = update_box_memory(memory.boxes, mine, probes, now, bootstrap_hash, pools=pools, open_bills=open_bills)
     spend = accrue_billed(memory.spend, memory.spend_at, billed_boxes, billed, memory.in_flight, now)
     gpu_quiet = track_gpu_quiet(memory.gpu_quiet, desired, probes, now)
     heartbeats = track_heartbeats(memory.heartbeats, memory.in_flight, probes, now)
@@ -176,8 +180,11 @@ def capped_to_bill(
     return replace(rec, cost_usd=cap) if rec.cost_usd > cap else rec
 
 
-def overhead_record(box: BoxSpend, records: Iterable[AttemptRecord]) -> OverheadRecord:
-    """A closed box's overhead line: its bill minus the costs of the attempts archived on it (``records``)."""
+def overhead_record(
+    box: BoxSpend, records: Iterable[AttemptRecord], memory: BoxMemory | None = None
+) -> OverheadRecord:
+    """A closed box's overhead line: its bill minus the costs of the attempts archived on it (``records``), with
+    when it first answered and was first ready (``memory``, the box's, kept while its bill was open)."""
     ran = [r for r in records if r.instance_id == box.instance_id]
     attempts_usd = round(sum(r.cost_usd for r in ran), 6)
     billed = round(box.usd, 6)
@@ -193,6 +200,9 @@ def overhead_record(box: BoxSpend, records: Iterable[AttemptRecord]) -> Overhead
         dph=box.dph,
         started_at=box.started_at,
         ended_at=box.gone_at,
+        reachable_at=memory.reachable_at if memory is not None else None,
+        ready_at=memory.ready_at if memory is not None else None,
+        pool=memory.pool if memory is not None else "",
         estimated=box.estimated,
         reason=f"box ended: billed ${billed:.6f}, {len(ran)} attempt(s) ${attempts_usd:.6f}, the rest was boot, "
         f"bootstrap and idle time{box.estimate_note}",
@@ -252,12 +262,23 @@ def update_box_memory(
     probes: list[BoxProbe],
     now: float,
     bootstrap_hash: str | Mapping[int, str] = "",
+    *,
+    pools: Mapping[int, str] | None = None,
+    open_bills: frozenset[int] = frozenset(),
 ) -> tuple[BoxMemory, ...]:
     """Per box: first seen, unreachable since, and since when it answers without its bootstrap done (the clock of
     ``bootstrap_timeout``; the box's own clock cannot say, and its uptime is its host's). ``bootstrap_hash`` is the
-    fleet's, or per instance id the one of its pool."""
+    fleet's, or per instance id the one of its pool.
+
+    Also when it first answered (``reachable_at``) and when it was first ready for work (``ready_at``: answering
+    with its pool's bootstrap done, or at once when the pool has none), and its pool (``pools``, per instance id):
+    the measured boot and bootstrap of the pool (``plan.readiness``). A box gone from the list keeps its memory
+    while its bill is still open (``open_bills``), so its overhead line carries these times when the bill closes.
+    """
     prev = {m.instance_id: m for m in previous}
     reach = {p.instance_id: p.reachable for p in probes}
+    by_id = {p.instance_id: p for p in probes}
+    pool_of = pools or {}
 
     def wanted(iid: int) -> str:
         return bootstrap_hash if isinstance(bootstrap_hash, str) else bootstrap_hash.get(iid, "")
@@ -282,8 +303,26 @@ def update_box_memory(
             booting = old.bootstrap_since  # not known this cycle: the clock keeps running
         else:
             booting = None
-        out.append(BoxMemory(inst.id, first_seen_at=first, unreachable_since=since, bootstrap_since=booting))
-    return tuple(out)
+        answered = by_id.get(inst.id) is not None and reach.get(inst.id) is True
+        reachable_at = old.reachable_at if old and old.reachable_at is not None else (now if answered else None)
+        ready_at = old.ready_at if old and old.ready_at is not None else None
+        if ready_at is None and answered and inst.id not in unbooted:
+            ready_at = now
+        pool = (old.pool if old and old.pool else "") or pool_of.get(inst.id, "")
+        out.append(
+            BoxMemory(
+                inst.id,
+                first_seen_at=first,
+                unreachable_since=since,
+                bootstrap_since=booting,
+                reachable_at=reachable_at,
+                ready_at=ready_at,
+                pool=pool,
+            )
+        )
+    listed = {i.id for i in instances}
+    out.extend(m for iid, m in sorted(prev.items()) if iid not in listed and iid in open_bills)
+    return tuple(sorted(out, key=lambda m: m.instance_id))
 
 
 def track_gpu_quiet(

@@ -67,6 +67,9 @@ OVERHEAD_FIELD_ORDER = (
     "dph",
     "started_at",
     "ended_at",
+    "reachable_at",
+    "ready_at",
+    "pool",
 )
 
 
@@ -138,6 +141,13 @@ def overhead_to_json(record: OverheadRecord) -> str:
         "started_at": record.started_at,
         "ended_at": record.ended_at,
     }
+    # written only when known: older lines stay as they were
+    if record.reachable_at is not None:
+        d["reachable_at"] = record.reachable_at
+    if record.ready_at is not None:
+        d["ready_at"] = record.ready_at
+    if record.pool:
+        d["pool"] = record.pool
     return _line(d)
 
 
@@ -195,6 +205,9 @@ def _overhead(d: dict[str, Any]) -> OverheadRecord:
             dph=float(d.get("dph", 0.0)),
             started_at=_opt_float(d.get("started_at")),
             ended_at=_opt_float(d.get("ended_at")),
+            reachable_at=_opt_float(d.get("reachable_at")),
+            ready_at=_opt_float(d.get("ready_at")),
+            pool=str(d.get("pool", "")),
             estimated=bool(d.get("estimated", False)),
             reason=str(d.get("reason", "")),
         )

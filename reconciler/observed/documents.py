@@ -128,6 +128,9 @@ def _render_fleet(fleet: str, observed: Observed) -> dict[str, Any]:
                 "reachable": None if probe is None else probe.reachable,
                 "first_seen_at": iso(mem.first_seen_at) if mem else None,
                 "unreachable_since": iso(mem.unreachable_since) if mem else None,
+                # boot ends at its first answer, bootstrap at its first ready one: the box's timeline (when known)
+                **({"reachable_at": iso(mem.reachable_at)} if mem and mem.reachable_at is not None else {}),
+                **({"ready_at": iso(mem.ready_at)} if mem and mem.ready_at is not None else {}),
                 "bootstrapped": _claims(probe.bootstrap_hashes) if probe and probe.reachable else [],
                 "code_commits": _claims(probe.code_commits) if probe and probe.reachable else [],
                 "gpus": gpus,

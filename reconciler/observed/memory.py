@@ -37,13 +37,17 @@ _CREDIT_TOLERANCE_USD = 0.01  # the credit also moves by storage and foreign box
 
 
 def box_memory_entries(boxes: Iterable[BoxMemory]) -> list[dict[str, Any]]:
-    """``fleet.yaml``'s ``memory``: per box, when it was first seen and since when it has not answered."""
+    """``fleet.yaml``'s ``memory``: per box, when it was first seen, since when it has not answered, when it first
+    answered and was first ready for work, and its pool (a box gone from the list stays while its bill is open)."""
     return [
         {
             "instance_id": m.instance_id,
             "first_seen_at": iso(m.first_seen_at),
             "unreachable_since": iso(m.unreachable_since),
             **({"bootstrap_since": iso(m.bootstrap_since)} if m.bootstrap_since is not None else {}),
+            **({"reachable_at": iso(m.reachable_at)} if m.reachable_at is not None else {}),
+            **({"ready_at": iso(m.ready_at)} if m.ready_at is not None else {}),
+            **({"pool": m.pool} if m.pool else {}),
         }
         for m in sorted(boxes, key=lambda m: m.instance_id)
     ]
@@ -190,6 +194,9 @@ def _boxes(entries: list[Any]) -> tuple[BoxMemory, ...]:
                     first_seen_at=first if first is not None else 0.0,
                     unreachable_since=parse_iso(m.get("unreachable_since"), where + ".unreachable_since"),
                     bootstrap_since=parse_iso(m.get("bootstrap_since"), where + ".bootstrap_since"),
+                    reachable_at=parse_iso(m.get("reachable_at"), where + ".reachable_at"),
+                    ready_at=parse_iso(m.get("ready_at"), where + ".ready_at"),
+                    pool=str(m.get("pool") or ""),
                 )
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -18,6 +18,7 @@ carries a reason (a ``ReasonCode`` and a text), and what was considered and left
     boxes      destroy idle and surplus boxes
     renting    rent for what no box can take, and for min_instances, within every cap
     bookkeeping  pull the checkpoints that are due; close the bills of ended boxes
+    wake       when to decide again, if sooner than the interval (a slot freeing while runs wait, a drain)
 
 Money is safety: caps are read defensively (a missing cap is "no cap", a negative or NaN cap is 0), an offer
 with a nonsensical price is never rented, and only instances carrying this fleet's label are ever acted upon.
@@ -60,6 +61,7 @@ from reconciler.plan.forecast import forecast
 from reconciler.plan.money import Purse, budget_position
 from reconciler.plan.placement import place, without_free_gpus
 from reconciler.plan.renting import rent_for
+from reconciler.plan.wake import wake_at
 from reconciler.plan.world import World, index_world
 
 __all__ = [
@@ -128,10 +130,12 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
     decided.extend(box_noops(world, seen, table))
     decided.extend(sync_checkpoints(world, recorded.keys | live.settled, table.destroyed))
     decided.extend(close_bills(world))
-    return _finish(world, budget, decided, estimates)
+    return _finish(world, budget, decided, estimates, wake_at(world, fc, seen, table, decided.actions, waiting))
 
 
-def _finish(world: World, budget: Purse, decided: Decisions, estimates: tuple[SweepEstimate, ...]) -> Plan:
+def _finish(
+    world: World, budget: Purse, decided: Decisions, estimates: tuple[SweepEstimate, ...], wake: float | None = None
+) -> Plan:
     before = sum(b.inst.dph_total for b in world.boxes.values())
     destroyed = sum(a.dph for a in decided.actions if isinstance(a, Destroy))
     rented = sum(a.dph for a in decided.actions if isinstance(a, Rent))
@@ -171,6 +175,7 @@ def _finish(world: World, budget: Purse, decided: Decisions, estimates: tuple[Sw
         warnings=tuple(decided.warnings),
         drift=tuple(sorted(drift, key=lambda x: (x.cls.value, x.subject, x.action))),
         estimates=estimates,
+        wake_at=None if suspended else wake,  # the sooner decision (``plan.wake``): none while suspended
     )
 
 

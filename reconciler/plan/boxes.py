@@ -13,7 +13,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from reconciler.actions import Bootstrap, Destroy, ReasonCode
+from reconciler.actions import Bootstrap, Destroy, Drain, ReasonCode
 from reconciler.identity import slot_spec_hash
 from reconciler.model import Drift, DriftClass, GpuState, InFlight, InstanceStatus
 from reconciler.plan.attempts import SeenAttempts, unseen_in_flight
@@ -59,6 +59,9 @@ class BoxTable:
 # Destroys that do not wait for a harvest: money already spent (a cap binds before the next decision) and an
 # untrusted box (never contacted again; it shows no attempts anyway).
 NO_HARVEST_WAIT = frozenset({ReasonCode.BUDGET_EXHAUSTED, ReasonCode.OVER_BUDGET_HALT, ReasonCode.HOST_KEY_CHANGED})
+# Destroys whose harvest is this plan's: a drained box's finished attempts are recorded (harvested) by this same plan,
+# before the destroy (``APPLY_ORDER``; apply skips the destroy when such a record failed).
+HARVEST_IN_PLAN = frozenset({ReasonCode.DRAINED})
 
 
 def harvest_pending(seen: SeenAttempts) -> dict[int, tuple[str, ...]]:
@@ -102,7 +105,7 @@ class _Destroyer:
             )
             return
         waiting = self.pending.get(box.id)
-        if waiting and code not in NO_HARVEST_WAIT:
+        if waiting and code not in NO_HARVEST_WAIT and code not in HARVEST_IN_PLAN:
             if self.states.get(box.id) is not BoxState.HARVESTING:
                 self.states[box.id] = BoxState.HARVESTING
                 self.considered.add(box.id)
@@ -375,14 +378,46 @@ def retire_idle(
     ``waiting`` is, per pool, how many pending runs placement could not put on a free GPU. When none waits for a
     box's pool an idle box can only bill: it is surplus even while other boxes still run work (a retry later rents
     again, which costs a boot; an idle box costs its $/h for idle_timeout, usually more).
+
+    The tail: a busy box that no pending run will use beyond what it holds (none of its pool waits and this plan
+    gives it nothing more), whose work is predicted to end before the next decision (``work_left_s`` within
+    ``Observed.cycle_s``: later, the next plan knows more), is marked draining once (``Drain``, ``DRAIN_TAIL``), so
+    it ends itself the moment its queue runs dry instead of idling until a cycle sees it; above the floor only. A
+    draining box with nothing live, nothing queued and no launch in this plan is destroyed at once (``DRAINED``):
+    its finished attempts are recorded by this same plan, before the destroy. A box with attempts in its queue and
+    nothing running is not idle: they start there (``PREDICTED_NEED``).
     """
     f = world.desired.fleet
     now = world.now
     d = _Destroyer(world, seen, table)
     candidates: list[tuple[OwnedBox, ReasonCode, str]] = []
     timeout = fmt_duration(f.idle_timeout_s)
+    tail: list[OwnedBox] = []
     for box in world.boxes.values():
-        if box.id in d.destroyed or table.has_work(seen, box.id) or launches.get(box.id):
+        if box.id in d.destroyed:
+            continue
+        probe = box.probe
+        draining = probe is not None and probe.draining
+        queued = len(probe.queued) if probe is not None else 0
+        busy = table.has_work(seen, box.id)
+        if draining and box.rented and not busy and not queued and not launches.get(box.id):
+            d.destroy(box, ReasonCode.DRAINED, "draining: its queue is dry and its attempts are recorded")
+            continue
+        if busy or launches.get(box.id):
+            ready = table.states.get(box.id) is BoxState.READY and probe is not None
+            if (
+                ready
+                and box.rented
+                and bool(seen.live.get(box.id))
+                and not draining
+                and not launches.get(box.id)
+                and not waiting.get(box.pool, 0)
+                and work_left_s(world, fc, seen, box) <= world.observed.cycle_s
+            ):
+                tail.append(box)
+            continue
+        if queued:
+            d.noop(box, ReasonCode.PREDICTED_NEED, f"{queued} queued attempt(s) start on it as its slots free: kept")
             continue
         if box.own_box:
             if table.states.get(box.id) is BoxState.READY:
@@ -408,12 +443,12 @@ def retire_idle(
         elif idle_for is not None:
             d.noop(box, ReasonCode.IDLE_KEPT, f"idle for {fmt_duration(idle_for)} (idle_timeout {timeout}); kept")
     keep_at_least = min(count_cap(f.min_instances), count_cap(f.max_instances))
-    spare = sum(1 for i in table.alive() if world.boxes[i].rented) - keep_at_least
+    spare = sum(1 for i in table.alive() if world.boxes[i].rented and i not in d.destroyed) - keep_at_least
     # with named pools each also keeps its own min_instances (a box of a pool gone from the fleet keeps nothing)
     pool_floor = {p.name: min(count_cap(p.min_instances), count_cap(p.max_instances)) for p in world.pools.values()}
     pool_spare = {name: -floor for name, floor in pool_floor.items()}
     for i in table.alive():
-        if world.boxes[i].rented and world.boxes[i].pool in pool_spare:
+        if world.boxes[i].rented and world.boxes[i].pool in pool_spare and i not in d.destroyed:
             pool_spare[world.boxes[i].pool] += 1
     for box, code, reason in sorted(candidates, key=lambda t: (-t[0].inst.dph_total, t[0].id)):
         left_in_pool = pool_spare.get(box.pool, 1) if f.named_pools else 1
@@ -427,7 +462,46 @@ def retire_idle(
             d.noop(box, ReasonCode.MIN_INSTANCES_KEPT, f"{reason}; kept to hold pool {box.pool} min_instances {floor}")
         else:
             d.noop(box, ReasonCode.MIN_INSTANCES_KEPT, f"{reason}; kept to hold min_instances {keep_at_least}")
+    # boxes already draining leave the fleet on their own: the floor counts without them
+    for i in table.alive():
+        b = world.boxes[i]
+        if i not in d.destroyed and b.rented and b.probe is not None and b.probe.draining:
+            spare -= 1
+            if b.pool in pool_spare:
+                pool_spare[b.pool] -= 1
+    for box in tail:
+        if spare <= 0 or (f.named_pools and pool_spare.get(box.pool, 1) <= 0) or budget.binds:
+            continue
+        spare -= 1
+        if box.pool in pool_spare:
+            pool_spare[box.pool] -= 1
+        d.considered.add(box.id)
+        d.out.act(
+            Drain(
+                reason=f"no pending run of pool {box.pool} will use it beyond what it holds: it ends when its "
+                "queue is dry",
+                code=ReasonCode.DRAIN_TAIL,
+                instance_id=box.id,
+            )
+        )
     return replace(table, states=d.states, destroyed=d.destroyed, considered=frozenset(d.considered)), d.out
+
+
+def work_left_s(world: World, fc: Forecast, seen: SeenAttempts, box: OwnedBox) -> float:
+    """Predicted seconds until ``box`` has no work left: per GPU slot, its live attempt's remaining time plus the
+    run time of each attempt queued behind it (``Forecast``), the latest slot's. 0 when it holds nothing."""
+    per_mask: dict[tuple[int, ...], float] = {}
+    for rd in seen.live.get(box.id, ()):
+        spec = world.runs.get(rd.run_id)
+        left = fc.remaining_s(spec, rd, box) if spec is not None else 0.0
+        per_mask[rd.gpu_mask] = max(per_mask.get(rd.gpu_mask, 0.0), left)
+    if box.probe is not None:
+        for q in box.probe.queued:
+            spec = world.runs.get(q.run_id)
+            if spec is not None:
+                run = fc.run_s(spec, box.inst.gpu_name, box.inst.machine_id)
+                per_mask[q.gpu_mask] = per_mask.get(q.gpu_mask, 0.0) + run
+    return max(per_mask.values(), default=0.0)
 
 
 def box_noops(world: World, seen: SeenAttempts, table: BoxTable) -> Decisions:

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from reconciler.model import RunDirState, RunSpec
 from reconciler.offers import normalize_gpu_name
 from reconciler.plan.money import Runtime, runtime_of
+from reconciler.plan.readiness import measured_ready_s
 from reconciler.plan.world import OwnedBox, World
 
 # A new box's boot and bootstrap, before any box of its pool has been measured (a typical Vast boot is minutes).
 DEFAULT_READY_S = 300.0
-
 
 @dataclass(frozen=True)
 class Forecast:
@@ -38,8 +38,10 @@ class Forecast:
         return max(0.0, whole - max(0.0, self.world.now - started))
 
     def ready_s(self, pool: str) -> float:
-        """Predicted seconds from renting a box in ``pool`` to that box being ready for work (boot + bootstrap)."""
-        return DEFAULT_READY_S
+        """Predicted seconds from renting a box in ``pool`` to that box being ready for work (boot + bootstrap):
+        as measured for the pool (``readiness.measured_ready_s``), ``DEFAULT_READY_S`` until one of its boxes was."""
+        measured = measured_ready_s(self.world, pool)
+        return DEFAULT_READY_S if measured is None else measured
 
 
 def forecast(world: World, runtimes: Mapping[str, Runtime]) -> Forecast:

@@ -1,9 +1,15 @@
 """Renting: boxes for the runs nothing can take, and for the min_instances floor; never past a cap.
 
 Runs that boxes already on their way (booting, bootstrapping, briefly unreachable) will take are not rented
-for. For the rest, the best offer by the fleet's ranking that passes the filters (``reconciler.offers``, the one
-definition the Vast query is built from too), fits the per-box $/h cap and keeps the fleet under its $/h cap.
-Nothing is rented once a daily or total cap is reached. What could not be rented says which cap held.
+for, nor runs that a held GPU slot takes sooner than a new box of the pool would be ready (``WAIT_FOR_BUSY_GPU``:
+each busy slot's predicted free time after this plan's queue, ``Placement.slot_free_s``, against the pool's
+measured ``Forecast.ready_s``; a slot absorbs runs in turn, its free time growing by each run's ``Forecast.run_s``).
+Renting happens only for work no held GPU will take sooner. For the rest, the best offer by the fleet's ranking
+that passes the filters (``reconciler.offers``, the one definition the Vast query is built from too), fits the
+per-box $/h cap and keeps the fleet under its $/h cap; or a box of several GPUs when it is cheaper per run (its
+$/h share per slot times ``Forecast.run_s`` on it) and enough pending runs remain to fill every slot
+(``RENT_MULTI_GPU``). Nothing is rented once a daily or total cap is reached. What could not be rented says which
+cap held.
 
 Renting is also bounded in time (``rent_gate``), from the host ledger (``observed/hosts.yaml``): at most
 ``max_rents_per_hour`` rents in any hour, and after ``RENT_BACKOFF_AFTER`` failures in a row (boxes that never came
@@ -16,6 +22,7 @@ or a market of ghosts, cannot turn into a rent storm. Both say why in the plan (
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from reconciler.actions import ReasonCode, Rent
@@ -25,7 +32,7 @@ from reconciler.model import Fleet, Offer, Pool, RunSpec
 from reconciler.offers import box_cap_dph, normalize_gpu_name
 from reconciler.plan.attempts import PendingRun
 from reconciler.plan.boxes import BoxState, BoxTable
-from reconciler.plan.common import EPS, Decisions, count_cap, fleet_dph_cap, fmt_duration, usd, usd_h
+from reconciler.plan.common import EPS, Decisions, count_cap, fleet_dph_cap, fmt_duration, gpus_text, usd, usd_h
 from reconciler.plan.forecast import Forecast
 from reconciler.plan.money import Purse, Spending, runtime_of
 from reconciler.plan.world import World
@@ -150,6 +157,27 @@ class _Market:
         self.pointers[(g, ram)] = i
         return None
 
+    def multi_gpu(self, o: Offer, g: int, ram: int, fill: int, per_run: Callable[[Offer], float]) -> Offer | None:
+        """A box of several ``g``-GPU slots that is cheaper per run than ``o`` (the best by the pool's ranking) and
+        that ``fill`` pending runs of the shape fill, the cheapest per run; None when there is none. ``per_run`` is
+        an offer's $ for one run on one of its slots (its $/h share times ``Forecast.run_s`` on it)."""
+        best, best_cost = None, per_run(o) - EPS
+        for x in self.offers:
+            slots = x.num_gpus // g if g > 0 else 0
+            if (
+                slots < 2
+                or slots > fill
+                or x.id in self.shared.used
+                or x.gpu_ram_mib < ram
+                or x.dph_total > self.instance_cap
+                or self.shared.fleet_dph + x.dph_total > self.fleet_cap + EPS
+            ):
+                continue
+            cost = per_run(x)
+            if cost < best_cost:
+                best, best_cost = x, cost
+        return best
+
     def why_not(self, g: int, ram: int) -> tuple[ReasonCode, str]:
         fitting = [
             o for o in self.offers if o.id not in self.shared.used and o.num_gpus >= g and o.gpu_ram_mib >= ram
@@ -208,6 +236,7 @@ class _Tally:
     """Per sweep, what became of its unplaced runs (for the NOT_LAUNCHED no-op), across pools."""
 
     waits_for_booting: dict[str, int] = field(default_factory=dict)
+    waits_for_busy: dict[str, int] = field(default_factory=dict)
     covered_by_rent: dict[str, int] = field(default_factory=dict)
     no_capacity: dict[str, int] = field(default_factory=dict)
 
@@ -253,22 +282,97 @@ def rent_for(
                     f"({len(pool.hosts)} host(s), provider ssh): rigsync never rents for it",
                 )
             continue
-        _rent_pool(world, pool, tuple(by_pool[name]), table, budget, spending, shared, tally, out)
-    for sweep in sorted(set(tally.waits_for_booting) | set(tally.covered_by_rent) | set(tally.no_capacity)):
+        runs = _wait_for_busy(world, pool, tuple(by_pool[name]), table, fc, slots, tally, out)
+        _rent_pool(world, pool, runs, table, budget, spending, shared, tally, out, fc)
+    kinds = (tally.waits_for_booting, tally.waits_for_busy, tally.covered_by_rent, tally.no_capacity)
+    for sweep in sorted(set().union(*kinds)):
         parts = []
         if tally.waits_for_booting.get(sweep):
             parts.append(f"{tally.waits_for_booting[sweep]} wait for boxes already booting")
+        if tally.waits_for_busy.get(sweep):
+            parts.append(f"{tally.waits_for_busy[sweep]} wait for a busy GPU")
         if tally.covered_by_rent.get(sweep):
             parts.append(f"{tally.covered_by_rent[sweep]} wait for boxes rented now")
         if tally.no_capacity.get(sweep):
             parts.append(f"{tally.no_capacity[sweep]} have no capacity")
-        total = sum(d.get(sweep, 0) for d in (tally.waits_for_booting, tally.covered_by_rent, tally.no_capacity))
+        total = sum(d.get(sweep, 0) for d in kinds)
         out.noop(
             f"sweep/{sweep}",
             ReasonCode.NOT_LAUNCHED,
             f"{total} pending run(s) not launched: " + ", ".join(parts),
         )
     return out
+
+
+@dataclass
+class _Slot:
+    """A busy GPU slot of a held box, and when it is predicted free of its work (and of the runs it absorbs)."""
+
+    box_id: int
+    mask: tuple[int, ...]
+    free_s: float
+    first_free_s: float
+    gpu_ram_mib: int
+    gpu_name: str
+    machine_id: int
+    took: list[str] = field(default_factory=list)
+
+
+def _wait_for_busy(
+    world: World,
+    pool: Pool,
+    unplaced: tuple[PendingRun, ...],
+    table: BoxTable,
+    fc: Forecast,
+    slots: tuple[tuple[int, tuple[int, ...], float], ...],
+    tally: _Tally,
+    out: Decisions,
+) -> tuple[PendingRun, ...]:
+    """The runs of ``pool`` that no held GPU slot takes sooner than a new box would be ready; each of the others
+    waits for the fitting slot that frees first (in launch order), whose free time then grows by that run's
+    predicted run time on it. One ``WAIT_FOR_BUSY_GPU`` no-op per slot that absorbs runs, naming the slot and both
+    times."""
+    busy: list[_Slot] = []
+    for box_id, mask, free_s in slots:
+        box = world.boxes.get(box_id)
+        if box is None or box.pool != pool.name or box_id in table.destroyed or not mask:
+            continue
+        inst = box.inst
+        busy.append(_Slot(box_id, mask, free_s, free_s, inst.gpu_ram_mib, inst.gpu_name, inst.machine_id))
+    if not busy or not unplaced:
+        return unplaced
+    ready = fc.ready_s(pool.name)
+    rest: list[PendingRun] = []
+    for n, run in enumerate(unplaced):
+        if min(b.free_s for b in busy) >= ready:  # every slot is busy past a new box's readiness: rent for the rest
+            rest.extend(unplaced[n:])
+            break
+        fitting = [
+            b for b in busy
+            if b.free_s < ready
+            and len(b.mask) >= run.gpus
+            and (not run.gpu_ram_mib or b.gpu_ram_mib >= run.gpu_ram_mib)
+        ]
+        if not fitting:
+            rest.append(run)
+            continue
+        slot = min(fitting, key=lambda b: (b.free_s, b.box_id, b.mask))
+        slot.took.append(run.spec.id)
+        slot.free_s += fc.run_s(run.spec, slot.gpu_name, slot.machine_id)
+        tally.add(tally.waits_for_busy, run.spec.sweep.name)
+    for slot in sorted(busy, key=lambda b: (b.box_id, b.mask)):
+        if not slot.took:
+            continue
+        runs = slot.took
+        names = ", ".join(f"run/{r}" for r in runs[:3]) + (f" and {len(runs) - 3} more" if len(runs) > 3 else "")
+        out.noop(
+            world.boxes[slot.box_id].subject,
+            ReasonCode.WAIT_FOR_BUSY_GPU,
+            f"{len(runs)} pending run(s) ({names}) wait for {gpus_text(slot.mask)}: predicted free in "
+            f"{fmt_duration(slot.first_free_s)}, sooner than a new box of pool {pool.name} would be ready "
+            f"({fmt_duration(ready)}); not rented for",
+        )
+    return tuple(rest)
 
 
 def _rent_pool(
@@ -281,6 +385,7 @@ def _rent_pool(
     shared: _Fleetwide,
     tally: _Tally,
     out: Decisions,
+    fc: Forecast,
 ) -> None:
     f = world.desired.fleet
     subj = f"fleet/{f.name}" if not f.named_pools else f"pool/{pool.name}"
@@ -316,7 +421,9 @@ def _rent_pool(
     def block(code: ReasonCode, msg: str, runs: int) -> None:
         blocked[msg] = (code, blocked.get(msg, (code, 0))[1] + runs)
 
+    to_go = Counter((r.gpus, r.gpu_ram_mib) for r in uncovered)  # runs of each shape from here on
     for n, run in enumerate(uncovered):
+        to_go[(run.gpus, run.gpu_ram_mib)] -= 1
         if len(refused) == len(shapes):
             # every shape is refused and only a rent could change that, which a refused shape never makes
             rest = Counter((r.spec.sweep.name, r.gpus, r.gpu_ram_mib) for r in uncovered[n:])
@@ -341,6 +448,22 @@ def _rent_pool(
                 why = gate
             elif (o := market.pick(g, ram)) is None:
                 why = blocked_req[shape] = market.why_not(g, ram)
+            elif (many := market.multi_gpu(o, g, ram, to_go[shape] + 1, _per_run(fc, spec, g))) is not None and (
+                spending.fits(cost := _rent_cost(world, budget, many, spec, g)) and spending.credit_fits(cost)
+            ):
+                spending.commit(cost, new_dph=many.dph_total)
+                tally.add(tally.covered_by_rent, spec.sweep.name)
+                slots_n = many.num_gpus // g
+                reason = (
+                    f"pending run {spec.id} and {to_go[shape]} more of its shape need {g} GPU(s) each; "
+                    f"{many.gpu_name} x{many.num_gpus} at {usd_h(many.dph_total)} ({slots_n} slot(s)) is "
+                    f"{usd(_per_run(fc, spec, g)(many))} a run against {usd(_per_run(fc, spec, g)(o))} on the best "
+                    f"by {pool.ranking.value} ({o.gpu_name} x{o.num_gpus} at {usd_h(o.dph_total)})" + _bid_text(many)
+                )
+                out.act(market.rent(many, ReasonCode.RENT_MULTI_GPU, reason))
+                rented_bins.add(_Bin(many.num_gpus - g, many.gpu_ram_mib))
+                refused.clear()
+                continue
             elif not spending.fits(cost := _rent_cost(world, budget, o, spec, g)):
                 why = (
                     ReasonCode.BUDGET_REFUSED,
@@ -406,6 +529,17 @@ def _rent_pool(
             out.warnings.append(f"budget: {msg}{tail}")  # the account itself is short: say it where people look
         if code in (ReasonCode.RENT_BACKOFF, ReasonCode.RENT_RATE_LIMITED):
             out.warnings.append(f"renting: {msg}{tail}")  # `rigsync status` shows these
+
+
+def _per_run(fc: Forecast, spec: RunSpec, gpus: int) -> Callable[[Offer], float]:
+    """An offer's $ for one run of ``spec`` on one of its ``gpus``-GPU slots: its $/h share times the forecast run
+    time on that GPU model and machine (``Forecast.run_s``: measured rates once learned, DLPerf until then)."""
+
+    def cost(o: Offer) -> float:
+        share = o.dph_total * gpus / max(1, o.num_gpus)
+        return share * fc.run_s(spec, o.gpu_name, o.machine_id) / 3600.0
+
+    return cost
 
 
 def _bid_text(o: Offer) -> str:

@@ -9,7 +9,8 @@ GPU per instance GPU, with memory in use on the GPUs of its live runs. The host 
 (``build_hosts``). Only what is in ``observed.in_flight`` on a box (or archived) is this fleet's there: a run a
 probe shows without it is foreign. The process-only memory: ``heartbeats`` (``run_id``, ``attempt``,
 ``implied_ago``, ``since_ago``), ``failed_actions`` (``kind``, ``target``, ``error``) and ``distrusted``
-(``instance_id``, ``since_ago``, ``why``).
+(``instance_id``, ``since_ago``, ``why``). A probe may show the box's ``queued`` entries (``run_id``, ``attempt``,
+``gpu_mask``, ``epoch``) and ``draining``; a box's memory its ``reachable_ago``/``ready_ago`` and ``pool``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from reconciler.model import (
     Ownership,
     OwnHost,
     Pool,
+    QueuedEntry,
     Ranking,
     RunDirState,
     RunSpec,
@@ -265,6 +267,11 @@ def build_probe(d: J, now: float, inst: Instance | None, desired: Desired) -> Bo
         last_activity_at=_t(d, now, "last_activity_at", "last_activity_ago", None),
         unusable=d.get("unusable"),
         rejected=tuple(d.get("rejected", [])),
+        queued=tuple(
+            QueuedEntry(q["run_id"], q.get("attempt", 1), tuple(q.get("gpu_mask", [0])), q.get("epoch", 0), n)
+            for n, q in enumerate(d.get("queued", []))
+        ),
+        draining=bool(d.get("draining", False)),
     )
 
 
@@ -342,6 +349,9 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
                 first_seen_at=_t(m, now, "first_seen_at", "first_seen_ago", now - 3600.0) or 0.0,
                 unreachable_since=_t(m, now, "unreachable_since", "unreachable_ago", None),
                 bootstrap_since=_t(m, now, "bootstrap_since", "bootstrap_ago", None),
+                reachable_at=_t(m, now, "reachable_at", "reachable_ago", None),
+                ready_at=_t(m, now, "ready_at", "ready_ago", None),
+                pool=m.get("pool", ""),
             )
             for m in d.get("memory", [])
         ),
@@ -362,6 +372,7 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
                 pid=f.get("pid"),
                 pid_started=f.get("pid_started"),
                 epoch=f.get("epoch", 0),
+                queued=bool(f.get("queued", False)),
             )
             for f in d.get("in_flight", [])
         ),

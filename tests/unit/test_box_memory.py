@@ -12,7 +12,7 @@ BOX = Instance(1, "rigsync:lab:abc-1", InstanceStatus.RUNNING, "RTX 3090", 1, 24
 def test_bootstrap_since_starts_when_the_box_answers_without_it_and_ends_when_it_is_done() -> None:
     missing = BoxProbe(1, reachable=True, bootstrap_running=("h1",))
     first = update_box_memory((), [BOX], [missing], T, "h1")
-    assert first == (BoxMemory(1, first_seen_at=T, bootstrap_since=T),)
+    assert first == (BoxMemory(1, first_seen_at=T, bootstrap_since=T, reachable_at=T),)
     # still missing: the clock keeps its start; unreachable for a cycle: it keeps running too
     assert update_box_memory(first, [BOX], [missing], T + 60, "h1")[0].bootstrap_since == T
     dark = update_box_memory(first, [BOX], [BoxProbe(1, reachable=False)], T + 90, "h1")[0]

@@ -1,0 +1,58 @@
+"""Wake: when the planner wants to decide again, if sooner than the controller's interval (``Plan.wake_at``).
+
+A box-side queue keeps a slot working between cycles, but two ends still wait for a decision: a slot that frees
+with nothing queued behind it while runs wait for a GPU (the next launch), and a draining box's last attempt (its
+harvest and destroy). Deciding at the interval wastes the gap to it on every such end; deciding at the predicted
+end (``Forecast.remaining_s``) plus ``WAKE_MARGIN_S`` does not. An end already overdue asks for nothing (its
+forecast was wrong: the interval decides, so a run slower than predicted cannot make the loop cycle every few
+seconds), the daemon floors the sleep and never sleeps past its interval. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from reconciler.actions import Action, Drain, Launch
+from reconciler.plan.attempts import SeenAttempts
+from reconciler.plan.boxes import BoxTable, work_left_s
+from reconciler.plan.forecast import Forecast
+from reconciler.plan.world import World
+
+WAKE_MARGIN_S = 5.0  # past the predicted end: the attempt's exit code is written and its heartbeat stops
+
+
+def wake_at(
+    world: World,
+    fc: Forecast,
+    seen: SeenAttempts,
+    table: BoxTable,
+    actions: Sequence[Action],
+    waiting: Mapping[str, int],
+) -> float | None:
+    """The earliest predicted end of a live attempt whose end matters now, plus ``WAKE_MARGIN_S``; None if none.
+
+    An end matters when its slot has nothing queued behind it (on the box or by this plan) and runs of its pool
+    wait for a GPU (``waiting``, per pool), or when it is the last work of a box that is draining (or is told to
+    drain by this plan)."""
+    queued_now = {(a.instance_id, a.gpu_mask) for a in actions if isinstance(a, Launch) and a.queued}
+    drained_now = {a.instance_id for a in actions if isinstance(a, Drain)}
+    ends: list[float] = []
+    for box_id, runs in seen.live.items():
+        box = world.boxes.get(box_id)
+        if box is None or box_id in table.destroyed or box.probe is None:
+            continue
+        if box.probe.draining or box_id in drained_now:
+            ends.append(work_left_s(world, fc, seen, box))
+            continue
+        if not waiting.get(box.pool, 0):
+            continue
+        behind = {q.gpu_mask for q in box.probe.queued} | {m for i, m in queued_now if i == box_id}
+        for rd in runs:
+            spec = world.runs.get(rd.run_id)
+            if spec is None or rd.gpu_mask in behind:
+                continue
+            ends.append(fc.remaining_s(spec, rd, box))
+    ahead = [left for left in ends if left > 0.0]  # an overdue end: its forecast was wrong, the interval decides
+    if not ahead:
+        return None
+    return round(world.now + min(ahead) + WAKE_MARGIN_S, 3)
