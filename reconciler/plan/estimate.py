@@ -1,7 +1,9 @@
 """The price of a plan: for every sweep, what its unfinished work will take in GPU-hours, dollars and time.
 
-GPU-hours come from the same expected runtime the budget uses (``money``: the archive's median, the sweep's
-``expected_runtime``, or ``max_runtime`` as the upper bound — the estimate says which). Dollars are a range
+GPU-hours come from the same expected runtime the budget uses (``money``: the sweep's progress total over its
+learned progress rate, the archive's median, the sweep's ``expected_runtime``, or ``max_runtime`` as the upper
+bound — the estimate says which); a running attempt's GPU-hours left are the forecast's (``Forecast.remaining_s``:
+its progress left at its box's learned rate, when it reports progress). Dollars are a range
 over where the work could run: every offer that passes its pool's filters under the pool's per-box price cap
 (``offers.box_cap_dph``), and the pool's boxes held, each at its $/h per GPU with the runtime scaled by its
 DLPerf. The ETA assumes the sweep has its pool to itself at its full size (``max_instances`` boxes like the
@@ -21,6 +23,7 @@ from reconciler.model import Pool, RunSpec
 from reconciler.offers import box_cap_dph, normalize_gpu_name
 from reconciler.plan.attempts import LiveVerdicts, RunQueue
 from reconciler.plan.common import count_cap, usd
+from reconciler.plan.forecast import forecast
 from reconciler.plan.money import Purse, Runtime, runtime_of
 from reconciler.plan.world import World
 
@@ -131,9 +134,15 @@ def estimate(
     gpu_runs = {name: n * max(1, specs[name].sweep.gpus_per_run) for name, n in pending.items()}  # the sweep's GPUs
     running: dict[str, list[float]] = {}  # sweep -> GPU-hours left of each running attempt
     hours_of: dict[str, float] = {}
-    for run_id, (_box, rd) in live.running.items():
+    fc = forecast(world, budget.runtimes)
+    for run_id, (box_id, rd) in live.running.items():
         spec = world.runs.get(run_id)
         if spec is None:
+            continue
+        box = world.boxes.get(box_id)
+        if box is not None and spec.sweep.progress is not None and fc.rate(spec, box.inst.gpu_name, box.inst.machine_id):
+            left = fc.remaining_s(spec, rd, box) / 3600.0
+            running.setdefault(spec.sweep.name, []).append(left * max(1, len(rd.gpu_mask)))
             continue
         hours = hours_of.get(spec.sweep.name)
         if hours is None:
