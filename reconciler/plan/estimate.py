@@ -140,7 +140,7 @@ def estimate(
         if spec is None:
             continue
         box = world.boxes.get(box_id)
-        if box is not None and spec.sweep.progress is not None and fc.rate(spec, box.inst.gpu_name, box.inst.machine_id):
+        if box is not None and fc.rate(spec, box.inst.gpu_name, box.inst.machine_id) is not None:
             left = fc.remaining_s(spec, rd, box) / 3600.0
             running.setdefault(spec.sweep.name, []).append(left * max(1, len(rd.gpu_mask)))
             continue
