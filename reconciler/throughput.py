@@ -310,10 +310,11 @@ def exploration(
     ``explores and not allowed``, and rents the best measured option instead in that case):
 
     * Only sweeps with some measurement count; with none, nothing is exploitable and nothing is exploration.
-    * ``explores``: for one of those sweeps, ``offer``'s GPU model (``gpu_key(offer.gpu_name)``) is unmeasured
-      (its prediction is ``scaled``, or ``dlperf`` with no rate at all), and its predicted work per $ (when scaled)
-      is above the best measured option's among ``options`` (offers whose model or machine is measured). An
-      unmeasured offer that predicts no cheaper work is not exploration: it is simply ranked lower.
+    * ``explores``: for one of those sweeps, ``offer``'s GPU model (``gpu_key(offer.gpu_name)``) is unmeasured,
+      its predicted work per $ (``scaled``: the nearest measured model scaled by DLPerf) is above the best measured
+      option's among ``options`` (the other offers the pool may rent whose model is measured). An unmeasured offer
+      that predicts no cheaper work is not exploration (it is ranked lower), nor is one with no measured option to
+      weigh it against (there is nothing to exploit instead), nor one with no prediction at all.
     * ``held`` are the boxes held now as (GPU name, machine id); those on a model unmeasured for the same sweeps
       count as exploring. ``limit`` is ``ceil(share * (len(held) + 1))``, at least 1 when ``share > 0`` (0 when
       ``share <= 0``: never). ``allowed`` is ``held_unmeasured < limit`` (always True when not exploring).
@@ -335,9 +336,11 @@ def exploration(
             ),
             default=None,
         )
-        if value is not None and (best_measured is None or value > best_measured):
-            than = f" > best measured {best_measured:.4g}" if best_measured is not None else ""
-            reasons.append(f"{s.name}: {gpu} unmeasured, predicted {value:.4g} units/$ ({p.basis}){than}")
+        if value is not None and best_measured is not None and value > best_measured:
+            reasons.append(
+                f"{s.name}: {gpu} unmeasured, predicted {value:.4g} units/$ ({p.basis}) > best measured option "
+                f"{best_measured:.4g}"
+            )
     explores = bool(reasons)
     unmeasured = sum(
         1 for g, _ in held
