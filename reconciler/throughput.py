@@ -93,7 +93,7 @@ class Sample:
 class SweepRates:
     gpus: Mapping[str, Rate] = field(default_factory=dict)  # normalised GPU name -> rate
     machines: Mapping[int, Rate] = field(default_factory=dict)  # machine id -> rate (0: unknown, never kept)
-    machine_gpu: Mapping[int, str] = field(default_factory=dict)  # machine id -> its GPU model (last seen)
+    machine_gpu: Mapping[int, str] = field(default_factory=dict)  # machine id -> its GPU model
 
     @property
     def pooled(self) -> Rate | None:
@@ -180,7 +180,8 @@ def learn(samples: Iterable[Sample]) -> Rates:
             m[0] += s.units
             m[1] += s.seconds
             m[2] += 1
-            machine_gpu.setdefault(s.sweep, {})[s.machine_id] = s.gpu
+            seen = machine_gpu.setdefault(s.sweep, {})
+            seen[s.machine_id] = min(seen.get(s.machine_id, s.gpu), s.gpu)  # one model per machine; any order
     return Rates(
         {
             sweep: SweepRates(
