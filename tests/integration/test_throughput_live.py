@@ -73,4 +73,5 @@ def test_an_attempts_progress_is_archived_and_learned(
 
     after = rec.cycle(desired)
     runtime = sweep_runtimes(desired, after.observed, {})["steps"]
-    assert runtime.source is RuntimeSource.RATE and runtime.hours == pytest.approx(40 / gpu["units_per_s"] / 3600, rel=1e-4)
+    assert runtime.source is RuntimeSource.RATE
+    assert runtime.hours == pytest.approx(40 / gpu["units_per_s"] / 3600, rel=1e-4)
