@@ -441,10 +441,11 @@ def stall_of(world: World, rd: RunDirState, spec: RunSpec, launched: float) -> s
     under ``stall_gpu_util`` all along, or its progress crawling), or None. No metrics file yet counts from the
     attempt's launch.
 
-    Crawling: the sweep has a progress key, the attempt (not resumed) has run longer than ``stall_timeout``, and its
-    progress over its whole run so far is under ``throughput.STALL_RATE_FLOOR`` (10%) of the rate learned from the
-    archive for its box (that machine, that GPU model, or the nearest measured model scaled by DLPerf; the live
-    attempts are not counted, so a slow attempt cannot lower its own bar)."""
+    Crawling: the sweep has a progress key, the attempt (not resumed) has worked longer than ``stall_timeout``
+    (since its box started it, at most since its launch), and its progress over that whole time is under
+    ``throughput.STALL_RATE_FLOOR`` (10%) of the rate learned from the archive for its box (that machine, that GPU
+    model, or the nearest measured model scaled by DLPerf; the live attempts are not counted, so a slow attempt
+    cannot lower its own bar)."""
     limit = spec.sweep.stall_timeout_s
     if limit is None:
         return None
@@ -455,20 +456,24 @@ def stall_of(world: World, rd: RunDirState, spec: RunSpec, launched: float) -> s
         file = spec.sweep.metrics_file
         what = f"{file} unchanged for" if rd.metrics_age_s is not None else f"no {file} in"
         return f"no metric progress: {what} {fmt_duration(quiet)} > stall_timeout {fmt_duration(limit)}"
-    done = progress_value(spec.sweep, rd.last_metrics)
-    box = next((b for b in world.boxes.values() if b.probe and any(r is rd for r in b.probe.runs)), None)
+    worked = min(ran, now - rd.started_at) if rd.started_at is not None else ran  # a queued attempt waited first
+    done = progress_value(spec.sweep, rd.last_metrics) if worked > limit else None
+    box = None
+    if done is not None:
+        box = next((b for b in world.boxes.values() if b.probe and any(r is rd for r in b.probe.runs)), None)
     key = (rd.run_id, rd.attempt)
-    resumed = any(f.resumed_from is not None for f in world.observed.memory.in_flight if (f.run_id, f.attempt) == key)
-    if done is not None and box is not None and not resumed and ran > limit:
+    if done is not None and box is not None and not any(
+        f.resumed_from is not None for f in world.observed.memory.in_flight if (f.run_id, f.attempt) == key
+    ):
         gpu = normalize_gpu_name(box.inst.gpu_name)
         learned = predict(world.learned, spec.sweep.name, gpu, box.inst.machine_id, world.gpu_dlperf)
-        if learned.per_s is not None and done / ran < STALL_RATE_FLOOR * learned.per_s:
+        if learned.per_s is not None and done / worked < STALL_RATE_FLOOR * learned.per_s:
             return (
-                f"progress {done / ran:.4g}/s over {fmt_duration(ran)} is under {STALL_RATE_FLOOR:.0%} of the "
+                f"progress {done / worked:.4g}/s over {fmt_duration(worked)} is under {STALL_RATE_FLOOR:.0%} of the "
                 f"learned {learned.per_s:.4g}/s ({learned.source.value}: {learned.basis})"
             )
     for run_id, attempt, since in world.observed.memory.gpu_quiet:
-        if (run_id, attempt) == (rd.run_id, rd.attempt) and now - since > limit:
+        if (run_id, attempt) == key and now - since > limit:
             return (
                 f"GPU utilization under {spec.sweep.stall_gpu_util_pct:g}% for {fmt_duration(now - since)} > "
                 f"stall_timeout {fmt_duration(limit)} while its process lives"
