@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from reconciler.actions import ReasonCode
@@ -38,7 +38,16 @@ from reconciler.model import (
 )
 from reconciler.offers import as_interruptible, normalize_gpu_name, offer_skipped, passing_offers, rank_key
 from reconciler.plan.common import Decisions
-from reconciler.throughput import Rates, Sample, archive_samples, learn, progress_value, work_score
+from reconciler.throughput import (
+    Exploration,
+    Rates,
+    Sample,
+    archive_samples,
+    exploration,
+    learn,
+    progress_value,
+    work_score,
+)
 
 
 @dataclass(frozen=True)
@@ -98,6 +107,15 @@ class World:
     def pool_of_run(self, spec: RunSpec) -> str:
         """The pool a run goes to: its sweep's ``pool``, or the first."""
         return spec.sweep.pool or next(iter(self.pools))
+
+    def exploration(self, offer: Offer, pool: str, sweeps: Sequence[Sweep]) -> Exploration:
+        """``throughput.exploration`` of renting ``offer`` in ``pool`` now for ``sweeps``: the fleet's rented boxes
+        held, its ``exploration_share``, the pool's offers as the options and the plan's rates (see its contract)."""
+        held = [(b.inst.gpu_name, b.inst.machine_id) for b in self.boxes.values() if b.rented]
+        return exploration(
+            offer, sweeps, self.rates, held, self.desired.fleet.exploration_share, self.pool_offers.get(pool, ()),
+            self.gpu_dlperf, normalize_gpu_name,
+        )
 
     gpu_dlperf: Mapping[str, float]  # normalised GPU name -> median DLPerf of one such GPU on the market
     learned: Rates  # the sweeps' progress rates from the archive alone (observed/throughput.yaml)

@@ -234,3 +234,17 @@ def test_live_progress_counts_in_the_plan_never_in_the_file() -> None:
 
 def test_samples_ignore_unusable_values() -> None:
     assert learn([Sample("s", "rtx 3090", 1, float("inf"), 10.0), Sample("s", "rtx 3090", 1, 5.0, -1.0)]).sweeps == {}
+
+
+def test_world_exploration_counts_the_fleets_rented_boxes_and_its_share() -> None:
+    case = load_case(CASES / "rank_measured_cheaper_card.json")
+    world, _ = index_world(case.desired, case.observed, case.now)
+    sweeps = [world.runs["r1"].sweep]
+    dearer_3090 = next(o for o in world.pool_offers[case.desired.fleet.pools[0].name] if o.id == 101)
+    v = world.exploration(dearer_3090, case.desired.fleet.pools[0].name, sweeps)
+    assert not v.explores and v.allowed  # measured, and predicted dearer anyway
+    a4000 = replace(offer(9, dph=0.05, gpu_name="RTX A4000"), dlperf=20.0)  # unmeasured, DLPerf like the 3060, cheap
+    pool = case.desired.fleet.pools[0].name
+    world = replace(world, pool_offers={pool: (*world.pool_offers[pool], a4000)}, gpu_dlperf={"rtx 3060": 20.0})
+    v = world.exploration(a4000, pool, sweeps)
+    assert v.explores and v.allowed and v.limit == 1 and "rtx a4000 unmeasured" in v.detail
