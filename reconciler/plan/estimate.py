@@ -23,8 +23,8 @@ from reconciler.model import Pool, RunSpec
 from reconciler.offers import box_cap_dph, normalize_gpu_name
 from reconciler.plan.attempts import LiveVerdicts, RunQueue
 from reconciler.plan.common import count_cap, usd
-from reconciler.plan.forecast import forecast
-from reconciler.plan.money import Purse, Runtime, runtime_of
+from reconciler.plan.forecast import Forecast, forecast
+from reconciler.plan.money import Purse, Runtime, RuntimeSource, runtime_of
 from reconciler.plan.world import World
 
 
@@ -89,6 +89,20 @@ def _prices(world: World, places: list[Place]) -> _Prices:
         else:
             no_dl.append(price)
     return _Prices(_span(every), _span(no_dl), _span(per_dl))
+
+
+def _learned_prices(fc: Forecast, spec: RunSpec, rt: Runtime, places: list[Place]) -> _Prices | None:
+    """The places priced per GPU-hour of the sweep's pooled learned rate: a place's $/h per GPU times the time one
+    run takes there (``Forecast.run_s``: its model measured, or the nearest measured one scaled) over ``rt.hours``.
+    Places with no prediction are left out; None when none has one (the DLPerf scaling of ``_prices`` holds)."""
+    if rt.hours <= 0:
+        return None
+    priced = []
+    for dph, n, name in places:
+        if n > 0 and fc.rate(spec, name) is not None:
+            priced.append(dph / n * fc.run_s(spec, name) / 3600.0 / rt.hours)
+    span = _span(priced)
+    return _Prices(span, span, None) if span is not None else None
 
 
 def _pool_gpus(world: World, pool: Pool, places: list[Place]) -> int:
@@ -157,6 +171,9 @@ def estimate(
             pool = world.pools.get(name) or next(iter(world.pools.values()))
             here = places.get(pool.name, [])
             by_pool[name] = (_prices(world, here), _pool_gpus(world, pool, here))
+        rt = runtime_of(budget.runtimes, spec)
+        if rt.source is RuntimeSource.RATE:  # each place at the sweep's rate predicted on it
+            return _learned_prices(fc, spec, rt, places.get(name, [])) or by_pool[name][0], by_pool[name][1]
         return by_pool[name]
 
     out: list[SweepEstimate] = []

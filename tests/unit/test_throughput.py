@@ -248,3 +248,14 @@ def test_world_exploration_counts_the_fleets_rented_boxes_and_its_share() -> Non
     world = replace(world, pool_offers={pool: (*world.pool_offers[pool], a4000)}, gpu_dlperf={"rtx 3060": 20.0})
     v = world.exploration(a4000, pool, sweeps)
     assert v.explores and v.allowed and v.limit == 1 and "rtx a4000 unmeasured" in v.detail
+
+
+def test_the_price_of_a_measured_sweep_is_each_card_at_its_own_rate() -> None:
+    case = load_case(CASES / "rank_measured_cheaper_card.json")
+    (est,) = plan(case.desired, case.observed, case.now).estimates
+    # pooled: 3000 steps in 600 s (5/s), so 1000 steps take 200 s; the RTX 3060 (10/s) at $0.20/h does them in
+    # 100 s, the RTX 3090 (2.5/s) in 400 s
+    assert est.runtime_source == "learned_rate" and est.runtime_samples == 3
+    assert est.runtime_h == pytest.approx(200 / 3600, abs=1e-4)
+    assert est.usd_low == pytest.approx(0.2 * 100 / 3600, abs=1e-4)
+    assert est.usd_high == pytest.approx(0.2 * 400 / 3600, abs=1e-4)
