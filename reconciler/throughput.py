@@ -119,12 +119,26 @@ class Rates:
 
 @dataclass(frozen=True)
 class Prediction:
-    """A sweep's predicted progress rate on one GPU (``per_s``, None for ``Source.DLPERF``) and why."""
+    """A sweep's predicted progress rate on one GPU (``per_s``, None for ``Source.DLPERF``) and what it rests on."""
 
     per_s: float | None
     source: Source
-    basis: str  # what it rests on, for reasons: "RTX 3090: 3 attempts", "scaled from RTX 3090 (dlperf 30 -> 20)"
+    what: str  # the machine, model or reference model measured; for DLPERF, why there is no rate
     attempts: int = 0
+    ref_dlperf: float = 0.0  # SCALED: the reference model's DLPerf per GPU, and the target's
+    dlperf: float = 0.0
+
+    @property
+    def basis(self) -> str:
+        """For reasons: ``machine 7: 3 attempt(s)``, ``scaled from rtx 3090 (2 attempt(s)) by DLPerf 20 -> 40``."""
+        if self.source is Source.SCALED:
+            return (
+                f"scaled from {self.what} ({self.attempts} attempt(s)) by DLPerf {self.ref_dlperf:.3g} -> "
+                f"{self.dlperf:.3g}"
+            )
+        if self.source is Source.DLPERF:
+            return self.what
+        return f"{self.what}: {self.attempts} attempt(s)"
 
 
 def progress_value(sweep: Sweep, metrics: Iterable[tuple[str, Scalar]]) -> float | None:
@@ -204,11 +218,10 @@ def predict(
         return Prediction(None, Source.DLPERF, "nothing measured for this sweep")
     by_machine = found.machines.get(machine_id) if machine_id else None
     if by_machine is not None and by_machine.per_s > 0 and found.machine_gpu.get(machine_id, gpu) == gpu:
-        return Prediction(by_machine.per_s, Source.MACHINE, f"machine {machine_id}: {by_machine.attempts} attempt(s)",
-                          by_machine.attempts)
+        return Prediction(by_machine.per_s, Source.MACHINE, f"machine {machine_id}", by_machine.attempts)
     by_gpu = found.gpus.get(gpu)
     if by_gpu is not None and by_gpu.per_s > 0:
-        return Prediction(by_gpu.per_s, Source.GPU, f"{gpu}: {by_gpu.attempts} attempt(s)", by_gpu.attempts)
+        return Prediction(by_gpu.per_s, Source.GPU, gpu, by_gpu.attempts)
     target = gpu_dlperf if gpu_dlperf is not None and gpu_dlperf > 0 else dlperf.get(gpu)
     if target is None or not math.isfinite(target) or target <= 0:
         return Prediction(None, Source.DLPERF, f"{gpu or 'this GPU'}: unmeasured, its DLPerf unknown")
@@ -223,10 +236,7 @@ def predict(
     if nearest is None:
         return Prediction(None, Source.DLPERF, f"{gpu}: unmeasured, no measured model's DLPerf on the market")
     _, name, ref, rate = nearest
-    return Prediction(
-        rate.per_s * target / ref, Source.SCALED,
-        f"scaled from {name} ({rate.attempts} attempt(s)) by DLPerf {ref:.3g} -> {target:.3g}", rate.attempts,
-    )
+    return Prediction(rate.per_s * target / ref, Source.SCALED, name, rate.attempts, ref, target)
 
 
 def _slots(offer: Offer, gpus_per_run: int) -> int:

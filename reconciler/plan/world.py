@@ -172,11 +172,14 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
     pool_offers = _rentable_offers(desired, observed, now, out, rates, dlperf, weights)
     first = next(iter(pools))
     union = {o.id: o for offers in pool_offers.values() for o in offers}
-    scores: dict[int, float] = {}
-    for name, offers in pool_offers.items():
-        for oid, v in work_score(offers, weights.get(name, ()), rates, dlperf, normalize_gpu_name).items():
-            scores[oid] = max(v, scores.get(oid, 0.0))
-    ranked = sorted(union.values(), key=rank_key(pools[first].ranking, observed.memory.hosts, scores))
+    ranked: list[Offer] = []
+    if len(pools) > 1:  # the first pool's ranking over every pool's offers (work_per_dph: each offer's best score)
+        scores: dict[int, float] = {}
+        if pools[first].ranking is Ranking.WORK_PER_DPH:
+            for name, offers in pool_offers.items():
+                for oid, v in work_score(offers, weights.get(name, ()), rates, dlperf, normalize_gpu_name).items():
+                    scores[oid] = max(v, scores.get(oid, 0.0))
+        ranked = sorted(union.values(), key=rank_key(pools[first].ranking, observed.memory.hosts, scores))
     world = World(
         desired=desired,
         observed=observed,
