@@ -14,7 +14,8 @@ A prediction of one sweep's rate on a GPU (``predict``), in order of preference,
 1. ``machine``: that machine measured for the sweep;
 2. ``gpu``: that GPU model measured for the sweep;
 3. ``scaled``: the measured model nearest in DLPerf per GPU, scaled by the DLPerf ratio (both DLPerfs known);
-4. ``dlperf``: nothing to go on; no rate (the offer then ranks by DLPerf per $, as ``dlperf_per_dph`` does).
+4. ``dlperf``: nothing to go on; no rate. A sweep with nothing measured at all ranks offers by DLPerf per $ (as
+   ``dlperf_per_dph`` does); a measured sweep ranks an offer it cannot predict last.
 
 ``work_score`` turns predictions into the ranking score of ``Ranking.WORK_PER_DPH`` (see its docstring), and
 ``exploration`` is the bounded, declared exception to that ranking (``Fleet.exploration_share``). Pure: no I/O,
