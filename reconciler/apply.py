@@ -72,6 +72,7 @@ from reconciler.remember import attempt_cost, capped_to_bill, overhead_record
 from reconciler.remote import watchdog_onstart
 from reconciler.remote.launched import parse_launch_answer
 from reconciler.textsafe import visible
+from reconciler.throughput import progress_value
 
 __all__ = ["ApplyContext", "ApplyResult", "Outcome", "apply", "harvest_note"]  # the outcomes' types live in actions
 
@@ -604,6 +605,7 @@ def _attempt_record(
         final_metric=finite(state.final_metric) if state else None,
         reason=bounded_text(reason, MAX_NOTE_CHARS),  # it may quote a box (a killed reason, an error)
         resumed_from=launched.resumed_from if launched else None,
+        progress=progress_value(spec.sweep, state.last_metrics) if spec and state else None,
     )
 
 

@@ -90,7 +90,7 @@ class Pool:
     min_instances: int = 0
     max_instances: int = 1
     filters: OfferFilters = field(default_factory=OfferFilters)
-    ranking: Ranking = Ranking.DLPERF_PER_DPH
+    ranking: Ranking = Ranking.WORK_PER_DPH
     image: str = "pytorch/pytorch:latest"
     disk_gb: float = 20.0
     bootstrap_path: str | None = None

@@ -454,9 +454,15 @@ def _fault_text(record: HostRecord) -> str:
     return ", ".join(f"{n} {what}{'s' if n > 1 else ''}" for n, what in parts if n)
 
 
-def rank_key(ranking: Ranking, ledger: HostLedger | None = None) -> Callable[[Offer], tuple[float, int]]:
-    """Sort key for offers that passed: price ascending, or dlperf / reliability / dlperf per $ descending, each
-    weighed by its machine's ``host_penalty`` when a ledger is given; ties by offer id."""
+def rank_key(
+    ranking: Ranking, ledger: HostLedger | None = None, work: Mapping[int, float] | None = None
+) -> Callable[[Offer], tuple[float, int]]:
+    """Sort key for offers that passed: price ascending, or dlperf / reliability / dlperf per $ / predicted work
+    per $ descending, each weighed by its machine's ``host_penalty`` when a ledger is given; ties by offer id.
+
+    ``work_per_dph`` orders by ``work`` (offer id -> ``throughput.work_score``, which the planner computes from the
+    sweeps' learned rates); an offer it does not score, or no ``work`` at all (the Vast adapter), orders as
+    ``dlperf_per_dph`` does, which is also what ``work_score`` gives while nothing is measured."""
     hosts = {h.machine_id: h for h in ledger.hosts} if ledger is not None else {}
 
     def factor(o: Offer) -> float:
@@ -468,4 +474,7 @@ def rank_key(ranking: Ranking, ledger: HostLedger | None = None) -> Callable[[Of
         return lambda o: (-o.dlperf * factor(o), o.id)
     if ranking is Ranking.RELIABILITY:
         return lambda o: (-o.reliability * factor(o), o.id)
+    if ranking is Ranking.WORK_PER_DPH and work is not None:
+        scored = work
+        return lambda o: (-scored.get(o.id, 0.0) * factor(o), o.id)
     return lambda o: (-o.dlperf_per_dph * factor(o), o.id)

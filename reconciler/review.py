@@ -190,7 +190,7 @@ def _estimate(
     places, sources = committed_places(desired, held, observed)
     used = [sources[p.name] for r in work if (p := desired.fleet.pool(r.sweep.pool)) is not None]
     source = _one_source(used or sources.values())
-    runtimes = sweep_runtimes(desired, observed, world.gpu_dlperf)
+    runtimes = sweep_runtimes(desired, observed, world.gpu_dlperf, world.learned)
     prices = {name: [dph / n for dph, n, _ in here if n > 0] for name, here in places.items()}
     budget = purse(desired, observed, 0.0, runtimes, work, prices)
     by_sweep: dict[str, int] = {}

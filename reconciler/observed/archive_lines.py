@@ -46,9 +46,12 @@ FIELD_ORDER = (
     "final_metric",
     "harvest",
     "resumed_from",
+    "queued_at",
+    "progress",
     "stderr_tail",
 )
-OPTIONAL_FIELDS = ("harvest", "resumed_from", "stderr_tail")  # written only when set: older lines stay as they were
+# written only when set: older lines stay as they were
+OPTIONAL_FIELDS = ("harvest", "resumed_from", "queued_at", "progress", "stderr_tail")
 
 
 # The order of an overhead line's fields: its kind and box first, then the money, then when and what.
@@ -248,6 +251,8 @@ def _attempt(d: dict[str, Any]) -> AttemptRecord:
             harvest=_opt_str(d.get("harvest")),
             stderr_tail=_opt_str(d.get("stderr_tail")),
             resumed_from=None if d.get("resumed_from") is None else int(d["resumed_from"]),
+            queued_at=_opt_float(d.get("queued_at")),
+            progress=_opt_float(d.get("progress")),
         )
     except KeyError as exc:
         raise ValueError(f"missing field {exc.args[0]!r}") from exc

@@ -24,8 +24,9 @@ BUDGET = f"{OBSERVED_DIR}/budget.yaml"
 STATUS = f"{OBSERVED_DIR}/status.yaml"
 LEASE = f"{OBSERVED_DIR}/lease.yaml"  # the lease's old home on the branch: deleted by the next commit
 HOSTS = f"{OBSERVED_DIR}/hosts.yaml"  # the host reliability ledger (reconciler/observed/hosts.py)
+THROUGHPUT = f"{OBSERVED_DIR}/throughput.yaml"  # the sweeps' learned progress rates (reconciler/observed/throughput.py)
 RUNS_DIR = f"{OBSERVED_DIR}/runs"  # the run archive's month shards
-RENDERED = (BUDGET, DRIFT, FLEET, HOSTS, RUNS, STATUS)  # what a cycle renders
+RENDERED = (BUDGET, DRIFT, FLEET, HOSTS, RUNS, STATUS, THROUGHPUT)  # what a cycle renders
 
 FORMAT_VERSION = 1
 

@@ -1,6 +1,7 @@
 """The observed/*.yaml documents, rendered from one cycle's facts for humans and agents to diff.
 
-Every cycle renders the same six files (hosts.yaml: ``reconciler.observed.hosts``) from the same facts. They
+Every cycle renders the same seven files (hosts.yaml: ``reconciler.observed.hosts``, throughput.yaml:
+``reconciler.observed.throughput``) from the same facts. They
 must be byte-identical when the world did not change, because rigsync commits only when a file changed: so no
 "last cycle at" stamps, no GPU memory or utilisation readings, no running metrics. Facts that do change are kept
 (a box's start time, a run's phase). Two values move with the clock and get special care:
@@ -43,6 +44,7 @@ from reconciler.observed.codec import (
     HOSTS,
     RUNS,
     STATUS,
+    THROUGHPUT,
     dump_yaml,
     iso,
     load_mapping_quietly,
@@ -51,6 +53,8 @@ from reconciler.observed.codec import (
 from reconciler.observed.hosts import HEADER as HOSTS_HEADER
 from reconciler.observed.hosts import hosts_document
 from reconciler.observed.memory import box_memory_entries, in_flight_entries, spend_anchor
+from reconciler.observed.throughput import HEADER as THROUGHPUT_HEADER
+from reconciler.observed.throughput import throughput_document
 from reconciler.promotion import succeeded_metrics, wanted_ids
 from reconciler.runphase import RunTally, is_live, live_attempts, live_progress, run_phase, tally_runs
 
@@ -334,6 +338,7 @@ HEADERS = {
     "account_dph after it)",
     STATUS: "rigsync reconciler status: desired commit applied, errors, last change",
     HOSTS: HOSTS_HEADER,
+    THROUGHPUT: THROUGHPUT_HEADER,
 }
 
 
@@ -365,6 +370,7 @@ def render_observed(
         HOSTS: dump_yaml(
             hosts_document(observed.memory.hosts, desired.fleet if desired else None, observed.history), HEADERS[HOSTS]
         ),
+        THROUGHPUT: dump_yaml(throughput_document(observed.history), HEADERS[THROUGHPUT]),
     }
     status_doc = _render_status(status, plan)
     last_change = iso(now)

@@ -26,10 +26,12 @@ from reconciler.model import (
     RunPhase,
     RunSpec,
 )
+from reconciler.offers import normalize_gpu_name
 from reconciler.plan.common import Decisions, fmt_duration, gpus_text
 from reconciler.plan.world import World
 from reconciler.promotion import succeeded_metrics, wanted_among
 from reconciler.runphase import UNTOUCHED, RunTally, allowed_attempts, is_live, is_unfinished, run_phase, tally_runs
+from reconciler.throughput import STALL_RATE_FLOOR, predict, progress_value
 
 AttemptKey = tuple[str, int]
 
@@ -436,7 +438,14 @@ def heartbeat_stale(world: World, rd: RunDirState) -> str | None:
 
 def stall_of(world: World, rd: RunDirState, spec: RunSpec, launched: float) -> str | None:
     """Why a live attempt is stalled (its sweep's ``stall_timeout`` passed with no metric progress, or with its GPUs
-    under ``stall_gpu_util`` all along), or None. No metrics file yet counts from the attempt's launch."""
+    under ``stall_gpu_util`` all along, or its progress crawling), or None. No metrics file yet counts from the
+    attempt's launch.
+
+    Crawling: the sweep has a progress key, the attempt (not resumed) has worked longer than ``stall_timeout``
+    (since its box started it, at most since its launch), and its progress over that whole time is under
+    ``throughput.STALL_RATE_FLOOR`` (10%) of the rate learned from the archive for its box (that machine, that GPU
+    model, or the nearest measured model scaled by DLPerf; the live attempts are not counted, so a slow attempt
+    cannot lower its own bar)."""
     limit = spec.sweep.stall_timeout_s
     if limit is None:
         return None
@@ -447,8 +456,24 @@ def stall_of(world: World, rd: RunDirState, spec: RunSpec, launched: float) -> s
         file = spec.sweep.metrics_file
         what = f"{file} unchanged for" if rd.metrics_age_s is not None else f"no {file} in"
         return f"no metric progress: {what} {fmt_duration(quiet)} > stall_timeout {fmt_duration(limit)}"
+    worked = min(ran, now - rd.started_at) if rd.started_at is not None else ran  # a queued attempt waited first
+    done = progress_value(spec.sweep, rd.last_metrics) if worked > limit else None
+    box = None
+    if done is not None:
+        box = next((b for b in world.boxes.values() if b.probe and any(r is rd for r in b.probe.runs)), None)
+    key = (rd.run_id, rd.attempt)
+    if done is not None and box is not None and not any(
+        f.resumed_from is not None for f in world.observed.memory.in_flight if (f.run_id, f.attempt) == key
+    ):
+        gpu = normalize_gpu_name(box.inst.gpu_name)
+        learned = predict(world.learned, spec.sweep.name, gpu, box.inst.machine_id, world.gpu_dlperf)
+        if learned.per_s is not None and done / worked < STALL_RATE_FLOOR * learned.per_s:
+            return (
+                f"progress {done / worked:.4g}/s over {fmt_duration(worked)} is under {STALL_RATE_FLOOR:.0%} of the "
+                f"learned {learned.per_s:.4g}/s ({learned.source.value}: {learned.basis})"
+            )
     for run_id, attempt, since in world.observed.memory.gpu_quiet:
-        if (run_id, attempt) == (rd.run_id, rd.attempt) and now - since > limit:
+        if (run_id, attempt) == key and now - since > limit:
             return (
                 f"GPU utilization under {spec.sweep.stall_gpu_util_pct:g}% for {fmt_duration(now - since)} > "
                 f"stall_timeout {fmt_duration(limit)} while its process lives"

@@ -1,7 +1,9 @@
 """The price of a plan: for every sweep, what its unfinished work will take in GPU-hours, dollars and time.
 
-GPU-hours come from the same expected runtime the budget uses (``money``: the archive's median, the sweep's
-``expected_runtime``, or ``max_runtime`` as the upper bound — the estimate says which). Dollars are a range
+GPU-hours come from the same expected runtime the budget uses (``money``: the sweep's progress total over its
+learned progress rate, the archive's median, the sweep's ``expected_runtime``, or ``max_runtime`` as the upper
+bound — the estimate says which); a running attempt's GPU-hours left are the forecast's (``Forecast.remaining_s``:
+its progress left at its box's learned rate, when it reports progress). Dollars are a range
 over where the work could run: every offer that passes its pool's filters under the pool's per-box price cap
 (``offers.box_cap_dph``), and the pool's boxes held, each at its $/h per GPU with the runtime scaled by its
 DLPerf. The ETA assumes the sweep has its pool to itself at its full size (``max_instances`` boxes like the
@@ -21,7 +23,8 @@ from reconciler.model import Pool, RunSpec
 from reconciler.offers import box_cap_dph, normalize_gpu_name
 from reconciler.plan.attempts import LiveVerdicts, RunQueue
 from reconciler.plan.common import count_cap, usd
-from reconciler.plan.money import Purse, Runtime, runtime_of
+from reconciler.plan.forecast import Forecast, forecast
+from reconciler.plan.money import Purse, Runtime, RuntimeSource, runtime_of
 from reconciler.plan.world import World
 
 
@@ -88,6 +91,20 @@ def _prices(world: World, places: list[Place]) -> _Prices:
     return _Prices(_span(every), _span(no_dl), _span(per_dl))
 
 
+def _learned_prices(fc: Forecast, spec: RunSpec, rt: Runtime, places: list[Place]) -> _Prices | None:
+    """The places priced per GPU-hour of the sweep's pooled learned rate: a place's $/h per GPU times the time one
+    run takes there (``Forecast.run_s``: its model measured, or the nearest measured one scaled) over ``rt.hours``.
+    Places with no prediction are left out; None when none has one (the DLPerf scaling of ``_prices`` holds)."""
+    if rt.hours <= 0:
+        return None
+    priced = []
+    for dph, n, name in places:
+        if n > 0 and fc.rate(spec, name) is not None:
+            priced.append(dph / n * fc.run_s(spec, name) / 3600.0 / rt.hours)
+    span = _span(priced)
+    return _Prices(span, span, None) if span is not None else None
+
+
 def _pool_gpus(world: World, pool: Pool, places: list[Place]) -> int:
     """GPUs of a pool at its full size: as many boxes as it may hold (and the fleet) like its best-ranked offer (or
     its boxes held, or the first place given)."""
@@ -131,9 +148,15 @@ def estimate(
     gpu_runs = {name: n * max(1, specs[name].sweep.gpus_per_run) for name, n in pending.items()}  # the sweep's GPUs
     running: dict[str, list[float]] = {}  # sweep -> GPU-hours left of each running attempt
     hours_of: dict[str, float] = {}
-    for run_id, (_box, rd) in live.running.items():
+    fc = forecast(world, budget.runtimes)
+    for run_id, (box_id, rd) in live.running.items():
         spec = world.runs.get(run_id)
         if spec is None:
+            continue
+        box = world.boxes.get(box_id)
+        if box is not None and fc.rate(spec, box.inst.gpu_name, box.inst.machine_id) is not None:
+            left = fc.remaining_s(spec, rd, box) / 3600.0
+            running.setdefault(spec.sweep.name, []).append(left * max(1, len(rd.gpu_mask)))
             continue
         hours = hours_of.get(spec.sweep.name)
         if hours is None:
@@ -148,6 +171,9 @@ def estimate(
             pool = world.pools.get(name) or next(iter(world.pools.values()))
             here = places.get(pool.name, [])
             by_pool[name] = (_prices(world, here), _pool_gpus(world, pool, here))
+        rt = runtime_of(budget.runtimes, spec)
+        if rt.source is RuntimeSource.RATE:  # each place at the sweep's rate predicted on it
+            return _learned_prices(fc, spec, rt, places.get(name, [])) or by_pool[name][0], by_pool[name][1]
         return by_pool[name]
 
     out: list[SweepEstimate] = []

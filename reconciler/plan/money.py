@@ -15,10 +15,11 @@ now, whatever ``on_exceed`` says: this is how the ledger never passes a cap. Bef
   idle); running attempts go on while the headroom lasts, then their boxes are destroyed too.
 * ``halt``: every box is destroyed at once, running attempts included: spending stops as early as it can.
 
-A run's expected runtime, in order of preference: the median duration of its sweep's succeeded attempts in
-the archive (scaled by the GPU's DLPerf when the market says what the GPUs are worth), the sweep's
-``expected_runtime``, or its ``max_runtime`` as the upper bound. The plan's price (``plan.estimate``) uses the
-same figures.
+A run's expected runtime, in order of preference: its sweep's ``progress`` total over the sweep's learned progress
+rate (``reconciler.throughput``, all its measured attempts pooled, scaled by the DLPerf of the GPUs they ran on),
+the median duration of its sweep's succeeded attempts in the archive (scaled by the GPU's DLPerf when the market
+says what the GPUs are worth), the sweep's ``expected_runtime``, or its ``max_runtime`` as the upper bound. The
+plan's price (``plan.estimate``), its ETA and review's price use the same figures.
 """
 
 from __future__ import annotations
@@ -29,15 +30,17 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from reconciler.model import AttemptOutcome, Desired, Observed, OnExceed, RunSpec
+from reconciler.model import AttemptOutcome, Desired, Observed, OnExceed, RunSpec, Sweep
 from reconciler.offers import box_cap_dph, normalize_gpu_name
 from reconciler.plan.attempts import Recorded, plan_tallies
 from reconciler.plan.common import cap, fmt_duration, usd
 from reconciler.plan.world import World
 from reconciler.runphase import UNTOUCHED, live_attempts, run_phase
+from reconciler.throughput import Rates, archive_samples, learn
 
 
 class RuntimeSource(enum.StrEnum):
+    RATE = "learned_rate"  # the sweep's progress total over its learned progress rate
     ARCHIVE = "archive"  # median duration of the sweep's succeeded attempts
     EXPECTED = "expected_runtime"  # the sweep says so
     MAX_RUNTIME = "max_runtime"  # the upper bound
@@ -59,8 +62,13 @@ class Runtime:
         return self.hours
 
 
-def sweep_runtimes(desired: Desired, observed: Observed, dlperf: Mapping[str, float]) -> dict[str, Runtime]:
-    """Sweep name -> expected runtime of one of its runs."""
+def sweep_runtimes(
+    desired: Desired, observed: Observed, dlperf: Mapping[str, float], rates: Rates | None = None
+) -> dict[str, Runtime]:
+    """Sweep name -> expected runtime of one of its runs. ``rates``: the sweeps' learned progress rates (None:
+    learned here from the archive)."""
+    if rates is None:
+        rates = learn(archive_samples(observed.history, normalize_gpu_name))
     durations: dict[str, list[float]] = {}
     gpus_seen: dict[str, list[float]] = {}
     for rec in observed.history:
@@ -73,7 +81,13 @@ def sweep_runtimes(desired: Desired, observed: Observed, dlperf: Mapping[str, fl
         if per:
             gpus_seen.setdefault(rec.sweep, []).append(per)
     out: dict[str, Runtime] = {}
+    for sweep in {s.name: s for s in (*desired.sweeps, *(r.sweep for r in desired.runs))}.values():
+        learned = _learned_runtime(sweep, rates, dlperf)
+        if learned is not None:
+            out[sweep.name] = learned
     for name, seen in durations.items():
+        if name in out:
+            continue
         dl = gpus_seen.get(name)
         median_dl = statistics.median(dl) if dl else None
         out[name] = Runtime(statistics.median(seen), RuntimeSource.ARCHIVE, len(seen), median_dl)
@@ -85,6 +99,21 @@ def sweep_runtimes(desired: Desired, observed: Observed, dlperf: Mapping[str, fl
         else:
             out[sweep.name] = Runtime(max(0.0, sweep.max_runtime_s) / 3600.0, RuntimeSource.MAX_RUNTIME)
     return out
+
+
+def _learned_runtime(sweep: Sweep, rates: Rates, dlperf: Mapping[str, float]) -> Runtime | None:
+    """``progress.total`` over the sweep's pooled learned rate, with the attempts' GPUs' DLPerf (weighed by their
+    seconds) for scaling; None without a progress key or a measurement."""
+    found = rates.of(sweep.name)
+    pooled = found.pooled if found is not None else None
+    if sweep.progress is None or sweep.progress.total <= 0 or pooled is None or pooled.per_s <= 0:
+        return None
+    assert found is not None
+    known = [(dlperf[g], r.seconds) for g, r in found.gpus.items() if dlperf.get(g)]
+    weight = sum(sec for _, sec in known)
+    dl = sum(d * sec for d, sec in known) / weight if weight > 0 else None
+    hours = sweep.progress.total / pooled.per_s / 3600.0
+    return Runtime(hours, RuntimeSource.RATE, pooled.attempts, dl)
 
 
 def runtime_of(runtimes: Mapping[str, Runtime], spec: RunSpec) -> Runtime:
@@ -233,7 +262,7 @@ class Spending:
 def budget_position(world: World, recorded: Recorded, wanted: frozenset[str]) -> Purse:
     """The purse for this plan: runtimes from the archive, the fleet's $/h now, and the cheapest new work."""
     desired, observed = world.desired, world.observed
-    runtimes = sweep_runtimes(desired, observed, world.gpu_dlperf)
+    runtimes = sweep_runtimes(desired, observed, world.gpu_dlperf, world.rates)
     fleet_dph = sum(b.inst.dph_total for b in world.boxes.values())
     waiting: list[RunSpec] = []
     prices: dict[str, list[float]] = {}

@@ -1,18 +1,25 @@
 """Phase 0: the inputs indexed once (runs by id, archive by attempt, owned boxes with their probe), and the budget.
 
 Foreign instances are set aside here, so no later phase can act on one: they are reported and never touched.
+
+The sweeps' progress rates are learned here once (``reconciler.throughput``): ``World.learned`` from the archive
+alone (what observed/throughput.yaml commits, and what the stall rule compares a live attempt against), and
+``World.rates`` with the live attempts' progress so far counted too (what forecasts and the ranking use). A pool
+ranked ``work_per_dph`` orders its offers by ``throughput.work_score`` with each of its sweeps weighed by its
+pending runs (desired runs routed to the pool with no succeeded attempt in the archive).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from reconciler.actions import ReasonCode
 from reconciler.identity import pool_spec_hash, slot_pool
 from reconciler.model import (
+    AttemptOutcome,
     AttemptRecord,
     BoxMemory,
     BoxProbe,
@@ -24,11 +31,23 @@ from reconciler.model import (
     Offer,
     Ownership,
     Pool,
+    Ranking,
     RunSpec,
+    Sweep,
     owned_by,
 )
 from reconciler.offers import as_interruptible, normalize_gpu_name, offer_skipped, passing_offers, rank_key
 from reconciler.plan.common import Decisions
+from reconciler.throughput import (
+    Exploration,
+    Rates,
+    Sample,
+    archive_samples,
+    exploration,
+    learn,
+    progress_value,
+    work_score,
+)
 
 
 @dataclass(frozen=True)
@@ -89,7 +108,18 @@ class World:
         """The pool a run goes to: its sweep's ``pool``, or the first."""
         return spec.sweep.pool or next(iter(self.pools))
 
+    def exploration(self, offer: Offer, pool: str, sweeps: Sequence[Sweep]) -> Exploration:
+        """``throughput.exploration`` of renting ``offer`` in ``pool`` now for ``sweeps``: the fleet's rented boxes
+        held, its ``exploration_share``, the pool's offers as the options and the plan's rates (see its contract)."""
+        held = [(b.inst.gpu_name, b.inst.machine_id) for b in self.boxes.values() if b.rented]
+        return exploration(
+            offer, sweeps, self.rates, held, self.desired.fleet.exploration_share, self.pool_offers.get(pool, ()),
+            self.gpu_dlperf, normalize_gpu_name,
+        )
+
     gpu_dlperf: Mapping[str, float]  # normalised GPU name -> median DLPerf of one such GPU on the market
+    learned: Rates  # the sweeps' progress rates from the archive alone (observed/throughput.yaml)
+    rates: Rates  # the same with the live attempts' progress so far (forecasts, ranking)
 
 
 def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World, Decisions]:
@@ -134,10 +164,22 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
                 inst.id, inst, own, probes.get(inst.id), memory.get(inst.id), pool, mine, distrusted.get(inst.id)
             )
     pools = {p.name: p for p in f.pools}
-    pool_offers = _rentable_offers(desired, observed, now, out)
+    dlperf = gpu_dlperf(observed.offers)
+    archive = archive_samples(observed.history, normalize_gpu_name)
+    learned = learn(archive)
+    rates = learn([*archive, *_live_samples(runs, archived, boxes, observed, now)])
+    weights = _pool_weights(desired, runs, observed.history)
+    pool_offers = _rentable_offers(desired, observed, now, out, rates, dlperf, weights)
     first = next(iter(pools))
     union = {o.id: o for offers in pool_offers.values() for o in offers}
-    ranked = sorted(union.values(), key=rank_key(pools[first].ranking, observed.memory.hosts))
+    ranked: list[Offer] = []
+    if len(pools) > 1:  # the first pool's ranking over every pool's offers (work_per_dph: each offer's best score)
+        scores: dict[int, float] = {}
+        if pools[first].ranking is Ranking.WORK_PER_DPH:
+            for name, offers in pool_offers.items():
+                for oid, v in work_score(offers, weights.get(name, ()), rates, dlperf, normalize_gpu_name).items():
+                    scores[oid] = max(v, scores.get(oid, 0.0))
+        ranked = sorted(union.values(), key=rank_key(pools[first].ranking, observed.memory.hosts, scores))
     world = World(
         desired=desired,
         observed=observed,
@@ -153,14 +195,72 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
         pools=pools,
         pool_specs={name: pool_spec_hash(p) for name, p in pools.items()},
         pool_offers=pool_offers,
-        gpu_dlperf=gpu_dlperf(observed.offers),
+        gpu_dlperf=dlperf,
+        learned=learned,
+        rates=rates,
     )
     return world, out
 
 
-def _rentable_offers(desired: Desired, observed: Observed, now: float, out: Decisions) -> dict[str, tuple[Offer, ...]]:
+def _live_samples(
+    runs: Mapping[str, RunSpec],
+    archived: Mapping[tuple[str, int], AttemptRecord],
+    boxes: Mapping[int, OwnedBox],
+    observed: Observed,
+    now: float,
+) -> list[Sample]:
+    """The live attempts' progress so far as samples: attempts this fleet launched (in flight, not resumed, not
+    archived) on its boxes that answer, of a sweep with a progress key."""
+    mine = {(fl.run_id, fl.attempt, fl.instance_id) for fl in observed.memory.in_flight if fl.resumed_from is None}
+    out: list[Sample] = []
+    for box in boxes.values():
+        if box.probe is None or not box.probe.reachable or box.probe.unusable:
+            continue
+        for rd in box.probe.runs:
+            spec = runs.get(rd.run_id)
+            if spec is None or rd.exit_code is not None or not rd.pid_alive or rd.started_at is None:
+                continue
+            if (rd.run_id, rd.attempt, box.id) not in mine or (rd.run_id, rd.attempt) in archived:
+                continue
+            done = progress_value(spec.sweep, rd.last_metrics)
+            if done is not None:
+                gpu = normalize_gpu_name(box.inst.gpu_name)
+                out.append(Sample(spec.sweep.name, gpu, box.inst.machine_id, done, now - rd.started_at))
+    return out
+
+
+def _pool_weights(
+    desired: Desired, runs: Mapping[str, RunSpec], history: Iterable[AttemptRecord]
+) -> dict[str, tuple[tuple[Sweep, float], ...]]:
+    """Per pool, each of its sweeps with its pending runs (desired runs with no succeeded attempt), for the
+    ``work_per_dph`` ranking; a sweep with none pending weighs 0 (``work_score`` then weighs every sweep 1)."""
+    done = {h.run_id for h in history if h.phase is AttemptOutcome.SUCCEEDED}
+    first = desired.fleet.pools[0].name
+    counts: dict[str, dict[str, list[float]]] = {}
+    sweeps: dict[str, Sweep] = {}
+    for spec in runs.values():
+        pool = spec.sweep.pool or first
+        sweeps.setdefault(spec.sweep.name, spec.sweep)
+        entry = counts.setdefault(pool, {}).setdefault(spec.sweep.name, [0.0])
+        if spec.id not in done:
+            entry[0] += 1
+    return {
+        pool: tuple((sweeps[name], w[0]) for name, w in sorted(per.items())) for pool, per in counts.items()
+    }
+
+
+def _rentable_offers(
+    desired: Desired,
+    observed: Observed,
+    now: float,
+    out: Decisions,
+    rates: Rates,
+    dlperf: Mapping[str, float],
+    weights: Mapping[str, tuple[tuple[Sweep, float], ...]],
+) -> dict[str, tuple[Offer, ...]]:
     """Per pool, the offers that pass its filters and the host ledger's rules, best first by its ranking and the
-    host penalty. An offer the ledger keeps back is said once, whichever pools it passes."""
+    host penalty (``work_per_dph``: by ``throughput.work_score`` with the pool's sweeps weighed by their pending
+    runs). An offer the ledger keeps back is said once, whichever pools it passes."""
     f = desired.fleet
     said: set[int] = set()
     per_pool: dict[str, tuple[Offer, ...]] = {}
@@ -177,7 +277,10 @@ def _rentable_offers(desired: Desired, observed: Observed, now: float, out: Deci
                 said.add(o.id)
                 code = ReasonCode.GHOST_OFFER if skipped[0] == "ghost" else ReasonCode.HOST_AVOIDED
                 out.noop(f"offer/{o.id}", code, f"not rented: {skipped[1]}")
-        per_pool[pool.name] = tuple(sorted(kept, key=rank_key(pool.ranking, observed.memory.hosts)))
+        scores = None
+        if pool.ranking is Ranking.WORK_PER_DPH:
+            scores = work_score(kept, weights.get(pool.name, ()), rates, dlperf, normalize_gpu_name)
+        per_pool[pool.name] = tuple(sorted(kept, key=rank_key(pool.ranking, observed.memory.hosts, scores)))
     return per_pool
 
 

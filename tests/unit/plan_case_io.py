@@ -51,6 +51,7 @@ from reconciler.model import (
     Ownership,
     OwnHost,
     Pool,
+    Progress,
     QueuedEntry,
     Ranking,
     RunDirState,
@@ -121,6 +122,13 @@ def build_budget(d: J) -> Budget:
 
 def build_run(d: J, i: int) -> RunSpec:
     rid = d["id"]
+    spec = _flat_run(d, rid)
+    if "progress" in d:  # the sweep's progress key and total: {"key", "total"}
+        spec = replace(spec, sweep=replace(spec.sweep, progress=Progress(d["progress"]["key"], d["progress"]["total"])))
+    return spec
+
+
+def _flat_run(d: J, rid: str) -> RunSpec:
     return flat_run_spec(
         id=rid,
         sweep=d.get("sweep", "s"),
@@ -229,6 +237,7 @@ def build_rundir(d: J, now: float) -> RunDirState:
         final_metric=d.get("final_metric"),
         metrics_age_s=d.get("metrics_age_s"),
         problem=d.get("problem"),
+        last_metrics=tuple(d.get("last_metrics", {}).items()),
     )
 
 
@@ -311,6 +320,9 @@ def build_history(d: J, now: float) -> AttemptRecord:
         started_at=_t(d, now, "started_at", "started_ago", None),
         ended_at=_t(d, now, "ended_at", "ended_ago", None),
         gpu_name=d.get("gpu_name", ""),
+        machine_id=d.get("machine_id", 0),
+        progress=d.get("progress"),
+        resumed_from=d.get("resumed_from"),
     )
 
 

@@ -37,7 +37,7 @@ from reconciler.model import (
     RunDirState,
     Spend,
 )
-from reconciler.observed.codec import BUDGET, DRIFT, FLEET, HOSTS, RUNS, STATUS
+from reconciler.observed.codec import BUDGET, DRIFT, FLEET, HOSTS, RUNS, STATUS, THROUGHPUT
 from reconciler.observed.documents import ReconcilerStatus, render_observed
 from reconciler.observed.memory import fleet_memory_from_files, read_fleet_memory
 from reconciler.observed.summary import describe_change
@@ -50,6 +50,7 @@ SCHEMAS = {
     BUDGET: "observed-budget",
     STATUS: "observed-status",
     HOSTS: "observed-hosts",
+    THROUGHPUT: "observed-throughput",
 }
 T0 = dt.datetime(2026, 11, 3, 12, 0, tzinfo=dt.UTC).timestamp()
 
