@@ -1123,8 +1123,13 @@ class Schedule:
             if kinds and now >= next_at:
                 kind = kinds[0]
                 why = self.queue_not_applicable(kind)
+                if why is None and kind in QUEUE_KINDS and waiting_since is not None \
+                        and now - waiting_since > self.cfg.occasion_wait_s and not self.scanner.ever_queued():
+                    why = "not applicable: no queue entries seen"
                 if why is not None:
+                    # drawn, and said plainly; another kind that needs no queue takes its place
                     kinds.pop(0)
+                    waiting_since = None
                     self.not_applicable[kind] += 1
                     self.na_why.add(why)
                     self.cfg.say(f"  [{self.name}] {kind}: {why}")
@@ -1139,15 +1144,10 @@ class Schedule:
                     next_at = now + self.rng.uniform(*self.cfg.gap_s)
                 else:
                     waiting_since = waiting_since or now
-                    if now - waiting_since > self.cfg.occasion_wait_s:
-                        if kind in QUEUE_KINDS and not self.scanner.ever_queued():
-                            self.not_applicable[kind] += 1
-                            self.na_why.add("not applicable: no queue entries seen")
-                            self.cfg.say(f"  [{self.name}] {kind}: not applicable: no queue entries seen")
-                        else:
-                            self.skipped[kind] += 1
-                            self.cfg.say(f"  [{self.name}] skipped {kind}: no occasion in "
-                                         f"{self.cfg.occasion_wait_s:g}s")
+                    if now - waiting_since > self.cfg.occasion_wait_s and not (
+                            kind in QUEUE_KINDS and not self.scanner.ever_queued()):  # that one: not applicable
+                        self.skipped[kind] += 1
+                        self.cfg.say(f"  [{self.name}] skipped {kind}: no occasion in {self.cfg.occasion_wait_s:g}s")
                         kinds.pop(0)
                         waiting_since = None
                         # a skipped kind is replaced by another draw (at most n_faults times), so a quiet history
