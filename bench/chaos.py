@@ -7,9 +7,10 @@ waits two more cycles and checks every invariant against the emulator, the boxes
 
 Queues are on: the chaos fleet sets ``queue_ahead`` (``--queue-ahead``, default 15 s against runs of ~2 s) so that
 busy GPU slots hold entries in their box's queue (``~/rigsync/queue/<slot>/<seq>-<run>.<attempt>/``) and faults
-hit queued work. The queue faults need such entries: when a schedule has started more attempts than it has boxes
-and no box ever showed one (a controller without the box-side queue), each is reported "not applicable: no queue
-entries seen" (``faults_not_applicable_by_kind``) and another kind is drawn in its place.
+hit queued work. The queue faults need such entries: when no box ever showed one (a controller without the
+box-side queue) though the schedule started twice as many attempts as it has boxes, or waited ``occasion_wait_s``
+for one once an attempt ran, each is reported "not applicable: no queue entries seen"
+(``faults_not_applicable_by_kind``) and another kind that needs no queue is drawn in its place.
 
 Fault kinds (how each is injected):
 - ``vanish``, ``outbid``, ``hang_resume`` (resumed 2-8 s later), ``hang_forever``: the emulator's fault API on a box
@@ -659,7 +660,7 @@ class Schedule:
             return None
         if self.cfg.queue_ahead.strip() in ("0", "0s", "0m"):
             return "not applicable: queue_ahead is 0"
-        if not self.scanner.ever_queued() and self.scanner.started() > self.cfg.max_boxes:
+        if not self.scanner.ever_queued() and self.scanner.started() > 2 * self.cfg.max_boxes:
             return "not applicable: no queue entries seen"
         return None
 
@@ -1143,8 +1144,9 @@ class Schedule:
                     waiting_since = None
                     next_at = now + self.rng.uniform(*self.cfg.gap_s)
                 else:
-                    waiting_since = waiting_since or now
-                    if now - waiting_since > self.cfg.occasion_wait_s and not (
+                    if kind not in QUEUE_KINDS or self.scanner.started() > 0:  # a queue needs a fleet at work
+                        waiting_since = waiting_since or now
+                    if waiting_since is not None and now - waiting_since > self.cfg.occasion_wait_s and not (
                             kind in QUEUE_KINDS and not self.scanner.ever_queued()):  # that one: not applicable
                         self.skipped[kind] += 1
                         self.cfg.say(f"  [{self.name}] skipped {kind}: no occasion in {self.cfg.occasion_wait_s:g}s")
@@ -1211,8 +1213,9 @@ class Schedule:
             v["run_lost"].append(f"{tag}: run {rid} neither succeeded nor exhausted: {tries}"
                                  + ("" if converged else " (did not converge in time)"))
         # Attempts on boxes. A directory the box's fence made in place of a stale entry (a tombstone, killed_reason
-        # "fenced: ...") never ran, and the replayed stale enqueues are nobody's attempts: neither counts here.
-        stale = {(iid, name) for iid, name, _, _ in self.stale}
+        # "fenced: ...") never ran, nor did a replayed stale enqueue that never started: neither counts here.
+        stale = {(iid, name) for iid, name, _, _ in self.stale
+                 if (d := self.scanner.seen.get((iid, name))) is None or d.started_at is None}
         where: dict[str, list[int]] = defaultdict(list)
         for (iid, name), info in self.scanner.seen.items():
             fenced = info.tombstone and info.started_at is None and (info.killed_reason or "").startswith("fenced")
