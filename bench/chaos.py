@@ -1317,6 +1317,10 @@ class Schedule:
             "not_applicable": dict(self.not_applicable),
             "not_applicable_why": sorted(self.na_why),
             "queue_entries_seen": len(self.scanner.queued),
+            # entries whose epoch could not be read (no ``epoch`` file or JSON key): queued_started_after_fence
+            # cannot judge those, so the number is shown
+            "queue_entries_without_epoch": sum(1 for q in self.scanner.queued.values() if q.epoch is None),
+            "fences_seen": {str(i): [f for _, f in h] for i, h in self.scanner.fences.items()},
             "stale_enqueues": [f"box {i} {n} epoch {e}: {a}" for i, n, e, a in self.stale],
             "unattended": list(self.unattended),
             "runs": len(expected),
@@ -1475,6 +1479,9 @@ def run_schedules(cfg: Config, schedules: int, faults: int, baseline: bool, keep
     out["faults_not_applicable_by_kind"] = dict(sorted(not_applicable.items()))
     out["not_applicable_why"] = sorted({w for r in results for w in r["not_applicable_why"]})
     out["queue_entries_seen"] = sum(r["queue_entries_seen"] for r in results)
+    out["queue_entries_without_epoch"] = sum(r["queue_entries_without_epoch"] for r in results)
+    out["stale_enqueues"] = [s for r in results for s in r["stale_enqueues"]]
+    out["unattended"] = [s for r in results for s in r["unattended"]]
     out["violations_by_invariant"] = violations
     out["violations_total"] = sum(violations.values())
     out["violation_details"] = details[:50]

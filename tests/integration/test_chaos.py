@@ -33,7 +33,8 @@ SMALL_KINDS = tuple(k for k in chaos.KINDS if k not in ("lease_expiry", "stale_e
 
 def _table(out: dict[str, object]) -> str:
     keep = ("schedules_detail", "faults_injected", "faults_by_kind", "faults_skipped_by_kind",
-            "faults_not_applicable_by_kind", "not_applicable_why", "queue_entries_seen", "violations_by_invariant",
+            "faults_not_applicable_by_kind", "not_applicable_why", "queue_entries_seen", "queue_entries_without_epoch",
+            "stale_enqueues", "unattended", "violations_by_invariant",
             "violation_details", "recovery_cycles", "money", "wall_s")
     return json.dumps({k: out[k] for k in keep if k in out}, indent=2)
 
