@@ -71,9 +71,10 @@ Invariants (each violation counted under its name; the target is 0):
 - ``queued_started_after_fence``: a queue entry carrying epoch E started on a box that had shown a fence above E
   (the scanner reads each box's ``~/rigsync/epoch`` every 0.25 s) at least 0.5 s before the start, or a replayed
   stale enqueue started at all.
-- ``queued_over_budget``: an attempt started from a queue (an entry seen on its box, or ``queued_at`` in its archive
-  record) more than 0.5 s after the remote's last plan said the headroom was gone (``budget: no new work fits`` or
-  ``budget: exhausted`` in observed/status.yaml): that plan's kills of queued work were applied before its push.
+- ``queued_over_budget``: an attempt queued (an entry seen on its box, or ``queued_at`` in its archive record) before
+  the remote's plan said the headroom was gone (``budget: no new work fits`` or ``budget: exhausted`` in
+  observed/status.yaml, sampled at each new tip) and started from its queue more than 0.5 s after that push, with no
+  plan since finding room again: that plan's kills of queued work were applied before its push.
 - ``vanished_queued_attempt_started``: an attempt queued on a box when it vanished started anywhere (its run must
   go on as a newer attempt).
 - Directories the box's fence made in place of a stale entry (a tombstone, ``killed_reason`` ``fenced: ...``) and
@@ -1359,19 +1360,23 @@ class Schedule:
                 v["queued_started_after_fence"].append(
                     f"{tag}: {name} (epoch {q.epoch}) started on box {iid} at {d.started_at:.2f}, after the box "
                     f"held epoch {max(known)}")
-        from_queue = {(iid, name) for iid, name in sc.queued}
+        # When each attempt given to a queue was queued (seen there first, or its archived queued_at).
+        queued_at = {k: q.first_seen for k, q in sc.queued.items()}
         for r in lines:
             if r.get("queued_at") and r.get("instance_id"):
-                from_queue.add((int(r["instance_id"]), f"{r['run_id']}.{r['attempt']}"))
-        for iid, name in sorted(from_queue):
+                k = (int(r["instance_id"]), f"{r['run_id']}.{r['attempt']}")
+                queued_at[k] = min(queued_at.get(k, float("inf")), float(r["queued_at"]))
+        for (iid, name), q_at in sorted(queued_at.items()):
             d = sc.seen.get((iid, name))
             if d is None or d.started_at is None:
                 continue
-            said = [b for t, b in self.binding if t < d.started_at - START_GRACE_S]
-            if said and said[-1]:
+            said = [(t, b) for t, b in self.binding if t < d.started_at - START_GRACE_S]
+            # queued before the plan that found the headroom gone was pushed, started after it (and no plan since
+            # found room again): that plan should have taken it out of the queue
+            if said and said[-1][1] and q_at < said[-1][0]:
                 v["queued_over_budget"].append(
-                    f"{tag}: {name} started from box {iid}'s queue at {d.started_at:.2f}, after the remote's last "
-                    "plan said no new work fits the budget")
+                    f"{tag}: {name}, queued on box {iid} at {q_at:.2f}, started from its queue at "
+                    f"{d.started_at:.2f}, after the remote's plan at {said[-1][0]:.2f} said no new work fits")
         for iid, name in self.vanished_queued:
             ran = [(i, info.started_at) for (i, n), info in sc.seen.items() if n == name and info.started_at]
             if ran:
