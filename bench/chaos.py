@@ -473,6 +473,7 @@ class Schedule:
         self.timers: list[tuple[float, Callable[[], None]]] = []
         self.clones = 0
         self.pending: Callable[[], bool] | None = None  # a multi-step daemon fault in progress; True when done
+        self.redraw = 0  # multi-step faults skipped (a failpoint not reached): each is replaced by another draw
         self.pending_since = 0.0
         self.bootstrap_plant: Fault | None = None
         self.known_boxes: set[int] = set()
@@ -825,6 +826,7 @@ class Schedule:
                 return True
             if rc is not None or time.time() - state["t"] > self.cfg.occasion_wait_s:
                 self.skipped[kind] += 1
+                self.redraw += 1
                 self.cfg.say(f"  [{self.name}] {kind}: {fp} not reached (rc {rc})")
                 if rc is not None:
                     self.main = self.start(checkout, author)
@@ -1122,6 +1124,11 @@ class Schedule:
         while kinds or self.pending is not None or self.bootstrap_plant is not None:
             self.tick()
             now = time.time()
+            while self.redraw:
+                self.redraw -= 1
+                if replacements < self.n_faults:
+                    replacements += 1
+                    kinds.append(self.rng.choice(self.cfg.kinds))
             if kinds and now >= next_at:
                 kind = kinds[0]
                 why = self.queue_not_applicable(kind)

