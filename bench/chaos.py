@@ -991,6 +991,10 @@ class Schedule:
                     probed = fence >= new > old or second.cycles >= 2
                     if not probed and now - state["held_at"] < 20.0:
                         return False
+                    if self._status(iid) != "running" or self._hung(iid):  # gone meanwhile: another with a queue
+                        again = self.queued_box()
+                        if again is not None:
+                            iid, slot = again[0], again[2][0][1]
                     name, answer = self.replay_enqueue(iid, slot, old)
                     self.stale.append((iid, name, old, answer))
                     state["replayed"] = True
@@ -1003,7 +1007,7 @@ class Schedule:
                 detail = f"stopped {now - t0:.1f}s, taken over by {second.author}"
                 if stale is not None:
                     detail += f"; {state.get('detail')}"
-                self.record(Fault(kind, t0, box=stale[1] if stale else None, detail=detail))
+                self.record(Fault(kind, t0, detail=detail))  # the box is not faulted: recovery is the takeover's
                 return False
             if now - state["cont_at"] < max(6.0, 4 * self.cfg.interval_s):
                 return False
