@@ -68,9 +68,10 @@ Invariants (each violation counted under its name; the target is 0):
 - ``secret_leak``: the emulator's API key or a line of rigsync's SSH private key in ``git log -p --all`` of the
   remote, in observed/ of the checkout, or in any daemon's output.
 - ``second_daemon_not_refused``, ``acted_after_lease_lost``: see the faults.
-- ``queued_started_after_fence``: a queue entry carrying epoch E started on a box that had shown a fence above E
-  (the scanner reads each box's ``~/rigsync/epoch`` every 0.25 s) at least 0.5 s before the start, or a replayed
-  stale enqueue started at all.
+- ``queued_started_after_fence``: a queue entry carrying epoch E (its ``epoch`` file, else an ``epoch`` key in a JSON
+  file of the entry; ``queue_entries_without_epoch`` counts entries it could not read) started on a box that had
+  shown a fence above E (the scanner reads each box's ``~/rigsync/epoch`` every 0.25 s) at least 0.5 s before the
+  start, or a replayed stale enqueue started at all.
 - ``queued_over_budget``: an attempt queued (an entry seen on its box, or ``queued_at`` in its archive record) before
   the remote's plan said the headroom was gone (``budget: no new work fits`` or ``budget: exhausted`` in
   observed/status.yaml, sampled at each new tip) and started from its queue more than 0.5 s after that push, with no
