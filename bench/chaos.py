@@ -5,6 +5,13 @@ Each schedule is a fresh emulator (real sshd boxes on loopback), a fresh fleet r
 seeded RNG, one every 0.8-2 s, for as long as it has faults left; then it stops injecting, lets the fleet converge,
 waits two more cycles and checks every invariant against the emulator, the boxes and the remote.
 
+Queues are on: the chaos fleet sets ``queue_ahead`` (``--queue-ahead``, default 15 s against runs of ~2 s) so that
+busy GPU slots hold entries in their box's queue (``~/rigsync/queue/<slot>/<seq>-<run>.<attempt>/``) and faults
+hit queued work. The queue faults need such entries: when no box ever showed one (a controller without the
+box-side queue) though the schedule started twice as many attempts as it has boxes, or waited ``occasion_wait_s``
+for one once an attempt ran, each is reported "not applicable: no queue entries seen"
+(``faults_not_applicable_by_kind``) and another kind that needs no queue is drawn in its place.
+
 Fault kinds (how each is injected):
 - ``vanish``, ``outbid``, ``hang_resume`` (resumed 2-8 s later), ``hang_forever``: the emulator's fault API on a box
   with a live run (a run directory without ``exit_code``).
@@ -31,6 +38,17 @@ Fault kinds (how each is injected):
   over, then the first is SIGCONTed: it must not act after that (no completed cycle with actions in its output, no
   commit of its author pushed after the takeover). Not attributable: the rest of an apply that SIGSTOP froze midway
   (launches and rents carry no holder), so a resumed half-cycle that acts and then fails to push is not counted.
+- ``kill_with_queues``: SIGKILL of the daemon while a box holds queue entries; the daemon stays down until that box
+  started one of them by itself (at least 2 s, at most 8 s: what it did is listed under ``unattended``), then a new
+  one starts and the fleet must converge.
+- ``stale_enqueue``: a stale controller's late enqueue. The daemon is SIGSTOPped as for ``lease_expiry``; once a
+  second one holds the lease (a newer epoch) and probed the boxes (the box's ``~/rigsync/epoch`` reached the new
+  epoch, or two cycles), the enqueue the frozen one would send next reaches a box with a queue: the real adapter
+  over SSH with rigsync's key, a queued launch of a pending run's next attempt stamped with the old epoch. The box
+  must refuse it, or take it and tombstone it ``fenced`` at its dequeue; it must never start. Then the first is
+  SIGCONTed and checked as for ``lease_expiry``.
+- ``vanish_with_queue``: the emulator vanishes a running box with queue entries; its queued attempts are lost with
+  it, and their runs must go on as new attempts elsewhere, each exactly once.
 
 Invariants (each violation counted under its name; the target is 0):
 - ``attempt_on_two_boxes``: an attempt's directory (``runs/<run>.<attempt>``) seen on two boxes (boxes are scanned
@@ -50,6 +68,18 @@ Invariants (each violation counted under its name; the target is 0):
 - ``secret_leak``: the emulator's API key or a line of rigsync's SSH private key in ``git log -p --all`` of the
   remote, in observed/ of the checkout, or in any daemon's output.
 - ``second_daemon_not_refused``, ``acted_after_lease_lost``: see the faults.
+- ``queued_started_after_fence``: a queue entry carrying epoch E (its ``epoch`` file, else an ``epoch`` key in a JSON
+  file of the entry; ``queue_entries_without_epoch`` counts entries it could not read) started on a box that had
+  shown a fence above E (the scanner reads each box's ``~/rigsync/epoch`` every 0.25 s) at least 0.5 s before the
+  start, or a replayed stale enqueue started at all.
+- ``queued_over_budget``: an attempt queued (an entry seen on its box, or ``queued_at`` in its archive record) before
+  the remote's plan said the headroom was gone (``budget: no new work fits`` or ``budget: exhausted`` in
+  observed/status.yaml, sampled at each new tip) and started from its queue more than 0.5 s after that push, with no
+  plan since finding room again: that plan's kills of queued work were applied before its push.
+- ``vanished_queued_attempt_started``: an attempt queued on a box when it vanished started anywhere (its run must
+  go on as a newer attempt).
+- Directories the box's fence made in place of a stale entry (a tombstone, ``killed_reason`` ``fenced: ...``) and
+  the replayed stale enqueues never ran: ``attempt_on_two_boxes`` and ``attempt_unarchived`` leave them out.
 
 Figures:
 - ``recovery_cycles`` (median, p90, max over injected faults): cycle lines printed by any `rigsync run` of the
@@ -117,12 +147,16 @@ KILL_POINTS = {
     "kill_launch_hang": "boxes.launch.locked",
 }
 DAEMON_KINDS = (*KILL_POINTS, "kill_random", "second_daemon", "lease_expiry")
-KINDS = (*BOX_KINDS, *API_KINDS, *BOOT_KINDS, *DAEMON_KINDS, "human_push")
+QUEUE_KINDS = ("kill_with_queues", "stale_enqueue", "vanish_with_queue")  # need entries in some box's queue
+KINDS = (*BOX_KINDS, *API_KINDS, *BOOT_KINDS, *DAEMON_KINDS, "human_push", *QUEUE_KINDS)
 INVARIANTS = (
     "attempt_on_two_boxes", "concurrent_attempts", "duplicate_archive_record", "duplicate_success", "run_lost",
     "attempt_unarchived", "orphan_box", "over_cap", "force_push", "secret_leak", "second_daemon_not_refused",
-    "acted_after_lease_lost",
+    "acted_after_lease_lost", "queued_started_after_fence", "queued_over_budget", "vanished_queued_attempt_started",
 )
+QUEUE_ENTRY = re.compile(r"^(\d+)-(.+\.\d+)$")  # ~/rigsync/queue/<slot>/<seq>-<run>.<attempt>
+BINDS = ("budget: no new work fits", "budget: exhausted")  # plan()'s own words when the headroom is gone
+START_GRACE_S = 0.5  # a box's own start of an attempt trails its decision (dequeue, launch.sh, the wrapper)
 API_PREFIXES = ("/api/v0/bundles", "/api/v1/instances", "/api/v0/asks", "/api/v0/instances", "/api/")
 FAILED_LINE = re.compile(r"\d+ failed|cycle: (error|transient|unexpected)")
 
@@ -144,6 +178,9 @@ class Config:
     occasion_wait_s: float = 20.0  # a fault whose precondition (a live box, a healthy daemon, a failpoint) never came
     max_total_usd: float = 1.0
     max_daily_usd: float = 1.0
+    # the box-side queue: deep enough that each busy slot holds entries behind its attempt (runs of ~2 s, an
+    # expected_runtime of 5 s), so faults hit queued work; "0s" turns the queue off
+    queue_ahead: str = "15s"
     kinds: tuple[str, ...] = KINDS
     say: Callable[[str], None] = field(default=lambda s: print(s, file=sys.stderr, flush=True))
 
@@ -202,6 +239,10 @@ def build_fleet_repo(workdir: Path, emu: Emulator, cfg: Config, name: str) -> tu
         "heartbeat_stale": "10s", "boot_timeout": "8s", "ttl": "30m", "orphan_timeout": "10m",
     }.items():
         text = demo._set_key(text, key, value)
+    if re.search(r"^#?\s*queue_ahead:", text, re.M):
+        text = demo._set_key(text, "queue_ahead", cfg.queue_ahead)
+    else:
+        text = text.rstrip("\n") + f"\nqueue_ahead: {cfg.queue_ahead}  # bench/chaos.py: faults hit queued work\n"
     fleet.write_text(text)
     budget = work / "desired" / "budget.yaml"
     doc = yaml.safe_load(budget.read_text())
@@ -229,14 +270,42 @@ class DirSeen:
     ended_at: float | None = None
     heartbeat: float | None = None
     exit_code: str | None = None
+    killed_reason: str | None = None
+    tombstone: bool = False  # made by a kill (or the box's fence) in place of a start: it never ran
+
+
+@dataclass
+class QueueSeen:
+    """One entry seen in a box's queue (``~/rigsync/queue/<slot>/<seq>-<run>.<attempt>/``)."""
+
+    first_seen: float
+    last_seen: float
+    slot: str
+    epoch: int | None = None  # the lease epoch it carries (None: none readable)
+
+
+def entry_epoch(entry: Path) -> int | None:
+    """The epoch a queue entry carries: its ``epoch`` file, else an ``epoch`` key of a JSON file in it."""
+    with contextlib.suppress(OSError, ValueError):
+        return int((entry / "epoch").read_text().strip())
+    for f in sorted(entry.glob("*.json")):
+        with contextlib.suppress(OSError, ValueError, AttributeError, TypeError):
+            value = json.loads(f.read_text()).get("epoch")
+            if value is not None:
+                return int(value)
+    return None
 
 
 class BoxScanner:
-    """Every run directory seen on any of the fleet's boxes, and when each box was seen and gone."""
+    """Every run directory and queue entry seen on any of the fleet's boxes, each box's fence (the lease epoch in
+    ``~/rigsync/epoch``) as it rose, and when each box was seen and gone."""
 
     def __init__(self, emu: Emulator, fleet: str) -> None:
         self.emu, self.fleet = emu, fleet
         self.seen: dict[tuple[int, str], DirSeen] = {}
+        self.queued: dict[tuple[int, str], QueueSeen] = {}  # (box, attempt dir name) -> the entry
+        self.fences: dict[int, list[tuple[float, int]]] = defaultdict(list)  # box -> (read by, value) on change
+        self.last_scan = 0.0
         self.box_seen: dict[int, float] = {}
         self.box_gone: dict[int, float] = {}
         self.lock = threading.Lock()
@@ -264,6 +333,8 @@ class BoxScanner:
                 if iid not in owned:
                     self.box_gone.setdefault(iid, now)
         for iid in owned:
+            with contextlib.suppress(Exception):
+                self._scan_queue(iid, now)
             try:
                 runs = self.emu.host_root(iid) / "rigsync" / "runs"
                 entries = list(runs.iterdir()) if runs.is_dir() else []
@@ -279,8 +350,57 @@ class BoxScanner:
                 if info.exit_code is None:
                     with contextlib.suppress(OSError):
                         info.exit_code = (d / "exit_code").read_text().strip()
+                if info.exit_code is not None and info.killed_reason is None:
+                    with contextlib.suppress(OSError):
+                        info.killed_reason = (d / "killed_reason").read_text().strip()
+                if not info.tombstone and info.started_at is None:
+                    info.tombstone = (d / "tombstone").exists()
                 with contextlib.suppress(OSError):
                     info.heartbeat = (d / "heartbeat").stat().st_mtime
+        self.last_scan = now
+
+    def _scan_queue(self, iid: int, now: float) -> None:
+        root = self.emu.host_root(iid) / "rigsync"
+        with contextlib.suppress(OSError, ValueError):
+            fence = int((root / "epoch").read_text().strip())
+            read_by = time.time()
+            with self.lock:
+                hist = self.fences[iid]
+                if not hist or hist[-1][1] != fence:
+                    hist.append((read_by, fence))
+        queue = root / "queue"
+        if not queue.is_dir():
+            return
+        for slot in queue.iterdir():
+            if not slot.is_dir():
+                continue
+            for entry in slot.iterdir():
+                m = QUEUE_ENTRY.match(entry.name)
+                if m is None or not entry.is_dir():
+                    continue
+                with self.lock:
+                    info = self.queued.setdefault((iid, m.group(2)), QueueSeen(now, now, slot.name))
+                    info.last_seen = now
+                if info.epoch is None:
+                    info.epoch = entry_epoch(entry)
+
+    def ever_queued(self) -> bool:
+        with self.lock:
+            return bool(self.queued)
+
+    def started(self) -> int:
+        with self.lock:
+            return sum(1 for info in self.seen.values() if info.started_at is not None)
+
+    def queued_now(self) -> dict[int, list[tuple[str, str]]]:
+        """Boxes (still listed) with entries in their queue at the last scan, not started: box -> (name, slot)."""
+        out: dict[int, list[tuple[str, str]]] = defaultdict(list)
+        with self.lock:
+            for (iid, name), q in self.queued.items():
+                d = self.seen.get((iid, name))
+                if iid not in self.box_gone and q.last_seen >= self.last_scan and (d is None or d.started_at is None):
+                    out[iid].append((name, q.slot))
+        return dict(out)
 
     def live(self) -> dict[int, list[str]]:
         """Boxes (still listed, running) with attempt dirs that have no exit code: instance -> dir names."""
@@ -341,6 +461,12 @@ class Schedule:
         self.name = f"chaos{index}"
         self.faults: list[Fault] = []
         self.skipped: Counter[str] = Counter()
+        self.not_applicable: Counter[str] = Counter()
+        self.na_why: set[str] = set()
+        self.stale: list[tuple[int, str, int, str]] = []  # replayed stale enqueues: box, attempt, epoch, answer
+        self.vanished_queued: list[tuple[int, str]] = []  # (box, attempt) queued on a box when it vanished
+        self.binding: list[tuple[float, bool]] = []  # (seen by, the remote's last plan says the headroom is gone)
+        self.unattended: list[str] = []  # kill_with_queues: what the boxes did while no controller ran
         self.violations: dict[str, list[str]] = defaultdict(list)
         self.procs: list[Proc] = []
         self.cycle_lines: list[tuple[float, str]] = []
@@ -348,6 +474,7 @@ class Schedule:
         self.timers: list[tuple[float, Callable[[], None]]] = []
         self.clones = 0
         self.pending: Callable[[], bool] | None = None  # a multi-step daemon fault in progress; True when done
+        self.redraw = 0  # multi-step faults skipped (a failpoint not reached): each is replaced by another draw
         self.pending_since = 0.0
         self.bootstrap_plant: Fault | None = None
         self.known_boxes: set[int] = set()
@@ -482,6 +609,23 @@ class Schedule:
             return any(str(w).startswith("budget:") for w in warnings)
         return False
 
+    def headroom_gone(self, tip: str) -> bool:
+        """The last plan pushed at ``tip`` said no new work fits the budget (``plan()``'s ``budget.binds``)."""
+        text = git(self.remote, "show", f"{tip}:observed/status.yaml", check=False)
+        with contextlib.suppress(yaml.YAMLError, AttributeError):
+            doc = yaml.safe_load(text) or {}
+            warnings = (doc.get("last_plan") or {}).get("warnings") or []
+            return any(str(w).startswith(BINDS) for w in warnings)
+        return False
+
+    def lease_epoch(self) -> int:
+        text = git(self.remote, "show", "refs/heads/rigsync/lease/main:lease.yaml", check=False)
+        with contextlib.suppress(yaml.YAMLError, ValueError, TypeError):
+            doc = yaml.safe_load(text) if text else None
+            if isinstance(doc, dict):
+                return int(doc.get("epoch") or 0)
+        return 0
+
     def unfinished(self, expected: dict[str, int], lines: list[dict[str, Any]]) -> set[str]:
         done: set[str] = set()
         tries: Counter[str] = Counter()
@@ -500,6 +644,28 @@ class Schedule:
         iid = self.rng.choice(candidates)
         runs = tuple((n.rsplit(".", 1)[0], int(n.rsplit(".", 1)[1])) for n in sorted(live[iid]))
         return iid, runs
+
+    def queued_box(self) -> tuple[int, tuple[tuple[str, int], ...], list[tuple[str, str]]] | None:
+        """A running box with entries in its queue: it, the attempts live or queued on it, and its entries."""
+        queued = self.scanner.queued_now()
+        live = self.scanner.live()
+        candidates = [i for i in sorted(queued) if self._status(i) == "running" and not self._hung(i)]
+        if not candidates:
+            return None
+        iid = self.rng.choice(candidates)
+        names = sorted({*live.get(iid, []), *(n for n, _ in queued[iid])})
+        runs = tuple((n.rsplit(".", 1)[0], int(n.rsplit(".", 1)[1])) for n in names)
+        return iid, runs, queued[iid]
+
+    def queue_not_applicable(self, kind: str) -> str | None:
+        """Why a queue fault cannot apply to this schedule (None: it can, now or later)."""
+        if kind not in QUEUE_KINDS:
+            return None
+        if self.cfg.queue_ahead.strip() in ("0", "0s", "0m"):
+            return "not applicable: queue_ahead is 0"
+        if not self.scanner.ever_queued() and self.scanner.started() > 2 * self.cfg.max_boxes:
+            return "not applicable: no queue entries seen"
+        return None
 
     def _status(self, iid: int) -> str:
         try:
@@ -543,6 +709,16 @@ class Schedule:
                     self.timers.append((now + delay, resume))
             self.record(f)
             return True
+        if kind == "vanish_with_queue":
+            qpick = self.queued_box()
+            if qpick is None:
+                return False
+            iid, runs, entries = qpick
+            emu.vanish(iid)
+            self.vanished_queued += [(iid, name) for name, _ in entries]
+            self.record(Fault(kind, now, box=iid, runs=runs,
+                              detail=f"queued {', '.join(n for n, _ in entries)}"))
+            return True
         if kind in ("api_429", "api_5xx"):
             prefix = rng.choice(API_PREFIXES)
             n = rng.randint(2, 6)
@@ -573,7 +749,8 @@ class Schedule:
             what = "desired/: two more seeds" if desired else "README.md"
             self.record(Fault(kind, now, detail=f"{what} {sha[:8]}"))
             return True
-        if kind not in DAEMON_KINDS or self.pending is not None or not self.main_is_healthy():
+        if kind not in (*DAEMON_KINDS, "kill_with_queues", "stale_enqueue") or self.pending is not None \
+                or not self.main_is_healthy():
             return False
         if kind == "kill_random":
             self.kill(self.main)
@@ -588,6 +765,19 @@ class Schedule:
             return True
         if kind == "lease_expiry":
             self.start_lease_expiry()
+            return True
+        if kind == "kill_with_queues":
+            qpick = self.queued_box()
+            if qpick is None:
+                return False
+            self.start_kill_with_queues(*qpick)
+            return True
+        if kind == "stale_enqueue":
+            qpick = self.queued_box()
+            epoch = self.lease_epoch()
+            if qpick is None or epoch <= 0:
+                return False
+            self.start_lease_expiry(stale=(epoch, qpick[0], qpick[2][0][1]))
             return True
         return False
 
@@ -637,6 +827,7 @@ class Schedule:
                 return True
             if rc is not None or time.time() - state["t"] > self.cfg.occasion_wait_s:
                 self.skipped[kind] += 1
+                self.redraw += 1
                 self.cfg.say(f"  [{self.name}] {kind}: {fp} not reached (rc {rc})")
                 if rc is not None:
                     self.main = self.start(checkout, author)
@@ -692,11 +883,89 @@ class Schedule:
         doc = yaml.safe_load(text) if text else None
         return str(doc.get("holder")) if isinstance(doc, dict) else None
 
-    def start_lease_expiry(self) -> None:
+    def start_kill_with_queues(
+        self, iid: int, runs: tuple[tuple[str, int], ...], entries: list[tuple[str, str]]
+    ) -> None:
+        """SIGKILL the daemon while box ``iid`` holds queue entries; keep it down until the box started one of them
+        by itself (or 8 s), then restart it: the restarted daemon must converge."""
+        self.kill(self.main)
+        t0 = time.time()
+        checkout, author = self.main.checkout, self.main.author
+        names = [n for n, _ in entries]
+        f = Fault("kill_with_queues", t0, runs=runs, detail=f"box {iid} queued {', '.join(names)}")
+
+        def step() -> bool:
+            now = time.time()
+            with self.scanner.lock:
+                started = [n for n in names if (d := self.scanner.seen.get((iid, n))) is not None
+                           and d.started_at is not None and d.started_at >= t0]
+            if not started and now - t0 < 8.0:
+                return False
+            if now - t0 < 2.0:
+                return False
+            what = (f"box {iid} started {started[0]} {now - t0:.1f}s into the outage, with no controller"
+                    if started else f"box {iid} started none of its queue in {now - t0:.1f}s without a controller")
+            f.detail += f"; {what}"
+            self.unattended.append(what)
+            self.record(f)
+            self.main = self.start(checkout, author)
+            return True
+
+        self._begin(step)
+
+    def replay_enqueue(self, iid: int, slot: str, epoch: int) -> tuple[str, str]:
+        """A stale controller's late enqueue, sent as it would: the real adapter over SSH with rigsync's key, a
+        queued launch of the attempt the stale controller would have given next (a pending run's next attempt)
+        stamped with its old lease ``epoch``. Returns the attempt's directory name and the box's answer."""
+        from reconciler.adapters.boxes import ShellBoxes
+        from reconciler.adapters.vast import VastProvider
+        from reconciler.fleet import open_shell
+        from reconciler.model import MetricGoal
+        from reconciler.ports import LaunchJob
+
+        expected = self.expected_runs()
+        lines = self.archive()
+        todo = sorted(self.unfinished(expected, lines)) or sorted(expected)
+        run_id = todo[0]
+        with self.scanner.lock:
+            names = [n for _, n in (*self.scanner.seen, *self.scanner.queued)]
+        attempts = [int(n.rsplit(".", 1)[1]) for n in names if n.rsplit(".", 1)[0] == run_id]
+        attempts += [int(r["attempt"]) for r in lines if r["run_id"] == run_id]
+        attempt = max(attempts, default=0) + 1
+        name = f"{run_id}.{attempt}"
+        inst = None
+        for _ in range(10):  # the emulator's API may be failing on purpose
+            with contextlib.suppress(Exception):
+                listed = VastProvider(api_key=self.emu.api_key, server_url=self.emu.url).list_instances()
+                inst = next((i for i in listed if i.id == iid), None)
+                break
+            time.sleep(0.5)
+        if inst is None:
+            return name, "not sent: the box is not listed"
+        mask = tuple(int(g) for g in slot.split("_") if g.isdigit()) or (0,)
+        job = LaunchJob(run_id=run_id, attempt=attempt, gpu_mask=mask, command="sleep 2", code_commit=None,
+                        desired_commit=None, sweep="chaos", params=(), seed=0, metrics_file="metrics.jsonl",
+                        metric_key=None, metric_goal=MetricGoal.MAX, max_runtime_s=90.0, queued=True, epoch=epoch)
+        key = next(self.state.rglob("id_ed25519"))
+        shell = open_shell(key, self.tmp / "chaos_known_hosts")
+        try:
+            answer = ShellBoxes(shell).launch(inst, job)
+        except Exception as e:
+            return name, f"refused: {type(e).__name__}: {str(e)[:160]}"
+        finally:
+            shell.close()
+        return name, f"accepted: {answer.strip()[:80]!r}"
+
+    def start_lease_expiry(self, stale: tuple[int, int, str] | None = None) -> None:
+        """SIGSTOP the daemon past its lease, let another take over, SIGCONT it: it must not act. With ``stale``
+        (its epoch, a box with a queue, a slot there), once the taker-over holds the lease and probed the box, the
+        frozen holder's late enqueue reaches that box (``replay_enqueue``): refused, or tombstoned ``fenced``."""
         first = self.main
         first.popen.send_signal(signal.SIGSTOP)
         t0 = time.time()
-        state: dict[str, Any] = {"second": None, "cont_at": None, "offset": 0, "tip": None}
+        state: dict[str, Any] = {"second": None, "cont_at": None, "offset": 0, "tip": None, "replayed": stale is None,
+                                 "held_at": None}
+        kind = "lease_expiry" if stale is None else "stale_enqueue"
 
         def step() -> bool:
             now = time.time()
@@ -713,12 +982,33 @@ class Schedule:
                     if second.popen.poll() is not None:  # refused (the first's lease not stale yet?): retry
                         state["second"] = self.start(second.checkout, second.author)
                     return False
+                if not state["replayed"]:
+                    assert stale is not None
+                    old, iid, slot = stale
+                    state["held_at"] = state["held_at"] or now
+                    new = self.lease_epoch()
+                    with self.scanner.lock:
+                        fence = max((v for _, v in self.scanner.fences.get(iid, [])), default=0)
+                    probed = fence >= new > old or second.cycles >= 2
+                    if not probed and now - state["held_at"] < 20.0:
+                        return False
+                    if self._status(iid) != "running" or self._hung(iid):  # gone meanwhile: another with a queue
+                        again = self.queued_box()
+                        if again is not None:
+                            iid, slot = again[0], again[2][0][1]
+                    name, answer = self.replay_enqueue(iid, slot, old)
+                    self.stale.append((iid, name, old, answer))
+                    state["replayed"] = True
+                    state["detail"] = (f"box {iid} (fence {fence}) got {name} at epoch {old} < {new}: {answer}")
                 self.read_logs()
                 state["offset"] = first.log.stat().st_size
                 state["tip"] = git(self.remote, "rev-parse", "refs/heads/main")
                 first.popen.send_signal(signal.SIGCONT)
                 state["cont_at"] = now
-                self.record(Fault("lease_expiry", t0, detail=f"stopped {now - t0:.1f}s, taken over by {second.author}"))
+                detail = f"stopped {now - t0:.1f}s, taken over by {second.author}"
+                if stale is not None:
+                    detail += f"; {state.get('detail')}"
+                self.record(Fault(kind, t0, detail=detail))  # the box is not faulted: recovery is the takeover's
                 return False
             if now - state["cont_at"] < max(6.0, 4 * self.cfg.interval_s):
                 return False
@@ -791,6 +1081,9 @@ class Schedule:
             tip = git(self.remote, "rev-parse", "refs/heads/main")
             if not self.tips or self.tips[-1] != tip:
                 self.tips.append(tip)
+                binds = self.headroom_gone(tip)
+                if not self.binding or self.binding[-1][1] != binds:
+                    self.binding.append((time.time(), binds))
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -836,15 +1129,38 @@ class Schedule:
         while kinds or self.pending is not None or self.bootstrap_plant is not None:
             self.tick()
             now = time.time()
+            while self.redraw:
+                self.redraw -= 1
+                if replacements < self.n_faults:
+                    replacements += 1
+                    kinds.append(self.rng.choice(self.cfg.kinds))
             if kinds and now >= next_at:
                 kind = kinds[0]
+                why = self.queue_not_applicable(kind)
+                if why is None and kind in QUEUE_KINDS and waiting_since is not None \
+                        and now - waiting_since > self.cfg.occasion_wait_s and not self.scanner.ever_queued():
+                    why = "not applicable: no queue entries seen"
+                if why is not None:
+                    # drawn, and said plainly; another kind that needs no queue takes its place
+                    kinds.pop(0)
+                    waiting_since = None
+                    self.not_applicable[kind] += 1
+                    self.na_why.add(why)
+                    self.cfg.say(f"  [{self.name}] {kind}: {why}")
+                    others = [k for k in self.cfg.kinds if k not in QUEUE_KINDS]
+                    if others and replacements < self.n_faults:
+                        replacements += 1
+                        kinds.append(self.rng.choice(others))
+                    continue
                 if self.try_inject(kind):
                     kinds.pop(0)
                     waiting_since = None
                     next_at = now + self.rng.uniform(*self.cfg.gap_s)
                 else:
-                    waiting_since = waiting_since or now
-                    if now - waiting_since > self.cfg.occasion_wait_s:
+                    if kind not in QUEUE_KINDS or self.scanner.started() > 0:  # a queue needs a fleet at work
+                        waiting_since = waiting_since or now
+                    if waiting_since is not None and now - waiting_since > self.cfg.occasion_wait_s and not (
+                            kind in QUEUE_KINDS and not self.scanner.ever_queued()):  # that one: not applicable
                         self.skipped[kind] += 1
                         self.cfg.say(f"  [{self.name}] skipped {kind}: no occasion in {self.cfg.occasion_wait_s:g}s")
                         kinds.pop(0)
@@ -909,9 +1225,15 @@ class Schedule:
             tries = [(r["attempt"], r["phase"]) for r in lines if r["run_id"] == rid]
             v["run_lost"].append(f"{tag}: run {rid} neither succeeded nor exhausted: {tries}"
                                  + ("" if converged else " (did not converge in time)"))
-        # Attempts on boxes.
+        # Attempts on boxes. A directory the box's fence made in place of a stale entry (a tombstone, killed_reason
+        # "fenced: ...") never ran, nor did a replayed stale enqueue that never started: neither counts here.
+        stale = {(iid, name) for iid, name, _, _ in self.stale
+                 if (d := self.scanner.seen.get((iid, name))) is None or d.started_at is None}
         where: dict[str, list[int]] = defaultdict(list)
-        for iid, name in self.scanner.seen:
+        for (iid, name), info in self.scanner.seen.items():
+            fenced = info.tombstone and info.started_at is None and (info.killed_reason or "").startswith("fenced")
+            if (iid, name) in stale or fenced:
+                continue
             where[name].append(iid)
         for name, iids in where.items():
             if len(iids) > 1:
@@ -920,6 +1242,7 @@ class Schedule:
             rid, att = name.rsplit(".", 1)
             if (rid, int(att)) not in keys:
                 v["attempt_unarchived"].append(f"{tag}: {name} ran on box {iids} but was never archived")
+        self._check_queues(tag, lines)
         spans: dict[str, list[tuple[float, float, int, str]]] = defaultdict(list)
         for (iid, name), info in self.scanner.seen.items():
             if info.started_at is None:
@@ -1004,6 +1327,15 @@ class Schedule:
             "converged": converged,
             "faults": dict(Counter(f.kind for f in self.faults)),
             "skipped": dict(self.skipped),
+            "not_applicable": dict(self.not_applicable),
+            "not_applicable_why": sorted(self.na_why),
+            "queue_entries_seen": len(self.scanner.queued),
+            # entries whose epoch could not be read (no ``epoch`` file or JSON key): queued_started_after_fence
+            # cannot judge those, so the number is shown
+            "queue_entries_without_epoch": sum(1 for q in self.scanner.queued.values() if q.epoch is None),
+            "fences_seen": {str(i): [f for _, f in h] for i, h in self.scanner.fences.items()},
+            "stale_enqueues": [f"box {i} {n} epoch {e}: {a}" for i, n, e, a in self.stale],
+            "unattended": list(self.unattended),
             "runs": len(expected),
             "runs_succeeded": len(succ),
             "runs_failed_exhausted": len(expected) - len(succ) - len(self.unfinished(expected, lines)),
@@ -1019,6 +1351,49 @@ class Schedule:
             "succeeded_attempts_usd": round(cost_succeeded, 6),
             "violations": {k: list(vals) for k, vals in v.items() if vals},
         }
+
+    def _check_queues(self, tag: str, lines: list[dict[str, Any]]) -> None:
+        """The queue's invariants: nothing from an older epoch starts once a box was shown a newer one, nothing
+        queued starts once the budget's headroom is gone, and an attempt queued on a box that vanished never runs
+        (its run goes on as a new attempt, elsewhere)."""
+        v = self.violations
+        sc = self.scanner
+        for iid, name, epoch, answer in self.stale:
+            d = sc.seen.get((iid, name))
+            if answer.startswith("accepted") and d is not None and d.started_at is not None and not d.tombstone:
+                v["queued_started_after_fence"].append(
+                    f"{tag}: stale enqueue {name} (epoch {epoch}) on box {iid} started at {d.started_at:.2f}: {answer}")
+        for (iid, name), q in sc.queued.items():
+            d = sc.seen.get((iid, name))
+            if not q.epoch or d is None or d.started_at is None:
+                continue
+            known = [f for t, f in sc.fences.get(iid, []) if t < d.started_at - START_GRACE_S]
+            if known and max(known) > q.epoch:
+                v["queued_started_after_fence"].append(
+                    f"{tag}: {name} (epoch {q.epoch}) started on box {iid} at {d.started_at:.2f}, after the box "
+                    f"held epoch {max(known)}")
+        # When each attempt given to a queue was queued (seen there first, or its archived queued_at).
+        queued_at = {k: q.first_seen for k, q in sc.queued.items()}
+        for r in lines:
+            if r.get("queued_at") and r.get("instance_id"):
+                k = (int(r["instance_id"]), f"{r['run_id']}.{r['attempt']}")
+                queued_at[k] = min(queued_at.get(k, float("inf")), float(r["queued_at"]))
+        for (iid, name), q_at in sorted(queued_at.items()):
+            d = sc.seen.get((iid, name))
+            if d is None or d.started_at is None:
+                continue
+            said = [(t, b) for t, b in self.binding if t < d.started_at - START_GRACE_S]
+            # queued before the plan that found the headroom gone was pushed, started after it (and no plan since
+            # found room again): that plan should have taken it out of the queue
+            if said and said[-1][1] and q_at < said[-1][0]:
+                v["queued_over_budget"].append(
+                    f"{tag}: {name}, queued on box {iid} at {q_at:.2f}, started from its queue at "
+                    f"{d.started_at:.2f}, after the remote's plan at {said[-1][0]:.2f} said no new work fits")
+        for iid, name in self.vanished_queued:
+            ran = [(i, info.started_at) for (i, n), info in sc.seen.items() if n == name and info.started_at]
+            if ran:
+                v["vanished_queued_attempt_started"].append(
+                    f"{tag}: {name}, queued on box {iid} when it vanished, started on {ran}")
 
     def _recovery(self) -> None:
         seen = self.scanner.seen
@@ -1066,7 +1441,8 @@ def run_schedules(cfg: Config, schedules: int, faults: int, baseline: bool, keep
     out: dict[str, Any] = {"bench": "chaos", "seed": cfg.seed, "schedules": schedules, "faults_per_schedule": faults,
                            "config": {"runs": cfg.runs, "run_seconds": cfg.run_seconds, "max_boxes": cfg.max_boxes,
                                       "retries": cfg.retries, "interval_s": cfg.interval_s,
-                                      "lease_stale_s": cfg.lease_stale_s, "max_total_usd": cfg.max_total_usd}}
+                                      "lease_stale_s": cfg.lease_stale_s, "max_total_usd": cfg.max_total_usd,
+                                      "queue_ahead": cfg.queue_ahead}}
     base: dict[str, Any] | None = None
     root = Path(tempfile.mkdtemp(prefix="rigsync-chaos-"))
     os.chmod(root, 0o755)
@@ -1092,6 +1468,7 @@ def run_schedules(cfg: Config, schedules: int, faults: int, baseline: bool, keep
             shutil.rmtree(root, ignore_errors=True)
     kinds: Counter[str] = Counter()
     skipped: Counter[str] = Counter()
+    not_applicable: Counter[str] = Counter()
     violations: dict[str, int] = dict.fromkeys(INVARIANTS, 0)  # every invariant listed, 0 when it held
     details: list[str] = []
     rec: list[int] = []
@@ -1100,6 +1477,7 @@ def run_schedules(cfg: Config, schedules: int, faults: int, baseline: bool, keep
     for r in results:
         kinds.update(r["faults"])
         skipped.update(r["skipped"])
+        not_applicable.update(r["not_applicable"])
         for k, vals in r["violations"].items():
             violations[k] = violations.get(k, 0) + len(vals)
             details += vals
@@ -1115,6 +1493,12 @@ def run_schedules(cfg: Config, schedules: int, faults: int, baseline: bool, keep
     out["faults_injected"] = sum(kinds.values())
     out["faults_by_kind"] = dict(sorted(kinds.items()))
     out["faults_skipped_by_kind"] = dict(sorted(skipped.items()))
+    out["faults_not_applicable_by_kind"] = dict(sorted(not_applicable.items()))
+    out["not_applicable_why"] = sorted({w for r in results for w in r["not_applicable_why"]})
+    out["queue_entries_seen"] = sum(r["queue_entries_seen"] for r in results)
+    out["queue_entries_without_epoch"] = sum(r["queue_entries_without_epoch"] for r in results)
+    out["stale_enqueues"] = [s for r in results for s in r["stale_enqueues"]]
+    out["unattended"] = [s for r in results for s in r["unattended"]]
     out["violations_by_invariant"] = violations
     out["violations_total"] = sum(violations.values())
     out["violation_details"] = details[:50]
@@ -1154,6 +1538,8 @@ def main() -> int:
     ap.add_argument("--schedules", type=int, default=8, help="schedules (default 8: 200 faults)")
     ap.add_argument("--runs", type=int, default=12, help="the sweep's starting size")
     ap.add_argument("--kinds", default=",".join(KINDS), help="comma-separated fault kinds (default: all)")
+    ap.add_argument("--queue-ahead", default=Config.queue_ahead,
+                    help="the fleet's queue_ahead (default %(default)s: entries stay queued; 0s: no queue)")
     ap.add_argument("--keep", action="store_true", help="keep the fleet repositories and daemon logs")
     ap.add_argument("--no-baseline", action="store_true", help="skip the fault-free baseline (no extra_usd)")
     ap.add_argument("--max-total-usd", type=float, default=Config.max_total_usd,
@@ -1166,7 +1552,7 @@ def main() -> int:
     if unknown:
         ap.error(f"unknown fault kinds: {sorted(unknown)}; known: {', '.join(KINDS)}")
     cfg = Config(seed=args.seed, faults=args.faults, runs=args.runs, kinds=kinds, max_total_usd=args.max_total_usd,
-                 max_daily_usd=args.max_total_usd)
+                 max_daily_usd=args.max_total_usd, queue_ahead=args.queue_ahead)
     out = run_schedules(cfg, args.schedules, args.faults, not args.no_baseline, args.keep)
     print(json.dumps(out, indent=2))
     return 0

@@ -5,6 +5,10 @@ sshd boxes, a fleet repository with a bare remote, ``rigsync run`` as real subpr
 second daemon refused by the lease, a lease taken over from a SIGSTOPped daemon, human pushes, box and API faults.
 After the schedule the fleet must converge and every invariant hold (see the bench's docstring for each one). The
 JSON table is printed (``pytest -s`` shows it); how fast recovery was is a figure, not an assertion.
+
+Queues are on (the bench's ``queue_ahead``): the queue faults (a daemon killed with queues full, a stale
+controller's late enqueue, a box vanishing with a queue) are drawn too, and a controller whose boxes never show a
+queue entry reports them "not applicable" instead of failing.
 """
 
 from __future__ import annotations
@@ -22,14 +26,16 @@ import chaos  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-# lease_expiry has its own test below (a takeover needs a quiet moment to be attributed); the random schedule
-# draws from every other kind.
-SMALL_KINDS = tuple(k for k in chaos.KINDS if k != "lease_expiry")
+# lease_expiry and stale_enqueue have their own tests below (a takeover needs a quiet moment to be attributed); the
+# random schedule draws from every other kind.
+SMALL_KINDS = tuple(k for k in chaos.KINDS if k not in ("lease_expiry", "stale_enqueue"))
 
 
 def _table(out: dict[str, object]) -> str:
     keep = ("schedules_detail", "faults_injected", "faults_by_kind", "faults_skipped_by_kind",
-            "violations_by_invariant", "violation_details", "recovery_cycles", "money", "wall_s")
+            "faults_not_applicable_by_kind", "not_applicable_why", "queue_entries_seen", "queue_entries_without_epoch",
+            "stale_enqueues", "unattended", "violations_by_invariant",
+            "violation_details", "recovery_cycles", "money", "wall_s")
     return json.dumps({k: out[k] for k in keep if k in out}, indent=2)
 
 
@@ -67,3 +73,23 @@ def test_a_binding_total_cap_holds_under_faults() -> None:
     assert isinstance(money, dict)
     assert money["runs_held_by_budget"] > 0, "the cap never bound: the test proves nothing " + _table(out)
     assert money["max_ledger_vs_total_cap"] <= 1.0, _table(out)
+
+
+def test_queue_faults_keep_every_invariant() -> None:
+    """A daemon killed -9 with queues full, a stale controller's late enqueue (SIGSTOP, a takeover, the old epoch's
+    enqueue replayed over SSH), a box vanishing with a queue: 0 violations, and each one injected or, without a
+    box-side queue, reported not applicable."""
+    cfg = chaos.Config(seed=7, faults=3, runs=6, gap_s=(0.4, 1.0), lease_stale_s=4.0, converge_timeout_s=90.0,
+                       occasion_wait_s=8.0, kinds=chaos.QUEUE_KINDS)
+    out = chaos.run_schedules(cfg, schedules=1, faults=cfg.faults, baseline=False)
+    print(_table(out))
+    assert out["violations_total"] == 0, _table(out)
+    kinds, na, skipped = out["faults_by_kind"], out["faults_not_applicable_by_kind"], out["faults_skipped_by_kind"]
+    assert isinstance(kinds, dict) and isinstance(na, dict) and isinstance(skipped, dict)
+    drawn = {k: n for k, n in kinds.items() if k != "human_push"}  # the driver's own pushes keep work available
+    assert set(drawn) <= set(chaos.QUEUE_KINDS), _table(out)
+    assert sum(drawn.values()) + sum(na.values()) + sum(skipped.values()) >= cfg.faults, _table(out)
+    if out["queue_entries_seen"]:
+        assert not na, _table(out)
+        assert sum(drawn.values()) >= 2, "a queue was seen but its faults found no occasion " + _table(out)
+    assert all(d["converged"] for d in out["schedules_detail"]), _table(out)  # type: ignore[attr-defined]
