@@ -96,7 +96,10 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
 
     live, found = settle_live(world, seen, table.destroyed, wanted)
     decided.extend(found)
-    in_flight, found = settle_in_flight(world, seen, recorded.keys | live.settled, table.destroyed, table.states)
+    in_flight, found = settle_in_flight(
+        world, seen, recorded.keys | live.settled, table.destroyed, table.states,
+        wanted=wanted, running=live.running, over_budget=budget.verdict() if budget.binds else None,
+    )
     decided.extend(found)
     queue, found = run_queue(world, seen, recorded, wanted, live, in_flight, unverified_lost(world, in_flight))
     decided.extend(found)

@@ -46,6 +46,7 @@ ACTION_FIELDS = (
     "skip_harvest",
     "pid",
     "pid_started",
+    "queued",
 )
 
 
