@@ -7,7 +7,9 @@ current spec (``"{spec}"`` inside a given label is replaced by the current spec 
 without a probe gets a reachable, bootstrapped probe with its code shipped; a probe without ``gpus`` gets one
 GPU per instance GPU, with memory in use on the GPUs of its live runs. The host ledger is ``observed.memory.hosts``
 (``build_hosts``). Only what is in ``observed.in_flight`` on a box (or archived) is this fleet's there: a run a
-probe shows without it is foreign. The process-only memory: ``heartbeats`` (``run_id``, ``attempt``,
+probe shows without it is foreign. A probe's ``queued`` lists its box's queue entries (``run_id``, ``attempt``,
+``gpu_mask``, ``epoch``; position is their order), with ``epoch`` and ``draining`` beside; an in-flight entry may
+say ``queued``. The process-only memory: ``heartbeats`` (``run_id``, ``attempt``,
 ``implied_ago``, ``since_ago``), ``failed_actions`` (``kind``, ``target``, ``error``) and ``distrusted``
 (``instance_id``, ``since_ago``, ``why``).
 """
@@ -50,6 +52,7 @@ from reconciler.model import (
     Ownership,
     OwnHost,
     Pool,
+    QueuedEntry,
     Ranking,
     RunDirState,
     RunSpec,
@@ -227,6 +230,8 @@ def build_rundir(d: J, now: float) -> RunDirState:
         final_metric=d.get("final_metric"),
         metrics_age_s=d.get("metrics_age_s"),
         problem=d.get("problem"),
+        pid=d.get("pid"),
+        pid_started=d.get("pid_started"),
     )
 
 
@@ -265,6 +270,12 @@ def build_probe(d: J, now: float, inst: Instance | None, desired: Desired) -> Bo
         last_activity_at=_t(d, now, "last_activity_at", "last_activity_ago", None),
         unusable=d.get("unusable"),
         rejected=tuple(d.get("rejected", [])),
+        queued=tuple(
+            QueuedEntry(q["run_id"], q.get("attempt", 1), tuple(q.get("gpu_mask", [0])), q.get("epoch", 0), n)
+            for n, q in enumerate(d.get("queued", []))
+        ),
+        epoch=d.get("epoch"),
+        draining=bool(d.get("draining", False)),
     )
 
 
@@ -362,6 +373,7 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
                 pid=f.get("pid"),
                 pid_started=f.get("pid_started"),
                 epoch=f.get("epoch", 0),
+                queued=bool(f.get("queued", False)),
             )
             for f in d.get("in_flight", [])
         ),
