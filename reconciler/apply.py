@@ -478,6 +478,8 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
         metric_goal=spec.sweep.metric_goal,
         max_runtime_s=spec.sweep.max_runtime_s,
         env=env,
+        queued=action.queued,
+        epoch=ctx.epoch(),
     )
     box = _box(instances, action.instance_id)
     resumed_from = _stage_checkpoint(ctx, box, action, spec.sweep)
@@ -490,6 +492,7 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
         sweep=spec.sweep.name,
         resumed_from=resumed_from,
         epoch=ctx.epoch(),
+        queued=action.queued,
     )
     ctx.note_launch(flight)  # written ahead: a crash right after the launch must not lose the attempt's number
     try:
