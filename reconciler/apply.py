@@ -24,7 +24,6 @@ from dataclasses import dataclass, field, replace
 from typing import assert_never
 
 from reconciler.actions import (
-    APPLY_ORDER,
     Action,
     ApplyResult,
     Bootstrap,
@@ -41,6 +40,7 @@ from reconciler.actions import (
     Requeue,
     ShipCode,
     SyncCheckpoint,
+    apply_key,
     closed,
 )
 from reconciler.bounds import EXIT_CODE_RANGE, MAX_GPUS, MAX_NOTE_CHARS, bounded_int, bounded_text, clamp_time, finite
@@ -113,7 +113,7 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
     """
     result = ApplyResult()
     instances = {i.id: i for i in ctx.observed.instances}
-    ordered = sorted(plan.actions, key=lambda a: (APPLY_ORDER[a.kind], a.target))
+    ordered = sorted(plan.actions, key=apply_key)
     for action in ordered:
         if result.lease_lost is not None:
             result.outcomes.append(Outcome(action, False, f"not run: lease lost: {result.lease_lost}", skipped=True))

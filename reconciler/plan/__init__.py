@@ -26,7 +26,6 @@ with a nonsensical price is never rented, and only instances carrying this fleet
 from __future__ import annotations
 
 from reconciler.actions import (
-    APPLY_ORDER,
     SIGNS,
     Action,
     CloseBill,
@@ -38,6 +37,7 @@ from reconciler.actions import (
     Rent,
     SweepEstimate,
     SyncCheckpoint,
+    apply_key,
 )
 from reconciler.identity import fleet_spec_hash, rent_label, slot_spec_hash, spec_hash
 from reconciler.model import Desired, Drift, DriftClass, Observed
@@ -177,5 +177,5 @@ def _finish(world: World, budget: Purse, decided: Decisions, estimates: tuple[Sw
     )
 
 
-def _order(a: Action) -> tuple[int, str]:
-    return (APPLY_ORDER[a.kind], a.target)
+def _order(a: Action) -> tuple[int, bool, str]:
+    return apply_key(a)

@@ -84,6 +84,7 @@ def place(
     code = world.desired.code_commit
     free_left = sum(len(free[b.id]) for boxes in open_by_pool.values() for b in boxes)
     tail = _tail(world, queue.pending, open_by_pool, free, fc)
+    placed: list[tuple[OwnedBox, tuple[int, ...], PendingRun]] = []  # this plan's launches: busy slots from now on
 
     def cost_of(spec: RunSpec, box: OwnedBox, gpus: int) -> float:
         share = box.inst.dph_total * gpus / max(1, box.inst.num_gpus)
@@ -114,6 +115,7 @@ def place(
         taken = set(mask)
         free[box.id] = [gpu for gpu in free[box.id] if gpu.index not in taken]
         free_left -= len(mask)
+        placed.append((box, mask, run))
         ship_code(box)
         launches[box.id] = launches.get(box.id, 0) + 1
         considered.add(box.id)
@@ -165,6 +167,7 @@ def place(
         taken = set(mask)
         free[box.id] = [gpu for gpu in free[box.id] if gpu.index not in taken]
         free_left -= len(mask)
+        placed.append((box, mask, run))
         ship_code(box)
         launches[box.id] = launches.get(box.id, 0) + 1
         considered.add(box.id)
@@ -181,7 +184,7 @@ def place(
                 sweep=spec.sweep.name,
             )
         )
-    slots = _busy_slots(world, queue, table, fc)
+    slots = _busy_slots(world, queue, table, fc, placed)
     ahead = world.desired.fleet.queue_ahead_s
     if slots and ahead > 0 and unplaced:
         by_shape: dict[tuple[str, int], list[_Slot]] = {}
@@ -255,10 +258,17 @@ def _holds(slot: _Slot, ram_mib: int) -> bool:
     return all(total.get(i, 0) >= ram_mib for i in slot.mask)
 
 
-def _busy_slots(world: World, queue: RunQueue, table: BoxTable, fc: Forecast) -> list[_Slot]:
+def _busy_slots(
+    world: World,
+    queue: RunQueue,
+    table: BoxTable,
+    fc: Forecast,
+    placed: Sequence[tuple[OwnedBox, tuple[int, ...], PendingRun]],
+) -> list[_Slot]:
     """The busy GPU slots of ready boxes that may be given queue entries: not destroyed, not draining. Each is the
-    mask of an attempt kept running (``RunQueue.running``), or of attempts waiting in the box's queue on GPUs whose
-    attempt just ended; its free time counts the current attempt's remaining time and every entry queued on it."""
+    mask of an attempt kept running (``RunQueue.running``) or launched by this plan (``placed``), or of attempts
+    waiting in the box's queue on GPUs whose attempt just ended; its free time counts the current attempt's
+    remaining time and every entry queued on it."""
     slots: dict[tuple[int, tuple[int, ...]], _Slot] = {}
 
     def usable(box_id: int) -> OwnedBox | None:
@@ -274,6 +284,10 @@ def _busy_slots(world: World, queue: RunQueue, table: BoxTable, fc: Forecast) ->
             continue
         mask = tuple(rd.gpu_mask)
         slots[(box_id, mask)] = _Slot(box, mask, fc.remaining_s(spec, rd, box), 0, f"run/{run_id}.{rd.attempt}")
+    for box, mask, run in placed:
+        if usable(box.id) is not None and (box.id, mask) not in slots:
+            whole = fc.run_s(run.spec, box.inst.gpu_name, box.inst.machine_id)
+            slots[(box.id, mask)] = _Slot(box, mask, whole, 0, f"run/{run.spec.id}.{run.next_attempt} (launched now)")
     counted: set[tuple[int, str, int]] = set()
     for fl in sorted(queue.queued, key=lambda f: (f.instance_id, f.run_id, f.attempt)):
         box = usable(fl.instance_id)

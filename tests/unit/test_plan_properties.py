@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from profiles import examples
 
-from reconciler.actions import APPLY_ORDER, Bootstrap, Destroy, Kill, Launch, Plan, Record, Rent, Requeue
+from reconciler.actions import Bootstrap, Destroy, Kill, Launch, Plan, Record, Rent, Requeue, apply_key
 from reconciler.apply import ApplyContext, apply
 from reconciler.model import (
     DEFAULT_POOL,
@@ -264,7 +264,7 @@ def test_plan_is_deterministic_and_ordered(world: World) -> None:
     b = plan(desired, observed, NOW)
     assert a == b
     assert a.to_json() == b.to_json()
-    keys = [(APPLY_ORDER[x.kind], x.target) for x in a.actions]
+    keys = [apply_key(x) for x in a.actions]
     assert keys == sorted(keys)
     assert all(x.reason for x in a.actions) and all(n.reason for n in a.noops)
 
