@@ -164,7 +164,7 @@ class FakeQueued:
     """One entry of a fake box's queue: the attempt the box starts when its slot frees."""
 
     job: LaunchJob
-    work: Work | None
+    work: Callable[[LaunchJob], Work]  # what its command does, decided when the box starts it
     queued_at: float
 
 
@@ -219,7 +219,7 @@ class FakeBox:
             job = entry.job
             run = FakeRun(
                 job.run_id, job.attempt, tuple(job.gpu_mask), at, now, job.code_commit, job.desired_commit,
-                max_runtime_s=job.max_runtime_s, work=entry.work, pid=next(self.pids), pid_started=int(at),
+                max_runtime_s=job.max_runtime_s, work=entry.work(job), pid=next(self.pids), pid_started=int(at),
             )
             self.runs[(job.run_id, job.attempt)] = run
             self.touch(at)
@@ -553,7 +553,7 @@ class FakeBoxes:
         if job.queued:
             if b.draining:
                 raise RemoteCommandFailed("exit 6: draining: this box takes no more queue entries")
-            b.queue.append(FakeQueued(job, w.work(job), now))
+            b.queue.append(FakeQueued(job, w.work, now))
             b.touch(now)
             b.tick(now, w.bootstrap_fails)  # its slot may be free already
             return "queued"
