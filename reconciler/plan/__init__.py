@@ -14,7 +14,8 @@ carries a reason (a ``ReasonCode`` and a text), and what was considered and left
     attempts   kill or requeue live attempts that must end; settle in-flight ones; queue the pending runs
     environment  hold back the runs of sweeps whose env references a variable the controller does not set
     boxes      replace drifted boxes, bootstrap new ones, find free GPUs
-    placement  launch pending runs onto free GPU slots (shipping code first)
+    placement  launch pending runs onto free GPU slots (shipping code first; the tail to the fastest GPUs), then
+               queue the next ones on busy slots (the box starts them the moment a slot frees)
     boxes      destroy idle and surplus boxes
     renting    rent for what no box can take, and for min_instances, within every cap
     bookkeeping  pull the checkpoints that are due; close the bills of ended boxes

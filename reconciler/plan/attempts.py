@@ -4,8 +4,11 @@ The phases here run in this order (``plan()`` calls them so): ``collect_attempts
 show (only what this fleet launched there counts: the rest is foreign, ``report_foreign``); ``record_finished``
 archives exited attempts; ``wanted_runs`` applies the promotion rule; ``settle_live`` and ``settle_in_flight``
 decide about attempts still alive or unaccounted for (their boxes' fate is already known); ``run_queue`` asks the
-one run-phase rule which runs are pending. Runtime limits and staleness run on the controller's clock, from the
-launch this fleet made (``launched_at``, ``heartbeat_stale``), never on times a box reports.
+one run-phase rule which runs are pending. An attempt waiting in its box's queue is in flight like a running one
+(``runphase.is_queued``): kept waiting, or killed (tombstoned on the box) when its run is no longer wanted, a
+duplicate, or the budget binds. Runtime limits and staleness run on the controller's clock, from the
+launch this fleet made (``launched_at``, ``heartbeat_stale``), never on times a box reports (save a queued
+attempt's start, which only its box knows: clamped between its queueing and now).
 """
 
 from __future__ import annotations
