@@ -65,6 +65,12 @@ APPLY_ORDER: dict[Kind, int] = {
 }
 
 
+def apply_key(a: Action) -> tuple[int, bool, str]:
+    """The order actions are applied (and listed) in: by ``APPLY_ORDER``; among launches, the ones started now before
+    the ones given to a box's queue (an entry must not reach a slot before the launch it queues behind); by target."""
+    return (APPLY_ORDER[a.kind], bool(getattr(a, "queued", False)), a.target)
+
+
 class ReasonCode(enum.StrEnum):
     """Why an action (or a no-op) was decided, as a stable code beside the readable text (Terraform's ActionReason).
 

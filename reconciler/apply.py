@@ -24,7 +24,6 @@ from dataclasses import dataclass, field, replace
 from typing import assert_never
 
 from reconciler.actions import (
-    APPLY_ORDER,
     Action,
     ApplyResult,
     Bootstrap,
@@ -42,6 +41,7 @@ from reconciler.actions import (
     Requeue,
     ShipCode,
     SyncCheckpoint,
+    apply_key,
     closed,
 )
 from reconciler.bounds import EXIT_CODE_RANGE, MAX_GPUS, MAX_NOTE_CHARS, bounded_int, bounded_text, clamp_time, finite
@@ -115,7 +115,7 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
     """
     result = ApplyResult()
     instances = {i.id: i for i in ctx.observed.instances}
-    ordered = sorted(plan.actions, key=lambda a: (APPLY_ORDER[a.kind], a.target))
+    ordered = sorted(plan.actions, key=apply_key)
     for action in ordered:
         if result.lease_lost is not None:
             result.outcomes.append(Outcome(action, False, f"not run: lease lost: {result.lease_lost}", skipped=True))
@@ -493,6 +493,8 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
         metric_goal=spec.sweep.metric_goal,
         max_runtime_s=spec.sweep.max_runtime_s,
         env=env,
+        queued=action.queued,
+        epoch=ctx.epoch(),
     )
     box = _box(instances, action.instance_id)
     resumed_from = _stage_checkpoint(ctx, box, action, spec.sweep)
@@ -505,6 +507,7 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
         sweep=spec.sweep.name,
         resumed_from=resumed_from,
         epoch=ctx.epoch(),
+        queued=action.queued,
     )
     ctx.note_launch(flight)  # written ahead: a crash right after the launch must not lose the attempt's number
     try:

@@ -438,7 +438,11 @@ def accrue_billed(
 
 def next_in_flight(previous: tuple[InFlight, ...], observed: Observed, result: ApplyResult) -> tuple[InFlight, ...]:
     """In flight after this cycle: what was, plus launches, minus what settled. What a box shows running is never
-    added: only a launch of this fleet makes an attempt ours (anything else is foreign)."""
+    added: only a launch of this fleet makes an attempt ours (anything else is foreign).
+
+    A queued attempt's launch (``InFlight.queued``) could not say its process group: the box starts it later. Once
+    its box shows its run directory with the wrapper's pid and start tick, they are recorded, once: an identity
+    already recorded is never overwritten by what a box says later."""
     by_key: dict[tuple[str, int], InFlight] = {(f.run_id, f.attempt): f for f in previous}
     for f in (*result.in_doubt, *result.launched):
         by_key[(f.run_id, f.attempt)] = f
@@ -446,4 +450,24 @@ def next_in_flight(previous: tuple[InFlight, ...], observed: Observed, result: A
     for key in list(by_key):
         if key in result.settled or key in archived_keys:
             del by_key[key]
+    started = _queued_starts(by_key.values(), observed)
+    for key, (pid, tick) in started.items():
+        by_key[key] = replace(by_key[key], pid=pid, pid_started=tick)
     return tuple(sorted(by_key.values(), key=lambda f: (f.run_id, f.attempt)))
+
+
+def _queued_starts(in_flight: Iterable[InFlight], observed: Observed) -> dict[tuple[str, int], tuple[int, int]]:
+    """(run id, attempt) -> the (pid, start tick) its box reports for a queued attempt that has none recorded yet."""
+    waiting = {(f.run_id, f.attempt): f.instance_id for f in in_flight if f.queued and f.pid is None}
+    if not waiting:
+        return {}
+    out: dict[tuple[str, int], tuple[int, int]] = {}
+    for probe in observed.probes:
+        if not probe.reachable:
+            continue
+        for rd in probe.runs:
+            key = (rd.run_id, rd.attempt)
+            if waiting.get(key) != probe.instance_id or rd.pid is None or rd.pid <= 1 or rd.pid_started is None:
+                continue
+            out[key] = (rd.pid, rd.pid_started)
+    return out

@@ -5,6 +5,11 @@ cycle settles) and whether an attempt of it is live. "Live" means an attempt tha
 runs on a reachable box (no exit code, wrapper alive) where this fleet launched it, or was launched on a box that
 cannot be checked right now (in flight, the box unreachable or still booting): a run on an unreachable box is
 *running*, not pending.
+
+An attempt given to a box's queue (``InFlight.queued``) is in flight from the moment it is queued: it counts for
+every cap and against duplicates like a running one, and its run is *queued* until its run directory appears on
+the box (the box started it). Reported in the box's queue, or on a box that cannot be checked, it is waiting;
+on a box that answers and shows it neither queued nor started, its launch never happened (the planner requeues).
 """
 
 from __future__ import annotations
@@ -13,7 +18,16 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from reconciler.model import AttemptOutcome, AttemptRecord, Observed, RunDirState, RunPhase, RunSpec
+from reconciler.model import (
+    AttemptOutcome,
+    AttemptRecord,
+    BoxProbe,
+    InFlight,
+    Observed,
+    RunDirState,
+    RunPhase,
+    RunSpec,
+)
 from reconciler.promotion import succeeded_metrics, wanted_ids
 
 
@@ -28,6 +42,19 @@ def is_unfinished(rd: RunDirState) -> bool:
     return rd.exit_code is None
 
 
+def is_queued(f: InFlight, probe: BoxProbe | None) -> bool:
+    """The in-flight attempt waits in its box's queue, not started: it was queued, its box shows no run directory of
+    it, and the box lists it in its queue (or cannot be checked now, so it may well still wait there)."""
+    if not f.queued:
+        return False
+    if probe is None or not probe.reachable:
+        return True
+    key = (f.run_id, f.attempt)
+    if any((r.run_id, r.attempt) == key for r in probe.runs):
+        return False
+    return any((q.run_id, q.attempt) == key for q in probe.queued)
+
+
 def allowed_attempts(spec: RunSpec) -> int:
     """How many attempts a run may use: the first plus ``retries`` (a negative retries counts as 0)."""
     return 1 + max(0, spec.sweep.retries)
@@ -40,6 +67,7 @@ class LiveAttempt:
     run_id: str
     attempt: int
     instance_id: int
+    queued: bool = False  # waiting in its box's queue, not started (``is_queued``)
 
 
 class RunTally(NamedTuple):
@@ -48,25 +76,27 @@ class RunTally(NamedTuple):
     succeeded: bool = False
     used: int = 0  # failed or lost attempts: each counts against retries
     live: bool = False
+    queued: bool = False  # its live attempt waits in its box's queue (``live`` is then True too)
 
     def with_outcome(self, outcome: AttemptOutcome) -> RunTally:
         if outcome is AttemptOutcome.SUCCEEDED:
-            return RunTally(True, self.used, self.live)
-        return RunTally(self.succeeded, self.used + 1, self.live)
+            return RunTally(True, self.used, self.live, self.queued)
+        return RunTally(self.succeeded, self.used + 1, self.live, self.queued)
 
 
 UNTOUCHED = RunTally()  # no attempt yet
 
 
 def run_phase(spec: RunSpec | None, tally: RunTally) -> RunPhase:
-    """The one rule: succeeded beats live, live beats blocked, and a run is blocked once its retries are used.
+    """The one rule: succeeded beats live, live beats blocked, and a run is blocked once its retries are used. A live
+    attempt that waits in its box's queue makes the run queued rather than running.
 
     A run no longer in the desired state (``spec`` None) is never launched again, so one failure blocks it.
     """
     if tally.succeeded:
         return _SUCCEEDED
     if tally.live:
-        return _RUNNING
+        return _QUEUED if tally.queued else _RUNNING
     allowed = allowed_attempts(spec) if spec is not None else 1
     if tally.used >= allowed:
         return _BLOCKED
@@ -75,12 +105,13 @@ def run_phase(spec: RunSpec | None, tally: RunTally) -> RunPhase:
 
 # Module constants: an enum member looked up on its class costs a descriptor call in the planner's hot loop.
 _SUCCEEDED, _RUNNING, _BLOCKED = RunPhase.SUCCEEDED, RunPhase.RUNNING, RunPhase.BLOCKED
-_RETRYING, _PENDING = RunPhase.RETRYING, RunPhase.PENDING
+_RETRYING, _PENDING, _QUEUED = RunPhase.RETRYING, RunPhase.PENDING, RunPhase.QUEUED
 
 
 def live_attempts(observed: Observed) -> dict[str, LiveAttempt]:
     """Run id → its newest live attempt: alive on a reachable box, or in flight and not yet archived. Only what this
-    fleet launched counts: a live attempt a box shows that is not in flight there is foreign, not the run's."""
+    fleet launched counts: a live attempt a box shows that is not in flight there is foreign, not the run's. An attempt
+    waiting in its box's queue is live too (``LiveAttempt.queued``)."""
     archived = {rec.key for rec in observed.history}
     flying = {(f.run_id, f.attempt): f.instance_id for f in observed.memory.in_flight}
     live: dict[str, LiveAttempt] = {}
@@ -97,9 +128,11 @@ def live_attempts(observed: Observed) -> dict[str, LiveAttempt]:
             key = (r.run_id, r.attempt)
             if is_live(r) and key not in archived and flying.get(key) == probe.instance_id:
                 keep(LiveAttempt(r.run_id, r.attempt, probe.instance_id))
+    probes = observed.probes_by_id() if any(f.queued for f in observed.memory.in_flight) else {}
     for f in observed.memory.in_flight:
         if (f.run_id, f.attempt) not in archived:
-            keep(LiveAttempt(f.run_id, f.attempt, f.instance_id))
+            queued = f.queued and is_queued(f, probes.get(f.instance_id))
+            keep(LiveAttempt(f.run_id, f.attempt, f.instance_id, queued))
     return live
 
 
@@ -122,14 +155,18 @@ def live_progress(runs: Iterable[RunSpec], observed: Observed) -> dict[tuple[str
     return out
 
 
-def tally_runs(history: Iterable[AttemptRecord], live: Iterable[str] = ()) -> dict[str, RunTally]:
-    """Run id → its tally from archived attempts, with ``live`` marking the runs that have a live attempt."""
+def tally_runs(
+    history: Iterable[AttemptRecord], live: Iterable[str] | Mapping[str, LiveAttempt] = ()
+) -> dict[str, RunTally]:
+    """Run id → its tally from archived attempts, with ``live`` marking the runs that have a live attempt (given as
+    ``live_attempts``' map, a queued one marks its run queued)."""
     out: dict[str, RunTally] = {}
     for rec in history:
         out[rec.run_id] = out.get(rec.run_id, UNTOUCHED).with_outcome(rec.phase)
+    queued = {k for k, a in live.items() if a.queued} if isinstance(live, Mapping) else set()
     for run_id in live:
         t = out.get(run_id, UNTOUCHED)
-        out[run_id] = RunTally(t.succeeded, t.used, True)
+        out[run_id] = RunTally(t.succeeded, t.used, True, run_id in queued)
     return out
 
 

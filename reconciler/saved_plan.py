@@ -89,7 +89,7 @@ def stale_reasons(saved: Plan, desired: Desired, observed: Observed) -> list[str
             elif action.run_id in live:
                 reasons.append(f"run {action.run_id} is already running (attempt {live[action.run_id]})")
             taken = sorted(busy_gpus.get(action.instance_id, set()) & set(action.gpu_mask))
-            if taken:
+            if taken and not action.queued:  # a queued entry waits behind its slot's current attempt by design
                 gpus = ", ".join(str(g) for g in taken)
                 reasons.append(f"GPU {gpus} of instance {action.instance_id} is in use now")
     return sorted(set(reasons))

@@ -72,6 +72,7 @@ def in_flight_entries(in_flight: Iterable[InFlight]) -> list[dict[str, Any]]:
             entry["pid_started"] = f.pid_started
         if f.epoch:
             entry["epoch"] = f.epoch
+        entry["queued"] = f.queued  # given to its box's queue (started by the box when its slot frees)
         out.append(entry)
     return out
 
@@ -222,6 +223,7 @@ def _in_flight(entries: list[Any]) -> tuple[InFlight, ...]:
                     pid=valid_pid(f.get("pid")),
                     pid_started=valid_start(f.get("pid_started")),
                     epoch=int(f.get("epoch") or 0),
+                    queued=f.get("queued") is True,
                 )
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -14,7 +14,8 @@ carries a reason (a ``ReasonCode`` and a text), and what was considered and left
     attempts   kill or requeue live attempts that must end; settle in-flight ones; queue the pending runs
     environment  hold back the runs of sweeps whose env references a variable the controller does not set
     boxes      replace drifted boxes, bootstrap new ones, find free GPUs
-    placement  launch pending runs onto free GPU slots (shipping code first)
+    placement  launch pending runs onto free GPU slots (shipping code first; the tail to the fastest GPUs), then
+               queue the next ones on busy slots (the box starts them the moment a slot frees)
     boxes      destroy idle and surplus boxes
     renting    rent for what no box can take, and for min_instances, within every cap
     bookkeeping  pull the checkpoints that are due; close the bills of ended boxes
@@ -27,7 +28,6 @@ with a nonsensical price is never rented, and only instances carrying this fleet
 from __future__ import annotations
 
 from reconciler.actions import (
-    APPLY_ORDER,
     SIGNS,
     Action,
     CloseBill,
@@ -39,6 +39,7 @@ from reconciler.actions import (
     Rent,
     SweepEstimate,
     SyncCheckpoint,
+    apply_key,
 )
 from reconciler.identity import fleet_spec_hash, rent_label, slot_spec_hash, spec_hash
 from reconciler.model import Desired, Drift, DriftClass, Observed
@@ -98,7 +99,10 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
 
     live, found = settle_live(world, seen, table.destroyed, wanted)
     decided.extend(found)
-    in_flight, found = settle_in_flight(world, seen, recorded.keys | live.settled, table.destroyed, table.states)
+    in_flight, found = settle_in_flight(
+        world, seen, recorded.keys | live.settled, table.destroyed, table.states,
+        wanted=wanted, running=live.running, over_budget=budget.verdict() if budget.binds else None,
+    )
     decided.extend(found)
     queue, found = run_queue(world, seen, recorded, wanted, live, in_flight, unverified_lost(world, in_flight))
     decided.extend(found)
@@ -179,5 +183,5 @@ def _finish(
     )
 
 
-def _order(a: Action) -> tuple[int, str]:
-    return (APPLY_ORDER[a.kind], a.target)
+def _order(a: Action) -> tuple[int, bool, str]:
+    return apply_key(a)

@@ -4,8 +4,11 @@ The phases here run in this order (``plan()`` calls them so): ``collect_attempts
 show (only what this fleet launched there counts: the rest is foreign, ``report_foreign``); ``record_finished``
 archives exited attempts; ``wanted_runs`` applies the promotion rule; ``settle_live`` and ``settle_in_flight``
 decide about attempts still alive or unaccounted for (their boxes' fate is already known); ``run_queue`` asks the
-one run-phase rule which runs are pending. Runtime limits and staleness run on the controller's clock, from the
-launch this fleet made (``launched_at``, ``heartbeat_stale``), never on times a box reports.
+one run-phase rule which runs are pending. An attempt waiting in its box's queue is in flight like a running one
+(``runphase.is_queued``): kept waiting, or killed (tombstoned on the box) when its run is no longer wanted, a
+duplicate, or the budget binds. Runtime limits and staleness run on the controller's clock, from the
+launch this fleet made (``launched_at``, ``heartbeat_stale``), never on times a box reports (save a queued
+attempt's start, which only its box knows: clamped between its queueing and now).
 """
 
 from __future__ import annotations
@@ -30,7 +33,16 @@ from reconciler.offers import normalize_gpu_name
 from reconciler.plan.common import Decisions, fmt_duration, gpus_text
 from reconciler.plan.world import World
 from reconciler.promotion import succeeded_metrics, wanted_among
-from reconciler.runphase import UNTOUCHED, RunTally, allowed_attempts, is_live, is_unfinished, run_phase, tally_runs
+from reconciler.runphase import (
+    UNTOUCHED,
+    RunTally,
+    allowed_attempts,
+    is_live,
+    is_queued,
+    is_unfinished,
+    run_phase,
+    tally_runs,
+)
 from reconciler.throughput import STALL_RATE_FLOOR, predict, progress_value
 
 AttemptKey = tuple[str, int]
@@ -79,6 +91,7 @@ class InFlightVerdicts:
     # run id -> why its lost attempt may still run: requeued here from a box that is still listed and cannot be
     # checked (being destroyed, or no longer carrying our label)
     unverified: Mapping[str, str]
+    queued: tuple[InFlight, ...] = ()  # attempts kept waiting in a reachable box's queue (``is_queued``)
 
 
 class PendingRun(NamedTuple):
@@ -99,6 +112,10 @@ class RunQueue:
     # launchable runs not launched by this plan: an attempt of theirs was lost on a box that is still listed and
     # cannot be checked, so it may still run (``unverified_lost``); renting may still provide for them
     held: tuple[PendingRun, ...] = ()
+    # what holds the GPU slots of reachable boxes: run id -> (box id, its attempt kept running), and the attempts
+    # kept waiting in boxes' queues (placement queues more behind them)
+    running: Mapping[str, tuple[int, RunDirState]] = field(default_factory=dict)
+    queued: tuple[InFlight, ...] = ()
 
 
 def exit_code_unusable(rd: RunDirState) -> bool:
@@ -407,9 +424,13 @@ def launched_at(world: World, seen: SeenAttempts, rd: RunDirState) -> float:
     """When this fleet launched a live attempt of ours, on the controller's clock: the runtime limits count from
     it, never from the ``started_at`` the box reports (a box's clock may be anywhere). An entry that does not know
     (an old runs.yaml without ``launched_at``) counts from its box's start as the provider lists it: the attempt
-    cannot be older."""
+    cannot be older. An attempt given to a box's queue started when its slot freed, which only the box can say: its
+    reported start counts, clamped between the queueing and now (it cannot have started before it was queued, and
+    the wrapper's own max-runtime guard holds it on the box whatever the box's clock says)."""
     fl = seen.launch_of(rd)
     assert fl is not None, "collect_attempts keeps only attempts in flight as ours"
+    if fl.launched_at > 0 and fl.queued and rd.started_at is not None:
+        return min(world.now, max(fl.launched_at, rd.started_at))
     if fl.launched_at > 0:
         return fl.launched_at
     box = world.boxes.get(fl.instance_id)
@@ -487,12 +508,39 @@ def settle_in_flight(
     settled: frozenset[AttemptKey],
     destroyed: Mapping[int, str],
     box_states: Mapping[int, str],
+    *,
+    wanted: frozenset[str],
+    running: Mapping[str, tuple[int, RunDirState]] | None = None,
+    over_budget: str | None = None,
 ) -> tuple[InFlightVerdicts, Decisions]:
-    """Attempts rigsync launched that no reachable box shows and the archive does not know."""
+    """Attempts rigsync launched that no reachable box shows and the archive does not know.
+
+    One that waits in its box's queue (``runphase.is_queued``) is in flight and counts as running, unless its run is
+    no longer wanted (``NOT_DESIRED``), another attempt of its run already runs or waits ahead of it
+    (``DUPLICATE_ATTEMPT``), or the budget binds (``over_budget``, its verdict): nothing queued may start once the
+    headroom is gone (``QUEUE_OVER_BUDGET``). Those are killed, which tombstones the entry on the box (its launch
+    lock taken, so the box never starts it)."""
     out = Decisions()
     waiting: set[str] = set()
     used: dict[str, int] = {}
     unverified: dict[str, str] = {}
+    running = running or {}
+    queued_kept: dict[str, InFlight] = {}
+
+    def kill_queued(fl: InFlight, code: ReasonCode, reason: str) -> None:
+        if code is ReasonCode.QUEUE_OVER_BUDGET:
+            used[fl.run_id] = used.get(fl.run_id, 0) + 1  # archived as failed, as every kill is
+        out.act(
+            Kill(
+                reason=reason,
+                code=code,
+                instance_id=fl.instance_id,
+                run_id=fl.run_id,
+                attempt=fl.attempt,
+                pid=None,  # not started: no process group yet, kill.sh tombstones the entry
+                pid_started=None,
+            )
+        )
     for fl in sorted(unseen_in_flight(world, seen), key=lambda x: (x.run_id, x.attempt, x.instance_id)):
         if (fl.run_id, fl.attempt) in settled:
             continue
@@ -531,6 +579,33 @@ def settle_in_flight(
             requeue(fl, ReasonCode.BOX_DESTROYED, f"its box {subj_inst} is destroyed: {destroyed[fl.instance_id]}")
             if not box.reachable:
                 unverified[fl.run_id] = f"attempt {fl.attempt} was lost on {subj_inst}, which cannot be checked"
+        elif box.reachable and is_queued(fl, box.probe):
+            ahead = running.get(fl.run_id)
+            first = queued_kept.get(fl.run_id)
+            if fl.run_id not in wanted:
+                kill_queued(fl, ReasonCode.NOT_DESIRED, "no longer desired (queued, not started)")
+            elif ahead is not None:
+                kill_queued(
+                    fl,
+                    ReasonCode.DUPLICATE_ATTEMPT,
+                    f"duplicate: attempt {ahead[1].attempt} of this run is already running on instance/{ahead[0]}",
+                )
+            elif first is not None:
+                kill_queued(
+                    fl,
+                    ReasonCode.DUPLICATE_ATTEMPT,
+                    f"duplicate: attempt {first.attempt} of this run is already queued on instance/{first.instance_id}",
+                )
+            elif over_budget is not None:
+                kill_queued(fl, ReasonCode.QUEUE_OVER_BUDGET, f"queued, not started: {over_budget}")
+            else:
+                queued_kept[fl.run_id] = fl
+                waiting.add(fl.run_id)
+                out.noop(
+                    f"run/{fl.run_id}.{fl.attempt}@{fl.instance_id}",
+                    ReasonCode.QUEUED,
+                    f"queued on {subj_inst} {gpus_text(fl.gpu_mask)}, behind the slot's current attempt",
+                )
         elif box.reachable:
             requeue(fl, ReasonCode.LAUNCH_NEVER_HAPPENED, f"launch never happened: no run dir on {subj_inst}")
         else:
@@ -540,7 +615,7 @@ def settle_in_flight(
                 ReasonCode.UNCHECKABLE,
                 f"launched on {subj_inst} which cannot be checked now ({box_states.get(fl.instance_id, '')}); waiting",
             )
-    return InFlightVerdicts(frozenset(waiting), used, unverified), out
+    return InFlightVerdicts(frozenset(waiting), used, unverified, tuple(queued_kept.values())), out
 
 
 def unverified_lost(world: World, in_flight: InFlightVerdicts) -> dict[str, str]:
@@ -635,4 +710,4 @@ def run_queue(
             )
     pending = [run for key in sorted(buckets) for run in buckets[key]]
     live_work = bool(live.running) or bool(in_flight.waiting) or bool(held)
-    return RunQueue(tuple(pending), live_work, by_sweep, tuple(held)), out
+    return RunQueue(tuple(pending), live_work, by_sweep, tuple(held), live.running, in_flight.queued), out

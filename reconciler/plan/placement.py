@@ -1,8 +1,21 @@
-"""Placement: pending runs onto free GPU slots of ready boxes, in launch order, first fit.
+"""Placement: pending runs onto free GPU slots of ready boxes, in launch order, first fit; then the box-side queue.
 
 A GPU is free only when no run holds it and its memory used is at most ``FREE_GPU_MEMORY_MIB``; a multi-GPU
 run gets one ``CUDA_VISIBLE_DEVICES`` mask of that many free GPUs with enough memory each. The pinned code
 commit is shipped before the first launch on a box that lacks it.
+
+The tail: when a pool's pending runs all fit in its free GPUs and those GPUs differ in predicted speed, the runs
+with the longest predicted work go to the fastest GPUs (``TAIL_TO_FASTEST``), so the sweep ends sooner.
+
+The queue: a GPU slot between two runs is money spent on nothing, so once the free GPUs are filled, each busy slot
+of a ready box (not draining) is given its next attempts ahead of time (``Launch.queued``, ``QUEUED_AHEAD``): the
+box starts them the moment the slot frees, with no controller cycle in between. A slot is the GPU mask of its
+running attempt; a run queues only behind a slot of exactly its GPU count. Entries go to the slot predicted to free
+first, as long as their predicted start (``Forecast``: the current attempt's remaining time plus the runs already
+queued on the slot, the box's and this plan's) is within ``queue_ahead``; a slot takes at least one entry whatever
+its wait (``queue_ahead`` > 0) and at most ``MAX_QUEUED_PER_SLOT``. A queued entry is priced into the headroom as a
+launch is. Each slot's predicted free time after this plan (``Placement.slot_free_s``) tells renting what waiting
+for a held GPU would cost.
 """
 
 from __future__ import annotations
@@ -11,15 +24,28 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from reconciler.actions import Launch, ReasonCode, ShipCode
-from reconciler.model import GpuState
+from reconciler.model import GpuState, RunSpec
 from reconciler.offers import normalize_gpu_name
 from reconciler.plan.attempts import PendingRun, RunQueue
 from reconciler.plan.boxes import BoxState, BoxTable
-from reconciler.plan.common import Decisions, gpus_text, usd
+from reconciler.plan.common import Decisions, fmt_duration, gpus_text, usd
 from reconciler.plan.forecast import Forecast
 from reconciler.plan.money import Purse, Spending, runtime_of
 from reconciler.plan.world import OwnedBox, World
 from reconciler.runphase import allowed_attempts
+
+MAX_QUEUED_PER_SLOT = 8  # entries one slot's queue may hold: the box's queue is bounded (what a stale plan leaves)
+
+
+@dataclass
+class _Slot:
+    """A busy GPU slot of a ready box: what runs on it now, and the work queued behind it."""
+
+    box: OwnedBox
+    mask: tuple[int, ...]
+    free_s: float  # seconds until it is predicted free of all its work (its current attempt and its queue)
+    queued: int  # entries in its queue (the box's and this plan's)
+    current: str  # what it runs now ("run/<id>.<attempt>"), for the reason
 
 
 @dataclass(frozen=True)
@@ -57,9 +83,61 @@ def place(
     cursor: dict[tuple[str, int, int], int] = {}
     code = world.desired.code_commit
     free_left = sum(len(free[b.id]) for boxes in open_by_pool.values() for b in boxes)
-    for n, run in enumerate(queue.pending):
+    tail = _tail(world, queue.pending, open_by_pool, free, fc)
+    placed: list[tuple[OwnedBox, tuple[int, ...], PendingRun]] = []  # this plan's launches: busy slots from now on
+
+    def cost_of(spec: RunSpec, box: OwnedBox, gpus: int) -> float:
+        share = box.inst.dph_total * gpus / max(1, box.inst.num_gpus)
+        key = (spec.sweep.name, box.inst.gpu_name)
+        hours = hours_on.get(key)
+        if hours is None:  # one figure per sweep and GPU model: thousands of launches share a few
+            gpu = world.gpu_dlperf.get(normalize_gpu_name(box.inst.gpu_name))
+            hours = hours_on[key] = runtime_of(runtimes, spec).on(gpu)
+        return share * hours
+
+    def ship_code(box: OwnedBox) -> None:
+        if not launches.get(box.id) and code and box.probe is not None and code not in box.probe.code_commits:
+            out.act(
+                ShipCode(
+                    reason=f"commit {code} is not on this box yet",
+                    code=ReasonCode.CODE_MISSING,
+                    instance_id=box.id,
+                    commit=code,
+                )
+            )
+
+    for run, box, mask, why in tail:
+        cost = cost_of(run.spec, box, len(mask))
+        if not spending.fits(cost):
+            refused.append((run, cost))
+            continue
+        spending.commit(cost)
+        taken = set(mask)
+        free[box.id] = [gpu for gpu in free[box.id] if gpu.index not in taken]
+        free_left -= len(mask)
+        placed.append((box, mask, run))
+        ship_code(box)
+        launches[box.id] = launches.get(box.id, 0) + 1
+        considered.add(box.id)
+        out.act(
+            Launch(
+                reason=f"pending (attempt {run.used + 1} of {allowed_attempts(run.spec)} allowed) on "
+                f"{gpus_text(mask)}: {why}",
+                code=ReasonCode.TAIL_TO_FASTEST,
+                instance_id=box.id,
+                run_id=run.spec.id,
+                attempt=run.next_attempt,
+                gpu_mask=mask,
+                command=run.spec.command,
+                code_commit=code,
+                sweep=run.spec.sweep.name,
+            )
+        )
+    in_tail = {run.spec.id for run, _, _, _ in tail}
+    pending = [r for r in queue.pending if r.spec.id not in in_tail] if in_tail else queue.pending
+    for n, run in enumerate(pending):
         if free_left <= 0:
-            unplaced.extend(queue.pending[n:])  # every GPU is taken: the rest wait, in order
+            unplaced.extend(pending[n:])  # every GPU is taken: the rest wait, in order
             break
         spec = run.spec
         g, ram = run.gpus, run.gpu_ram_mib
@@ -80,13 +158,7 @@ def place(
             unplaced.append(run)
             continue
         box = open_boxes[i]
-        share = box.inst.dph_total * len(chosen) / max(1, box.inst.num_gpus)
-        key = (spec.sweep.name, box.inst.gpu_name)
-        hours = hours_on.get(key)
-        if hours is None:  # one figure per sweep and GPU model: thousands of launches share a few
-            gpu = world.gpu_dlperf.get(normalize_gpu_name(box.inst.gpu_name))
-            hours = hours_on[key] = runtime_of(runtimes, spec).on(gpu)
-        cost = share * hours
+        cost = cost_of(spec, box, len(chosen))
         if not spending.fits(cost):
             refused.append((run, cost))  # the GPUs stay free: a cheaper run may still fit
             continue
@@ -95,15 +167,8 @@ def place(
         taken = set(mask)
         free[box.id] = [gpu for gpu in free[box.id] if gpu.index not in taken]
         free_left -= len(mask)
-        if not launches.get(box.id) and code and box.probe is not None and code not in box.probe.code_commits:
-            out.act(
-                ShipCode(
-                    reason=f"commit {code} is not on this box yet",
-                    code=ReasonCode.CODE_MISSING,
-                    instance_id=box.id,
-                    commit=code,
-                )
-            )
+        placed.append((box, mask, run))
+        ship_code(box)
         launches[box.id] = launches.get(box.id, 0) + 1
         considered.add(box.id)
         out.act(
@@ -119,6 +184,58 @@ def place(
                 sweep=spec.sweep.name,
             )
         )
+    slots = _busy_slots(world, queue, table, fc, placed)
+    ahead = world.desired.fleet.queue_ahead_s
+    if slots and ahead > 0 and unplaced:
+        by_shape: dict[tuple[str, int], list[_Slot]] = {}
+        for slot in slots:
+            by_shape.setdefault((slot.box.pool, len(slot.mask)), []).append(slot)
+        done: set[tuple[str, int, int]] = set()  # shapes no slot takes any more this plan
+        left: list[PendingRun] = []
+        for run in unplaced:
+            shape = (world.pool_of_run(run.spec), run.gpus, run.gpu_ram_mib)
+            if shape in done:
+                left.append(run)
+                continue
+            open_slots = [
+                sl for sl in by_shape.get(shape[:2], ())
+                if sl.queued < MAX_QUEUED_PER_SLOT and (sl.free_s <= ahead or sl.queued == 0)
+                and _holds(sl, run.gpu_ram_mib)
+            ]
+            if not open_slots:
+                done.add(shape)
+                left.append(run)
+                continue
+            slot = min(open_slots, key=lambda sl: (sl.free_s, sl.box.id, sl.mask))
+            box = slot.box
+            cost = cost_of(run.spec, box, len(slot.mask))
+            if not spending.fits(cost):
+                refused.append((run, cost))
+                left.append(run)
+                continue
+            spending.commit(cost)
+            ship_code(box)
+            launches[box.id] = launches.get(box.id, 0) + 1
+            considered.add(box.id)
+            start = slot.free_s
+            slot.free_s += fc.run_s(run.spec, box.inst.gpu_name, box.inst.machine_id)
+            slot.queued += 1
+            out.act(
+                Launch(
+                    reason=f"queued behind {slot.current} on {gpus_text(slot.mask)} (entry {slot.queued}): predicted "
+                    f"to start in {fmt_duration(start)} (queue_ahead {fmt_duration(ahead)})",
+                    code=ReasonCode.QUEUED_AHEAD,
+                    instance_id=box.id,
+                    run_id=run.spec.id,
+                    attempt=run.next_attempt,
+                    gpu_mask=slot.mask,
+                    command=run.spec.command,
+                    code_commit=code,
+                    sweep=run.spec.sweep.name,
+                    queued=True,
+                )
+            )
+        unplaced = left
     if refused:
         first_cost = refused[0][1]
         out.noop(
@@ -129,7 +246,109 @@ def place(
             f"{budget.tightest}",
         )
     new_table = replace(table, free={i: tuple(g) for i, g in free.items()}, considered=frozenset(considered))
-    return Placement(tuple(unplaced), launches, new_table, spending.committed), out
+    slot_free = tuple(sorted((sl.box.id, sl.mask, sl.free_s) for sl in slots))
+    return Placement(tuple(unplaced), launches, new_table, spending.committed, slot_free), out
+
+
+def _holds(slot: _Slot, ram_mib: int) -> bool:
+    """Every GPU of the slot has ``ram_mib`` of memory (as the box reports its GPUs)."""
+    if not ram_mib or slot.box.probe is None:
+        return True
+    total = {g.index: g.memory_total_mib for g in slot.box.probe.gpus}
+    return all(total.get(i, 0) >= ram_mib for i in slot.mask)
+
+
+def _busy_slots(
+    world: World,
+    queue: RunQueue,
+    table: BoxTable,
+    fc: Forecast,
+    placed: Sequence[tuple[OwnedBox, tuple[int, ...], PendingRun]],
+) -> list[_Slot]:
+    """The busy GPU slots of ready boxes that may be given queue entries: not destroyed, not draining. Each is the
+    mask of an attempt kept running (``RunQueue.running``) or launched by this plan (``placed``), or of attempts
+    waiting in the box's queue on GPUs whose attempt just ended; its free time counts the current attempt's
+    remaining time and every entry queued on it."""
+    slots: dict[tuple[int, tuple[int, ...]], _Slot] = {}
+
+    def usable(box_id: int) -> OwnedBox | None:
+        box = world.boxes.get(box_id)
+        if box is None or box.probe is None or box.probe.draining or box_id in table.destroyed:
+            return None
+        return box if table.states.get(box_id) is BoxState.READY else None
+
+    for run_id, (box_id, rd) in sorted(queue.running.items()):
+        box = usable(box_id)
+        spec = world.runs.get(run_id)
+        if box is None or spec is None or not rd.gpu_mask:
+            continue
+        mask = tuple(rd.gpu_mask)
+        slots[(box_id, mask)] = _Slot(box, mask, fc.remaining_s(spec, rd, box), 0, f"run/{run_id}.{rd.attempt}")
+    for box, mask, run in placed:
+        if usable(box.id) is not None and (box.id, mask) not in slots:
+            whole = fc.run_s(run.spec, box.inst.gpu_name, box.inst.machine_id)
+            slots[(box.id, mask)] = _Slot(box, mask, whole, 0, f"run/{run.spec.id}.{run.next_attempt} (launched now)")
+    counted: set[tuple[int, str, int]] = set()
+    for fl in sorted(queue.queued, key=lambda f: (f.instance_id, f.run_id, f.attempt)):
+        box = usable(fl.instance_id)
+        spec = world.runs.get(fl.run_id)
+        if box is None or spec is None or not fl.gpu_mask:
+            continue
+        mask = tuple(fl.gpu_mask)
+        slot = slots.get((box.id, mask))
+        if slot is None:
+            slot = slots[(box.id, mask)] = _Slot(box, mask, 0.0, 0, f"run/{fl.run_id}.{fl.attempt} (queued)")
+        slot.free_s += fc.run_s(spec, box.inst.gpu_name, box.inst.machine_id)
+        slot.queued += 1
+        counted.add((box.id, fl.run_id, fl.attempt))
+    for (box_id, mask), slot in slots.items():  # what else the box reports queued on the slot (a stale plan's)
+        assert slot.box.probe is not None
+        for q in slot.box.probe.queued:
+            other = world.runs.get(q.run_id)
+            if tuple(q.gpu_mask) != mask or (box_id, q.run_id, q.attempt) in counted or other is None:
+                continue
+            slot.free_s += fc.run_s(other, slot.box.inst.gpu_name, slot.box.inst.machine_id)
+            slot.queued += 1
+    return sorted(slots.values(), key=lambda sl: (sl.box.id, sl.mask))
+
+
+def _tail(
+    world: World,
+    pending: Sequence[PendingRun],
+    open_by_pool: Mapping[str, Sequence[OwnedBox]],
+    free: Mapping[int, Sequence[GpuState]],
+    fc: Forecast,
+) -> list[tuple[PendingRun, OwnedBox, tuple[int, ...], str]]:
+    """The tail of each pool: when all its pending runs are one-GPU runs that fit in its free GPUs, and those GPUs
+    differ in predicted speed, (run, box, mask, why) pairing the longest predicted work with the fastest GPU."""
+    by_pool: dict[str, list[PendingRun]] = {}
+    for run in pending:
+        by_pool.setdefault(world.pool_of_run(run.spec), []).append(run)
+    out: list[tuple[PendingRun, OwnedBox, tuple[int, ...], str]] = []
+    for pool in sorted(by_pool):
+        runs = by_pool[pool]
+        gpus = [(box, gpu) for box in open_by_pool.get(pool, ()) for gpu in free.get(box.id, ())]
+        if not gpus or len(runs) > len(gpus) or any(r.gpus != 1 for r in runs):
+            continue
+        speeds = {fc.run_s(r.spec, box.inst.gpu_name, box.inst.machine_id) for r in runs for box, _ in gpus}
+        if len(speeds) < 2:
+            continue  # every GPU is as fast: first fit is as good
+        order = {r.spec.id: n for n, r in enumerate(runs)}
+        longest = sorted(runs, key=lambda r: (-fc.run_s(r.spec, ""), order[r.spec.id]))
+        left = list(gpus)
+        for run in longest:
+            fits = [
+                (fc.run_s(run.spec, box.inst.gpu_name, box.inst.machine_id), n)
+                for n, (box, gpu) in enumerate(left)
+                if not run.gpu_ram_mib or gpu.memory_total_mib >= run.gpu_ram_mib
+            ]
+            if not fits:
+                continue
+            secs, n = min(fits)
+            box, gpu = left.pop(n)
+            why = f"the tail: longest work first to the fastest free GPU (predicted {fmt_duration(secs)})"
+            out.append((run, box, (gpu.index,), why))
+    return out
 
 
 def _fit(box_free: Sequence[GpuState], gpus: int, ram_mib: int) -> list[GpuState]:

@@ -15,6 +15,11 @@ kept small and honest — it does what the run protocol says a box does, not wha
   passes, ends after its ``Work`` with that exit code, or is ended by the wrapper's own max-runtime guard (143)
   or by a kill (the exit code given); a launch whose code commit was never shipped exits 127 at once, as the
   wrapper does when the code directory is missing. Bootstrap runs detached for ``bootstrap_s``.
+- The box-side queue, as the box keeps it: a queued launch (``LaunchJob.queued``) is an entry behind its GPU slot;
+  the box starts the next entry of a slot the moment the slot's GPUs are free (at the second the run before it
+  ended, whenever the world is next looked at), with a pid and start tick of its own that its run directory then
+  reports. A kill of a queued entry tombstones it (it never starts); a draining box takes no more entries; the box
+  keeps the highest lease epoch it was shown and refuses launches and entries of an older one.
 - Faults, injected on purpose: ``vanish`` (the rental and its box are gone), ``hang`` (the box answers nothing:
   every probe and command is ``HostUnreachable``), ``freeze_run`` (a run's process lives but its heartbeat stops),
   and ``fail_next(method, exception)`` (the next call of a port method raises, e.g. a ``KeyError`` from an SDK or
@@ -64,6 +69,7 @@ from reconciler.model import (
     OfferFilters,
     OverheadRecord,
     Pool,
+    QueuedEntry,
     RunDirState,
     RunSpec,
     Sweep,
@@ -119,6 +125,8 @@ class FakeRun:
     killed_reason: str | None = None
     best_metric: float | None = None
     final_metric: float | None = None
+    pid: int | None = None  # the box's own launch of it (an attempt it started from its queue)
+    pid_started: int | None = None
 
     def end(self, at: float, exit_code: int, reason: str | None = None) -> None:
         self.pid_alive = False
@@ -146,7 +154,18 @@ class FakeRun:
             desired_commit=self.desired_commit,
             best_metric=self.best_metric,
             final_metric=self.final_metric,
+            pid=self.pid,
+            pid_started=self.pid_started,
         )
+
+
+@dataclass
+class FakeQueued:
+    """One entry of a fake box's queue: the attempt the box starts when its slot frees."""
+
+    job: LaunchJob
+    work: Callable[[LaunchJob], Work]  # what its command does, decided when the box starts it
+    queued_at: float
 
 
 @dataclass
@@ -165,6 +184,10 @@ class FakeBox:
     disk_free_gb: float | None = 100.0
     python: str | None = "/usr/bin/python3"
     ticked_at: float = 0.0
+    queue: list[FakeQueued] = field(default_factory=list)  # in order: per slot, the first of its mask is next
+    epoch: int | None = None  # the highest lease epoch it was shown (its fence)
+    draining: bool = False
+    pids: Iterator[int] = field(default_factory=lambda: itertools.count(7000))
 
     def touch(self, at: float) -> None:
         self.last_activity_at = at if self.last_activity_at is None else max(self.last_activity_at, at)
@@ -175,6 +198,37 @@ class FakeBox:
                 del self.bootstrap_running[h]
                 (self.bootstrap_failed if bootstrap_fails else self.bootstrap_ok).append(h)
                 self.touch(done_at)
+        self._end_runs(now)
+        while self._start_next(now):  # an entry started in the past may have ended by now: its next follows
+            self._end_runs(now)
+        self.ticked_at = max(self.ticked_at, now)
+
+    def _start_next(self, now: float) -> bool:
+        """Start the first entry whose slot is free, at the moment its GPUs freed; False: none can start."""
+        for n, entry in enumerate(self.queue):
+            mask = set(entry.job.gpu_mask)
+            holders = [r for r in self.runs.values() if mask & set(r.gpu_mask) and r.exit_code is None]
+            if any(r.holds_gpus for r in holders):
+                continue
+            freed = max([r.ended_at for r in self.runs.values() if mask & set(r.gpu_mask) and r.ended_at is not None],
+                        default=entry.queued_at)
+            at = min(now, max(entry.queued_at, freed))
+            if any(self.queue[k].job.gpu_mask and mask & set(self.queue[k].job.gpu_mask) for k in range(n)):
+                continue  # an earlier entry of this slot goes first
+            del self.queue[n]
+            job = entry.job
+            run = FakeRun(
+                job.run_id, job.attempt, tuple(job.gpu_mask), at, now, job.code_commit, job.desired_commit,
+                max_runtime_s=job.max_runtime_s, work=entry.work(job), pid=next(self.pids), pid_started=int(at),
+            )
+            self.runs[(job.run_id, job.attempt)] = run
+            self.touch(at)
+            if job.code_commit and job.code_commit not in self.code_commits:
+                run.end(at, 127)
+            return True
+        return False
+
+    def _end_runs(self, now: float) -> None:
         for run in self.runs.values():
             if not run.holds_gpus or run.started_at is None:
                 continue
@@ -190,7 +244,6 @@ class FakeBox:
                 self.touch(run.started_at + guard)
             elif now > self.ticked_at and not run.frozen:
                 run.heartbeat_at = now
-        self.ticked_at = max(self.ticked_at, now)
 
     def probe(self, now: float) -> BoxProbe:
         used = dict(self.gpu_base_mib)
@@ -210,7 +263,20 @@ class FakeBox:
             code_commits=tuple(self.code_commits),
             runs=tuple(r.state(now) for _, r in sorted(self.runs.items())),
             last_activity_at=self.last_activity_at,
+            queued=self._queued(),
+            epoch=self.epoch,
+            draining=self.draining,
         )
+
+    def _queued(self) -> tuple[QueuedEntry, ...]:
+        position: dict[tuple[int, ...], int] = {}
+        out = []
+        for entry in self.queue:
+            mask = tuple(entry.job.gpu_mask)
+            n = position.get(mask, 0)
+            position[mask] = n + 1
+            out.append(QueuedEntry(entry.job.run_id, entry.job.attempt, mask, entry.job.epoch, n))
+        return tuple(out)
 
 
 @dataclass
@@ -361,6 +427,7 @@ class FakeWorld:
                     pid_alive=rd.pid_alive, exit_code=rd.exit_code, ended_at=rd.ended_at,
                     best_metric=rd.best_metric, final_metric=rd.final_metric,
                 )
+            box.epoch, box.draining = probe.epoch, probe.draining
             held = {g for r in box.runs.values() if r.holds_gpus for g in r.gpu_mask}
             box.gpu_base_mib = {g.index: g.memory_used_mib for g in probe.gpus if g.index not in held}
             world.boxes[inst.id] = box
@@ -476,9 +543,20 @@ class FakeBoxes:
         w._enter("launch", f"{box.id} {job.run_id}.{job.attempt}")
         b = self._box(box)
         key = (job.run_id, job.attempt)
-        if key in b.runs:
+        if key in b.runs or any((q.job.run_id, q.job.attempt) == key for q in b.queue):
             raise LaunchLockHeld(f"runs/{job.run_id}.{job.attempt} exists: this attempt was launched before")
+        if b.epoch is not None and job.epoch < b.epoch:
+            raise RemoteCommandFailed(f"exit 5: fenced: epoch {job.epoch} is older than this box's {b.epoch}")
+        if job.epoch:
+            b.epoch = max(b.epoch or 0, job.epoch)
         now = w.clock.now()
+        if job.queued:
+            if b.draining:
+                raise RemoteCommandFailed("exit 6: draining: this box takes no more queue entries")
+            b.queue.append(FakeQueued(job, w.work, now))
+            b.touch(now)
+            b.tick(now, w.bootstrap_fails)  # its slot may be free already
+            return "queued"
         run = FakeRun(
             job.run_id, job.attempt, tuple(job.gpu_mask), now, now, job.code_commit, job.desired_commit,
             max_runtime_s=job.max_runtime_s, work=w.work(job),
@@ -490,7 +568,8 @@ class FakeBoxes:
         return str(next(w._pids))
 
     def drain(self, box: Instance) -> None:
-        raise NotImplementedError("issue 21: the fake box's drain (plan-queue helper)")
+        self.world._enter("drain", str(box.id))
+        self._box(box).draining = True
 
     def kill(
         self, box: Instance, run_id: str, attempt: int, *, exit_code: int, reason: str, pid: int | None = None,
@@ -499,6 +578,7 @@ class FakeBoxes:
         w = self.world
         w._enter("kill", f"{box.id} {run_id}.{attempt}")
         b = self._box(box)
+        b.queue = [q for q in b.queue if (q.job.run_id, q.job.attempt) != (run_id, attempt)]
         run = b.runs.get((run_id, attempt))
         now = w.clock.now()
         if run is None:  # kill.sh's tombstone: the launch lock taken, so a late launch of it never starts

@@ -7,7 +7,9 @@ current spec (``"{spec}"`` inside a given label is replaced by the current spec 
 without a probe gets a reachable, bootstrapped probe with its code shipped; a probe without ``gpus`` gets one
 GPU per instance GPU, with memory in use on the GPUs of its live runs. The host ledger is ``observed.memory.hosts``
 (``build_hosts``). Only what is in ``observed.in_flight`` on a box (or archived) is this fleet's there: a run a
-probe shows without it is foreign. The process-only memory: ``heartbeats`` (``run_id``, ``attempt``,
+probe shows without it is foreign. A probe's ``queued`` lists its box's queue entries (``run_id``, ``attempt``,
+``gpu_mask``, ``epoch``; position is their order), with ``epoch`` and ``draining`` beside; an in-flight entry may
+say ``queued``. The process-only memory: ``heartbeats`` (``run_id``, ``attempt``,
 ``implied_ago``, ``since_ago``), ``failed_actions`` (``kind``, ``target``, ``error``) and ``distrusted``
 (``instance_id``, ``since_ago``, ``why``). A probe may show the box's ``queued`` entries (``run_id``, ``attempt``,
 ``gpu_mask``, ``epoch``) and ``draining``; a box's memory its ``reachable_ago``/``ready_ago`` and ``pool``.
@@ -238,6 +240,8 @@ def build_rundir(d: J, now: float) -> RunDirState:
         metrics_age_s=d.get("metrics_age_s"),
         problem=d.get("problem"),
         last_metrics=tuple(d.get("last_metrics", {}).items()),
+        pid=d.get("pid"),
+        pid_started=d.get("pid_started"),
     )
 
 
@@ -280,6 +284,7 @@ def build_probe(d: J, now: float, inst: Instance | None, desired: Desired) -> Bo
             QueuedEntry(q["run_id"], q.get("attempt", 1), tuple(q.get("gpu_mask", [0])), q.get("epoch", 0), n)
             for n, q in enumerate(d.get("queued", []))
         ),
+        epoch=d.get("epoch"),
         draining=bool(d.get("draining", False)),
     )
 

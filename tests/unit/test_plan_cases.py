@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.actions import APPLY_ORDER, Plan, ReasonCode
+from reconciler.actions import Plan, ReasonCode, apply_key
 from reconciler.plan import plan
 
 try:
@@ -46,6 +46,7 @@ ACTION_FIELDS = (
     "skip_harvest",
     "pid",
     "pid_started",
+    "queued",
 )
 
 
@@ -91,9 +92,7 @@ def test_plan_case(path: Path) -> None:
                 assert value == want_value, f"{key} of {a.kind.value} {a.target}: {value!r} != {want_value!r}{shown}"
     # every action has a reason; order is the apply order
     assert all(a.reason for a in actions)
-    assert [(APPLY_ORDER[a.kind], a.target) for a in actions] == sorted(
-        (APPLY_ORDER[a.kind], a.target) for a in actions
-    )
+    assert [apply_key(a) for a in actions] == sorted(apply_key(a) for a in actions)
 
     for w in exp.get("noops_contain", []):
         hits = [

@@ -186,7 +186,7 @@ def test_saved_launch_refused_when_the_run_moved_on() -> None:
     # the daily-drain world without its (spent) cap, one box at most: a run on GPU 0 of a 2-GPU box, r2 launched
     # beside it, nothing rented
     case = load_case(Path(__file__).parent / "plan_cases" / "cap_daily_drain.json")
-    one_box = replace(case.desired.fleet, max_instances=1)
+    one_box = replace(case.desired.fleet, max_instances=1, queue_ahead_s=0)  # the launch alone, nothing queued
     case = replace(case, desired=replace(case.desired, budget=Budget(), fleet=one_box))
     p = plan(case.desired, case.observed, case.now)
     (launch,) = [a for a in p.actions if isinstance(a, Launch)]
