@@ -405,6 +405,10 @@ def retire_idle(
             d.destroy(box, ReasonCode.DRAINED, "draining: its queue is dry and its attempts are recorded")
             continue
         if busy or launches.get(box.id):
+            if queued and not seen.live.get(box.id) and not launches.get(box.id):
+                # between two runs: its next attempt waits in its queue, the box starts it as the slot frees
+                d.noop(box, ReasonCode.PREDICTED_NEED, f"{queued} queued attempt(s) start on it as its slots free: kept")
+                continue
             ready = table.states.get(box.id) is BoxState.READY and probe is not None
             if (
                 ready
@@ -416,9 +420,6 @@ def retire_idle(
                 and work_left_s(world, fc, seen, box) <= world.observed.cycle_s
             ):
                 tail.append(box)
-            continue
-        if queued:
-            d.noop(box, ReasonCode.PREDICTED_NEED, f"{queued} queued attempt(s) start on it as its slots free: kept")
             continue
         if box.own_box:
             if table.states.get(box.id) is BoxState.READY:
