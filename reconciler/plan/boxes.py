@@ -407,7 +407,9 @@ def retire_idle(
         if busy or launches.get(box.id):
             if queued and not seen.live.get(box.id) and not launches.get(box.id):
                 # between two runs: its next attempt waits in its queue, the box starts it as the slot frees
-                d.noop(box, ReasonCode.PREDICTED_NEED, f"{queued} queued attempt(s) start on it as its slots free: kept")
+                d.noop(
+                    box, ReasonCode.PREDICTED_NEED, f"{queued} queued attempt(s) start on it as its slots free: kept"
+                )
                 continue
             ready = table.states.get(box.id) is BoxState.READY and probe is not None
             if (

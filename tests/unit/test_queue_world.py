@@ -22,7 +22,8 @@ def test_three_boxes_run_a_24_run_sweep_with_no_idle_slot_between_runs() -> None
     archive = FakeArchive()
     rec = fake_reconciler(world, archive)
     queued = 0
-    runs_of: dict[int, dict[tuple[str, int], FakeRun]] = {}  # what each box ran, kept after the box is destroyed at the tail
+    # what each box ran, kept after the box is destroyed at the tail
+    runs_of: dict[int, dict[tuple[str, int], FakeRun]] = {}
     for _ in range(60):
         res = rec.cycle(desired)
         queued += sum(1 for a in res.plan.actions if isinstance(a, Launch) and a.queued)
