@@ -22,13 +22,13 @@ or a market of ghosts, cannot turn into a rent storm. Both say why in the plan (
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from reconciler.actions import ReasonCode, Rent
 from reconciler.identity import rent_label
 from reconciler.ledger import RENT_WINDOW_S
-from reconciler.model import Fleet, Offer, Pool, RunSpec
+from reconciler.model import Fleet, Offer, Pool, RunSpec, Sweep
 from reconciler.offers import box_cap_dph, normalize_gpu_name
 from reconciler.plan.attempts import PendingRun
 from reconciler.plan.boxes import BoxState, BoxTable
@@ -36,6 +36,7 @@ from reconciler.plan.common import EPS, Decisions, count_cap, fleet_dph_cap, fmt
 from reconciler.plan.forecast import Forecast
 from reconciler.plan.money import Purse, Spending, runtime_of
 from reconciler.plan.world import World
+from reconciler.throughput import Exploration
 
 _ON_THEIR_WAY = frozenset({BoxState.BOOTING, BoxState.BOOTSTRAPPING, BoxState.UNREACHABLE})
 RENT_BACKOFF_AFTER = 2  # failures in a row before renting backs off (one vanish or ghost is the market's noise)
@@ -124,6 +125,7 @@ class _Fleetwide:
     fleet_dph: float
     used: set[int] = field(default_factory=set)
     rented: int = 0
+    renting: list[Offer] = field(default_factory=list)  # the offers this plan rents, in order
 
 
 class _Market:
@@ -131,6 +133,7 @@ class _Market:
     added (the fleet's cap holds across pools)."""
 
     def __init__(self, world: World, table: BoxTable, pool: Pool, shared: _Fleetwide) -> None:
+        self.world = world
         self.fleet = world.desired.fleet
         self.pool = pool
         self.shared = shared
@@ -139,8 +142,14 @@ class _Market:
         self.fleet_cap = fleet_dph_cap(world.desired)
         self.offers = list(world.pool_offers.get(pool.name, ()))
         self.pointers: dict[tuple[int, int], int] = {}
+        self.explored: Exploration | None = None  # what the last ``pick`` explored with (None: not exploration)
+        self.capped: dict[int, Exploration] = {}  # offer id -> the exploration the share refused
 
-    def pick(self, g: int, ram: int) -> Offer | None:
+    def pick(self, g: int, ram: int, sweeps: Sequence[Sweep] = ()) -> Offer | None:
+        """The best offer by the pool's ranking that fits a ``g``-GPU run and the caps. An offer whose rent would be
+        exploration for ``sweeps`` (``World.exploration``) beyond ``exploration_share`` is passed over (kept in
+        ``capped``); ``explored`` says whether the offer returned is exploration."""
+        self.explored = None
         i = self.pointers.get((g, ram), 0)
         while i < len(self.offers):
             o = self.offers[i]
@@ -151,7 +160,13 @@ class _Market:
                 and o.dph_total <= self.instance_cap
                 and self.shared.fleet_dph + o.dph_total <= self.fleet_cap + EPS
             ):
+                ex = self.world.exploration(o, self.pool.name, sweeps, self.shared.renting) if sweeps else None
+                if ex is not None and ex.explores and not ex.allowed:
+                    self.capped.setdefault(o.id, ex)
+                    i += 1  # the pointer stays: the share may allow it for the next shape
+                    continue
                 self.pointers[(g, ram)] = i
+                self.explored = ex if ex is not None and ex.explores else None
                 return o
             i += 1
         self.pointers[(g, ram)] = i
@@ -213,6 +228,7 @@ class _Market:
 
     def rent(self, o: Offer, code: ReasonCode, reason: str) -> Rent:
         self.shared.used.add(o.id)
+        self.shared.renting.append(o)
         self.shared.rented += 1
         self.shared.count += 1
         self.shared.fleet_dph += o.dph_total
@@ -446,7 +462,7 @@ def _rent_pool(
                 why = counted
             elif (gate := rent_gate(world, shared.rented)) is not None:
                 why = gate
-            elif (o := market.pick(g, ram)) is None:
+            elif (o := market.pick(g, ram, (spec.sweep,))) is None:
                 why = blocked_req[shape] = market.why_not(g, ram)
             elif (many := market.multi_gpu(o, g, ram, to_go[shape] + 1, _per_run(fc, spec, g))) is not None and (
                 spending.fits(cost := _rent_cost(world, budget, many, spec, g)) and spending.credit_fits(cost)
@@ -485,7 +501,10 @@ def _rent_pool(
                     f"pending run {spec.id} needs {g} GPU(s); best by {pool.ranking.value}: {o.gpu_name} "
                     f"x{o.num_gpus} at {usd_h(o.dph_total)} ({o.num_gpus // g} slot(s))" + _bid_text(o)
                 )
-                out.act(market.rent(o, ReasonCode.RENT_FOR_PENDING, reason))
+                code = ReasonCode.RENT_FOR_PENDING
+                if market.explored is not None:
+                    code, reason = ReasonCode.EXPLORE_UNMEASURED, f"{reason}; exploring: {market.explored.detail}"
+                out.act(market.rent(o, code, reason))
                 rented_bins.add(_Bin(o.num_gpus - g, o.gpu_ram_mib))
                 refused.clear()
                 continue
@@ -522,6 +541,8 @@ def _rent_pool(
             f"{o.gpu_name} x{o.num_gpus} at {usd_h(o.dph_total)}"
         )
         out.act(market.rent(o, ReasonCode.RENT_FOR_MIN_INSTANCES, reason))
+    for oid, ex in sorted(market.capped.items()):
+        out.noop(f"offer/{oid}", ReasonCode.EXPLORE_CAPPED, f"not rented, exploration_share used up: {ex.detail}")
     for msg, (code, n) in sorted(blocked.items()):
         tail = f"; {n} pending run(s) wait" if n else ""
         out.noop(subj, code, f"{msg}{tail}")

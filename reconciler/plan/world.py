@@ -108,10 +108,14 @@ class World:
         """The pool a run goes to: its sweep's ``pool``, or the first."""
         return spec.sweep.pool or next(iter(self.pools))
 
-    def exploration(self, offer: Offer, pool: str, sweeps: Sequence[Sweep]) -> Exploration:
+    def exploration(
+        self, offer: Offer, pool: str, sweeps: Sequence[Sweep], renting: Sequence[Offer] = ()
+    ) -> Exploration:
         """``throughput.exploration`` of renting ``offer`` in ``pool`` now for ``sweeps``: the fleet's rented boxes
-        held, its ``exploration_share``, the pool's offers as the options and the plan's rates (see its contract)."""
+        held and the offers this plan rents before it (``renting``), its ``exploration_share``, the pool's offers as
+        the options and the plan's rates (see its contract)."""
         held = [(b.inst.gpu_name, b.inst.machine_id) for b in self.boxes.values() if b.rented]
+        held += [(o.gpu_name, o.machine_id) for o in renting]
         return exploration(
             offer, sweeps, self.rates, held, self.desired.fleet.exploration_share, self.pool_offers.get(pool, ()),
             self.gpu_dlperf, normalize_gpu_name,
