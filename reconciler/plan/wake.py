@@ -1,8 +1,10 @@
 """Wake: when the planner wants to decide again, if sooner than the controller's interval (``Plan.wake_at``).
 
-A box-side queue keeps a slot working between cycles, but two ends still wait for a decision: a slot that frees
-with nothing queued behind it while runs wait for a GPU (the next launch), and a draining box's last attempt (its
-harvest and destroy). Deciding at the interval wastes the gap to it on every such end; deciding at the predicted
+A box-side queue keeps a slot working between cycles, but some moments still wait for a decision: a slot that frees
+with nothing queued behind it while runs wait for a GPU (the next launch), a draining box's last attempt (its
+harvest and destroy), and a new box predicted ready (its rental start + ``Forecast.ready_s``, as measured for its
+pool) while runs of its pool wait (its bootstrap, then its first launch: at the interval, each of those waited a
+cycle). Deciding at the interval wastes the gap to it on every such end; deciding at the predicted
 end (``Forecast.remaining_s``) plus ``WAKE_MARGIN_S`` does not. An end already overdue asks for nothing (its
 forecast was wrong: the interval decides, so a run slower than predicted cannot make the loop cycle every few
 seconds), the daemon floors the sleep and never sleeps past its interval. Pure.
@@ -12,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from reconciler.actions import Action, Drain, Launch
+from reconciler.actions import Action, Drain, Launch, Rent
 from reconciler.plan.attempts import SeenAttempts
-from reconciler.plan.boxes import BoxTable, work_left_s
+from reconciler.plan.boxes import BoxState, BoxTable, work_left_s
 from reconciler.plan.forecast import Forecast
 from reconciler.plan.world import World
 
@@ -33,7 +35,8 @@ def wake_at(
 
     An end matters when its slot has nothing queued behind it (on the box or by this plan) and runs of its pool
     wait for a GPU (``waiting``, per pool), or when it is the last work of a box that is draining (or is told to
-    drain by this plan)."""
+    drain by this plan); and the predicted readiness of a box still booting or bootstrapping (or rented by this
+    plan) while runs of its pool wait."""
     queued_now = {(a.instance_id, a.gpu_mask) for a in actions if isinstance(a, Launch) and a.queued}
     drained_now = {a.instance_id for a in actions if isinstance(a, Drain)}
     ends: list[float] = []
@@ -52,6 +55,12 @@ def wake_at(
             if spec is None or rd.gpu_mask in behind:
                 continue
             ends.append(fc.remaining_s(spec, rd, box))
+    coming = (BoxState.BOOTING, BoxState.BOOTSTRAPPING)
+    for box_id, box in world.boxes.items():
+        if table.states.get(box_id) in coming and waiting.get(box.pool, 0):
+            ends.append(box.inst.start_date + fc.ready_s(box.pool) - world.now)
+    if any(isinstance(a, Rent) for a in actions) and any(waiting.values()):
+        ends.append(min(fc.ready_s(pool) for pool in world.pools))  # the soonest a pool's new box is ready
     ahead = [left for left in ends if left > 0.0]  # an overdue end: its forecast was wrong, the interval decides
     if not ahead:
         return None

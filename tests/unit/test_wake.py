@@ -124,3 +124,21 @@ def test_an_overdue_end_asks_for_no_sooner_wake(tmp_path: Path) -> None:
     case["observed"]["probes"][1]["runs"][0]["started_ago"] = 900
     got, _ = _plan(case, tmp_path)
     assert got.wake_at is None
+
+
+def test_a_booting_box_predicted_ready_is_the_wake_while_its_runs_wait(tmp_path: Path) -> None:
+    case = _case("booting_within_timeout")
+    case["observed"]["instances"] = [
+        {"id": 1, "status": "loading", "start_ago": 8},
+        {"id": 2, "start_ago": 600},  # a box of the pool that was ready 20s after its rent: the pool's measure
+    ]
+    case["observed"]["probes"] = [{"instance_id": 2, "runs": [{"run_id": "r0"}]}]
+    case["observed"]["in_flight"] = [{"run_id": "r0", "instance_id": 2}]
+    case["observed"]["memory"] = [{"instance_id": 2, "first_seen_ago": 600, "ready_ago": 580, "pool": "default"}]
+    case["desired"]["runs"] = [{"id": "r0"}, {"id": "r1"}]
+    case["desired"]["fleet"]["queue_ahead_s"] = 0
+    got, now = _plan(case, tmp_path)
+    assert got.wake_at == now - 8 + 20.0 + WAKE_MARGIN_S  # the loading box: rented 8s ago, ready 20s after a rent
+    case["observed"]["instances"][0]["start_ago"] = 30  # past its predicted readiness: the interval decides
+    got, _ = _plan(case, tmp_path)
+    assert got.wake_at is None or got.wake_at > now + 30.0
