@@ -146,6 +146,11 @@ def estimate(
         if len(specs) == len(pending):
             break
     gpu_runs = {name: n * max(1, specs[name].sweep.gpus_per_run) for name, n in pending.items()}  # the sweep's GPUs
+    for f in queue.queued:  # queued on a box in an earlier plan: not started, a whole run of work still to pay for
+        spec = world.runs.get(f.run_id)
+        if spec is not None:
+            specs.setdefault(spec.sweep.name, spec)
+            gpu_runs[spec.sweep.name] = gpu_runs.get(spec.sweep.name, 0) + max(1, len(f.gpu_mask))
     running: dict[str, list[float]] = {}  # sweep -> GPU-hours left of each running attempt
     hours_of: dict[str, float] = {}
     fc = forecast(world, budget.runtimes)
@@ -182,7 +187,7 @@ def estimate(
         spec = world.runs.get(run_id)
         if spec is not None:
             specs.setdefault(spec.sweep.name, spec)
-    for sweep in sorted(set(pending) | set(running), key=lambda n: (specs[n].sweep.order, n)):
+    for sweep in sorted(set(gpu_runs) | set(running), key=lambda n: (specs[n].sweep.order, n)):
         rt: Runtime = runtime_of(budget.runtimes, specs[sweep])
         prices, slots = pool_terms(specs[sweep])
         gpu_hours = gpu_runs.get(sweep, 0) * rt.hours + sum(running.get(sweep, ()))
