@@ -12,6 +12,7 @@ Shipped to the box with each program that imports it (``reconciler.remote.comman
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from typing import NamedTuple
@@ -108,9 +109,15 @@ def box_started_at(root: str, now: float) -> float | None:
     return started if started is not None else boot_time(now)
 
 
+QUEUE_DIR = "queue"  # under RIGSYNC_ROOT: <slot>/<seq>-<run>.<attempt>/ entries (enqueue.sh)
+DRAIN_FILE = "drain"  # under RIGSYNC_ROOT: the controller marked the box draining (drain.sh)
+
+
 class Activity(NamedTuple):
     alive: bool  # a run or a bootstrap process is alive now
     last_at: float | None  # the latest time anything happened on the box, if anything did
+    queued: bool = False  # an attempt waits in the box's queue: work, as a live run is
+    unharvested: int = 0  # run directories the controller has not marked harvested
 
 
 def box_activity(root: str, started_at: float | None = None) -> Activity:
@@ -118,11 +125,12 @@ def box_activity(root: str, started_at: float | None = None) -> Activity:
 
     Activity is the box's start (``started_at``, if given), a run directory created (the launch lock, before the
     wrapper wrote anything), a run started, its heartbeat, its end, and a bootstrap finished or failed. Alive is a
-    run's wrapper or an unfinished bootstrap still running. A controller's probe is not activity: it is contact,
-    which the watchdog counts on its own.
+    run's wrapper or an unfinished bootstrap still running; an entry in the queue is work too (``queued``). A
+    controller's probe is not activity: it is contact, which the watchdog counts on its own.
     """
     times: list[float] = [] if started_at is None else [started_at]
     live = False
+    unharvested = 0
     rdir = os.path.join(root, RUNS_DIR)
     try:
         names = os.listdir(rdir)
@@ -133,6 +141,7 @@ def box_activity(root: str, started_at: float | None = None) -> Activity:
         if not os.path.isdir(d):
             continue
         live = live or pid_alive(os.path.join(d, "pid"))
+        unharvested += not os.path.exists(os.path.join(d, "harvested"))
         for t in (
             mtime(d),
             mtime(os.path.join(d, "heartbeat")),
@@ -155,4 +164,13 @@ def box_activity(root: str, started_at: float | None = None) -> Activity:
                 times.append(t)
         elif name.endswith(".pid"):
             live = live or bootstrap_running(bdir, name, nameset)
-    return Activity(live, max(times) if times else None)
+    queued = False
+    qdir = os.path.join(root, QUEUE_DIR)
+    try:
+        slots = os.listdir(qdir)
+    except OSError:
+        slots = []
+    for slot in slots:
+        with contextlib.suppress(OSError):
+            queued = queued or any(n[:1].isdigit() for n in os.listdir(os.path.join(qdir, slot)))
+    return Activity(live, max(times) if times else None, queued, unharvested)
