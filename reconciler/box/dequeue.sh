@@ -19,11 +19,11 @@ while :; do
     if [ -d "$e" ]; then head=$e && break; fi
   done
   [ -n "$head" ] || exit 0
-  _rs_slot_busy "$slot" && exit 0
   name=${head##*/}
   name=${name#*-}
   RUN_DIR=$RIGSYNC_ROOT/runs/$name
   if [ -e "$RUN_DIR" ]; then rm -rf "$head" && continue; fi
+  _rs_slot_busy "$slot" && exit 0
   epoch=$(head -c 32 "$head/epoch" 2>/dev/null)
   case $epoch in '' | *[!0-9]*) epoch=0 ;; esac
   [ "${#epoch}" -le 18 ] || epoch=0

@@ -50,7 +50,10 @@ tmp=$(mktemp -d "$Q/.new.XXXXXX") || exit 1
   umask 077
   if [ "$env_count" -gt 0 ]; then cat >"$tmp/env"; else : >"$tmp/env"; fi
 ) || { rm -rf "$tmp"; exit 1; }
-printf '%s\0' "$@" >"$tmp/argv" && printf "%s\n" "$epoch" >"$tmp/epoch" || { rm -rf "$tmp"; exit 1; }
+if ! printf '%s\0' "$@" >"$tmp/argv" || ! printf "%s\n" "$epoch" >"$tmp/epoch"; then
+  rm -rf "$tmp"
+  exit 1
+fi
 (
   flock -w 30 9 || exit 1
   for e in "$RIGSYNC_ROOT"/queue/*/[0-9]*-"$name"; do

@@ -46,7 +46,8 @@ if mkdir "$RUN_DIR" 2>/dev/null; then
   _rs_finish
   printf "%s\n" "never launched here: $reason" >"$RUN_DIR/killed_reason"
   : >"$RUN_DIR/tombstone"
-  rm -rf "$RIGSYNC_ROOT"/queue/*/[0-9]*-"$name" # a queued one: its entry goes too (the tombstone already stops it)
+  # a queued one: its entry goes too (the tombstone already keeps the dequeue from starting it)
+  find "$RIGSYNC_ROOT/queue" -mindepth 2 -maxdepth 2 -name "[0-9]*-$name" -exec rm -r {} + 2>/dev/null
   cat "$RUN_DIR/exit_code"
   exit 0
 fi

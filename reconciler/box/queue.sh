@@ -61,7 +61,7 @@ _rs_slot_busy() {
   local d pid held now
   now=$(date +%s)
   for d in "$RIGSYNC_ROOT"/runs/*/; do
-    [ -d "$d" ] && [ ! -e "$d/exit_code" ] || continue
+    if [ ! -d "$d" ] || [ -e "$d/exit_code" ]; then continue; fi
     pid=$(head -c 16 "$d/pid" 2>/dev/null)
     case $pid in '' | *[!0-9]*) pid= ;; esac
     if [ -n "$pid" ] && [ "$pid" -gt 1 ] && _rs_alive "$pid"; then :

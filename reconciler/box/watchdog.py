@@ -1,13 +1,5 @@
-"""rigsync's watchdog: the kill switch on every box, which works with the controller dead.
-
-Started at every boot by the instance's onstart (``watchdog_start.sh``, under the supervisor ``watchdog_run.sh``),
-it destroys its own instance -- ``DELETE $RIGSYNC_API_URL/api/v0/instances/$CONTAINER_ID/`` with the per-instance
-``CONTAINER_API_KEY``, never the account key, never a stop -- when ``decide`` says so: past ``ttl``, no controller
-for ``orphan_timeout``, no run, no queued attempt and no controller for ``idle_timeout``, or drained: marked
-draining with its queue dry, nothing alive and every run directory harvested (the rules: ``reconciler/box``'s
-docstring). The box's state is read afresh at every check; the call is retried until the box is gone; everything
-is logged to ``watchdog/watchdog.log``, the key never. Standard library only, Python 3.8 syntax, like the probe; it
-travels with ``boxlib.py`` (the bundle ``reconciler.remote.commands`` builds is what ``watchdog/watchdog.py`` holds).
+"""rigsync's watchdog: the kill switch on every box, which works with the controller dead (its rules, its start and
+its API call: ``reconciler.box``'s docstring). Standard library only, Python 3.8 syntax, like the probe.
 
 Usage: ``watchdog.py TTL_S|none IDLE_TIMEOUT_S ORPHAN_TIMEOUT_S`` with ``RIGSYNC_ROOT``, ``CONTAINER_ID``,
 ``CONTAINER_API_KEY`` and ``RIGSYNC_API_URL`` in the environment.
@@ -24,7 +16,15 @@ import urllib.error
 import urllib.request
 from typing import NamedTuple
 
-from reconciler.box.boxlib import DRAIN_FILE, STARTED_FILE, WATCHDOG_DIR, box_activity, mtime, recorded_start
+from reconciler.box.boxlib import (
+    DRAIN_FILE,
+    STARTED_FILE,
+    WATCHDOG_DIR,
+    box_activity,
+    mtime,
+    recorded_start,
+    unharvested,
+)
 
 FORMAT = 1
 API_URL_ENV = "RIGSYNC_API_URL"
@@ -212,11 +212,11 @@ def main(argv: list[str]) -> int:
         now = time.time()
         try:
             act = box_activity(root, started)
+            draining = os.path.exists(os.path.join(root, DRAIN_FILE))
             verdict = decide(
                 now, started_at=started, ttl_s=ttl_s, idle_timeout_s=idle_s, orphan_timeout_s=orphan_s,
                 touched_at=mtime(os.path.join(wdir, TOUCH_FILE)), run_activity_at=act.last_at, run_alive=act.alive,
-                queued=act.queued, draining=os.path.exists(os.path.join(root, DRAIN_FILE)),
-                unharvested=act.unharvested,
+                queued=act.queued, draining=draining, unharvested=unharvested(root) if draining else 0,
             )
         except Exception as exc:  # never die of a surprise: log it and look again
             log(wdir, f"check failed: {type(exc).__name__}: {exc}")

@@ -29,7 +29,7 @@ import json
 import math
 import re
 import shlex
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from importlib import resources
 
 from reconciler.box.probe import FORMAT as PROBE_FORMAT
@@ -132,26 +132,11 @@ def _rs_module(name, path, source, package=False):
 """
 
 
-_COMPACT = frozenset({"watchdog.py"})  # travels in the instance's onstart, which Vast caps at 10,000 characters
-
-
-def _compact(source: str) -> str:
-    """``source`` without its docstrings and comments (the same code, unparsed): for the onstart's bundle only."""
-    tree = ast.parse(source)
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and body
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.unparse(tree) + "\n"
-
-
 @functools.cache
 def _program(name: str) -> str:
     """A box-side Python program (``probe.py``, ``watchdog.py``, ``harvest.py``) as shipped: one self-contained text
     that registers the ``reconciler.box`` modules it imports (``boxlib.py``) under their own names, then runs the
-    program as ``__main__``. The watchdog's travels compacted (``_compact``)."""
+    program as ``__main__``."""
     main = _text(name)
     order: list[str] = []
 
@@ -164,20 +149,19 @@ def _program(name: str) -> str:
 
     for dep in _box_imports(main):
         need(dep)
-    shipped: Callable[[str], str] = _compact if name in _COMPACT else (lambda source: source)
     lines = [
         _BUNDLE_HEAD.format(name=name),
         "_rs_module('reconciler', 'reconciler/__init__.py', '', True)\n",
         f"_rs_module({BOX_PACKAGE!r}, 'reconciler/box/__init__.py', '', True)\n",  # its docstring is all it holds
-        *(f"_rs_module({BOX_PACKAGE + '.' + m.removesuffix('.py')!r}, {'reconciler/box/' + m!r}, "
-          f"{shipped(_text(m))!r})\n" for m in order),
-        f"_rs_module('__main__', {'reconciler/box/' + name!r}, {shipped(main)!r})\n",
+        *(f"_rs_module({BOX_PACKAGE + '.' + m.removesuffix('.py')!r}, {'reconciler/box/' + m!r}, {_text(m)!r})\n"
+          for m in order),
+        f"_rs_module('__main__', {'reconciler/box/' + name!r}, {main!r})\n",
     ]
     return "".join(lines)
 
 
 _PROC_SCRIPTS = frozenset({"kill.sh", "launch.sh", "wrapper.sh", "dequeue.sh"})  # they need proc.sh's functions
-_QUEUE_SCRIPTS = frozenset({"kill.sh", "launch.sh", "enqueue.sh", "dequeue.sh"})  # and queue.sh's (fence, slots)
+_QUEUE_SCRIPTS = frozenset({"launch.sh", "enqueue.sh", "dequeue.sh"})  # and queue.sh's (fence, slots)
 
 
 def _script(name: str) -> str:
