@@ -56,7 +56,7 @@ _rs_slots_meet() {
 }
 
 # Whether a live attempt holds a GPU of slot $1: a run directory without an exit code whose wrapper is alive, or
-# so young (under 30 s) that its wrapper may not have written its pid yet. One without a slot file holds them all.
+# without a pid yet and so young (under 30 s) that its wrapper may still write one. One without a slot file holds them all.
 _rs_slot_busy() {
   local d pid held now
   now=$(date +%s)
@@ -64,9 +64,11 @@ _rs_slot_busy() {
     if [ ! -d "$d" ] || [ -e "$d/exit_code" ]; then continue; fi
     pid=$(head -c 16 "$d/pid" 2>/dev/null)
     case $pid in '' | *[!0-9]*) pid= ;; esac
-    if [ -n "$pid" ] && [ "$pid" -gt 1 ] && _rs_alive "$pid"; then :
-    elif [ $((now - $(stat -c %Y "$d" 2>/dev/null || echo 0))) -lt 30 ] && [ ! -e "$d/ended_at" ]; then :
-    else continue; fi
+    if [ -n "$pid" ]; then
+      if [ "$pid" -le 1 ] || ! _rs_alive "$pid"; then continue; fi
+    elif [ $((now - $(stat -c %Y "$d" 2>/dev/null || echo 0))) -ge 30 ] || [ -e "$d/ended_at" ]; then
+      continue
+    fi
     held=$(head -c 256 "$d/slot" 2>/dev/null) || return 0
     [ -n "$held" ] || return 0
     _rs_slots_meet "$1" "$held" && return 0
