@@ -11,6 +11,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -217,3 +218,50 @@ def test_a_drained_box_goes_at_once_and_only_when_everything_is_harvested() -> N
 def test_the_onstart_stays_under_vasts_limit_with_the_longest_limits() -> None:
     onstart = remote.watchdog_onstart(ttl_s=1e15 + 0.123, idle_timeout_s=1e15 + 0.123, orphan_timeout_s=1e15 + 0.1)
     assert len(onstart) < 10_000, len(onstart)
+
+
+# ------------------------------------------------------------------------------------------------ apply
+
+
+def test_apply_gives_a_queued_launch_its_epoch_and_records_it_queued_without_a_pid() -> None:
+    from dataclasses import replace
+
+    from fakes import FakeArchive, FakeClock, FakeWorld, code_tar, desired_state, observe_and_plan, offer
+
+    from reconciler.actions import Launch, Plan
+    from reconciler.apply import ApplyContext, _attempt_record, apply
+    from reconciler.model import AttemptOutcome
+
+    desired = desired_state(1, max_instances=1)
+    world = FakeWorld([offer(1, gpus=2)], clock=FakeClock(), boot_s=10.0)
+    archive = FakeArchive()
+
+    def ctx(observed: Any) -> ApplyContext:
+        return ApplyContext(provider=world.provider, boxes=world.box_control, desired=desired, observed=observed,
+                            archive=archive, code_tar=code_tar, now=world.clock.now, epoch=lambda: 9)
+
+    observed, p = observe_and_plan(world, desired, archive)
+    assert apply(p, ctx(observed)).failures == []
+    world.clock.advance(11.0)
+    observed, p = observe_and_plan(world, desired, archive)
+    jobs: list[LaunchJob] = []
+    real = world.box_control.launch
+
+    def launch(box: Instance, job: LaunchJob) -> str:
+        jobs.append(job)
+        return real(box, job)
+
+    world.box_control.launch = launch  # type: ignore[method-assign]
+    actions = tuple(replace(a, queued=True) if isinstance(a, Launch) else a for a in p.actions)
+    result = apply(Plan(actions=actions), ctx(observed))
+    assert result.failures == []
+    (job,) = jobs
+    assert job.queued and job.epoch == 9
+    (flight,) = result.launched
+    assert flight.queued and flight.pid is None and flight.pid_started is None and flight.epoch == 9
+    (outcome,) = [o for o in result.outcomes if isinstance(o.action, Launch)]
+    assert outcome.detail == "queued"
+    remembered = replace(observed, memory=replace(observed.memory, in_flight=(flight,)))
+    rec = _attempt_record(ctx(remembered), {}, flight.run_id, flight.attempt, flight.instance_id, None,
+                          AttemptOutcome.LOST, None, "x")
+    assert rec.queued_at == flight.launched_at and rec.started_at is None
