@@ -56,7 +56,7 @@ if ! printf '%s\0' "$@" >"$tmp/argv" || ! printf "%s\n" "$epoch" >"$tmp/epoch"; 
 fi
 (
   flock -w 30 9 || exit 1
-  for e in "$RIGSYNC_ROOT"/queue/*/[0-9]*-"$name"; do
+  for e in "$RIGSYNC_ROOT"/queue/*/[0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9]-"$name"; do
     if [ -e "$e" ]; then echo "launch lock held: runs/$name is queued already" >&2 && exit "$lock_exit"; fi
   done
   if [ -e "$RIGSYNC_ROOT/runs/$name" ]; then

@@ -47,7 +47,7 @@ if mkdir "$RUN_DIR" 2>/dev/null; then
   printf "%s\n" "never launched here: $reason" >"$RUN_DIR/killed_reason"
   : >"$RUN_DIR/tombstone"
   # a queued one: its entry goes too (the tombstone already keeps the dequeue from starting it)
-  find "$RIGSYNC_ROOT/queue" -mindepth 2 -maxdepth 2 -name "[0-9]*-$name" -exec rm -r {} + 2>/dev/null
+  find "$RIGSYNC_ROOT/queue" -mindepth 2 -maxdepth 2 -name "[0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9]-$name" -exec rm -r {} + 2>/dev/null
   cat "$RUN_DIR/exit_code"
   exit 0
 fi

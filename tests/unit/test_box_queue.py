@@ -136,8 +136,9 @@ def test_a_killed_queued_attempt_never_starts_and_the_next_one_does(boxes: Shell
     boxes.launch(BOX, _job("head", "sleep 30"))
     boxes.launch(BOX, _job("gone", "touch started", queued=True))
     boxes.launch(BOX, _job("next", "true", queued=True))
+    boxes.launch(BOX, _job("not-gone", "true", queued=True))  # its entry's name ends like gone's: it stays
     boxes.kill(BOX, "gone", 1, exit_code=137, reason="superseded")
-    assert [q.run_id for q in _probe(boxes).queued] == ["next"]
+    assert [q.run_id for q in _probe(boxes).queued] == ["next", "not-gone"]
     boxes.kill(BOX, "head", 1, exit_code=137, reason="done with it")
     runs = _root(boxes) / "runs"
     _wait(lambda: (runs / "next.1" / "exit_code").exists(), 30)
