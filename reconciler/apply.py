@@ -49,6 +49,7 @@ from reconciler.curves import curve_path, read_metrics, render_curve
 from reconciler.errors import (
     HostUnreachable,
     LaunchLockHeld,
+    LaunchRefused,
     LeaseLost,
     RemoteCommandFailed,
     RigsyncError,
@@ -311,6 +312,7 @@ def _harvest(
     finished attempts are archived). Otherwise (a lost attempt) what cannot come home is noted as lost.
     """
     if ctx.store is None:
+        _mark_harvested(ctx, box, rec)  # nothing is kept here: the box has nothing more to give
         return rec
     spec = ctx.desired.run(rec.run_id)
     sweep = spec.sweep if spec else None
@@ -331,6 +333,7 @@ def _harvest(
         return replace(rec, harvest=f"lost: {_note_text(exc, 300)}")
     except (ValueError, OverflowError, RecursionError, MemoryError) as exc:  # the box's stream itself is unusable
         return replace(rec, harvest=f"lost: unusable harvest: {type(exc).__name__}")
+    _mark_harvested(ctx, box, rec)
     note = harvest_note(got)
     resumed = rec.resumed_from if rec.resumed_from is not None else got.resumed_from
     tail: str | None = None
@@ -352,6 +355,15 @@ def _harvest(
     if unusable:
         note = f"{note}; {'; '.join(unusable)}"
     return replace(rec, harvest=bounded_text(note, MAX_NOTE_CHARS), stderr_tail=tail, resumed_from=resumed)
+
+
+def _mark_harvested(ctx: ApplyContext, box: Instance, rec: AttemptRecord) -> None:
+    """Tell the box its attempt's harvest is stored (a draining box ends itself once all are). Best effort: a box
+    that does not take the mark only keeps waiting for the controller to destroy it."""
+    try:
+        ctx.boxes.mark_harvested(box, rec.run_id, rec.attempt)
+    except RigsyncError as exc:
+        log.info("instance %d: cannot mark %s.%d harvested: %s", box.id, rec.run_id, rec.attempt, exc)
 
 
 def _curve(
@@ -506,17 +518,20 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
         launched_at=ctx.now(),
         sweep=spec.sweep.name,
         resumed_from=resumed_from,
-        epoch=ctx.epoch(),
+        epoch=job.epoch,
         queued=action.queued,
     )
     ctx.note_launch(flight)  # written ahead: a crash right after the launch must not lose the attempt's number
     try:
         out = _redacted(env, lambda: ctx.boxes.launch(box, job))
-    except LaunchLockHeld:
-        raise  # the attempt's directory was there already: the probe shows what it holds
+    except (LaunchLockHeld, LaunchRefused):
+        raise  # the attempt's directory was there already (the probe shows what it holds), or the box said no
     except Exception:
         result.in_doubt.append(flight)
         raise
+    if action.queued:  # the box starts it when its slot frees: its identity comes with the probe that sees it
+        result.launched.append(flight)
+        return "queued" + (f", resumed from attempt {resumed_from}'s checkpoint" if resumed_from is not None else "")
     # The process group a kill may signal, as this launch saw it (never a pid read back from the box later): a pid
     # and its start tick together, or neither (a pid alone cannot tell its process from a later one).
     pid, pid_started = parse_launch_answer(out.encode("utf-8", "replace"))
@@ -578,7 +593,7 @@ def _attempt_record(
     # box's GPUs (the parser already did so for a well-behaved probe; a record must be writable whatever it holds)
     box_started = _box_time(state.started_at, now) if state else None
     box_ended = _box_time(state.ended_at, now) if state else None
-    started = box_started or (launched.launched_at if launched else None)
+    started = box_started or (launched.launched_at if launched and not launched.queued else None)
     ended = box_ended or now
     dph = inst.dph_total if inst else (billed.dph if billed else 0.0)
     num_gpus = inst.num_gpus if inst else (billed.num_gpus if billed else 0)
@@ -609,6 +624,7 @@ def _attempt_record(
         reason=bounded_text(reason, MAX_NOTE_CHARS),  # it may quote a box (a killed reason, an error)
         resumed_from=launched.resumed_from if launched else None,
         progress=progress_value(spec.sweep, state.last_metrics) if spec and state else None,
+        queued_at=launched.launched_at if launched and launched.queued else None,
     )
 
 

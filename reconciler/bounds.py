@@ -22,6 +22,7 @@ __all__ = [
     "EXIT_CODE_RANGE",
     "MANIFEST_BYTES",
     "MAX_ATTEMPT",
+    "MAX_EPOCH",
     "MAX_GPUS",
     "MAX_GPU_MEMORY_MIB",
     "MAX_HARVEST_FILES",
@@ -31,6 +32,7 @@ __all__ = [
     "MAX_METRIC_KEYS",
     "MAX_NOTE_CHARS",
     "MAX_PROBE_RUNS",
+    "MAX_QUEUE_ENTRIES",
     "MAX_REJECTED",
     "MAX_REPORTED_CLAIMS",
     "MAX_TEXT_CHARS",
@@ -52,6 +54,8 @@ COMMAND_STDOUT_BYTES = 64 << 10  # launch, kill, bootstrap, ship-code, stage-res
 COMMAND_STDERR_BYTES = 64 << 10  # every command's stderr: only its tail is kept past this
 MAX_JSON_DEPTH = 16  # nesting of any JSON document from a box (the probe's is 4 deep)
 MAX_PROBE_RUNS = 1024  # run directories one probe may report (the box reports its newest first)
+MAX_QUEUE_ENTRIES = 256  # queue entries one probe may report (all slots); past it, the first are read, the rest refused
+MAX_EPOCH = 10**18  # a lease epoch a box reports as its fence: an integer in [0, this)
 MAX_GPUS = 64  # GPU entries one probe may report; the instance's listed count caps it further
 MAX_REPORTED_CLAIMS = 8  # foreign run directories and refused claims reported one by one per box; the rest counted
 MAX_TEXT_CHARS = 512  # any one string from a box that is stored (ids, commits, metric keys, reasons, errors)

@@ -27,6 +27,7 @@ Every concrete error that an adapter raises says which of the two it is; the ada
     │   │   ├── HostKeyMismatch           (ShellError) the box's host key changed since it was pinned
     │   │   ├── RemoteCommandFailed       (ShellError) a command on the box exited non-zero
     │   │   │   ├── LaunchLockHeld        this attempt's run directory exists: launched before
+    │   │   │   ├── LaunchRefused         the box's fence is newer than the launch's epoch, or it is draining
     │   │   │   └── OutputOverBound       it printed more than its byte bound: reading stopped there
     │   │   ├── ArchiveCorrupt            (RepoError) a run archive line is not a record
     │   │   ├── StoreError                the local result store cannot take a harvest (disk, a bad stream)
@@ -176,6 +177,11 @@ class RemoteCommandFailed(ShellError, PermanentError):
 
 class LaunchLockHeld(RemoteCommandFailed):
     """The run directory already exists on the box: this attempt was launched before."""
+
+
+class LaunchRefused(RemoteCommandFailed):
+    """The box refused a launch or a queue entry and did nothing: its epoch is older than the box's fence (another
+    controller holds the fleet now; the message names both epochs), or the box is draining. Never retried."""
 
 
 class OutputOverBound(RemoteCommandFailed):

@@ -107,7 +107,7 @@ class Reconciler:
     def observe_and_plan(self, desired: Desired) -> tuple[Observed, Plan, FleetMemory]:
         self._applied = None  # a new cycle: what the last apply did is in the world's lists now
         now = self.clock.now()
-        observed, _ = observe(desired, self.provider, self.boxes, self.history, self.memory, now)
+        observed, _ = observe(desired, self.provider, self.boxes, self.history, self.memory, now, epoch=self.epoch())
         # the budget's horizon: until this controller decides again (its interval after a cycle as long as the
         # slowest it can be), plus the time a destroy takes to stop the billing
         envs = {sweep.env for sweep in desired.sweeps} | {run.sweep.env for run in desired.runs}

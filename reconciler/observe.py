@@ -44,12 +44,15 @@ _FLOAT_SLACK_USD = 1e-9
 log = logging.getLogger("rigsync.observe")
 
 
-def probe_boxes(boxes: BoxControl, instances: list[Instance], timeout: float = PROBE_TIMEOUT_S) -> list[BoxProbe]:
-    """One parallel round trip to every running box; a box that does not answer is an unreachable probe."""
+def probe_boxes(
+    boxes: BoxControl, instances: list[Instance], timeout: float = PROBE_TIMEOUT_S, *, epoch: int = 0
+) -> list[BoxProbe]:
+    """One parallel round trip to every running box; a box that does not answer is an unreachable probe. ``epoch``
+    (the controller's lease epoch) raises each box's fence, so a box refuses what an older controller still sends."""
     running = sorted((i for i in instances if i.status is InstanceStatus.RUNNING), key=lambda i: i.id)
     if not running:
         return []
-    return sorted(boxes.probe_many(running, timeout=timeout), key=lambda p: p.instance_id)
+    return sorted(boxes.probe_many(running, timeout=timeout, epoch=epoch), key=lambda p: p.instance_id)
 
 
 def read_billing(
@@ -87,8 +90,11 @@ def observe(
     history: tuple[AttemptRecord, ...],
     memory: FleetMemory,
     now: float,
+    *,
+    epoch: int = 0,
 ) -> tuple[Observed, FleetMemory]:
-    """Snapshot the world. Provider errors propagate (the cycle cannot plan without the instance list)."""
+    """Snapshot the world. Provider errors propagate (the cycle cannot plan without the instance list). ``epoch``:
+    this controller's lease epoch (``Reconciler.epoch``), shown to every box it probes (0: no lease)."""
     fleet = desired.fleet
     instances = provider.list_instances()
     mine, _foreign = split_owned(instances, fleet.name)
@@ -114,7 +120,8 @@ def observe(
     mine_and_own = [*mine, *own]
     # box clocks may be off: each probe's times onto ours, and none far from now; a box this controller distrusts
     # (its kill failed) is planned and applied as unusable
-    probes = [memory.vetted(p.on_clock(now, clamp=clamp_time)) for p in probe_boxes(box_control, mine_and_own)]
+    probed = probe_boxes(box_control, mine_and_own, epoch=epoch)
+    probes = [memory.vetted(p.on_clock(now, clamp=clamp_time)) for p in probed]
     hashes = {p.name: p.bootstrap_hash for p in fleet.pools}
     pool_hash = {
         i.id: hashes.get(slot_pool(fleet, o.slot), "") for i in mine_and_own if (o := owned_by(fleet.name, i.label))

@@ -155,15 +155,18 @@ class BoxControl(Protocol):
     (this attempt's run directory already exists: it was launched before).
     """
 
-    def probe_many(self, boxes: Sequence[Instance], *, timeout: float) -> list[BoxProbe]:
+    def probe_many(self, boxes: Sequence[Instance], *, timeout: float, epoch: int = 0) -> list[BoxProbe]:
         """One probe per box, in parallel, in ``boxes`` order. Never raises for one box: a box that cannot be
-        probed (no address, no answer within ``timeout``, garbled output) is an unreachable probe saying why."""
+        probed (no address, no answer within ``timeout``, garbled output) is an unreachable probe saying why.
+        ``epoch``: the controller's lease epoch, which raises each box's fence (0: no lease, only read)."""
         ...
 
     def launch(self, box: Instance, job: LaunchJob) -> str:
         """Take the launch lock (atomic mkdir of the attempt's run directory) and start the run detached;
         returns launch's answer as text: the wrapper's pid and start tick (``remote.launched.parse_launch_answer``).
-        ``LaunchLockHeld`` if this attempt was launched before."""
+        ``LaunchLockHeld`` if this attempt was launched before. ``job.queued``: the attempt joins its slot's queue on
+        the box instead (answer ``queued``). ``LaunchRefused`` if the box's fence is newer than ``job.epoch`` or
+        (queued) the box is draining."""
         ...
 
     def kill(
@@ -186,6 +189,10 @@ class BoxControl(Protocol):
     def drain(self, box: Instance) -> None:
         """Mark the box draining: it takes no more queue entries, and ends itself once its queue is dry, nothing
         runs and every finished attempt on it is harvested."""
+        ...
+
+    def mark_harvested(self, box: Instance, run_id: str, attempt: int) -> None:
+        """The attempt's harvest was stored: mark its run directory, so that a draining box can end itself."""
         ...
 
     def bootstrap(self, box: Instance, script: str, script_hash: str) -> str:

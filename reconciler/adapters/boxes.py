@@ -12,8 +12,8 @@ import tempfile
 from collections.abc import Sequence
 
 from reconciler import remote
-from reconciler.bounds import PROBE_STDOUT_BYTES, bounded_text
-from reconciler.errors import HostKeyMismatch, LaunchLockHeld, OutputOverBound, RemoteCommandFailed
+from reconciler.bounds import COMMAND_STDERR_BYTES, PROBE_STDOUT_BYTES, bounded_text
+from reconciler.errors import HostKeyMismatch, LaunchLockHeld, LaunchRefused, OutputOverBound, RemoteCommandFailed
 from reconciler.failpoints import failpoint
 from reconciler.model import BoxProbe, Endpoint, Instance
 from reconciler.ports import CommandResult, HarvestStream, LaunchJob, Shell
@@ -32,8 +32,8 @@ class ShellBoxes:
 
     # ------------------------------------------------------------------------------------------ observe
 
-    def probe_many(self, boxes: Sequence[Instance], *, timeout: float) -> list[BoxProbe]:
-        script = remote.probe_script()
+    def probe_many(self, boxes: Sequence[Instance], *, timeout: float, epoch: int = 0) -> list[BoxProbe]:
+        script = remote.probe_script(epoch)
         answers: dict[int, BoxProbe] = {}
         targets: dict[int, tuple[Endpoint, str]] = {}
         for box in boxes:
@@ -50,7 +50,10 @@ class ShellBoxes:
     # -------------------------------------------------------------------------------------------- apply
 
     def drain(self, box: Instance) -> None:
-        raise NotImplementedError("issue 21: the box-side drain marker (box-queue helper)")
+        _checked(self._run(box, remote.drain_script()))
+
+    def mark_harvested(self, box: Instance, run_id: str, attempt: int) -> None:
+        _checked(self._run(box, remote.harvested_script(run_id, attempt)))
 
     def launch(self, box: Instance, job: LaunchJob) -> str:
         script = remote.launch_script(
@@ -68,11 +71,20 @@ class ShellBoxes:
             params=dict(job.params),
             seed=job.seed,
             env_records=len(job.env.names),
+            epoch=job.epoch,
+            queued=job.queued,
         )
         # The job's environment goes on the channel's stdin, never into the command line (``launch.sh``).
         res = self._run(box, script, stdin=job.env.stdin() or None)
         if res.exit_code == remote.LAUNCH_LOCK_EXIT:
             raise LaunchLockHeld(_text(res.stderr) or "run directory already exists")
+        if res.exit_code == remote.FENCED_EXIT:
+            fence = _fence_in(res.stderr)
+            raise LaunchRefused(
+                f"the box refused epoch {job.epoch}: its fence is epoch {fence} (another controller holds the fleet)"
+            )
+        if res.exit_code == remote.DRAINING_EXIT and job.queued:
+            raise LaunchRefused("the box is draining: it takes no new queue entries")
         failpoint("boxes.launch.locked")
         return _checked(res)
 
@@ -154,6 +166,12 @@ def _probe_from(instance_id: int, result: CommandResult | Exception | None, gpus
         text = bounded_text(f"probe exited {result.exit_code}: {err[0]}")
         return BoxProbe(instance_id=instance_id, reachable=False, error=text)
     return remote.parse_probe(instance_id, result.stdout, gpus_listed=gpus_listed)
+
+
+def _fence_in(stderr: bytes) -> str:
+    """The fence a refusal names (``... older than the box's fence N``): its digits, or ``?``."""
+    words = _text(stderr[-COMMAND_STDERR_BYTES:]).rsplit("fence ", 1)[-1].split()
+    return words[0] if words and words[0].isdigit() and len(words[0]) <= 18 else "?"
 
 
 def _text(raw: bytes) -> str:

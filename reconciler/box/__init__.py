@@ -10,11 +10,39 @@ own names so ``from reconciler.box.boxlib import ...`` works on a box that has o
 
 The programs: the probe (``probe.py`` run by ``probe.sh``: one JSON document describing the box, read and reported
 under the bounds of ``limits.py``), launch (``launch.sh``, which installs and starts ``wrapper.sh`` and prints its
-pid and start tick), kill (``kill.sh``: it signals only the process group the launch recorded, never a pid read
-from a run directory; without that identity it records the end and the wrapper ends its own command), bootstrap
-(``bootstrap.sh``, which installs and starts ``bootstrap_run.sh``), ship-code (``ship_code.sh``), the harvest
-(``harvest.py`` run by ``harvest.sh``: a capped tar stream of an attempt's results on stdout), ``stage_resume.sh``
-(a checkpoint tar from stdin into ``resume/``), ``read_log.sh`` (a slice of an attempt's log) and the watchdog.
+pid and start tick; ``enqueue.sh`` queues it instead, ``dequeue.sh`` starts a queued one), kill (``kill.sh``: it
+signals only the process group the launch recorded, never a pid read from a run directory; without that identity it
+records the end and the wrapper ends its own command), bootstrap (``bootstrap.sh``, which installs and starts
+``bootstrap_run.sh``), ship-code (``ship_code.sh``), the harvest (``harvest.py`` run by ``harvest.sh``: a capped tar
+stream of an attempt's results on stdout), ``stage_resume.sh`` (a checkpoint tar from stdin into ``resume/``),
+``read_log.sh`` (a slice of an attempt's log) and the watchdog.
+
+Box activity (``boxlib.py``): the probe (``probe.py``) and the watchdog (``watchdog.py``) both ask "is anything
+alive on this box, and when did anything last happen?". The answer is ``boxlib.box_activity``, there once: the probe
+reports it (``last_activity_at``) and the controller's idle rule reads that value, while the watchdog feeds the same
+answer to its ``decide``. So the controller and the box agree about when a box went quiet; they differ only in who
+acts (a live controller retires its idle boxes itself, the watchdog waits ``CONTROLLER_GRACE_S`` past its last
+probe). ``boxlib.py`` travels with each program that imports it (the bundle registers it as
+``reconciler.box.boxlib``): standard library only, Python 3.8 syntax, no side effects at import. Its docstring and
+the watchdog's are short on purpose: both travel in the instance's onstart, which Vast caps at 10,000 characters.
+
+The queue (``enqueue.sh``, ``dequeue.sh``, ``queue.sh``): a launch marked queued does not start its attempt; it
+writes an entry under ``queue/<slot>/`` (the slot is the GPU mask, ``0`` or ``0_1``), holding launch.sh's arguments,
+the epoch, and the job's environment records in a 0600 file the dequeue deletes the moment the launch opened it
+(the box is the stranger's anyway: whoever controls it can read what runs there). When an attempt ends, its wrapper
+runs its slot's dequeue, which starts the next entry through ``launch.sh`` itself; the probe runs the dequeue of
+every slot with entries each cycle (the backstop for a wrapper killed -9), and the enqueue runs it at once (a slot
+that freed between two cycles never waits). A kill of a queued attempt tombstones it (the dequeue then skips it)
+and removes its entry.
+
+The fence (``epoch``): the highest lease epoch the box was shown. The probe, a launch and an enqueue raise it
+(under flock on ``epoch.lock``); a launch or an enqueue with an older epoch is refused (``FENCED_EXIT``), and a
+queued entry older than the fence is tombstoned ``fenced: epoch A < B`` when its turn comes. Epoch 0 (no lease)
+never refuses and never lowers it.
+
+The drain (``drain.sh``): a draining box takes no more queue entries (``DRAINING_EXIT``); once its queue is dry,
+nothing is alive and every run directory holds the ``harvested`` mark (``harvested.sh``, sent by the controller
+after it stored a harvest), its watchdog destroys it at once (verdict ``drained``).
 
 The watchdog is the box's own kill switch. At rent, the instance's onstart writes ``watchdog.py`` and its supervisor
 ``watchdog_run.sh`` under ``watchdog/`` (``watchdog_start.sh``) at every boot and starts them detached, so they
@@ -28,12 +56,13 @@ environment from its own configured URL (never a value from desired/) -- and nev
   run ends here);
 * ``orphan``: no controller for ``orphan_timeout``: the probe refreshes ``watchdog/touched`` every cycle (before
   the first probe the box's start counts);
-* ``idle``: no run or bootstrap alive, nothing run-related for ``idle_timeout`` (``boxlib.box_activity``: a run
-  directory created, started, heartbeat, ended; a bootstrap finished), counted from the latest of that, the box's
-  start and the last probe, and no controller for at least ``CONTROLLER_GRACE_S`` (60 s). While a controller
-  probes, idle boxes are its call (it keeps ``min_instances``, bootstraps before the first launch, harvests before
-  it destroys, and judges idleness by the same ``box_activity``, which the probe reports as ``last_activity_at``);
-  once it is gone, a box retires itself ``idle_timeout`` after its last run ends.
+* ``drained``: marked draining, queue empty, nothing alive, every run directory harvested (see the drain above);
+* ``idle``: no run or bootstrap alive, no queue entry, nothing run-related for ``idle_timeout``
+  (``boxlib.box_activity``: a run directory created, started, heartbeat, ended; a bootstrap finished), counted from
+  the latest of that, the box's start and the last probe, and no controller for at least ``CONTROLLER_GRACE_S`` (60
+  s). While a controller probes, idle boxes are its call (it keeps ``min_instances``, bootstraps before the first
+  launch, harvests before it destroys, and judges idleness by the same ``box_activity``, which the probe reports as
+  ``last_activity_at``); once it is gone, a box retires itself ``idle_timeout`` after its last run ends.
 
 The API call is retried (1 s doubling to 60 s) until the box is gone; the watchdog logs to ``watchdog/watchdog.log``
 and never writes the key. The limits are the fleet's at rent time. Like the probe it needs ``python3``; without
@@ -43,9 +72,14 @@ Layout under ``$HOME/rigsync/``::
 
     code/<commit>/                       unpacked tree of a pinned commit (atomic rename into place)
     bootstrap/<hash>.sh|.run.sh|.log|.ok|.failed|.pid|.lock/
-    runs/<run_id>.<attempt>/             meta.json, wrapper.sh, pid, started_at, heartbeat, stdout.log,
+    runs/<run_id>.<attempt>/             meta.json, slot, wrapper.sh, pid, started_at, heartbeat, stdout.log,
                                          stderr.log, exit_code, ended_at, killed_reason, metrics file,
-                                         resume/ (the checkpoint it resumed from, if any)
+                                         resume/ (the checkpoint it resumed from, if any), launched (launch's
+                                         answer, when the dequeue started it), tombstone, harvested
+    queue/<slot>/<seq>-<run_id>.<attempt>/  argv, epoch, env (0600, gone once the launch opened it)
+    queue/<slot>.lock, <slot>.seq        the slot's lock (flock) and its entry counter
+    bin/launch.sh, bin/dequeue.sh        what the box starts a queued attempt with (installed by each enqueue)
+    epoch, epoch.lock, drain             the fence, its lock, the drain marker
     resume/<run_id>.<attempt>/           a checkpoint staged for an attempt about to launch (stage_resume.sh)
     watchdog/                            watchdog.py, run.sh, pid, started_at, touched, watchdog.log
 

@@ -1,14 +1,5 @@
-"""What the box's Python programs share: reading rigsync's files on a box, and the one rule of box activity.
-
-The probe (``probe.py``) and the watchdog (``watchdog.py``) both ask "is anything alive on this box, and when did
-anything last happen?". The answer is ``box_activity``, here once: the probe reports it (``last_activity_at``) and
-the controller's idle rule reads that value, while the watchdog feeds the same answer to its ``decide``. So the
-controller and the box agree about when a box went quiet; they differ only in who acts (a live controller retires
-its idle boxes itself, the watchdog waits ``CONTROLLER_GRACE_S`` past its last probe).
-
-Shipped to the box with each program that imports it (``reconciler.remote.commands``' bundle registers it as
-``reconciler.box.boxlib``), so it runs there: standard library only, Python 3.8 syntax, no side effects at import.
-"""
+"""What the box's Python programs share: reading rigsync's files, and the one rule of box activity
+(``box_activity``; why it is here once: ``reconciler.box``'s docstring). Runs on a box: standard library only."""
 
 from __future__ import annotations
 
@@ -61,6 +52,13 @@ def num(text: str | None) -> float | None:
     return v if math.isfinite(v) else None
 
 
+def listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
 def mtime(path: str) -> float | None:
     try:
         return os.stat(path).st_mtime
@@ -108,9 +106,14 @@ def box_started_at(root: str, now: float) -> float | None:
     return started if started is not None else boot_time(now)
 
 
+QUEUE_DIR = "queue"  # under RIGSYNC_ROOT: <slot>/<seq>-<run>.<attempt>/ entries (enqueue.sh)
+DRAIN_FILE = "drain"  # under RIGSYNC_ROOT: the controller marked the box draining (drain.sh)
+
+
 class Activity(NamedTuple):
     alive: bool  # a run or a bootstrap process is alive now
     last_at: float | None  # the latest time anything happened on the box, if anything did
+    queued: bool = False  # an attempt waits in the box's queue: work, as a live run is
 
 
 def box_activity(root: str, started_at: float | None = None) -> Activity:
@@ -118,17 +121,13 @@ def box_activity(root: str, started_at: float | None = None) -> Activity:
 
     Activity is the box's start (``started_at``, if given), a run directory created (the launch lock, before the
     wrapper wrote anything), a run started, its heartbeat, its end, and a bootstrap finished or failed. Alive is a
-    run's wrapper or an unfinished bootstrap still running. A controller's probe is not activity: it is contact,
-    which the watchdog counts on its own.
+    run's wrapper or an unfinished bootstrap still running; an entry in the queue is work too (``queued``). A
+    controller's probe is not activity: it is contact, which the watchdog counts on its own.
     """
     times: list[float] = [] if started_at is None else [started_at]
     live = False
     rdir = os.path.join(root, RUNS_DIR)
-    try:
-        names = os.listdir(rdir)
-    except OSError:
-        names = []
-    for name in names:
+    for name in listdir(rdir):
         d = os.path.join(rdir, name)
         if not os.path.isdir(d):
             continue
@@ -142,10 +141,7 @@ def box_activity(root: str, started_at: float | None = None) -> Activity:
             if t is not None:
                 times.append(t)
     bdir = os.path.join(root, BOOTSTRAP_DIR)
-    try:
-        names = os.listdir(bdir)
-    except OSError:
-        names = []
+    names = listdir(bdir)
     nameset = set(names)
     for name in names:
         path = os.path.join(bdir, name)
@@ -155,4 +151,12 @@ def box_activity(root: str, started_at: float | None = None) -> Activity:
                 times.append(t)
         elif name.endswith(".pid"):
             live = live or bootstrap_running(bdir, name, nameset)
-    return Activity(live, max(times) if times else None)
+    qdir = os.path.join(root, QUEUE_DIR)
+    queued = any(n[:1].isdigit() for slot in listdir(qdir) for n in listdir(os.path.join(qdir, slot)))
+    return Activity(live, max(times) if times else None, queued)
+
+
+def unharvested(root: str) -> int:
+    """How many run directories lack the controller's ``harvested`` mark (a draining box waits for none)."""
+    rdir = os.path.join(root, RUNS_DIR)
+    return sum(not os.path.exists(os.path.join(rdir, n, "harvested")) for n in listdir(rdir))

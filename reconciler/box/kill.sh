@@ -6,6 +6,8 @@
 # signalled only while that pid is a number > 1, alive, started at that tick and leads its own session (with the
 # wrapper dead, its command's leftovers are: members of that session and group started at or after that tick). A pid
 # read back from the run directory is never signalled (a job can write anything there: `1` would be `kill -- -1`).
+# The recorded wrapper must also name this attempt's runs/<name>/wrapper.sh on its command line (proc.sh), and its
+# leftovers are looked for only once that pid is gone.
 # Without a valid recorded identity the end is only recorded: the wrapper's heartbeat sees an exit code it did not
 # write and ends its own command; this waits for it while the wrapper shows signs of life.
 # An attempt with no directory yet gets a tombstone: its directory made (taking the launch lock that launch.sh
@@ -44,13 +46,15 @@ if mkdir "$RUN_DIR" 2>/dev/null; then
   _rs_finish
   printf "%s\n" "never launched here: $reason" >"$RUN_DIR/killed_reason"
   : >"$RUN_DIR/tombstone"
+  # a queued one: its entry goes too (the tombstone already keeps the dequeue from starting it)
+  find "$RIGSYNC_ROOT/queue" -mindepth 2 -maxdepth 2 -name "[0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9]-$name" -exec rm -r {} + 2>/dev/null
   cat "$RUN_DIR/exit_code"
   exit 0
 fi
 # The end is recorded first: a wrapper that has not started its command yet never does (it reads exit_code after
 # it wrote its pid), and a running one ends its command when its heartbeat sees this.
 _rs_record_code
-if _rs_recorded_group "$pid" "$pid_started"; then
+if _rs_recorded_group "$pid" "$pid_started" "$RUN_DIR/wrapper.sh"; then
   kill -TERM -- "-$pid" 2>/dev/null
   for _ in $(seq 1 30); do
     [ -n "$(_rs_members "$pid")" ] || break
@@ -62,7 +66,7 @@ if _rs_recorded_group "$pid" "$pid_started"; then
     [ -n "$(_rs_members "$pid")" ] || break
     sleep 0.1
   done
-elif orphans=$(_rs_orphans "$pid" "$pid_started") && [ -n "$orphans" ]; then
+elif ! _rs_alive "$pid" && orphans=$(_rs_orphans "$pid" "$pid_started") && [ -n "$orphans" ]; then
   # The recorded wrapper is gone but its command's processes are not: they are ended one by one.
   # shellcheck disable=SC2086 # one pid a word
   kill -TERM $orphans 2>/dev/null

@@ -3,8 +3,10 @@
 # the wrapper, start the wrapper detached in a session of its own, and print its pid and start time as one line
 # `PID START`.
 # Arguments: the attempt's directory name, the exit code for "lock held", how many job environment records
-# stdin holds, the meta.json text, the wrapper's text, then the wrapper's own arguments after its first (see
-# wrapper.sh).
+# stdin holds, the lease epoch it carries (0: none), the exit code for "fenced", the meta.json text, the wrapper's
+# text, then the wrapper's own arguments after its first (see wrapper.sh).
+# Fencing: the epoch raises the box's fence (queue.sh); one older than the fence is refused before anything is
+# written, with the fenced exit code. The dequeue (dequeue.sh) starts a queued attempt through this same script.
 # Stdin: that many records of the job's own environment (a sweep's env:, secrets resolved on the controller),
 # each NAME=VALUE ended by a NUL byte; with 0, stdin is not read at all. It never travels as an argument (every
 # user of the box sees arguments in `ps`) and is never written to a file: it is held in this shell's memory and
@@ -37,16 +39,32 @@ while [ "${#job_env[@]}" -lt "$env_count" ]; do
 done
 name=$1
 lock_exit=$2
-meta=$4
-wrapper=$5
-shift 5
+epoch=$4
+fence_exit=$5
+meta=$6
+wrapper=$7
+shift 7
 RUN_DIR=$RIGSYNC_ROOT/runs/$name
 mkdir -p "$RIGSYNC_ROOT/runs" || exit 1
+fence=$(_rs_fence "$epoch")
+case $? in
+  0) ;;
+  1)
+    echo "launch refused: epoch $epoch is older than the box's fence $fence" >&2
+    exit "$fence_exit"
+    ;;
+  *)
+    echo "launch: cannot read or raise the box's fence (epoch $epoch)" >&2
+    exit 1
+    ;;
+esac
 if ! mkdir "$RUN_DIR" 2>/dev/null; then
   echo "launch lock held: run directory runs/$name already exists" >&2
   exit "$lock_exit"
 fi
 printf "%s\n" "$meta" >"$RUN_DIR/meta.json" || exit 1
+slot=$(printf "%s" "$5" | tr , _)
+printf "%s\n" "${slot:-cpu}" >"$RUN_DIR/slot" || exit 1
 # A checkpoint staged for this attempt (stage_resume.sh) moves into the run directory it resumes in.
 if [ -d "$RIGSYNC_ROOT/resume/$name" ]; then mv -T "$RIGSYNC_ROOT/resume/$name" "$RUN_DIR/resume" || exit 1; fi
 printf "%s" "$wrapper" >"$RUN_DIR/wrapper.sh" || exit 1

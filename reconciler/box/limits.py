@@ -18,6 +18,7 @@ SMI_BYTES = 64 << 10  # of nvidia-smi's output
 GPU_INDEXES = 64  # GPU indexes 0..63 only
 MAX_RUNS = 512  # run directories one probe reports: every unfinished one first, then the newest finished
 MAX_LISTED = 256  # code commits, and each bootstrap list
+MAX_QUEUED = 256  # queue entries one probe reports (all slots together, each slot's in order)
 RUN_BYTES = 16 << 10  # one run's report: past this its last_metrics are left out
 PROBE_BYTES = 512 << 10  # the probe's whole document: runs past this are left out (``runs_omitted``)
 

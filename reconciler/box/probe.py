@@ -11,12 +11,21 @@ It reads ``RIGSYNC_ROOT`` (rigsync's directory on the box, set by the command li
 interpreter running it, reported as the box's best Python). One ``nvidia-smi`` call per probe, started first so
 that it overlaps the file-system scan. Any crash still prints a document, with ``error`` set.
 
-Its one write: it refreshes ``watchdog/touched``, which tells the box's watchdog (``watchdog.py``) that a controller
-was here; without it for ``orphan_timeout`` the box destroys itself.
+Its writes: it refreshes ``watchdog/touched``, which tells the box's watchdog (``watchdog.py``) that a controller
+was here (without it for ``orphan_timeout`` the box destroys itself); it raises the box's fence (``epoch``, under
+the lock ``queue.sh`` takes) to the controller's lease epoch (``RS_EPOCH``; 0 only reads it); and before it reads
+the runs it runs the dequeue (``bin/dequeue.sh``) of every slot with queue entries, the backstop for a wrapper that
+died before it could start its slot's next attempt.
+
+The box-side queue is reported as ``queued`` (each entry's run id, attempt, slot mask, epoch and place in its slot,
+at most ``MAX_QUEUED``), the fence as ``epoch`` (null: never shown one), the drain marker as ``draining``, and a run
+the dequeue started with launch's answer as its ``launched_pid``/``launched_start`` (from its ``launched`` file).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
@@ -41,6 +50,7 @@ from reconciler.box.limits import (
     GPU_INDEXES,
     MAX_LISTED,
     MAX_METRIC_KEYS,
+    MAX_QUEUED,
     MAX_RUNS,
     META_BYTES,
     METRICS_INT_DIGITS,
@@ -60,6 +70,8 @@ NVIDIA_SMI = (
     "--format=csv,noheader,nounits",
 )
 SMI_TIMEOUT_S = 10
+DEQUEUE_TIMEOUT_S = 20
+EPOCH_DIGITS = 18
 WATCHDOG_TOUCH = (WATCHDOG_DIR, "touched")  # under RIGSYNC_ROOT; watchdog.py's TOUCH_FILE
 
 
@@ -289,8 +301,17 @@ def _exit_code(code: str | None) -> int | None:
     return value if -(1 << 31) <= value < 1 << 31 else None
 
 
+def _launched(d: str) -> tuple[int | None, int | None]:
+    """launch's answer ``PID START`` for a run the dequeue started (its ``launched`` file), as numbers or None."""
+    words = (read(os.path.join(d, "launched"), 128) or "").split()
+    if len(words) != 2 or not all(w.isascii() and w.isdigit() and len(w) <= 20 for w in words):
+        return None, None
+    return int(words[0]), int(words[1])
+
+
 def run_state(d: str, run_id: str, attempt: int, now: float) -> dict[str, Any]:
     meta = _meta(d)
+    launched_pid, launched_start = _launched(d)
     pid = read_pid(os.path.join(d, "pid"))
     try:
         hb_age: float | None = now - os.stat(os.path.join(d, "heartbeat")).st_mtime
@@ -323,6 +344,8 @@ def run_state(d: str, run_id: str, attempt: int, now: float) -> dict[str, Any]:
         "best_metric": best,
         "final_metric": final,
         "metrics_age_s": metrics_age,
+        "launched_pid": launched_pid,
+        "launched_start": launched_start,
     }
 
 
@@ -369,9 +392,83 @@ def touch_watchdog(root: str) -> None:
         pass
 
 
+def _epoch_text(t: str | None) -> int | None:
+    if t is None or not t.isascii() or not t.isdigit() or len(t) > EPOCH_DIGITS:
+        return None
+    return int(t)
+
+
+def raise_fence(root: str, epoch: int) -> int | None:
+    """The box's fence after raising it to ``epoch`` (under ``epoch.lock``, as ``queue.sh``'s ``_rs_fence``); None
+    when it was never shown an epoch. 0 never lowers it."""
+    path = os.path.join(root, "epoch")
+    try:
+        with open(os.path.join(root, "epoch.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            fence = _epoch_text(read(path, 64))
+            if epoch > 0 and (fence is None or epoch > fence):
+                with open(path + ".tmp", "w") as f:
+                    f.write(f"{epoch}\n")
+                os.replace(path + ".tmp", path)
+                fence = epoch
+            return fence
+    except OSError:
+        return _epoch_text(read(path, 64))
+
+
+def _slots(root: str) -> list[str]:
+    try:
+        names = os.listdir(os.path.join(root, "queue"))
+    except OSError:
+        return []
+    return sorted(n for n in names if n and n.isascii() and all(c.isdigit() or c in "_cpu" for c in n)
+                  and os.path.isdir(os.path.join(root, "queue", n)))
+
+
+def _entries(root: str, slot: str) -> list[str]:
+    try:
+        names = os.listdir(os.path.join(root, "queue", slot))
+    except OSError:
+        return []
+    return sorted(n for n in names if n[:1].isdigit() and "-" in n and _plain(n))
+
+
+def run_dequeues(root: str) -> None:
+    """The dequeue of every slot that has entries (it starts the head only when nothing live holds the slot)."""
+    program = os.path.join(root, "bin", "dequeue.sh")
+    if not os.path.isfile(program):
+        return
+    for slot in _slots(root):
+        if not _entries(root, slot):
+            continue
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(["bash", program, slot], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=DEQUEUE_TIMEOUT_S, check=False)
+
+
+def queue_state(root: str) -> list[dict[str, Any]]:
+    """The queue entries, slot by slot in their start order, at most ``MAX_QUEUED``."""
+    out: list[dict[str, Any]] = []
+    for slot in _slots(root):
+        mask = [int(g) for g in slot.split("_") if g.isdigit() and len(g) <= 2 and int(g) < GPU_INDEXES]
+        for position, entry in enumerate(_entries(root, slot)):
+            if len(out) >= MAX_QUEUED:
+                return out
+            run_id, _, att = entry.split("-", 1)[1].rpartition(".")
+            if not run_id or not att.isascii() or not att.isdigit() or len(att) > 9:
+                continue
+            epoch = _epoch_text(read(os.path.join(root, "queue", slot, entry, "epoch"), 64))
+            out.append({"run_id": run_id[:TEXT_CHARS], "attempt": int(att), "gpu_mask": mask,
+                        "epoch": epoch or 0, "position": position})
+    return out
+
+
 def probe(root: str) -> dict[str, Any]:
     now = time.time()
     touch_watchdog(root)
+    wanted = _epoch_text(os.environ.get("RS_EPOCH") or "0")
+    fence = raise_fence(root, wanted or 0)
+    run_dequeues(root)
     out: dict[str, Any] = {"v": FORMAT, "box_now": now, "python": text(os.environ.get("RS_BEST_PY") or sys.executable)}
     smi = smi_start()  # runs while the file system is read: on a real box it takes tens of milliseconds
 
@@ -411,6 +508,9 @@ def probe(root: str) -> dict[str, Any]:
     if omitted:
         out["runs_omitted"] = omitted
     out["last_activity_at"] = box_activity(root, box_started_at(root, now)).last_at
+    out["queued"] = queue_state(root)
+    out["epoch"] = fence
+    out["draining"] = os.path.exists(os.path.join(root, "drain"))
 
     gpus, err = smi_gpus(smi)
     if err:

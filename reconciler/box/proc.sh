@@ -16,14 +16,17 @@ _rs_stat_field() {
 }
 
 # True when $1 is a pid > 1 (a plain number, no sign, no leading zero) that is alive, started at clock tick $2
-# (a plain number) and leads its own session: the process group a launch recorded, and no other.
+# (a plain number), leads its own session and, given $3 (an attempt's wrapper.sh path), has that path as one of
+# its arguments: the process group a launch recorded, and no other. The path matters for an identity the box
+# reported (the launch of a queued attempt): a job can forge it, never the command line of another process.
 _rs_recorded_group() {
   case "$1" in '' | 0* | *[!0-9]*) return 1 ;; esac
   case "$2" in '' | *[!0-9]*) return 1 ;; esac
   [ "${#1}" -le 7 ] && [ "$1" -gt 1 ] || return 1
   [ "$(_rs_stat_field "$1" 22)" = "$2" ] || return 1
   [ "$(_rs_stat_field "$1" 6)" = "$1" ] || return 1
-  [ "$(_rs_stat_field "$1" 3)" != "Z" ]
+  [ "$(_rs_stat_field "$1" 3)" != "Z" ] || return 1
+  [ -z "${3:-}" ] || tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | grep -qxF -- "$3"
 }
 
 # The live members of process group $1, one pid a line, except the pids after it (and this shell itself).

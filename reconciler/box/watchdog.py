@@ -1,12 +1,5 @@
-"""rigsync's watchdog: the kill switch on every box, which works with the controller dead.
-
-Started at every boot by the instance's onstart (``watchdog_start.sh``, under the supervisor ``watchdog_run.sh``),
-it destroys its own instance -- ``DELETE $RIGSYNC_API_URL/api/v0/instances/$CONTAINER_ID/`` with the per-instance
-``CONTAINER_API_KEY``, never the account key, never a stop -- when ``decide`` says so: past ``ttl``, no controller
-for ``orphan_timeout``, or no run and no controller for ``idle_timeout`` (the rules: ``reconciler/box``'s
-docstring). The box's state is read afresh at every check; the call is retried until the box is gone; everything
-is logged to ``watchdog/watchdog.log``, the key never. Standard library only, Python 3.8 syntax, like the probe; it
-travels with ``boxlib.py`` (the bundle ``reconciler.remote.commands`` builds is what ``watchdog/watchdog.py`` holds).
+"""rigsync's watchdog: the kill switch on every box, which works with the controller dead (its rules, its start and
+its API call: ``reconciler.box``'s docstring). Standard library only, Python 3.8 syntax, like the probe.
 
 Usage: ``watchdog.py TTL_S|none IDLE_TIMEOUT_S ORPHAN_TIMEOUT_S`` with ``RIGSYNC_ROOT``, ``CONTAINER_ID``,
 ``CONTAINER_API_KEY`` and ``RIGSYNC_API_URL`` in the environment.
@@ -23,7 +16,15 @@ import urllib.error
 import urllib.request
 from typing import NamedTuple
 
-from reconciler.box.boxlib import STARTED_FILE, WATCHDOG_DIR, box_activity, mtime, recorded_start
+from reconciler.box.boxlib import (
+    DRAIN_FILE,
+    STARTED_FILE,
+    WATCHDOG_DIR,
+    box_activity,
+    mtime,
+    recorded_start,
+    unharvested,
+)
 
 FORMAT = 1
 API_URL_ENV = "RIGSYNC_API_URL"
@@ -40,7 +41,7 @@ CONTROLLER_GRACE_S = 60.0  # a destroyed box disappears with us in it; still her
 
 
 class Verdict(NamedTuple):
-    reason: str  # "ttl", "orphan" or "idle"
+    reason: str  # "ttl", "orphan", "drained" or "idle"
     text: str
 
 
@@ -54,12 +55,15 @@ def decide(
     touched_at: float | None,
     run_activity_at: float | None,
     run_alive: bool,
+    queued: bool = False,
+    draining: bool = False,
+    unharvested: int = 0,
 ) -> Verdict | None:
     """Whether to destroy the box now, and why. Pure: every input is an argument, times in seconds.
 
     ``started_at`` is the box's start, ``touched_at`` the controller's last probe (None: never), and
-    ``run_activity_at``/``run_alive`` what the run directories say (``boxlib.box_activity``, the rule the probe
-    reports to the controller too).
+    ``run_activity_at``/``run_alive``/``queued``/``unharvested`` what the run directories and the queue say
+    (``boxlib.box_activity``, the rule the probe reports to the controller too); ``draining``: the drain marker.
     """
     up = now - started_at
     if ttl_s is not None and up >= ttl_s:
@@ -69,8 +73,10 @@ def decide(
     if silent >= orphan_timeout_s:
         who = "since the box started" if touched_at is None else "since its last probe"
         return Verdict("orphan", f"no controller for {silent:.0f}s ({who}) >= orphan_timeout {orphan_timeout_s:.0f}s")
-    if run_alive:
+    if run_alive or queued:
         return None
+    if draining and unharvested == 0:
+        return Verdict("drained", "draining, queue empty, nothing alive, every run harvested")
     quiet = now - (contact if run_activity_at is None else max(contact, run_activity_at))
     if quiet >= idle_timeout_s and silent >= CONTROLLER_GRACE_S:
         return Verdict(
@@ -206,9 +212,11 @@ def main(argv: list[str]) -> int:
         now = time.time()
         try:
             act = box_activity(root, started)
+            draining = os.path.exists(os.path.join(root, DRAIN_FILE))
             verdict = decide(
                 now, started_at=started, ttl_s=ttl_s, idle_timeout_s=idle_s, orphan_timeout_s=orphan_s,
                 touched_at=mtime(os.path.join(wdir, TOUCH_FILE)), run_activity_at=act.last_at, run_alive=act.alive,
+                queued=act.queued, draining=draining, unharvested=unharvested(root) if draining else 0,
             )
         except Exception as exc:  # never die of a surprise: log it and look again
             log(wdir, f"check failed: {type(exc).__name__}: {exc}")

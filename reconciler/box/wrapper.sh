@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # The run wrapper: launch.sh writes one copy per attempt into its run directory and starts it detached. It
 # records pid, start time and a heartbeat, runs the command in the code directory with the run's environment,
-# kills it past its max runtime, and records end time and exit code.
+# kills it past its max runtime, records end time and exit code, then starts its slot's next queued attempt.
 # Arguments: the run directory, the code commit ('' runs in $HOME), the metrics file (relative to the run
 # directory unless absolute), run id, attempt, CUDA_VISIBLE_DEVICES, max runtime in whole seconds (0: none),
 # heartbeat interval in seconds, the command.
@@ -98,4 +98,9 @@ touch "$RUN_DIR/heartbeat"
 date +%s.%N >"$RUN_DIR/ended_at.tmp" && mv -f "$RUN_DIR/ended_at.tmp" "$RUN_DIR/ended_at"
 if [ ! -e "$RUN_DIR/exit_code" ]; then
   printf "%s\n" "$code" >"$RUN_DIR/exit_code.tmp" && mv -f "$RUN_DIR/exit_code.tmp" "$RUN_DIR/exit_code"
+fi
+# The slot is free now: the box starts the next attempt queued for it (dequeue.sh, installed by enqueue.sh).
+slot=$(head -c 256 "$RUN_DIR/slot" 2>/dev/null)
+if [ -n "$slot" ] && [ -f "$RIGSYNC_ROOT/bin/dequeue.sh" ] && [ -d "$RIGSYNC_ROOT/queue/$slot" ]; then
+  bash "$RIGSYNC_ROOT/bin/dequeue.sh" "$slot" </dev/null >/dev/null 2>&1
 fi

@@ -10,6 +10,8 @@ answer cannot be used.
 from __future__ import annotations
 
 from reconciler.remote.commands import (
+    DRAINING_EXIT,
+    FENCED_EXIT,
     HEARTBEAT_INTERVAL_S,
     LAUNCH_LOCK_EXIT,
     NO_SUCH_RUN_EXIT,
@@ -19,7 +21,9 @@ from reconciler.remote.commands import (
     WATCHDOG_API_URL_ENV,
     bash_command,
     bootstrap_script,
+    drain_script,
     harvest_script,
+    harvested_script,
     kill_script,
     launch_script,
     probe_script,
@@ -30,6 +34,8 @@ from reconciler.remote.commands import (
 from reconciler.remote.parse import parse_probe, unusable_probe
 
 __all__ = [
+    "DRAINING_EXIT",
+    "FENCED_EXIT",
     "HEARTBEAT_INTERVAL_S",
     "LAUNCH_LOCK_EXIT",
     "NO_SUCH_RUN_EXIT",
@@ -39,7 +45,9 @@ __all__ = [
     "WATCHDOG_API_URL_ENV",
     "bash_command",
     "bootstrap_script",
+    "drain_script",
     "harvest_script",
+    "harvested_script",
     "kill_script",
     "launch_script",
     "parse_probe",

@@ -38,6 +38,8 @@ from reconciler.model import Scalar, run_dir_name
 from reconciler.remote.launched import valid_pid, valid_start
 
 __all__ = [
+    "DRAINING_EXIT",
+    "FENCED_EXIT",
     "HEARTBEAT_INTERVAL_S",
     "LAUNCH_LOCK_EXIT",
     "NO_SUCH_RUN_EXIT",
@@ -47,12 +49,15 @@ __all__ = [
     "WATCHDOG_API_URL_ENV",
     "bash_command",
     "bootstrap_script",
+    "drain_script",
     "harvest_script",
+    "harvested_script",
     "is_safe_name",
     "kill_script",
     "launch_script",
     "probe_script",
     "ship_code_script",
+    "slot_name",
     "stage_resume_script",
     "watchdog_onstart",
 ]
@@ -60,6 +65,8 @@ __all__ = [
 ROOT = "$HOME/rigsync"
 LAUNCH_LOCK_EXIT = 17
 NO_SUCH_RUN_EXIT = 3
+FENCED_EXIT = 18  # launch.sh, enqueue.sh: the launch's epoch is older than the box's fence
+DRAINING_EXIT = 19  # enqueue.sh: the box is draining and takes no new entries
 HEARTBEAT_INTERVAL_S = 2
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+=-]{0,199}$")
@@ -153,14 +160,16 @@ def _program(name: str) -> str:
     return "".join(lines)
 
 
-_PROC_SCRIPTS = frozenset({"kill.sh", "launch.sh", "wrapper.sh"})  # they also need proc.sh's process functions
+_PROC_SCRIPTS = frozenset({"kill.sh", "launch.sh", "wrapper.sh", "dequeue.sh"})  # they need proc.sh's functions
+_QUEUE_SCRIPTS = frozenset({"launch.sh", "enqueue.sh", "dequeue.sh"})  # and queue.sh's (fence, slots)
 
 
 def _script(name: str) -> str:
     """A box-side bash script: ``lib.sh`` (the shared functions; ``proc.sh`` too for the scripts that end or identify
-    a run's processes), then the named script."""
+    a run's processes, ``queue.sh`` for those that read the fence or the queue), then the named script."""
     proc = _text("proc.sh") + "\n" if name in _PROC_SCRIPTS else ""
-    return _text("lib.sh") + "\n" + proc + _text(name)
+    queue = _text("queue.sh") + "\n" if name in _QUEUE_SCRIPTS else ""
+    return _text("lib.sh") + "\n" + proc + queue + _text(name)
 
 
 def bash_command(script: str) -> str:
@@ -177,13 +186,26 @@ def _command(name: str, *args: str) -> str:
 # ------------------------------------------------------------------------------------------------- probe
 
 
-def probe_script() -> str:
+def probe_script(epoch: int = 0) -> str:
     """A command printing one JSON document describing the box (see ``probe.py``).
 
     One Python process does all the work (plus one ``nvidia-smi`` query): the first candidate interpreter that
-    runs it is also reported as the box's best Python.
+    runs it is also reported as the box's best Python. ``epoch``: the controller's lease epoch, which raises the
+    box's fence (0: no lease, the fence is only read).
     """
-    return _command("probe.sh", str(PROBE_FORMAT), _program("probe.py"))
+    return _command("probe.sh", str(PROBE_FORMAT), _program("probe.py"), str(_epoch(epoch)))
+
+
+def _epoch(epoch: int) -> int:
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < 10**18:
+        raise ValueError(f"a lease epoch must be an integer in [0, 10**18), not {epoch!r}")
+    return epoch
+
+
+def slot_name(gpu_mask: Sequence[int]) -> str:
+    """The name of a GPU mask's queue on a box (``queue/<slot>/``): its GPUs joined by ``_``, ``cpu`` for none;
+    launch.sh writes the same name into each run directory's ``slot`` file."""
+    return "_".join(str(int(g)) for g in gpu_mask) or "cpu"
 
 
 # ------------------------------------------------------------------------------------------------ launch
@@ -205,14 +227,21 @@ def launch_script(
     params: Mapping[str, Scalar],
     seed: int,
     env_records: int = 0,
+    epoch: int = 0,
+    queued: bool = False,
 ) -> str:
     """A command that takes the launch lock (atomic mkdir), writes meta + wrapper, and starts it detached.
 
     ``env_records``: how many job environment records (``jobenv.JobEnv.stdin``) the command reads from its stdin;
-    the values never appear in the command itself.
+    the values never appear in the command itself. ``epoch``: the sending controller's lease epoch (0: none).
 
     Exit 0 printing the wrapper's pid and start time, ``PID START`` (``remote.launched.parse_launch_answer``);
-    exit ``LAUNCH_LOCK_EXIT`` (17) if this attempt's directory exists.
+    exit ``LAUNCH_LOCK_EXIT`` (17) if this attempt's directory exists, ``FENCED_EXIT`` (18) if ``epoch`` is older
+    than the box's fence.
+
+    ``queued``: the attempt joins its GPU slot's queue on the box instead (``enqueue.sh``), printing ``queued``;
+    the box starts it through this same launch when the slot frees. Also ``LAUNCH_LOCK_EXIT`` when it is queued
+    already, ``DRAINING_EXIT`` (19) on a draining box.
     """
     _check_name("run id", run_id)
     if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 0:
@@ -236,11 +265,14 @@ def launch_script(
         "seed": seed,
     }
     max_s = max(0, math.ceil(max_runtime_s)) if math.isfinite(max_runtime_s) else 0
+    head = ("enqueue.sh", slot_name(gpu_mask), str(DRAINING_EXIT), _script("launch.sh"), _script("dequeue.sh"))
     return _command(
-        "launch.sh",
+        *(head if queued else ("launch.sh",)),
         run_dir_name(run_id, attempt),
         str(LAUNCH_LOCK_EXIT),
         str(int(env_records)),
+        str(_epoch(epoch)),
+        str(FENCED_EXIT),
         json.dumps(meta, sort_keys=True),
         _script("wrapper.sh"),
         # wrapper.sh's arguments after the run directory:
@@ -284,6 +316,20 @@ def kill_script(
     group, started = valid_pid(pid), valid_start(pid_started)
     identity = (str(group), str(started)) if group is not None and started is not None else ("", "")
     return _command("kill.sh", name, str(int(exit_code)), reason, str(NO_SUCH_RUN_EXIT), *identity)
+
+
+# ------------------------------------------------------------------------------------------------- drain
+
+
+def drain_script() -> str:
+    """A command marking the box draining (``drain.sh``): no new queue entries; its watchdog destroys it once the
+    queue is dry, nothing runs and every run directory is marked harvested. Prints ``draining``; idempotent."""
+    return _command("drain.sh")
+
+
+def harvested_script(run_id: str, attempt: int) -> str:
+    """A command marking an attempt's run directory harvested (``harvested.sh``), once its harvest was stored."""
+    return _command("harvested.sh", run_dir_name(_check_name("run id", run_id), int(attempt)))
 
 
 # --------------------------------------------------------------------------------------------- bootstrap

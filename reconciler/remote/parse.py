@@ -8,6 +8,12 @@ of it. Within a usable document each claim is checked on its own against ``recon
 run entry is left out and named in ``rejected``; a refused value of a run entry stays None and is named in that
 entry's ``problem``. The box's claims are capped by what the provider lists (``gpus_listed``).
 
+The box-side queue (``queued``: each entry's run id, attempt, slot mask, epoch and place) is read entry by entry,
+at most ``MAX_QUEUE_ENTRIES``, a refused one named in ``rejected``; the fence (``epoch``) is an integer in
+[0, ``MAX_EPOCH``) or None; ``draining`` is true only when the box says ``true``. A run the box started from its
+queue carries launch's answer (``launched_pid``/``launched_start``) as ``RunDirState.pid``/``pid_started``, both
+valid (``remote.launched``) or neither: a job can forge them, so kill.sh checks them again before any signal.
+
 ``last_activity_at`` is the box's own answer to "when did anything last happen here"
 (``reconciler.box.boxlib.box_activity``, the rule its watchdog uses too): the controller's idle rule reads it as
 reported and never recomputes it.
@@ -22,11 +28,13 @@ from typing import Any
 from reconciler.bounds import (
     EXIT_CODE_RANGE,
     MAX_ATTEMPT,
+    MAX_EPOCH,
     MAX_GPU_MEMORY_MIB,
     MAX_GPUS,
     MAX_LIST_ENTRIES,
     MAX_METRIC_KEYS,
     MAX_PROBE_RUNS,
+    MAX_QUEUE_ENTRIES,
     MAX_REJECTED,
     PROBE_STDOUT_BYTES,
     TIME_WINDOW_S,
@@ -35,8 +43,9 @@ from reconciler.bounds import (
     finite,
     strict_json,
 )
-from reconciler.model import BoxProbe, GpuState, RunDirState, Scalar
+from reconciler.model import BoxProbe, GpuState, QueuedEntry, RunDirState, Scalar
 from reconciler.remote.commands import is_safe_name
+from reconciler.remote.launched import valid_pid, valid_start
 
 __all__ = ["parse_probe", "unusable_probe"]
 
@@ -197,6 +206,10 @@ def _parse_run(r: Any, n: int, gpu_limit: int, rejected: _Rejected) -> RunDirSta
         rejected.add(f"run dir {_shown(run_id)}: attempt {_shown(attempt)} is not in [0, {MAX_ATTEMPT}]")
         return None
     problems: list[str] = []
+    pid, pid_started = valid_pid(r.get("launched_pid")), valid_start(r.get("launched_start"))
+    if (pid is None) != (pid_started is None) or (pid is None and r.get("launched_pid") is not None):
+        problems.append(f"launched: not a pid and its start: {_shown(r.get('launched_pid'))}")
+        pid, pid_started = None, None
     exit_code = r.get("exit_code")
     if exit_code is not None and bounded_int(exit_code, *EXIT_CODE_RANGE) is None:
         problems.append(f"exit_code: not an exit code: {_shown(exit_code)}")
@@ -216,6 +229,8 @@ def _parse_run(r: Any, n: int, gpu_limit: int, rejected: _Rejected) -> RunDirSta
         best_metric=_metric(r.get("best_metric"), "best_metric", problems),
         final_metric=_metric(r.get("final_metric"), "final_metric", problems),
         metrics_age_s=_age(r.get("metrics_age_s"), "metrics_age_s", problems),
+        pid=pid,
+        pid_started=pid_started,
         problem=bounded_text("; ".join(problems)) if problems else None,
     )
 
@@ -251,6 +266,50 @@ def _gpus(v: Any, gpu_limit: int, rejected: _Rejected) -> tuple[GpuState, ...]:
             continue
         gpus[index] = GpuState(index=index, memory_used_mib=used, memory_total_mib=total, utilization_pct=util)
     return tuple(gpus[i] for i in sorted(gpus))
+
+
+def _queued(v: Any, gpu_limit: int, rejected: _Rejected) -> tuple[QueuedEntry, ...]:
+    """The queue entries the probe reports: at most ``MAX_QUEUE_ENTRIES``, each a run id, an attempt, a mask of
+    the instance's GPUs, an epoch and a place, reported once; every other entry is refused."""
+    if v is None:
+        return ()
+    if not isinstance(v, list):
+        rejected.add(f"queued: not a list: {_shown(v)}")
+        return ()
+    if len(v) > MAX_QUEUE_ENTRIES:
+        rejected.add(f"queued: {len(v)} entries, only the first {MAX_QUEUE_ENTRIES} read")
+    out: list[QueuedEntry] = []
+    seen: set[tuple[str, int]] = set()
+    for n, q in enumerate(v[:MAX_QUEUE_ENTRIES]):
+        if not isinstance(q, dict):
+            rejected.add(f"queue entry {n}: not an object")
+            continue
+        run_id, attempt = q.get("run_id"), bounded_int(q.get("attempt"), 0, MAX_ATTEMPT + 1)
+        epoch = bounded_int(q.get("epoch"), 0, MAX_EPOCH)
+        position = bounded_int(q.get("position"), 0, MAX_QUEUE_ENTRIES)
+        problems: list[str] = []
+        mask = _gpu_mask(q.get("gpu_mask"), gpu_limit, problems)
+        if not isinstance(run_id, str) or not is_safe_name(run_id) or attempt is None:
+            rejected.add(f"queue entry {n}: {_shown(run_id)}: not a run id and attempt")
+            continue
+        if epoch is None or position is None or problems:
+            rejected.add(f"queue entry {_shown(run_id)}.{attempt}: epoch, place or GPU mask out of range")
+            continue
+        if (run_id, attempt) in seen:
+            rejected.add(f"queue entry {_shown(run_id)}.{attempt}: reported twice")
+            continue
+        seen.add((run_id, attempt))
+        out.append(QueuedEntry(run_id=run_id, attempt=attempt, gpu_mask=mask, epoch=epoch, position=position))
+    return tuple(out)
+
+
+def _fence(v: Any, problems: list[str]) -> int | None:
+    if v is None:
+        return None
+    fence = bounded_int(v, 0, MAX_EPOCH)
+    if fence is None:
+        problems.append(f"epoch: not a lease epoch: {_shown(v)}")
+    return fence
 
 
 def _read(instance_id: int, doc: dict[str, Any], gpu_limit: int) -> BoxProbe:
@@ -297,6 +356,9 @@ def _read(instance_id: int, doc: dict[str, Any], gpu_limit: int) -> BoxProbe:
         runs=tuple(runs[k] for k in sorted(runs)),
         last_activity_at=_time(doc.get("last_activity_at"), "last_activity_at", problems),
         box_now=_time(doc.get("box_now"), "box_now", problems),
+        queued=_queued(doc.get("queued"), gpu_limit, rejected),
+        epoch=_fence(doc.get("epoch"), problems),
+        draining=doc.get("draining") is True,
     )
     for p in problems:
         rejected.add(p)

@@ -511,7 +511,7 @@ class FakeBoxes:
     def __init__(self, world: FakeWorld) -> None:
         self.world = world
 
-    def probe_many(self, boxes: Sequence[Instance], *, timeout: float) -> list[BoxProbe]:
+    def probe_many(self, boxes: Sequence[Instance], *, timeout: float, epoch: int = 0) -> list[BoxProbe]:
         w = self.world
         w._enter("probe_many", " ".join(str(b.id) for b in boxes))
         out = []
@@ -570,6 +570,9 @@ class FakeBoxes:
     def drain(self, box: Instance) -> None:
         self.world._enter("drain", str(box.id))
         self._box(box).draining = True
+
+    def mark_harvested(self, box: Instance, run_id: str, attempt: int) -> None:
+        """Nothing to mark in memory (the box-queue helper's port method; the plan-queue helper owns this file)."""
 
     def kill(
         self, box: Instance, run_id: str, attempt: int, *, exit_code: int, reason: str, pid: int | None = None,

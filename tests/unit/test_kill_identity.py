@@ -223,11 +223,22 @@ def test_a_recorded_pid_that_leads_no_session_is_not_signalled(box: Box) -> None
 
 
 def test_the_recorded_group_itself_is_what_a_kill_signals(bystander: subprocess.Popen[bytes], box: Box) -> None:
-    """The check is the identity and nothing else: the bystander's own recorded identity does end it."""
+    """The check is the identity and the attempt's wrapper path on its command line (a box-reported identity can be
+    forged by a job): the bystander's own identity ends nothing; one naming runs/other.0/wrapper.sh is ended."""
     box.sh(remote.kill_script("other", 0, reason="x"))  # a tombstone; then a kill carrying an identity
     res = box.sh(remote.kill_script("other", 0, reason="x", pid=bystander.pid, pid_started=_start_tick(bystander.pid)))
     assert res.returncode == 0, res.stderr
-    assert bystander.wait(timeout=10) == -signal.SIGTERM
+    assert bystander.poll() is None
+    wrapper = str(box.run_dir("other", 0) / "wrapper.sh")
+    named = subprocess.Popen(["bash", "-c", "sleep 300; true", wrapper], start_new_session=True)
+    try:
+        res = box.sh(remote.kill_script("other", 0, reason="x", pid=named.pid, pid_started=_start_tick(named.pid)))
+        assert res.returncode == 0, res.stderr
+        assert named.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(named.pid, signal.SIGKILL)
+        named.wait()
 
 
 def _in_group(pid: int, pgid: int) -> bool:
