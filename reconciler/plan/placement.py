@@ -106,11 +106,9 @@ def place(
                 )
             )
 
-    for run, box, mask, why in tail:
-        cost = cost_of(run.spec, box, len(mask))
-        if not spending.fits(cost):
-            refused.append((run, cost))
-            continue
+    def launch(run: PendingRun, box: OwnedBox, mask: tuple[int, ...], cost: float, rc: ReasonCode, why: str) -> None:
+        """Launch ``run`` on ``mask`` of ``box`` now: its cost committed, its GPUs taken, the code shipped first."""
+        nonlocal free_left
         spending.commit(cost)
         taken = set(mask)
         free[box.id] = [gpu for gpu in free[box.id] if gpu.index not in taken]
@@ -122,8 +120,8 @@ def place(
         out.act(
             Launch(
                 reason=f"pending (attempt {run.used + 1} of {allowed_attempts(run.spec)} allowed) on "
-                f"{gpus_text(mask)}: {why}",
-                code=ReasonCode.TAIL_TO_FASTEST,
+                f"{gpus_text(mask)}{why}",
+                code=rc,
                 instance_id=box.id,
                 run_id=run.spec.id,
                 attempt=run.next_attempt,
@@ -133,6 +131,13 @@ def place(
                 sweep=run.spec.sweep.name,
             )
         )
+
+    for run, box, mask, why in tail:
+        cost = cost_of(run.spec, box, len(mask))
+        if not spending.fits(cost):
+            refused.append((run, cost))
+            continue
+        launch(run, box, mask, cost, ReasonCode.TAIL_TO_FASTEST, f": {why}")
     in_tail = {run.spec.id for run, _, _, _ in tail}
     pending = [r for r in queue.pending if r.spec.id not in in_tail] if in_tail else queue.pending
     for n, run in enumerate(pending):
@@ -162,28 +167,7 @@ def place(
         if not spending.fits(cost):
             refused.append((run, cost))  # the GPUs stay free: a cheaper run may still fit
             continue
-        spending.commit(cost)
-        mask = tuple(gpu.index for gpu in chosen)
-        taken = set(mask)
-        free[box.id] = [gpu for gpu in free[box.id] if gpu.index not in taken]
-        free_left -= len(mask)
-        placed.append((box, mask, run))
-        ship_code(box)
-        launches[box.id] = launches.get(box.id, 0) + 1
-        considered.add(box.id)
-        out.act(
-            Launch(
-                reason=f"pending (attempt {run.used + 1} of {allowed_attempts(spec)} allowed) on {gpus_text(mask)}",
-                code=ReasonCode.PENDING_RUN,
-                instance_id=box.id,
-                run_id=spec.id,
-                attempt=run.next_attempt,
-                gpu_mask=mask,
-                command=spec.command,
-                code_commit=code,
-                sweep=spec.sweep.name,
-            )
-        )
+        launch(run, box, tuple(gpu.index for gpu in chosen), cost, ReasonCode.PENDING_RUN, "")
     slots = _busy_slots(world, queue, table, fc, placed)
     ahead = world.desired.fleet.queue_ahead_s
     if slots and ahead > 0 and unplaced:
