@@ -692,6 +692,27 @@ class InFlight:
     epoch: int = 0  # the lease epoch of the controller that launched it (0: no lease)
     queued: bool = False  # given to the box's queue (``Launch.queued``), started by the box when its slot frees
 
+    def group_on(self, box_id: int, reported: RunDirState | None = None) -> tuple[int | None, int | None]:
+        """The process group a kill of this attempt on ``box_id`` may signal, as (pid, start tick); (None, None)
+        when there is none, or it names every process or init (pid <= 1). The one the launch recorded; for a queued
+        attempt the box started itself (no launch of ours could say it), the one the box's own launch of it reported
+        (``reported``: its run directory), a pid > 1 with its start tick only. kill.sh checks either again before a
+        signal: alive, started at that tick, its command line naming this attempt's wrapper."""
+        if self.instance_id != box_id:
+            return None, None
+        if self.pid is not None:
+            return (self.pid, self.pid_started) if self.pid > 1 else (None, None)
+        if (
+            self.queued
+            and reported is not None
+            and (reported.run_id, reported.attempt) == (self.run_id, self.attempt)
+            and reported.pid is not None
+            and reported.pid > 1
+            and reported.pid_started is not None
+        ):
+            return reported.pid, reported.pid_started
+        return None, None
+
 
 class DriftClass(enum.StrEnum):
     OUTBID = "outbid"  # provider stopped the box (interruptible outbid, or stopped by someone)

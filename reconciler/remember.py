@@ -458,7 +458,7 @@ def next_in_flight(previous: tuple[InFlight, ...], observed: Observed, result: A
 
 def _queued_starts(in_flight: Iterable[InFlight], observed: Observed) -> dict[tuple[str, int], tuple[int, int]]:
     """(run id, attempt) -> the (pid, start tick) its box reports for a queued attempt that has none recorded yet."""
-    waiting = {(f.run_id, f.attempt): f.instance_id for f in in_flight if f.queued and f.pid is None}
+    waiting = {(f.run_id, f.attempt): f for f in in_flight if f.queued and f.pid is None}
     if not waiting:
         return {}
     out: dict[tuple[str, int], tuple[int, int]] = {}
@@ -467,7 +467,10 @@ def _queued_starts(in_flight: Iterable[InFlight], observed: Observed) -> dict[tu
             continue
         for rd in probe.runs:
             key = (rd.run_id, rd.attempt)
-            if waiting.get(key) != probe.instance_id or rd.pid is None or rd.pid <= 1 or rd.pid_started is None:
+            fl = waiting.get(key)
+            if fl is None:
                 continue
-            out[key] = (rd.pid, rd.pid_started)
+            pid, tick = fl.group_on(probe.instance_id, rd)
+            if pid is not None and tick is not None:
+                out[key] = (pid, tick)
     return out

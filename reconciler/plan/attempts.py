@@ -230,12 +230,13 @@ def unseen_in_flight(world: World, seen: SeenAttempts) -> Iterator[InFlight]:
             yield fl
 
 
-def recorded_group(fl: InFlight | None, box_id: int) -> tuple[int | None, int | None]:
-    """The process group a kill on ``box_id`` may signal: the one the attempt's launch there recorded, never a pid
-    the box reports; (None, None) when there is none, or it names every process or init (pid <= 1)."""
-    if fl is None or fl.instance_id != box_id or fl.pid is None or fl.pid <= 1:
-        return None, None
-    return fl.pid, fl.pid_started
+def recorded_group(
+    fl: InFlight | None, box_id: int, rd: RunDirState | None = None
+) -> tuple[int | None, int | None]:
+    """The process group a kill on ``box_id`` may signal (``InFlight.group_on``): the one the attempt's launch there
+    recorded, or for a queued attempt its box started, the one the box's launch of it reported in ``rd`` (so a kill
+    in the first cycle that sees it started signals at once instead of waiting on its wrapper)."""
+    return (None, None) if fl is None else fl.group_on(box_id, rd)
 
 
 def failed_last_cycle(world: World, kind: Kind, target: str) -> str | None:
@@ -316,7 +317,7 @@ def settle_live(
 
     def kill(box_id: int, rd: RunDirState, code: ReasonCode, reason: str) -> None:
         settled.add((rd.run_id, rd.attempt))
-        pid, started = recorded_group(seen.launch_of(rd), box_id)
+        pid, started = recorded_group(seen.launch_of(rd), box_id, rd)
         out.act(
             Kill(
                 reason=reason,
@@ -332,7 +333,7 @@ def settle_live(
     def requeue(box_id: int, rd: RunDirState, code: ReasonCode, reason: str) -> None:
         settled.add((rd.run_id, rd.attempt))
         used[rd.run_id] = used.get(rd.run_id, 0) + 1
-        pid, started = recorded_group(seen.launch_of(rd), box_id)
+        pid, started = recorded_group(seen.launch_of(rd), box_id, rd)
         out.act(
             Requeue(
                 reason=reason,
