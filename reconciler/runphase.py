@@ -155,6 +155,12 @@ def live_progress(runs: Iterable[RunSpec], observed: Observed) -> dict[tuple[str
     return out
 
 
+def never_ran(rec: AttemptRecord) -> bool:
+    """An attempt that ended while it waited in its box's queue, before the box started it (cancelled for the budget,
+    no longer desired, a duplicate, fenced, or its box went away): it never ran, so it spends no retry."""
+    return rec.queued_at is not None and rec.started_at is None
+
+
 def tally_runs(
     history: Iterable[AttemptRecord], live: Iterable[str] | Mapping[str, LiveAttempt] = ()
 ) -> dict[str, RunTally]:
@@ -162,6 +168,9 @@ def tally_runs(
     ``live_attempts``' map, a queued one marks its run queued)."""
     out: dict[str, RunTally] = {}
     for rec in history:
+        if never_ran(rec):
+            out.setdefault(rec.run_id, UNTOUCHED)
+            continue
         out[rec.run_id] = out.get(rec.run_id, UNTOUCHED).with_outcome(rec.phase)
     queued = {k for k, a in live.items() if a.queued} if isinstance(live, Mapping) else set()
     for run_id in live:

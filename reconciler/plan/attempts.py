@@ -529,8 +529,7 @@ def settle_in_flight(
     queued_kept: dict[str, InFlight] = {}
 
     def kill_queued(fl: InFlight, code: ReasonCode, reason: str) -> None:
-        if code is ReasonCode.QUEUE_OVER_BUDGET:
-            used[fl.run_id] = used.get(fl.run_id, 0) + 1  # archived as failed, as every kill is
+        # archived as never started (``runphase.never_ran``): it spends no retry
         out.act(
             Kill(
                 reason=reason,
@@ -549,7 +548,8 @@ def settle_in_flight(
         box = world.boxes.get(fl.instance_id)
 
         def requeue(fl: InFlight, code: ReasonCode, reason: str) -> None:
-            used[fl.run_id] = used.get(fl.run_id, 0) + 1
+            if not fl.queued:  # a queued attempt no box showed started never ran (``runphase.never_ran``)
+                used[fl.run_id] = used.get(fl.run_id, 0) + 1
             pid, started = recorded_group(fl, fl.instance_id)
             out.act(
                 Requeue(

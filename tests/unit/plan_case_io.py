@@ -328,6 +328,7 @@ def build_history(d: J, now: float) -> AttemptRecord:
         machine_id=d.get("machine_id", 0),
         progress=d.get("progress"),
         resumed_from=d.get("resumed_from"),
+        queued_at=_t(d, now, "queued_at", "queued_ago", None),
     )
 
 
