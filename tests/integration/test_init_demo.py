@@ -45,5 +45,6 @@ def test_init_then_demo_then_review(tmp_path: Path) -> None:
     doc = json.loads(review.stdout)
     assert doc["totals"]["added"] == 1
     est = doc["estimate"]
-    assert est["sweeps"][0]["runtime_source"] == "archive" and est["sweeps"][0]["runtime_samples"] == 2
+    # the example sweep counts its work (progress: step): its runtime is its learned rate, from the 2 attempts
+    assert est["sweeps"][0]["runtime_source"] == "learned_rate" and est["sweeps"][0]["runtime_samples"] == 2
     assert est["price_source"] == "2 archived attempt(s)" and est["budget"]["fits"] == "yes"
