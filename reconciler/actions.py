@@ -67,7 +67,14 @@ APPLY_ORDER: dict[Kind, int] = {
 
 def apply_key(a: Action) -> tuple[int, bool, str]:
     """The order actions are applied (and listed) in: by ``APPLY_ORDER``; among launches, the ones started now before
-    the ones given to a box's queue (an entry must not reach a slot before the launch it queues behind); by target."""
+    the ones given to a box's queue (an entry must not reach a slot before the launch it queues behind); by target.
+
+    Money first: a destroy because the budget's headroom is gone (or ``on_exceed: halt``) goes right after the
+    records of finished attempts, before the kills and requeues of live ones: each of those is a round trip or more
+    to a box (a kill, a harvest), and the horizon the headroom was computed for does not wait for them. What the
+    live attempts wrote is then lost with their box (their requeue says so)."""
+    if a.kind is Kind.DESTROY and a.code in MONEY_FIRST:
+        return (APPLY_ORDER[Kind.RECORD], True, a.target)
     return (APPLY_ORDER[a.kind], bool(getattr(a, "queued", False)), a.target)
 
 
@@ -161,6 +168,10 @@ class ReasonCode(enum.StrEnum):
     SUSPENDED = "suspended"  # the fleet is suspended: the action is reported, not taken
     OWN_BOX_KEPT = "own_box_kept"  # one of the lab's own machines (provider ssh): never destroyed, whatever the reason
     OWN_POOL_FULL = "own_pool_full"  # runs of a provider ssh pool wait for its machines: rigsync never rents for it
+
+
+# destroys that stop the billing before anything else is sent to a box (``apply_key``)
+MONEY_FIRST = frozenset({ReasonCode.BUDGET_EXHAUSTED, ReasonCode.OVER_BUDGET_HALT})
 
 
 @dataclass(frozen=True)

@@ -265,7 +265,9 @@ def _execute(planned: Action, ctx: ApplyContext, instances: dict[int, Instance],
             listed = instances.get(action.instance_id)
             rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
                                   AttemptOutcome.LOST, None, action.reason)
-            if probe is not None and probe.reachable and listed is not None:
+            if action.instance_id in result.destroyed:  # destroyed first for the budget (``apply_key``)
+                rec = replace(rec, harvest="lost: its box was destroyed first (the budget's headroom was gone)")
+            elif probe is not None and probe.reachable and listed is not None:
                 # The attempt may still run half-alive, or its launch may still be on its way (kill.sh then leaves a
                 # tombstone): it must not come back beside the next attempt. A box that stops answering now fails the
                 # requeue, so nothing is archived and the run is not launched again in this apply (``_mark_unsafe``).

@@ -75,7 +75,8 @@ def test_only_what_was_launched_on_a_box_is_recorded_killed_or_requeued_there(wo
         elif isinstance(a, Kill):
             f = flights.get((a.run_id, a.attempt))
             if f is not None and f.instance_id == a.instance_id:
-                assert (a.pid, a.pid_started) == (f.pid, f.pid_started), a  # the launch's group, never the box's
+                # the launch's group, never the box's (and none without a pid: a start tick alone names nothing)
+                assert (a.pid, a.pid_started) == ((f.pid, f.pid_started) if f.pid else (None, None)), a
             else:
                 assert (a.run_id, a.attempt) in archived and a.pid is None, a  # an archived attempt still alive
         elif isinstance(a, Requeue):
