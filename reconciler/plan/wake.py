@@ -3,11 +3,11 @@
 A box-side queue keeps a slot working between cycles, but some moments still wait for a decision: a slot that frees
 with nothing queued behind it while runs wait for a GPU (the next launch), a draining box's last attempt (its
 harvest and destroy), and a new box predicted ready (its rental start + ``Forecast.ready_s``, as measured for its
-pool) while runs of its pool wait (its bootstrap, then its first launch: at the interval, each of those waited a
-cycle). Deciding at the interval wastes the gap to it on every such end; deciding at the predicted
-end (``Forecast.remaining_s``) plus ``WAKE_MARGIN_S`` does not. An end already overdue asks for nothing (its
-forecast was wrong: the interval decides, so a run slower than predicted cannot make the loop cycle every few
-seconds), the daemon floors the sleep and never sleeps past its interval. Pure.
+pool, and at least every ``BOOT_POLL_S`` while it comes up) while runs of its pool wait (its bootstrap, then its
+first launch: at the interval, each of those waited a cycle). Deciding at the interval wastes the gap to it every
+time; deciding at the predicted moment (``Forecast.remaining_s``) plus ``WAKE_MARGIN_S`` does not. An end already
+overdue asks for nothing (its forecast was wrong: the interval decides, so a run slower than predicted cannot make
+the loop cycle every few seconds), the daemon floors the sleep and never sleeps past its interval. Pure.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from reconciler.plan.forecast import Forecast
 from reconciler.plan.world import World
 
 WAKE_MARGIN_S = 5.0  # past the predicted end: the attempt's exit code is written and its heartbeat stops
+# While a box comes up (booting, bootstrapping) and runs wait for it, decide again at least this often: only a
+# cycle sees it answer or finish its bootstrap, and a pool not measured yet predicts minutes (``DEFAULT_READY_S``).
+BOOT_POLL_S = 10.0
 
 
 def wake_at(
@@ -58,9 +61,10 @@ def wake_at(
     coming = (BoxState.BOOTING, BoxState.BOOTSTRAPPING)
     for box_id, box in world.boxes.items():
         if table.states.get(box_id) in coming and waiting.get(box.pool, 0):
-            ends.append(box.inst.start_date + fc.ready_s(box.pool) - world.now)
+            left = box.inst.start_date + fc.ready_s(box.pool) - world.now
+            ends.append(min(left, BOOT_POLL_S) if left > 0.0 else BOOT_POLL_S)
     if any(isinstance(a, Rent) for a in actions) and any(waiting.values()):
-        ends.append(min(fc.ready_s(pool) for pool in world.pools))  # the soonest a pool's new box is ready
+        ends.append(min(BOOT_POLL_S, *(fc.ready_s(pool) for pool in world.pools)))  # the soonest a new box is ready
     ahead = [left for left in ends if left > 0.0]  # an overdue end: its forecast was wrong, the interval decides
     if not ahead:
         return None

@@ -15,7 +15,7 @@ from reconciler.daemon import MIN_WAKE_S, DaemonConfig, DaemonCycle, FleetDaemon
 from reconciler.loop import CycleResult
 from reconciler.model import Budget, Desired, Fleet, FleetMemory, Observed
 from reconciler.plan import plan
-from reconciler.plan.wake import WAKE_MARGIN_S
+from reconciler.plan.wake import BOOT_POLL_S, WAKE_MARGIN_S
 
 CASES = Path(__file__).parent / "plan_cases"
 
@@ -129,7 +129,7 @@ def test_an_overdue_end_asks_for_no_sooner_wake(tmp_path: Path) -> None:
 def test_a_booting_box_predicted_ready_is_the_wake_while_its_runs_wait(tmp_path: Path) -> None:
     case = _case("booting_within_timeout")
     case["observed"]["instances"] = [
-        {"id": 1, "status": "loading", "start_ago": 8},
+        {"id": 1, "status": "loading", "start_ago": 15},
         {"id": 2, "start_ago": 600},  # a box of the pool that was ready 20s after its rent: the pool's measure
     ]
     case["observed"]["probes"] = [{"instance_id": 2, "runs": [{"run_id": "r0"}]}]
@@ -138,7 +138,14 @@ def test_a_booting_box_predicted_ready_is_the_wake_while_its_runs_wait(tmp_path:
     case["desired"]["runs"] = [{"id": "r0"}, {"id": "r1"}]
     case["desired"]["fleet"]["queue_ahead_s"] = 0
     got, now = _plan(case, tmp_path)
-    assert got.wake_at == now - 8 + 20.0 + WAKE_MARGIN_S  # the loading box: rented 8s ago, ready 20s after a rent
-    case["observed"]["instances"][0]["start_ago"] = 30  # past its predicted readiness: the interval decides
-    got, _ = _plan(case, tmp_path)
+    assert got.wake_at == now - 15 + 20.0 + WAKE_MARGIN_S  # the loading box: rented 15s ago, ready 20s after a rent
+    case["observed"]["instances"][0]["start_ago"] = 2  # predicted ready in 18s: looked at again within BOOT_POLL_S
+    got, now = _plan(case, tmp_path)
+    assert got.wake_at == now + BOOT_POLL_S + WAKE_MARGIN_S
+    case["observed"]["instances"][0]["start_ago"] = 30  # past its predicted readiness: polled, never sooner
+    got, now = _plan(case, tmp_path)
+    assert got.wake_at == now + BOOT_POLL_S + WAKE_MARGIN_S
+    case["observed"]["instances"][0]["status"] = "running"  # up, reachable and bootstrapped: nothing to poll for
+    case["observed"]["probes"].append({"instance_id": 1})
+    got, now = _plan(case, tmp_path)
     assert got.wake_at is None or got.wake_at > now + 30.0
