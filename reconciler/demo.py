@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import reconciler
-from reconciler.daemon import DaemonConfig, FleetDaemon
+from reconciler.daemon import DaemonConfig, FleetDaemon, sleep_until
 from reconciler.errors import UserError
 from reconciler.fleet import open_archive
 from reconciler.model import AttemptOutcome, Desired, InstanceStatus, Observed, owns, split_owned
@@ -393,7 +393,7 @@ def _drive(
         finished = all(p.finished for p in phases.values())
         if finished and not alive and not res.plan.actions:
             break
-        time.sleep(opts.interval_s)
+        time.sleep(sleep_until(res.plan.wake_at, daemon.clock.now(), opts.interval_s))  # as the daemon sleeps
     summary.instances_rented = len(rented)
     return summary
 
