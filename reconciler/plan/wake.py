@@ -58,14 +58,14 @@ def wake_at(
             if spec is None or rd.gpu_mask in behind:
                 continue
             ends.append(fc.remaining_s(spec, rd, box))
+    ahead = [left + WAKE_MARGIN_S for left in ends if left > 0.0]  # an overdue end: the interval decides
     coming = (BoxState.BOOTING, BoxState.BOOTSTRAPPING)
-    for box_id, box in world.boxes.items():
+    for box_id, box in world.boxes.items():  # a box coming up is looked at, not waited for: no margin
         if table.states.get(box_id) in coming and waiting.get(box.pool, 0):
             left = box.inst.start_date + fc.ready_s(box.pool) - world.now
-            ends.append(min(left, BOOT_POLL_S) if left > 0.0 else BOOT_POLL_S)
+            ahead.append(min(left, BOOT_POLL_S) if left > 0.0 else BOOT_POLL_S)
     if any(isinstance(a, Rent) for a in actions) and any(waiting.values()):
-        ends.append(min(BOOT_POLL_S, *(fc.ready_s(pool) for pool in world.pools)))  # the soonest a new box is ready
-    ahead = [left for left in ends if left > 0.0]  # an overdue end: its forecast was wrong, the interval decides
+        ahead.append(min(BOOT_POLL_S, *(fc.ready_s(pool) for pool in world.pools)))  # the soonest a new box is up
     if not ahead:
         return None
-    return round(world.now + min(ahead) + WAKE_MARGIN_S, 3)
+    return round(world.now + min(ahead), 3)

@@ -138,13 +138,13 @@ def test_a_booting_box_predicted_ready_is_the_wake_while_its_runs_wait(tmp_path:
     case["desired"]["runs"] = [{"id": "r0"}, {"id": "r1"}]
     case["desired"]["fleet"]["queue_ahead_s"] = 0
     got, now = _plan(case, tmp_path)
-    assert got.wake_at == now - 15 + 20.0 + WAKE_MARGIN_S  # the loading box: rented 15s ago, ready 20s after a rent
+    assert got.wake_at == now - 15 + 20.0  # the loading box: rented 15s ago, ready 20s after a rent
     case["observed"]["instances"][0]["start_ago"] = 2  # predicted ready in 18s: looked at again within BOOT_POLL_S
     got, now = _plan(case, tmp_path)
-    assert got.wake_at == now + BOOT_POLL_S + WAKE_MARGIN_S
+    assert got.wake_at == now + BOOT_POLL_S
     case["observed"]["instances"][0]["start_ago"] = 30  # past its predicted readiness: polled, never sooner
     got, now = _plan(case, tmp_path)
-    assert got.wake_at == now + BOOT_POLL_S + WAKE_MARGIN_S
+    assert got.wake_at == now + BOOT_POLL_S
     case["observed"]["instances"][0]["status"] = "running"  # up, reachable and bootstrapped: nothing to poll for
     case["observed"]["probes"].append({"instance_id": 1})
     got, now = _plan(case, tmp_path)
