@@ -155,6 +155,7 @@ class ReasonCode(enum.StrEnum):
     EXPLORE_CAPPED = "explore_capped"  # an unmeasured model was not rented: exploration_share is used up
     NOT_LAUNCHED = "not_launched"  # pending runs waiting for boxes (booting, rented now, no capacity)
     SECRET_MISSING = "secret_missing"  # the sweep's env references a variable the controller does not set
+    SECRET_NOT_ALLOWED = "secret_not_allowed"  # it references a variable RIGSYNC_JOB_SECRETS does not list
     BUDGET_REFUSED = "budget_refused"  # a launch or a rent would not fit what the budget leaves
     CREDIT_REFUSED = "credit_refused"  # a rent the account's credit cannot cover
     INSTANCE_COUNT_CAP = "instance_count_cap"  # max_instances reached

@@ -49,7 +49,11 @@ REFUSED_NAMES = frozenset(
 REFUSED_PREFIXES = ("LD_", "BASH_")
 # References the controller never hands to a job: rigsync's own credentials and settings. A pull request could
 # otherwise send the account's key to a box (and from there anywhere).
-REFUSED_REFERENCES = frozenset({"VAST_API_KEY"})
+# The result store's credentials (``storeconfig``: the standard AWS names, which boto3 reads too): never a job's.
+STORE_CREDENTIAL_NAMES = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"})
+REFUSED_REFERENCES = frozenset({"VAST_API_KEY", *STORE_CREDENTIAL_NAMES})
+# The operator's allowlist: the only controller variables sweeps may reference (comma-separated names).
+JOB_SECRETS_ENV = "RIGSYNC_JOB_SECRETS"
 
 # The words that say "this holds a secret" (also the loader's hint on unknown keys anywhere in desired/).
 SECRET_WORDS = r"api[_-]?key|secret|token|password|passwd|private[_-]?key|access[_-]?key|credentials?"

@@ -96,6 +96,9 @@ class Pool:
     bootstrap_path: str | None = None
     bootstrap_script: str = ""
     bootstrap_hash: str = ""
+    # what the bootstrap builds (absolute paths on the box): packed into the store's bootstrap cache after a
+    # success, restored on a new box with the same (script hash, image, CUDA major) instead of running the script
+    bootstrap_cache: tuple[str, ...] = ()
     provider: str = "vast"  # "vast": rented from the market; OWN_PROVIDER: the ``hosts`` below, never rented
     hosts: tuple[OwnHost, ...] = ()
     max_bid_dph: float | None = None  # interruptible boxes allowed: bid up to this $/h (None: on-demand only)
@@ -136,6 +139,10 @@ class Fleet:
     # per hour (None: ten times max_instances, at least 10); after RENT_BACKOFF_AFTER failures in a row, rents wait
     # rent_backoff, doubling
     bootstrap_timeout_s: float = 1800.0
+    # the result store's retention (``ResultStore``): complete checkpoint syncs kept per run (the newest), and how
+    # long an attempt's harvest is kept (None: for ever)
+    keep_checkpoints: int = 2
+    keep_harvests_s: float | None = None
     max_rents_per_hour: int | None = None
     rent_backoff_s: float = 60.0
     # The box-side queue: each GPU slot is given its next attempts ahead of time, as many as are predicted to start
@@ -914,6 +921,8 @@ class Observed:
     cycle_s: float = CONTROLLER_INTERVAL_S  # until the controller decides again: its interval + the destroy latency
     # names (never values) of the controller's environment variables the sweeps reference and that are set
     controller_env: frozenset[str] = frozenset()
+    # the names the operator allows sweeps to reference (``RIGSYNC_JOB_SECRETS``, ``jobenv.allowed_secrets``)
+    allowed_secrets: frozenset[str] = frozenset()
     harvesting: bool = False  # a result store takes this controller's harvests (and the sweeps' checkpoints)
 
     def probe(self, instance_id: int) -> BoxProbe | None:

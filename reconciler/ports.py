@@ -18,7 +18,7 @@ world instead, without having to interpret bash.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, BinaryIO, Protocol, TypeVar
 
@@ -222,6 +222,32 @@ class BoxControl(Protocol):
         named by ``RIGSYNC_RESUME_DIR`` in the run's environment."""
         ...
 
+    # -- direct transfers: the box moves the data to and from the store itself (``Presigner``), the controller sends
+    # -- only presigned URLs (on the command's stdin, never its argv) and reads back sizes and SHA-256 sums
+
+    def upload_harvest(
+        self, box: Instance, run_id: str, attempt: int, *, patterns: Sequence[str], cap_bytes: int,
+        uploads: Mapping[str, Upload],
+    ) -> None:
+        """Harvest the attempt's run directory on the box (as ``harvest(what="run")`` would stream it) and upload it
+        with ``uploads``: the tar to ``uploads[ATTEMPT_TAR]``, and each other name's file of the run directory (the
+        manifest is ``MANIFEST``) to its own URL; a file the run did not write is skipped. ``RemoteCommandFailed``
+        when an upload is refused or the box has no such attempt."""
+        ...
+
+    def upload_checkpoint(
+        self, box: Instance, run_id: str, attempt: int, *, path: str, cap_bytes: int, upload: Upload
+    ) -> CheckpointUploaded:
+        """Pack the attempt's checkpoint directory (as ``harvest(what="checkpoint")``) and upload it to ``upload``;
+        what the box uploaded. ``RemoteCommandFailed`` when the upload did not complete."""
+        ...
+
+    def stage_resume_from(self, box: Instance, run_id: str, attempt: int, download: Download) -> None:
+        """As ``stage_resume``, with the checkpoint downloaded by the box from the store: checked against the
+        recorded size and SHA-256 before it is unpacked. ``RemoteCommandFailed`` on a mismatch or a failed
+        download (the attempt then starts fresh)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Harvested:
@@ -235,6 +261,15 @@ class Harvested:
 
 
 @dataclass(frozen=True)
+class CheckpointUploaded:
+    """What a box says it uploaded for one checkpoint sync (untrusted: the store checks the size it holds)."""
+
+    size: int
+    sha256: str
+    complete: bool  # nothing under the checkpoint path was skipped (a partial sync never becomes the checkpoint)
+
+
+@dataclass(frozen=True)
 class StoredCheckpoint:
     """A run's last complete checkpoint sync in the local store."""
 
@@ -244,8 +279,92 @@ class StoredCheckpoint:
     tar: bytes  # its files, as a tar stream (what ``BoxControl.stage_resume`` ships)
 
 
+ATTEMPT_TAR = "harvest.tar"  # an attempt's whole harvest (harvest.py's stream, manifest last) as one store object
+
+
+@dataclass(frozen=True)
+class Upload:
+    """One presigned PUT: whoever holds ``url`` may write exactly the object ``key`` (nothing else, no other verb),
+    until ``expires_at``. The URL is a bearer credential for that one key: never logged, never on a command line
+    (boxes read it from stdin), never committed."""
+
+    key: str
+    url: str = field(repr=False)
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class Download:
+    """One presigned GET of an object, with the size and SHA-256 the controller recorded when it was uploaded: the
+    box checks both before it trusts (unpacks) the file (``reconciler/box/transfer.py get``)."""
+
+    key: str
+    url: str = field(repr=False)
+    size: int
+    sha256: str
+    expires_at: float
+
+
+class Presigner(Protocol):
+    """A result store that boxes reach themselves (``adapters.s3store.S3Store``): the controller mints presigned URLs
+    scoped to one attempt's keys (or one bootstrap cache key), boxes upload and download with them, and no large
+    data crosses the controller. Keys are the store's own layout; a box can write only the keys it was given."""
+
+    def attempt_uploads(self, run_id: str, attempt: int, names: Sequence[str], *, ttl_s: float) -> dict[str, Upload]:
+        """Presigned PUTs for an attempt's harvest, keyed by name: ``ATTEMPT_TAR`` (everything harvested) and each
+        of ``names`` (run-directory files the controller reads back on their own: stdout.log, stderr.log, the
+        harvest manifest, the sweep's metrics file), which ``read_attempt``/``open_attempt`` then serve."""
+        ...
+
+    def attempt_uploaded(self, run_id: str, attempt: int) -> Harvested:
+        """The harvest a box uploaded, as its manifest object says (read bounded and checked as ``LocalStore``
+        checks one); ``StoreError`` when the manifest or the tar is not there."""
+        ...
+
+    def checkpoint_upload(self, run_id: str, attempt: int, *, at: float, ttl_s: float) -> Upload:
+        """A presigned PUT for one checkpoint sync of the attempt (a key of its own: an interrupted upload never
+        touches the checkpoint a resume would use)."""
+        ...
+
+    def checkpoint_uploaded(
+        self, run_id: str, attempt: int, upload: Upload, *, size: int, sha256: str, at: float, keep: int
+    ) -> bool:
+        """Make the uploaded sync the run's checkpoint when the object is there with ``size`` bytes (recording size
+        and SHA-256 for the box that resumes); False (the last one stays) otherwise. Then keep only the newest
+        ``keep`` syncs of the run."""
+        ...
+
+    def checkpoint_download(self, run_id: str, *, ttl_s: float) -> tuple[int, Download] | None:
+        """(the attempt it came from, a presigned GET) of the run's current checkpoint; None when there is none."""
+        ...
+
+    def cache_upload(self, key: str, *, ttl_s: float) -> Upload:
+        """A presigned PUT for the bootstrap cache object ``key`` (``identity.bootstrap_cache_key``)."""
+        ...
+
+    def cache_uploaded(self, key: str, upload: Upload, *, size: int, sha256: str) -> bool:
+        """Record the cache object (size, SHA-256) when it is there with ``size`` bytes; False otherwise."""
+        ...
+
+    def cache_download(self, key: str, *, ttl_s: float) -> Download | None:
+        """A presigned GET of the recorded cache object ``key``; None when there is none (or it is not whole)."""
+        ...
+
+
 class ResultStore(Protocol):
-    """The local result store (``adapters.store``): where attempts' outputs and runs' checkpoints live once home."""
+    """Where attempts' outputs and runs' checkpoints live once they leave their box: the local directory
+    (``adapters.store.LocalStore``, data streamed through the controller) or an S3-compatible object store
+    (``adapters.s3store.S3Store``, which boxes reach themselves: ``presigner``)."""
+
+    @property
+    def presigner(self) -> Presigner | None:
+        """The store's presigned transfers when boxes reach it themselves; None: data comes through the controller
+        (``put_attempt``, ``put_checkpoint``, ``checkpoint``)."""
+        ...
+
+    def expire(self, now: float, *, keep_harvests_s: float | None) -> int:
+        """Delete harvests older than ``keep_harvests_s`` (None: keep all); how many attempts' harvests went."""
+        ...
 
     def put_attempt(self, run_id: str, attempt: int, tar: HarvestStream) -> Harvested:
         """Unpack a harvest into the attempt's directory, replacing an earlier harvest of it whole (idempotent)."""

@@ -9,14 +9,14 @@ boxes; the unit tests drive ``observe()``/``apply()`` through an in-memory ``Box
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from reconciler import remote
 from reconciler.bounds import COMMAND_STDERR_BYTES, PROBE_STDOUT_BYTES, bounded_text
 from reconciler.errors import HostKeyMismatch, LaunchLockHeld, LaunchRefused, OutputOverBound, RemoteCommandFailed
 from reconciler.failpoints import failpoint
 from reconciler.model import BoxProbe, Endpoint, Instance
-from reconciler.ports import CommandResult, HarvestStream, LaunchJob, Shell
+from reconciler.ports import CheckpointUploaded, CommandResult, Download, HarvestStream, LaunchJob, Shell, Upload
 
 COMMAND_TIMEOUT_S = 60.0
 SPOOL_IN_MEMORY_BYTES = 4 << 20  # a harvest stream past this goes to a temporary file as it arrives
@@ -138,6 +138,20 @@ class ShellBoxes:
 
     def stage_resume(self, box: Instance, run_id: str, attempt: int, tar: bytes) -> None:
         _checked(self._run(box, remote.stage_resume_script(run_id, attempt), stdin=tar))
+
+    def upload_harvest(
+        self, box: Instance, run_id: str, attempt: int, *, patterns: Sequence[str], cap_bytes: int,
+        uploads: Mapping[str, Upload],
+    ) -> None:
+        raise NotImplementedError("contract: issue 22's direct transfers (box/transfer.py)")
+
+    def upload_checkpoint(
+        self, box: Instance, run_id: str, attempt: int, *, path: str, cap_bytes: int, upload: Upload
+    ) -> CheckpointUploaded:
+        raise NotImplementedError("contract: issue 22's direct transfers (box/transfer.py)")
+
+    def stage_resume_from(self, box: Instance, run_id: str, attempt: int, download: Download) -> None:
+        raise NotImplementedError("contract: issue 22's direct transfers (box/transfer.py)")
 
     def forget(self, box: Instance) -> None:
         for endpoint in (box.direct, box.proxy):

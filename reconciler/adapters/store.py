@@ -213,6 +213,27 @@ class LocalStore:
     def __init__(self, fleet_data: Path) -> None:
         self.fleet_data = Path(fleet_data)
 
+    @property
+    def presigner(self) -> None:
+        """Boxes cannot reach a directory on the controller: everything comes through its streams."""
+        return None
+
+    def expire(self, now: float, *, keep_harvests_s: float | None) -> int:
+        """Remove harvested attempt directories last written more than ``keep_harvests_s`` ago."""
+        if keep_harvests_s is None:
+            return 0
+        removed = 0
+        runs = self.fleet_data / "runs"
+        for directory in sorted(runs.iterdir()) if runs.is_dir() else []:
+            try:
+                if directory.name.startswith(".") or now - directory.stat().st_mtime <= keep_harvests_s:
+                    continue
+            except OSError:
+                continue
+            shutil.rmtree(directory, ignore_errors=True)
+            removed += 1
+        return removed
+
     def _tmp(self, final: Path) -> Path:
         final.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         return final.with_name(f".{final.name}.tmp.{os.getpid()}.{uuid.uuid4().hex[:8]}")

@@ -9,11 +9,13 @@ from ``world.emulator_env``, and git from ``gitutil.git``.
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Iterator
 
 import pytest
 
 from reconciler.emulator import Emulator
+from reconciler.emulator.s3server import S3Server, start_s3_server
 from reconciler.emulator.testing import KeyPair, make_keypair
 
 
@@ -40,3 +42,14 @@ def emulator(ssh_keypair: KeyPair) -> Iterator[Emulator]:
     with Emulator(seed=7, offers=200, boot_delay=0.2) as emu:
         emu.add_ssh_key(ssh_keypair.public)
         yield emu
+
+
+S3_CANARY = "CANARYs3secret-" + "7f3a9c1e5b"  # in the store's secret key: it must never appear anywhere (issue 22)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """A real S3-compatible server (SeaweedFS, ``reconciler.emulator.s3server``) on loopback, one per worker, whose
+    secret key holds ``S3_CANARY``. Tests keep to prefixes of their own in its one bucket."""
+    with start_s3_server(secret_key=S3_CANARY + secrets.token_hex(6)) as server:
+        yield server
