@@ -391,6 +391,7 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
                 pid_started=f.get("pid_started"),
                 epoch=f.get("epoch", 0),
                 queued=bool(f.get("queued", False)),
+                seen_started_at=_t(f, now, "seen_started_at", "seen_started_ago", None),
             )
             for f in d.get("in_flight", [])
         ),
