@@ -349,6 +349,10 @@ class S3Store:
     def cache_key(self, key: str, suffix: str) -> str:
         return f"{self.base}bootstrap-cache/{_check_id(key, 'bootstrap cache key')}{suffix}"
 
+    def count_objects(self) -> int:
+        """How many objects the fleet has in the store (the demo's summary; a listing)."""
+        return sum(1 for _ in self._list(self.base))
+
     # ------------------------------------------------------------------------------------------------ Presigner
 
     @property
