@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from reconciler.adapters.s3store import open_store
-from reconciler.adapters.store import data_dir_for, harvest_skipped
+from reconciler.adapters.store import attempt_dir, data_dir_for, harvest_skipped
 from reconciler.bounds import COMMAND_STDOUT_BYTES
 from reconciler.cli._boxes import BoxAccess, read_fleet_facts
 from reconciler.cli._common import add_data_dir_arg, add_live_args, api_url_of, store_of
@@ -303,7 +303,10 @@ def _open(args: argparse.Namespace) -> tuple[AttemptPlace, LogStream, BoxAccess,
     stream = LogStream.STDERR if args.stderr else LogStream.STDOUT
     config = store_of(args)
     store = open_store(config, facts.desired.fleet.name, args.data_dir)
-    stored = config.where() if config is not None else str(data_dir_for(facts.desired.fleet.name, args.data_dir))
+    stored = (
+        f"{config.where()}, attempt {place.name}" if config is not None
+        else str(attempt_dir(data_dir_for(facts.desired.fleet.name, args.data_dir), place.run_id, place.attempt))
+    )
     boxes = BoxAccess(facts, api_url)
     retries = FOLLOW_RETRIES if args.follow else 0
     try:
@@ -397,11 +400,11 @@ def run(args: argparse.Namespace) -> int:
 def _box_source(boxes: BoxAccess, place: AttemptPlace, stream: LogStream, stored: str, *, retries: int) -> BoxSource:
     if place.instance_id is None:
         raise UserError(f"rigsync does not know which box attempt {place.name} ran on, and its logs were not "
-                        f"harvested (nothing in {stored})")
+                        f"harvested (nothing at {stored})")
     instance = boxes.listed(place.instance_id)
     if instance is None:
         raise UserError(f"box {place.instance_id} was destroyed and its logs were not harvested (attempt "
-                        f"{place.name}: nothing in {stored})")
+                        f"{place.name}: nothing at {stored})")
     instance = boxes.owned(instance)
     if instance.ssh is None:
         raise UserError(f"box {instance.id} has no SSH address yet (the provider says {instance.status.value})")
