@@ -31,14 +31,14 @@ kept small and honest — it does what the run protocol says a box does, not wha
 from __future__ import annotations
 
 import hashlib
-import io
 import itertools
 import json
 import math
-import tarfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
+
+from tarutil import tar_of
 
 from reconciler.actions import Plan
 from reconciler.errors import (
@@ -620,7 +620,7 @@ class FakeBoxes:
     ) -> bytes:
         """A harvest stream as the box program writes it: the logs (empty here) and the manifest."""
         self.world._enter("harvest", f"{box.id} {run_id}.{attempt} {what}")
-        return _tar(self._harvested(box, run_id, attempt, what, cap_bytes))
+        return tar_of(self._harvested(box, run_id, attempt, what, cap_bytes))
 
     def _harvested(self, box: Instance, run_id: str, attempt: int, what: str, cap_bytes: int) -> dict[str, bytes]:
         """The files a harvest takes (the manifest last), by name."""
@@ -650,7 +650,7 @@ class FakeBoxes:
     ) -> None:
         self.world._enter("upload_harvest", f"{box.id} {run_id}.{attempt}")
         files = self._harvested(box, run_id, attempt, "run", cap_bytes)
-        self.world.objects[uploads[ATTEMPT_TAR].key] = _tar(files)
+        self.world.objects[uploads[ATTEMPT_TAR].key] = tar_of(files)
         for name, upload in uploads.items():
             if name != ATTEMPT_TAR and name in files:  # a file the run did not write is skipped
                 self.world.objects[upload.key] = files[name]
@@ -659,7 +659,7 @@ class FakeBoxes:
         self, box: Instance, run_id: str, attempt: int, *, path: str, cap_bytes: int, upload: Upload
     ) -> CheckpointUploaded:
         self.world._enter("upload_checkpoint", f"{box.id} {run_id}.{attempt}")
-        tar = _tar(self._harvested(box, run_id, attempt, "checkpoint", cap_bytes))
+        tar = tar_of(self._harvested(box, run_id, attempt, "checkpoint", cap_bytes))
         self.world.objects[upload.key] = tar
         return CheckpointUploaded(size=len(tar), sha256=hashlib.sha256(tar).hexdigest(), complete=True)
 
@@ -675,16 +675,6 @@ class FakeBoxes:
     def forget(self, box: Instance) -> None:
         self.world.calls.append(f"forget {box.id}")
         self.world.forgotten.append(box.id)
-
-
-def _tar(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tf:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 class FakeShell:
