@@ -46,10 +46,13 @@ __all__ = [
     "PROBE_FORMAT",
     "PYTHON_CANDIDATES",
     "ROOT",
+    "TRANSFER_EXITS",
+    "UPLOAD_NO_RUN_EXIT",
     "WATCHDOG_API_URL_ENV",
     "bash_command",
     "bootstrap_script",
     "drain_script",
+    "fetch_resume_script",
     "harvest_script",
     "harvested_script",
     "is_safe_name",
@@ -59,6 +62,8 @@ __all__ = [
     "ship_code_script",
     "slot_name",
     "stage_resume_script",
+    "upload_script",
+    "url_lines",
     "watchdog_onstart",
 ]
 
@@ -361,19 +366,84 @@ def harvest_script(run_id: str, attempt: int, *, what: str, patterns: Sequence[s
     ``patterns`` match) or of its checkpoint (``what="checkpoint"``: the files under ``patterns``) to stdout, at
     most ``cap_bytes`` of file data, ending with the ``.rigsync-harvest.json`` manifest (``harvest.py``). A missing
     run directory exits ``NO_SUCH_RUN_EXIT`` (3)."""
+    args = _harvest_args(run_id, attempt, what, patterns, cap_bytes, NO_SUCH_RUN_EXIT)
+    return _command("harvest.sh", _program("harvest.py"), *args)
+
+
+def _harvest_args(
+    run_id: str, attempt: int, what: str, patterns: Sequence[str], cap_bytes: int, missing_exit: int
+) -> list[str]:
+    """harvest.py's arguments (after its program): the attempt's directory, what, the cap, the patterns, the exit."""
     if what not in ("run", "checkpoint"):
         raise ValueError(f"harvest what must be 'run' or 'checkpoint', not {what!r}")
     name = run_dir_name(_check_name("run id", run_id), int(attempt))
-    return _command(
-        "harvest.sh", _program("harvest.py"), name, what, str(max(0, int(cap_bytes))), json.dumps(list(patterns)),
-        str(NO_SUCH_RUN_EXIT),
-    )
+    return [name, what, str(max(0, int(cap_bytes))), json.dumps(list(patterns)), str(missing_exit)]
 
 
 def stage_resume_script(run_id: str, attempt: int) -> str:
     """A command unpacking a checkpoint tar from stdin into ``resume/<run_id>.<attempt>/``, which ``launch.sh``
     moves into the attempt's run directory (``resume/``) and the wrapper names in ``RIGSYNC_RESUME_DIR``."""
     return _command("stage_resume.sh", run_dir_name(_check_name("run id", run_id), int(attempt)))
+
+
+# -------------------------------------------------------------------------------------- direct transfers
+
+UPLOAD_NO_RUN_EXIT = 20  # upload.sh: no such run directory (3 is transfer.py's "refused")
+TRANSFER_EXITS = {
+    2: "usage", 3: "refused by the store", 4: "the store did not answer", 5: "size or SHA-256 mismatch",
+    UPLOAD_NO_RUN_EXIT: "no such run directory",
+}
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_RUN_FILE = re.compile(r"[A-Za-z0-9_.+=][A-Za-z0-9_.+=/-]{0,499}")  # never an option (-x), never absolute
+
+
+def _run_file(name: str) -> str:
+    """A file of a run directory named by a relative path that stays inside it (``stdout.log``, ``out/m.jsonl``)."""
+    parts = name.split("/")
+    if not _RUN_FILE.fullmatch(name) or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"run file {name!r} is not a relative path of safe names")
+    return name
+
+
+def upload_script(
+    run_id: str, attempt: int, *, what: str, patterns: Sequence[str], cap_bytes: int, files: Sequence[str] = ()
+) -> str:
+    """A command that harvests the attempt on the box (as ``harvest_script``, into a temporary file) and uploads it
+    itself (``upload.sh``, ``transfer.py``): the tar to the first URL on its stdin (``url_lines``), then each of
+    ``files`` (run-directory files as the harvest took them; ``.rigsync-harvest.json`` is its manifest) to the next
+    ones, skipping a file the harvest did not take. Prints harvest.py's counts line, then transfer.py's
+    ``{"size", "sha256"}`` line for the tar (``parse.parse_upload``). Exits with a ``TRANSFER_EXITS`` code when an
+    upload failed, ``UPLOAD_NO_RUN_EXIT`` without the run directory."""
+    return _command(
+        "upload.sh", _program("harvest.py"), _program("transfer.py"),
+        *_harvest_args(run_id, attempt, what, patterns, cap_bytes, UPLOAD_NO_RUN_EXIT), *(_run_file(f) for f in files),
+    )
+
+
+def fetch_resume_script(run_id: str, attempt: int, *, size: int, sha256: str) -> str:
+    """A command that downloads a checkpoint tar from the URL on its stdin (``url_lines``), checks it is ``size``
+    bytes with SHA-256 ``sha256``, and stages it as ``stage_resume_script`` stages a streamed one
+    (``fetch_resume.sh``). Exits with a ``TRANSFER_EXITS`` code when the download failed or did not match."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ValueError(f"a checkpoint size must be a non-negative integer, not {size!r}")
+    if not _SHA256.fullmatch(sha256):
+        raise ValueError("a checkpoint SHA-256 must be 64 lowercase hex digits")
+    name = run_dir_name(_check_name("run id", run_id), int(attempt))
+    return _command(
+        "fetch_resume.sh", _program("transfer.py"), _script("stage_resume.sh"), name, str(size), sha256
+    )
+
+
+_URL = re.compile(r"^https?://[\x21-\x7e]+$")  # printable ASCII, no space: one line, and nothing a shell splits
+
+
+def url_lines(urls: Sequence[str]) -> bytes:
+    """Presigned URLs as a transfer command reads them from its stdin: one a line, in order. ``ValueError`` (which
+    never quotes a URL: it is a credential) for one that is not a printable http(s) URL on one line."""
+    for n, url in enumerate(urls):
+        if not _URL.fullmatch(url):
+            raise ValueError(f"presigned URL #{n + 1} is not a printable http(s) URL on one line")
+    return "".join(url + "\n" for url in urls).encode("ascii")
 
 
 # ---------------------------------------------------------------------------------------------- watchdog
