@@ -16,7 +16,16 @@ from reconciler.bounds import COMMAND_STDERR_BYTES, PROBE_STDOUT_BYTES, bounded_
 from reconciler.errors import HostKeyMismatch, LaunchLockHeld, LaunchRefused, OutputOverBound, RemoteCommandFailed
 from reconciler.failpoints import failpoint
 from reconciler.model import BoxProbe, Endpoint, Instance
-from reconciler.ports import CheckpointUploaded, CommandResult, Download, HarvestStream, LaunchJob, Shell, Upload
+from reconciler.ports import (
+    BootstrapCache,
+    CheckpointUploaded,
+    CommandResult,
+    Download,
+    HarvestStream,
+    LaunchJob,
+    Shell,
+    Upload,
+)
 
 COMMAND_TIMEOUT_S = 60.0
 SPOOL_IN_MEMORY_BYTES = 4 << 20  # a harvest stream past this goes to a temporary file as it arrives
@@ -104,8 +113,18 @@ class ShellBoxes:
         )
         _checked(self._run(box, script))
 
-    def bootstrap(self, box: Instance, script: str, script_hash: str) -> str:
-        return _checked(self._run(box, remote.bootstrap_script(script, script_hash)))
+    def bootstrap(self, box: Instance, script: str, script_hash: str, cache: BootstrapCache | None = None) -> str:
+        if cache is None:
+            return _checked(self._run(box, remote.bootstrap_script(script, script_hash)))
+        download = cache.download
+        command = remote.bootstrap_script(
+            script, script_hash, cache_key=cache.key, cache_paths=cache.paths,
+            restore=None if download is None else (download.size, download.sha256),
+        )
+        urls = remote.bootstrap_cache_stdin(
+            None if download is None else download.url, None if cache.upload is None else cache.upload.url
+        )
+        return _checked(self._run(box, command, stdin=urls))
 
     def ship_code(self, box: Instance, commit: str, tar: bytes) -> None:
         _checked(self._run(box, remote.ship_code_script(commit), stdin=tar))

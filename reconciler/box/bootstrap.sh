@@ -1,7 +1,12 @@
 # shellcheck shell=bash
 # Run the fleet's bootstrap script once per box per hash, detached (see bootstrap_run.sh). Prints "ok" (already
-# done), "running" (a live run holds the lock) or "started <pid>"; a previous failure is retried.
-# Arguments: the script's hash, the script's text, bootstrap_run.sh's text.
+# done), "ok cache SIZE SHA256" (done now: the runner uploaded the bootstrap cache, said once), "running" (a live
+# run holds the lock) or "started <pid>"; a previous failure is retried.
+# Arguments: the script's hash, the script's text, bootstrap_run.sh's text; with a bootstrap cache also
+# transfer.py's text, the cache key, the recorded size and SHA-256 of the cache object to restore (both empty:
+# none) and the cached paths. The cache's presigned URLs come on stdin, never on the command line: the first line
+# the download (GET) URL, the second the upload (PUT) URL, either empty for none. They reach the detached runner
+# through a pipe, never a file.
 h=$1
 script=$2
 runner=$3
@@ -10,6 +15,20 @@ mkdir -p "$B" || exit 1
 if [ -e "$B/$h.ok" ]; then
   echo ok
   exit 0
+fi
+# The runner left what it uploaded for the controller to record: report it once, and the bootstrap is done.
+if mv "$B/$h.uploaded" "$B/$h.reported" 2>/dev/null; then
+  read -r size sha <"$B/$h.reported"
+  date +%s.%N >"$B/$h.ok.tmp" && mv -f "$B/$h.ok.tmp" "$B/$h.ok" || exit 1
+  echo "ok cache $size $sha"
+  exit 0
+fi
+get_url=
+put_url=
+if [ "$#" -gt 3 ]; then
+  IFS= read -r get_url || :
+  IFS= read -r put_url || :
+  printf "%s" "$4" >"$B/transfer.py.tmp" && mv -f "$B/transfer.py.tmp" "$B/transfer.py" || exit 1
 fi
 if ! mkdir "$B/$h.lock" 2>/dev/null; then
   if _rs_alive "$(cat "$B/$h.pid" 2>/dev/null)"; then
@@ -26,8 +45,15 @@ rm -f "$B/$h.failed" "$B/$h.pid"
 printf "%s" "$script" >"$B/$h.sh.tmp" || exit 1
 mv -f "$B/$h.sh.tmp" "$B/$h.sh" || exit 1
 printf "%s" "$runner" >"$B/$h.run.sh" || exit 1
-setsid nohup bash "$B/$h.run.sh" "$B" "$h" >/dev/null 2>&1 </dev/null &
+# Runner arguments: the bootstrap directory, the hash, then (with a cache) the Python for transfer.py, the key, the
+# recorded size and SHA-256, the paths.
+args=("$B" "$h")
+if [ "$#" -gt 3 ]; then
+  args+=("$(_rs_best_python || echo python3)" "${@:5}")
+fi
+printf "%s\n%s\n" "$get_url" "$put_url" | setsid nohup bash "$B/$h.run.sh" "${args[@]}" >/dev/null 2>&1 &
 spawned=$!
+unset get_url put_url
 for _ in $(seq 1 50); do
   [ -s "$B/$h.pid" ] && break
   sleep 0.02
