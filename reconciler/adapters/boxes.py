@@ -17,6 +17,7 @@ from reconciler.errors import HostKeyMismatch, LaunchLockHeld, LaunchRefused, Ou
 from reconciler.failpoints import failpoint
 from reconciler.model import BoxProbe, Endpoint, Instance
 from reconciler.ports import (
+    ATTEMPT_TAR,
     BootstrapCache,
     CheckpointUploaded,
     CommandResult,
@@ -26,6 +27,8 @@ from reconciler.ports import (
     Shell,
     Upload,
 )
+from reconciler.remote.commands import TRANSFER_EXITS, fetch_resume_script, upload_script, url_lines
+from reconciler.remote.parse import parse_upload
 
 COMMAND_TIMEOUT_S = 60.0
 SPOOL_IN_MEMORY_BYTES = 4 << 20  # a harvest stream past this goes to a temporary file as it arrives
@@ -116,14 +119,12 @@ class ShellBoxes:
     def bootstrap(self, box: Instance, script: str, script_hash: str, cache: BootstrapCache | None = None) -> str:
         if cache is None:
             return _checked(self._run(box, remote.bootstrap_script(script, script_hash)))
-        download = cache.download
+        download, upload = cache.download, cache.upload
         command = remote.bootstrap_script(
             script, script_hash, cache_key=cache.key, cache_paths=cache.paths,
-            restore=None if download is None else (download.size, download.sha256),
+            restore=None if download is None else (download.size, download.sha256), upload=upload is not None,
         )
-        urls = remote.bootstrap_cache_stdin(
-            None if download is None else download.url, None if cache.upload is None else cache.upload.url
-        )
+        urls = url_lines([t.url for t in (download, upload) if t is not None])
         return _checked(self._run(box, command, stdin=urls))
 
     def ship_code(self, box: Instance, commit: str, tar: bytes) -> None:
@@ -158,19 +159,48 @@ class ShellBoxes:
     def stage_resume(self, box: Instance, run_id: str, attempt: int, tar: bytes) -> None:
         _checked(self._run(box, remote.stage_resume_script(run_id, attempt), stdin=tar))
 
+    # -- direct transfers: the box moves the data itself (``box/transfer.py``); the presigned URLs travel on the
+    # -- command's stdin only (``remote.commands.url_lines``) and are scrubbed from anything an error quotes
+
     def upload_harvest(
         self, box: Instance, run_id: str, attempt: int, *, patterns: Sequence[str], cap_bytes: int,
         uploads: Mapping[str, Upload],
     ) -> None:
-        raise NotImplementedError("contract: issue 22's direct transfers (box/transfer.py)")
+        if ATTEMPT_TAR not in uploads:
+            raise ValueError(f"upload_harvest needs the {ATTEMPT_TAR} upload")
+        files = [name for name in uploads if name != ATTEMPT_TAR]
+        script = upload_script(run_id, attempt, what="run", patterns=patterns, cap_bytes=cap_bytes, files=files)
+        urls = [uploads[ATTEMPT_TAR].url, *(uploads[name].url for name in files)]
+        self._transfer("upload", box, script, urls, cap_bytes)
 
     def upload_checkpoint(
         self, box: Instance, run_id: str, attempt: int, *, path: str, cap_bytes: int, upload: Upload
     ) -> CheckpointUploaded:
-        raise NotImplementedError("contract: issue 22's direct transfers (box/transfer.py)")
+        script = upload_script(run_id, attempt, what="checkpoint", patterns=[path], cap_bytes=cap_bytes)
+        answer, problem = parse_upload(self._transfer("checkpoint upload", box, script, [upload.url], cap_bytes))
+        if answer is None:
+            raise RemoteCommandFailed(f"checkpoint upload of {run_id}.{attempt}: {problem}")
+        return answer
 
     def stage_resume_from(self, box: Instance, run_id: str, attempt: int, download: Download) -> None:
-        raise NotImplementedError("contract: issue 22's direct transfers (box/transfer.py)")
+        script = fetch_resume_script(run_id, attempt, size=download.size, sha256=download.sha256)
+        self._transfer("checkpoint download", box, script, [download.url], download.size)
+
+    def _transfer(self, what: str, box: Instance, script: str, urls: Sequence[str], size: int) -> bytes:
+        """Run a transfer command with ``urls`` on its stdin; its stdout. ``RemoteCommandFailed`` when it failed,
+        naming the transfer's exit (``TRANSFER_EXITS``) and the tail of its stderr, with no URL in either."""
+        if box.ssh is None:
+            raise RemoteCommandFailed(f"instance {box.id} has no ssh address")
+        res = self.shell.run(box.ssh, script, stdin=url_lines(urls), timeout=self.command_timeout + size / (2 << 20))
+        if res.exit_code != 0:
+            why = TRANSFER_EXITS.get(res.exit_code, "")
+            text = _stderr_tail(res.stderr)
+            for url in urls:  # the box's own words: it holds the URLs, and may echo them
+                text = text.replace(url, "<url>")
+                query = url.partition("?")[2]
+                text = text.replace(query, "<query>") if query else text
+            raise RemoteCommandFailed(f"{what} exited {res.exit_code}{f' ({why})' if why else ''}: {text}")
+        return res.stdout
 
     def forget(self, box: Instance) -> None:
         for endpoint in (box.direct, box.proxy):

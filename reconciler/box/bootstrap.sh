@@ -4,9 +4,9 @@
 # run holds the lock) or "started <pid>"; a previous failure is retried.
 # Arguments: the script's hash, the script's text, bootstrap_run.sh's text; with a bootstrap cache also
 # transfer.py's text, the cache key, the recorded size and SHA-256 of the cache object to restore (both empty:
-# none) and the cached paths. The cache's presigned URLs come on stdin, never on the command line: the first line
-# the download (GET) URL, the second the upload (PUT) URL, either empty for none. They reach the detached runner
-# through a pipe, never a file.
+# none), "put" to upload what the script builds (empty: no upload) and the cached paths. The cache's presigned URLs
+# come on stdin, never on the command line, one a line: the download's (with a size), then the upload's (with
+# "put"). They reach the detached runner through a pipe, never a file.
 h=$1
 script=$2
 runner=$3
@@ -23,11 +23,16 @@ if mv "$B/$h.uploaded" "$B/$h.reported" 2>/dev/null; then
   echo "ok cache $size $sha"
   exit 0
 fi
-get_url=
-put_url=
+urls=()
 if [ "$#" -gt 3 ]; then
-  IFS= read -r get_url || :
-  IFS= read -r put_url || :
+  want=0
+  [ -n "$6" ] && want=$((want + 1))
+  [ -n "$8" ] && want=$((want + 1))
+  mapfile -t -n "$want" urls
+  if [ "${#urls[@]}" -ne "$want" ]; then
+    echo "expected $want URLs on stdin, got ${#urls[@]}" >&2
+    exit 2
+  fi
   printf "%s" "$4" >"$B/transfer.py.tmp" && mv -f "$B/transfer.py.tmp" "$B/transfer.py" || exit 1
 fi
 if ! mkdir "$B/$h.lock" 2>/dev/null; then
@@ -46,14 +51,14 @@ printf "%s" "$script" >"$B/$h.sh.tmp" || exit 1
 mv -f "$B/$h.sh.tmp" "$B/$h.sh" || exit 1
 printf "%s" "$runner" >"$B/$h.run.sh" || exit 1
 # Runner arguments: the bootstrap directory, the hash, then (with a cache) the Python for transfer.py, the key, the
-# recorded size and SHA-256, the paths.
+# recorded size and SHA-256, "put" or not, the paths.
 args=("$B" "$h")
 if [ "$#" -gt 3 ]; then
   args+=("$(_rs_best_python || echo python3)" "${@:5}")
 fi
-printf "%s\n%s\n" "$get_url" "$put_url" | setsid nohup bash "$B/$h.run.sh" "${args[@]}" >/dev/null 2>&1 &
+printf "%s\n" "${urls[@]}" | setsid nohup bash "$B/$h.run.sh" "${args[@]}" >/dev/null 2>&1 &
 spawned=$!
-unset get_url put_url
+unset urls
 for _ in $(seq 1 50); do
   [ -s "$B/$h.pid" ] && break
   sleep 0.02

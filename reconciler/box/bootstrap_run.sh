@@ -3,8 +3,9 @@
 # exit code) before releasing the lock. bootstrap.sh writes it to <hash>.run.sh and starts it detached.
 # Arguments: the bootstrap directory, the script's hash; with a bootstrap cache also the Python that runs
 # transfer.py (written beside it by bootstrap.sh), the cache key, the recorded size and SHA-256 of the cache
-# object (empty: none to restore) and the cached paths. Stdin: the download URL, then the upload URL (either line
-# empty: none), read once and kept in variables only (transfer.py reads each on its stdin).
+# object (empty: none to restore), "put" (or empty: no upload) and the cached paths. Stdin: the download URL (with
+# a size), then the upload URL (with "put"), read once and kept in variables only (transfer.py reads each on its
+# stdin).
 #
 # With a cache object to restore, it is downloaded (transfer.py checks size and SHA-256), unpacked over / and the
 # bootstrap is done without running the script ("restored from cache KEY" in the log); any failure of that runs the
@@ -17,12 +18,13 @@ PY=${3:-python3}
 KEY=${4:-}
 SIZE=${5:-}
 SHA=${6:-}
-shift 6 2>/dev/null || shift "$#"
+PUT=${7:-}
+shift 7 2>/dev/null || shift "$#"
 get_url=
 put_url=
 if [ -n "$KEY" ]; then
-  IFS= read -r get_url || :
-  IFS= read -r put_url || :
+  [ -n "$SIZE" ] && { IFS= read -r get_url || :; }
+  [ -n "$PUT" ] && { IFS= read -r put_url || :; }
 fi
 exec </dev/null
 printf "%s\n" "$$" >"$B/$H.pid"

@@ -10,7 +10,9 @@ same shape as ship-code in the other direction.
 Arguments: the attempt's directory name under ``$RIGSYNC_ROOT/runs/``, what to take (``run``: the logs,
 ``meta.json``, the metrics file and the declared artifacts; ``checkpoint``: the files under the given
 directories), the size cap in bytes, the patterns (a JSON list, relative to the run directory) and the exit code
-for "no such run directory".
+for "no such run directory"; then, optionally, ``--out FILE`` (the tar goes to FILE instead of stdout, and stdout
+gets one line, ``{"bytes": B, "files": N, "skipped": M}``) and ``--manifest FILE`` (the manifest is also written to
+FILE): that is how a box uploads its harvest to the store itself (``upload.sh``).
 
 Every file taken is read whole first (a log being appended or a checkpoint being replaced is taken as it was at
 that moment), resolved paths must stay inside the run directory (a symlink out of it is skipped), and files are
@@ -21,6 +23,7 @@ skipped and why, and which attempt this one resumed from (``resume/.rigsync-chec
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import io
 import json
@@ -58,6 +61,7 @@ def _expand(run_dir: str, root: str, pattern: str) -> list[str]:
 
 def main(argv: list[str]) -> int:
     name, what, cap_text, patterns_text, missing_exit = argv[1:6]
+    options = {argv[i]: argv[i + 1] for i in range(6, len(argv) - 1, 2)}
     run_dir = os.path.join(os.environ["RIGSYNC_ROOT"], "runs", name)
     if not os.path.isdir(run_dir):
         sys.stderr.write(f"no run directory runs/{name} on this box\n")
@@ -70,9 +74,17 @@ def main(argv: list[str]) -> int:
         candidates.extend(os.path.join(run_dir, f) for f in FIXED)
     for pattern in patterns:
         candidates.extend(_expand(run_dir, root, pattern))
-    with tarfile.open(fileobj=sys.stdout.buffer, mode="w|", format=tarfile.PAX_FORMAT) as out:
-        _write(out, run_dir, root, what, cap, candidates)
-    sys.stdout.buffer.flush()
+    out_path = options.get("--out")
+    with open(out_path, "wb") if out_path else contextlib.nullcontext(sys.stdout.buffer) as sink:
+        with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as out:
+            manifest = _write(out, run_dir, root, what, cap, candidates)
+        sink.flush()
+    if "--manifest" in options:
+        with open(options["--manifest"], "wb") as f:
+            f.write(_manifest_blob(manifest))
+    if out_path:  # the stream went to a file: what it holds, in one line
+        counts = {"files": len(manifest["files"]), "skipped": len(manifest["skipped"]), "bytes": manifest["bytes"]}
+        sys.stdout.write(json.dumps(counts, sort_keys=True) + "\n")
     return 0
 
 
@@ -94,7 +106,13 @@ def _read_regular(path: str, limit: int) -> bytes:
         return f.read(limit)
 
 
-def _write(out: tarfile.TarFile, run_dir: str, root: str, what: str, cap: int, candidates: list[str]) -> None:
+def _manifest_blob(manifest: dict[str, Any]) -> bytes:
+    return json.dumps(manifest, sort_keys=True).encode()
+
+
+def _write(
+    out: tarfile.TarFile, run_dir: str, root: str, what: str, cap: int, candidates: list[str]
+) -> dict[str, Any]:
     taken: list[list[Any]] = []
     skipped: list[dict[str, Any]] = []
     seen: set[str] = set()
@@ -145,12 +163,13 @@ def _write(out: tarfile.TarFile, run_dir: str, root: str, what: str, cap: int, c
         pass
     manifest = {"v": 1, "what": what, "cap": cap, "bytes": total, "files": taken, "skipped": skipped,
                 "resumed_from": resumed_from}
-    blob = json.dumps(manifest, sort_keys=True).encode()
+    blob = _manifest_blob(manifest)
     info = tarfile.TarInfo(MANIFEST)
     info.size = len(blob)
     info.mtime = int(time.time())
     info.mode = 0o644
     out.addfile(info, io.BytesIO(blob))
+    return manifest
 
 
 if __name__ == "__main__":

@@ -46,12 +46,14 @@ __all__ = [
     "PROBE_FORMAT",
     "PYTHON_CANDIDATES",
     "ROOT",
+    "TRANSFER_EXITS",
+    "UPLOAD_NO_RUN_EXIT",
     "WATCHDOG_API_URL_ENV",
     "bash_command",
-    "bootstrap_cache_stdin",
     "bootstrap_cache_uploaded",
     "bootstrap_script",
     "drain_script",
+    "fetch_resume_script",
     "harvest_script",
     "harvested_script",
     "is_cache_path",
@@ -62,6 +64,8 @@ __all__ = [
     "ship_code_script",
     "slot_name",
     "stage_resume_script",
+    "upload_script",
+    "url_lines",
     "watchdog_onstart",
 ]
 
@@ -345,34 +349,32 @@ def bootstrap_script(
     cache_key: str | None = None,
     cache_paths: Sequence[str] = (),
     restore: tuple[int, str] | None = None,
+    upload: bool = False,
 ) -> str:
     """A command that runs the fleet's bootstrap script once per box per hash, detached.
 
     Prints ``ok`` (already done), ``running`` (a live run holds the lock) or ``started <pid>``. A previous
     failure is retried: its ``.failed`` marker is removed when a new run starts.
 
-    With ``cache_key`` (a bootstrap cache: ``identity.bootstrap_cache_key``), the runner restores the cache object
-    whose recorded (size, SHA-256) is ``restore`` instead of running the script, or after the script packs
-    ``cache_paths`` and uploads them; the command then reads its presigned URLs on stdin
-    (``bootstrap_cache_stdin``), and may print ``ok cache SIZE SHA256`` once (``bootstrap_cache_uploaded``).
+    With ``cache_key`` (a bootstrap cache: ``identity.bootstrap_cache_key``), the runner first restores the cache
+    object whose recorded (size, SHA-256) is ``restore`` instead of running the script, and with ``upload`` packs
+    ``cache_paths`` after the script succeeds and uploads them. The command then reads its presigned URLs on stdin
+    (``url_lines``: the download's when ``restore``, then the upload's when ``upload``) and answers ``ok cache SIZE
+    SHA256`` once when the bootstrap that uploaded is first found done (``bootstrap_cache_uploaded``).
     """
     h = _check_name("bootstrap hash", script_hash)
     args = [h, script_text, _script("bootstrap_run.sh")]
     if cache_key is not None:
-        size, sha = ("", "") if restore is None else (str(int(restore[0])), _check_sha256(restore[1]))
+        size, sha = ("", "") if restore is None else (str(int(restore[0])), restore[1])
+        if sha and not _SHA256.fullmatch(sha):
+            raise ValueError("a bootstrap cache SHA-256 must be 64 lowercase hex digits")
         paths = [_check_cache_path(p) for p in cache_paths]
-        args += [_program("transfer.py"), _check_name("bootstrap cache key", cache_key), size, sha, *paths]
+        key = _check_name("bootstrap cache key", cache_key)
+        args += [_program("transfer.py"), key, size, sha, "put" if upload else "", *paths]
     return _command("bootstrap.sh", *args)
 
 
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _CACHE_PATH = re.compile(r"^(/[A-Za-z0-9_.+@=-]+)+$")  # as fleet.schema.json's bootstrap.cache items
-
-
-def _check_sha256(value: str) -> str:
-    if not _SHA256.fullmatch(value):
-        raise ValueError("a SHA-256 is 64 lowercase hex digits")
-    return value
 
 
 def is_cache_path(path: str) -> bool:
@@ -384,15 +386,6 @@ def _check_cache_path(path: str) -> str:
     if not is_cache_path(path):
         raise ValueError(f"bootstrap cache path {path!r} is not an absolute path without '.' or '..' parts")
     return path
-
-
-def bootstrap_cache_stdin(download_url: str | None, upload_url: str | None) -> bytes:
-    """What a bootstrap command with a cache reads on stdin: the download URL, then the upload URL (a line each,
-    empty for none). URLs are bearer credentials: they travel here, never on a command line."""
-    urls = [download_url or "", upload_url or ""]
-    if any(c in url for url in urls for c in "\r\n\0"):
-        raise ValueError("a presigned URL holds a line break or NUL")
-    return "".join(f"{url}\n" for url in urls).encode("utf-8")
 
 
 def bootstrap_cache_uploaded(answer: str) -> tuple[int, str] | None:
@@ -421,19 +414,83 @@ def harvest_script(run_id: str, attempt: int, *, what: str, patterns: Sequence[s
     ``patterns`` match) or of its checkpoint (``what="checkpoint"``: the files under ``patterns``) to stdout, at
     most ``cap_bytes`` of file data, ending with the ``.rigsync-harvest.json`` manifest (``harvest.py``). A missing
     run directory exits ``NO_SUCH_RUN_EXIT`` (3)."""
+    args = _harvest_args(run_id, attempt, what, patterns, cap_bytes, NO_SUCH_RUN_EXIT)
+    return _command("harvest.sh", _program("harvest.py"), *args)
+
+
+def _harvest_args(
+    run_id: str, attempt: int, what: str, patterns: Sequence[str], cap_bytes: int, missing_exit: int
+) -> list[str]:
+    """harvest.py's arguments (after its program): the attempt's directory, what, the cap, the patterns, the exit."""
     if what not in ("run", "checkpoint"):
         raise ValueError(f"harvest what must be 'run' or 'checkpoint', not {what!r}")
     name = run_dir_name(_check_name("run id", run_id), int(attempt))
-    return _command(
-        "harvest.sh", _program("harvest.py"), name, what, str(max(0, int(cap_bytes))), json.dumps(list(patterns)),
-        str(NO_SUCH_RUN_EXIT),
-    )
+    return [name, what, str(max(0, int(cap_bytes))), json.dumps(list(patterns)), str(missing_exit)]
 
 
 def stage_resume_script(run_id: str, attempt: int) -> str:
     """A command unpacking a checkpoint tar from stdin into ``resume/<run_id>.<attempt>/``, which ``launch.sh``
     moves into the attempt's run directory (``resume/``) and the wrapper names in ``RIGSYNC_RESUME_DIR``."""
     return _command("stage_resume.sh", run_dir_name(_check_name("run id", run_id), int(attempt)))
+
+
+# -------------------------------------------------------------------------------------- direct transfers
+
+UPLOAD_NO_RUN_EXIT = 20  # upload.sh: no such run directory (3 is transfer.py's "refused")
+TRANSFER_EXITS = {
+    2: "usage", 3: "refused by the store", 4: "the store did not answer", 5: "size or SHA-256 mismatch",
+    UPLOAD_NO_RUN_EXIT: "no such run directory",
+}
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _run_file(name: str) -> str:
+    """A file of a run directory named by a relative path that stays inside it (``stdout.log``, ``out/m.jsonl``)."""
+    parts = name.split("/")
+    if not name or name.startswith("/") or any(not is_safe_name(p) for p in parts):
+        raise ValueError(f"run file {name!r} is not a relative path of safe names")
+    return name
+
+
+def upload_script(
+    run_id: str, attempt: int, *, what: str, patterns: Sequence[str], cap_bytes: int, files: Sequence[str] = ()
+) -> str:
+    """A command that harvests the attempt on the box (as ``harvest_script``, into a temporary file) and uploads it
+    itself (``upload.sh``, ``transfer.py``): the tar to the first URL on its stdin (``url_lines``), then each of
+    ``files`` (run-directory files as the harvest took them; ``.rigsync-harvest.json`` is its manifest) to the next
+    ones, skipping a file the harvest did not take. Prints harvest.py's counts line, then transfer.py's
+    ``{"size", "sha256"}`` line for the tar (``parse.parse_upload``). Exits with a ``TRANSFER_EXITS`` code when an
+    upload failed, ``UPLOAD_NO_RUN_EXIT`` without the run directory."""
+    return _command(
+        "upload.sh", _program("harvest.py"), _program("transfer.py"),
+        *_harvest_args(run_id, attempt, what, patterns, cap_bytes, UPLOAD_NO_RUN_EXIT), *(_run_file(f) for f in files),
+    )
+
+
+def fetch_resume_script(run_id: str, attempt: int, *, size: int, sha256: str) -> str:
+    """A command that downloads a checkpoint tar from the URL on its stdin (``url_lines``), checks it is ``size``
+    bytes with SHA-256 ``sha256``, and stages it as ``stage_resume_script`` stages a streamed one
+    (``fetch_resume.sh``). Exits with a ``TRANSFER_EXITS`` code when the download failed or did not match."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ValueError(f"a checkpoint size must be a non-negative integer, not {size!r}")
+    if not _SHA256.fullmatch(sha256):
+        raise ValueError("a checkpoint SHA-256 must be 64 lowercase hex digits")
+    name = run_dir_name(_check_name("run id", run_id), int(attempt))
+    return _command(
+        "fetch_resume.sh", _program("transfer.py"), _script("stage_resume.sh"), name, str(size), sha256
+    )
+
+
+_URL = re.compile(r"^https?://[\x21-\x7e]+$")  # printable ASCII, no space: one line, and nothing a shell splits
+
+
+def url_lines(urls: Sequence[str]) -> bytes:
+    """Presigned URLs as a transfer command reads them from its stdin: one a line, in order. ``ValueError`` (which
+    never quotes a URL: it is a credential) for one that is not a printable http(s) URL on one line."""
+    for n, url in enumerate(urls):
+        if not _URL.fullmatch(url):
+            raise ValueError(f"presigned URL #{n + 1} is not a printable http(s) URL on one line")
+    return "".join(url + "\n" for url in urls).encode("ascii")
 
 
 # ---------------------------------------------------------------------------------------------- watchdog

@@ -26,6 +26,7 @@ from dataclasses import replace
 from typing import Any
 
 from reconciler.bounds import (
+    COMMAND_STDOUT_BYTES,
     EXIT_CODE_RANGE,
     MAX_ATTEMPT,
     MAX_EPOCH,
@@ -44,12 +45,16 @@ from reconciler.bounds import (
     strict_json,
 )
 from reconciler.model import BoxProbe, GpuState, QueuedEntry, RunDirState, Scalar
+from reconciler.ports import CheckpointUploaded
 from reconciler.remote.commands import is_safe_name
 from reconciler.remote.launched import valid_pid, valid_start
 
-__all__ = ["parse_probe", "unusable_probe"]
+__all__ = ["parse_probe", "parse_upload", "unusable_probe"]
 
 _COMMIT_RE = re.compile(r"[0-9a-f]{1,64}")  # a git object name, abbreviated or not (sha1 or sha256)
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+UPLOAD_MAX_BYTES = 1 << 50  # an object size a box may claim it uploaded (the store checks the size it holds)
+UPLOAD_MAX_SKIPPED = 1 << 40  # files a harvest may say it skipped
 
 
 def unusable_probe(instance_id: int, problem: str) -> BoxProbe:
@@ -388,3 +393,24 @@ def parse_probe(instance_id: int, stdout: bytes, *, gpus_listed: int) -> BoxProb
         shown = bounded_text(error, 300) if isinstance(error, str) else _shown(error)
         return unusable_probe(instance_id, f"failed on the box: {shown}")
     return _read(instance_id, doc, gpu_limit)
+
+
+def parse_upload(raw: bytes) -> tuple[CheckpointUploaded | None, str | None]:
+    """What ``upload.sh`` printed: harvest.py's counts line (``{"bytes", "files", "skipped"}``), then transfer.py's
+    line for the tar (``{"size", "sha256"}``). Untrusted and total: ``(answer, None)``, or ``(None, problem)`` for
+    anything else (over ``COMMAND_STDOUT_BYTES``, not two JSON objects, a value out of its bounds). ``complete``:
+    the harvest skipped nothing."""
+    if len(raw) > COMMAND_STDOUT_BYTES:
+        return None, f"upload: answer over {COMMAND_STDOUT_BYTES} bytes"
+    lines = raw.decode("utf-8", "replace").strip().splitlines()
+    if len(lines) != 2:
+        return None, f"upload: {len(lines)} lines where the counts and the upload's two were expected"
+    (counts, problem), (sent, sent_problem) = strict_json(lines[0]), strict_json(lines[1])
+    if problem or sent_problem or not isinstance(counts, dict) or not isinstance(sent, dict):
+        return None, bounded_text(f"upload: not two JSON objects ({problem or sent_problem or 'another JSON type'})")
+    skipped = bounded_int(counts.get("skipped"), 0, UPLOAD_MAX_SKIPPED)
+    size = bounded_int(sent.get("size"), 0, UPLOAD_MAX_BYTES)
+    sha256 = sent.get("sha256")
+    if skipped is None or size is None or not isinstance(sha256, str) or not _SHA256_RE.fullmatch(sha256):
+        return None, "upload: a count, the size or the SHA-256 is missing or out of bounds"
+    return CheckpointUploaded(size=size, sha256=sha256, complete=skipped == 0), None
