@@ -124,6 +124,7 @@ def start_s3_server(
         f"-master.port={master}", f"-volume.port={volume}", "-filer", f"-filer.port={filer}",
         "-s3", f"-s3.port={s3}", f"-s3.config={root / 's3.json'}",
         "-volume.max=0", "-master.volumeSizeLimitMB=256",
+        "-s3.port.iceberg=0", "-s3.port.lance=0",  # their fixed default ports would clash between two servers
     ]
     log = (root / "weed.log").open("wb")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
