@@ -63,4 +63,7 @@ for _ in $(seq 1 50); do
   [ -s "$B/$h.pid" ] && break
   sleep 0.02
 done
+# A runner slow to start (a loaded box) has not written its pid yet: its pid is the one spawned (setsid and nohup
+# exec), written here, or the next call would take the lock for stale and start a second runner.
+[ -s "$B/$h.pid" ] || printf "%s\n" "$spawned" >"$B/$h.pid"
 echo "started $(cat "$B/$h.pid" 2>/dev/null || echo "$spawned")"

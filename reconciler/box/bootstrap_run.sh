@@ -14,6 +14,7 @@
 # of the .ok marker: bootstrap.sh reports it to the controller once, then marks the bootstrap done.
 B=$1
 H=$2
+printf "%s\n" "$$" >"$B/$H.pid"
 PY=${3:-python3}
 KEY=${4:-}
 SIZE=${5:-}
@@ -27,7 +28,6 @@ if [ -n "$KEY" ]; then
   [ -n "$PUT" ] && { IFS= read -r put_url || :; }
 fi
 exec </dev/null
-printf "%s\n" "$$" >"$B/$H.pid"
 LOG=$B/$H.log
 TAR=$B/$H.cache.tar
 ROOT=$(dirname "$B")
