@@ -56,14 +56,18 @@ from reconciler.errors import (
     SecretMissing,
 )
 from reconciler.failpoints import failpoint
+from reconciler.identity import box_cache_key, slot_pool
 from reconciler.jobenv import ControllerEnv, JobEnv, reference
 from reconciler.model import (
     AttemptOutcome,
     AttemptRecord,
     Desired,
+    Fleet,
     InFlight,
     Instance,
     Observed,
+    Ownership,
+    Pool,
     RunDirState,
     RunSpec,
     Sweep,
@@ -71,6 +75,7 @@ from reconciler.model import (
 from reconciler.ports import (
     HARVEST_MANIFEST,
     ArchiveAppender,
+    BootstrapCache,
     BoxControl,
     Fence,
     Harvested,
@@ -81,7 +86,7 @@ from reconciler.ports import (
     no_fence,
 )
 from reconciler.remember import attempt_cost, capped_to_bill, overhead_record
-from reconciler.remote import watchdog_onstart
+from reconciler.remote import bootstrap_cache_uploaded, watchdog_onstart
 from reconciler.remote.launched import parse_launch_answer
 from reconciler.textsafe import visible
 from reconciler.throughput import progress_value
@@ -226,6 +231,55 @@ def _box(instances: dict[int, Instance], instance_id: int) -> Instance:
     return inst
 
 
+# A bootstrap cache's presigned URLs: the download is used as the runner starts; the upload after the script, which
+# may take up to the fleet's bootstrap_timeout, plus this much for packing (and at most what SigV4 allows).
+CACHE_DOWNLOAD_TTL_S = 3600.0
+CACHE_UPLOAD_MARGIN_S = 900.0
+PRESIGNED_MAX_TTL_S = 7 * 86400.0
+
+
+def _bootstrap_pool(fleet: Fleet, box: Instance, script_hash: str) -> Pool | None:
+    """The pool whose bootstrap ``script_hash`` is: the box's own (its label's), else the first with that script."""
+    own = Ownership.parse(box.label)
+    pool = fleet.pool(slot_pool(fleet, own.slot)) if own is not None else None
+    if pool is not None and pool.bootstrap_hash == script_hash:
+        return pool
+    return next((p for p in fleet.pools if p.bootstrap_hash == script_hash), None)
+
+
+def _bootstrap_cache(ctx: ApplyContext, box: Instance, pool: Pool | None) -> BootstrapCache | None:
+    """The box's bootstrap cache when its pool declares one and the store is one boxes reach (``presigner``): the
+    recorded object to restore, if any, and an upload URL that outlives the bootstrap. None otherwise (the local
+    store: a bootstrap as ever), and when the store cannot mint them now (the bootstrap then runs the script)."""
+    presigner = ctx.store.presigner if ctx.store is not None else None
+    key = box_cache_key(pool, box) if pool is not None else None
+    if presigner is None or key is None or pool is None:
+        return None
+    upload_ttl = min(ctx.desired.fleet.bootstrap_timeout_s + CACHE_UPLOAD_MARGIN_S, PRESIGNED_MAX_TTL_S)
+    try:
+        download = presigner.cache_download(key, ttl_s=CACHE_DOWNLOAD_TTL_S)
+        upload = presigner.cache_upload(key, ttl_s=upload_ttl)
+    except RigsyncError as exc:
+        log.warning("instance %d: bootstrap cache %s unavailable, the script runs: %s", box.id, key, _error_text(exc))
+        return None
+    return BootstrapCache(key, pool.bootstrap_cache, download, upload)
+
+
+def _cache_uploaded(ctx: ApplyContext, cache: BootstrapCache | None, answer: str) -> str:
+    """Record the cache object a box says it uploaded (``ok cache SIZE SHA256``, said once); what the outcome adds."""
+    said = bootstrap_cache_uploaded(answer)
+    presigner = ctx.store.presigner if ctx.store is not None else None
+    if said is None or cache is None or cache.upload is None or presigner is None:
+        return ""
+    size, sha256 = said
+    try:
+        recorded = presigner.cache_uploaded(cache.key, cache.upload, size=size, sha256=sha256)
+    except RigsyncError as exc:
+        log.warning("bootstrap cache %s: not recorded: %s", cache.key, _error_text(exc))
+        return f"; cache {cache.key} not recorded: {_error_text(exc)}"
+    return f"; cache {cache.key} recorded" if recorded else f"; cache {cache.key} not recorded (not in the store whole)"
+
+
 def _execute(planned: Action, ctx: ApplyContext, instances: dict[int, Instance], result: ApplyResult) -> str:
     action = closed(planned)
     match action:
@@ -250,10 +304,10 @@ def _execute(planned: Action, ctx: ApplyContext, instances: dict[int, Instance],
             return "destroyed"
         case Bootstrap():
             box = _box(instances, action.instance_id)
-            pools = ctx.desired.fleet.pools  # the pool whose script has this hash (pools may differ)
-            script = next((p.bootstrap_script for p in pools if p.bootstrap_hash == action.script_hash), "")
-            out = ctx.boxes.bootstrap(box, script, action.script_hash)
-            return f"bootstrap {out}" if out else "bootstrap started"
+            pool = _bootstrap_pool(ctx.desired.fleet, box, action.script_hash)
+            cache = _bootstrap_cache(ctx, box, pool)
+            out = ctx.boxes.bootstrap(box, pool.bootstrap_script if pool else "", action.script_hash, cache)
+            return (f"bootstrap {out}" if out else "bootstrap started") + _cache_uploaded(ctx, cache, out)
         case ShipCode():
             box = _box(instances, action.instance_id)
             tar = ctx.code_tar(action.commit, ctx.desired.code_paths())

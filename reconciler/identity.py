@@ -9,6 +9,8 @@ and the saved-plan check all build labels here.
 from __future__ import annotations
 
 import hashlib
+import math
+from collections.abc import Sequence
 
 from reconciler.model import Endpoint, Fleet, Instance, InstanceStatus, Ownership, Pool
 
@@ -77,3 +79,22 @@ def slot_pool(fleet: Fleet, slot: str) -> str:
 def slot_spec_hash(slot: str) -> str:
     """The spec hash a box was built for, from the slot part of its label."""
     return slot.split("-", 1)[0]
+
+
+def bootstrap_cache_key(script_hash: str, image: str, cuda_major: int | None, paths: Sequence[str] = ()) -> str:
+    """The bootstrap cache's key (the one home of its rule): 16 hex of sha256 over what a box's bootstrap built
+    depends on, the script (its hash), the image, the CUDA major version of the box's driver (None: unknown, a key
+    of its own), and the cached paths (another list is another cache). A change to any of them is a new key, so
+    a new box never restores what an older script, another image or another CUDA built."""
+    payload = "\n".join(("bootstrap-cache/1", script_hash, image, "" if cuda_major is None else str(cuda_major),
+                         *paths))
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+
+
+def box_cache_key(pool: Pool, box: Instance) -> str | None:
+    """The bootstrap cache key of ``pool`` on ``box`` (its image as the provider lists it, else the pool's; the
+    major of the CUDA version its driver supports); None when the pool caches nothing."""
+    if not pool.bootstrap_cache or not pool.bootstrap_hash:
+        return None
+    cuda_major = int(box.cuda) if box.cuda is not None and math.isfinite(box.cuda) and box.cuda > 0 else None
+    return bootstrap_cache_key(pool.bootstrap_hash, box.image or pool.image, cuda_major, pool.bootstrap_cache)

@@ -431,6 +431,7 @@ class Instance:
     direct: Endpoint | None = None
     proxy: Endpoint | None = None
     cost_usd: float | None = None  # billed so far for this instance, as the provider reports it (None: unknown)
+    cuda: float | None = None  # the highest CUDA version its driver supports (None: unknown); the bootstrap cache key
 
     @property
     def ssh(self) -> Endpoint | None:

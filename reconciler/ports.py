@@ -195,9 +195,12 @@ class BoxControl(Protocol):
         """The attempt's harvest was stored: mark its run directory, so that a draining box can end itself."""
         ...
 
-    def bootstrap(self, box: Instance, script: str, script_hash: str) -> str:
+    def bootstrap(self, box: Instance, script: str, script_hash: str, cache: BootstrapCache | None = None) -> str:
         """Start the fleet's bootstrap script detached, once per box per hash: ``ok`` (done before),
-        ``running`` (a live run holds the lock) or ``started <pid>``."""
+        ``running`` (a live run holds the lock) or ``started <pid>``. With ``cache`` the box restores the cache
+        object instead of running the script (``cache.download``; a failed restore runs it), or uploads what the
+        script built (``cache.upload``), and then answers ``ok cache SIZE SHA256`` once, when the bootstrap that
+        uploaded is first found done (``remote.bootstrap_cache_uploaded`` reads it)."""
         ...
 
     def ship_code(self, box: Instance, commit: str, tar: bytes) -> None:
@@ -304,6 +307,18 @@ class Download:
     size: int
     sha256: str
     expires_at: float
+
+
+@dataclass(frozen=True)
+class BootstrapCache:
+    """A pool's bootstrap cache for one box's bootstrap: the key (``identity.bootstrap_cache_key``), the paths the
+    script builds, a presigned GET of the recorded cache object to restore (None: there is none yet) and a
+    presigned PUT for the box to upload what the script built (None: no upload)."""
+
+    key: str
+    paths: tuple[str, ...]
+    download: Download | None
+    upload: Upload | None
 
 
 class Presigner(Protocol):

@@ -18,6 +18,7 @@ from reconciler.failpoints import failpoint
 from reconciler.model import BoxProbe, Endpoint, Instance
 from reconciler.ports import (
     ATTEMPT_TAR,
+    BootstrapCache,
     CheckpointUploaded,
     CommandResult,
     Download,
@@ -115,8 +116,16 @@ class ShellBoxes:
         )
         _checked(self._run(box, script))
 
-    def bootstrap(self, box: Instance, script: str, script_hash: str) -> str:
-        return _checked(self._run(box, remote.bootstrap_script(script, script_hash)))
+    def bootstrap(self, box: Instance, script: str, script_hash: str, cache: BootstrapCache | None = None) -> str:
+        if cache is None:
+            return _checked(self._run(box, remote.bootstrap_script(script, script_hash)))
+        download, upload = cache.download, cache.upload
+        command = remote.bootstrap_script(
+            script, script_hash, cache_key=cache.key, cache_paths=cache.paths,
+            restore=None if download is None else (download.size, download.sha256), upload=upload is not None,
+        )
+        urls = url_lines([t.url for t in (download, upload) if t is not None])
+        return _checked(self._run(box, command, stdin=urls))
 
     def ship_code(self, box: Instance, commit: str, tar: bytes) -> None:
         _checked(self._run(box, remote.ship_code_script(commit), stdin=tar))

@@ -192,6 +192,7 @@ def instance_from_record(rec: dict[str, Any]) -> Instance:
         machine_id=_i(rec, "machine_id"),
         image=_s(rec, "image_uuid"),
         is_bid=bool(rec.get("is_bid", False)),
+        cuda=_f(rec, "cuda_max_good") or None,
         direct=direct,
         proxy=proxy,
     )

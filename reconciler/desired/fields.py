@@ -152,6 +152,7 @@ ROWS: tuple[Row, ...] = (
         ("image", "image", str),
         ("disk_gb", "disk_gb", float),
         ("bootstrap", "bootstrap_path", lambda value: bootstrap_file({"bootstrap": value})),
+        ("bootstrap.cache", "bootstrap_cache", _strs),
         ("provider", "provider", str),
         ("interruptible", "max_bid_dph", _max_bid),
         ("hosts", "hosts", _hosts),

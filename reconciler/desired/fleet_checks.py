@@ -13,7 +13,7 @@ from reconciler.desired.strict_yaml import Doc, character_problems
 from reconciler.desired.tree import MAX_FILE_BYTES, bootstrap_file
 from reconciler.model import OWN_PROVIDER, OfferFilters, Pool
 from reconciler.offers import country_code, gpu_name_problem
-from reconciler.remote import HEARTBEAT_INTERVAL_S
+from reconciler.remote import HEARTBEAT_INTERVAL_S, is_cache_path
 
 # A heartbeat must be able to miss a beat or two (a busy box, a slow disk) before its run is declared lost.
 HEARTBEAT_MARGIN = 3
@@ -67,6 +67,9 @@ def fleet_checks(doc: Doc, files: Mapping[str, bytes]) -> tuple[list[LoadError],
             continue
         value = owner["bootstrap"]
         where = (*at, "bootstrap")
+        if isinstance(value, Mapping):
+            errors += _cache_checks(doc, where, value.get("cache", ()))
+            value, where = value.get("script"), (*where, "script")
         target = bootstrap_file(owner)
         if target is None:
             errors.append(doc.error(where, f"bootstrap path {value!r} must stay inside desired/ (no '..')"))
@@ -90,6 +93,31 @@ def fleet_checks(doc: Doc, files: Mapping[str, bytes]) -> tuple[list[LoadError],
             if not hidden:
                 scripts[target] = text
     return errors, scripts
+
+
+# What a bootstrap cache may not hold: the whole file system, or the kernel's and the runtime's own trees (a
+# restore unpacks over them on a new box).
+CACHE_REFUSED_ROOTS = ("/proc", "/sys", "/dev", "/run")
+
+
+def _cache_checks(doc: Doc, where: tuple[str | int, ...], paths: Any) -> list[LoadError]:
+    """``bootstrap.cache`` beyond the schema (absolute, at most 16, unique): no ``.`` or ``..`` part, not ``/``, not
+    at or under a system root."""
+    errors: list[LoadError] = []
+    for i, path in enumerate(paths if isinstance(paths, list) else ()):
+        if not isinstance(path, str) or not path.startswith("/"):
+            continue  # the schema said it
+        if not is_cache_path(path):
+            errors.append(doc.error((*where, "cache", i), f"cache path {path!r} must not have '.' or '..' parts"))
+        elif any(path == root or path.startswith(root + "/") for root in CACHE_REFUSED_ROOTS):
+            errors.append(
+                doc.error(
+                    (*where, "cache", i),
+                    f"cache path {path!r} is a system directory ({', '.join(CACHE_REFUSED_ROOTS)} are the kernel's "
+                    "and the runtime's): cache what the bootstrap builds, e.g. /opt/venv",
+                )
+            )
+    return errors
 
 
 def _pool_checks(doc: Doc) -> list[LoadError]:

@@ -48,6 +48,8 @@ _FRIENDLY_PATTERNS = {
     ),
     "^[a-z_][a-z0-9_]{0,62}$": "is not a valid parameter name: lowercase letters, digits and '_', not starting "
     "with a digit",
+    "^(/[A-Za-z0-9_.+@=-]+)+$": "is not an absolute path below / on the box, like /opt/venv (letters, digits and "
+    "'_', '.', '+', '@', '=', '-' between slashes, no trailing slash)",
     jobenv.NAME_RE.pattern: "is not a valid environment variable name: uppercase letters, digits and '_', not "
     "starting with a digit, at most 128 characters",
 }
@@ -114,6 +116,11 @@ def schema_errors(doc: Doc, schema: str) -> list[LoadError]:
             continue
         if path[:1] == ("env",):
             out.append(doc.error(path, _env_schema_message(path, err)))  # never quotes a value: it may be a secret
+            continue
+        if path[-1:] == ("cache",) and err.validator in ("minItems", "maxItems") and isinstance(err.instance, list):
+            low, high = err.schema.get("minItems"), err.schema.get("maxItems")
+            out.append(doc.error(path, f"a bootstrap cache lists {low} to {high} paths, not {len(err.instance)} "
+                                 "(omit cache: for none)"))
             continue
         if err.validator == "pattern" and str(err.validator_value) in _FRIENDLY_PATTERNS:
             message = f"{err.instance!r} {_FRIENDLY_PATTERNS[str(err.validator_value)]}"

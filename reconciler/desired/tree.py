@@ -31,8 +31,11 @@ def safe_relative(path: str) -> bool:
 
 
 def bootstrap_file(data: Mapping[str, Any]) -> str | None:
-    """The repo-relative path the fleet's (or a pool's) ``bootstrap`` names, if it names a safe one."""
+    """The repo-relative path the fleet's (or a pool's) ``bootstrap`` names (``bootstrap: PATH`` or ``bootstrap:
+    {script: PATH, cache: [...]}``), if it names a safe one."""
     value = data.get("bootstrap")
+    if isinstance(value, Mapping):
+        value = value.get("script")
     if not isinstance(value, str) or not safe_relative(value):
         return None
     return str(PurePosixPath(DESIRED_DIR) / PurePosixPath(value))

@@ -50,11 +50,13 @@ __all__ = [
     "UPLOAD_NO_RUN_EXIT",
     "WATCHDOG_API_URL_ENV",
     "bash_command",
+    "bootstrap_cache_uploaded",
     "bootstrap_script",
     "drain_script",
     "fetch_resume_script",
     "harvest_script",
     "harvested_script",
+    "is_cache_path",
     "is_safe_name",
     "kill_script",
     "launch_script",
@@ -340,14 +342,60 @@ def harvested_script(run_id: str, attempt: int) -> str:
 # --------------------------------------------------------------------------------------------- bootstrap
 
 
-def bootstrap_script(script_text: str, script_hash: str) -> str:
+def bootstrap_script(
+    script_text: str,
+    script_hash: str,
+    *,
+    cache_key: str | None = None,
+    cache_paths: Sequence[str] = (),
+    restore: tuple[int, str] | None = None,
+    upload: bool = False,
+) -> str:
     """A command that runs the fleet's bootstrap script once per box per hash, detached.
 
     Prints ``ok`` (already done), ``running`` (a live run holds the lock) or ``started <pid>``. A previous
     failure is retried: its ``.failed`` marker is removed when a new run starts.
+
+    With ``cache_key`` (a bootstrap cache: ``identity.bootstrap_cache_key``), the runner first restores the cache
+    object whose recorded (size, SHA-256) is ``restore`` instead of running the script, and with ``upload`` packs
+    ``cache_paths`` after the script succeeds and uploads them. The command then reads its presigned URLs on stdin
+    (``url_lines``: the download's when ``restore``, then the upload's when ``upload``) and answers ``ok cache SIZE
+    SHA256`` once when the bootstrap that uploaded is first found done (``bootstrap_cache_uploaded``).
     """
     h = _check_name("bootstrap hash", script_hash)
-    return _command("bootstrap.sh", h, script_text, _script("bootstrap_run.sh"))
+    args = [h, script_text, _script("bootstrap_run.sh")]
+    if cache_key is not None:
+        size, sha = ("", "") if restore is None else (str(int(restore[0])), restore[1])
+        if sha and not _SHA256.fullmatch(sha):
+            raise ValueError("a bootstrap cache SHA-256 must be 64 lowercase hex digits")
+        paths = [_check_cache_path(p) for p in cache_paths]
+        key = _check_name("bootstrap cache key", cache_key)
+        args += [_program("transfer.py"), key, size, sha, "put" if upload else "", *paths]
+    return _command("bootstrap.sh", *args)
+
+
+_CACHE_PATH = re.compile(r"^(/[A-Za-z0-9_.+@=-]+)+$")  # as fleet.schema.json's bootstrap.cache items
+
+
+def is_cache_path(path: str) -> bool:
+    """Whether ``path`` may be a bootstrap cache path: absolute, plain parts, none of them ``.`` or ``..``."""
+    return _CACHE_PATH.fullmatch(path) is not None and not any(part in (".", "..") for part in path.split("/"))
+
+
+def _check_cache_path(path: str) -> str:
+    if not is_cache_path(path):
+        raise ValueError(f"bootstrap cache path {path!r} is not an absolute path without '.' or '..' parts")
+    return path
+
+
+def bootstrap_cache_uploaded(answer: str) -> tuple[int, str] | None:
+    """(size, SHA-256) when a bootstrap command's answer says the runner uploaded the cache (``ok cache SIZE
+    SHA256``); None for every other answer, or one that does not parse (the box's word: untrusted, the store checks
+    the object's size before it records it)."""
+    parts = answer.split()
+    if len(parts) != 4 or parts[:2] != ["ok", "cache"] or not parts[2].isdigit() or not _SHA256.fullmatch(parts[3]):
+        return None
+    return int(parts[2]), parts[3]
 
 
 # --------------------------------------------------------------------------------------------- ship code

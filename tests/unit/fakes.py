@@ -76,7 +76,7 @@ from reconciler.model import (
 )
 from reconciler.observe import observe
 from reconciler.plan import plan
-from reconciler.ports import ATTEMPT_TAR, CheckpointUploaded, CommandResult, Download, LaunchJob, Upload
+from reconciler.ports import ATTEMPT_TAR, BootstrapCache, CheckpointUploaded, CommandResult, Download, LaunchJob, Upload
 
 R = TypeVar("R", AttemptRecord, OverheadRecord)
 
@@ -595,9 +595,13 @@ class FakeBoxes:
         run.pid_alive = False
         run.killed_reason = reason
 
-    def bootstrap(self, box: Instance, script: str, script_hash: str) -> str:
+    def bootstrap(self, box: Instance, script: str, script_hash: str, cache: BootstrapCache | None = None) -> str:
+        """As the box does, without a bootstrap cache (the fake's world has no store boxes reach: its ``presigner``
+        is None, so apply never hands one)."""
         w = self.world
         w._enter("bootstrap", f"{box.id} {script_hash}")
+        if cache is not None:
+            raise AssertionError("the fake boxes take no bootstrap cache: no presigner in the fake world")
         b = self._box(box)
         if script_hash in b.bootstrap_ok:
             return "ok"

@@ -1,0 +1,247 @@
+"""The bootstrap cache on real parts: the emulator's sshd boxes, the real ``vastai`` SDK, paramiko, and a real S3
+server (SeaweedFS, ``s3_server``) behind ``S3Store``, which mints the presigned URLs the boxes use themselves.
+
+Each test bootstraps through ``apply`` (the ``Bootstrap`` action's branch, as the controller runs it every cycle)
+with a script of its own (a nonce in its text: its own hash, its own cache key, its own paths) and a store prefix
+of its own, so the two module boxes serve every test. The script appends to a marker file outside the cached paths,
+which is how "the script did not run" is seen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import boto3
+import pytest
+from botocore.config import Config
+
+from reconciler.actions import Bootstrap, Plan, ReasonCode
+from reconciler.adapters.archive import RunArchive
+from reconciler.adapters.boxes import ShellBoxes
+from reconciler.adapters.s3store import S3Store
+from reconciler.adapters.ssh import SshShell
+from reconciler.adapters.store import LocalStore
+from reconciler.adapters.vast import VastProvider
+from reconciler.apply import ApplyContext, apply
+from reconciler.desired.fields import script_hash
+from reconciler.emulator import Emulator
+from reconciler.emulator.s3server import S3Server
+from reconciler.emulator.testing import KeyPair
+from reconciler.identity import box_cache_key
+from reconciler.model import DEFAULT_POOL, Budget, Desired, Fleet, Instance, Observed, OfferFilters, Pool
+from reconciler.ports import ResultStore
+from reconciler.storeconfig import StoreConfig
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+FLEET = "bcache"
+
+
+@pytest.fixture(scope="module")
+def boxes(emulator: Emulator) -> Iterator[list[Instance]]:
+    """Two running boxes of the fleet, rented through the real SDK."""
+    provider = VastProvider(api_key=emulator.api_key, server_url=emulator.url)
+    offers = provider.search_offers(OfferFilters(verified=False), disk_gb=10)
+    ids = [
+        provider.create_instance(o.id, image="img", disk_gb=10, label=f"rigsync:{FLEET}:s-{o.id}", onstart="", env={})
+        for o in offers[:2]
+    ]
+    emulator.wait_running(ids)
+    listed = {i.id: i for i in provider.list_instances()}
+    yield [listed[i] for i in ids]
+    for i in ids:
+        provider.destroy_instance(i)
+
+
+@pytest.fixture
+def shell(ssh_keypair: KeyPair, tmp_path: Path) -> Iterator[SshShell]:
+    s = SshShell(private_key=ssh_keypair.private_path, known_hosts=tmp_path / "known_hosts", connect_timeout=3)
+    yield s
+    s.close()
+
+
+@dataclass
+class Case:
+    """One test's bootstrap: its script (with a nonce), the cached path, the marker the script appends to."""
+
+    nonce: str
+    venv: str  # the cached path on the box
+    marker: str  # outside the cached paths: one line per run of the script
+
+    def pool(self, extra: str = "") -> Pool:
+        script = (
+            "set -e\n"
+            f"echo ran >> {self.marker}\n"
+            f"mkdir -p {self.venv}/bin {self.venv}/lib\n"
+            f"printf '#!/bin/sh\\necho {self.nonce}\\n' > {self.venv}/bin/tool && chmod 755 {self.venv}/bin/tool\n"
+            f"head -c 300000 /dev/urandom > {self.venv}/lib/blob\n"
+            f"# {self.nonce} {extra}\n"
+        )
+        return Pool(
+            name=DEFAULT_POOL, image="img", bootstrap_path="desired/bootstrap.sh", bootstrap_script=script,
+            bootstrap_hash=script_hash(script), bootstrap_cache=(self.venv,),
+        )
+
+
+@pytest.fixture
+def case() -> Case:
+    nonce = secrets.token_hex(4)
+    return Case(nonce, f"/root/venv-{nonce}", f"/root/ran-{nonce}.log")
+
+
+def s3_store(server: S3Server, prefix: str) -> S3Store:
+    config = StoreConfig(bucket=server.bucket, prefix=prefix, endpoint=server.endpoint)
+    return S3Store(config, FLEET, env=server.env())
+
+
+def s3_client(server: S3Server):  # type: ignore[no-untyped-def]
+    return boto3.session.Session().client(
+        "s3", endpoint_url=server.endpoint, region_name="us-east-1", aws_access_key_id=server.access_key,
+        aws_secret_access_key=server.secret_key,
+        config=Config(request_checksum_calculation="when_required", s3={"addressing_style": "path"}),
+    )
+
+
+def bootstrap(
+    emulator: Emulator, shell: SshShell, store: ResultStore, box: Instance, pool: Pool, tmp_path: Path,
+    timeout: float = 90.0,
+) -> list[str]:
+    """Apply ``Bootstrap`` to ``box`` every 0.3 s (as cycles would) until it answers done; the outcomes' details."""
+    desired = Desired(fleet=Fleet(name=FLEET, pools=(pool,)), budget=Budget(), sweeps=(), runs=())
+    ctx = ApplyContext(
+        provider=VastProvider(api_key=emulator.api_key, server_url=emulator.url), boxes=ShellBoxes(shell),
+        desired=desired, observed=Observed(instances=(box,)), archive=RunArchive(tmp_path / "archive"),
+        code_tar=lambda commit, paths: b"", now=time.time, store=store,
+    )
+    action = Bootstrap(reason="test", code=ReasonCode.BOOTSTRAP_MISSING, instance_id=box.id,
+                       script_hash=pool.bootstrap_hash)
+    details: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        outcome = apply(Plan(actions=(action,)), ctx).outcomes[0]
+        assert outcome.ok, outcome.detail
+        details.append(outcome.detail)
+        if outcome.detail.startswith("bootstrap ok"):
+            return details
+        time.sleep(0.3)
+    raise AssertionError(f"bootstrap not done in {timeout} s: {details[-3:]}")
+
+
+def on_box(emulator: Emulator, box: Instance, path: str) -> Path:
+    """The host path of ``path`` under the box's /root."""
+    assert path.startswith("/root/")
+    return emulator.host_root(box.id) / path.removeprefix("/root/")
+
+
+def bootstrap_log(emulator: Emulator, box: Instance, pool: Pool) -> str:
+    return on_box(emulator, box, f"/root/rigsync/bootstrap/{pool.bootstrap_hash}.log").read_text()
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def no_url_left(emulator: Emulator, box: Instance) -> None:
+    """No presigned URL (its signature) in any file the box keeps under /root."""
+    for f in emulator.host_root(box.id).rglob("*"):
+        if f.is_file() and not f.is_symlink():
+            assert b"X-Amz-Signature" not in f.read_bytes(), f
+
+
+def test_a_cold_box_uploads_and_a_new_box_restores_without_running_the_script(
+    emulator: Emulator, s3_server: S3Server, shell: SshShell, boxes: list[Instance], case: Case, tmp_path: Path
+) -> None:
+    store = s3_store(s3_server, f"t-{case.nonce}")
+    pool = case.pool()
+    cold, warm = boxes
+    key = box_cache_key(pool, cold)
+    assert key is not None and key == box_cache_key(pool, warm)  # same image and CUDA major in the emulator
+    assert store.cache_download(key, ttl_s=60) is None
+
+    details = bootstrap(emulator, shell, store, cold, pool, tmp_path)
+    assert details[-1].startswith("bootstrap ok cache ") and details[-1].endswith(f"cache {key} recorded"), details
+    assert on_box(emulator, cold, case.marker).read_text() == "ran\n"
+    assert f"uploaded cache {key}" in bootstrap_log(emulator, cold, pool)
+    recorded = store.cache_download(key, ttl_s=60)
+    assert recorded is not None and recorded.size > 300_000
+    # the answer is said once: the next bootstrap of the same box is plain "ok", nothing recorded again
+    assert bootstrap(emulator, shell, store, cold, pool, tmp_path) == ["bootstrap ok"]
+
+    details = bootstrap(emulator, shell, store, warm, pool, tmp_path)
+    assert details[-1] == "bootstrap ok", details  # restored: no upload, nothing to record
+    assert not on_box(emulator, warm, case.marker).exists()  # the script did not run
+    assert f"restored from cache {key}" in bootstrap_log(emulator, warm, pool)
+    blob = f"{case.venv}/lib/blob"
+    assert sha(on_box(emulator, warm, blob)) == sha(on_box(emulator, cold, blob))
+    tool = on_box(emulator, warm, f"{case.venv}/bin/tool")
+    assert tool.stat().st_mode & 0o777 == 0o755 and case.nonce in tool.read_text()
+    assert not on_box(emulator, warm, "/root/rigsync/bootstrap/" + pool.bootstrap_hash + ".cache.tar").exists()
+    for box in boxes:
+        no_url_left(emulator, box)
+
+
+def test_a_script_change_is_a_new_key_and_rebuilds(
+    emulator: Emulator, s3_server: S3Server, shell: SshShell, boxes: list[Instance], case: Case, tmp_path: Path
+) -> None:
+    store = s3_store(s3_server, f"t-{case.nonce}")
+    cold, warm = boxes
+    first, changed = case.pool(), case.pool(extra="now with more")
+    assert box_cache_key(first, warm) != box_cache_key(changed, warm)
+    bootstrap(emulator, shell, store, cold, first, tmp_path)
+    details = bootstrap(emulator, shell, store, warm, changed, tmp_path)
+    assert details[-1].endswith(f"cache {box_cache_key(changed, warm)} recorded"), details  # built, uploaded anew
+    assert on_box(emulator, warm, case.marker).read_text() == "ran\n"
+    assert "restored from cache" not in bootstrap_log(emulator, warm, changed)
+
+
+@pytest.mark.parametrize("corruption", ["wrong sha256 recorded", "object replaced"])
+def test_a_corrupted_cache_falls_back_to_the_script(
+    emulator: Emulator, s3_server: S3Server, shell: SshShell, boxes: list[Instance], case: Case, tmp_path: Path,
+    corruption: str,
+) -> None:
+    store = s3_store(s3_server, f"t-{case.nonce}")
+    pool = case.pool()
+    cold, warm = boxes
+    key = box_cache_key(pool, cold)
+    assert key is not None
+    bootstrap(emulator, shell, store, cold, pool, tmp_path)
+    recorded = store.cache_download(key, ttl_s=60)
+    assert recorded is not None
+    client = s3_client(s3_server)
+    tar_key, record_key = store.cache_key(key, ".tar"), store.cache_key(key, ".json")
+    if corruption == "wrong sha256 recorded":
+        doc = json.loads(client.get_object(Bucket=s3_server.bucket, Key=record_key)["Body"].read())
+        doc["sha256"] = "0" * 64
+        client.put_object(Bucket=s3_server.bucket, Key=record_key, Body=json.dumps(doc).encode())
+    else:  # the same size (the store's own check passes), other bytes: only the box's SHA-256 check sees it
+        client.put_object(Bucket=s3_server.bucket, Key=tar_key, Body=b"\0" * recorded.size)
+    assert store.cache_download(key, ttl_s=60) is not None  # the controller still hands it out
+
+    details = bootstrap(emulator, shell, store, warm, pool, tmp_path)
+    log = bootstrap_log(emulator, warm, pool)
+    assert f"restore from cache {key} failed (download or check): running the script" in log
+    assert on_box(emulator, warm, case.marker).read_text() == "ran\n"  # the script ran
+    assert on_box(emulator, warm, f"{case.venv}/lib/blob").stat().st_size == 300_000
+    # and its upload replaced the bad object: the cache is whole again
+    assert details[-1].endswith(f"cache {key} recorded"), details
+    healed = store.cache_download(key, ttl_s=60)
+    assert healed is not None and healed.sha256 != "0" * 64
+    body = client.get_object(Bucket=s3_server.bucket, Key=tar_key)["Body"].read()
+    assert hashlib.sha256(body).hexdigest() == healed.sha256
+
+
+def test_with_the_local_store_a_bootstrap_is_as_ever(
+    emulator: Emulator, shell: SshShell, boxes: list[Instance], case: Case, tmp_path: Path
+) -> None:
+    pool = case.pool()
+    details = bootstrap(emulator, shell, LocalStore(tmp_path / "data"), boxes[0], pool, tmp_path)
+    assert details[-1] == "bootstrap ok"
+    assert on_box(emulator, boxes[0], case.marker).read_text() == "ran\n"
+    log = bootstrap_log(emulator, boxes[0], pool)
+    assert "cache" not in log
