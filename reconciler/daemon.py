@@ -45,6 +45,7 @@ from reconciler.fleet import (
     render_cycle,
     write_back,
 )
+from reconciler.jobenv import ControllerEnv
 from reconciler.loop import CycleResult, Reconciler, SystemClock
 from reconciler.model import CONTROLLER_INTERVAL_S, Desired
 from reconciler.observed.codec import LEASE, OBSERVED_DIR, RENDERED, STATUS, load_yaml
@@ -119,6 +120,8 @@ class FleetDaemon:
         api_url: str | None = None,
         data_dir: str | None = None,
     ) -> None:
+        # the job-secrets allowlist is checked first: a bad RIGSYNC_JOB_SECRETS stops the controller at start
+        self.controller_env = ControllerEnv(os.environ)
         self.repo_dir = Path(repo_dir).resolve()
         self.config = config or DaemonConfig()
         self.state_dir_override = state_dir
@@ -239,6 +242,7 @@ class FleetDaemon:
                 destroy_latency_s=self.config.destroy_latency_s,
                 api_url=self.api_url,
                 data_dir=self.data_dir,
+                controller_env=self.controller_env,
             )
             self._fleet_key = key
         self.reconciler.fence = self.fence

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from reconciler import ports
 from reconciler.adapters.lease import DEFAULT_RENEW_EVERY_S, DEFAULT_STALE_AFTER_S
 from reconciler.errors import UserError
+from reconciler.jobenv import ControllerEnv
 from reconciler.model import CONTROLLER_INTERVAL_S, OWN_PROVIDER, Desired, Fleet, Observed
 from reconciler.ports import Provider, Shell
 
@@ -169,6 +170,7 @@ def open_fleet(
     destroy_latency_s: float | None = None,
     api_url: str | None = None,
     data_dir: str | None = None,
+    controller_env: ControllerEnv | None = None,
 ) -> Reconciler:
     """A ``Reconciler`` for ``fleet`` acting through the checkout at ``checkout``.
 
@@ -180,6 +182,8 @@ def open_fleet(
     URL configured on the controller, handed to the adapter factory (None: its default, ``RIGSYNC_API_URL`` or
     Vast.ai); desired/ never names one. ``data_dir`` overrides where harvested results and checkpoints go
     (``adapters.store.data_dir_for``: ``--data-dir``, ``$RIGSYNC_DATA_DIR``, ``$XDG_DATA_HOME/rigsync``).
+    ``controller_env`` is what sweeps' ``${NAME}`` resolve to (None: this process's environment, its allowlist
+    checked now: ``jobenv.ControllerEnv``).
     """
     from reconciler.adapters.launch_journal import LaunchJournal, merge_in_flight
     from reconciler.adapters.store import LocalStore, data_dir_for
@@ -211,6 +215,7 @@ def open_fleet(
         cycle_s=cycle_s,
         destroy_latency_s=DESTROY_LATENCY_S if destroy_latency_s is None else destroy_latency_s,
         store=LocalStore(data_dir_for(fleet.name, data_dir)),
+        controller_env=controller_env if controller_env is not None else ControllerEnv(os.environ),
     )
 
 
