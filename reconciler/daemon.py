@@ -45,6 +45,7 @@ from reconciler.fleet import (
     render_cycle,
     write_back,
 )
+from reconciler.jobenv import ControllerEnv
 from reconciler.loop import CycleResult, Reconciler, SystemClock
 from reconciler.model import CONTROLLER_INTERVAL_S, Desired
 from reconciler.observed.codec import LEASE, OBSERVED_DIR, RENDERED, STATUS, load_yaml
@@ -121,6 +122,8 @@ class FleetDaemon:
         data_dir: str | None = None,
         store: StoreConfig | None = None,
     ) -> None:
+        # the job-secrets allowlist is checked first: a bad RIGSYNC_JOB_SECRETS stops the controller at start
+        self.controller_env = ControllerEnv(os.environ)
         self.repo_dir = Path(repo_dir).resolve()
         self.config = config or DaemonConfig()
         self.state_dir_override = state_dir
@@ -243,6 +246,7 @@ class FleetDaemon:
                 api_url=self.api_url,
                 data_dir=self.data_dir,
                 store=self.store,
+                controller_env=self.controller_env,
             )
             self._fleet_key = key
         self.reconciler.fence = self.fence

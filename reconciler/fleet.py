@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from reconciler import ports
 from reconciler.adapters.lease import DEFAULT_RENEW_EVERY_S, DEFAULT_STALE_AFTER_S
 from reconciler.errors import UserError
+from reconciler.jobenv import ControllerEnv
 from reconciler.model import CONTROLLER_INTERVAL_S, OWN_PROVIDER, Desired, Fleet, Observed
 from reconciler.ports import Provider, Shell
 
@@ -171,6 +172,7 @@ def open_fleet(
     api_url: str | None = None,
     data_dir: str | None = None,
     store: StoreConfig | None = None,
+    controller_env: ControllerEnv | None = None,
 ) -> Reconciler:
     """A ``Reconciler`` for ``fleet`` acting through the checkout at ``checkout``.
 
@@ -184,6 +186,8 @@ def open_fleet(
     (``adapters.store.data_dir_for``: ``--data-dir``, ``$RIGSYNC_DATA_DIR``, ``$XDG_DATA_HOME/rigsync``), unless
     ``store`` names an S3-compatible store (``--store``, ``$RIGSYNC_STORE``: ``adapters.s3store``), which boxes then
     reach themselves with presigned URLs; like the API URL, it is the controller's setting, never desired/'s.
+    ``controller_env`` is what sweeps' ``${NAME}`` resolve to (None: this process's environment, its allowlist
+    checked now: ``jobenv.ControllerEnv``).
     """
     from reconciler.adapters.launch_journal import LaunchJournal, merge_in_flight
     from reconciler.adapters.s3store import open_store
@@ -215,6 +219,7 @@ def open_fleet(
         cycle_s=cycle_s,
         destroy_latency_s=DESTROY_LATENCY_S if destroy_latency_s is None else destroy_latency_s,
         store=open_store(store, fleet.name, data_dir),
+        controller_env=controller_env if controller_env is not None else ControllerEnv(os.environ),
     )
 
 

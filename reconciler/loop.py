@@ -77,7 +77,7 @@ class Reconciler:
     on_action: Callable[[Action], None] = lambda action: None  # apply tells it each action it starts (progress)
     journal: LaunchJournal | None = None  # launches written down before they happen (ports.LaunchJournal)
     # what the sweeps' ``${NAME}`` references resolve to (this process's environment): plan() learns which names
-    # are set, apply() reads the values at launch (reconciler.jobenv)
+    # are allowed (RIGSYNC_JOB_SECRETS) and set, apply() reads the values at launch (reconciler.jobenv)
     controller_env: ControllerEnv = field(default_factory=lambda: ControllerEnv(os.environ))
     store: ResultStore | None = None  # the local result store harvests go to (None: nothing is harvested)
     pending_curves: dict[str, str] = field(default_factory=dict)  # observed/curves/ files for the next write
@@ -120,6 +120,7 @@ class Reconciler:
             observed,
             cycle_s=self.cycle_s + self.slowest_cycle_s() + self.destroy_latency_s,
             controller_env=self.controller_env.available(wanted),
+            allowed_secrets=self.controller_env.allowed,
             harvesting=self.store is not None,
             memory=self._with_store_syncs(desired, observed),
         )

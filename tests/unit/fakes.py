@@ -861,11 +861,12 @@ def fake_reconciler(world: FakeWorld, archive: FakeArchive | None = None, **kw: 
 def observe_and_plan(
     world: FakeWorld, desired: Desired, archive: FakeArchive, env_names: frozenset[str] = frozenset()
 ) -> tuple[Observed, Plan]:
-    """What the real ``observe()`` sees of ``world`` now (with ``env_names`` set on the controller), and its plan."""
+    """What the real ``observe()`` sees of ``world`` now (with ``env_names`` allowed and set on the controller), and
+    its plan."""
     now = world.clock.now()
     observed, _ = observe(desired, world.provider, world.box_control, tuple(archive.records()), FleetMemory(), now)
     memory = replace(observed.memory, in_flight=launched(observed))
-    observed = replace(observed, controller_env=env_names, memory=memory)
+    observed = replace(observed, controller_env=env_names, allowed_secrets=env_names, memory=memory)
     return observed, plan(desired, observed, now)
 
 
