@@ -32,6 +32,8 @@ from reconciler.errors import (
     LeaseHeld,
     LeaseLost,
     RigsyncError,
+    StoreBucketMissing,
+    StoreCredentialsRefused,
     TransientError,
     cause_chain,
 )
@@ -437,8 +439,8 @@ class FleetDaemon:
                     except RigsyncError as drop:
                         log.warning("could not drop unpushed commits after losing the lease: %s", drop)
                     raise
-                except LeaseHeld:
-                    raise
+                except (LeaseHeld, StoreCredentialsRefused, StoreBucketMissing):
+                    raise  # the controller's own settings: retrying cannot help, one line and a non-zero exit
                 except Exception as exc:  # the cycle failed, the daemon does not: back off and try again
                     backoff = min(self.config.max_backoff_s, max(2.0, backoff * 2))
                     if isinstance(exc, RigsyncError):

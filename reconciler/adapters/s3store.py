@@ -349,6 +349,11 @@ class S3Store:
     def cache_key(self, key: str, suffix: str) -> str:
         return f"{self.base}bootstrap-cache/{_check_id(key, 'bootstrap cache key')}{suffix}"
 
+    def check(self) -> None:
+        """Ask the store for the bucket once: refused credentials, a missing bucket or a store that does not answer
+        are said now, in one line, before the controller acts on anything whose results would have nowhere to go."""
+        self._call("a look at the bucket", self._client.head_bucket)
+
     def count_objects(self) -> int:
         """How many objects the fleet has in the store (the demo's summary; a listing)."""
         return sum(1 for _ in self._list(self.base))
@@ -615,4 +620,6 @@ def open_store(
     """The composition root's result store: the object store ``config`` names, else the local directory."""
     if config is None:
         return LocalStore(data_dir_for(fleet, data_dir))
-    return S3Store(config, fleet, env=env)
+    store = S3Store(config, fleet, env=env)
+    store.check()
+    return store
