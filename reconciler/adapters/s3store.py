@@ -391,7 +391,10 @@ class S3Store:
         m = _SYNC.fullmatch(upload.key[len(prefix):]) if upload.key.startswith(prefix) else None
         if m is None or int(m["attempt"]) != _check_attempt(attempt) or not _SHA256.fullmatch(sha256):
             return False
-        if not _is_size(size) or self._head(upload.key) != size:
+        held = self._head(upload.key)
+        if not _is_size(size) or held != size:
+            if held is not None:  # not what the box said it sent: never a sync retention would count as one
+                self._delete(upload.key)
             return False
         self._put_record(prefix + CURRENT, {
             "attempt": attempt, "key": upload.key, "size": size, "sha256": sha256, "synced_at": at,

@@ -166,6 +166,7 @@ def test_a_checkpoint_of_the_wrong_size_is_refused_and_the_previous_one_stays(s3
     # a key outside the run's syncs, or another attempt's, is never made current
     assert not store.checkpoint_uploaded(RUN, 3, upload, size=4, sha256="0" * 64, at=2000.0, keep=2)
     assert store.checkpoint_synced(RUN) == before
+    assert [s.attempt for s in store._syncs(RUN)] == [1]  # the refused object is gone: retention never counts it
     stored = store.checkpoint(RUN)
     assert stored is not None and stored.attempt == 1 and stored.tar == good
 
