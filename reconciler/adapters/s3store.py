@@ -47,15 +47,8 @@ from typing import IO, Any, BinaryIO, TypeGuard, TypeVar
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import (
-    BotoCoreError,
-    ClientError,
-    ConnectionClosedError,
-    ConnectTimeoutError,
-    EndpointConnectionError,
-    NoCredentialsError,
-    ReadTimeoutError,
-)
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, NoCredentialsError
+from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from reconciler.adapters.store import MANIFEST, LocalStore, data_dir_for, parse_manifest
 from reconciler.bounds import MANIFEST_BYTES
@@ -247,11 +240,11 @@ class S3Store:
         except NoCredentialsError as exc:
             raise UserError(f"the store {self._where} has no credentials: set {ACCESS_KEY_ENV} and {SECRET_KEY_ENV}") \
                 from exc
-        except (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError) as exc:
+        except (BotoConnectionError, HTTPClientError) as exc:  # refused, reset, timed out (connect or read)
             raise StoreUnavailable(f"the store {self._where} does not answer ({type(exc).__name__}) on {what}") \
                 from exc
         except BotoCoreError as exc:
-            raise StoreUnavailable(f"the store {self._where} failed on {what} ({type(exc).__name__})") from exc
+            raise StoreError(f"the store {self._where} failed on {what} ({type(exc).__name__})") from exc
 
     def _get(self, key: str, *, limit: int | None = None, tail: int | None = None) -> bytes | None:
         """The object's bytes (its last ``tail``; at most ``limit`` + 1 of them); None when it is not there."""
