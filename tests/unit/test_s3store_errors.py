@@ -6,15 +6,8 @@ from __future__ import annotations
 import pytest
 from botocore.stub import Stubber
 
+from reconciler import errors
 from reconciler.adapters.s3store import S3Store
-from reconciler.errors import (
-    StoreBucketMissing,
-    StoreCredentialsRefused,
-    StoreError,
-    StoreUnavailable,
-    TransientError,
-    UserError,
-)
 from reconciler.storeconfig import StoreConfig
 
 SECRET = "CANARYstub-" + "51ab"
@@ -24,14 +17,14 @@ ENV = {"AWS_ACCESS_KEY_ID": "AKIDSTUB", "AWS_SECRET_ACCESS_KEY": SECRET}
 @pytest.mark.parametrize(
     ("code", "status", "raised"),
     [
-        ("SlowDown", 503, StoreUnavailable),
-        ("InternalError", 500, StoreUnavailable),
-        ("Whatever", 502, StoreUnavailable),
-        ("AccessDenied", 403, StoreCredentialsRefused),
-        ("InvalidAccessKeyId", 403, StoreCredentialsRefused),
-        ("SignatureDoesNotMatch", 403, StoreCredentialsRefused),
-        ("NoSuchBucket", 404, StoreBucketMissing),
-        ("InvalidArgument", 400, StoreError),
+        ("SlowDown", 503, errors.StoreUnavailable),
+        ("InternalError", 500, errors.StoreUnavailable),
+        ("Whatever", 502, errors.StoreUnavailable),
+        ("AccessDenied", 403, errors.StoreCredentialsRefused),
+        ("InvalidAccessKeyId", 403, errors.StoreCredentialsRefused),
+        ("SignatureDoesNotMatch", 403, errors.StoreCredentialsRefused),
+        ("NoSuchBucket", 404, errors.StoreBucketMissing),
+        ("InvalidArgument", 400, errors.StoreError),
     ],
 )
 def test_a_reply_becomes_our_error(code: str, status: int, raised: type[Exception]) -> None:
@@ -42,10 +35,10 @@ def test_a_reply_becomes_our_error(code: str, status: int, raised: type[Exceptio
             store.read_attempt("run-0123456789ab", 1, "stdout.log")
     message = str(info.value)
     assert "\n" not in message and SECRET not in message and "AKIDSTUB" not in message
-    if raised is StoreUnavailable:
-        assert isinstance(info.value, TransientError)
-    if raised in (StoreCredentialsRefused, StoreBucketMissing):
-        assert isinstance(info.value, UserError) and "s3://bkt at https://s3.example.com" in message
+    if raised is errors.StoreUnavailable:
+        assert isinstance(info.value, errors.TransientError)
+    if raised in (errors.StoreCredentialsRefused, errors.StoreBucketMissing):
+        assert isinstance(info.value, errors.UserError) and "s3://bkt at https://s3.example.com" in message
 
 
 def test_an_absent_object_is_none_not_an_error() -> None:
@@ -56,6 +49,6 @@ def test_an_absent_object_is_none_not_an_error() -> None:
 
 
 def test_no_credentials_no_store() -> None:
-    with pytest.raises(UserError, match="needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"):
+    with pytest.raises(errors.UserError, match="needs AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"):
         S3Store(StoreConfig(bucket="bkt"), "fleet-a", env={})
     assert SECRET not in repr(S3Store(StoreConfig(bucket="bkt"), "fleet-a", env=ENV))
