@@ -26,7 +26,8 @@ its presigning API is narrower.)
 Errors at this boundary: a store that does not answer (refused connection, timeout, 5xx, SlowDown) is
 ``StoreUnavailable`` (transient); refused credentials are ``StoreCredentialsRefused`` (one line naming the endpoint
 and bucket, never a key); a missing bucket is ``StoreBucketMissing``; anything else ``StoreError``. No secret
-(credential, presigned URL) is in any message, repr or log line.
+(credential, presigned URL) is in any message, repr or log line: botocore's own loggers, whose DEBUG lines show
+signed requests, are kept at WARNING.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import contextlib
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 import tarfile
@@ -83,6 +85,7 @@ CURRENT = "current.json"
 MAX_RECORD_BYTES = 64 << 10  # current.json, a cache record
 MAX_PUT_FILES = 256  # put_attempt: the run directory's files also stored on their own (read_attempt)
 MAX_PUT_FILE_BYTES = 64 << 20
+QUIET_LOGGERS = ("botocore", "boto3", "s3transfer")
 SESSION_TOKEN_ENV = "AWS_SESSION_TOKEN"  # a variable's name
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -190,6 +193,9 @@ class S3Store:
         ``keep_checkpoints``: the syncs ``put_checkpoint`` keeps (the presigned path is told by its caller)."""
         source = os.environ if env is None else env
         self.keep_checkpoints = keep_checkpoints
+        for name in QUIET_LOGGERS:  # their DEBUG lines carry signed headers and presigned URLs: never below WARNING
+            logger = logging.getLogger(name)
+            logger.setLevel(max(logger.level, logging.WARNING))
         self.config = config
         self.fleet = _check_id(fleet, "fleet name")
         self.base = f"{config.prefix}/{fleet}/" if config.prefix else f"{fleet}/"
