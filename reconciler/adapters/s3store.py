@@ -26,7 +26,8 @@ its presigning API is narrower.)
 Errors at this boundary: a store that does not answer (refused connection, timeout, 5xx, SlowDown) is
 ``StoreUnavailable`` (transient); refused credentials are ``StoreCredentialsRefused`` (one line naming the endpoint
 and bucket, never a key); a missing bucket is ``StoreBucketMissing``; anything else ``StoreError``. No secret
-(credential, presigned URL) is in any message, repr or log line.
+(credential, presigned URL) is in any message, repr or log line: botocore's own loggers, whose DEBUG lines show
+signed requests, are kept at WARNING.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import contextlib
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 import tarfile
@@ -47,15 +49,8 @@ from typing import IO, Any, BinaryIO, TypeGuard, TypeVar
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import (
-    BotoCoreError,
-    ClientError,
-    ConnectionClosedError,
-    ConnectTimeoutError,
-    EndpointConnectionError,
-    NoCredentialsError,
-    ReadTimeoutError,
-)
+from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, NoCredentialsError
+from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from reconciler.adapters.store import MANIFEST, LocalStore, data_dir_for, parse_manifest
 from reconciler.bounds import MANIFEST_BYTES
@@ -90,6 +85,7 @@ CURRENT = "current.json"
 MAX_RECORD_BYTES = 64 << 10  # current.json, a cache record
 MAX_PUT_FILES = 256  # put_attempt: the run directory's files also stored on their own (read_attempt)
 MAX_PUT_FILE_BYTES = 64 << 20
+QUIET_LOGGERS = ("botocore", "boto3", "s3transfer")
 SESSION_TOKEN_ENV = "AWS_SESSION_TOKEN"  # a variable's name
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -197,6 +193,9 @@ class S3Store:
         ``keep_checkpoints``: the syncs ``put_checkpoint`` keeps (the presigned path is told by its caller)."""
         source = os.environ if env is None else env
         self.keep_checkpoints = keep_checkpoints
+        for name in QUIET_LOGGERS:  # their DEBUG lines carry signed headers and presigned URLs: never below WARNING
+            logger = logging.getLogger(name)
+            logger.setLevel(max(logger.level, logging.WARNING))
         self.config = config
         self.fleet = _check_id(fleet, "fleet name")
         self.base = f"{config.prefix}/{fleet}/" if config.prefix else f"{fleet}/"
@@ -247,11 +246,11 @@ class S3Store:
         except NoCredentialsError as exc:
             raise UserError(f"the store {self._where} has no credentials: set {ACCESS_KEY_ENV} and {SECRET_KEY_ENV}") \
                 from exc
-        except (EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, ConnectionClosedError) as exc:
+        except (BotoConnectionError, HTTPClientError) as exc:  # refused, reset, timed out (connect or read)
             raise StoreUnavailable(f"the store {self._where} does not answer ({type(exc).__name__}) on {what}") \
                 from exc
         except BotoCoreError as exc:
-            raise StoreUnavailable(f"the store {self._where} failed on {what} ({type(exc).__name__})") from exc
+            raise StoreError(f"the store {self._where} failed on {what} ({type(exc).__name__})") from exc
 
     def _get(self, key: str, *, limit: int | None = None, tail: int | None = None) -> bytes | None:
         """The object's bytes (its last ``tail``; at most ``limit`` + 1 of them); None when it is not there."""
@@ -400,7 +399,10 @@ class S3Store:
         m = _SYNC.fullmatch(upload.key[len(prefix):]) if upload.key.startswith(prefix) else None
         if m is None or int(m["attempt"]) != _check_attempt(attempt) or not _SHA256.fullmatch(sha256):
             return False
-        if not _is_size(size) or self._head(upload.key) != size:
+        held = self._head(upload.key)
+        if not _is_size(size) or held != size:
+            if held is not None:  # not what the box said it sent: never a sync retention would count as one
+                self._delete(upload.key)
             return False
         self._put_record(prefix + CURRENT, {
             "attempt": attempt, "key": upload.key, "size": size, "sha256": sha256, "synced_at": at,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import socket
 import tarfile
 import time
@@ -166,6 +167,7 @@ def test_a_checkpoint_of_the_wrong_size_is_refused_and_the_previous_one_stays(s3
     # a key outside the run's syncs, or another attempt's, is never made current
     assert not store.checkpoint_uploaded(RUN, 3, upload, size=4, sha256="0" * 64, at=2000.0, keep=2)
     assert store.checkpoint_synced(RUN) == before
+    assert [s.attempt for s in store._syncs(RUN)] == [1]  # the refused object is gone: retention never counts it
     stored = store.checkpoint(RUN)
     assert stored is not None and stored.attempt == 1 and stored.tar == good
 
@@ -294,3 +296,15 @@ def test_open_store_is_local_by_default(s3_server: S3Server, tmp_path: object) -
     assert isinstance(open_store(None, "fleet-a", str(tmp_path)), LocalStore)
     env = s3_server.env("o")
     assert isinstance(open_store(store_config(None, env), "fleet-a", None, env=env), S3Store)
+
+
+def test_nothing_secret_is_logged_even_at_debug(s3_server: S3Server, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.DEBUG):
+        store = fresh(s3_server)
+        uploads = store.attempt_uploads(RUN, 1, ["stdout.log"], ttl_s=300)
+        assert put(uploads["stdout.log"].url, b"x") == 200
+        assert sync(store, 1, b"ckpt", at=1.0)
+        assert store.read_attempt(RUN, 1, "stdout.log") == b"x" and store.checkpoint_download(RUN, ttl_s=60)
+    logged = "\n".join(f"{r.name} {r.getMessage()}" for r in caplog.records)
+    for secret in (S3_CANARY, s3_server.secret_key, "Signature", "X-Amz-Credential", uploads["stdout.log"].url):
+        assert secret not in logged
