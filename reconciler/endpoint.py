@@ -11,7 +11,7 @@ The account's API key goes to the provider URL configured on the controller, nev
 ``VastProvider`` in process): https, or plain http only to a loopback host (127.0.0.0/8, ::1, localhost: the
 local emulator), because over plain http anyone on the path reads the key; no ``user:password@``, query or
 fragment. A URL that breaks it is a ``UserError`` naming the flag or variable and why, raised before any
-request is made.
+request is made. The rule itself is ``check_url``: the result store's endpoint (``storeconfig``) passes it too.
 """
 
 from __future__ import annotations
@@ -51,14 +51,18 @@ def _shown(url: str) -> str:
     return repr(shown[:200])
 
 
-def check_api_url(url: str, source: str) -> str:
-    """``url`` as a base URL the API key may be sent to, without a trailing slash; a ``UserError`` if it is not.
+def check_url(url: str, source: str, *, what: str, carries: str, credentials_from: str) -> str:
+    """``url`` as a base URL a credential may be sent to, without a trailing slash; a ``UserError`` if it is not.
 
-    ``source`` names where the URL came from (the flag or the variable) for the message, which never repeats
-    the parts of the URL that could hold a secret.
+    The one rule for every such URL (the provider's, ``check_api_url``; the result store's endpoint,
+    ``storeconfig``): https, or plain http only to a loopback host; no ``user:password@``, query or fragment; a
+    host; a real port. ``source`` names where the URL came from (the flag or the variable), ``what`` what it is
+    for ("provider URL"), ``carries`` what plain http would expose ("the API key") and ``credentials_from`` where
+    the credentials do come from, for the message, which never repeats the parts of the URL that could hold a
+    secret.
     """
     def refuse(why: str) -> UserError:
-        return UserError(f"{source}: {_shown(url)} is not a usable provider URL: {why}")
+        return UserError(f"{source}: {_shown(url)} is not a usable {what}: {why}")
 
     text = url.strip()
     if not text:
@@ -74,7 +78,7 @@ def check_api_url(url: str, source: str) -> str:
     if scheme not in ("https", "http"):
         raise refuse("it must start with https:// (or http:// to a loopback host such as 127.0.0.1)")
     if "@" in parts.netloc:
-        raise refuse("credentials (user:password@) do not belong in it; the API key comes from VAST_API_KEY")
+        raise refuse(f"credentials (user:password@) do not belong in it; {credentials_from}")
     if parts.query or parts.fragment or text.endswith(("?", "#")):
         raise refuse("a query (?...) or fragment (#...) is not allowed in it")
     host = (parts.hostname or "").lower()
@@ -83,11 +87,18 @@ def check_api_url(url: str, source: str) -> str:
     if scheme == "http" and not _is_loopback(host):
         raise refuse(
             "plain http is allowed only to a loopback host (127.0.0.0/8, ::1, localhost): anyone on the path "
-            "could read the API key; use https://"
+            f"could read {carries}; use https://"
         )
     if port == 0:
         raise refuse("port 0 is not a port")
     return text.rstrip("/")
+
+
+def check_api_url(url: str, source: str) -> str:
+    """``url`` as a base URL the API key may be sent to (``check_url``'s rule); a ``UserError`` if it is not."""
+    return check_url(
+        url, source, what="provider URL", carries="the API key", credentials_from="the API key comes from VAST_API_KEY"
+    )
 
 
 def controller_api_url(flag: str | None = None, environ: Mapping[str, str] | None = None) -> str:

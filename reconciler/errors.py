@@ -15,11 +15,14 @@ Every concrete error that an adapter raises says which of the two it is; the ada
     │   │   │   └── LeaseLost             (also PermanentError) our lease's deadline passed mid-apply: stop acting
     │   │   ├── StalePlan                 a saved plan no longer matches the world
     │   │   ├── SecretMissing             (also PermanentError) a sweep's ``${NAME}`` is not set on the controller
+    │   │   ├── StoreCredentialsRefused   (also StoreError) the object store refused the controller's credentials
+    │   │   ├── StoreBucketMissing
     │   │   └── ProviderAuthError         (also ProviderPermanent) the API key is missing or rejected
     │   ├── TransientError                may succeed if tried again: back off and retry
     │   │   ├── ProviderTransient         (ProviderError) 429, 5xx, timeouts
     │   │   ├── HostUnreachable           (ShellError) connect/auth timeout, dropped connection
-    │   │   └── PushRejected              (RepoError) non-fast-forward: fetch, rebase, retry
+    │   │   ├── PushRejected              (RepoError) non-fast-forward: fetch, rebase, retry
+    │   │   └── StoreUnavailable          the object store is down: refused connection, timeout, 5xx, SlowDown
     │   ├── PermanentError                will not succeed by retrying
     │   │   ├── ProviderPermanent         (ProviderError) 400/401/403/404
     │   │   │   ├── RejectedByProvider    a 4xx or ``success: false`` reply, with ``status`` and ``code``
@@ -30,7 +33,9 @@ Every concrete error that an adapter raises says which of the two it is; the ada
     │   │   │   ├── LaunchRefused         the box's fence is newer than the launch's epoch, or it is draining
     │   │   │   └── OutputOverBound       it printed more than its byte bound: reading stopped there
     │   │   ├── ArchiveCorrupt            (RepoError) a run archive line is not a record
-    │   │   ├── StoreError                the local result store cannot take a harvest (disk, a bad stream)
+    │   │   ├── StoreError                the result store cannot take or give a harvest (disk, a bad stream)
+    │   │   │   ├── StoreCredentialsRefused
+    │   │   │   └── StoreBucketMissing    (also UserError) the bucket does not exist
     │   │   └── LaunchJournalError        the launch journal in the state dir cannot be written: no launch then
     │   ├── LeaseRace                     a compare-and-swap of the lease lost to another writer: decide again
     │   ├── ProviderError                 raised by a Provider adapter
@@ -207,7 +212,22 @@ class ArchiveCorrupt(RepoError, PermanentError):
 
 
 class StoreError(PermanentError):
-    """The local result store (``adapters.store``) cannot take or give a harvest: a full disk, a bad stream."""
+    """The result store (``adapters.store``, ``adapters.s3store``) cannot take or give a harvest: a full disk, a bad
+    stream, a missing object, a bucket that does not exist."""
+
+
+class StoreCredentialsRefused(StoreError, UserError):
+    """The object store refused the controller's credentials (InvalidAccessKeyId, SignatureDoesNotMatch,
+    AccessDenied, 403). One line naming the endpoint and bucket, never a key."""
+
+
+class StoreBucketMissing(StoreError, UserError):
+    """The object store has no such bucket: the operator's ``--store`` / ``RIGSYNC_STORE`` names another one."""
+
+
+class StoreUnavailable(TransientError):
+    """The object store did not answer usefully (refused connection, timeout, 5xx, SlowDown): try again later; the
+    last good checkpoint is never replaced by a transfer that did not complete."""
 
 
 class LaunchJournalError(PermanentError):

@@ -139,16 +139,23 @@ def _entries(value: object) -> list[Any]:
 
 
 def _manifest(directory: Path) -> Harvested:
-    """The harvest's manifest, as the box wrote it: read under ``bounds.MANIFEST_BYTES``, every entry checked
-    (a malformed one is left out; a path is shown escaped and bounded). A missing or unparsable manifest is a
-    ``StoreError`` that names no path of the controller's."""
+    """The harvest's manifest kept in ``directory`` (``parse_manifest``); a missing one is a ``StoreError`` that
+    names no path of the controller's."""
     try:
         with (directory / MANIFEST).open("rb") as fh:
             raw = fh.read(MANIFEST_BYTES + 1)
-        if len(raw) > MANIFEST_BYTES:
-            raise StoreError(f"the harvest's manifest is larger than {MANIFEST_BYTES} bytes")
     except OSError as exc:
         raise StoreError(f"the harvest has no readable manifest: {_no_path(exc)}") from exc
+    return parse_manifest(raw)
+
+
+def parse_manifest(raw: bytes) -> Harvested:
+    """The harvest's manifest, as the box wrote it (the first ``bounds.MANIFEST_BYTES`` + 1 bytes of it, read by
+    the caller: more is refused), every entry checked (a malformed one is left out; a path is shown escaped and
+    bounded). Every store parses a manifest here (``LocalStore``, ``s3store.S3Store``). An unparsable manifest is a
+    ``StoreError``."""
+    if len(raw) > MANIFEST_BYTES:
+        raise StoreError(f"the harvest's manifest is larger than {MANIFEST_BYTES} bytes")
     doc, problem = strict_json(raw.decode("utf-8", "replace"))
     if problem is not None:
         raise StoreError(f"the harvest's manifest cannot be used: {problem}")

@@ -84,8 +84,8 @@ class S3Server:
     def stop(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=10)
+        try:  # weed does not end on SIGTERM for tens of seconds; its data is throwaway: kill it soon after
+            self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -123,6 +123,8 @@ def start_s3_server(
         weed_binary(), "server", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
         f"-master.port={master}", f"-volume.port={volume}", "-filer", f"-filer.port={filer}",
         "-s3", f"-s3.port={s3}", f"-s3.config={root / 's3.json'}",
+        # its Iceberg and Lance catalogs listen on fixed ports (8181, 9101): two servers at once would collide
+        "-s3.port.iceberg=0", "-s3.port.lance=0",
         "-volume.max=0", "-master.volumeSizeLimitMB=256",
         "-s3.port.iceberg=0", "-s3.port.lance=0",  # their fixed default ports would clash between two servers
     ]
