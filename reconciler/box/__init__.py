@@ -15,7 +15,12 @@ signals only the process group the launch recorded, never a pid read from a run 
 records the end and the wrapper ends its own command), bootstrap (``bootstrap.sh``, which installs and starts
 ``bootstrap_run.sh``), ship-code (``ship_code.sh``), the harvest (``harvest.py`` run by ``harvest.sh``: a capped tar
 stream of an attempt's results on stdout), ``stage_resume.sh`` (a checkpoint tar from stdin into ``resume/``),
-``read_log.sh`` (a slice of an attempt's log) and the watchdog.
+``read_log.sh`` (a slice of an attempt's log) and the watchdog. With a result store that boxes reach themselves
+(issue 22), the box moves its data with presigned URLs that arrive on a command's stdin, never its argv:
+``upload.sh`` runs the harvest into a file under ``tmp/`` (``harvest.py --out``) and uploads it, and the run files
+the controller reads on their own, with ``transfer.py put``; ``fetch_resume.sh`` downloads a checkpoint with
+``transfer.py get``, checked against the size and SHA-256 the controller recorded, and hands it to
+``stage_resume.sh``.
 
 Box activity (``boxlib.py``): the probe (``probe.py``) and the watchdog (``watchdog.py``) both ask "is anything
 alive on this box, and when did anything last happen?". The answer is ``boxlib.box_activity``, there once: the probe
@@ -81,6 +86,7 @@ Layout under ``$HOME/rigsync/``::
     bin/launch.sh, bin/dequeue.sh        what the box starts a queued attempt with (installed by each enqueue)
     epoch, epoch.lock, drain             the fence, its lock, the drain marker
     resume/<run_id>.<attempt>/           a checkpoint staged for an attempt about to launch (stage_resume.sh)
+    tmp/upload.*/, tmp/fetch.*/          a transfer's temporary files (removed when it ends)
     watchdog/                            watchdog.py, run.sh, pid, started_at, touched, watchdog.log
 
 The probe needs ``python3`` on the box (every Vast image has one); without it the probe prints a JSON document

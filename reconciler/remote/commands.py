@@ -57,6 +57,7 @@ __all__ = [
     "harvest_script",
     "harvested_script",
     "is_cache_path",
+    "is_run_file",
     "is_safe_name",
     "kill_script",
     "launch_script",
@@ -445,11 +446,15 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _RUN_FILE = re.compile(r"[A-Za-z0-9_.+=][A-Za-z0-9_.+=/-]{0,499}")  # never an option (-x), never absolute
 
 
+def is_run_file(name: str) -> bool:
+    """Whether ``name`` names a file of a run directory by a relative path that stays inside it (``stdout.log``,
+    ``.rigsync-harvest.json``, ``out/m.jsonl``): safe parts, none ``.`` or ``..``, never absolute, never an option."""
+    return _RUN_FILE.fullmatch(name) is not None and not any(p in ("", ".", "..") for p in name.split("/"))
+
+
 def _run_file(name: str) -> str:
-    """A file of a run directory named by a relative path that stays inside it (``stdout.log``, ``out/m.jsonl``)."""
-    parts = name.split("/")
-    if not _RUN_FILE.fullmatch(name) or any(p in ("", ".", "..") for p in parts):
-        raise ValueError(f"run file {name!r} is not a relative path of safe names")
+    if not is_run_file(name):
+        raise ValueError(f"run file {name[:80]!r} is not a relative path of safe names")
     return name
 
 

@@ -28,6 +28,7 @@ from conftest import S3_CANARY
 from tarutil import tar_of
 
 from reconciler.adapters.boxes import ShellBoxes
+from reconciler.adapters.s3store import S3Store
 from reconciler.adapters.ssh import SshShell
 from reconciler.adapters.vast import VastProvider
 from reconciler.emulator import Emulator
@@ -36,6 +37,7 @@ from reconciler.emulator.testing import KeyPair
 from reconciler.errors import RemoteCommandFailed
 from reconciler.model import Endpoint, Instance, OfferFilters
 from reconciler.ports import ATTEMPT_TAR, Download, Upload
+from reconciler.storeconfig import store_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -225,6 +227,37 @@ def test_a_box_that_edits_its_url_to_another_key_is_refused_and_nothing_is_writt
         ShellBoxes(shell).upload_checkpoint(box, "e", 1, path="ckpt/", cap_bytes=1 << 20, upload=edited)
     assert "HTTP 403" in str(err.value) and SIGNATURES[-1] not in str(err.value) and "X-Amz" not in str(err.value)
     assert _object(s3, s3_server, other) is None and _keys(s3, s3_server, prefix) == []
+
+
+def test_the_store_s_own_urls_carry_a_harvest_a_checkpoint_and_a_resume_end_to_end(
+    box: Instance, shell: SshShell, s3_server: S3Server
+) -> None:
+    """``S3Store`` (the s3 helper's ``Presigner``) mints the URLs, the box moves the data, the store reads it back."""
+    where = s3_server.env(f"e2e-{secrets.token_hex(4)}")
+    config = store_config(None, where)
+    assert config is not None
+    presigner = S3Store(config, "fleet-t", env=where).presigner
+    run = "sweep-0123456789ab"
+    _run_dir(shell, box, f"{run}.1", {"stdout.log": b"out", "stderr.log": b"err", "metrics.jsonl": b'{"loss": 1}\n',
+                                      "ckpt/state.json": b'{"step": 7}'})
+    boxes = ShellBoxes(shell)
+    uploads = presigner.attempt_uploads(run, 1, ["stdout.log", "stderr.log", MANIFEST, "metrics.jsonl"], ttl_s=600)
+    for upload in uploads.values():
+        _remember(upload.url)
+    boxes.upload_harvest(box, run, 1, patterns=["metrics.jsonl"], cap_bytes=1 << 20, uploads=uploads)
+    harvested = presigner.attempt_uploaded(run, 1)
+    assert dict(harvested.files) == {"stderr.log": 3, "stdout.log": 3, "metrics.jsonl": 12} and not harvested.skipped
+    up = presigner.checkpoint_upload(run, 1, at=time.time(), ttl_s=600)
+    _remember(up.url)
+    got = boxes.upload_checkpoint(box, run, 1, path="ckpt/", cap_bytes=1 << 20, upload=up)
+    assert got.complete
+    assert presigner.checkpoint_uploaded(run, 1, up, size=got.size, sha256=got.sha256, at=time.time(), keep=2)
+    current = presigner.checkpoint_download(run, ttl_s=600)
+    assert current is not None and current[0] == 1
+    _remember(current[1].url)
+    boxes.stage_resume_from(box, run, 2, current[1])
+    assert _sh(shell, box, f"cat ~/rigsync/resume/{run}.2/ckpt/state.json") == '{"step": 7}'
+    _tmp_is_empty(shell, box)
 
 
 class _SlowSink:

@@ -11,15 +11,18 @@ import subprocess
 import sys
 import tarfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from reconciler.adapters.boxes import ShellBoxes
 from reconciler.box import transfer
-from reconciler.ports import CheckpointUploaded
+from reconciler.errors import RemoteCommandFailed
+from reconciler.model import Endpoint, Instance, InstanceStatus
+from reconciler.ports import ATTEMPT_TAR, CheckpointUploaded, CommandResult, Download, Upload
 from reconciler.remote import commands, parse
 
 SECRET = "X-Amz-Signature=deadbeef0123456789sig"
@@ -253,3 +256,41 @@ def test_parse_upload_reads_an_incomplete_sync() -> None:
     answer, problem = parse.parse_upload(b'{"bytes": 9, "files": 1, "skipped": 2}\n{"sha256": "' + b"b" * 64
                                          + b'", "size": 1024}\n')
     assert problem is None and answer == CheckpointUploaded(size=1024, sha256="b" * 64, complete=False)
+
+
+# ------------------------------------------------- ShellBoxes: URLs on stdin only, never in an error it raises
+
+
+class EchoShell:
+    """A ``Shell`` whose box refuses every transfer and echoes its stdin (the URLs) to stderr, as a hostile or
+    broken box might: what the adapter raises must not carry them."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes]] = []
+
+    def run(self, endpoint: Endpoint, command: str, *, stdin: bytes | None = None, timeout: float = 30.0,
+            max_stdout: int | None = None, stdout_sink: Any = None) -> CommandResult:
+        self.sent.append((command, stdin or b""))
+        return CommandResult(exit_code=transfer.REFUSED, stdout=b"", stderr=b"box says: " + (stdin or b""))
+
+
+def test_shell_boxes_send_urls_on_stdin_only_and_raise_without_them() -> None:
+    shell = EchoShell()
+    boxes = ShellBoxes(shell)  # type: ignore[arg-type]  # only run() is reached
+    inst = Instance(id=7, label="rigsync:t:0", status=InstanceStatus.RUNNING, gpu_name="g", num_gpus=1,
+                    gpu_ram_mib=1, dph_total=0.1, start_date=0.0, direct=Endpoint("127.0.0.1", 22))
+    url = f"https://s3.example/bucket/k?{SECRET}"
+    calls: list[Callable[[], object]] = [
+        lambda: boxes.upload_harvest(inst, "r", 1, patterns=[], cap_bytes=10,
+                                     uploads={ATTEMPT_TAR: Upload("k", url, 0.0), "stdout.log": Upload("k2", url, 0)}),
+        lambda: boxes.upload_checkpoint(inst, "r", 1, path="ckpt/", cap_bytes=10, upload=Upload("k", url, 0.0)),
+        lambda: boxes.stage_resume_from(inst, "r", 2, Download("k", url, 3, "a" * 64, 0.0)),
+    ]
+    for call in calls:
+        with pytest.raises(RemoteCommandFailed, match="refused by the store") as err:
+            call()
+        _no_secret(str(err.value))
+        assert "s3.example" not in str(err.value)
+    for command, stdin in shell.sent:
+        assert "deadbeef" not in command and stdin.startswith(url.encode() + b"\n")
+    assert repr(Upload("k", url, 0.0)).count("deadbeef") == 0
