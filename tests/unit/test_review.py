@@ -322,14 +322,13 @@ def test_cli_lists_every_secret_reference_first_marking_those_off_the_allowlist(
     assert lines[4].startswith("base main ")
     assert "MUJOCO_GL" not in text  # a literal is in git for all to read: not a secret
 
-    md = _review_cli(fleet, "--base", "main", "--head", "token", "--markdown", allowlist="WANDB_API_KEY").stdout
+    doc = _valid(json.loads(_review_cli(fleet, "--base", "main", "--head", "token", "--json",
+                                        allowlist="WANDB_API_KEY").stdout))
+    md = markdown(doc)  # what --markdown prints of that document
     assert md.startswith(MARKER)
     warning = md.index("> [!WARNING]")
     assert warning < md.index("base main")  # before everything else but the title
     assert "T = ${GITHUB_TOKEN} (added): NOT in RIGSYNC_JOB_SECRETS here" in md[warning:md.index("base main")]
-
-    doc = _valid(json.loads(_review_cli(fleet, "--base", "main", "--head", "token", "--json",
-                                        allowlist="WANDB_API_KEY").stdout))
     assert doc["secrets_allowlist_known"] is True
     assert doc["secrets"] == [
         {"sweep": "tdmpc", "variable": "T", "reference": "GITHUB_TOKEN", "change": "added", "allowed": False},
