@@ -114,6 +114,13 @@ def allowed_secrets(text: str) -> frozenset[str]:
     return frozenset(names)
 
 
+def allowlist_given(environ: Mapping[str, str]) -> frozenset[str] | None:
+    """The allowlist ``environ`` gives when it sets ``RIGSYNC_JOB_SECRETS`` at all (``rigsync review`` marks the
+    references off it); None: not set, so not known there (for a controller, unset means none allowed)."""
+    listed = environ.get(JOB_SECRETS_ENV)
+    return None if listed is None else allowed_secrets(listed)
+
+
 def name_problem(name: str) -> str | None:
     """Why a sweep may not set the variable ``name``, or None."""
     if not NAME_RE.match(name):

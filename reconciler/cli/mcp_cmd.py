@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,9 +97,10 @@ TOOLS: tuple[ToolSpec, ...] = (
 
 
 def _review(repo: Path, a: Mapping[str, Any]) -> Any:
+    from reconciler.jobenv import allowlist_given
     from reconciler.review_git import review  # the producer `rigsync review --json` prints
 
-    return review(repo, str(a["base"]), str(a.get("head") or "HEAD"))
+    return review(repo, str(a["base"]), str(a.get("head") or "HEAD"), allowed_secrets=allowlist_given(os.environ))
 
 
 TOOLS += (

@@ -17,7 +17,7 @@ import os
 from reconciler import review as reviewing
 from reconciler.cli._common import add_checkout_arg
 from reconciler.errors import UserError
-from reconciler.jobenv import JOB_SECRETS_ENV, allowed_secrets
+from reconciler.jobenv import JOB_SECRETS_ENV, allowlist_given
 from reconciler.review_git import review
 
 
@@ -43,9 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if not args.repo.is_dir():
         raise UserError(f"{args.repo}: not a directory")
-    listed = os.environ.get(JOB_SECRETS_ENV)  # unset here: the controller's list is not known (not: none allowed)
-    allowed = allowed_secrets(listed) if listed is not None else None
-    doc = review(args.repo, args.base, args.head, allowed_secrets=allowed)
+    doc = review(args.repo, args.base, args.head, allowed_secrets=allowlist_given(os.environ))
     if args.json:
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     elif args.markdown:

@@ -292,7 +292,8 @@ def _fleet(
 
 def _start(f: Fleet) -> None:
     f.log = f.world.tmp / "daemon.log"
-    env = {**f.world.env, "RIGSYNC_DATA_DIR": str(f.data)}
+    # the held sweep's reference is allowed (RIGSYNC_JOB_SECRETS) and never set: held back as missing
+    env = {**f.world.env, "RIGSYNC_DATA_DIR": str(f.data), "RIGSYNC_JOB_SECRETS": "ADV_SECRET_NEVER_SET"}
     env.pop("ADV_SECRET_NEVER_SET", None)
     with open(f.log, "wb") as fh:
         f.proc = subprocess.Popen(

@@ -51,6 +51,10 @@ def test_the_list_is_comma_separated_names_and_unset_allows_nothing() -> None:
     assert allowed_secrets("") == frozenset()
     assert ControllerEnv({}).allowed == frozenset()
     assert ControllerEnv({JOB_SECRETS_ENV: "HF_TOKEN"}).allowed == frozenset({"HF_TOKEN"})
+    # where review runs: unset is "not known", set (even empty) is the list
+    assert jobenv.allowlist_given({}) is None
+    assert jobenv.allowlist_given({JOB_SECRETS_ENV: ""}) == frozenset()
+    assert jobenv.allowlist_given({JOB_SECRETS_ENV: "HF_TOKEN"}) == frozenset({"HF_TOKEN"})
 
 
 @pytest.mark.parametrize(

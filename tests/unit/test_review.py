@@ -19,6 +19,8 @@ from reconciler.desired import load_desired, read_desired_files
 from reconciler.jobenv import JOB_SECRETS_ENV
 from reconciler.model import AttemptOutcome, AttemptRecord, Desired, FleetMemory, Observed, Spend
 from reconciler.review import MARKER, MAX_MARKDOWN, Side, compute_review, headline, markdown
+from reconciler.review import text as review_text
+from reconciler.review_git import review
 
 ROOT = Path(__file__).resolve().parents[2]
 RIGSYNC = Path(sys.executable).parent / "rigsync"
@@ -51,6 +53,7 @@ def _review(base: Desired, head: Desired, observed: Observed | None = None, held
 
 
 ADD_LR = ("lr: [3.0e-4, 1.0e-3]", "lr: [3.0e-4, 1.0e-3, 3.0e-3]")
+TOKEN_ENV = "env:\n  T: ${GITHUB_TOKEN}\n  WANDB_API_KEY: ${WANDB_API_KEY}\n  MUJOCO_GL: egl\n"
 
 
 def test_added_grid_value_adds_its_runs_and_prices_them(tmp_path: Path) -> None:
@@ -163,7 +166,9 @@ def rigsync(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fleet repository with this repository's example and observed/ as base, and three heads on branches."""
+    """A fleet repository with this repository's example and observed/ as base, and heads on branches: ``add``,
+    ``bad``; ``token`` gives tdmpc ``env: {T: ${GITHUB_TOKEN}, WANDB_API_KEY: ...}`` (two references added, one
+    literal), ``swap`` (after ``token``) points T at another variable (a changed reference)."""
     repo = tmp_path_factory.mktemp("review") / "fleet"
     repo.mkdir()
     for d in ("desired", "experiments", "observed"):
@@ -178,6 +183,12 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
         _git(repo, "checkout", "-q", "-b", branch, "main")
         sweep.write_text(text)
         _git(repo, "commit", "-qam", branch)
+    _git(repo, "checkout", "-q", "-b", "token", "main")
+    sweep.write_text(original + TOKEN_ENV)
+    _git(repo, "commit", "-qam", "tdmpc: report to GitHub")
+    _git(repo, "checkout", "-q", "-b", "swap")
+    sweep.write_text((original + TOKEN_ENV).replace("${GITHUB_TOKEN}", "${GH_PAT}"))
+    _git(repo, "commit", "-qam", "tdmpc: another token")
     _git(repo, "checkout", "-q", "main")
     return repo
 
@@ -287,29 +298,6 @@ def test_cli_prices_a_sweep_at_its_own_pools_cap(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------ secrets a change sends to boxes
 
-TOKEN_ENV = "env:\n  T: ${GITHUB_TOKEN}\n  WANDB_API_KEY: ${WANDB_API_KEY}\n  MUJOCO_GL: egl\n"
-
-
-@pytest.fixture(scope="module")
-def secret_fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The example fleet as main; branch ``token`` gives tdmpc ``env: {T: ${GITHUB_TOKEN}, WANDB_API_KEY: ...}``
-    (two references added, one literal), branch ``swap`` then points T at another variable (a changed one)."""
-    repo = tmp_path_factory.mktemp("review-secrets") / "fleet"
-    repo.mkdir()
-    for d in ("desired", "experiments", "observed"):
-        shutil.copytree(ROOT / d, repo / d, ignore=shutil.ignore_patterns("__pycache__"))
-    _git(repo, "init", "-q", "-b", "main")
-    _git(repo, "add", "-A")
-    _git(repo, "commit", "-qm", "base")
-    sweep = repo / "desired" / "sweeps" / "tdmpc.yaml"
-    _git(repo, "checkout", "-q", "-b", "token")
-    sweep.write_text(sweep.read_text() + TOKEN_ENV)
-    _git(repo, "commit", "-qam", "tdmpc: report to GitHub")
-    _git(repo, "checkout", "-q", "-b", "swap")
-    sweep.write_text(sweep.read_text().replace("${GITHUB_TOKEN}", "${GH_PAT}"))
-    _git(repo, "commit", "-qam", "tdmpc: another token")
-    return repo
-
 
 def _review_cli(repo: Path, *args: str, allowlist: str | None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != JOB_SECRETS_ENV}
@@ -322,8 +310,8 @@ def _review_cli(repo: Path, *args: str, allowlist: str | None) -> subprocess.Com
     return proc
 
 
-def test_cli_lists_every_secret_reference_first_marking_those_off_the_allowlist(secret_fleet: Path) -> None:
-    text = _review_cli(secret_fleet, "--base", "main", "--head", "token", allowlist="WANDB_API_KEY").stdout
+def test_cli_lists_every_secret_reference_first_marking_those_off_the_allowlist(fleet: Path) -> None:
+    text = _review_cli(fleet, "--base", "main", "--head", "token", allowlist="WANDB_API_KEY").stdout
     lines = text.splitlines()
     assert lines[0].startswith("2 SECRET reference(s) added or changed (1 NOT ALLOWED here), +0 run(s)"), lines[0]
     assert lines[1].startswith("secrets this change sends to rented boxes")
@@ -334,14 +322,13 @@ def test_cli_lists_every_secret_reference_first_marking_those_off_the_allowlist(
     assert lines[4].startswith("base main ")
     assert "MUJOCO_GL" not in text  # a literal is in git for all to read: not a secret
 
-    md = _review_cli(secret_fleet, "--base", "main", "--head", "token", "--markdown", allowlist="WANDB_API_KEY").stdout
+    doc = _valid(json.loads(_review_cli(fleet, "--base", "main", "--head", "token", "--json",
+                                        allowlist="WANDB_API_KEY").stdout))
+    md = markdown(doc)  # what --markdown prints of that document
     assert md.startswith(MARKER)
     warning = md.index("> [!WARNING]")
     assert warning < md.index("base main")  # before everything else but the title
     assert "T = ${GITHUB_TOKEN} (added): NOT in RIGSYNC_JOB_SECRETS here" in md[warning:md.index("base main")]
-
-    doc = _valid(json.loads(_review_cli(secret_fleet, "--base", "main", "--head", "token", "--json",
-                                        allowlist="WANDB_API_KEY").stdout))
     assert doc["secrets_allowlist_known"] is True
     assert doc["secrets"] == [
         {"sweep": "tdmpc", "variable": "T", "reference": "GITHUB_TOKEN", "change": "added", "allowed": False},
@@ -350,25 +337,24 @@ def test_cli_lists_every_secret_reference_first_marking_those_off_the_allowlist(
     ]
 
 
-def test_cli_a_changed_reference_and_an_unknown_allowlist(secret_fleet: Path) -> None:
-    doc = _valid(json.loads(_review_cli(secret_fleet, "--base", "token", "--head", "swap", "--json",
-                                        allowlist=None).stdout))
+def test_cli_a_changed_reference_and_an_unknown_allowlist(fleet: Path) -> None:
+    doc = _valid(json.loads(_review_cli(fleet, "--base", "token", "--head", "swap", "--json", allowlist=None).stdout))
     assert doc["secrets_allowlist_known"] is False
     assert doc["secrets"] == [
         {"sweep": "tdmpc", "variable": "T", "reference": "GH_PAT", "change": "changed", "allowed": None}
     ]
-    text = _review_cli(secret_fleet, "--base", "token", "--head", "swap", allowlist=None).stdout.splitlines()
-    assert text[0].startswith("1 SECRET reference(s) added or changed, +0 run(s)")
-    assert text[2] == "  sweep tdmpc: T = ${GH_PAT} (changed)"
-    assert "allowlist is not known here" in text[3]
+    lines = review_text(doc).splitlines()  # what the command prints without --json
+    assert lines[0].startswith("1 SECRET reference(s) added or changed, +0 run(s)")
+    assert lines[2] == "  sweep tdmpc: T = ${GH_PAT} (changed)"
+    assert "allowlist is not known here" in lines[3]
     # nothing added or changed: nothing said (the unchanged WANDB_API_KEY is not listed again)
-    quiet = _review_cli(secret_fleet, "--base", "swap", "--head", "swap", allowlist=None).stdout
-    assert "SECRET" not in quiet and "secrets this change" not in quiet
+    same = review(fleet, "swap", "swap", allowed_secrets=frozenset())
+    assert same["secrets"] == [] and "SECRET" not in review_text(same) and "secrets this change" not in markdown(same)
 
 
-def test_cli_a_bad_allowlist_is_one_line(secret_fleet: Path) -> None:
+def test_cli_a_bad_allowlist_is_one_line(fleet: Path) -> None:
     env = {**os.environ, JOB_SECRETS_ENV: "HF_TOKEN,VAST_API_KEY"}
-    proc = subprocess.run([str(RIGSYNC), "review", "--repo", str(secret_fleet), "--base", "main"],
+    proc = subprocess.run([str(RIGSYNC), "review", "--repo", str(fleet), "--base", "main"],
                           capture_output=True, text=True, timeout=120, env=env, check=False)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "RIGSYNC_JOB_SECRETS lists VAST_API_KEY" in proc.stderr, proc.stderr
