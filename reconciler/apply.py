@@ -54,6 +54,7 @@ from reconciler.errors import (
     RemoteCommandFailed,
     RigsyncError,
     SecretMissing,
+    StoreUnavailable,
 )
 from reconciler.failpoints import failpoint
 from reconciler.identity import box_cache_key, slot_pool
@@ -378,8 +379,8 @@ def _harvest(
     record is written, and say in the record what came home (``harvest``), a failed attempt's ``stderr_tail``, and
     its curve under observed/curves/.
 
-    ``required`` (an attempt that finished or was killed on a box that answers): a box that stops answering mid-way
-    fails the action, nothing is archived, and the next cycle harvests again (the planner keeps the box until its
+    ``required`` (an attempt that finished or was killed on a box that answers): a box that stops answering mid-way,
+    or a store that is down, fails the action, nothing is archived, and the next cycle harvests again (the planner keeps the box until its
     finished attempts are archived). Otherwise (a lost attempt) what cannot come home is noted as lost.
     """
     if ctx.store is None:
@@ -393,10 +394,11 @@ def _harvest(
         _pull_checkpoint(ctx, result, box, rec.run_id, rec.attempt, sweep.checkpoint.path)  # what a retry resumes
     try:
         got = _bring_home(ctx, box, rec, patterns, read_back=[*READ_BACK, *metrics])
-    except HostUnreachable as exc:
-        if required:
+    except (HostUnreachable, StoreUnavailable) as exc:
+        if required:  # transient: the box keeps its results until the next cycle brings them home
             raise
-        return replace(rec, harvest=f"lost: box unreachable ({_note_text(exc, 200)})")
+        gone = "box unreachable" if isinstance(exc, HostUnreachable) else "the store is down"
+        return replace(rec, harvest=f"lost: {gone} ({_note_text(exc, 200)})")
     except RigsyncError as exc:  # no run directory, no python, a stream the store refuses: say so, do not block
         return replace(rec, harvest=f"lost: {_note_text(exc, 300)}")
     except (ValueError, OverflowError, RecursionError, MemoryError) as exc:  # the box's stream itself is unusable

@@ -91,7 +91,7 @@ def store_config(flag: str | None, env: Mapping[str, str]) -> StoreConfig | None
         return None
     bucket, prefix = parse_store_url(value, source)
     endpoint = None
-    if env.get(STORE_ENDPOINT_ENV) is not None:
+    if env.get(STORE_ENDPOINT_ENV):  # unset or empty (a workflow's undefined variable): AWS's own endpoint
         endpoint = check_url(
             env[STORE_ENDPOINT_ENV], f"the environment variable {STORE_ENDPOINT_ENV}", what="store endpoint",
             carries="the store's data and presigned URLs",

@@ -19,10 +19,10 @@ from reconciler.actions import Plan, ReasonCode, Requeue
 from reconciler.adapters.store import LocalStore, attempt_dir, checkpoint_dir
 from reconciler.apply import STDERR_TAIL_BYTES, ApplyContext, ApplyResult, _tail_text, apply, harvest_note
 from reconciler.curves import MAX_POINTS, downsample, points_from_metrics, render_curve
-from reconciler.errors import HostUnreachable
+from reconciler.errors import HostUnreachable, StoreUnavailable
 from reconciler.jobenv import JOB_SECRETS_ENV, ControllerEnv
 from reconciler.model import AttemptOutcome, Desired, Observed
-from reconciler.ports import Harvested
+from reconciler.ports import Harvested, HarvestStream
 
 
 def _sh(home: Path, script: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
@@ -205,6 +205,37 @@ def test_a_finished_attempt_is_harvested_before_its_box_goes(tmp_path: Path) -> 
     assert (attempt_dir(data, rec.run_id, rec.attempt) / "stderr.log").is_file()
     observed, p = observe_and_plan(world, desired, archive)
     assert [(a.kind.value, a.code) for a in p.actions] == [("destroy", ReasonCode.SURPLUS)]
+
+
+class _DownStore(LocalStore):
+    """A store that is down: every harvest it is handed fails as the object store's adapter says so."""
+
+    def put_attempt(self, run_id: str, attempt: int, tar: HarvestStream) -> Harvested:
+        raise StoreUnavailable("the store s3://b at http://127.0.0.1:9 does not answer (EndpointConnectionError)")
+
+
+def test_a_store_that_is_down_keeps_the_finished_attempt_on_its_box_until_the_next_cycle(tmp_path: Path) -> None:
+    """Transient, never lost: the record fails (nothing archived, the box is not marked harvested, so it is kept),
+    and once the store answers again the next cycle harvests it whole."""
+    desired = desired_state(1, max_instances=1, retries=0)
+    world = FakeWorld([offer(1, gpus=1)], clock=FakeClock(), boot_s=10.0)
+    archive = FakeArchive()
+    data = tmp_path / "data"
+    for _ in range(3):
+        observed, p = observe_and_plan(world, desired, archive)
+        assert _apply(world, desired, observed, p, archive, data).failures == []
+        world.clock.advance(11.0)
+    ((_iid, run),) = world.live_runs()
+    run.end(world.clock.now(), 0)
+    observed, p = observe_and_plan(world, desired, archive)
+    ctx = ApplyContext(provider=world.provider, boxes=world.box_control, desired=desired, observed=observed,
+                       archive=archive, code_tar=code_tar, now=world.clock.now, store=_DownStore(data))
+    down = apply(p, ctx)
+    assert len(down.failures) == 1 and not down.archived and "does not answer" in down.failures[0].detail
+    observed, p = observe_and_plan(world, desired, archive)
+    assert [a.kind.value for a in p.actions] == ["record"]
+    (rec,) = _apply(world, desired, observed, p, archive, data).archived
+    assert rec.phase is AttemptOutcome.SUCCEEDED and rec.harvest is not None and rec.harvest.startswith("ok")
 
 
 def test_a_lost_attempt_says_what_was_lost(tmp_path: Path) -> None:

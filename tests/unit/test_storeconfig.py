@@ -79,7 +79,7 @@ def test_a_store_that_is_not_s3_bucket_prefix_is_refused_naming_its_source(value
         ("https://user:" + SECRET + "@s3.example.com", "credentials (user:password@) do not belong in it"),
         ("https://s3.example.com/?X-Amz-Signature=" + SECRET, "a query (?...) or fragment"),
         ("https://", "it has no host"),
-        ("", "it is empty"),
+        ("   ", "it is empty"),
     ],
 )
 def test_the_endpoint_passes_the_provider_urls_rule(endpoint: str, why: str) -> None:
@@ -127,3 +127,8 @@ def test_the_credential_names_are_the_ones_jobs_can_never_reference() -> None:
 def test_the_loaders_refusal_names_the_settings_as_storeconfig_spells_them() -> None:
     for name in (storeconfig.STORE_FLAG, storeconfig.STORE_ENV, storeconfig.STORE_ENDPOINT_ENV):
         assert name in STORE_WHY
+
+
+def test_an_empty_endpoint_is_unset_as_a_workflow_passes_an_undefined_variable() -> None:
+    got = store_config(None, {"RIGSYNC_STORE": "s3://bucket", "RIGSYNC_STORE_ENDPOINT": "", **CREDS})
+    assert got is not None and got.endpoint is None
