@@ -380,8 +380,9 @@ def _harvest(
     its curve under observed/curves/.
 
     ``required`` (an attempt that finished or was killed on a box that answers): a box that stops answering mid-way,
-    or a store that is down, fails the action, nothing is archived, and the next cycle harvests again (the planner keeps the box until its
-    finished attempts are archived). Otherwise (a lost attempt) what cannot come home is noted as lost.
+    or a store that is down, fails the action, nothing is archived, and the next cycle harvests again (the planner
+    keeps the box until its finished attempts are archived). Otherwise (a lost attempt) what cannot come home is
+    noted as lost.
     """
     if ctx.store is None:
         _mark_harvested(ctx, box, rec)  # nothing is kept here: the box has nothing more to give
