@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-import time
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,42 +21,31 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from reconciler.actions import Bootstrap, Plan, ReasonCode
-from reconciler.adapters.archive import RunArchive
-from reconciler.adapters.boxes import ShellBoxes
-from reconciler.adapters.s3store import S3Store
 from reconciler.adapters.ssh import SshShell
 from reconciler.adapters.store import LocalStore
 from reconciler.adapters.vast import VastProvider
-from reconciler.apply import ApplyContext, apply
 from reconciler.desired.fields import script_hash
 from reconciler.emulator import Emulator
 from reconciler.emulator.s3server import S3Server
 from reconciler.emulator.testing import KeyPair
 from reconciler.identity import box_cache_key
-from reconciler.model import DEFAULT_POOL, Budget, Desired, Fleet, Instance, Observed, OfferFilters, Pool
+from reconciler.model import DEFAULT_POOL, Instance, Pool
 from reconciler.ports import ResultStore
-from reconciler.storeconfig import StoreConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from bootstrap_cache import bootstrap_until_done, on_box, rent_boxes, s3_store
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
-
-FLEET = "bcache"
 
 
 @pytest.fixture(scope="module")
 def boxes(emulator: Emulator) -> Iterator[list[Instance]]:
     """Two running boxes of the fleet, rented through the real SDK."""
+    rented = rent_boxes(emulator, 2)
+    yield rented
     provider = VastProvider(api_key=emulator.api_key, server_url=emulator.url)
-    offers = provider.search_offers(OfferFilters(verified=False), disk_gb=10)
-    ids = [
-        provider.create_instance(o.id, image="img", disk_gb=10, label=f"rigsync:{FLEET}:s-{o.id}", onstart="", env={})
-        for o in offers[:2]
-    ]
-    emulator.wait_running(ids)
-    listed = {i.id: i for i in provider.list_instances()}
-    yield [listed[i] for i in ids]
-    for i in ids:
-        provider.destroy_instance(i)
+    for box in rented:
+        provider.destroy_instance(box.id)
 
 
 @pytest.fixture
@@ -95,11 +84,6 @@ def case() -> Case:
     return Case(nonce, f"/root/venv-{nonce}", f"/root/ran-{nonce}.log")
 
 
-def s3_store(server: S3Server, prefix: str) -> S3Store:
-    config = StoreConfig(bucket=server.bucket, prefix=prefix, endpoint=server.endpoint)
-    return S3Store(config, FLEET, env=server.env())
-
-
 def s3_client(server: S3Server):  # type: ignore[no-untyped-def]
     return boto3.session.Session().client(
         "s3", endpoint_url=server.endpoint, region_name="us-east-1", aws_access_key_id=server.access_key,
@@ -109,34 +93,9 @@ def s3_client(server: S3Server):  # type: ignore[no-untyped-def]
 
 
 def bootstrap(
-    emulator: Emulator, shell: SshShell, store: ResultStore, box: Instance, pool: Pool, tmp_path: Path,
-    timeout: float = 90.0,
+    emulator: Emulator, shell: SshShell, store: ResultStore, box: Instance, pool: Pool, tmp_path: Path
 ) -> list[str]:
-    """Apply ``Bootstrap`` to ``box`` every 0.3 s (as cycles would) until it answers done; the outcomes' details."""
-    desired = Desired(fleet=Fleet(name=FLEET, pools=(pool,)), budget=Budget(), sweeps=(), runs=())
-    ctx = ApplyContext(
-        provider=VastProvider(api_key=emulator.api_key, server_url=emulator.url), boxes=ShellBoxes(shell),
-        desired=desired, observed=Observed(instances=(box,)), archive=RunArchive(tmp_path / "archive"),
-        code_tar=lambda commit, paths: b"", now=time.time, store=store,
-    )
-    action = Bootstrap(reason="test", code=ReasonCode.BOOTSTRAP_MISSING, instance_id=box.id,
-                       script_hash=pool.bootstrap_hash)
-    details: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        outcome = apply(Plan(actions=(action,)), ctx).outcomes[0]
-        assert outcome.ok, outcome.detail
-        details.append(outcome.detail)
-        if outcome.detail.startswith("bootstrap ok"):
-            return details
-        time.sleep(0.3)
-    raise AssertionError(f"bootstrap not done in {timeout} s: {details[-3:]}")
-
-
-def on_box(emulator: Emulator, box: Instance, path: str) -> Path:
-    """The host path of ``path`` under the box's /root."""
-    assert path.startswith("/root/")
-    return emulator.host_root(box.id) / path.removeprefix("/root/")
+    return bootstrap_until_done(emulator, shell, store, box, pool, tmp_path / "archive")
 
 
 def bootstrap_log(emulator: Emulator, box: Instance, pool: Pool) -> str:
