@@ -73,12 +73,14 @@ from reconciler.model import (
     Sweep,
 )
 from reconciler.ports import (
+    HARVEST_MANIFEST,
     ArchiveAppender,
     BootstrapCache,
     BoxControl,
     Fence,
     Harvested,
     LaunchJob,
+    Presigner,
     Provider,
     ResultStore,
     no_fence,
@@ -96,6 +98,10 @@ log = logging.getLogger("rigsync.apply")
 KILL_EXIT_CODE = 137  # what a killed attempt records (128 + SIGKILL), as a shell would report it
 HARVEST_CAP_BYTES = 256 << 20  # at most this much of an attempt's files comes home (logs first, then artifacts)
 STDERR_TAIL_BYTES = 4096  # how much of a failed attempt's stderr its archive record carries
+# the files of a harvest this controller reads back (a failed attempt's stderr tail, ``rigsync logs``), besides
+# the sweep's metrics file: an object store keeps each on its own beside the whole tar
+READ_BACK = ("stdout.log", "stderr.log", HARVEST_MANIFEST)
+TRANSFER_TTL_S = 3600.0  # a presigned URL for one transfer (a harvest, a checkpoint sync, a resume) lives this long
 
 
 @dataclass
@@ -381,15 +387,12 @@ def _harvest(
         return rec
     spec = ctx.desired.run(rec.run_id)
     sweep = spec.sweep if spec else None
-    patterns = [spec.sweep.metrics_file] if spec and not spec.sweep.metrics_file.startswith("/") else []
-    patterns.extend(sweep.artifacts if sweep else ())
+    metrics = [spec.sweep.metrics_file] if spec and not spec.sweep.metrics_file.startswith("/") else []
+    patterns = [*metrics, *(sweep.artifacts if sweep else ())]
     if sweep is not None and sweep.checkpoint is not None and rec.phase is not AttemptOutcome.SUCCEEDED:
         _pull_checkpoint(ctx, result, box, rec.run_id, rec.attempt, sweep.checkpoint.path)  # what a retry resumes
     try:
-        tar = ctx.boxes.harvest(
-            box, rec.run_id, rec.attempt, what="run", patterns=patterns, cap_bytes=ctx.harvest_cap_bytes
-        )
-        got = ctx.store.put_attempt(rec.run_id, rec.attempt, tar)
+        got = _bring_home(ctx, box, rec, patterns, read_back=[*READ_BACK, *metrics])
     except HostUnreachable as exc:
         if required:
             raise
@@ -420,6 +423,26 @@ def _harvest(
     if unusable:
         note = f"{note}; {'; '.join(unusable)}"
     return replace(rec, harvest=bounded_text(note, MAX_NOTE_CHARS), stderr_tail=tail, resumed_from=resumed)
+
+
+def _bring_home(
+    ctx: ApplyContext, box: Instance, rec: AttemptRecord, patterns: list[str], *, read_back: list[str]
+) -> Harvested:
+    """Move the attempt's harvest into the store: streamed through this controller into a local store, or uploaded
+    by the box itself to an object store with presigned URLs scoped to this attempt's keys (no data through here;
+    ``read_back``, the files this controller reads afterwards, are uploaded on their own beside the whole tar)."""
+    assert ctx.store is not None
+    presigner = ctx.store.presigner
+    if presigner is None:
+        tar = ctx.boxes.harvest(
+            box, rec.run_id, rec.attempt, what="run", patterns=patterns, cap_bytes=ctx.harvest_cap_bytes
+        )
+        return ctx.store.put_attempt(rec.run_id, rec.attempt, tar)
+    uploads = presigner.attempt_uploads(rec.run_id, rec.attempt, read_back, ttl_s=TRANSFER_TTL_S)
+    ctx.boxes.upload_harvest(
+        box, rec.run_id, rec.attempt, patterns=patterns, cap_bytes=ctx.harvest_cap_bytes, uploads=uploads
+    )
+    return presigner.attempt_uploaded(rec.run_id, rec.attempt)
 
 
 def _mark_harvested(ctx: ApplyContext, box: Instance, rec: AttemptRecord) -> None:
@@ -490,7 +513,11 @@ def _pull_checkpoint(
     if ctx.store is None:
         return
     result.checkpoint_pulls[(run_id, attempt)] = ctx.now()
+    presigner = ctx.store.presigner
     try:
+        if presigner is not None:
+            _upload_checkpoint(ctx, presigner, box, run_id, attempt, path)
+            return
         tar = ctx.boxes.harvest(box, run_id, attempt, what="checkpoint", patterns=[path],
                                 cap_bytes=ctx.harvest_cap_bytes)
         got = ctx.store.put_checkpoint(run_id, attempt, tar, at=ctx.now())
@@ -502,20 +529,52 @@ def _pull_checkpoint(
                     harvest_note(got))
 
 
+def _upload_checkpoint(
+    ctx: ApplyContext, presigner: Presigner, box: Instance, run_id: str, attempt: int, path: str
+) -> None:
+    """One checkpoint sync, box to store: the box packs and uploads it to a key of this sync's own, and it becomes
+    the run's checkpoint only when complete and the store holds it whole (an upload cut off by a vanish leaves the
+    previous one as the checkpoint a resume uses)."""
+    at = ctx.now()
+    upload = presigner.checkpoint_upload(run_id, attempt, at=at, ttl_s=TRANSFER_TTL_S)
+    sent = ctx.boxes.upload_checkpoint(
+        box, run_id, attempt, path=path, cap_bytes=ctx.harvest_cap_bytes, upload=upload
+    )
+    if not sent.complete:
+        log.warning("checkpoint %s.%s: incomplete on its box (over the size cap or unreadable files), the last "
+                    "complete sync is kept", run_id, attempt)
+        return
+    keep = ctx.desired.fleet.keep_checkpoints
+    if not presigner.checkpoint_uploaded(run_id, attempt, upload, size=sent.size, sha256=sent.sha256, at=at,
+                                         keep=keep):
+        log.warning("checkpoint %s.%s: the store does not hold the upload the box reported (%d bytes), the last "
+                    "complete sync is kept", run_id, attempt, sent.size)
+
+
 def _stage_checkpoint(ctx: ApplyContext, box: Instance, action: Launch, sweep: Sweep) -> int | None:
-    """Ship the run's last synced checkpoint (from an earlier attempt) to the attempt about to launch; the attempt
-    it came from, or None when it starts fresh."""
+    """Ship the run's last synced checkpoint (from an earlier attempt) to the attempt about to launch, through this
+    controller from a local store or downloaded by the box itself from an object store (checked against the size
+    and SHA-256 recorded at upload); the attempt it came from, or None when it starts fresh."""
     if ctx.store is None or sweep.checkpoint is None:
         return None
-    ck = ctx.store.checkpoint(action.run_id)
-    if ck is None or ck.attempt >= action.attempt:
-        return None
+    presigner = ctx.store.presigner
     try:
+        if presigner is not None:
+            found = presigner.checkpoint_download(action.run_id, ttl_s=TRANSFER_TTL_S)
+            if found is None or found[0] >= action.attempt:
+                return None
+            ctx.boxes.stage_resume_from(box, action.run_id, action.attempt, found[1])
+            return found[0]
+        ck = ctx.store.checkpoint(action.run_id)
+        if ck is None or ck.attempt >= action.attempt:
+            return None
         ctx.boxes.stage_resume(box, action.run_id, action.attempt, ck.tar)
-    except RemoteCommandFailed as exc:  # the box would not take it: start fresh rather than not at all
+        return ck.attempt
+    except HostUnreachable:
+        raise
+    except RigsyncError as exc:  # the box or the store would not: start fresh rather than not at all
         log.warning("launch %s: checkpoint not shipped, starting fresh: %s", action.target, _error_text(exc))
         return None
-    return ck.attempt
 
 
 def harvest_note(got: Harvested) -> str:

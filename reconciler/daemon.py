@@ -45,12 +45,14 @@ from reconciler.fleet import (
     render_cycle,
     write_back,
 )
+from reconciler.jobenv import ControllerEnv
 from reconciler.loop import CycleResult, Reconciler, SystemClock
 from reconciler.model import CONTROLLER_INTERVAL_S, Desired
 from reconciler.observed.codec import LEASE, OBSERVED_DIR, RENDERED, STATUS, load_yaml
 from reconciler.observed.documents import ReconcilerStatus, status_only
 from reconciler.observed.summary import describe_change
 from reconciler.observed.tree import read_observed
+from reconciler.storeconfig import StoreConfig
 
 log = logging.getLogger("rigsync.run")
 
@@ -118,11 +120,15 @@ class FleetDaemon:
         clock: SystemClock | None = None,
         api_url: str | None = None,
         data_dir: str | None = None,
+        store: StoreConfig | None = None,
     ) -> None:
+        # the job-secrets allowlist is checked first: a bad RIGSYNC_JOB_SECRETS stops the controller at start
+        self.controller_env = ControllerEnv(os.environ)
         self.repo_dir = Path(repo_dir).resolve()
         self.config = config or DaemonConfig()
         self.state_dir_override = state_dir
         self.data_dir = data_dir  # where harvests and checkpoints go (``adapters.store``); None: its default
+        self.store = store  # an S3-compatible store instead (``--store``); None: the data dir
         self.adapters = adapters
         self.api_url = api_url  # the controller's provider URL (None: RIGSYNC_API_URL or Vast.ai), never desired/'s
         self.clock = clock or SystemClock()
@@ -239,6 +245,8 @@ class FleetDaemon:
                 destroy_latency_s=self.config.destroy_latency_s,
                 api_url=self.api_url,
                 data_dir=self.data_dir,
+                store=self.store,
+                controller_env=self.controller_env,
             )
             self._fleet_key = key
         self.reconciler.fence = self.fence

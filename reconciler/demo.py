@@ -9,6 +9,7 @@ and throws a burst of 429s; the sweep must still finish with every run succeeded
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -26,11 +27,13 @@ from typing import Any
 
 import reconciler
 from reconciler.daemon import DaemonConfig, FleetDaemon, sleep_until
+from reconciler.emulator.s3server import start_s3_server
 from reconciler.errors import UserError
 from reconciler.fleet import open_archive
 from reconciler.model import AttemptOutcome, Desired, InstanceStatus, Observed, owns, split_owned
 from reconciler.progress import LineProgress, Progress, booting, describe
 from reconciler.runphase import count_phases, is_unfinished, run_phases
+from reconciler.storeconfig import STORE_ENDPOINT_ENV, STORE_ENV, StoreConfig, store_config
 from reconciler.views import dashboard
 from reconciler.views.dashboard import open_hint
 
@@ -54,6 +57,7 @@ class DemoOptions:
     interval_s: float = 1.0
     say: Callable[[str], None] = print
     data_dir: Path | None = None  # where harvests and checkpoints go (None: a temporary directory, removed)
+    store: bool = False  # keep them in a throwaway S3-compatible server on loopback instead (boxes upload to it)
     source: Path | None = None  # a fleet repository to run instead of the example (`rigsync demo --repo DIR`)
     # what the demo waits for (rent, boot, bootstrap, launch) and its cycle lines; None: plain lines through ``say``
     progress: Progress | None = None
@@ -80,6 +84,8 @@ class DemoSummary:
     timed_out: bool = False
     logs_command: str | None = None  # with --keep: how to read a finished run's output from the store
     dashboard: str | None = None  # the page of the fleet repo as it ended (``rigsync dashboard``'s file)
+    store: str | None = None  # with --store: the throwaway object store the boxes uploaded to
+    store_objects: int | None = None  # how many objects it held at the end (harvests, checkpoints, logs)
 
     @property
     def ok(self) -> bool:
@@ -113,6 +119,8 @@ class DemoSummary:
             "timed_out": self.timed_out,
             "logs_command": self.logs_command,
             "dashboard": self.dashboard,
+            "store": self.store,
+            "store_objects": self.store_objects,
         }
 
     def text(self) -> str:
@@ -126,6 +134,9 @@ class DemoSummary:
             f"{self.commits} observed commits",
             f"  {self.harvested} attempt(s) harvested, {self.runs_resumed} run(s) resumed from a checkpoint",
         ]
+        if self.store:
+            lines.append(f"  results in the object store {self.store}: {self.store_objects} object(s), uploaded by "
+                         "the boxes themselves with presigned URLs (the store is removed with the demo)")
         if self.chaos:
             lines.append("  chaos: " + "; ".join(self.chaos))
         if self.repo:
@@ -282,16 +293,18 @@ def run_demo(opts: DemoOptions) -> DemoSummary:
     # real fleet); otherwise to a temporary directory removed with everything else.
     data_is_temp = opts.data_dir is None and opts.keep is None
     data = opts.data_dir if not data_is_temp else Path(tempfile.mkdtemp(prefix="rigsync-demo-data-"))
-    old_key = os.environ.get("VAST_API_KEY")
-    try:
-        with Emulator(seed=opts.seed, boot_delay=opts.boot_delay_s) as emu:
+    saved_env = {name: os.environ.get(name) for name in ("VAST_API_KEY", *STORE_ENV_NAMES)}
+    with contextlib.ExitStack() as stack:
+        try:
+            emu = stack.enter_context(Emulator(seed=opts.seed, boot_delay=opts.boot_delay_s))
             os.environ["VAST_API_KEY"] = emu.api_key  # the key lives in the environment, never in the repo
+            store = _demo_store(stack, opts) if opts.store else None
             opts.say(f"emulator at {emu.url}; fleet repo {workdir}")
             make_fleet_repo(workdir, opts.runs, opts.source)
             config = DaemonConfig(interval_s=opts.interval_s, lease_renew_s=30.0, author_name="rigsync")
             daemon = FleetDaemon(
                 workdir, config=config, state_dir=str(state), api_url=emu.url,
-                data_dir=str(data) if data is not None else None,
+                data_dir=str(data) if data is not None else None, store=store,
             )
             opts.say(daemon.acquire())
             progress = opts.progress if opts.progress is not None else LineProgress(opts.say)
@@ -307,14 +320,17 @@ def run_demo(opts: DemoOptions) -> DemoSummary:
             summary.instances_alive = len(emu.instance_ids())
             summary.cost_usd = emu.ledger.total_usd()
             summary.chaos = chaos.events if chaos else []
-    finally:
-        if old_key is None:
-            os.environ.pop("VAST_API_KEY", None)
-        else:
-            os.environ["VAST_API_KEY"] = old_key
-        shutil.rmtree(state, ignore_errors=True)
-        if data_is_temp and data is not None:
-            shutil.rmtree(data, ignore_errors=True)
+            summary.store = store.where() if store is not None else None
+            summary.store_objects = _store_objects(daemon)
+        finally:
+            for name, value in saved_env.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            shutil.rmtree(state, ignore_errors=True)
+            if data_is_temp and data is not None:
+                shutil.rmtree(data, ignore_errors=True)
     archive = list(open_archive(workdir).records())
     successes = Counter(r.run_id for r in archive if r.phase is AttemptOutcome.SUCCEEDED)
     summary.attempts = len(archive)
@@ -329,7 +345,7 @@ def run_demo(opts: DemoOptions) -> DemoSummary:
     if opts.keep is not None:
         summary.repo = str(workdir)
         done = sorted(r.run_id for r in archive if r.phase is AttemptOutcome.SUCCEEDED and r.harvest)
-        if done:
+        if done and not opts.store:  # the throwaway store is gone with the demo
             where = f" --data-dir {shlex.quote(str(opts.data_dir))}" if opts.data_dir is not None else ""
             summary.logs_command = f"rigsync logs {done[0]} --repo {shlex.quote(str(workdir))}{where}"
     # the page of the fleet as it ended: in the kept repo's .git/, else in a directory of its own (the repo goes)
@@ -338,6 +354,31 @@ def run_demo(opts: DemoOptions) -> DemoSummary:
     if tmp is not None:
         tmp.cleanup()
     return summary
+
+
+STORE_ENV_NAMES = (STORE_ENV, STORE_ENDPOINT_ENV, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+
+
+def _demo_store(stack: contextlib.ExitStack, opts: DemoOptions) -> StoreConfig:
+    """Start a throwaway S3-compatible server on loopback (``emulator.s3server``) for ``--store``, with its
+    endpoint and credentials in this process's environment as an operator would set them; its config."""
+    try:
+        server = stack.enter_context(start_s3_server(bucket="rigsync-demo"))
+    except RuntimeError as exc:
+        raise UserError(f"rigsync demo --store: cannot start the local object store: {exc}") from exc
+    os.environ.update(server.env("demo"))
+    opts.say(f"object store at {server.endpoint} (bucket {server.bucket}): the boxes upload their results to it")
+    config = store_config(None, os.environ)
+    assert config is not None
+    return config
+
+
+def _store_objects(daemon: FleetDaemon) -> int | None:
+    """How many objects the fleet left in the demo's object store (None: it used the data dir)."""
+    from reconciler.adapters.s3store import S3Store
+
+    store = daemon.reconciler.store if daemon.reconciler is not None else None
+    return store.count_objects() if isinstance(store, S3Store) else None
 
 
 def _drive(

@@ -15,6 +15,7 @@ Every concrete error that an adapter raises says which of the two it is; the ada
     │   │   │   └── LeaseLost             (also PermanentError) our lease's deadline passed mid-apply: stop acting
     │   │   ├── StalePlan                 a saved plan no longer matches the world
     │   │   ├── SecretMissing             (also PermanentError) a sweep's ``${NAME}`` is not set on the controller
+    │   │   │   └── SecretNotAllowed      ``RIGSYNC_JOB_SECRETS`` does not list it: not read at all
     │   │   ├── StoreCredentialsRefused   (also StoreError) the object store refused the controller's credentials
     │   │   ├── StoreBucketMissing
     │   │   └── ProviderAuthError         (also ProviderPermanent) the API key is missing or rejected
@@ -123,6 +124,12 @@ class SecretMissing(UserError, PermanentError):
 
     The message names the variables, never a value. The planner withholds such launches; this is raised only
     when a launch is applied anyway (a saved plan applied from a shell without the variable)."""
+
+
+class SecretNotAllowed(SecretMissing):
+    """A sweep references ``${NAME}`` and the controller's allowlist (``RIGSYNC_JOB_SECRETS``) does not list it: to
+    the job it is as good as missing, and its value is never read. Raised, like ``SecretMissing``, only when a
+    launch the planner withholds is applied anyway."""
 
 
 class LeaseLost(LeaseHeld, PermanentError):

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from reconciler import ports
 from reconciler.adapters.lease import DEFAULT_RENEW_EVERY_S, DEFAULT_STALE_AFTER_S
 from reconciler.errors import UserError
+from reconciler.jobenv import ControllerEnv
 from reconciler.model import CONTROLLER_INTERVAL_S, OWN_PROVIDER, Desired, Fleet, Observed
 from reconciler.ports import Provider, Shell
 
@@ -44,6 +45,7 @@ if TYPE_CHECKING:
     from reconciler.adapters.ssh import SshShell
     from reconciler.loop import Reconciler, SystemClock
     from reconciler.observed.documents import ReconcilerStatus
+    from reconciler.storeconfig import StoreConfig
 
 # (fleet, state dir, the controller's provider URL or None for its default) -> the adapters
 AdapterFactory = Callable[[Fleet, Path, str | None], tuple[Provider, Shell]]
@@ -169,6 +171,8 @@ def open_fleet(
     destroy_latency_s: float | None = None,
     api_url: str | None = None,
     data_dir: str | None = None,
+    store: StoreConfig | None = None,
+    controller_env: ControllerEnv | None = None,
 ) -> Reconciler:
     """A ``Reconciler`` for ``fleet`` acting through the checkout at ``checkout``.
 
@@ -179,10 +183,14 @@ def open_fleet(
     budget projects spend to the next decision, so a longer cycle stops work earlier. ``api_url`` is the provider
     URL configured on the controller, handed to the adapter factory (None: its default, ``RIGSYNC_API_URL`` or
     Vast.ai); desired/ never names one. ``data_dir`` overrides where harvested results and checkpoints go
-    (``adapters.store.data_dir_for``: ``--data-dir``, ``$RIGSYNC_DATA_DIR``, ``$XDG_DATA_HOME/rigsync``).
+    (``adapters.store.data_dir_for``: ``--data-dir``, ``$RIGSYNC_DATA_DIR``, ``$XDG_DATA_HOME/rigsync``), unless
+    ``store`` names an S3-compatible store (``--store``, ``$RIGSYNC_STORE``: ``adapters.s3store``), which boxes then
+    reach themselves with presigned URLs; like the API URL, it is the controller's setting, never desired/'s.
+    ``controller_env`` is what sweeps' ``${NAME}`` resolve to (None: this process's environment, its allowlist
+    checked now: ``jobenv.ControllerEnv``).
     """
     from reconciler.adapters.launch_journal import LaunchJournal, merge_in_flight
-    from reconciler.adapters.store import LocalStore, data_dir_for
+    from reconciler.adapters.s3store import open_store
     from reconciler.loop import DESTROY_LATENCY_S, Reconciler, SystemClock
     from reconciler.observed.memory import read_fleet_memory
 
@@ -210,7 +218,8 @@ def open_fleet(
         should_stop=should_stop,
         cycle_s=cycle_s,
         destroy_latency_s=DESTROY_LATENCY_S if destroy_latency_s is None else destroy_latency_s,
-        store=LocalStore(data_dir_for(fleet.name, data_dir)),
+        store=open_store(store, fleet.name, data_dir),
+        controller_env=controller_env if controller_env is not None else ControllerEnv(os.environ),
     )
 
 

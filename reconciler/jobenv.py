@@ -10,8 +10,14 @@ Where each form goes:
 - The spec (``Sweep.env``, which a ``RunSpec`` carries) holds the values *as written*: literals, and references as
   the text ``${NAME}``. That is all the run id hashes, all a plan, the observed files, the archive, status and diff can
   ever show. A secret's value is never in any of them.
-- ``plan()`` is pure: it learns only *which* referenced names the controller has (``Observed.controller_env``,
-  names set and non-empty), and withholds a sweep's launches while one is missing (``ReasonCode.SECRET_MISSING``).
+- The operator allows, on the controller, the names sweeps may reference: ``RIGSYNC_JOB_SECRETS``, comma-separated
+  (``allowed_secrets``; unset: none). A name that can never be a job's (``refused_reference``: rigsync's API key,
+  the store's credentials, any ``RIGSYNC_`` setting) on that list stops the controller at start (``UserError``).
+  A name off the list is never read at all: ``ControllerEnv.available`` and ``resolve`` refuse it.
+- ``plan()`` is pure: it learns which names are allowed (``Observed.allowed_secrets``) and *which* allowed
+  referenced names the controller has (``Observed.controller_env``, names set and non-empty), and withholds a
+  sweep's launches while one is off the list (``ReasonCode.SECRET_NOT_ALLOWED``, decided first) or missing
+  (``ReasonCode.SECRET_MISSING``).
 - Values are resolved at launch only (``ControllerEnv.resolve`` in ``apply``) into a ``JobEnv``, whose ``repr``
   names the variables and never shows a value, and which ``redact``s its values out of any text that might
   carry one back (an error message). The box receives them on the SSH channel's stdin (``JobEnv.stdin``), never
@@ -25,7 +31,8 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
-from reconciler.errors import SecretMissing
+from reconciler.actions import ReasonCode
+from reconciler.errors import SecretMissing, SecretNotAllowed, UserError
 
 NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]{0,127}$")
 REFERENCE_RE = re.compile(r"^\$\{([A-Z_][A-Z0-9_]{0,127})\}$")
@@ -66,7 +73,10 @@ _SECRET_VALUE_RE = re.compile(
     r"gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}|sk-[A-Za-z0-9_-]{20,}|hf_[A-Za-z0-9]{30,}"
     r"|AKIA[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,}|-----BEGIN [A-Z ]*PRIVATE KEY-----"
 )
-SECRET_WARNING = "secret missing: "  # how a plan warning about a held-back sweep begins (status and diff pick it)
+# how a plan warning about a held-back sweep begins (status, diff and the commit message pick them), by its reason
+SECRET_WARNING = "secret missing: "
+NOT_ALLOWED_WARNING = "secret not allowed: "
+HELD_BACK_WARNINGS = {SECRET_WARNING: ReasonCode.SECRET_MISSING, NOT_ALLOWED_WARNING: ReasonCode.SECRET_NOT_ALLOWED}
 SECRET_ADVICE = "secrets never belong in desired/; write `${NAME}` and set it in the controller's environment"
 
 
@@ -74,6 +84,34 @@ def reference(text: str) -> str | None:
     """The controller variable a value refers to (``"${WANDB_API_KEY}"`` -> ``"WANDB_API_KEY"``), else None."""
     m = REFERENCE_RE.match(text)
     return m.group(1) if m else None
+
+
+def refused_reference(name: str) -> bool:
+    """Whether ``name`` can never be a job's secret: rigsync's own credentials (``REFUSED_REFERENCES``) and settings."""
+    return name in REFUSED_REFERENCES or name.startswith(RIGSYNC_PREFIX)
+
+
+def allowed_secrets(text: str) -> frozenset[str]:
+    """The names ``RIGSYNC_JOB_SECRETS`` lists (``text``: its value; empty entries and spaces around names are
+    ignored). ``UserError`` for an entry that is no variable name (not quoted: it may be a value pasted by mistake)
+    or a name that can never be a job's secret (``refused_reference``), naming the variable and the name."""
+    names: set[str] = set()
+    for n, part in enumerate(text.split(","), 1):
+        name = part.strip()
+        if not name:
+            continue
+        if not NAME_RE.match(name):
+            raise UserError(
+                f"{JOB_SECRETS_ENV}: entry {n} is not a variable name (uppercase letters, digits and '_'); it lists "
+                "the names sweeps may reference, comma-separated, never their values"
+            )
+        if refused_reference(name):
+            raise UserError(
+                f"{JOB_SECRETS_ENV} lists {name}, which is rigsync's own setting or credential: the controller never "
+                "hands it to a job; remove it from the list"
+            )
+        names.add(name)
+    return frozenset(names)
 
 
 def name_problem(name: str) -> str | None:
@@ -94,7 +132,7 @@ def value_problem(name: str, text: str) -> str | None:
     """Why a value written for ``name`` is refused, or None. Never quotes the value (it may be a leaked secret)."""
     ref = reference(text)
     if ref is not None:
-        if ref in REFUSED_REFERENCES or ref.startswith(RIGSYNC_PREFIX):
+        if refused_reference(ref):
             return f"${{{ref}}} is rigsync's own setting or credential; the controller never hands it to a job"
         return None
     if _REFERENCE_LIKE_RE.search(text):
@@ -124,6 +162,21 @@ def missing(env: EnvSpec, available: frozenset[str]) -> tuple[str, ...]:
     return tuple(r for r in references(env) if r not in available)
 
 
+def not_allowed(env: EnvSpec, allowed: frozenset[str]) -> tuple[str, ...]:
+    """The references of ``env`` off the operator's list (``allowed``: ``allowed_secrets``)."""
+    return missing(env, allowed)
+
+
+def not_allowed_text(sweep: str, names: Sequence[str]) -> str:
+    """The one sentence for a sweep held back by references off the allowlist (plan no-op, warning, status)."""
+    listed = ", ".join(names)
+    pronoun = "it" if len(names) == 1 else "them"
+    return (
+        f"sweep {sweep} references {listed} from the controller's environment; {JOB_SECRETS_ENV} does not list "
+        f"{pronoun}, so the controller never reads or hands {pronoun} to a job"
+    )
+
+
 def missing_text(sweep: str, names: Sequence[str]) -> str:
     """The one sentence for a sweep held back by missing references (plan no-op, warning, status)."""
     listed = ", ".join(names)
@@ -132,8 +185,14 @@ def missing_text(sweep: str, names: Sequence[str]) -> str:
 
 
 def held_back(warnings: Iterable[object]) -> list[str]:
-    """The plan warnings about sweeps held back for a missing variable, without their prefix (status, diff)."""
-    return [str(w).removeprefix(SECRET_WARNING) for w in warnings if str(w).startswith(SECRET_WARNING)]
+    """The plan warnings about sweeps held back for a variable (off the allowlist, or missing), without their
+    prefix and with their reason code after them (status, diff, the commit message)."""
+    out = []
+    for w in warnings:
+        for prefix, code in HELD_BACK_WARNINGS.items():
+            if str(w).startswith(prefix):
+                out.append(f"{str(w).removeprefix(prefix)} ({code.value})")
+    return out
 
 
 def expands_reference(command: str, names: Iterable[str]) -> str | None:
@@ -193,21 +252,28 @@ class JobEnv:
 class ControllerEnv:
     """The controller's environment as jobs may see it: references resolve here, at launch, and nowhere else.
 
-    Holds the mapping it was given (``os.environ`` in ``reconciler.loop``) and reads it lazily; ``repr`` shows
-    nothing of it. A variable that is set but empty counts as not set: an empty API key is a mistake, not a key.
+    Holds the mapping it was given (``os.environ`` in ``reconciler.loop``) and reads it lazily, except the
+    allowlist (``RIGSYNC_JOB_SECRETS``), parsed when it is made: a bad list is a ``UserError`` when the controller
+    starts. A name off the list is never read. ``repr`` shows nothing of it. A variable that is set but empty
+    counts as not set: an empty API key is a mistake, not a key.
     """
 
-    __slots__ = ("_environ",)
+    __slots__ = ("_environ", "allowed")
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         self._environ: Mapping[str, str] = environ if environ is not None else {}
+        self.allowed: frozenset[str] = allowed_secrets(self._environ.get(JOB_SECRETS_ENV, ""))
 
     def available(self, wanted: Iterable[str]) -> frozenset[str]:
-        """Which of the ``wanted`` names are set (non-empty): what ``plan()`` may know."""
-        return frozenset(n for n in wanted if self._environ.get(n))
+        """Which of the ``wanted`` names are allowed and set (non-empty): what ``plan()`` may know."""
+        return frozenset(n for n in wanted if n in self.allowed and self._environ.get(n))
 
     def resolve(self, sweep: str, env: EnvSpec) -> JobEnv:
-        """The job's environment with references filled in; ``SecretMissing`` naming what is not set."""
+        """The job's environment with references filled in; ``SecretNotAllowed`` naming the references off the
+        allowlist (their values are not read), then ``SecretMissing`` naming what is not set."""
+        refused = not_allowed(env, self.allowed)
+        if refused:
+            raise SecretNotAllowed(not_allowed_text(sweep, refused))
         absent = missing(env, self.available(references(env)))
         if absent:
             raise SecretMissing(missing_text(sweep, absent))

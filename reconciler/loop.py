@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from reconciler.actions import Action, ApplyResult, Plan
 from reconciler.apply import ApplyContext, apply
+from reconciler.errors import RigsyncError
 from reconciler.jobenv import ControllerEnv, references
 from reconciler.model import (
     CONTROLLER_INTERVAL_S,
@@ -28,6 +29,7 @@ from reconciler.model import (
 )
 from reconciler.observe import PROBE_TIMEOUT_S, observe
 from reconciler.plan import plan
+from reconciler.plan.common import fmt_duration
 from reconciler.ports import BoxControl, Fence, LaunchJournal, Provider, ResultStore, RunArchive, Shell, no_fence
 from reconciler.remember import remember, world_after_apply
 from reconciler.runphase import is_live
@@ -36,6 +38,7 @@ log = logging.getLogger("rigsync.loop")
 
 DESTROY_LATENCY_S = 30.0  # from deciding to destroy until the provider stops billing the box (apply + API)
 RECENT_CYCLES = 20  # how many cycles' lengths the budget's horizon looks back on
+EXPIRE_EVERY_S = 3600.0  # how often the harvest retention lists the store
 
 
 class SystemClock:
@@ -74,7 +77,7 @@ class Reconciler:
     on_action: Callable[[Action], None] = lambda action: None  # apply tells it each action it starts (progress)
     journal: LaunchJournal | None = None  # launches written down before they happen (ports.LaunchJournal)
     # what the sweeps' ``${NAME}`` references resolve to (this process's environment): plan() learns which names
-    # are set, apply() reads the values at launch (reconciler.jobenv)
+    # are allowed (RIGSYNC_JOB_SECRETS) and set, apply() reads the values at launch (reconciler.jobenv)
     controller_env: ControllerEnv = field(default_factory=lambda: ControllerEnv(os.environ))
     store: ResultStore | None = None  # the local result store harvests go to (None: nothing is harvested)
     pending_curves: dict[str, str] = field(default_factory=dict)  # observed/curves/ files for the next write
@@ -83,6 +86,7 @@ class Reconciler:
     _overheads: list[OverheadRecord] | None = None  # the archive's overhead lines (the views' ops tax)
     _endpoints: dict[int, tuple[Endpoint, ...]] = field(default_factory=dict)
     _applied: ApplyResult | None = None  # this cycle's apply, until the next cycle observes
+    _expired_at: float = float("-inf")  # when the harvest retention was last enforced
 
     @property
     def boxes(self) -> BoxControl:
@@ -116,6 +120,7 @@ class Reconciler:
             observed,
             cycle_s=self.cycle_s + self.slowest_cycle_s() + self.destroy_latency_s,
             controller_env=self.controller_env.available(wanted),
+            allowed_secrets=self.controller_env.allowed,
             harvesting=self.store is not None,
             memory=self._with_store_syncs(desired, observed),
         )
@@ -136,7 +141,11 @@ class Reconciler:
                 sweep = spec.sweep if spec is not None else None
                 if (r.run_id, r.attempt) in known or not is_live(r) or sweep is None or sweep.checkpoint is None:
                     continue
-                synced = self.store.checkpoint_synced(r.run_id)
+                try:
+                    synced = self.store.checkpoint_synced(r.run_id)
+                except RigsyncError as exc:  # a store that is down: the next cycle asks again
+                    log.info("checkpoint of %s.%d: the store cannot say: %s", r.run_id, r.attempt, exc)
+                    continue
                 if synced is not None and synced[0] == r.attempt:
                     found.append((r.run_id, r.attempt, synced[1]))
         if not found:
@@ -206,4 +215,21 @@ class Reconciler:
         self.memory = remember(memory, observed, the_plan, result, self.clock.now(), fleet=desired.fleet)
         if self.journal is not None:
             self.journal.reset(self.memory.in_flight)
+        self._expire(desired)
         return result
+
+    def _expire(self, desired: Desired) -> None:
+        """Enforce the fleet's harvest retention (``retention.harvests_for``) in the store, at most every
+        ``EXPIRE_EVERY_S`` (a listing of the store); a store that is down is asked again at the next chance."""
+        now = self.clock.now()
+        if self.store is None or desired.fleet.keep_harvests_s is None or now - self._expired_at < EXPIRE_EVERY_S:
+            return
+        try:
+            removed = self.store.expire(now, keep_harvests_s=desired.fleet.keep_harvests_s)
+        except RigsyncError as exc:
+            log.warning("harvest retention not enforced this time: %s", exc)
+            return
+        self._expired_at = now
+        if removed:
+            log.info("harvest retention: %d attempt harvest(s) older than %s removed from the store", removed,
+                     fmt_duration(desired.fleet.keep_harvests_s))

@@ -699,6 +699,9 @@ class InFlight:
     pid_started: int | None = None
     epoch: int = 0  # the lease epoch of the controller that launched it (0: no lease)
     queued: bool = False  # given to the box's queue (``Launch.queued``), started by the box when its slot frees
+    # a queued attempt: when this controller first saw its run directory (its own clock). The box's reported start
+    # counts only up to it: a box whose clock runs ahead cannot keep its attempt young for ever
+    seen_started_at: float | None = None
 
     def group_on(self, box_id: int, reported: RunDirState | None = None) -> tuple[int | None, int | None]:
         """The process group a kill of this attempt on ``box_id`` may signal, as (pid, start tick); (None, None)

@@ -283,6 +283,7 @@ class StoredCheckpoint:
 
 
 ATTEMPT_TAR = "harvest.tar"  # an attempt's whole harvest (harvest.py's stream, manifest last) as one store object
+HARVEST_MANIFEST = ".rigsync-harvest.json"  # the harvest's manifest (``reconciler/box/harvest.py``), as a name
 
 
 @dataclass(frozen=True)
@@ -387,6 +388,16 @@ class ResultStore(Protocol):
 
     def read_attempt(self, run_id: str, attempt: int, name: str, *, tail: int | None = None) -> bytes | None:
         """A harvested file (its last ``tail`` bytes when given); None when it did not come home."""
+        ...
+
+    def read_range(self, run_id: str, attempt: int, name: str, offset: int, length: int) -> tuple[bytes, int] | None:
+        """At most ``length`` bytes of a harvested file from ``offset``, and the file's whole size; None when it did
+        not come home (``rigsync logs`` reads a large log so, a slice at a time)."""
+        ...
+
+    def harvested(self, run_id: str, attempt: int) -> Harvested | None:
+        """The account of the attempt's stored harvest (what came home, what was left behind and why); None when
+        nothing of it is in the store."""
         ...
 
     def open_attempt(self, run_id: str, attempt: int, name: str) -> BinaryIO | None:

@@ -86,7 +86,7 @@ def remember(
     What it takes of the plan comes through the outcomes of its actions (each outcome names its action): a launch
     that happened, a bill closed, a rent that failed; an action that was skipped (lease lost, shutting down) left
     nothing to remember, and the next cycle plans it again. ``fleet`` gives the ledger's windows."""
-    in_flight = next_in_flight(memory.in_flight, observed, applied)
+    in_flight = next_in_flight(memory.in_flight, observed, applied, now)
     spend = close_bills(memory.spend, (o.instance_id for o in applied.overheads))
     done = [(o.action, o.ok, o.detail) for o in applied.outcomes if not o.skipped]
     hosts = note_cycle(memory.hosts, fleet, observed, done, applied.archived, now)
@@ -436,13 +436,16 @@ def accrue_billed(
     return Spend(today_usd=out.today_usd, total_usd=out.total_usd, boxes=tuple(boxes))
 
 
-def next_in_flight(previous: tuple[InFlight, ...], observed: Observed, result: ApplyResult) -> tuple[InFlight, ...]:
+def next_in_flight(
+    previous: tuple[InFlight, ...], observed: Observed, result: ApplyResult, now: float
+) -> tuple[InFlight, ...]:
     """In flight after this cycle: what was, plus launches, minus what settled. What a box shows running is never
     added: only a launch of this fleet makes an attempt ours (anything else is foreign).
 
-    A queued attempt's launch (``InFlight.queued``) could not say its process group: the box starts it later. Once
-    its box shows its run directory with the wrapper's pid and start tick, they are recorded, once: an identity
-    already recorded is never overwritten by what a box says later."""
+    A queued attempt's launch (``InFlight.queued``) could not say its process group or its start: the box starts it
+    later. The first cycle its box shows its run directory, ``now`` is recorded as when it was seen started, and
+    the wrapper's pid and start tick the box reports with it, once: what is recorded is never overwritten by what
+    a box says later."""
     by_key: dict[tuple[str, int], InFlight] = {(f.run_id, f.attempt): f for f in previous}
     for f in (*result.in_doubt, *result.launched):
         by_key[(f.run_id, f.attempt)] = f
@@ -450,18 +453,27 @@ def next_in_flight(previous: tuple[InFlight, ...], observed: Observed, result: A
     for key in list(by_key):
         if key in result.settled or key in archived_keys:
             del by_key[key]
-    started = _queued_starts(by_key.values(), observed)
-    for key, (pid, tick) in started.items():
-        by_key[key] = replace(by_key[key], pid=pid, pid_started=tick)
+    for key, (pid, tick) in _queued_starts(by_key.values(), observed).items():
+        f = by_key[key]
+        if f.seen_started_at is None:
+            f = replace(f, seen_started_at=now)
+        if f.pid is None and pid is not None and tick is not None:
+            f = replace(f, pid=pid, pid_started=tick)
+        by_key[key] = f
     return tuple(sorted(by_key.values(), key=lambda f: (f.run_id, f.attempt)))
 
 
-def _queued_starts(in_flight: Iterable[InFlight], observed: Observed) -> dict[tuple[str, int], tuple[int, int]]:
-    """(run id, attempt) -> the (pid, start tick) its box reports for a queued attempt that has none recorded yet."""
-    waiting = {(f.run_id, f.attempt): f for f in in_flight if f.queued and f.pid is None}
+def _queued_starts(
+    in_flight: Iterable[InFlight], observed: Observed
+) -> dict[tuple[str, int], tuple[int | None, int | None]]:
+    """(run id, attempt) -> the (pid, start tick) its box reports (either None when it cannot be used) for each queued
+    attempt whose run directory its box shows and that lacks its seen start or its process group."""
+    waiting = {
+        (f.run_id, f.attempt): f for f in in_flight if f.queued and (f.pid is None or f.seen_started_at is None)
+    }
     if not waiting:
         return {}
-    out: dict[tuple[str, int], tuple[int, int]] = {}
+    out: dict[tuple[str, int], tuple[int | None, int | None]] = {}
     for probe in observed.probes:
         if not probe.reachable:
             continue
@@ -470,7 +482,6 @@ def _queued_starts(in_flight: Iterable[InFlight], observed: Observed) -> dict[tu
             fl = waiting.get(key)
             if fl is None:
                 continue
-            pid, tick = fl.group_on(probe.instance_id, rd)
-            if pid is not None and tick is not None:
-                out[key] = (pid, tick)
+            if fl.instance_id == probe.instance_id:
+                out[key] = fl.group_on(probe.instance_id, rd)
     return out

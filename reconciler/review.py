@@ -1,11 +1,13 @@
 """What a change to desired/ means, computed from committed facts alone: the pure part of ``rigsync review``.
 
-A reviewer of a pull request that edits a sweep wants three answers without handing anyone the account's key:
-which runs it adds, drops or changes (by content id: the same inputs give the same id, so an edited command is a
-changed run, never a silent re-run); what the added work will take in GPU-hours, dollars and time; and whether
-that fits in what the budget has left. This module answers from values only (a base and a head ``Desired``, the
-``Observed`` rebuilt from the committed observed/ files, and the prices the committed files know); reading git
-is ``reconciler.review_git``'s job.
+A reviewer of a pull request that edits a sweep wants, first, every secret the change sends to rented boxes: each
+``env`` reference (``T: ${GITHUB_TOKEN}``) a sweep gains or changes, marked when this controller's allowlist
+(``RIGSYNC_JOB_SECRETS``, when the review is given it) does not list the name (``secret_references``). Then three
+answers without handing anyone the account's key: which runs it adds, drops or changes (by content id: the same
+inputs give the same id, so an edited command is a changed run, never a silent re-run); what the added work will
+take in GPU-hours, dollars and time; and whether that fits in what the budget has left. This module answers from
+values only (a base and a head ``Desired``, the ``Observed`` rebuilt from the committed observed/ files, and the
+prices the committed files know); reading git is ``reconciler.review_git``'s job.
 
 The price comes from the planner's own estimator (``plan.estimate``) over a queue of just the new work, so the
 runtime rule (archive median, ``expected_runtime``, ``max_runtime``) and the budget arithmetic have one home.
@@ -20,7 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reconciler.actions import SweepEstimate
+from reconciler.actions import ReasonCode, SweepEstimate
+from reconciler.jobenv import JOB_SECRETS_ENV, reference
 from reconciler.model import AttemptOutcome, Desired, Observed, RunSpec
 from reconciler.offers import box_cap_dph
 from reconciler.plan.attempts import LiveVerdicts, PendingRun, RunQueue
@@ -115,10 +118,34 @@ def _one_source(sources: Iterable[str]) -> str:
     return "; ".join(known) if known else "none"
 
 
+def secret_references(
+    base: Desired | None, head: Desired, allowed: frozenset[str] | None = None
+) -> list[dict[str, Any]]:
+    """Each ``env`` reference of a head sweep that the base does not have as it is (a new sweep's, a new variable's,
+    or a variable whose value changed): sweep, variable, the controller variable it names, ``added``/``changed``,
+    and whether ``allowed`` lists it (None: the allowlist is not known here)."""
+    before = {s.name: dict(s.env) for s in base.sweeps} if base is not None else {}
+    out: list[dict[str, Any]] = []
+    for sweep in head.sweeps:
+        old = before.get(sweep.name, {})
+        for variable, value in sweep.env:
+            name = reference(value)
+            if name is None or old.get(variable) == value:
+                continue
+            out.append({
+                "sweep": sweep.name, "variable": variable, "reference": name,
+                "change": "changed" if variable in old else "added",
+                "allowed": None if allowed is None else name in allowed,
+            })
+    return out
+
+
 def compute_review(
-    base: Side, head: Side, observed: Observed, held: Iterable[Place], now: float, changed_files: Sequence[str] = ()
+    base: Side, head: Side, observed: Observed, held: Iterable[Place], now: float, changed_files: Sequence[str] = (),
+    allowed_secrets: frozenset[str] | None = None,
 ) -> dict[str, Any]:
-    """The review document (``rigsync review --json``; schema ``review.schema.json``)."""
+    """The review document (``rigsync review --json``; schema ``review.schema.json``). ``allowed_secrets``: the
+    controller's job-secrets allowlist when it is known (None: it is not, and no reference is marked)."""
     doc: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "base": {"ref": base.ref, "commit": base.commit, "valid": base.desired is not None},
@@ -162,6 +189,10 @@ def compute_review(
     for name, n in _candidates(head.desired).items():
         row(name)["promotion_candidates_head"] = n
     doc["sweeps"] = sweeps
+    doc["secrets"] = (
+        secret_references(base.desired, head.desired, allowed_secrets) if head.desired is not None else []
+    )
+    doc["secrets_allowlist_known"] = allowed_secrets is not None
     doc["totals"] = {
         "added": len(added), "removed": len(removed), "changed": len(changed),
         "unchanged": sum(c["unchanged"] for c in sweeps.values()),
@@ -238,12 +269,51 @@ def _estimate(
     }
 
 
+def _secrets_said(doc: Mapping[str, Any]) -> str | None:
+    """``2 SECRET reference(s) added or changed (1 NOT ALLOWED here)``: the headline's first words, when any."""
+    refs = doc.get("secrets") or []
+    if not refs:
+        return None
+    refused = sum(1 for r in refs if r["allowed"] is False)
+    return f"{len(refs)} SECRET reference(s) added or changed" + (f" ({refused} NOT ALLOWED here)" if refused else "")
+
+
+def _secret_line(r: Mapping[str, Any]) -> str:
+    """``sweep tdmpc: T = ${GITHUB_TOKEN} (added): NOT in RIGSYNC_JOB_SECRETS here, held back (secret_not_allowed)``."""
+    line = f"sweep {r['sweep']}: {r['variable']} = ${{{r['reference']}}} ({r['change']})"
+    if r["allowed"] is False:
+        line += f": NOT in {JOB_SECRETS_ENV} here, held back ({ReasonCode.SECRET_NOT_ALLOWED.value})"
+    elif r["allowed"] is True:
+        line += f": allowed here ({JOB_SECRETS_ENV})"
+    return line if len(line) <= MAX_LINE else line[: MAX_LINE - 3] + "..."
+
+
+def _secret_lines(doc: Mapping[str, Any], limit: int | None = None) -> list[str]:
+    """What the review says first: each reference and what it sends where, bounded at ``limit`` lines."""
+    refs = doc.get("secrets") or []
+    if not refs:
+        return []
+    shown = refs if limit is None else refs[:limit]
+    lines = [
+        "secrets this change sends to rented boxes (the controller's values of these variables, at launch):",
+        *(f"  {_secret_line(r)}" for r in shown),
+    ]
+    if len(refs) > len(shown):
+        lines.append(f"  ... and {len(refs) - len(shown)} more (rigsync review --json lists them all)")
+    if not doc.get("secrets_allowlist_known"):
+        lines.append(f"  (this controller's allowlist is not known here: set {JOB_SECRETS_ENV} to mark them)")
+    return lines
+
+
 def headline(doc: Mapping[str, Any]) -> str:
-    """``+6 runs, -0, ~0.40 GPU-h, $0.04-$0.06, fits: $4.94-$4.96 of $5.00 left after it``."""
+    """``+6 runs, -0, ~0.40 GPU-h, $0.04-$0.06, fits: $4.94-$4.96 of $5.00 left after it``, after the count of
+    secret references when the change adds or changes any."""
     if not doc["valid"]:
         return f"desired/ is invalid at head: {len(doc['errors'])} error(s)"
     t = doc["totals"]
-    parts = [f"+{t['added']} run(s)", f"-{t['removed']}", f"{t['changed']} changed"]
+    said = _secrets_said(doc)
+    parts = [said] if said else []
+    parts += [f"+{t['added']} run(s)", f"-{t['removed']}", f"{t['changed']} changed"]
     e = doc["estimate"]
     if e is not None and e["runs"]:
         parts.append(f"~{e['gpu_hours']:.2f} GPU-h")
@@ -280,6 +350,10 @@ def markdown(doc: Mapping[str, Any]) -> str:
     """The review as one pull-request comment: headline, per-sweep counts, price lines, the first runs of each
     kind; bounded under GitHub's comment limit whatever the size of the change, every value made safe."""
     out = [MARKER, f"### rigsync review: {md_inline(headline(doc))}", ""]
+    secrets = _secret_lines(doc, MAX_LISTED)
+    if secrets:  # first, before anything else: a reviewer must not miss a token sent to a stranger's box
+        out.append(f"> [!WARNING]\n> **{md_inline(_secrets_said(doc) or '')}**\n")
+        out.append(md_fenced("\n".join(secrets)))
     base, head = doc["base"], doc["head"]
     out.append(
         f"base {md_inline(base['ref'])} (`{(base['commit'] or '?')[:12]}`) → head {md_inline(head['ref'])} "
@@ -340,7 +414,7 @@ def _error_line(e: Mapping[str, Any]) -> str:
 
 def text(doc: Mapping[str, Any]) -> str:
     """The review for a terminal."""
-    lines = [headline(doc)]
+    lines = [headline(doc), *_secret_lines(doc)]
     lines.append(f"base {doc['base']['ref']} {doc['base']['commit'] or '?'}")
     lines.append(f"head {doc['head']['ref']} {doc['head']['commit'] or '?'}")
     lines += [_error_line(e) for e in doc["errors"]]
@@ -359,4 +433,6 @@ def text(doc: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["MARKER", "Side", "committed_places", "compute_review", "headline", "markdown", "text"]
+__all__ = [
+    "MARKER", "Side", "committed_places", "compute_review", "headline", "markdown", "secret_references", "text"
+]

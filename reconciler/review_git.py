@@ -85,8 +85,12 @@ def _changed(a: Mapping[str, bytes], b: Mapping[str, bytes]) -> list[str]:
     return sorted(p for p in set(a) | set(b) if a.get(p) != b.get(p))
 
 
-def review(repo: Path, base: str, head: str = "HEAD", *, now: float | None = None) -> dict[str, Any]:
-    """The review document (the ``--json`` contract, ``schemas/review.schema.json``) of ``base..head`` in ``repo``.
+def review(
+    repo: Path, base: str, head: str = "HEAD", *, now: float | None = None,
+    allowed_secrets: frozenset[str] | None = None,
+) -> dict[str, Any]:
+    """The review document (the ``--json`` contract, ``schemas/review.schema.json``) of ``base..head`` in ``repo``;
+    ``allowed_secrets``: the controller's job-secrets allowlist when the caller knows it (marks the references).
 
     Bad refs or a path that is no git checkout are ``UserError``; an invalid desired/ at head is data
     (``valid: false`` and its ``errors``), as it is what a reviewer must see.
@@ -105,4 +109,6 @@ def review(repo: Path, base: str, head: str = "HEAD", *, now: float | None = Non
     base_side, base_files = _side(g, base, shas["--base"])
     head_side, head_files = _side(g, head, shas["--head"])
     observed, held = _observed(g, shas["--base"], at)
-    return compute_review(base_side, head_side, observed, held, at, _changed(base_files, head_files))
+    return compute_review(
+        base_side, head_side, observed, held, at, _changed(base_files, head_files), allowed_secrets=allowed_secrets
+    )

@@ -12,7 +12,7 @@ S3-compatible object store (``adapters.s3store.S3Store``: AWS S3, Cloudflare R2,
 
 Like the API URL, none of this may come from desired/: those files arrive by pull request, and a bucket or an
 endpoint named there could send the fleet's results (and the requests signed with the controller's key)
-anywhere. The loader refuses such keys (``desired.checks``) with ``STORE_WHY``.
+anywhere. The loader refuses such keys, with why (``desired.schema_errors.STORE_WHY``).
 """
 
 from __future__ import annotations
@@ -32,13 +32,6 @@ REGION_FALLBACK_ENV = "AWS_DEFAULT_REGION"
 DEFAULT_REGION = "us-east-1"
 ACCESS_KEY_ENV = "AWS_ACCESS_KEY_ID"
 SECRET_KEY_ENV = "AWS_SECRET_ACCESS_KEY"  # a variable's name, not a secret
-
-# Why desired/ may not say where results go (the loader's message on a store-like key).
-STORE_WHY = (
-    f"where results go and their credentials are the controller's settings: {STORE_FLAG} / {STORE_ENV} "
-    f"(s3://bucket/prefix), {STORE_ENDPOINT_ENV} and the AWS credential variables; desired/ arrives by pull "
-    "request, and a store named there could send the fleet's results anywhere"
-)
 
 # S3's bucket names (3-63 of lowercase letters, digits, dots and hyphens, a letter or digit at each end)
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")

@@ -349,6 +349,10 @@ class S3Store:
     def cache_key(self, key: str, suffix: str) -> str:
         return f"{self.base}bootstrap-cache/{_check_id(key, 'bootstrap cache key')}{suffix}"
 
+    def count_objects(self) -> int:
+        """How many objects the fleet has in the store (the demo's summary; a listing)."""
+        return sum(1 for _ in self._list(self.base))
+
     # ------------------------------------------------------------------------------------------------ Presigner
 
     @property
@@ -474,6 +478,30 @@ class S3Store:
 
     def read_attempt(self, run_id: str, attempt: int, name: str, *, tail: int | None = None) -> bytes | None:
         return self._get(self.file_key(run_id, attempt, name), tail=tail)
+
+    def read_range(self, run_id: str, attempt: int, name: str, offset: int, length: int) -> tuple[bytes, int] | None:
+        key = self.file_key(run_id, attempt, name)
+        size = self._head(key)
+        if size is None:
+            return None
+        start = max(0, min(offset, size))
+        end = min(size, start + max(0, length))
+        if end <= start:
+            return b"", size
+        try:
+            reply = self._call("a read", self._client.get_object, Key=key, Range=f"bytes={start}-{end - 1}")
+        except _Missing:
+            return None
+        with _Body(reply["Body"], self._where) as body:
+            return body.read(end - start), size
+
+    def harvested(self, run_id: str, attempt: int) -> Harvested | None:
+        try:
+            return self.attempt_uploaded(run_id, attempt)
+        except StoreUnavailable:
+            raise
+        except StoreError:
+            return None
 
     def open_attempt(self, run_id: str, attempt: int, name: str) -> BinaryIO | None:
         key = self.file_key(run_id, attempt, name)

@@ -182,13 +182,9 @@ def parse_manifest(raw: bytes) -> Harvested:
 
 
 
-def harvest_skipped(directory: Path, name: str) -> str | None:
-    """Why the harvest kept in ``directory`` left ``name`` behind (``over the size cap, 2.0 GiB``), as its manifest
-    says; None when it did not (or there is no readable manifest)."""
-    try:
-        got = _manifest(directory)
-    except StoreError:
-        return None
+def harvest_skipped(got: Harvested, name: str) -> str | None:
+    """Why a stored harvest (``ResultStore.harvested``) left ``name`` behind (``over the size cap, 2.0 GiB``), as
+    its manifest says; None when it did not."""
     for path, size, why in got.skipped:
         if path == name:
             return f"{why}, {size} bytes" if size is not None else why
@@ -257,11 +253,10 @@ class LocalStore:
         return _with_refused(got, refused)
 
     def read_attempt(self, run_id: str, attempt: int, name: str, *, tail: int | None = None) -> bytes | None:
-        base = attempt_dir(self.fleet_data, run_id, attempt)
-        path = base / name
+        path = self._file(run_id, attempt, name)
+        if path is None:
+            return None
         try:
-            if not path.resolve().is_relative_to(base.resolve()) or not path.is_file():
-                return None
             with path.open("rb") as f:
                 if tail is not None:
                     f.seek(max(0, path.stat().st_size - tail))
@@ -269,12 +264,41 @@ class LocalStore:
         except OSError:
             return None
 
-    def open_attempt(self, run_id: str, attempt: int, name: str) -> BinaryIO | None:
+    def _file(self, run_id: str, attempt: int, name: str) -> Path | None:
+        """The harvested file ``name`` of the attempt, if it is one inside its directory."""
         base = attempt_dir(self.fleet_data, run_id, attempt)
         path = base / name
         try:
-            if not path.resolve().is_relative_to(base.resolve()) or not path.is_file():
-                return None
+            return path if path.resolve().is_relative_to(base.resolve()) and path.is_file() else None
+        except OSError:
+            return None
+
+    def read_range(self, run_id: str, attempt: int, name: str, offset: int, length: int) -> tuple[bytes, int] | None:
+        path = self._file(run_id, attempt, name)
+        if path is None:
+            return None
+        try:
+            with path.open("rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                f.seek(max(0, min(offset, size)))
+                return f.read(max(0, length)), size
+        except OSError:
+            return None
+
+    def harvested(self, run_id: str, attempt: int) -> Harvested | None:
+        directory = attempt_dir(self.fleet_data, run_id, attempt)
+        if not directory.is_dir():
+            return None
+        try:
+            return _manifest(directory)
+        except StoreError:  # harvested by an older rigsync, or its manifest lost: what is there is all there is
+            return Harvested(files=(), skipped=(), bytes=0, cap=0)
+
+    def open_attempt(self, run_id: str, attempt: int, name: str) -> BinaryIO | None:
+        path = self._file(run_id, attempt, name)
+        if path is None:
+            return None
+        try:
             return path.open("rb")
         except OSError:
             return None

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from reconciler.apply import ApplyResult
     from reconciler.loop import Reconciler
     from reconciler.model import Desired, Observed
+    from reconciler.storeconfig import StoreConfig
 
 
 def add_checkout_arg(parser: argparse.ArgumentParser) -> None:
@@ -51,12 +52,30 @@ def add_live_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_data_dir_arg(parser: argparse.ArgumentParser) -> None:
-    """``--data-dir``, on every command that settles attempts or reads their results (``adapters.store``)."""
+    """``--data-dir`` and ``--store``, on every command that settles attempts or reads their results: the local
+    store (``adapters.store``) or an S3-compatible one (``adapters.s3store``, ``storeconfig``)."""
+    from reconciler.storeconfig import STORE_ENDPOINT_ENV, STORE_ENV, STORE_FLAG
+
     parser.add_argument(
         "--data-dir", default=None, metavar="DIR",
         help="where attempts' harvested results and checkpoints go (default: $RIGSYNC_DATA_DIR, else "
         "$XDG_DATA_HOME/rigsync); never in the repository",
     )
+    parser.add_argument(
+        STORE_FLAG, dest="store", default=None, metavar="s3://BUCKET[/PREFIX]",
+        help=f"keep results in an S3-compatible object store instead (default: ${STORE_ENV}, else the data dir); "
+        f"its endpoint comes from ${STORE_ENDPOINT_ENV} (https, or http to loopback), its credentials from "
+        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; boxes upload and download with presigned URLs; never "
+        "read from desired/",
+    )
+
+
+def store_of(args: argparse.Namespace) -> StoreConfig | None:
+    """The controller's result store for this command (None: the local data dir), checked before anything is
+    read or contacted."""
+    from reconciler.storeconfig import store_config
+
+    return store_config(getattr(args, "store", None), os.environ)
 
 
 def add_api_url_arg(parser: argparse.ArgumentParser) -> None:
@@ -151,12 +170,13 @@ def load_local_desired(repo: Path) -> Desired:
 
 
 def open_reconciler(
-    repo: Path, desired: Desired, state_dir: str | None, api_url: str, data_dir: str | None = None
+    repo: Path, desired: Desired, state_dir: str | None, api_url: str, data_dir: str | None = None,
+    store: StoreConfig | None = None,
 ) -> Reconciler:
     """The fleet opened as `rigsync run` opens it (``reconciler.fleet.open_fleet``)."""
     from reconciler.fleet import open_fleet
 
-    return open_fleet(repo, desired.fleet, state_dir=state_dir, api_url=api_url, data_dir=data_dir)
+    return open_fleet(repo, desired.fleet, state_dir=state_dir, api_url=api_url, data_dir=data_dir, store=store)
 
 
 def write_observed_uncommitted(

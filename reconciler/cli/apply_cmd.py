@@ -27,6 +27,7 @@ from reconciler.cli._common import (
     dirty_banner,
     load_live_desired,
     open_reconciler,
+    store_of,
     write_observed_uncommitted,
 )
 from reconciler.desired import schema_path
@@ -140,7 +141,7 @@ def _refuse_shipping_dirty(the_plan: Plan, dirty: list[str]) -> None:
 def _apply(
     args: argparse.Namespace, repo: Path, desired: Desired, saved: Plan | None, api_url: str, dirty: list[str]
 ) -> int:
-    rec = open_reconciler(repo, desired, args.state_dir, api_url, args.data_dir)
+    rec = open_reconciler(repo, desired, args.state_dir, api_url, args.data_dir, store_of(args))
     try:
         observed, fresh, memory = rec.observe_and_plan(desired)
         the_plan = fresh

@@ -17,6 +17,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chaos", action="store_true", help="vanish a box mid-run, hang another, burst 429s")
     p.add_argument("--keep", default=None, help="leave the fleet repo here (its bare remote beside it)")
     p.add_argument("--data-dir", default=None, help="keep the attempts' harvested results here (default: a temp dir)")
+    p.add_argument(
+        "--store", action="store_true",
+        help="keep results in a throwaway S3-compatible server on loopback (SeaweedFS) instead of a data dir: "
+        "boxes upload harvests and checkpoints to it with presigned URLs",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument(
         "--repo", default=None,
@@ -42,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         timeout_s=args.timeout,
         data_dir=Path(args.data_dir) if args.data_dir else None,
+        store=args.store,
         source=Path(args.repo).resolve() if args.repo else None,
         say=progress.note,
         progress=progress,

@@ -2,8 +2,9 @@
 
 Where the bytes come from, in order:
 
-1. the local result store, once the harvest brought the attempt home (``adapters.store.attempt_dir``: the run
-   directory's ``stdout.log``/``stderr.log`` under ``--data-dir``); nothing is contacted;
+1. the result store, once the harvest brought the attempt there (``ports.ResultStore``: the run directory's
+   ``stdout.log``/``stderr.log`` under ``--data-dir``, or in the object store ``--store`` names); no box is
+   contacted;
 2. the box the attempt ran on (``observed.attempts``: the observed files and the run archive say which), looked
    up in the provider's instance list for its address, read over SSH with rigsync's key and pinned host keys
    (``remote.logs``: bounded slices from a byte offset, so a large log comes home in pieces);
@@ -26,17 +27,17 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import Protocol
 
+from reconciler.adapters.s3store import open_store
 from reconciler.adapters.store import attempt_dir, data_dir_for, harvest_skipped
 from reconciler.bounds import COMMAND_STDOUT_BYTES
 from reconciler.cli._boxes import BoxAccess, read_fleet_facts
-from reconciler.cli._common import add_data_dir_arg, add_live_args, api_url_of
+from reconciler.cli._common import add_data_dir_arg, add_live_args, api_url_of, store_of
 from reconciler.errors import HostKeyMismatch, HostUnreachable, RemoteCommandFailed, UserError
 from reconciler.model import Endpoint
 from reconciler.observed.attempts import AttemptPlace
-from reconciler.ports import Shell
+from reconciler.ports import ResultStore, Shell
 from reconciler.remote import NO_SUCH_RUN_EXIT
 from reconciler.remote.logs import (
     EXIT_CODE_FILE,
@@ -96,34 +97,68 @@ class LogSource(Protocol):
 
 
 class StoreSource:
-    """A harvested attempt: its run directory as the harvest copied it into the local store."""
+    """A harvested attempt: its run directory as the harvest put it into the result store, read through the port
+    in bounded slices (a 2 GiB log never comes whole, from a local directory or an object store alike)."""
 
     finished = True
 
-    def __init__(self, directory: Path, stream: LogStream, exit_code: int | None = None) -> None:
-        self.path = directory / stream.value
+    def __init__(
+        self, store: ResultStore, run_id: str, attempt: int, stream: LogStream, exit_code: int | None = None
+    ) -> None:
+        self.file = StoredFile(store, run_id, attempt, stream.value)
         self.exit_code = exit_code
-        code_file = directory / EXIT_CODE_FILE
-        with contextlib.suppress(OSError, ValueError):
-            self.exit_code = int(code_file.read_text().strip())
+        with contextlib.suppress(ValueError, TypeError):
+            code = store.read_attempt(run_id, attempt, EXIT_CODE_FILE)
+            if code is not None and len(code) < 32:
+                self.exit_code = int(code.decode("ascii", "replace").strip())
 
     def read(self, offset: int, last_lines: int | None) -> LogSlice:
-        try:
-            with open(self.path, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                if last_lines is not None:
-                    offset = _last_lines_start(fh, size, last_lines)
-                offset = min(offset, size)
-                fh.seek(offset)
-                data = fh.read(min(MAX_SLICE_BYTES, size - offset))
-        except FileNotFoundError:
-            data, offset, size = b"", 0, 0
-        except OSError as exc:
-            raise UserError(f"cannot read {self.path}: {exc.strerror or exc}") from exc
+        fh = self.file
+        size = fh.size()
+        if size is None:
+            return LogSlice(b"", 0, 0, 0, self.exit_code, False)
+        if last_lines is not None:
+            offset = _last_lines_start(fh, size, last_lines)
+        offset = min(offset, size)
+        fh.seek(offset)
+        data = fh.read(min(MAX_SLICE_BYTES, size - offset))
         return LogSlice(data, offset, offset + len(data), size, self.exit_code, False)
 
 
-def _last_lines_start(fh: BinaryIO, size: int, lines: int) -> int:
+class StoredFile:
+    """A harvested file as a seekable reader over ``ResultStore.read_range`` (what ``_last_lines_start`` needs)."""
+
+    def __init__(self, store: ResultStore, run_id: str, attempt: int, name: str) -> None:
+        self.store, self.run_id, self.attempt, self.name = store, run_id, attempt, name
+        self.pos = 0
+        self._size: int | None = None
+        self._known = False
+
+    def size(self) -> int | None:
+        """The file's size; None when it is not in the store."""
+        if not self._known:
+            got = self.store.read_range(self.run_id, self.attempt, self.name, 0, 0)
+            self._size, self._known = (got[1] if got is not None else None), True
+        return self._size
+
+    def seek(self, pos: int) -> int:
+        self.pos = max(0, pos)
+        return self.pos
+
+    def read(self, n: int) -> bytes:
+        got = self.store.read_range(self.run_id, self.attempt, self.name, self.pos, n)
+        data = got[0] if got is not None else b""
+        self.pos += len(data)
+        return data
+
+
+class _Seekable(Protocol):
+    def seek(self, pos: int, /) -> int: ...
+
+    def read(self, n: int, /) -> bytes: ...
+
+
+def _last_lines_start(fh: _Seekable, size: int, lines: int) -> int:
     """The offset where the last ``lines`` lines of the file's first ``size`` bytes start (as ``tail -n``)."""
     if lines == 0 or size == 0:
         return size
@@ -266,14 +301,21 @@ def _open(args: argparse.Namespace) -> tuple[AttemptPlace, LogStream, BoxAccess,
     facts = read_fleet_facts(args)
     place = facts.index.resolve(args.target)
     stream = LogStream.STDERR if args.stderr else LogStream.STDOUT
-    stored = attempt_dir(data_dir_for(facts.desired.fleet.name, args.data_dir), place.run_id, place.attempt)
+    config = store_of(args)
+    store = open_store(config, facts.desired.fleet.name, args.data_dir)
+    stored = (
+        f"{config.where()}, attempt {place.name}" if config is not None
+        else str(attempt_dir(data_dir_for(facts.desired.fleet.name, args.data_dir), place.run_id, place.attempt))
+    )
     boxes = BoxAccess(facts, api_url)
     retries = FOLLOW_RETRIES if args.follow else 0
     try:
         source: LogSource
-        left_behind = harvest_skipped(stored, stream.value) if stored.is_dir() else None
-        if stored.is_dir() and left_behind is None:
-            source = StoreSource(stored, stream, place.record.exit_code if place.record else None)
+        got = store.harvested(place.run_id, place.attempt)
+        left_behind = harvest_skipped(got, stream.value) if got is not None else None
+        if got is not None and left_behind is None:
+            source = StoreSource(store, place.run_id, place.attempt, stream,
+                                 place.record.exit_code if place.record else None)
         elif left_behind is not None:
             # harvested, but without this log (a 2 GiB stderr.log is over the harvest's cap): its box may still
             # have it; printing the empty store copy would say the log is empty
@@ -355,7 +397,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _box_source(boxes: BoxAccess, place: AttemptPlace, stream: LogStream, stored: Path, *, retries: int) -> BoxSource:
+def _box_source(boxes: BoxAccess, place: AttemptPlace, stream: LogStream, stored: str, *, retries: int) -> BoxSource:
     if place.instance_id is None:
         raise UserError(f"rigsync does not know which box attempt {place.name} ran on, and its logs were not "
                         f"harvested (nothing at {stored})")

@@ -1,27 +1,32 @@
 """``rigsync review``: what a change to desired/ means, for the person reviewing its pull request.
 
-Runs added, removed and changed per sweep (by content id, against ``--base``), the price and time of the added
-work checked against the budget left, and the validation errors of the head: from committed files alone, so it
-runs in CI without a single credential. Exit 1 when the head's desired/ is invalid (the errors are still
-printed, as data); ``--markdown`` is one pull-request comment, bounded to fit GitHub's limit.
+First, every secret reference the change adds or changes (a sweep's ``env: {T: ${NAME}}``: the controller's value of
+NAME goes to rented boxes), marked NOT ALLOWED when ``RIGSYNC_JOB_SECRETS`` is set where review runs and does not
+list the name. Then runs added, removed and changed per sweep (by content id, against ``--base``), the price and
+time of the added work checked against the budget left, and the validation errors of the head: from committed files
+alone, so it runs in CI without a single credential. Exit 1 when the head's desired/ is invalid (the errors are
+still printed, as data); ``--markdown`` is one pull-request comment, bounded to fit GitHub's limit.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from reconciler import review as reviewing
 from reconciler.cli._common import add_checkout_arg
 from reconciler.errors import UserError
+from reconciler.jobenv import JOB_SECRETS_ENV, allowed_secrets
 from reconciler.review_git import review
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = (
-        "Compare desired/ at --head with --base from committed files alone: runs per sweep by "
-        "content id, the price and time of the added work against the budget left (observed/ at the base), and "
-        "the head's validation errors. Exit 1 when the head is invalid."
+        "Compare desired/ at --head with --base from committed files alone: first every secret reference the "
+        f"change adds or changes (marked when {JOB_SECRETS_ENV} is set here and does not list it), then runs per "
+        "sweep by content id, the price and time of the added work against the budget left (observed/ at the "
+        "base), and the head's validation errors. Exit 1 when the head is invalid."
     )
     add_checkout_arg(p)
     p.add_argument("--base", required=True, help="the revision the change is compared with (e.g. origin/main)")
@@ -38,7 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if not args.repo.is_dir():
         raise UserError(f"{args.repo}: not a directory")
-    doc = review(args.repo, args.base, args.head)
+    listed = os.environ.get(JOB_SECRETS_ENV)  # unset here: the controller's list is not known (not: none allowed)
+    allowed = allowed_secrets(listed) if listed is not None else None
+    doc = review(args.repo, args.base, args.head, allowed_secrets=allowed)
     if args.json:
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     elif args.markdown:

@@ -6,7 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from reconciler.cli._common import add_data_dir_arg, add_live_args, api_url_of
+from reconciler.cli._common import add_data_dir_arg, add_live_args, api_url_of, store_of
 from reconciler.daemon import DaemonConfig, FleetDaemon
 from reconciler.errors import UserError
 from reconciler.model import CONTROLLER_INTERVAL_S
@@ -40,6 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     api_url = api_url_of(args)
+    store = store_of(args)
     for flag in ("interval", "lease_stale", "lease_renew", "poll"):
         if getattr(args, flag) <= 0:
             raise UserError(f"--{flag.replace('_', '-')} must be a positive number of seconds")
@@ -57,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         branch=args.branch,
     )
     daemon = FleetDaemon(
-        Path(args.repo), config=config, state_dir=args.state_dir, api_url=api_url, data_dir=args.data_dir
+        Path(args.repo), config=config, state_dir=args.state_dir, api_url=api_url, data_dir=args.data_dir,
+        store=store,
     )
     return daemon.run_forever(once=args.once)

@@ -179,6 +179,8 @@ ROWS: tuple[Row, ...] = (
         ("rent_backoff", "rent_backoff_s", parse_duration),
         ("queue_ahead", "queue_ahead_s", parse_duration),
         ("exploration_share", "exploration_share", float),
+        ("retention.checkpoints", "keep_checkpoints", int),
+        ("retention.harvests_for", "keep_harvests_s", parse_duration),
     ),
     *_rows(
         Budget,

@@ -190,6 +190,10 @@ def _fleet_duration_checks(doc: Doc) -> list[LoadError]:
     zero = {key for key in _ZERO_FLEET_DURATION if key in data and parse_duration(data[key]) <= 0}
     for key in sorted(zero):
         errors.append(doc.error((key,), f"{key} must be longer than 0s: {_ZERO_FLEET_DURATION[key]}"))
+    retention = data.get("retention")
+    if isinstance(retention, dict) and "harvests_for" in retention and parse_duration(retention["harvests_for"]) <= 0:
+        errors.append(doc.error(("retention", "harvests_for"), "retention.harvests_for must be longer than 0s: every "
+                                "harvest would be deleted as soon as it is stored; omit it to keep harvests for ever"))
     least_stale = HEARTBEAT_MARGIN * HEARTBEAT_INTERVAL_S
     if "heartbeat_stale" not in zero and duration_or(data, "heartbeat_stale", least_stale) < least_stale:
         errors.append(

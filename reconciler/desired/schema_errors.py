@@ -61,6 +61,16 @@ _MOVED_OUT = {
     "account's API key is sent to that URL, and a pull request could point it anywhere; remove the key",
 }
 
+# Keys that name a result store (``store``, ``bucket``, ``endpoint``, ``s3``, ``s3_bucket``, ...), wherever they are
+# written: refused with STORE_WHY. Where results go is the controller's (``reconciler.storeconfig``: its flag and
+# variables are named here as that module spells them, a unit test holds the two together).
+_STORE_KEY_RE = re.compile(r"(?:^|[_-])(?:s3|bucket|store|endpoint)(?:$|[_-])", re.IGNORECASE)
+STORE_WHY = (
+    "where results go and their credentials are the controller's settings: --store / RIGSYNC_STORE "
+    "(s3://bucket/prefix), RIGSYNC_STORE_ENDPOINT and the AWS credential variables; a pull request could send "
+    "the fleet's results anywhere; remove the key"
+)
+
 _WHY_REQUIRED = {
     ("budget", "max_total_usd"): "a budget must cap total spend; without it rigsync could spend without bound",
 }
@@ -84,6 +94,8 @@ def schema_errors(doc: Doc, schema: str) -> list[LoadError]:
                 if _SECRETISH_RE.search(key):
                     message += "; secrets never belong in desired/ (they are committed to git)"
                 message = _MOVED_OUT.get(pointer_of((*path, key)), message)
+                if _STORE_KEY_RE.search(key):
+                    message = f"'{key}' is not set in desired/: {STORE_WHY}"
                 out.append(doc.error((*path, key), message, at_key=True))
             continue
         if err.validator == "required" and isinstance(err.validator_value, list):

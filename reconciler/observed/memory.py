@@ -73,6 +73,8 @@ def in_flight_entries(in_flight: Iterable[InFlight]) -> list[dict[str, Any]]:
         if f.epoch:
             entry["epoch"] = f.epoch
         entry["queued"] = f.queued  # given to its box's queue (started by the box when its slot frees)
+        if f.seen_started_at is not None:
+            entry["seen_started_at"] = iso(f.seen_started_at)
         out.append(entry)
     return out
 
@@ -224,6 +226,7 @@ def _in_flight(entries: list[Any]) -> tuple[InFlight, ...]:
                     pid_started=valid_start(f.get("pid_started")),
                     epoch=int(f.get("epoch") or 0),
                     queued=f.get("queued") is True,
+                    seen_started_at=parse_iso(f.get("seen_started_at"), where + ".seen_started_at"),
                 )
             )
         except (KeyError, TypeError, ValueError) as exc:

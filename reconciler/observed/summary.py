@@ -2,10 +2,11 @@
 
 main carries state changes only, one commit per cycle that changed something a reader of the history cares about:
 boxes rented or ended, attempts launched or finished (and the bill of a box that ended, closed in the archive),
-the desired revision applied or refused, apply errors, a budget cap starting or ceasing to bind, drift, foreign
-instances. Everything else the observed files hold moves with the clock or the probes (box status and reachability,
-GPU memory in use, bootstrap and code markers, spend along its line, the last plan's counts, ``last_change_at``):
-it is committed with the next meaningful change and never makes a commit by itself. So ``git log --oneline``
+the desired revision applied or refused, apply errors, a budget cap starting or ceasing to bind, a sweep held back
+for a job secret (``secret_not_allowed``, ``secret_missing``), drift, foreign instances. Everything else the
+observed files hold moves with the clock or the probes (box status and reachability, GPU memory in use, bootstrap
+and code markers, spend along its line, the last plan's counts, ``last_change_at``): it is committed with the next
+meaningful change and never makes a commit by itself. So ``git log --oneline``
 reads like a lab notebook::
 
     rented 31007001 RTX 3060 $0.11/h, 31007002 RTX 3060 $0.11/h: 4 runs pending
@@ -22,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from reconciler.jobenv import held_back
 from reconciler.model import AttemptOutcome, AttemptRecord, OverheadRecord
 from reconciler.observed.codec import DRIFT, FLEET, HOSTS, RUNS, STATUS, load_mapping_quietly
 
@@ -48,10 +50,14 @@ def _blacklisted(doc: Mapping[str, Any]) -> set[int]:
     return {int(h["machine_id"]) for h in doc.get("hosts") or [] if isinstance(h, dict) and h.get("blacklisted")}
 
 
-def _budget_lines(status: Mapping[str, Any]) -> list[str]:
+def _plan_warnings(status: Mapping[str, Any]) -> list[str]:
     plan = status.get("last_plan")
     warnings = plan.get("warnings") if isinstance(plan, dict) else None
-    return [str(w) for w in warnings or [] if str(w).startswith("budget:")]
+    return [str(w) for w in warnings or []]
+
+
+def _budget_lines(status: Mapping[str, Any]) -> list[str]:
+    return [w for w in _plan_warnings(status) if w.startswith("budget:")]
 
 
 def _drift(doc: Mapping[str, Any]) -> set[tuple[str, str]]:
@@ -169,6 +175,8 @@ def describe_change(
         parts.append(new_budget[0])  # why work stopped or was refused: a cap or the credit, with the figures
     elif old_budget and not new_budget:
         parts.append("budget: no cap binds any more")
+    old_held = held_back(_plan_warnings(os_))
+    parts += [f"held back: {h}" for h in held_back(_plan_warnings(ns)) if h not in old_held]  # with its reason code
     od, nd = _drift(load_mapping_quietly(old.get(DRIFT))), _drift(load_mapping_quietly(new.get(DRIFT)))
     if od != nd:
         moved = [f"+{c} {s}" for c, s in sorted(nd - od)] + [f"-{c} {s}" for c, s in sorted(od - nd)]

@@ -426,12 +426,14 @@ def launched_at(world: World, seen: SeenAttempts, rd: RunDirState) -> float:
     it, never from the ``started_at`` the box reports (a box's clock may be anywhere). An entry that does not know
     (an old runs.yaml without ``launched_at``) counts from its box's start as the provider lists it: the attempt
     cannot be older. An attempt given to a box's queue started when its slot freed, which only the box can say: its
-    reported start counts, clamped between the queueing and now (it cannot have started before it was queued, and
-    the wrapper's own max-runtime guard holds it on the box whatever the box's clock says)."""
+    reported start counts, clamped between the queueing and the first cycle this controller saw it started
+    (``InFlight.seen_started_at``): it cannot have started before it was queued or after it was seen running, so a
+    box whose clock runs ten days ahead cannot keep its attempt young."""
     fl = seen.launch_of(rd)
     assert fl is not None, "collect_attempts keeps only attempts in flight as ours"
     if fl.launched_at > 0 and fl.queued and rd.started_at is not None:
-        return min(world.now, max(fl.launched_at, rd.started_at))
+        seen_by = fl.seen_started_at if fl.seen_started_at is not None else world.now
+        return min(world.now, seen_by, max(fl.launched_at, rd.started_at))
     if fl.launched_at > 0:
         return fl.launched_at
     box = world.boxes.get(fl.instance_id)

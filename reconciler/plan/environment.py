@@ -1,10 +1,14 @@
-"""The job environment's one planning rule: a sweep whose ``env`` references a variable the controller does not
-set is not launched (and nothing is rented for it); every other sweep goes on.
+"""The job environment's one planning rule: a sweep whose ``env`` references a variable the operator does not
+allow (``RIGSYNC_JOB_SECRETS``) or the controller does not set is not launched (and nothing is rented for it);
+every other sweep goes on.
 
-The planner never sees a value: ``Observed.controller_env`` holds the names the controller has (set, non-empty),
-and the sweeps' references are names too (``reconciler.jobenv``). The withheld runs stay pending (their phase is
-a fact about the run, not about this controller); the reason is a no-op per sweep (``secret_missing``) and a
-warning, which ``rigsync plan``, ``status`` and ``observed/status.yaml`` show.
+The planner never sees a value: ``Observed.allowed_secrets`` holds the names the operator lists,
+``Observed.controller_env`` the allowed names the controller has (set, non-empty), and the sweeps' references are
+names too (``reconciler.jobenv``). Not allowed is decided first: a sweep with a reference off the list is held for
+that alone (``secret_not_allowed``), whatever else it lacks. The withheld runs stay pending (their phase is a fact
+about the run, not about this controller); the reason is a no-op per sweep (``secret_not_allowed`` or
+``secret_missing``) and a warning, which ``rigsync plan``, ``status``, ``diff``, the commit message and
+``observed/status.yaml`` show.
 """
 
 from __future__ import annotations
@@ -12,7 +16,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from reconciler.actions import ReasonCode
-from reconciler.jobenv import SECRET_WARNING, missing, missing_text
+from reconciler.jobenv import (
+    NOT_ALLOWED_WARNING,
+    SECRET_WARNING,
+    EnvSpec,
+    missing,
+    missing_text,
+    not_allowed,
+    not_allowed_text,
+)
 from reconciler.plan.attempts import PendingRun, RunQueue
 from reconciler.plan.common import Decisions
 from reconciler.plan.world import World
@@ -20,28 +32,33 @@ from reconciler.plan.world import World
 
 def withhold_missing_secrets(world: World, queue: RunQueue) -> tuple[RunQueue, Decisions]:
     out = Decisions()
-    available = world.observed.controller_env
-    absent_of: dict[tuple[tuple[str, str], ...], tuple[str, ...]] = {}
-    held: dict[str, tuple[tuple[str, ...], int]] = {}
+    allowed, available = world.observed.allowed_secrets, world.observed.controller_env
+    why_of: dict[EnvSpec, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+    held: dict[str, tuple[dict[str, None], dict[str, None], int]] = {}  # sweep -> (off the list, missing, runs)
     kept: list[PendingRun] = []
     for run in queue.pending:
         env = run.spec.sweep.env
-        if not env:
+        if env not in why_of:
+            off = not_allowed(env, allowed)  # before missing: a name off the list is never looked up
+            why_of[env] = (off, () if off else missing(env, available))
+        off, absent = why_of[env]
+        if not off and not absent:
             kept.append(run)
             continue
-        absent = absent_of.get(env)
-        if absent is None:
-            absent = absent_of[env] = missing(env, available)
-        if not absent:
-            kept.append(run)
-            continue
-        names, n = held.get(run.spec.sweep.name, ((), 0))
-        held[run.spec.sweep.name] = (tuple(dict.fromkeys((*names, *absent))), n + 1)
+        offs, absents, n = held.setdefault(run.spec.sweep.name, ({}, {}, 0))
+        offs.update(dict.fromkeys(off))
+        absents.update(dict.fromkeys(absent))
+        held[run.spec.sweep.name] = (offs, absents, n + 1)
     for sweep in sorted(held):
-        names, n = held[sweep]
-        text = f"{missing_text(sweep, names)}: {n} run(s) not launched"
-        out.noop(f"sweep/{sweep}", ReasonCode.SECRET_MISSING, text)
-        out.warnings.append(f"{SECRET_WARNING}{text}")
+        offs, absents, n = held[sweep]
+        if offs:  # not allowed wins: what is missing too is said once the operator allows it
+            code, prefix = ReasonCode.SECRET_NOT_ALLOWED, NOT_ALLOWED_WARNING
+            sentence = not_allowed_text(sweep, tuple(offs))
+        else:
+            code, prefix, sentence = ReasonCode.SECRET_MISSING, SECRET_WARNING, missing_text(sweep, tuple(absents))
+        text = f"{sentence}: {n} run(s) not launched"
+        out.noop(f"sweep/{sweep}", code, text)
+        out.warnings.append(f"{prefix}{text}")
     if not held:
         return queue, out
     return replace(queue, pending=tuple(kept)), out

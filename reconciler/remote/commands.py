@@ -442,12 +442,13 @@ TRANSFER_EXITS = {
     UPLOAD_NO_RUN_EXIT: "no such run directory",
 }
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_RUN_FILE = re.compile(r"[A-Za-z0-9_.+=][A-Za-z0-9_.+=/-]{0,499}")  # never an option (-x), never absolute
 
 
 def _run_file(name: str) -> str:
     """A file of a run directory named by a relative path that stays inside it (``stdout.log``, ``out/m.jsonl``)."""
     parts = name.split("/")
-    if not name or name.startswith("/") or any(not is_safe_name(p) for p in parts):
+    if not _RUN_FILE.fullmatch(name) or any(p in ("", ".", "..") for p in parts):
         raise ValueError(f"run file {name!r} is not a relative path of safe names")
     return name
 

@@ -275,8 +275,12 @@ class Outcome:
         return [self.jobs, self.boxes]
 
 
-def _fleet(tmp: Path, emu: Emulator, name: str, max_instances: int, sweeps: dict[str, str]) -> Fleet:
+def _fleet(
+    tmp: Path, emu: Emulator, name: str, max_instances: int, sweeps: dict[str, str], *, min_instances: int = 0
+) -> Fleet:
     w = make_world(tmp, emu, name, max_instances=max_instances, idle_timeout="10m")
+    if min_instances:
+        w.repo.edit_fleet(min=min_instances)
     w.repo.set_sweeps(sweeps)
     w.repo.edit("desired/budget.yaml", lambda d: d.update(max_fleet_dph=2.0))  # every box at once, not three
     w.repo.write("experiments/adv_job.py", JOB)
@@ -316,7 +320,9 @@ def _settled(o: Outcome) -> bool:
 def outcome(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
     tmp = tmp_path_factory.mktemp("adversary")
     jobs = _fleet(tmp / "jobs", emulator, "adv-jobs", 4, {"adv": ADV_SWEEP, "advharvest": HARVEST_SWEEP})
-    boxes = _fleet(tmp / "boxes", emulator, "adv-boxes", 5, {"plain": PLAIN_SWEEP, "held": HELD_SWEEP})
+    # at least one box per hostile mode: five short runs alone would fit on fewer boxes (the box-side queue)
+    boxes = _fleet(tmp / "boxes", emulator, "adv-boxes", 5, {"plain": PLAIN_SWEEP, "held": HELD_SWEEP},
+                   min_instances=len(BOX_MODES))
     ids = {m: jobs.run_id("adv", mode=m) for m in JOB_MODES}
     ids["harvest"] = jobs.run_id("advharvest")
     ids["held"] = boxes.run_id("held")

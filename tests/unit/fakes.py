@@ -31,14 +31,14 @@ kept small and honest — it does what the run protocol says a box does, not wha
 from __future__ import annotations
 
 import hashlib
-import io
 import itertools
 import json
 import math
-import tarfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
+
+from tarutil import tar_of
 
 from reconciler.actions import Plan
 from reconciler.errors import (
@@ -76,7 +76,7 @@ from reconciler.model import (
 )
 from reconciler.observe import observe
 from reconciler.plan import plan
-from reconciler.ports import BootstrapCache, CommandResult, LaunchJob
+from reconciler.ports import ATTEMPT_TAR, BootstrapCache, CheckpointUploaded, CommandResult, Download, LaunchJob, Upload
 
 R = TypeVar("R", AttemptRecord, OverheadRecord)
 
@@ -307,6 +307,7 @@ class FakeWorld:
         self.bootstrap_fails = bootstrap_fails
         self.job_stderr: dict[tuple[str, int], bytes] = {}  # what an attempt's job wrote to stderr (default: nothing)
         self.job_files: dict[tuple[str, int], dict[str, bytes]] = {}  # more files its run directory holds (metrics)
+        self.objects: dict[str, bytes] = {}  # what boxes uploaded with presigned URLs, by store key
         self.work = work
         self.credit0: float | None = 1000.0  # the account's deposits; None: the provider does not say its credit
         self.unbilled: set[int] = set()  # instances the provider reports no charge for
@@ -622,8 +623,12 @@ class FakeBoxes:
         self, box: Instance, run_id: str, attempt: int, *, what: str, patterns: Sequence[str], cap_bytes: int
     ) -> bytes:
         """A harvest stream as the box program writes it: the logs (empty here) and the manifest."""
+        self.world._enter("harvest", f"{box.id} {run_id}.{attempt} {what}")
+        return tar_of(self._harvested(box, run_id, attempt, what, cap_bytes))
+
+    def _harvested(self, box: Instance, run_id: str, attempt: int, what: str, cap_bytes: int) -> dict[str, bytes]:
+        """The files a harvest takes (the manifest last), by name."""
         w = self.world
-        w._enter("harvest", f"{box.id} {run_id}.{attempt} {what}")
         b = self._box(box)
         if (run_id, attempt) not in b.runs:
             raise RemoteCommandFailed(f"exit 3: no run directory runs/{run_id}.{attempt} on this box")
@@ -635,17 +640,41 @@ class FakeBoxes:
                     "files": [[k, len(v)] for k, v in files.items()],
                     "skipped": [], "resumed_from": None}
         files[".rigsync-harvest.json"] = json.dumps(manifest).encode()
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tf:
-            for name, data in files.items():
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                tf.addfile(info, io.BytesIO(data))
-        return buf.getvalue()
+        return files
 
     def stage_resume(self, box: Instance, run_id: str, attempt: int, tar: bytes) -> None:
         self.world._enter("stage_resume", f"{box.id} {run_id}.{attempt}")
         self._box(box)
+
+    # -- direct transfers: the box writes ``world.objects`` (the store's objects, by key) itself
+
+    def upload_harvest(
+        self, box: Instance, run_id: str, attempt: int, *, patterns: Sequence[str], cap_bytes: int,
+        uploads: Mapping[str, Upload],
+    ) -> None:
+        self.world._enter("upload_harvest", f"{box.id} {run_id}.{attempt}")
+        files = self._harvested(box, run_id, attempt, "run", cap_bytes)
+        self.world.objects[uploads[ATTEMPT_TAR].key] = tar_of(files)
+        for name, upload in uploads.items():
+            if name != ATTEMPT_TAR and name in files:  # a file the run did not write is skipped
+                self.world.objects[upload.key] = files[name]
+
+    def upload_checkpoint(
+        self, box: Instance, run_id: str, attempt: int, *, path: str, cap_bytes: int, upload: Upload
+    ) -> CheckpointUploaded:
+        self.world._enter("upload_checkpoint", f"{box.id} {run_id}.{attempt}")
+        tar = tar_of(self._harvested(box, run_id, attempt, "checkpoint", cap_bytes))
+        self.world.objects[upload.key] = tar
+        return CheckpointUploaded(size=len(tar), sha256=hashlib.sha256(tar).hexdigest(), complete=True)
+
+    def stage_resume_from(self, box: Instance, run_id: str, attempt: int, download: Download) -> None:
+        self.world._enter("stage_resume_from", f"{box.id} {run_id}.{attempt}")
+        self._box(box)
+        data = self.world.objects.get(download.key)
+        if data is None:
+            raise RemoteCommandFailed("checkpoint download exited 3 (refused by the store): get: HTTP 404")
+        if len(data) != download.size or hashlib.sha256(data).hexdigest() != download.sha256:
+            raise RemoteCommandFailed("checkpoint download exited 5 (size or SHA-256 mismatch)")
 
     def forget(self, box: Instance) -> None:
         self.world.calls.append(f"forget {box.id}")
@@ -832,11 +861,12 @@ def fake_reconciler(world: FakeWorld, archive: FakeArchive | None = None, **kw: 
 def observe_and_plan(
     world: FakeWorld, desired: Desired, archive: FakeArchive, env_names: frozenset[str] = frozenset()
 ) -> tuple[Observed, Plan]:
-    """What the real ``observe()`` sees of ``world`` now (with ``env_names`` set on the controller), and its plan."""
+    """What the real ``observe()`` sees of ``world`` now (with ``env_names`` allowed and set on the controller), and
+    its plan."""
     now = world.clock.now()
     observed, _ = observe(desired, world.provider, world.box_control, tuple(archive.records()), FleetMemory(), now)
     memory = replace(observed.memory, in_flight=launched(observed))
-    observed = replace(observed, controller_env=env_names, memory=memory)
+    observed = replace(observed, controller_env=env_names, allowed_secrets=env_names, memory=memory)
     return observed, plan(desired, observed, now)
 
 

@@ -391,6 +391,7 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
                 pid_started=f.get("pid_started"),
                 epoch=f.get("epoch", 0),
                 queued=bool(f.get("queued", False)),
+                seen_started_at=_t(f, now, "seen_started_at", "seen_started_ago", None),
             )
             for f in d.get("in_flight", [])
         ),
@@ -414,6 +415,7 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
         credit_usd=d.get("credit_usd"),
         cycle_s=float(d.get("cycle_s", 60.0)),
         controller_env=frozenset(d.get("controller_env", [])),
+        allowed_secrets=frozenset(d.get("allowed_secrets", [])),
         harvesting=bool(d.get("harvesting", False)),
         fleet_name=desired.fleet.name,
     )

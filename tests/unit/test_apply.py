@@ -227,7 +227,7 @@ def test_a_launch_that_failed_stays_in_flight_and_is_fenced_off_before_its_run_l
     world.fail_next("launch", OSError("Socket is closed"))
     result = _apply(world, desired, observed, p, archive)
     assert [(f.run_id, f.attempt) for f in result.in_doubt] == [(launch.run_id, launch.attempt)]
-    in_flight = next_in_flight((), observed, result)
+    in_flight = next_in_flight((), observed, result, 0.0)
     assert [(f.run_id, f.attempt, f.instance_id) for f in in_flight] == [
         (launch.run_id, launch.attempt, launch.instance_id)
     ]
@@ -255,7 +255,7 @@ def test_a_requeue_whose_kill_fails_is_not_counted_and_its_run_is_not_launched_a
     observed, p = observe_and_plan(world, desired, archive)
     (launch,) = [a for a in p.actions if isinstance(a, Launch)]
     world.fail_next("launch", OSError("Socket is closed"))
-    in_flight = next_in_flight((), observed, _apply(world, desired, observed, p, archive))
+    in_flight = next_in_flight((), observed, _apply(world, desired, observed, p, archive), 0.0)
 
     observed, p = _plan_with(world, desired, archive, in_flight)
     assert {a.kind.value for a in p.actions} == {"requeue", "launch"}
@@ -266,7 +266,7 @@ def test_a_requeue_whose_kill_fails_is_not_counted_and_its_run_is_not_launched_a
     assert outcome["launch"].skipped and outcome["launch"].detail.startswith("not run: requeue of attempt 1 failed")
     assert list(archive.records()) == [] and world.live_runs() == []
     # still in flight: the next cycle decides again
-    assert [(f.run_id, f.attempt) for f in next_in_flight(in_flight, observed, result)] == [(launch.run_id, 1)]
+    assert [(f.run_id, f.attempt) for f in next_in_flight(in_flight, observed, result, 0.0)] == [(launch.run_id, 1)]
 
 
 def test_a_close_bill_waits_while_an_attempt_on_the_box_is_not_archived_and_then_archives_its_overhead() -> None:

@@ -20,7 +20,7 @@ from reconciler.adapters.store import LocalStore, attempt_dir, checkpoint_dir
 from reconciler.apply import STDERR_TAIL_BYTES, ApplyContext, ApplyResult, _tail_text, apply, harvest_note
 from reconciler.curves import MAX_POINTS, downsample, points_from_metrics, render_curve
 from reconciler.errors import HostUnreachable
-from reconciler.jobenv import ControllerEnv
+from reconciler.jobenv import JOB_SECRETS_ENV, ControllerEnv
 from reconciler.model import AttemptOutcome, Desired, Observed
 from reconciler.ports import Harvested
 
@@ -234,7 +234,7 @@ def test_a_failed_attempts_stderr_tail_hides_its_secrets_values(tmp_path: Path) 
         runs=tuple(replace(r, sweep=replace(r.sweep, env=env)) for r in base.runs),
     )
     secret = "tok-5f1c0d6e9a"
-    controller = ControllerEnv({"WANDB_API_KEY": secret})
+    controller = ControllerEnv({JOB_SECRETS_ENV: "WANDB_API_KEY", "WANDB_API_KEY": secret})
     world = FakeWorld([offer(1, gpus=1)], clock=FakeClock(), boot_s=10.0)
     archive = FakeArchive()
     for _ in range(3):

@@ -31,6 +31,7 @@ from reconciler.model import Budget, Desired, Endpoint, Fleet, Instance, Instanc
 from reconciler.ports import CommandResult, LaunchJob
 
 WANDB = (("WANDB_API_KEY", "${WANDB_API_KEY}"), ("MUJOCO_GL", "egl"))
+ALLOW = {jobenv.JOB_SECRETS_ENV: "WANDB_API_KEY,HF_TOKEN"}  # the operator's allowlist (tests/unit/test_job_secrets.py)
 
 
 # --------------------------------------------------------------------------------------------- the rules
@@ -72,12 +73,12 @@ def test_a_command_that_expands_the_secret_itself_is_named() -> None:
 
 
 def test_resolution_reads_the_controller_env_and_names_what_is_missing() -> None:
-    env = ControllerEnv({"WANDB_API_KEY": "s3cr3t-value"})
+    env = ControllerEnv({**ALLOW, "WANDB_API_KEY": "s3cr3t-value"})
     job = env.resolve("tdmpc", WANDB)
     assert job.items() == (("WANDB_API_KEY", "s3cr3t-value"), ("MUJOCO_GL", "egl"))
     assert env.available(["WANDB_API_KEY", "HF_TOKEN"]) == frozenset({"WANDB_API_KEY"})
     with pytest.raises(SecretMissing) as caught:
-        ControllerEnv({"WANDB_API_KEY": ""}).resolve("tdmpc", WANDB)  # empty counts as not set
+        ControllerEnv({**ALLOW, "WANDB_API_KEY": ""}).resolve("tdmpc", WANDB)  # empty counts as not set
     assert str(caught.value) == (
         "sweep tdmpc needs WANDB_API_KEY from the controller's environment; it is not set"
     )
@@ -154,7 +155,7 @@ def _ctx(shell: _RecordingShell, environ: dict[str, str], env: tuple[tuple[str, 
     return ApplyContext(
         provider=None,  # type: ignore[arg-type]  # a launch never calls the provider
         boxes=ShellBoxes(shell), desired=desired, observed=observed, archive=None,  # type: ignore[arg-type]
-        code_tar=lambda c, p: b"", now=lambda: 100.0, controller_env=ControllerEnv(environ),
+        code_tar=lambda c, p: b"", now=lambda: 100.0, controller_env=ControllerEnv({**ALLOW, **environ}),
     )
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from reconciler import remote
 from reconciler.adapters.ssh import _host_id, is_pinned, openssh_argv
+from reconciler.adapters.store import LocalStore, attempt_dir
 from reconciler.cli import main
 from reconciler.cli._boxes import BoxAccess, FleetFacts
 from reconciler.cli.logs_cmd import BoxSource, StoreSource, pump
@@ -253,14 +254,17 @@ def test_unsafe_run_names_never_reach_a_shell() -> None:
 
 
 def test_store_source_reads_tails_and_takes_the_recorded_exit_code(tmp_path: Path) -> None:
-    (tmp_path / "stdout.log").write_bytes(b"a\nb\nc")
-    (tmp_path / "exit_code").write_text("0\n")
-    src = StoreSource(tmp_path, LogStream.STDOUT, exit_code=5)
+    store = LocalStore(tmp_path)
+    directory = attempt_dir(tmp_path, "r1", 1)
+    directory.mkdir(parents=True)
+    (directory / "stdout.log").write_bytes(b"a\nb\nc")
+    (directory / "exit_code").write_text("0\n")
+    src = StoreSource(store, "r1", 1, LogStream.STDOUT, exit_code=5)
     assert src.read(0, None).data == b"a\nb\nc" and src.read(0, None).exit_code == 0
     assert src.read(0, 1).data == b"c" and src.read(0, 2).data == b"b\nc" and src.read(0, 9).data == b"a\nb\nc"
-    assert src.read(0, 0).data == b""
-    (tmp_path / "exit_code").unlink()
-    nothing = StoreSource(tmp_path, LogStream.STDERR, exit_code=5).read(0, None)
+    assert src.read(0, 0).data == b"" and src.read(2, None).data == b"b\nc"
+    (directory / "exit_code").unlink()
+    nothing = StoreSource(store, "r1", 1, LogStream.STDERR, exit_code=5).read(0, None)
     assert (nothing.data, nothing.exit_code) == (b"", 5)
 
 

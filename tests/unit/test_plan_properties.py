@@ -366,7 +366,7 @@ def _apply(desired: Desired, observed: Observed, p: Plan) -> Observed:
     assert not result.failures, result.failure_lines()
     memory = FleetMemory(
         boxes=observed.memory.boxes,
-        in_flight=next_in_flight(observed.memory.in_flight, observed, result),
+        in_flight=next_in_flight(observed.memory.in_flight, observed, result, 0.0),
         spend=observed.memory.spend,
         spend_at=NOW,
     )

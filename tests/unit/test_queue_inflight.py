@@ -59,14 +59,17 @@ def test_runs_yaml_in_flight_queued_reads_back() -> None:
 
 def test_remember_records_a_started_queued_attempts_process_group_once() -> None:
     observed = _world(runs=(_started(4242, 9000),))
-    (f, _) = sorted(next_in_flight((QUEUED, RUNNING), observed, ApplyResult()), key=lambda f: f.run_id, reverse=True)
-    assert (f.run_id, f.pid, f.pid_started) == ("r1", 4242, 9000)
+    flights = next_in_flight((QUEUED, RUNNING), observed, ApplyResult(), 500.0)
+    (f, _) = sorted(flights, key=lambda f: f.run_id, reverse=True)
+    assert (f.run_id, f.pid, f.pid_started, f.seen_started_at) == ("r1", 4242, 9000, 500.0)
     later = _world(runs=(_started(31337, 1),), flights=(f, RUNNING))  # a box that says another pid later
-    kept = {x.run_id: x for x in next_in_flight((f, RUNNING), later, ApplyResult())}
-    assert (kept["r1"].pid, kept["r1"].pid_started) == (4242, 9000)
+    kept = {x.run_id: x for x in next_in_flight((f, RUNNING), later, ApplyResult(), 900.0)}
+    assert (kept["r1"].pid, kept["r1"].pid_started, kept["r1"].seen_started_at) == (4242, 9000, 500.0)
     for pid, tick in ((None, None), (1, 5), (4242, None)):  # nothing usable: nothing recorded
-        got = {x.run_id: x for x in next_in_flight((QUEUED,), _world(runs=(_started(pid, tick),)), ApplyResult())}
+        seen = _world(runs=(_started(pid, tick),))
+        got = {x.run_id: x for x in next_in_flight((QUEUED,), seen, ApplyResult(), 500.0)}
         assert got["r1"].pid is None and got["r1"].pid_started is None
+        assert got["r1"].seen_started_at == 500.0  # seen started all the same: its runtime counts from here at most
     elsewhere = replace(QUEUED, instance_id=8)  # the run dir is on another box than the one it was queued on
-    got = {x.run_id: x for x in next_in_flight((elsewhere,), observed, ApplyResult())}
-    assert got["r1"].pid is None
+    got = {x.run_id: x for x in next_in_flight((elsewhere,), observed, ApplyResult(), 500.0)}
+    assert got["r1"].pid is None and got["r1"].seen_started_at is None

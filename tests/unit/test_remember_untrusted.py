@@ -87,8 +87,8 @@ def test_failed_actions_are_remembered_for_one_cycle_and_a_failed_kill_distrusts
 
 def test_what_a_box_shows_running_never_becomes_in_flight() -> None:
     observed = Observed(instances=(box(1),), probes=(probe(1, beating("forged", 1.0)),), fleet_name="lab")
-    assert next_in_flight((), observed, ApplyResult()) == ()
-    assert next_in_flight(FLYING, replace(observed, memory=FleetMemory(in_flight=FLYING)), ApplyResult()) == FLYING
+    assert next_in_flight((), observed, ApplyResult(), 0.0) == ()
+    assert next_in_flight(FLYING, replace(observed, memory=FleetMemory(in_flight=FLYING)), ApplyResult(), 0.0) == FLYING
 
 
 def test_a_failed_requeue_from_a_box_that_answered_distrusts_it_too() -> None:

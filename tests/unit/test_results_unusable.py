@@ -19,6 +19,7 @@ import pytest
 from fakes import FakeArchive, FakeClock, FakeWorld, desired_state, observe_and_plan, offer
 from hypothesis import given
 from hypothesis import strategies as st
+from tarutil import tar_of
 
 from reconciler import apply as apply_module
 from reconciler.actions import Plan, Record
@@ -138,19 +139,9 @@ def test_the_curve_file_is_strict_and_counts_what_was_dropped() -> None:
 # ----------------------------------------------------------------------------------------------- the store
 
 
-def _tar(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tf:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
 def test_store_errors_name_no_controller_path(tmp_path: Path) -> None:
     store = LocalStore(tmp_path / "secret-data-dir" / "lab")
-    for tar in (b"not a tar at all", _tar({"stderr.log": b"x"}), _tar({".rigsync-harvest.json": b"[" * 100_000})):
+    for tar in (b"not a tar at all", tar_of({"stderr.log": b"x"}), tar_of({".rigsync-harvest.json": b"[" * 100_000})):
         with pytest.raises(StoreError) as exc:
             store.put_attempt("r1", 1, tar)
         assert "secret-data-dir" not in str(exc.value) and str(tmp_path) not in str(exc.value)

@@ -4,6 +4,7 @@ it against a git repository with a base and a head commit (the real console scri
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 from gitutil import git as _git
 
 from reconciler.desired import load_desired, read_desired_files
+from reconciler.jobenv import JOB_SECRETS_ENV
 from reconciler.model import AttemptOutcome, AttemptRecord, Desired, FleetMemory, Observed, Spend
 from reconciler.review import MARKER, MAX_MARKDOWN, Side, compute_review, headline, markdown
 
@@ -281,3 +283,92 @@ def test_cli_prices_a_sweep_at_its_own_pools_cap(tmp_path: Path) -> None:
     assert sweep["eta_h"] == pytest.approx(4 * 10 / 60, abs=1e-3)
     text = rigsync("review", "--base", "main", "--head", "big", cwd=repo)
     assert "at most $1.33" in text.stdout.splitlines()[0], text.stdout
+
+
+# ------------------------------------------------------------------------------ secrets a change sends to boxes
+
+TOKEN_ENV = "env:\n  T: ${GITHUB_TOKEN}\n  WANDB_API_KEY: ${WANDB_API_KEY}\n  MUJOCO_GL: egl\n"
+
+
+@pytest.fixture(scope="module")
+def secret_fleet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example fleet as main; branch ``token`` gives tdmpc ``env: {T: ${GITHUB_TOKEN}, WANDB_API_KEY: ...}``
+    (two references added, one literal), branch ``swap`` then points T at another variable (a changed one)."""
+    repo = tmp_path_factory.mktemp("review-secrets") / "fleet"
+    repo.mkdir()
+    for d in ("desired", "experiments", "observed"):
+        shutil.copytree(ROOT / d, repo / d, ignore=shutil.ignore_patterns("__pycache__"))
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "base")
+    sweep = repo / "desired" / "sweeps" / "tdmpc.yaml"
+    _git(repo, "checkout", "-q", "-b", "token")
+    sweep.write_text(sweep.read_text() + TOKEN_ENV)
+    _git(repo, "commit", "-qam", "tdmpc: report to GitHub")
+    _git(repo, "checkout", "-q", "-b", "swap")
+    sweep.write_text(sweep.read_text().replace("${GITHUB_TOKEN}", "${GH_PAT}"))
+    _git(repo, "commit", "-qam", "tdmpc: another token")
+    return repo
+
+
+def _review_cli(repo: Path, *args: str, allowlist: str | None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != JOB_SECRETS_ENV}
+    if allowlist is not None:
+        env[JOB_SECRETS_ENV] = allowlist
+    proc = subprocess.run([str(RIGSYNC), "review", "--repo", str(repo), *args], capture_output=True, text=True,
+                          timeout=120, env=env, check=False)
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_cli_lists_every_secret_reference_first_marking_those_off_the_allowlist(secret_fleet: Path) -> None:
+    text = _review_cli(secret_fleet, "--base", "main", "--head", "token", allowlist="WANDB_API_KEY").stdout
+    lines = text.splitlines()
+    assert lines[0].startswith("2 SECRET reference(s) added or changed (1 NOT ALLOWED here), +0 run(s)"), lines[0]
+    assert lines[1].startswith("secrets this change sends to rented boxes")
+    assert lines[2] == (
+        "  sweep tdmpc: T = ${GITHUB_TOKEN} (added): NOT in RIGSYNC_JOB_SECRETS here, held back (secret_not_allowed)"
+    )
+    assert lines[3] == "  sweep tdmpc: WANDB_API_KEY = ${WANDB_API_KEY} (added): allowed here (RIGSYNC_JOB_SECRETS)"
+    assert lines[4].startswith("base main ")
+    assert "MUJOCO_GL" not in text  # a literal is in git for all to read: not a secret
+
+    md = _review_cli(secret_fleet, "--base", "main", "--head", "token", "--markdown", allowlist="WANDB_API_KEY").stdout
+    assert md.startswith(MARKER)
+    warning = md.index("> [!WARNING]")
+    assert warning < md.index("base main")  # before everything else but the title
+    assert "T = ${GITHUB_TOKEN} (added): NOT in RIGSYNC_JOB_SECRETS here" in md[warning:md.index("base main")]
+
+    doc = _valid(json.loads(_review_cli(secret_fleet, "--base", "main", "--head", "token", "--json",
+                                        allowlist="WANDB_API_KEY").stdout))
+    assert doc["secrets_allowlist_known"] is True
+    assert doc["secrets"] == [
+        {"sweep": "tdmpc", "variable": "T", "reference": "GITHUB_TOKEN", "change": "added", "allowed": False},
+        {"sweep": "tdmpc", "variable": "WANDB_API_KEY", "reference": "WANDB_API_KEY", "change": "added",
+         "allowed": True},
+    ]
+
+
+def test_cli_a_changed_reference_and_an_unknown_allowlist(secret_fleet: Path) -> None:
+    doc = _valid(json.loads(_review_cli(secret_fleet, "--base", "token", "--head", "swap", "--json",
+                                        allowlist=None).stdout))
+    assert doc["secrets_allowlist_known"] is False
+    assert doc["secrets"] == [
+        {"sweep": "tdmpc", "variable": "T", "reference": "GH_PAT", "change": "changed", "allowed": None}
+    ]
+    text = _review_cli(secret_fleet, "--base", "token", "--head", "swap", allowlist=None).stdout.splitlines()
+    assert text[0].startswith("1 SECRET reference(s) added or changed, +0 run(s)")
+    assert text[2] == "  sweep tdmpc: T = ${GH_PAT} (changed)"
+    assert "allowlist is not known here" in text[3]
+    # nothing added or changed: nothing said (the unchanged WANDB_API_KEY is not listed again)
+    quiet = _review_cli(secret_fleet, "--base", "swap", "--head", "swap", allowlist=None).stdout
+    assert "SECRET" not in quiet and "secrets this change" not in quiet
+
+
+def test_cli_a_bad_allowlist_is_one_line(secret_fleet: Path) -> None:
+    env = {**os.environ, JOB_SECRETS_ENV: "HF_TOKEN,VAST_API_KEY"}
+    proc = subprocess.run([str(RIGSYNC), "review", "--repo", str(secret_fleet), "--base", "main"],
+                          capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "RIGSYNC_JOB_SECRETS lists VAST_API_KEY" in proc.stderr, proc.stderr
