@@ -204,3 +204,79 @@ def test_with_the_local_store_a_bootstrap_is_as_ever(
     assert on_box(emulator, boxes[0], case.marker).read_text() == "ran\n"
     log = bootstrap_log(emulator, boxes[0], pool)
     assert "cache" not in log
+
+
+E2E_SCRIPT = """\
+#!/bin/sh
+# builds /root/benv (cached); the marker is outside it
+set -eu
+echo ran >> /root/bcache-ran.log
+mkdir -p /root/benv/bin
+printf '#!/bin/sh\\necho built\\n' > /root/benv/bin/tool
+chmod 755 /root/benv/bin/tool
+head -c 100000 /dev/urandom > /root/benv/blob
+"""
+
+
+def test_the_daemon_caches_from_its_first_box_and_a_later_box_restores(
+    emulator: Emulator, s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Reconciler.cycle`` as ``rigsync run --store`` runs it: a sweep on a cold box (script, upload, recorded),
+    every box gone, then a new run's box restores the cache instead of running the script."""
+    import world
+    from test_reconcile import SWEEP, TIMEOUTS, drive
+
+    from reconciler.actions import Bootstrap
+    from reconciler.cli._common import load_local_desired, open_reconciler
+    from reconciler.loop import CycleResult
+    from reconciler.storeconfig import StoreConfig
+
+    prefix = f"e2e-{secrets.token_hex(4)}"
+    monkeypatch.setenv("VAST_API_KEY", emulator.api_key)
+    for name, value in s3_server.env(prefix).items():
+        monkeypatch.setenv(name, value)
+    repo = world.fleet_repo(tmp_path / "fleet")
+    work = repo.work
+    repo.write("desired/bootstrap.sh", E2E_SCRIPT)
+    repo.edit_fleet(name="itbcache", bootstrap={"script": "bootstrap.sh", "cache": ["/root/benv"]}, max=1, **TIMEOUTS)
+    repo.write("desired/sweeps/tdmpc.yaml", SWEEP.format(seconds=0.5))
+    repo.edit("desired/sweeps/tdmpc.yaml", lambda doc: doc["grid"].update(lr=[1.0e-3]))
+    repo.commit("test: a cached bootstrap, one run", push=False)
+    desired = load_local_desired(work)
+    assert desired.fleet.pools[0].bootstrap_cache == ("/root/benv",)
+    rec = open_reconciler(work, desired, str(tmp_path / "state"), emulator.url,
+                          store=StoreConfig(bucket=s3_server.bucket, prefix=prefix, endpoint=s3_server.endpoint))
+
+    # per box: the Bootstrap outcomes it had, then (once a probe says its bootstrap is done) whether the script
+    # ran (the marker) and its bootstrap log, read before the box goes
+    outcomes: dict[int, list[str]] = {}
+    seen: list[tuple[int, list[str], bool, str]] = []
+
+    def look(res: CycleResult) -> None:
+        for o in res.applied.outcomes if res.applied else ():
+            if isinstance(o.action, Bootstrap):
+                outcomes.setdefault(o.action.instance_id, []).append(o.detail)
+        h = desired.fleet.pools[0].bootstrap_hash
+        for probe in res.observed.probes:
+            box = next((i for i in res.observed.instances if i.id == probe.instance_id), None)
+            if box is None or h not in probe.bootstrap_hashes or any(s[0] == box.id for s in seen):
+                continue
+            log = on_box(emulator, box, f"/root/rigsync/bootstrap/{h}.log")
+            seen.append((box.id, outcomes.get(box.id, []), on_box(emulator, box, "/root/bcache-ran.log").exists(),
+                         log.read_text() if log.exists() else ""))
+
+    drive(rec, desired, emulator, look)
+    assert len(seen) == 1, seen
+    first, said, ran, log = seen[0]
+    assert ran and "uploaded cache" in log, seen
+    assert said[-1].startswith("bootstrap ok cache ") and said[-1].endswith(" recorded"), seen  # recorded once
+    assert sum("cache" in d for d in said) == 1, said
+
+    repo.edit("desired/sweeps/tdmpc.yaml", lambda doc: doc.update(seeds=[1, 2]))
+    repo.commit("test: one more seed", push=False)
+    desired = load_local_desired(work)
+    drive(rec, desired, emulator, look)
+    assert len(seen) == 2, seen
+    second, said, ran, log = seen[1]
+    assert second != first and not ran and "restored from cache" in log, seen
+    assert not any("cache" in d for d in said), said  # restored: nothing uploaded, nothing to record
