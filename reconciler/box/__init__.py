@@ -77,6 +77,9 @@ Layout under ``$HOME/rigsync/``::
 
     code/<commit>/                       unpacked tree of a pinned commit (atomic rename into place)
     bootstrap/<hash>.sh|.run.sh|.log|.ok|.failed|.pid|.lock/
+    bootstrap/<hash>.uploaded|.reported  the bootstrap cache the runner uploaded ("SIZE SHA256"), until bootstrap.sh
+                                         reported it once (then .ok); .cache.tar while packing or restoring
+    bootstrap/transfer.py                what a bootstrap with a cache restores and uploads with
     runs/<run_id>.<attempt>/             meta.json, slot, wrapper.sh, pid, started_at, heartbeat, stdout.log,
                                          stderr.log, exit_code, ended_at, killed_reason, metrics file,
                                          resume/ (the checkpoint it resumed from, if any), launched (launch's

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-import time
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,42 +21,31 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from reconciler.actions import Bootstrap, Plan, ReasonCode
-from reconciler.adapters.archive import RunArchive
-from reconciler.adapters.boxes import ShellBoxes
-from reconciler.adapters.s3store import S3Store
 from reconciler.adapters.ssh import SshShell
 from reconciler.adapters.store import LocalStore
 from reconciler.adapters.vast import VastProvider
-from reconciler.apply import ApplyContext, apply
 from reconciler.desired.fields import script_hash
 from reconciler.emulator import Emulator
 from reconciler.emulator.s3server import S3Server
 from reconciler.emulator.testing import KeyPair
 from reconciler.identity import box_cache_key
-from reconciler.model import DEFAULT_POOL, Budget, Desired, Fleet, Instance, Observed, OfferFilters, Pool
+from reconciler.model import DEFAULT_POOL, Instance, Pool
 from reconciler.ports import ResultStore
-from reconciler.storeconfig import StoreConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from bootstrap_cache import bootstrap_until_done, on_box, rent_boxes, s3_store
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
-
-FLEET = "bcache"
 
 
 @pytest.fixture(scope="module")
 def boxes(emulator: Emulator) -> Iterator[list[Instance]]:
     """Two running boxes of the fleet, rented through the real SDK."""
+    rented = rent_boxes(emulator, 2)
+    yield rented
     provider = VastProvider(api_key=emulator.api_key, server_url=emulator.url)
-    offers = provider.search_offers(OfferFilters(verified=False), disk_gb=10)
-    ids = [
-        provider.create_instance(o.id, image="img", disk_gb=10, label=f"rigsync:{FLEET}:s-{o.id}", onstart="", env={})
-        for o in offers[:2]
-    ]
-    emulator.wait_running(ids)
-    listed = {i.id: i for i in provider.list_instances()}
-    yield [listed[i] for i in ids]
-    for i in ids:
-        provider.destroy_instance(i)
+    for box in rented:
+        provider.destroy_instance(box.id)
 
 
 @pytest.fixture
@@ -95,11 +84,6 @@ def case() -> Case:
     return Case(nonce, f"/root/venv-{nonce}", f"/root/ran-{nonce}.log")
 
 
-def s3_store(server: S3Server, prefix: str) -> S3Store:
-    config = StoreConfig(bucket=server.bucket, prefix=prefix, endpoint=server.endpoint)
-    return S3Store(config, FLEET, env=server.env())
-
-
 def s3_client(server: S3Server):  # type: ignore[no-untyped-def]
     return boto3.session.Session().client(
         "s3", endpoint_url=server.endpoint, region_name="us-east-1", aws_access_key_id=server.access_key,
@@ -109,34 +93,9 @@ def s3_client(server: S3Server):  # type: ignore[no-untyped-def]
 
 
 def bootstrap(
-    emulator: Emulator, shell: SshShell, store: ResultStore, box: Instance, pool: Pool, tmp_path: Path,
-    timeout: float = 90.0,
+    emulator: Emulator, shell: SshShell, store: ResultStore, box: Instance, pool: Pool, tmp_path: Path
 ) -> list[str]:
-    """Apply ``Bootstrap`` to ``box`` every 0.3 s (as cycles would) until it answers done; the outcomes' details."""
-    desired = Desired(fleet=Fleet(name=FLEET, pools=(pool,)), budget=Budget(), sweeps=(), runs=())
-    ctx = ApplyContext(
-        provider=VastProvider(api_key=emulator.api_key, server_url=emulator.url), boxes=ShellBoxes(shell),
-        desired=desired, observed=Observed(instances=(box,)), archive=RunArchive(tmp_path / "archive"),
-        code_tar=lambda commit, paths: b"", now=time.time, store=store,
-    )
-    action = Bootstrap(reason="test", code=ReasonCode.BOOTSTRAP_MISSING, instance_id=box.id,
-                       script_hash=pool.bootstrap_hash)
-    details: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        outcome = apply(Plan(actions=(action,)), ctx).outcomes[0]
-        assert outcome.ok, outcome.detail
-        details.append(outcome.detail)
-        if outcome.detail.startswith("bootstrap ok"):
-            return details
-        time.sleep(0.3)
-    raise AssertionError(f"bootstrap not done in {timeout} s: {details[-3:]}")
-
-
-def on_box(emulator: Emulator, box: Instance, path: str) -> Path:
-    """The host path of ``path`` under the box's /root."""
-    assert path.startswith("/root/")
-    return emulator.host_root(box.id) / path.removeprefix("/root/")
+    return bootstrap_until_done(emulator, shell, store, box, pool, tmp_path / "archive")
 
 
 def bootstrap_log(emulator: Emulator, box: Instance, pool: Pool) -> str:
@@ -245,3 +204,79 @@ def test_with_the_local_store_a_bootstrap_is_as_ever(
     assert on_box(emulator, boxes[0], case.marker).read_text() == "ran\n"
     log = bootstrap_log(emulator, boxes[0], pool)
     assert "cache" not in log
+
+
+E2E_SCRIPT = """\
+#!/bin/sh
+# builds /root/benv (cached); the marker is outside it
+set -eu
+echo ran >> /root/bcache-ran.log
+mkdir -p /root/benv/bin
+printf '#!/bin/sh\\necho built\\n' > /root/benv/bin/tool
+chmod 755 /root/benv/bin/tool
+head -c 100000 /dev/urandom > /root/benv/blob
+"""
+
+
+def test_the_daemon_caches_from_its_first_box_and_a_later_box_restores(
+    emulator: Emulator, s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Reconciler.cycle`` as ``rigsync run --store`` runs it: a sweep on a cold box (script, upload, recorded),
+    every box gone, then a new run's box restores the cache instead of running the script."""
+    import world
+    from test_reconcile import SWEEP, TIMEOUTS, drive
+
+    from reconciler.actions import Bootstrap
+    from reconciler.cli._common import load_local_desired, open_reconciler
+    from reconciler.loop import CycleResult
+    from reconciler.storeconfig import StoreConfig
+
+    prefix = f"e2e-{secrets.token_hex(4)}"
+    monkeypatch.setenv("VAST_API_KEY", emulator.api_key)
+    for name, value in s3_server.env(prefix).items():
+        monkeypatch.setenv(name, value)
+    repo = world.fleet_repo(tmp_path / "fleet")
+    work = repo.work
+    repo.write("desired/bootstrap.sh", E2E_SCRIPT)
+    repo.edit_fleet(name="itbcache", bootstrap={"script": "bootstrap.sh", "cache": ["/root/benv"]}, max=1, **TIMEOUTS)
+    repo.write("desired/sweeps/tdmpc.yaml", SWEEP.format(seconds=0.5))
+    repo.edit("desired/sweeps/tdmpc.yaml", lambda doc: doc["grid"].update(lr=[1.0e-3]))
+    repo.commit("test: a cached bootstrap, one run", push=False)
+    desired = load_local_desired(work)
+    assert desired.fleet.pools[0].bootstrap_cache == ("/root/benv",)
+    rec = open_reconciler(work, desired, str(tmp_path / "state"), emulator.url,
+                          store=StoreConfig(bucket=s3_server.bucket, prefix=prefix, endpoint=s3_server.endpoint))
+
+    # per box: the Bootstrap outcomes it had, then (once a probe says its bootstrap is done) whether the script
+    # ran (the marker) and its bootstrap log, read before the box goes
+    outcomes: dict[int, list[str]] = {}
+    seen: list[tuple[int, list[str], bool, str]] = []
+
+    def look(res: CycleResult) -> None:
+        for o in res.applied.outcomes if res.applied else ():
+            if isinstance(o.action, Bootstrap):
+                outcomes.setdefault(o.action.instance_id, []).append(o.detail)
+        h = desired.fleet.pools[0].bootstrap_hash
+        for probe in res.observed.probes:
+            box = next((i for i in res.observed.instances if i.id == probe.instance_id), None)
+            if box is None or h not in probe.bootstrap_hashes or any(s[0] == box.id for s in seen):
+                continue
+            log = on_box(emulator, box, f"/root/rigsync/bootstrap/{h}.log")
+            seen.append((box.id, outcomes.get(box.id, []), on_box(emulator, box, "/root/bcache-ran.log").exists(),
+                         log.read_text() if log.exists() else ""))
+
+    drive(rec, desired, emulator, look)
+    assert len(seen) == 1, seen
+    first, said, ran, log = seen[0]
+    assert ran and "uploaded cache" in log, seen
+    assert said[-1].startswith("bootstrap ok cache ") and said[-1].endswith(" recorded"), seen  # recorded once
+    assert sum("cache" in d for d in said) == 1, said
+
+    repo.edit("desired/sweeps/tdmpc.yaml", lambda doc: doc.update(seeds=[1, 2]))
+    repo.commit("test: one more seed", push=False)
+    desired = load_local_desired(work)
+    drive(rec, desired, emulator, look)
+    assert len(seen) == 2, seen
+    second, said, ran, log = seen[1]
+    assert second != first and not ran and "restored from cache" in log, seen
+    assert not any("cache" in d for d in said), said  # restored: nothing uploaded, nothing to record
