@@ -72,6 +72,7 @@ from reconciler.ports import (
     StoredCheckpoint,
     Upload,
 )
+from reconciler.remote.commands import is_run_file
 from reconciler.storeconfig import ACCESS_KEY_ENV, SECRET_KEY_ENV, StoreConfig
 
 T = TypeVar("T")
@@ -89,8 +90,6 @@ QUIET_LOGGERS = ("botocore", "boto3", "s3transfer")
 SESSION_TOKEN_ENV = "AWS_SESSION_TOKEN"  # a variable's name
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_NAME_PART = re.compile(r"[A-Za-z0-9._+=-]{1,128}")
-MAX_NAME_CHARS = 512
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _SYNC = re.compile(r"(?P<attempt>[0-9]{1,9})-(?P<at_ms>[0-9]{13})\.tar")
 
@@ -122,12 +121,9 @@ def _check_attempt(attempt: int) -> int:
 
 
 def check_name(name: str) -> str:
-    """A run-directory file's name as part of a key: a relative path of safe parts (no ``..``, no leading ``/``)."""
-    parts = name.split("/") if isinstance(name, str) else []
-    if (
-        not parts or len(name) > MAX_NAME_CHARS or name.startswith("/")
-        or any(not _NAME_PART.fullmatch(p) or p in (".", "..") for p in parts)
-    ):
+    """A run-directory file's name as part of a key: a relative path of safe parts (``remote.is_run_file``, the
+    rule the box's upload checks too)."""
+    if not isinstance(name, str) or not is_run_file(name):
         raise StoreError(f"not a usable file name for a store key: {str(name)[:80]!r}")
     return name
 

@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 
 from reconciler.bounds import MANIFEST_BYTES, MAX_HARVEST_FILES, bounded_text, strict_json
 from reconciler.errors import StoreError
-from reconciler.ports import Harvested, HarvestStream, StoredCheckpoint
+from reconciler.ports import HARVEST_MANIFEST, Harvested, HarvestStream, StoredCheckpoint
 
 DATA_DIR_ENV = "RIGSYNC_DATA_DIR"
 
@@ -54,7 +54,7 @@ def checkpoint_dir(fleet_data: Path, run_id: str) -> Path:
     return fleet_data / "checkpoints" / run_id
 
 
-MANIFEST = ".rigsync-harvest.json"  # the harvest's own manifest (``reconciler/box/harvest.py``), kept beside
+MANIFEST = HARVEST_MANIFEST  # the harvest's own manifest (``reconciler/box/harvest.py``), kept beside
 CHECKPOINT_MARK = ".rigsync-checkpoint.json"  # in a checkpoint dir: {"run_id", "attempt", "synced_at"}
 
 

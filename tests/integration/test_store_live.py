@@ -29,13 +29,13 @@ from typing import Any
 import pytest
 from conftest import S3_CANARY
 from gitutil import git
+from test_reconcile import owned_alive
 from test_run_daemon import World, make_world
 from world import rigsync
 
 from reconciler.adapters.s3store import S3Store
 from reconciler.emulator import Emulator
 from reconciler.emulator.s3server import S3Server
-from reconciler.model import Ownership
 from reconciler.storeconfig import store_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -129,15 +129,6 @@ class Jobs:
         return got
 
 
-def _owned(emu: Emulator, fleet: str) -> list[int]:
-    out = []
-    for iid in emu.instance_ids():
-        own = Ownership.parse(str(emu.instance(iid).get("label") or ""))
-        if own is not None and own.fleet == fleet:
-            out.append(iid)
-    return out
-
-
 def _checkpoint_done(store: S3Store, run_id: str, attempt: int) -> int:
     """How many evaluations the store's current checkpoint of ``run_id`` holds, if it came from ``attempt``."""
     ck = store.checkpoint(run_id)
@@ -192,7 +183,7 @@ def test_scheduled_jobs_on_fresh_runners_resume_a_run_from_the_store_and_the_sto
             assert time.monotonic() < deadline, "the run never succeeded after the vanish:\n" + jobs.outputs[-1]
             jobs.run()
     finally:
-        for iid in _owned(emulator, w.name):
+        for iid in owned_alive(emulator, w.name):
             emulator.destroy_instance(iid)
         w.close()
 

@@ -174,6 +174,19 @@ def _apply(world: FakeWorld, desired: Desired, observed: Observed, p: Plan, arch
     return apply(p, ctx)
 
 
+def _one_run_launched(tmp_path: Path) -> tuple[Desired, FakeWorld, FakeArchive, Path]:
+    """One run (no retries) launched on its one box: rent, then ship code and launch."""
+    desired = desired_state(1, max_instances=1, retries=0)
+    world = FakeWorld([offer(1, gpus=1)], clock=FakeClock(), boot_s=10.0)
+    archive = FakeArchive()
+    data = tmp_path / "data"
+    for _ in range(3):
+        observed, p = observe_and_plan(world, desired, archive)
+        assert _apply(world, desired, observed, p, archive, data).failures == []
+        world.clock.advance(11.0)
+    return desired, world, archive, data
+
+
 def test_harvest_note_wording() -> None:
     assert harvest_note(Harvested(files=(("stderr.log", 3),), skipped=(), bytes=3, cap=10)) == "ok: 1 file(s), 3 B"
 
@@ -181,14 +194,7 @@ def test_harvest_note_wording() -> None:
 def test_a_finished_attempt_is_harvested_before_its_box_goes(tmp_path: Path) -> None:
     """The record harvests; a box that stops answering mid-harvest fails the record (nothing archived), and the
     surplus box waits (harvest_pending) until the record is in the archive; then it is destroyed."""
-    desired = desired_state(1, max_instances=1, retries=0)
-    world = FakeWorld([offer(1, gpus=1)], clock=FakeClock(), boot_s=10.0)
-    archive = FakeArchive()
-    data = tmp_path / "data"
-    for _ in range(3):  # rent, then ship code and launch
-        observed, p = observe_and_plan(world, desired, archive)
-        assert _apply(world, desired, observed, p, archive, data).failures == []
-        world.clock.advance(11.0)
+    desired, world, archive, data = _one_run_launched(tmp_path)
     ((iid, run),) = world.live_runs()
     run.end(world.clock.now(), 3)
     observed, p = observe_and_plan(world, desired, archive)
@@ -217,14 +223,7 @@ class _DownStore(LocalStore):
 def test_a_store_that_is_down_keeps_the_finished_attempt_on_its_box_until_the_next_cycle(tmp_path: Path) -> None:
     """Transient, never lost: the record fails (nothing archived, the box is not marked harvested, so it is kept),
     and once the store answers again the next cycle harvests it whole."""
-    desired = desired_state(1, max_instances=1, retries=0)
-    world = FakeWorld([offer(1, gpus=1)], clock=FakeClock(), boot_s=10.0)
-    archive = FakeArchive()
-    data = tmp_path / "data"
-    for _ in range(3):
-        observed, p = observe_and_plan(world, desired, archive)
-        assert _apply(world, desired, observed, p, archive, data).failures == []
-        world.clock.advance(11.0)
+    desired, world, archive, data = _one_run_launched(tmp_path)
     ((_iid, run),) = world.live_runs()
     run.end(world.clock.now(), 0)
     observed, p = observe_and_plan(world, desired, archive)
