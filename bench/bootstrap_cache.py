@@ -14,7 +14,8 @@ all under the cached path ``/root/venv``. The warm box's venv is then used: its 
 
 Printed JSON: ``cold_s``, ``warm_s``, ``speedup`` (cold / warm), ``cache_bytes`` (the uploaded tar), ``venv_mb``,
 the cold and warm boxes' last outcomes, ``warm_ran_script`` (false: the marker the script appends to outside the
-cached paths is absent on the warm box), ``warm_import`` (what the warm venv's package answered) and ``wall_s``.
+cached paths is absent on the warm box), ``warm_import`` (what the warm venv's package answered), ``host`` (cores,
+load averages: other work on the host slows both) and ``wall_s``.
 Kept under two minutes at the defaults.
 """
 
@@ -24,6 +25,7 @@ import argparse
 import base64
 import hashlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -197,6 +199,7 @@ def main() -> int:
                 "modules": args.modules,
                 "data_mb": args.data_mb,
                 "poll_s": args.poll,
+                "host": {"cores": os.cpu_count(), "load": [round(x, 2) for x in os.getloadavg()]},
                 "wall_s": round(time.monotonic() - started, 1),
             }
     print(json.dumps(out, indent=2))

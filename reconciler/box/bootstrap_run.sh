@@ -28,6 +28,10 @@ if [ -n "$KEY" ]; then
   [ -n "$PUT" ] && { IFS= read -r put_url || :; }
 fi
 exec </dev/null
+REL=() # the cached paths as tar names them (relative to /)
+for p in "$@"; do
+  REL+=("${p#/}")
+done
 LOG=$B/$H.log
 TAR=$B/$H.cache.tar
 ROOT=$(dirname "$B")
@@ -39,13 +43,14 @@ _rs_done() {
 }
 
 _rs_restore() {
-  [ -n "$get_url" ] && [ -n "$SIZE" ] && [ -n "$SHA" ] || return 1
+  [ -n "$get_url" ] && [ -n "$SIZE" ] && [ -n "$SHA" ] && [ "${#REL[@]}" -gt 0 ] || return 1
   rm -f "$TAR"
   if ! printf "%s\n" "$get_url" | "$PY" "$B/transfer.py" get "$TAR" "$SIZE" "$SHA" >>"$LOG" 2>&1; then
     echo "rigsync: restore from cache $KEY failed (download or check): running the script" >>"$LOG"
     return 1
   fi
-  if ! tar -C / -xpf "$TAR" --numeric-owner >>"$LOG" 2>&1; then
+  # only the declared paths come out of it (a tar that holds anything else writes nothing else)
+  if ! tar -C / -xpf "$TAR" --numeric-owner -- "${REL[@]}" >>"$LOG" 2>&1; then
     echo "rigsync: restore from cache $KEY failed (unpack): running the script" >>"$LOG"
     return 1
   fi
@@ -53,13 +58,10 @@ _rs_restore() {
 }
 
 _rs_upload() {
-  local rel=() p out size sha
-  for p in "$@"; do
-    rel+=("${p#/}")
-  done
+  local out size sha
   rm -f "$TAR"
-  if ! tar -C / -cf "$TAR" --numeric-owner --exclude="${ROOT#/}" -- "${rel[@]}" >>"$LOG" 2>&1; then
-    echo "rigsync: cache $KEY not uploaded: packing $* failed" >>"$LOG"
+  if ! tar -C / -cf "$TAR" --numeric-owner --exclude="${ROOT#/}" -- "${REL[@]}" >>"$LOG" 2>&1; then
+    echo "rigsync: cache $KEY not uploaded: packing ${REL[*]} failed" >>"$LOG"
     return 1
   fi
   if ! out=$(printf "%s\n" "$put_url" | "$PY" "$B/transfer.py" put "$TAR" 2>>"$LOG"); then
@@ -84,7 +86,7 @@ fi
 bash "$B/$H.sh" >>"$LOG" 2>&1 </dev/null
 c=$?
 if [ "$c" -eq 0 ]; then
-  if ! { [ -n "$KEY" ] && [ -n "$put_url" ] && [ "$#" -gt 0 ] && _rs_upload "$@"; }; then
+  if ! { [ -n "$KEY" ] && [ -n "$put_url" ] && [ "${#REL[@]}" -gt 0 ] && _rs_upload; }; then
     _rs_done
   fi
 else

@@ -10,9 +10,11 @@ which is how "the script did not run" is seen.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import secrets
 import sys
+import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,6 +195,33 @@ def test_a_corrupted_cache_falls_back_to_the_script(
     assert healed is not None and healed.sha256 != "0" * 64
     body = client.get_object(Bucket=s3_server.bucket, Key=tar_key)["Body"].read()
     assert hashlib.sha256(body).hexdigest() == healed.sha256
+
+
+def test_a_cache_that_holds_more_than_its_paths_writes_only_its_paths(
+    emulator: Emulator, s3_server: S3Server, shell: SshShell, boxes: list[Instance], case: Case, tmp_path: Path
+) -> None:
+    """A cache object whose tar also holds other files (a hostile uploader's, recorded with its true SHA-256): the
+    restore unpacks only the declared paths."""
+    store = s3_store(s3_server, f"t-{case.nonce}")
+    pool = case.pool()
+    key = box_cache_key(pool, boxes[1])
+    assert key is not None
+    evil = f"/root/evil-{case.nonce}"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in ((f"{case.venv}/lib/blob", b"cached"), (evil, b"planted")):
+            info = tarfile.TarInfo(name.removeprefix("/"))
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    body = buf.getvalue()
+    upload = store.cache_upload(key, ttl_s=60)
+    s3_client(s3_server).put_object(Bucket=s3_server.bucket, Key=upload.key, Body=body)
+    assert store.cache_uploaded(key, upload, size=len(body), sha256=hashlib.sha256(body).hexdigest())
+
+    bootstrap(emulator, shell, store, boxes[1], pool, tmp_path)
+    assert f"restored from cache {key}" in bootstrap_log(emulator, boxes[1], pool)
+    assert on_box(emulator, boxes[1], f"{case.venv}/lib/blob").read_bytes() == b"cached"
+    assert not on_box(emulator, boxes[1], evil).exists()
 
 
 def test_with_the_local_store_a_bootstrap_is_as_ever(
