@@ -233,10 +233,9 @@ def _box(instances: dict[int, Instance], instance_id: int) -> Instance:
 
 
 # A bootstrap cache's presigned URLs: the download is used as the runner starts; the upload after the script, which
-# may take up to the fleet's bootstrap_timeout, plus this much for packing (and at most what SigV4 allows).
+# may take up to the fleet's bootstrap_timeout, plus this much for packing (the store clamps it to what SigV4 allows).
 CACHE_DOWNLOAD_TTL_S = 3600.0
 CACHE_UPLOAD_MARGIN_S = 900.0
-PRESIGNED_MAX_TTL_S = 7 * 86400.0
 
 
 def _bootstrap_pool(fleet: Fleet, box: Instance, script_hash: str) -> Pool | None:
@@ -256,7 +255,7 @@ def _bootstrap_cache(ctx: ApplyContext, box: Instance, pool: Pool | None) -> Boo
     key = box_cache_key(pool, box) if pool is not None else None
     if presigner is None or key is None or pool is None:
         return None
-    upload_ttl = min(ctx.desired.fleet.bootstrap_timeout_s + CACHE_UPLOAD_MARGIN_S, PRESIGNED_MAX_TTL_S)
+    upload_ttl = ctx.desired.fleet.bootstrap_timeout_s + CACHE_UPLOAD_MARGIN_S
     try:
         download = presigner.cache_download(key, ttl_s=CACHE_DOWNLOAD_TTL_S)
         upload = presigner.cache_upload(key, ttl_s=upload_ttl)

@@ -324,7 +324,8 @@ class BootstrapCache:
 class Presigner(Protocol):
     """A result store that boxes reach themselves (``adapters.s3store.S3Store``): the controller mints presigned URLs
     scoped to one attempt's keys (or one bootstrap cache key), boxes upload and download with them, and no large
-    data crosses the controller. Keys are the store's own layout; a box can write only the keys it was given."""
+    data crosses the controller. Keys are the store's own layout; a box can write only the keys it was given. Every
+    ``ttl_s`` is clamped by the store to what presigning allows (a minute to seven days for SigV4)."""
 
     def attempt_uploads(self, run_id: str, attempt: int, names: Sequence[str], *, ttl_s: float) -> dict[str, Upload]:
         """Presigned PUTs for an attempt's harvest, keyed by name: ``ATTEMPT_TAR`` (everything harvested) and each
