@@ -11,7 +11,7 @@ import enum
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, TypeAlias
 
-from reconciler.model import AttemptRecord, Drift, DriftClass, InFlight, OverheadRecord
+from reconciler.model import AttemptOutcome, AttemptRecord, Drift, DriftClass, InFlight, OverheadRecord
 
 PLAN_FORMAT_VERSION = 2  # 2: every action and no-op carries a reason code
 
@@ -155,6 +155,7 @@ class ReasonCode(enum.StrEnum):
     EXPLORE_CAPPED = "explore_capped"  # an unmeasured model was not rented: exploration_share is used up
     NOT_LAUNCHED = "not_launched"  # pending runs waiting for boxes (booting, rented now, no capacity)
     SECRET_MISSING = "secret_missing"  # the sweep's env references a variable the controller does not set
+    EARLY_STOPPED = "early_stopped"  # below the top 1/eta of its peers at a rung of the sweep's early_terminate
     SECRET_NOT_ALLOWED = "secret_not_allowed"  # it references a variable RIGSYNC_JOB_SECRETS does not list
     BUDGET_REFUSED = "budget_refused"  # a launch or a rent would not fit what the budget leaves
     CREDIT_REFUSED = "credit_refused"  # a rent the account's credit cannot cover
@@ -282,6 +283,9 @@ class Kill(Action):
     # by pid (the box's wrapper ends its own command once the exit code is written)
     pid: int | None = None
     pid_started: int | None = None
+    # what the attempt is archived as: failed (max runtime, stalled, duplicate, not desired), or stopped_early (the
+    # search's early termination: settled, no retry spent, its curve kept)
+    phase: AttemptOutcome = AttemptOutcome.FAILED
     kind: ClassVar[Kind] = Kind.KILL
 
     @property

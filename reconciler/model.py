@@ -188,6 +188,70 @@ class PromotionRule:
     add_seeds: int
 
 
+class SearchMethod(enum.StrEnum):
+    """How a ``search:`` block picks configurations (the W&B Sweeps convention)."""
+
+    GRID = "grid"  # every combination of the parameters' ``values``, up to run_cap
+    RANDOM = "random"  # run_cap configurations drawn from the distributions (Optuna's RandomSampler, seeded)
+    BAYES = "bayes"  # TPE (Optuna's TPESampler, ask-and-tell) in batches, each from the archive's finished trials
+
+
+class Distribution(enum.StrEnum):
+    """A search parameter's distribution (W&B's names); ``q_*`` variants round to multiples of ``q``."""
+
+    CATEGORICAL = "categorical"  # one of ``values``
+    UNIFORM = "uniform"  # a float in [min, max]
+    LOG_UNIFORM = "log_uniform"  # a float in [min, max], uniform in log space (min > 0)
+    INT_UNIFORM = "int_uniform"  # an integer in [min, max]
+    Q_UNIFORM = "q_uniform"
+    Q_LOG_UNIFORM = "q_log_uniform"
+
+
+@dataclass(frozen=True)
+class SearchParam:
+    """One searched parameter: ``values`` (categorical, and what grid enumerates) or a range."""
+
+    name: str
+    distribution: Distribution
+    values: tuple[Scalar, ...] = ()
+    min: float | None = None
+    max: float | None = None
+    q: float | None = None
+
+
+@dataclass(frozen=True)
+class Search:
+    """A sweep's ``search:`` block: configurations beyond a grid, each run with every seed of the sweep.
+
+    ``metric`` is the objective (its key in the metrics file and its goal); ``run_cap`` bounds the configurations;
+    ``batch`` is how many a bayes search suggests at a time (its first batch is known up front, like grid and
+    random, so review prices it; the next ones follow the archive). ``seed`` makes the suggestions reproducible."""
+
+    method: SearchMethod
+    metric_key: str
+    metric_goal: MetricGoal
+    parameters: tuple[SearchParam, ...]
+    run_cap: int
+    batch: int = 4
+    seed: int = 0
+
+
+class EarlyTerminateType(enum.StrEnum):
+    ASHA = "asha"
+    HYPERBAND = "hyperband"
+
+
+@dataclass(frozen=True)
+class EarlyTerminate:
+    """Stop losing runs early (``early_terminate:``): rungs at ``min_iter`` × ``eta``^k up to ``max_iter``, in the
+    sweep's ``progress`` units; at each rung a run below the top 1/``eta`` of its peers there is stopped."""
+
+    type: EarlyTerminateType
+    min_iter: float
+    eta: float = 3.0
+    max_iter: float | None = None
+
+
 @dataclass(frozen=True)
 class Sweep:
     name: str
@@ -216,6 +280,8 @@ class Sweep:
     stall_gpu_util_pct: float = 5.0
     pool: str = ""  # the fleet pool its runs go to ("": the first)
     progress: Progress | None = None  # the metrics key counting a run's work and its total (None: not told)
+    search: Search | None = None  # configurations beyond the grid (issue 23); None: grid x seeds only
+    early_terminate: EarlyTerminate | None = None  # ASHA/Hyperband stops from live metrics (None: never)
 
 
 @dataclass(frozen=True)
@@ -263,6 +329,7 @@ class RunSpec:
     seed: int
     command: str  # rendered, every substituted value shell-quoted
     promotion_threshold: float | None = None
+    trial: int | None = None  # a search's configuration number (0, 1, ...; None: a grid cell); its order of suggestion
 
     @property
     def params_dict(self) -> dict[str, Scalar]:
@@ -594,11 +661,12 @@ class AttemptOutcome(enum.StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"  # exited non-zero, or was killed (past max_runtime, duplicate, no longer desired)
     LOST = "lost"  # its box vanished or its heartbeat went stale
+    STOPPED_EARLY = "stopped_early"  # the search's early termination stopped it at a rung: not a failure, settled
 
     @property
     def uses_a_retry(self) -> bool:
-        """Failed and lost attempts both count against the run's ``retries``."""
-        return self is not AttemptOutcome.SUCCEEDED
+        """Failed and lost attempts both count against the run's ``retries``; a run stopped early is settled."""
+        return self not in (AttemptOutcome.SUCCEEDED, AttemptOutcome.STOPPED_EARLY)
 
 
 class RunPhase(enum.StrEnum):
