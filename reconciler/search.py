@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from reconciler.model import Distribution, MetricGoal, Scalar, Search, SearchMethod, SearchParam
@@ -126,17 +127,45 @@ def direction(search: Search) -> StudyDirection:
     return StudyDirection.MAXIMIZE if search.metric_goal is MetricGoal.MAX else StudyDirection.MINIMIZE
 
 
-def ask(search: Search, count: int) -> list[Config]:
-    """``count`` fresh suggestions of the search's sampler with no finished trials (ask-and-tell's ask)."""
+def space_size(search: Search) -> int | None:
+    """How many distinct configurations the parameters have, or None when one is continuous (uniform, log)."""
+    sizes: list[int] = []
+    for p in search.parameters:
+        if p.distribution is Distribution.CATEGORICAL:
+            sizes.append(len(p.values))
+        elif p.distribution is Distribution.INT_UNIFORM:
+            assert p.min is not None and p.max is not None
+            sizes.append(max(0, math.floor(p.max) - math.ceil(p.min) + 1))
+        elif p.distribution in QUANTIZED:
+            k_lo, k_hi = quantum_bounds(p)
+            sizes.append(max(0, k_hi - k_lo + 1))
+        else:
+            return None
+    return math.prod(sizes)
+
+
+MAX_DRAWS_PER_SUGGESTION = 50  # a sampler repeating itself gets this many tries per new configuration
+
+
+def ask(search: Search, count: int, seen: Sequence[Config] = ()) -> list[Config]:
+    """``count`` new suggestions of the search's sampler with no finished trials (ask-and-tell's ask): each distinct
+    from the others and from ``seen`` (the same configuration would be the same runs); fewer when the sampler
+    keeps repeating itself (a small discrete space)."""
     import optuna
 
     _optuna_quiet()
     space = distributions(search)
     study = optuna.create_study(sampler=sampler(search), direction=direction(search))
+    known = set(seen)
     out: list[Config] = []
-    for _ in range(count):
+    for _ in range(count * MAX_DRAWS_PER_SUGGESTION):
+        if len(out) == count:
+            break
         trial = study.ask(space)
-        out.append(tuple((p.name, value(p, trial.params[p.name])) for p in search.parameters))
+        config = tuple((p.name, value(p, trial.params[p.name])) for p in search.parameters)
+        if config not in known:
+            known.add(config)
+            out.append(config)
     return out
 
 
@@ -144,9 +173,9 @@ def known_count(search: Search) -> int:
     """How many configurations are known up front (without computing them)."""
     if search.method is SearchMethod.GRID:
         return min(search.run_cap, math.prod(len(p.values) for p in search.parameters))
-    if search.method is SearchMethod.BAYES:
-        return min(search.batch, search.run_cap)
-    return search.run_cap
+    cap = min(search.batch, search.run_cap) if search.method is SearchMethod.BAYES else search.run_cap
+    size = space_size(search)
+    return cap if size is None else min(cap, size)
 
 
 def configurations(search: Search) -> list[Config]:

@@ -317,3 +317,38 @@ def test_rigsync_runs_lists_a_search_sweeps_runs_and_review_prices_them(tmp_path
     [priced] = [s for s in doc["estimate"]["sweeps"] if s["sweep"] == "tune"]
     assert priced["pending_runs"] == 6 and priced["usd_high"] > 0
     assert priced["gpu_hours"] == 6 * 10 / 60  # each of the 6 runs at the sweep's expected_runtime
+
+
+def test_random_never_suggests_a_configuration_twice_so_no_run_id_repeats() -> None:
+    small = (
+        SearchParam("a", Distribution.CATEGORICAL, values=(1, 2, 3)),
+        SearchParam("b", Distribution.INT_UNIFORM, min=0, max=1),
+    )
+    s = a_search(parameters=small, run_cap=6)
+    assert search.space_size(s) == 6
+    configs = search.configurations(s)
+    assert len(configs) == 6 == len(set(configs)) == search.known_count(s)
+    assert search.space_size(a_search()) is None  # a continuous parameter: no bound
+    fresh = search.ask(s, 2, seen=configs[:4])
+    assert set(fresh) == set(configs[4:])
+
+
+def test_a_search_without_metrics_key_gives_the_sweep_its_objective() -> None:
+    text = TUNE.replace("metrics: {key: episode_reward, goal: max}\n", "").replace("goal: max}", "goal: min}")
+    [tune] = [s for s in load_desired(_desired_with({"desired/sweeps/tune.yaml": text})).sweeps if s.name == "tune"]
+    assert (tune.metric_key, tune.metric_goal) == ("episode_reward", MetricGoal.MIN)
+
+
+def test_another_process_with_another_hash_seed_suggests_the_same_runs() -> None:
+    """A restarted or second controller computes the same configurations, so the same run ids."""
+    sweep = search_sweep(a_search(SearchMethod.BAYES, run_cap=9, batch=5, seed=42))
+    code = (
+        "import json, sys; sys.path.insert(0, 'tests/unit'); import test_search_expand as t;"
+        "from reconciler.expand import expand_sweep; from reconciler.model import SearchMethod;"
+        "s = t.search_sweep(t.a_search(SearchMethod.BAYES, run_cap=9, batch=5, seed=42));"
+        "print(json.dumps([r.id for r in expand_sweep(s)]))"
+    )
+    env = {"PYTHONHASHSEED": "12345", "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [r.id for r in expand_sweep(sweep)]
