@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from reconciler.model import Distribution, MetricGoal, Scalar, Search, SearchMethod, SearchParam
@@ -180,7 +181,12 @@ def known_count(search: Search) -> int:
 
 def configurations(search: Search) -> list[Config]:
     """The configurations known up front, in suggestion order (trial 0, 1, ...): grid's and random's all of
-    them, bayes's first batch."""
+    them, bayes's first batch. Remembered per block: every load of desired/ asks for them again."""
+    return list(_known(search))
+
+
+@lru_cache(maxsize=64)
+def _known(search: Search) -> tuple[Config, ...]:
     if search.method is SearchMethod.GRID:
-        return grid_configurations(search)
-    return ask(search, known_count(search))
+        return tuple(grid_configurations(search))
+    return tuple(ask(search, known_count(search)))
