@@ -182,11 +182,11 @@ def known_count(search: Search) -> int:
 def configurations(search: Search) -> list[Config]:
     """The configurations known up front, in suggestion order (trial 0, 1, ...): grid's and random's all of
     them, bayes's first batch. Remembered per block: every load of desired/ asks for them again."""
-    return list(_known(search))
+    return list(_known(repr(search), search))  # repr: 1, 1.0 and True are equal (and hash alike) but differ here
 
 
 @lru_cache(maxsize=64)
-def _known(search: Search) -> tuple[Config, ...]:
+def _known(_text: str, search: Search) -> tuple[Config, ...]:
     if search.method is SearchMethod.GRID:
         return tuple(grid_configurations(search))
     return tuple(ask(search, known_count(search)))

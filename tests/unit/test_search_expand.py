@@ -22,6 +22,7 @@ from reconciler.model import (
     EarlyTerminateType,
     MetricGoal,
     PromotionRule,
+    Scalar,
     Search,
     SearchMethod,
     SearchParam,
@@ -424,3 +425,14 @@ def test_any_valid_search_block_loads_and_expands_to_distinct_runs_in_its_space(
     for r in runs:
         for param, (_, v) in zip(tune.search.parameters, r.params, strict=True):
             _check_value(param, v)
+
+
+def test_values_equal_in_python_but_written_differently_are_other_configurations() -> None:
+    def grid(*values: Scalar) -> Search:
+        return a_search(SearchMethod.GRID, parameters=(SearchParam("a", Distribution.CATEGORICAL, values=values),))
+
+    assert search.configurations(grid(1)) == [(("a", 1),)]
+    [[(_, one)]] = search.configurations(grid(1.0))
+    assert isinstance(one, float)
+    [[(_, true)]] = search.configurations(grid(True))
+    assert true is True
