@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 Config = tuple[tuple[str, Scalar], ...]  # one configuration: (parameter, value) in the block's parameter order
 
 SIGNIFICANT_DIGITS = 6
-RANGED = frozenset(d for d in Distribution if d is not Distribution.CATEGORICAL)
 LOGARITHMIC = frozenset({Distribution.LOG_UNIFORM, Distribution.Q_LOG_UNIFORM})
 QUANTIZED = frozenset({Distribution.Q_UNIFORM, Distribution.Q_LOG_UNIFORM})
 
