@@ -50,7 +50,7 @@ from reconciler.fleet import (
 from reconciler.jobenv import ControllerEnv
 from reconciler.loop import CycleResult, Reconciler, SystemClock
 from reconciler.model import CONTROLLER_INTERVAL_S, Desired
-from reconciler.observed.codec import LEASE, OBSERVED_DIR, RENDERED, STATUS, load_yaml
+from reconciler.observed.codec import LEASE, OBSERVED_DIR, RENDERED, STATUS, SUGGESTIONS, load_yaml
 from reconciler.observed.documents import ReconcilerStatus, status_only
 from reconciler.observed.summary import describe_change
 from reconciler.observed.tree import read_observed
@@ -332,7 +332,7 @@ class FleetDaemon:
 
     def _committed_observed(self) -> dict[str, str]:
         """The observed documents as HEAD has them: what this cycle's change is measured against."""
-        blobs = self.git.files_at("HEAD", OBSERVED_DIR + "/", only={*RENDERED, LEASE})
+        blobs = self.git.files_at("HEAD", OBSERVED_DIR + "/", only={*RENDERED, LEASE, SUGGESTIONS})
         return {path: blob.decode("utf-8", "replace") for path, blob in blobs.items()}
 
     def _last_valid_from_status(self) -> Desired | None:
