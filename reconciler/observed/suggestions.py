@@ -139,20 +139,20 @@ def _in_search_order(sweep: Sweep, params: Config) -> Config:
     return tuple(sorted(params, key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
 
 
-def objectives(
-    sweep: Sweep, made: Sequence[Config], history: Iterable[AttemptRecord], runs: Iterable[RunSpec] = ()
-) -> list[float | None]:
-    """Per made configuration: the mean of its seeds' best archived metrics once every seed is settled (succeeded,
-    stopped early, or out of retries), NaN when settled without a finite metric, None while any seed is not."""
+def objectives(sweep: Sweep, made: Sequence[Config], history: Iterable[AttemptRecord]) -> list[float | None]:
+    """Per made configuration: the mean of its base seeds' best archived metrics (the archive's ``best_metric``, of
+    the sweep's metrics key) once every seed is settled (succeeded, stopped early, or out of retries), NaN when
+    settled without a finite metric, None while any seed is not."""
     specs = expand_configurations(sweep, list(made), 0)
     ids = {s.id for s in specs}
     records = [r for r in history if r.run_id in ids]
     tallies = tally_runs(records)
     stopped = {r.run_id for r in records if r.phase is AttemptOutcome.STOPPED_EARLY}
+    goal = sweep.search.metric_goal if sweep.search is not None else sweep.metric_goal
     best: dict[str, float] = {}
     for r in records:
         m = finite(r.best_metric) if r.phase in (AttemptOutcome.SUCCEEDED, AttemptOutcome.STOPPED_EARLY) else None
-        if m is not None and (r.run_id not in best or better(sweep.metric_goal, m, best[r.run_id])):
+        if m is not None and (r.run_id not in best or better(goal, m, best[r.run_id])):
             best[r.run_id] = m
     out: list[float | None] = []
     for trial in range(len(made)):
