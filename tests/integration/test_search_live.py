@@ -8,6 +8,7 @@ restarted midway reads the record back and neither changes nor re-suggests what 
 from __future__ import annotations
 
 import signal
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
@@ -75,6 +76,7 @@ def test_a_bayes_search_reaches_run_cap_and_a_restart_keeps_what_was_suggested(
     assert proc.wait(timeout=60) == 0, log_text(log)[-3000:]
     before = recorded(w)
     assert before[: len(midway)] == midway
+    assert len(before) < 6, "the daemon was to be restarted midway, before the last batch"
     assert [(c["trial"], c["batch"]) for c in before[:4]] == [(0, 0), (1, 0), (2, 1), (3, 1)]
 
     proc, log = w.start("--interval", "0.5", tag="restarted")
@@ -89,5 +91,9 @@ def test_a_bayes_search_reaches_run_cap_and_a_restart_keeps_what_was_suggested(
     assert archived_lrs(w) == set(lrs), "every run archived is one of the recorded configurations, and each ran"
     assert len([line for line in w.remote_archive_lines() if line.get("phase") == "succeeded"]) == 6
     validate_observed(w)
+    messages = subprocess.run(
+        ["git", "log", "--format=%s", "refs/heads/main"], cwd=w.remote, capture_output=True, text=True, check=True
+    ).stdout
+    assert "tune: suggested 2 configurations (batch 2)" in messages, messages
     assert "Traceback" not in log_text(log)
     w.assert_never_forced()
