@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from test_run_daemon import World, log_text, validate_observed, wait_for, world_factory
+from test_run_daemon import SWEEP, World, log_text, validate_observed, wait_for, world_factory
 
 pytestmark = pytest.mark.integration
 __all__ = ["world_factory"]  # the fixture, imported for pytest
@@ -35,15 +35,7 @@ search:
   batch: 2
   seed: 7
 seeds: [1]
-resources:
-  gpus: 1
-max_runtime: 5m
-retries: 1
-metrics:
-  file: metrics.jsonl
-  key: episode_reward
-  goal: max
-"""
+""" + SWEEP[SWEEP.index("resources:"):]  # the daemon tests' resources, runtime, retries and metrics
 
 
 def recorded(w: World) -> list[dict[str, Any]]:
