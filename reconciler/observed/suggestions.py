@@ -129,6 +129,16 @@ def read_suggestions(checkout: Path) -> dict[str, tuple[Suggestion, ...]]:
     return parse_suggestions(p.read_text(encoding="utf-8") if p.is_file() else None)
 
 
+def merge_recorded(held: Recorded, committed: Recorded) -> dict[str, tuple[Suggestion, ...]]:
+    """Per sweep, the longer record of the two (the committed one on a tie): a controller that stood by while another
+    made batches takes them over, and one ahead of its last commit keeps what it has made."""
+    out = dict(held)
+    for name, made in committed.items():
+        if len(made) >= len(out.get(name, ())):
+            out[name] = made
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ the loop's step
 
 

@@ -14,7 +14,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconciler.actions import SweepEstimate
+from reconciler.actions import Plan, SweepEstimate
 from reconciler.errors import ObservedInvalid
 from reconciler.expand import expand
 from reconciler.model import (
@@ -26,6 +26,7 @@ from reconciler.model import (
     Distribution,
     Fleet,
     MetricGoal,
+    Observed,
     Pool,
     RunSpec,
     Search,
@@ -34,9 +35,18 @@ from reconciler.model import (
     Sweep,
 )
 from reconciler.observed.codec import SUGGESTIONS
-from reconciler.observed.suggestions import Recorded, advance, parse_suggestions, render_suggestions, suggested_runs
+from reconciler.observed.suggestions import (
+    Recorded,
+    advance,
+    merge_recorded,
+    parse_suggestions,
+    render_suggestions,
+    suggested_runs,
+)
 from reconciler.observed.summary import describe_change
-from reconciler.render import search_line
+from reconciler.render import plan_text, search_line
+from reconciler.review import Side, compute_review, markdown
+from reconciler.review import text as review_text
 from reconciler.search import Config
 from reconciler.suggest import next_batch, search_bounds, wants_batch
 
@@ -287,3 +297,28 @@ def test_a_commit_message_names_the_batch_suggested() -> None:
     message = describe_change({SUGGESTIONS: old}, {SUGGESTIONS: new})
     assert message == "tune: suggested 2 configurations (batch 1)"
     assert describe_change({SUGGESTIONS: new}, {SUGGESTIONS: new}) is None
+
+
+def test_review_and_plan_show_what_the_search_may_still_start() -> None:
+    head = desired_of(replace(bayes(run_cap=6, batch=2), seeds=(1, 2)))
+    base = replace(head, sweeps=(), runs=())
+    doc = compute_review(Side("main", "a" * 40, base), Side("HEAD", "b" * 40, head), Observed(),
+                         [(0.10, 1, "RTX 3060")], 1_796_000_000.0)
+    jsonschema.Draft202012Validator(json.loads((ROOT / "schemas" / "review.schema.json").read_text())).validate(doc)
+    e = doc["estimate"]
+    assert e["runs"] == 4  # the first batch: 2 configurations x 2 seeds, 1 GPU-h each (max_runtime) at $0.10
+    line = "search tune: the search may still start 8 run(s), at most $0.8000"
+    assert e["search"] == [{"sweep": "tune", "runs": 8, "usd_high": pytest.approx(0.8)}]
+    assert line in review_text(doc).splitlines()
+    assert line in markdown(doc)
+    (bound,) = search_bounds(head.sweeps, head.runs, [SweepEstimate.from_json(s) for s in e["sweeps"]])
+    assert "  " + line in plan_text(Plan(actions=()), searches=[bound]).splitlines()
+
+
+def test_a_controller_that_stood_by_takes_over_the_longer_record() -> None:
+    desired = desired_of(bayes(run_cap=6, batch=2))
+    first, _ = cycle(desired, {}, [])
+    later, _ = cycle(desired, first, settle(desired.runs))
+    assert merge_recorded(first, later) == later
+    assert merge_recorded(later, first) == later
+    assert merge_recorded({}, later) == later and merge_recorded(later, {}) == later
