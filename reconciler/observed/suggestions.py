@@ -22,7 +22,7 @@ from typing import Any
 from reconciler.bounds import finite
 from reconciler.errors import ObservedInvalid
 from reconciler.expand import expand_configurations
-from reconciler.model import AttemptOutcome, AttemptRecord, Desired, RunPhase, RunSpec, Scalar, Sweep
+from reconciler.model import AttemptOutcome, AttemptRecord, Desired, RunSpec, Scalar, Sweep
 from reconciler.observed.codec import FORMAT_VERSION, SUGGESTIONS, dump_yaml, expect_mapping, load_yaml
 from reconciler.promotion import better
 from reconciler.runphase import UNTOUCHED, run_phase, tally_runs
@@ -158,7 +158,6 @@ def objectives(sweep: Sweep, made: Sequence[Config], history: Iterable[AttemptRe
     ids = {s.id for s in specs}
     records = [r for r in history if r.run_id in ids]
     tallies = tally_runs(records)
-    stopped = {r.run_id for r in records if r.phase is AttemptOutcome.STOPPED_EARLY}
     goal = sweep.search.metric_goal if sweep.search is not None else sweep.metric_goal
     best: dict[str, float] = {}
     for r in records:
@@ -168,10 +167,7 @@ def objectives(sweep: Sweep, made: Sequence[Config], history: Iterable[AttemptRe
     out: list[float | None] = []
     for trial in range(len(made)):
         seeds = [s for s in specs if s.trial == trial and s.promotion_threshold is None]  # base seeds only
-        settled = all(
-            s.id in stopped or run_phase(s, tallies.get(s.id, UNTOUCHED)) in (RunPhase.SUCCEEDED, RunPhase.BLOCKED)
-            for s in seeds
-        )
+        settled = all(run_phase(s, tallies.get(s.id, UNTOUCHED)).finished for s in seeds)
         metrics = [best[s.id] for s in seeds if s.id in best]
         out.append(None if not settled else (sum(metrics) / len(metrics) if metrics else math.nan))
     return out
