@@ -112,7 +112,8 @@ def test_the_same_facts_render_the_same_bytes(desired: Desired) -> None:
 def test_sections_in_order_with_the_facts_they_summarise(desired: Desired) -> None:
     text = render_status_md(FILES, HISTORY, desired)
     headings = re.findall(r"^## (.+)$", text, re.M)
-    assert headings == ["Fleet", "Queue", "Spend", "Ops tax", "Best cell per sweep", "Promotions", "Recent failures"]
+    assert headings == ["Fleet", "Queue", "Spend", "Ops tax", "Best cell per sweep", "Top configurations", "Promotions",
+                        "Recent failures"]
     # the box: its age measured to the snapshot's own time (2h30m after its start), never to the wall clock
     assert "| 17 | 1x RTX 3060 | 0.0419 | running | 2h 30m | tdmpc\\-aaa\\.1 | \\- | 4 |" in text
     assert "| tdmpc | 1 | 1 | 2 | 0 | 1 | 0 | 5 |" in text

@@ -1,0 +1,163 @@
+"""Seeing a search (``reconciler.views.search``): the objective of a configuration (mean ± std over seeds), the runs
+stopped early and their rung, the band of a configuration's curves, the objective against each parameter, and the
+same ranking in STATUS.md and on the dashboard."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reconciler.model import (
+    AttemptOutcome,
+    AttemptRecord,
+    Distribution,
+    MetricGoal,
+    Search,
+    SearchMethod,
+    SearchParam,
+    Sweep,
+)
+from reconciler.views.search import (
+    band,
+    configurations,
+    mean_std,
+    param_plots,
+    run_metric,
+    rung_of,
+    search_views,
+    stopped_runs,
+)
+from reconciler.views.svg import BandSeries, Series, band_chart, line_chart
+
+OK, STOP, FAIL = AttemptOutcome.SUCCEEDED, AttemptOutcome.STOPPED_EARLY, AttemptOutcome.FAILED
+
+
+def rec(run_id: str, lr: float, seed: int, phase: AttemptOutcome = OK, best: float | None = None,
+        final: float | None = None, attempt: int = 1, sweep: str = "tune", reason: str = "",
+        progress: float | None = None, opt: str = "adam") -> AttemptRecord:
+    return AttemptRecord(run_id=run_id, attempt=attempt, sweep=sweep, phase=phase, params=(("lr", lr), ("opt", opt)),
+                         seed=seed, best_metric=best, final_metric=final, reason=reason, progress=progress)
+
+
+SEARCH = Search(method=SearchMethod.RANDOM, metric_key="episode_reward", metric_goal=MetricGoal.MAX,
+                parameters=(SearchParam("lr", Distribution.LOG_UNIFORM, min=1e-5, max=1e-1),
+                            SearchParam("opt", Distribution.CATEGORICAL, values=("adam", "sgd"))), run_cap=8)
+SWEEP = Sweep(name="tune", command="python train.py", seeds=(1, 2), metric_key="episode_reward", search=SEARCH)
+
+HISTORY = [
+    rec("a1", 1e-3, 1, best=700.0), rec("a2", 1e-3, 2, best=600.0),  # 650 ± 50
+    rec("b1", 1e-2, 1, best=400.0), rec("b2", 1e-2, 2, phase=FAIL, best=900.0),  # a failure's metric never counts
+    rec("b2", 1e-2, 2, attempt=2, best=420.0),  # 410 ± 10
+    rec("c1", 1e-5, 1, phase=STOP, best=50.0, reason="early_stopped: rung 3 episode_reward 50 < cut-off 210"),
+    rec("c2", 1e-5, 2, phase=STOP, best=80.0, reason="stopped by the search", progress=9.0),
+    rec("d1", 1e-4, 1, best=None, final=300.0, opt="sgd"),  # no best: its final metric
+    rec("e1", 3e-4, 1, best=float("nan")),  # a forged NaN is no objective
+    rec("x1", 1e-3, 1, best=9999.0, sweep="other"),
+]
+
+
+def test_the_objective_is_the_mean_and_std_over_succeeded_seeds_best_first() -> None:
+    configs = configurations(HISTORY, "tune", MetricGoal.MAX)
+    got = [(dict(c.params)["lr"], c.mean, c.std, c.seeds, c.runs) for c in configs]
+    assert got == [(1e-3, 650.0, 50.0, 2, 2), (1e-2, 410.0, 10.0, 2, 2), (1e-4, 300.0, 0.0, 1, 1),
+                   (3e-4, None, None, 0, 1), (1e-5, None, None, 0, 2)]
+    low_first = configurations(HISTORY, "tune", MetricGoal.MIN)
+    assert [c.mean for c in low_first][:3] == [300.0, 410.0, 650.0]
+
+
+def test_a_run_s_metric_is_its_best_succeeded_attempt_by_goal() -> None:
+    recs = [rec("r", 1e-3, 1, best=5.0), rec("r", 1e-3, 1, attempt=2, best=7.0),
+            rec("r", 1e-3, 1, attempt=3, phase=FAIL, best=100.0)]
+    assert run_metric(recs, MetricGoal.MAX) == 7.0 and run_metric(recs, "min") == 5.0
+    assert run_metric([rec("r", 1e-3, 1, phase=STOP, best=5.0)], MetricGoal.MAX) is None
+
+
+@given(st.lists(st.floats(min_value=-1e6, max_value=1e6), min_size=1, max_size=12))
+def test_mean_std_agree_with_the_definition(values: list[float]) -> None:
+    stats = mean_std(values)
+    assert stats is not None
+    mean, std = stats
+    assert min(values) - 1e-6 <= mean <= max(values) + 1e-6
+    assert std >= 0 and math.isclose(std ** 2, sum((v - mean) ** 2 for v in values) / len(values),
+                                     rel_tol=1e-6, abs_tol=1e-3)
+
+
+def test_runs_stopped_early_with_their_rung_from_the_reason_else_their_progress() -> None:
+    configs = configurations(HISTORY, "tune", MetricGoal.MAX)
+    rows = stopped_runs(configs)
+    assert [(r.run_id, r.rung, r.metric) for _, r in rows] == [("c1", 3.0, 50.0), ("c2", 9.0, 80.0)]
+    assert rung_of(rec("z", 1, 1, reason="no number here")) is None
+    assert rung_of(rec("z", 1, 1, reason="rung=2.5e3: below")) == 2500.0
+
+
+def test_a_band_is_the_mean_min_and_max_of_the_curves_that_reach_each_step() -> None:
+    b = band([[(0.0, 0.0), (10.0, 10.0)], [(0.0, 2.0), (5.0, 4.0)]])
+    assert b is not None and b.curves == 2
+    assert b.steps == (0.0, 5.0, 10.0)
+    assert b.mean == (1.0, 4.5, 10.0) and b.low == (0.0, 4.0, 10.0) and b.high == (2.0, 5.0, 10.0)
+    assert b.counts == (2, 2, 1)  # the shorter (stopped) curve ends at step 5
+    assert band([]) is None and band([[]]) is None
+    long = band([[(float(i), float(i)) for i in range(1000)]], max_steps=50)
+    assert long is not None and len(long.steps) == 50 and long.steps[0] == 0.0 and long.steps[-1] == 999.0
+
+
+def test_objective_against_each_searched_parameter_log_axis_for_log_uniform() -> None:
+    configs = configurations(HISTORY, "tune", MetricGoal.MAX)
+    plots = {p.name: p for p in param_plots(SWEEP, configs)}
+    assert list(plots) == ["lr", "opt"]
+    assert plots["lr"].log and sorted(plots["lr"].points) == [(1e-4, 300.0), (1e-3, 650.0), (1e-2, 410.0)]
+    assert not plots["opt"].log and plots["opt"].categories == ("adam", "sgd")
+    assert sorted(plots["opt"].points) == [(0.0, 410.0), (0.0, 650.0), (1.0, 300.0)]
+    # without a search block: the parameters that vary across the configurations, linear axes
+    plain = {p.name: p for p in param_plots(None, configs)}
+    assert list(plain) == ["lr", "opt"] and not plain["lr"].log
+
+
+def test_search_views_pick_sweeps_with_a_search_or_several_cells() -> None:
+    one_cell = [rec("s1", 1e-3, 1, best=1.0, sweep="single"), rec("s2", 1e-3, 2, best=3.0, sweep="single")]
+    views = search_views([*HISTORY, *one_cell], [("tune", "max", SWEEP), ("single", "max", None),
+                                                 ("other", "max", None)])
+    assert [v.name for v in views] == ["tune"]
+    assert views[0].method == "random" and views[0].metric_key == "episode_reward"
+    with_search = search_views(one_cell, [("single", "max", Sweep(name="single", command="x", search=SEARCH))])
+    assert [v.name for v in with_search] == ["single"] and with_search[0].configs[0].mean == 2.0
+
+
+def test_charts_draw_a_band_and_a_log_scatter_with_finite_coordinates_only() -> None:
+    svg = band_chart([BandSeries("b", [(0.0, 1.0, 0.0, 2.0), (1.0, float("nan"), 0.0, 1.0), (2.0, 3.0, 2.0, 4.0)])])
+    assert svg.count("<polygon") == 1 and svg.count("<polyline") == 1 and "nan" not in svg.lower()
+    log = line_chart([Series("s", [(1e-5, 1.0), (1e-1, 2.0), (-1.0, 5.0)], dots=True)], log_x=True)
+    xs = [float(x) for x in re.findall(r'<circle cx="([0-9.]+)"', log)]
+    assert len(xs) == 2  # x <= 0 has no place on a log axis
+    mid = line_chart([Series("s", [(1e-5, 1.0), (1e-3, 1.5), (1e-1, 2.0)], dots=True)], log_x=True)
+    a, b, c = (float(x) for x in re.findall(r'<circle cx="([0-9.]+)"', mid))
+    assert b - a == pytest.approx(c - b, abs=0.2)  # 1e-3 sits halfway between 1e-5 and 1e-1 on a log axis
+    assert ">1e-05<" in mid and ">0.1<" in mid
+
+
+def _status_rows(text: str) -> list[str]:
+    section = text.split("## Top configurations")[1].split("## ")[0]
+    return [line for line in section.splitlines() if re.match(r"^\| \d+ \|", line)]
+
+
+def test_status_md_and_the_dashboard_rank_the_configurations_the_same(tmp_path: Any) -> None:
+    from reconciler.views.dashboard import RepoFacts, render_dashboard
+    from reconciler.views.status_md import render_status_md
+
+    runs_doc = "sweeps:\n  tune: {}\n"
+    files = {"observed/runs.yaml": runs_doc}
+    text = render_status_md(files, HISTORY, None)
+    rows = _status_rows(text)
+    assert rows[0] == r"| 1 | lr\=0\.001 opt\=adam | 650 ± 50 | 2/2 | 0 |"
+    assert rows[1] == r"| 2 | lr\=0\.01 opt\=adam | 410 ± 10 | 2/2 | 0 |"
+    assert r"| 5 | lr\=1e\-05 opt\=adam | - ± - | 0/2 | 2 |" in rows
+    page = render_dashboard(RepoFacts(files, HISTORY, (), (), None))
+    search = page.split('<section id="search">')[1].split("</section>")[0]
+    means = re.findall(r'<td class="num mean">([^<]*)</td>', search)
+    assert means[:3] == ["650", "410", "300"]
+    assert re.findall(r'<td class="num rung">([^<]*)</td>', search) == ["3", "9"]
