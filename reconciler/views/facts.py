@@ -242,7 +242,8 @@ def build_view(
         CapView("dearest box $/h", max_box, _num(caps_doc.get("max_instance_dph")), "$/h"),
     )
 
-    failed = [r for r in records if r.phase is not AttemptOutcome.SUCCEEDED]
+    # a run the search stopped early did not fail (its rung is on the search's view)
+    failed = [r for r in records if r.phase not in (AttemptOutcome.SUCCEEDED, AttemptOutcome.STOPPED_EARLY)]
     failed.sort(key=lambda r: (-(r.ended_at or 0.0), r.run_id, r.attempt))
     failures = tuple(
         FailureView(

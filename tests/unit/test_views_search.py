@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from reconciler.curves import curve_path, render_curve
 from reconciler.model import (
     AttemptOutcome,
     AttemptRecord,
@@ -22,6 +26,7 @@ from reconciler.model import (
     SearchParam,
     Sweep,
 )
+from reconciler.observed.archive_lines import entry_to_json
 from reconciler.views.search import (
     band,
     configurations,
@@ -161,3 +166,40 @@ def test_status_md_and_the_dashboard_rank_the_configurations_the_same(tmp_path: 
     means = re.findall(r'<td class="num mean">([^<]*)</td>', search)
     assert means[:3] == ["650", "410", "300"]
     assert re.findall(r'<td class="num rung">([^<]*)</td>', search) == ["3", "9"]
+
+
+def search_repo(where: Path) -> Path:
+    """A checkout's observed/ by hand for a searched sweep ``tune``: HISTORY's attempts archived, runs.yaml naming its
+    runs, and one committed curve per run that has a metric (the stopped-early runs' curves end at their rung)."""
+    repo = where / "search"
+    (repo / "observed" / "runs").mkdir(parents=True)
+    runs = {r.run_id: {"params": dict(r.params), "seed": r.seed, "attempts": r.attempt, "best_metric": r.best_metric
+                       if r.best_metric is None or math.isfinite(r.best_metric) else None,
+                       "phase": "succeeded" if r.phase is OK else "blocked"}
+            for r in HISTORY if r.sweep == "tune"}
+    (repo / "observed" / "runs.yaml").write_text(yaml.safe_dump({"sweeps": {"tune": runs}}))
+    (repo / "observed" / "status.yaml").write_text(yaml.safe_dump({"last_change_at": "2026-11-03T12:00:00Z"}))
+    archived = [r if r.best_metric is None or math.isfinite(r.best_metric) else replace(r, best_metric=None)
+                for r in HISTORY]  # the archive holds strict JSON: the NaN record as one without a metric
+    (repo / "observed" / "runs" / "2026-11.jsonl").write_text("".join(entry_to_json(r) + "\n" for r in archived))
+    for r in HISTORY:
+        level = r.best_metric if r.best_metric is not None else r.final_metric
+        if level is None or not math.isfinite(level) or r.phase is FAIL:
+            continue
+        last = 3 if r.phase is STOP else 10
+        path = repo / curve_path(r.sweep, r.run_id, r.attempt)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render_curve(sweep=r.sweep, run_id=r.run_id, attempt=r.attempt, key="episode_reward",
+                                     goal="max", points=[(float(s), level * s / last) for s in range(last + 1)]))
+    return repo
+
+
+def test_the_search_repo_ranks_and_bands_its_configurations(tmp_path: Path) -> None:
+    from reconciler.views.dashboard import build
+
+    page = build(search_repo(tmp_path))
+    curves = page.split('<section id="curves">')[1].split("</section>")[0]
+    figures = re.findall(r'<figure class="cell-chart curve"(.*?)</figure>', curves, re.S)
+    assert len(figures) == 4  # four configurations with a curve; one band each, whatever its seeds
+    assert all(f.count("<polygon") == 1 and f.count("<polyline") == 1 for f in figures)
+    assert "a1, a2" in curves and "mean of 2 seed(s), min to max" in curves
