@@ -26,6 +26,7 @@ from functools import lru_cache
 from jinja2 import StrictUndefined, TemplateSyntaxError, nodes
 from jinja2.sandbox import SandboxedEnvironment
 
+from reconciler import search
 from reconciler.errors import TemplateProblem
 from reconciler.model import MetricGoal, PromotionRule, RunSpec, Scalar, Sweep
 
@@ -197,7 +198,10 @@ def render_command(
 
 def count_runs(sweep: Sweep) -> int:
     """How many RunSpecs the sweep expands to, base seeds and promotion candidates (without expanding)."""
-    cells = math.prod(len(values) for _, values in sweep.grid)
+    if sweep.search is not None:
+        cells = search.known_count(sweep.search)
+    else:
+        cells = math.prod(len(values) for _, values in sweep.grid)
     return cells * (len(sweep.seeds) + max((r.add_seeds for r in sweep.promotion), default=0))
 
 
@@ -211,18 +215,30 @@ def promotion_thresholds(rules: Sequence[PromotionRule], goal: MetricGoal) -> li
     return out
 
 
-def expand_sweep(sweep: Sweep) -> list[RunSpec]:
-    """Grid cells in file order (keys, then values), each with its base seeds then its promotion seeds."""
-    keys = [k for k, _ in sweep.grid]
+def _seeds(sweep: Sweep) -> list[tuple[int, float | None]]:
+    """A cell's seeds: the base seeds, then each promotion seed with its threshold."""
     thresholds = promotion_thresholds(sweep.promotion, sweep.metric_goal)
     top = max(sweep.seeds)
     seeds: list[tuple[int, float | None]] = [(s, None) for s in sweep.seeds]
-    seeds += [(top + k, t) for k, t in enumerate(thresholds, start=1)]
+    return seeds + [(top + k, t) for k, t in enumerate(thresholds, start=1)]
+
+
+def expand_configurations(
+    sweep: Sweep, configs: Sequence[Sequence[tuple[str, Scalar]]], first_trial: int | None
+) -> list[RunSpec]:
+    """One RunSpec per (configuration, seed), configurations in order, each with its base then promotion seeds.
+
+    ``first_trial`` numbers a search's configurations (``RunSpec.trial``; the next of bayes's batches starts
+    where the last ended); None for a grid sweep's cells. Ids are content-addressed (``run_id``/``cell_id``), so
+    the same configuration is the same cell whatever its trial number.
+    """
+    seeds = _seeds(sweep)
     command = CommandTemplate(sweep.command)
     specs: list[RunSpec] = []
-    for values in itertools.product(*(vals for _, vals in sweep.grid)):
-        params = tuple(zip(keys, values, strict=True))
+    for i, config in enumerate(configs):
+        params = tuple(config)
         cell = cell_id(sweep.name, params)
+        trial = None if first_trial is None else first_trial + i
         for seed, threshold in seeds:
             rid = run_id(sweep.name, params, seed, sweep.command, sweep.env)
             specs.append(
@@ -240,9 +256,20 @@ def expand_sweep(sweep: Sweep) -> list[RunSpec]:
                         metrics_file=sweep.metrics_file,
                     ),
                     promotion_threshold=threshold,
+                    trial=trial,
                 )
             )
     return specs
+
+
+def expand_sweep(sweep: Sweep) -> list[RunSpec]:
+    """Grid cells in file order (keys, then values), or a search's configurations known up front (trial order);
+    each with its base seeds then its promotion seeds."""
+    if sweep.search is not None:
+        return expand_configurations(sweep, search.configurations(sweep.search), 0)
+    keys = [k for k, _ in sweep.grid]
+    cells = [tuple(zip(keys, values, strict=True)) for values in itertools.product(*(vals for _, vals in sweep.grid))]
+    return expand_configurations(sweep, cells, None)
 
 
 def expand(sweeps: Sequence[Sweep]) -> tuple[RunSpec, ...]:
