@@ -397,6 +397,8 @@ def action_from_json(d: dict[str, Any]) -> Action:
     fields["code"] = ReasonCode(fields["code"])
     if "gpu_mask" in fields:
         fields["gpu_mask"] = tuple(fields["gpu_mask"])
+    if kind is Kind.KILL and "phase" in fields:  # what the kill archives the attempt as
+        fields["phase"] = AttemptOutcome(fields["phase"])
     return cls(**fields)
 
 

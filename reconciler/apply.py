@@ -324,7 +324,7 @@ def _execute(planned: Action, ctx: ApplyContext, instances: dict[int, Instance],
             ctx.boxes.kill(box, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason,
                            pid=action.pid, pid_started=action.pid_started)
             rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
-                                  AttemptOutcome.FAILED, KILL_EXIT_CODE, action.reason)
+                                  action.phase, KILL_EXIT_CODE, action.reason)
             rec = _harvest(ctx, result, box, rec, required=True)
             _archive(ctx, result, rec)
             return "killed"

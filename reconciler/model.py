@@ -251,6 +251,37 @@ class EarlyTerminate:
     eta: float = 3.0
     max_iter: float | None = None
 
+    def levels(self, total: float | None) -> tuple[float, ...]:
+        """Every rung's resource, ``min_iter`` × ``eta``^k, up to ``max_iter`` (else below ``total``, the sweep's
+        ``progress.total``: a run there has finished, nothing is left to save). A Hyperband bracket s uses the
+        levels from the s-th on, so these are the rungs of every bracket; () when the figures make none."""
+        return tuple(level for level in self._ladder(total) if total is None or level < total)
+
+    def brackets(self, total: float | None) -> int:
+        """How many Hyperband brackets (s = 0..s_max, s_max = floor(log_eta(max / min_iter))); ASHA has one."""
+        if self.type is EarlyTerminateType.ASHA:
+            return 1
+        return max(1, len(self._ladder(total)))
+
+    def _ladder(self, total: float | None) -> tuple[float, ...]:
+        """``min_iter`` × ``eta``^k for k = 0, 1, ... while at most ``max_iter`` (else ``total``)."""
+        top = self.max_iter if self.max_iter is not None else total
+        if top is None or not (self.min_iter > 0 and self.eta > 1) or not math.isfinite(top):
+            return ()
+        out: list[float] = []
+        for k in range(_MAX_RUNGS):
+            try:
+                level = self.min_iter * self.eta**k
+            except OverflowError:
+                break
+            if level > top:
+                break
+            out.append(level)
+        return tuple(out)
+
+
+_MAX_RUNGS = 64  # min_iter * eta**64 is past any step count (a bound: the figures come from desired/)
+
 
 @dataclass(frozen=True)
 class Sweep:
@@ -282,6 +313,13 @@ class Sweep:
     progress: Progress | None = None  # the metrics key counting a run's work and its total (None: not told)
     search: Search | None = None  # configurations beyond the grid (issue 23); None: grid x seeds only
     early_terminate: EarlyTerminate | None = None  # ASHA/Hyperband stops from live metrics (None: never)
+
+    @property
+    def objective(self) -> tuple[str, MetricGoal] | None:
+        """The metric its runs are compared by, and its goal: the search's when it has one, else ``metric_key``."""
+        if self.search is not None:
+            return self.search.metric_key, self.search.metric_goal
+        return (self.metric_key, self.metric_goal) if self.metric_key else None
 
 
 @dataclass(frozen=True)
@@ -678,6 +716,7 @@ class RunPhase(enum.StrEnum):
     RETRYING = "retrying"  # the last attempt failed or was lost; retries remain, so it is launched again
     BLOCKED = "blocked"  # as many attempts failed or were lost as ``retries`` allows: no more launches
     QUEUED = "queued"  # an attempt waits in its box's queue behind the slot's current one (in flight, not started)
+    STOPPED_EARLY = "stopped_early"  # the search's early termination stopped it at a rung: settled, never relaunched
 
     @property
     def launchable(self) -> bool:
@@ -689,7 +728,7 @@ class RunPhase(enum.StrEnum):
 
 
 _LAUNCHABLE = frozenset({RunPhase.PENDING, RunPhase.RETRYING})
-_FINISHED = frozenset({RunPhase.SUCCEEDED, RunPhase.BLOCKED})
+_FINISHED = frozenset({RunPhase.SUCCEEDED, RunPhase.BLOCKED, RunPhase.STOPPED_EARLY})
 LAUNCHABLE_PHASES = _LAUNCHABLE  # for hot loops: ``phase in LAUNCHABLE_PHASES`` is ``phase.launchable``
 
 
@@ -934,6 +973,15 @@ class Spend:
 
 
 @dataclass(frozen=True)
+class RungValue:
+    """A run's metric (its sweep's objective) when it first reached a rung: ``level`` in its ``progress`` units."""
+
+    run_id: str
+    level: float
+    value: float
+
+
+@dataclass(frozen=True)
 class FleetMemory:
     """What one cycle hands to the next about a fleet, beyond what the world shows again on its own.
 
@@ -968,6 +1016,9 @@ class FleetMemory:
     # unreachable_grace from since, then destroyed, its attempts requeued). Kept while the box is listed; process
     # only.
     distrusted: tuple[tuple[int, float, str], ...] = ()
+    # A run's metric when it first reached each rung of its sweep's early_terminate (``RungValue``), one per (run,
+    # rung), kept once the run has ended (a finished or stopped run is a peer at its rungs). In runs.yaml (``rungs``).
+    rungs: tuple[RungValue, ...] = ()
 
     def vetted(self, probe: BoxProbe) -> BoxProbe:
         """The probe as the planner and apply take it: a box this controller distrusts is not reachable (nothing is

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from reconciler.actions import ApplyResult, Bootstrap, Kill, Launch, Plan, Requeue, ShipCode
-from reconciler.bounds import bounded_text
+from reconciler.bounds import bounded_text, finite
 from reconciler.identity import slot_pool
 from reconciler.ledger import note_cycle
 from reconciler.model import (
@@ -38,10 +38,12 @@ from reconciler.model import (
     InstanceStatus,
     Observed,
     OverheadRecord,
+    RungValue,
     Spend,
     owned_by,
 )
 from reconciler.runphase import is_live
+from reconciler.throughput import progress_value
 
 _FLOAT_SLACK_USD = 1e-9
 
@@ -64,6 +66,7 @@ def remember_observation(
     spend = accrue_billed(memory.spend, memory.spend_at, billed_boxes, billed, memory.in_flight, now)
     gpu_quiet = track_gpu_quiet(memory.gpu_quiet, desired, probes, now)
     heartbeats = track_heartbeats(memory.heartbeats, memory.in_flight, probes, now)
+    rungs = track_rungs(memory.rungs, desired, memory.in_flight, probes)
     listed = {i.id for i in mine}
     distrusted = tuple(d for d in memory.distrusted if d[0] in listed)
     return replace(
@@ -74,6 +77,7 @@ def remember_observation(
         gpu_quiet=gpu_quiet,
         heartbeats=heartbeats,
         distrusted=distrusted,
+        rungs=rungs,
     )
 
 
@@ -347,6 +351,45 @@ def track_gpu_quiet(
             if seen and max(seen) < spec.sweep.stall_gpu_util_pct:
                 out.append((rd.run_id, rd.attempt, since.get((rd.run_id, rd.attempt), now)))
     return tuple(sorted(out))
+
+
+def track_rungs(
+    previous: tuple[RungValue, ...], desired: Desired, in_flight: Iterable[InFlight], probes: Iterable[BoxProbe]
+) -> tuple[RungValue, ...]:
+    """The rung values (``FleetMemory.rungs``) with what the probes show: an attempt of ours (in flight on the box
+    that reports it) of a sweep with ``early_terminate`` whose last metrics line has a finite progress value and a
+    finite objective gets its metric recorded at each rung it has reached and has no record at yet (one per (run,
+    rung): the first stands; a retried run keeps its earlier attempt's). Records of runs no longer desired go; those
+    of finished and stopped runs stay (they are peers at their rungs). A box's metrics are untrusted: a value that
+    is not a finite number (``bounds.finite``) records nothing."""
+    runs = {r.id: r for r in desired.runs if r.sweep.early_terminate is not None}
+    kept = [r for r in previous if r.run_id in runs]
+    if not runs:
+        return tuple(kept)
+    have = {(r.run_id, r.level) for r in kept}
+    ours = {(f.run_id, f.attempt): f.instance_id for f in in_flight}
+    for probe in probes:
+        if not probe.reachable:
+            continue
+        for rd in probe.runs:
+            spec = runs.get(rd.run_id)
+            if spec is None or ours.get((rd.run_id, rd.attempt)) != probe.instance_id:
+                continue
+            sweep, et = spec.sweep, spec.sweep.early_terminate
+            objective = sweep.objective
+            done = progress_value(sweep, rd.last_metrics)
+            if et is None or objective is None or sweep.progress is None or done is None:
+                continue
+            value = finite(dict(rd.last_metrics).get(objective[0]))
+            if value is None:
+                continue
+            for level in et.levels(sweep.progress.total):
+                if level > done:
+                    break
+                if (rd.run_id, level) not in have:
+                    have.add((rd.run_id, level))
+                    kept.append(RungValue(rd.run_id, level, value))
+    return tuple(sorted(kept, key=lambda r: (r.run_id, r.level)))
 
 
 def track_heartbeats(

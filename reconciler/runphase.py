@@ -77,24 +77,30 @@ class RunTally(NamedTuple):
     used: int = 0  # failed or lost attempts: each counts against retries
     live: bool = False
     queued: bool = False  # its live attempt waits in its box's queue (``live`` is then True too)
+    stopped: bool = False  # an attempt was stopped early by the sweep's early termination: settled, no retry spent
 
     def with_outcome(self, outcome: AttemptOutcome) -> RunTally:
         if outcome is AttemptOutcome.SUCCEEDED:
-            return RunTally(True, self.used, self.live, self.queued)
-        return RunTally(self.succeeded, self.used + 1, self.live, self.queued)
+            return RunTally(True, self.used, self.live, self.queued, self.stopped)
+        if not outcome.uses_a_retry:  # stopped early
+            return RunTally(self.succeeded, self.used, self.live, self.queued, True)
+        return RunTally(self.succeeded, self.used + 1, self.live, self.queued, self.stopped)
 
 
 UNTOUCHED = RunTally()  # no attempt yet
 
 
 def run_phase(spec: RunSpec | None, tally: RunTally) -> RunPhase:
-    """The one rule: succeeded beats live, live beats blocked, and a run is blocked once its retries are used. A live
-    attempt that waits in its box's queue makes the run queued rather than running.
+    """The one rule: succeeded beats stopped early, which beats live (a run stopped early is settled: never launched
+    again, no retry spent), live beats blocked, and a run is blocked once its retries are used. A live attempt that
+    waits in its box's queue makes the run queued rather than running.
 
     A run no longer in the desired state (``spec`` None) is never launched again, so one failure blocks it.
     """
     if tally.succeeded:
         return _SUCCEEDED
+    if tally.stopped:
+        return _STOPPED
     if tally.live:
         return _QUEUED if tally.queued else _RUNNING
     allowed = allowed_attempts(spec) if spec is not None else 1
@@ -106,6 +112,7 @@ def run_phase(spec: RunSpec | None, tally: RunTally) -> RunPhase:
 # Module constants: an enum member looked up on its class costs a descriptor call in the planner's hot loop.
 _SUCCEEDED, _RUNNING, _BLOCKED = RunPhase.SUCCEEDED, RunPhase.RUNNING, RunPhase.BLOCKED
 _RETRYING, _PENDING, _QUEUED = RunPhase.RETRYING, RunPhase.PENDING, RunPhase.QUEUED
+_STOPPED = RunPhase.STOPPED_EARLY
 
 
 def live_attempts(observed: Observed) -> dict[str, LiveAttempt]:
@@ -175,7 +182,7 @@ def tally_runs(
     queued = {k for k, a in live.items() if a.queued} if isinstance(live, Mapping) else set()
     for run_id in live:
         t = out.get(run_id, UNTOUCHED)
-        out[run_id] = RunTally(t.succeeded, t.used, True, run_id in queued)
+        out[run_id] = RunTally(t.succeeded, t.used, True, run_id in queued, t.stopped)
     return out
 
 

@@ -52,7 +52,7 @@ from reconciler.observed.codec import (
 )
 from reconciler.observed.hosts import HEADER as HOSTS_HEADER
 from reconciler.observed.hosts import hosts_document
-from reconciler.observed.memory import box_memory_entries, in_flight_entries, spend_anchor
+from reconciler.observed.memory import box_memory_entries, in_flight_entries, rung_entries, spend_anchor
 from reconciler.observed.throughput import HEADER as THROUGHPUT_HEADER
 from reconciler.observed.throughput import throughput_document
 from reconciler.promotion import succeeded_metrics, wanted_ids
@@ -253,6 +253,8 @@ def _render_runs(desired: Desired | None, observed: Observed) -> dict[str, Any]:
         "counts": counts,
         "sweeps": sweeps,
         "in_flight": in_flight_entries(observed.memory.in_flight),
+        # the rung values early termination compares runs by (only while there are some: other fleets' files stay)
+        **({"rungs": rung_entries(observed.memory.rungs)} if observed.memory.rungs else {}),
     }
 
 

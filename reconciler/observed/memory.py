@@ -22,8 +22,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from reconciler.bounds import finite
 from reconciler.errors import ObservedInvalid
-from reconciler.model import BoxMemory, BoxSpend, FleetMemory, InFlight, Spend
+from reconciler.model import BoxMemory, BoxSpend, FleetMemory, InFlight, RungValue, Spend
 from reconciler.observed.codec import BUDGET, FLEET, RUNS, expect_mapping, iso, load_yaml, money, parse_iso, utc_day
 from reconciler.observed.hosts import read_hosts
 from reconciler.observed.tree import read_observed
@@ -77,6 +78,14 @@ def in_flight_entries(in_flight: Iterable[InFlight]) -> list[dict[str, Any]]:
             entry["seen_started_at"] = iso(f.seen_started_at)
         out.append(entry)
     return out
+
+
+def rung_entries(rungs: Iterable[RungValue]) -> list[dict[str, Any]]:
+    """``runs.yaml``'s ``rungs``: each run's metric when it first reached a rung of its sweep's early_terminate."""
+    return [
+        {"run_id": r.run_id, "rung": r.level, "value": r.value}
+        for r in sorted(rungs, key=lambda r: (r.run_id, r.level))
+    ]
 
 
 def _box_entry(box: BoxSpend, rate: float) -> dict[str, Any]:
@@ -179,6 +188,7 @@ def fleet_memory_from_files(files: Mapping[str, str], *, now: float | None = Non
     return FleetMemory(
         boxes=_boxes(fleet.get("memory") or []),
         in_flight=_in_flight(runs.get("in_flight") or []),
+        rungs=_rungs(runs.get("rungs") or []),
         spend=spend,
         spend_at=spend_at,
         hosts=read_hosts(files),
@@ -231,6 +241,20 @@ def _in_flight(entries: list[Any]) -> tuple[InFlight, ...]:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ObservedInvalid(f"{where}: malformed in-flight attempt ({exc})") from exc
+    return tuple(out)
+
+
+def _rungs(entries: list[Any]) -> tuple[RungValue, ...]:
+    out: list[RungValue] = []
+    for n, r in enumerate(entries):
+        where = f"{RUNS}: rungs[{n}]"
+        try:
+            level, value = finite(r["rung"], limit=float("inf")), finite(r["value"])
+            if level is None or value is None:
+                raise ValueError("rung and value must be finite numbers")
+            out.append(RungValue(run_id=str(r["run_id"]), level=level, value=value))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ObservedInvalid(f"{where}: malformed rung value ({exc})") from exc
     return tuple(out)
 
 

@@ -11,7 +11,9 @@ carries a reason (a ``ReasonCode`` and a text), and what was considered and left
     attempts   what the boxes show (only what this fleet launched there: the rest is foreign); record finished
                attempts; which runs are wanted (promotion)
     boxes      limits that do not depend on the work (halt, status, ttl, boot, reachability, bootstrap)
-    attempts   kill or requeue live attempts that must end; settle in-flight ones; queue the pending runs
+    early_stop which live runs the sweeps' early termination (ASHA, Hyperband) stops at a rung
+    attempts   kill or requeue live attempts that must end (those stopped early too); settle in-flight ones; queue
+               the pending runs
     environment  hold back the runs of sweeps whose env references a variable the controller does not set
     boxes      replace drifted boxes, bootstrap new ones, find free GPUs
     placement  launch pending runs onto free GPU slots (shipping code first; the tail to the fastest GPUs), then
@@ -56,6 +58,7 @@ from reconciler.plan.attempts import (
 from reconciler.plan.bookkeeping import close_bills, sync_checkpoints
 from reconciler.plan.boxes import BoxState, box_noops, classify_boxes, enforce_max_instances, prepare_boxes, retire_idle
 from reconciler.plan.common import Decisions, fleet_dph_cap, fmt_duration
+from reconciler.plan.early_stop import early_stops
 from reconciler.plan.environment import withhold_missing_secrets
 from reconciler.plan.estimate import estimate
 from reconciler.plan.forecast import forecast
@@ -97,7 +100,7 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
     table, found = enforce_max_instances(world, seen, table)
     decided.extend(found)
 
-    live, found = settle_live(world, seen, table.destroyed, wanted)
+    live, found = settle_live(world, seen, table.destroyed, wanted, early_stops(world))
     decided.extend(found)
     in_flight, found = settle_in_flight(
         world, seen, recorded.keys | live.settled, table.destroyed, table.states,

@@ -31,6 +31,7 @@ from reconciler.model import (
 )
 from reconciler.offers import normalize_gpu_name
 from reconciler.plan.common import Decisions, fmt_duration, gpus_text
+from reconciler.plan.early_stop import EarlyStop
 from reconciler.plan.world import World
 from reconciler.promotion import succeeded_metrics, wanted_among
 from reconciler.runphase import (
@@ -82,6 +83,7 @@ class LiveVerdicts:
     used: Mapping[str, int]  # run id -> attempts this plan ends as failed (max runtime) or lost (requeue)
     settled: frozenset[AttemptKey]
     launched: Mapping[str, float] = field(default_factory=dict)  # run id -> when its kept attempt was launched
+    stopped: frozenset[str] = frozenset()  # runs this plan stops early (``early_stop``): settled, no retry spent
 
 
 @dataclass(frozen=True)
@@ -306,16 +308,24 @@ def wanted_runs(world: World, recorded: Recorded) -> tuple[frozenset[str], Decis
 
 
 def settle_live(
-    world: World, seen: SeenAttempts, destroyed: Mapping[int, str], wanted: frozenset[str]
+    world: World,
+    seen: SeenAttempts,
+    destroyed: Mapping[int, str],
+    wanted: frozenset[str],
+    stops: Mapping[str, EarlyStop] | None = None,
 ) -> tuple[LiveVerdicts, Decisions]:
-    """Kill or requeue live attempts that must end; keep one running attempt per run."""
+    """Kill or requeue live attempts that must end; keep one running attempt per run. ``stops`` are the runs the
+    sweep's early termination stops (``early_stop.early_stops``): their attempts are killed as stopped early."""
     out = Decisions()
     now = world.now
     settled: set[AttemptKey] = set()
     used: dict[str, int] = {}
     running: dict[str, list[tuple[int, RunDirState]]] = {}
+    stopped: set[str] = set()
 
-    def kill(box_id: int, rd: RunDirState, code: ReasonCode, reason: str) -> None:
+    def kill(
+        box_id: int, rd: RunDirState, code: ReasonCode, reason: str, phase: AttemptOutcome = AttemptOutcome.FAILED
+    ) -> None:
         settled.add((rd.run_id, rd.attempt))
         pid, started = recorded_group(seen.launch_of(rd), box_id, rd)
         out.act(
@@ -327,6 +337,7 @@ def settle_live(
                 attempt=rd.attempt,
                 pid=pid,
                 pid_started=started,
+                phase=phase,
             )
         )
 
@@ -375,6 +386,11 @@ def settle_live(
             if rd.run_id not in wanted:
                 kill(box_id, rd, ReasonCode.NOT_DESIRED, "no longer desired")
                 continue
+            stop = stops.get(rd.run_id) if stops else None
+            if stop is not None:
+                stopped.add(rd.run_id)
+                kill(box_id, rd, ReasonCode.EARLY_STOPPED, stop.reason, AttemptOutcome.STOPPED_EARLY)
+                continue
             spec = world.runs[rd.run_id]
             launched = launched_at(world, seen, rd)
             if now - launched > spec.sweep.max_runtime_s:
@@ -418,7 +434,7 @@ def settle_live(
             f"running for {ran} of max {fmt_duration(spec.sweep.max_runtime_s)} on {gpus_text(keep_rd.gpu_mask)}; "
             f"heartbeat {beat}",
         )
-    return LiveVerdicts(kept, used, frozenset(settled), launched_kept), out
+    return LiveVerdicts(kept, used, frozenset(settled), launched_kept, frozenset(stopped)), out
 
 
 def launched_at(world: World, seen: SeenAttempts, rd: RunDirState) -> float:
@@ -669,7 +685,9 @@ def run_queue(
     for used in (live.used, in_flight.used):
         for run_id, n in used.items():
             t = tallies.get(run_id, UNTOUCHED)
-            tallies[run_id] = RunTally(t.succeeded, t.used + n, t.live)
+            tallies[run_id] = RunTally(t.succeeded, t.used + n, t.live, stopped=t.stopped)
+    for run_id in live.stopped:
+        tallies[run_id] = tallies.get(run_id, UNTOUCHED).with_outcome(AttemptOutcome.STOPPED_EARLY)
     # Launch order is priority, then sweep order, then desired order: runs are visited in desired order and
     # dropped into one bucket per (priority, sweep order), so no per-run sort key is built.
     buckets: dict[tuple[int, int], list[PendingRun]] = {}

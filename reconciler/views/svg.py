@@ -24,7 +24,7 @@ from reconciler.views.timeline import Timeline
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
 PHASE_COLOURS = {
     "succeeded": "#59a14f", "running": "#4e79a7", "pending": "#bab0ac", "retrying": "#edc948", "blocked": "#e15759",
-    "queued": "#76b7b2",
+    "queued": "#76b7b2", "stopped_early": "#b07aa1",
 }
 
 

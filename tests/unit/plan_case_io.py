@@ -9,8 +9,9 @@ GPU per instance GPU, with memory in use on the GPUs of its live runs. The host 
 (``build_hosts``). Only what is in ``observed.in_flight`` on a box (or archived) is this fleet's there: a run a
 probe shows without it is foreign. A probe's ``queued`` lists its box's queue entries (``run_id``, ``attempt``,
 ``gpu_mask``, ``epoch``; position is their order), with ``epoch`` and ``draining`` beside; an in-flight entry may
-say ``queued``. The process-only memory: ``heartbeats`` (``run_id``, ``attempt``,
-``implied_ago``, ``since_ago``), ``failed_actions`` (``kind``, ``target``, ``error``) and ``distrusted``
+say ``queued``. The rung values early termination compares by: ``rungs`` (``run_id``, ``rung``, ``value``); a run
+may carry its sweep's ``early_terminate`` and its ``trial``. The process-only memory: ``heartbeats`` (``run_id``,
+``attempt``, ``implied_ago``, ``since_ago``), ``failed_actions`` (``kind``, ``target``, ``error``) and ``distrusted``
 (``instance_id``, ``since_ago``, ``why``). A probe may show the box's ``queued`` entries (``run_id``, ``attempt``,
 ``gpu_mask``, ``epoch``) and ``draining``; a box's memory its ``reachable_ago``/``ready_ago`` and ``pool``.
 """
@@ -36,6 +37,8 @@ from reconciler.model import (
     Budget,
     Checkpoint,
     Desired,
+    EarlyTerminate,
+    EarlyTerminateType,
     Fleet,
     FleetMemory,
     GhostOffer,
@@ -57,6 +60,7 @@ from reconciler.model import (
     QueuedEntry,
     Ranking,
     RunDirState,
+    RungValue,
     RunSpec,
     Spend,
     Sweep,
@@ -127,6 +131,12 @@ def build_run(d: J, i: int) -> RunSpec:
     spec = _flat_run(d, rid)
     if "progress" in d:  # the sweep's progress key and total: {"key", "total"}
         spec = replace(spec, sweep=replace(spec.sweep, progress=Progress(d["progress"]["key"], d["progress"]["total"])))
+    if "early_terminate" in d:  # the sweep's early_terminate: {"type", "min_iter", "eta", "max_iter"}
+        et = dict(d["early_terminate"])
+        et["type"] = EarlyTerminateType(et["type"])
+        spec = replace(spec, sweep=replace(spec.sweep, early_terminate=EarlyTerminate(**et)))
+    if "trial" in d:  # a search's configuration number
+        spec = replace(spec, trial=d["trial"])
     return spec
 
 
@@ -379,6 +389,7 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
                                for q in d.get("gpu_quiet", []))),
         checkpoint_pulls=tuple(sorted((c["run_id"], c.get("attempt", 1), now - float(c["pulled_ago"]))
                                       for c in d.get("checkpoint_pulls", []))),
+        rungs=tuple(RungValue(r["run_id"], float(r["rung"]), float(r["value"])) for r in d.get("rungs", [])),
         in_flight=tuple(
             InFlight(
                 run_id=f["run_id"],
