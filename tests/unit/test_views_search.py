@@ -21,6 +21,7 @@ from reconciler.model import (
     AttemptRecord,
     Distribution,
     MetricGoal,
+    OverheadRecord,
     Search,
     SearchMethod,
     SearchParam,
@@ -203,3 +204,18 @@ def test_the_search_repo_ranks_and_bands_its_configurations(tmp_path: Path) -> N
     assert len(figures) == 4  # four configurations with a curve; one band each, whatever its seeds
     assert all(f.count("<polygon") == 1 and f.count("<polyline") == 1 for f in figures)
     assert "a1, a2" in curves and "mean of 2 seed(s), min to max" in curves
+
+
+def test_a_stopped_attempt_has_its_own_segment_on_its_box_s_lane() -> None:
+    from reconciler.views.svg import timeline_chart
+    from reconciler.views.timeline import build_timeline
+
+    t0 = 1_800_000_000.0
+    recs = [replace(rec("c1", 1e-5, 1, phase=STOP, best=50.0), instance_id=4, started_at=t0, ended_at=t0 + 60),
+            replace(rec("a1", 1e-3, 1, best=700.0), instance_id=4, started_at=t0 + 60, ended_at=t0 + 200)]
+    box = OverheadRecord(instance_id=4, billed_usd=0.1, attempts_usd=0.05, cost_usd=0.05, dph=0.2, started_at=t0 - 30,
+                         ended_at=t0 + 300)
+    tl = build_timeline(recs, [box], {}, {}, t0 + 300)
+    assert [s.kind for s in tl.lanes[0].segments if s.kind in ("stopped_early", "succeeded")] == [
+        "stopped_early", "succeeded"]
+    assert 'class="seg seg-stopped_early"' in timeline_chart(tl)
