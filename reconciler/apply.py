@@ -390,7 +390,7 @@ def _harvest(
     sweep = spec.sweep if spec else None
     metrics = [spec.sweep.metrics_file] if spec and not spec.sweep.metrics_file.startswith("/") else []
     patterns = [*metrics, *(sweep.artifacts if sweep else ())]
-    if sweep is not None and sweep.checkpoint is not None and rec.phase is not AttemptOutcome.SUCCEEDED:
+    if sweep is not None and sweep.checkpoint is not None and rec.phase.uses_a_retry:
         _pull_checkpoint(ctx, result, box, rec.run_id, rec.attempt, sweep.checkpoint.path)  # what a retry resumes
     try:
         got = _bring_home(ctx, box, rec, patterns, read_back=[*READ_BACK, *metrics])

@@ -50,8 +50,9 @@ from reconciler.fleet import (
 from reconciler.jobenv import ControllerEnv
 from reconciler.loop import CycleResult, Reconciler, SystemClock
 from reconciler.model import CONTROLLER_INTERVAL_S, Desired
-from reconciler.observed.codec import LEASE, OBSERVED_DIR, RENDERED, STATUS, load_yaml
+from reconciler.observed.codec import LEASE, OBSERVED_DIR, RENDERED, STATUS, SUGGESTIONS, load_yaml
 from reconciler.observed.documents import ReconcilerStatus, status_only
+from reconciler.observed.suggestions import merge_recorded, read_suggestions
 from reconciler.observed.summary import describe_change
 from reconciler.observed.tree import read_observed
 from reconciler.storeconfig import StoreConfig
@@ -278,6 +279,8 @@ class FleetDaemon:
                 return self._commit_status_only(desired_commit, desired_errors, started)
             desired = self.last_valid
         rec = self._reconciler_for(desired)
+        # what another controller recorded while this one stood by (observed/suggestions.yaml) is used, never redone
+        rec.suggestions = merge_recorded(rec.suggestions, read_suggestions(self.repo_dir))
         result = rec.cycle(desired)
         applied = result.applied
         if applied is not None and applied.lease_lost is not None:
@@ -332,7 +335,7 @@ class FleetDaemon:
 
     def _committed_observed(self) -> dict[str, str]:
         """The observed documents as HEAD has them: what this cycle's change is measured against."""
-        blobs = self.git.files_at("HEAD", OBSERVED_DIR + "/", only={*RENDERED, LEASE})
+        blobs = self.git.files_at("HEAD", OBSERVED_DIR + "/", only={*RENDERED, LEASE, SUGGESTIONS})
         return {path: blob.decode("utf-8", "replace") for path, blob in blobs.items()}
 
     def _last_valid_from_status(self) -> Desired | None:

@@ -193,6 +193,7 @@ def open_fleet(
     from reconciler.adapters.s3store import open_store
     from reconciler.loop import DESTROY_LATENCY_S, Reconciler, SystemClock
     from reconciler.observed.memory import read_fleet_memory
+    from reconciler.observed.suggestions import read_suggestions
 
     checkout = Path(checkout)
     git = git if git is not None else open_git(checkout)
@@ -220,6 +221,7 @@ def open_fleet(
         destroy_latency_s=DESTROY_LATENCY_S if destroy_latency_s is None else destroy_latency_s,
         store=open_store(store, fleet.name, data_dir),
         controller_env=controller_env if controller_env is not None else ControllerEnv(os.environ),
+        suggestions=read_suggestions(checkout),
     )
 
 
@@ -227,10 +229,12 @@ def render_cycle(
     rec: Reconciler, desired: Desired, observed: Observed, plan: Plan, status: ReconcilerStatus, checkout: Path
 ) -> tuple[dict[str, str], dict[str, str]]:
     """(the observed files as they are in the checkout now, the ones this cycle renders), keyed by path."""
+    from reconciler.observed.codec import SUGGESTIONS
     from reconciler.observed.documents import render_observed
     from reconciler.observed.tree import read_observed
     from reconciler.views.status_md import STATUS_MD, read_status_md, render_status_md
 
+    desired = rec.with_suggestions(desired)
     previous = read_observed(checkout)
     rendered = render_observed(
         desired=desired,
@@ -242,6 +246,10 @@ def render_cycle(
     )
     # each settled attempt's learning curve (reconciler/curves.py), written once beside the documents
     rendered.update(rec.take_curves())
+    # the bayes searches' configurations made (reconciler/observed/suggestions.py), once there are any
+    suggestions = rec.suggestions_file()
+    if suggestions is not None:
+        rendered[SUGGESTIONS] = suggestions
     # the page for people (reconciler/views/)
     rendered[STATUS_MD] = render_status_md(rendered, rec.history, desired, rec.overheads)
     previous.update(read_status_md(checkout))

@@ -141,7 +141,9 @@ def note_cycle(
         elif isinstance(action, Launch) and ok:
             failures = 0  # a box took work: the run of failures is over
     for rec in archived:
-        book.add(rec.machine_id, _ATTEMPT_COUNTERS[rec.phase])
+        counter = _ATTEMPT_COUNTERS.get(rec.phase)
+        if counter is not None:  # an attempt stopped early by its sweep's search says nothing of its host
+            book.add(rec.machine_id, counter)
     after = HostLedger(
         hosts=tuple(book.hosts[m] for m in sorted(book.hosts)),
         ghosts=tuple(ghosts[o] for o in sorted(ghosts)),

@@ -28,6 +28,7 @@ from reconciler.model import (
     OverheadRecord,
 )
 from reconciler.observe import PROBE_TIMEOUT_S, observe
+from reconciler.observed.suggestions import Suggestion, advance, render_suggestions, suggested_runs
 from reconciler.plan import plan
 from reconciler.plan.common import fmt_duration
 from reconciler.ports import BoxControl, Fence, LaunchJournal, Provider, ResultStore, RunArchive, Shell, no_fence
@@ -81,6 +82,8 @@ class Reconciler:
     controller_env: ControllerEnv = field(default_factory=lambda: ControllerEnv(os.environ))
     store: ResultStore | None = None  # the local result store harvests go to (None: nothing is harvested)
     pending_curves: dict[str, str] = field(default_factory=dict)  # observed/curves/ files for the next write
+    # the bayes searches' configurations made, as observed/suggestions.yaml records them (read back at start)
+    suggestions: dict[str, tuple[Suggestion, ...]] = field(default_factory=dict)
     _walls_s: list[float] = field(default_factory=list)  # how long the last cycles took (at most RECENT_CYCLES)
     _history: list[AttemptRecord] | None = None
     _overheads: list[OverheadRecord] | None = None  # the archive's overhead lines (the views' ops tax)
@@ -108,7 +111,20 @@ class Reconciler:
             self._overheads = list(self.archive.overheads())
         return tuple(self._overheads)
 
+    def with_suggestions(self, desired: Desired) -> Desired:
+        """``desired`` with the runs of its bayes searches' recorded batches, after recording the next batch of each
+        search whose configurations made are all finished in the archive (``observed.suggestions.advance``). The
+        same archive gives the same record, so calling it again in one cycle adds nothing; plan() sees only runs."""
+        if any(s.search is not None for s in desired.sweeps):
+            self.suggestions = advance(desired, self.suggestions, self.history)
+        return suggested_runs(desired, self.suggestions)
+
+    def suggestions_file(self) -> str | None:
+        """observed/suggestions.yaml as recorded now (None: no bayes search has made anything)."""
+        return render_suggestions(self.suggestions)
+
     def observe_and_plan(self, desired: Desired) -> tuple[Observed, Plan, FleetMemory]:
+        desired = self.with_suggestions(desired)
         self._applied = None  # a new cycle: what the last apply did is in the world's lists now
         now = self.clock.now()
         observed, _ = observe(desired, self.provider, self.boxes, self.history, self.memory, now, epoch=self.epoch())
@@ -170,6 +186,7 @@ class Reconciler:
 
     def cycle(self, desired: Desired, *, act: bool = True) -> CycleResult:
         started = self.clock.now()
+        desired = self.with_suggestions(desired)
         observed, the_plan, memory = self.observe_and_plan(desired)
         applied = None
         if act:
@@ -189,6 +206,7 @@ class Reconciler:
         return world_after_apply(observed, self.memory, self._applied, self.history, self.clock.now())
 
     def apply(self, desired: Desired, observed: Observed, the_plan: Plan, memory: FleetMemory) -> ApplyResult:
+        desired = suggested_runs(desired, self.suggestions)  # the plan's launches of suggested runs find their spec
         ctx = ApplyContext(
             provider=self.provider,
             boxes=self.boxes,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from reconciler.actions import SIGNS, Kind, Plan, SweepEstimate
 from reconciler.jobenv import held_back
 from reconciler.model import Desired, Observed, owns
 from reconciler.runphase import count_phases, is_unfinished, live_progress, run_phases
+from reconciler.suggest import SearchBound
 
 VERBS = {
     Kind.RENT: "to rent",
@@ -24,7 +26,8 @@ VERBS = {
 }
 
 
-def plan_text(plan: Plan, *, show_noops: bool = False) -> str:
+def plan_text(plan: Plan, *, show_noops: bool = False, searches: Sequence[SearchBound] = ()) -> str:
+    """The plan for people; ``searches``: what each bayes search may still start (``suggest.search_bounds``)."""
     lines: list[str] = []
     if plan.suspended:
         lines.append("fleet is suspended: observing and reporting only")
@@ -36,6 +39,8 @@ def plan_text(plan: Plan, *, show_noops: bool = False) -> str:
             lines.append(f"    {'noop':<10} {n.target:<{width}}  {n.reason}")
     for e in plan.estimates:
         lines.append("  " + estimate_line(e))
+    for b in searches:
+        lines.append("  " + search_line(b.sweep, b.runs, b.usd_high))
     for w in plan.warnings:
         lines.append(f"  warning: {w}")
     counts = plan.counts()
@@ -56,6 +61,11 @@ def _money(x: float | None) -> str:
 
 def _hours(h: float) -> str:
     return f"{h * 60:.0f}m" if h < 1 else f"{h:.1f}h"
+
+
+def search_line(sweep: str, runs: int, usd_high: float | None) -> str:
+    """``search tune: the search may still start 8 runs, at most $1.20`` (``suggest.SearchBound``, as JSON too)."""
+    return f"search {sweep}: the search may still start {runs} run(s), at most {_money(usd_high)}"
 
 
 def estimate_line(e: SweepEstimate) -> str:

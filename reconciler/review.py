@@ -31,7 +31,8 @@ from reconciler.plan.common import usd
 from reconciler.plan.estimate import Place, estimate, totals
 from reconciler.plan.money import purse, sweep_runtimes
 from reconciler.plan.world import index_world
-from reconciler.render import estimate_line
+from reconciler.render import estimate_line, search_line
+from reconciler.suggest import search_bounds
 from reconciler.textsafe import md_fenced, md_inline, visible
 
 FORMAT_VERSION = 1
@@ -266,7 +267,13 @@ def _estimate(
             "fits": fits,
         },
         "warnings": warnings,
+        # what each bayes search may still start beyond these runs, and its price at most (one home: suggest.py)
+        "search": [b.to_json() for b in search_bounds(desired.sweeps, desired.runs, estimates)],
     }
+
+
+def _search_lines(e: Mapping[str, Any]) -> list[str]:
+    return [search_line(b["sweep"], b["runs"], b["usd_high"]) for b in e.get("search") or []]
 
 
 def _secrets_said(doc: Mapping[str, Any]) -> str | None:
@@ -384,6 +391,7 @@ def markdown(doc: Mapping[str, Any]) -> str:
     e = doc["estimate"]
     if e is not None and e["runs"]:
         lines = [estimate_line(SweepEstimate.from_json(s)) for s in e["sweeps"][:MAX_LISTED]]
+        lines += _search_lines(e)
         lines.append(f"prices from: {e['price_source']}" + (" (an upper bound)" if e["upper_bound"] else ""))
         if e["budget"]["tightest"]:
             lines.append(f"budget: {e['budget']['tightest']}")
@@ -425,6 +433,7 @@ def text(doc: Mapping[str, Any]) -> str:
     e = doc["estimate"]
     if e is not None and e["runs"]:
         lines += [estimate_line(SweepEstimate.from_json(s)) for s in e["sweeps"]]
+        lines += _search_lines(e)
         lines.append(f"prices from: {e['price_source']}" + (" (an upper bound)" if e["upper_bound"] else ""))
         lines += [f"warning: {w}" for w in e["warnings"]]
     lines += [f"+ {_run_line(r)}" for r in doc["added"]]

@@ -206,6 +206,7 @@ def observe_once(
     desired, dirty = load_live_desired(repo, allow_dirty=allow_dirty, what="plan")
     rec = open_reconciler(repo, desired, args.state_dir, api_url)
     try:
+        desired = rec.with_suggestions(desired)  # the bayes searches' recorded batches are runs too
         observed, the_plan, _ = rec.observe_and_plan(desired)
     finally:
         rec.shell.close()

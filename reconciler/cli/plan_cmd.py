@@ -11,6 +11,7 @@ from reconciler.actions import Plan
 from reconciler.cli._common import add_allow_dirty_arg, add_live_args, dirty_banner, observe_once
 from reconciler.errors import UserError
 from reconciler.render import plan_text
+from reconciler.suggest import SearchBound, search_bounds
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,19 +24,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(handler=run)
 
 
-def plan_doc(args: argparse.Namespace) -> tuple[Plan, dict[str, Any], list[str]]:
-    """The plan of one live observation, its JSON (schemas/plan.schema.json; ``rigsync mcp``'s ``plan`` too) and the
+def plan_doc(args: argparse.Namespace) -> tuple[Plan, dict[str, Any], list[str], list[SearchBound]]:
+    """The plan of one live observation, its JSON (schemas/plan.schema.json; ``rigsync mcp``'s ``plan`` too), the
     uncommitted files it rests on (``--allow-dirty``; a caller without that flag, such as the read-only MCP tool,
-    plans a dirty tree and says so in ``dirty``)."""
-    _, _, the_plan, dirty = observe_once(args, allow_dirty=getattr(args, "allow_dirty", True))
+    plans a dirty tree and says so in ``dirty``) and what each bayes search may still start."""
+    desired, _, the_plan, dirty = observe_once(args, allow_dirty=getattr(args, "allow_dirty", True))
     doc = the_plan.to_json()
     if dirty:
         doc["dirty"] = dirty
-    return the_plan, doc, dirty
+    return the_plan, doc, dirty, search_bounds(desired.sweeps, desired.runs, the_plan.estimates)
 
 
 def run(args: argparse.Namespace) -> int:
-    the_plan, doc, dirty = plan_doc(args)
+    the_plan, doc, dirty, searches = plan_doc(args)
     if args.out:
         try:
             Path(args.out).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -46,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         if dirty:
             print(dirty_banner(dirty))
-        print(plan_text(the_plan, show_noops=args.noops))
+        print(plan_text(the_plan, show_noops=args.noops, searches=searches))
     if args.detailed_exitcode:
         return 2 if the_plan.changes else 0
     return 0

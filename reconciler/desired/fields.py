@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -21,6 +22,9 @@ from reconciler.model import (
     DEFAULT_POOL,
     Budget,
     Checkpoint,
+    Distribution,
+    EarlyTerminate,
+    EarlyTerminateType,
     Fleet,
     MetricGoal,
     OfferFilters,
@@ -30,6 +34,9 @@ from reconciler.model import (
     Progress,
     PromotionRule,
     Ranking,
+    Search,
+    SearchMethod,
+    SearchParam,
     Sweep,
 )
 
@@ -87,6 +94,39 @@ def _checkpoint(data: Any) -> Checkpoint | None:
 
 def _filters(offers: Any) -> OfferFilters:
     return build(OfferFilters, offers)
+
+
+def param_distribution(spec: Mapping[str, Any]) -> Distribution:
+    """A search parameter's distribution: as written, else categorical for ``values``, else int_uniform when min
+    and max are both integers, else uniform (W&B's inference)."""
+    if "distribution" in spec:
+        return Distribution(spec["distribution"])
+    if "values" in spec:
+        return Distribution.CATEGORICAL
+    whole = all(isinstance(spec.get(k), int) and not isinstance(spec.get(k), bool) for k in ("min", "max"))
+    return Distribution.INT_UNIFORM if whole else Distribution.UNIFORM
+
+
+def _search_params(value: Any) -> tuple[SearchParam, ...]:
+    return tuple(
+        build(SearchParam, spec, name=str(name), distribution=param_distribution(spec)) for name, spec in value.items()
+    )
+
+
+def grid_size(search: Mapping[str, Any]) -> int:
+    """How many combinations a grid search's parameters have (each has ``values``: the checks say so)."""
+    return math.prod(len(spec.get("values", ())) for spec in search["parameters"].values())
+
+
+def _search(value: Any) -> Search:
+    """A sweep's ``search:``; a grid search without run_cap runs every combination."""
+    if "run_cap" not in value and value["method"] == SearchMethod.GRID:
+        return build(Search, value, run_cap=grid_size(value))
+    return build(Search, value)
+
+
+def _early_terminate(value: Any) -> EarlyTerminate:
+    return build(EarlyTerminate, value)
 
 
 @dataclass(frozen=True)
@@ -218,6 +258,33 @@ ROWS: tuple[Row, ...] = (
         ("stall_gpu_util", "stall_gpu_util_pct", float),
         ("pool", "pool", str),
         ("progress", "progress", lambda value: Progress(str(value["key"]), float(value["total"]))),
+        ("search", "search", _search),
+        ("early_terminate", "early_terminate", _early_terminate),
+    ),
+    *_rows(
+        Search,
+        ("method", "method", SearchMethod),
+        ("metric.key", "metric_key", str),
+        ("metric.goal", "metric_goal", MetricGoal),
+        ("parameters", "parameters", _search_params),
+        ("run_cap", "run_cap", int),
+        ("batch", "batch", int),
+        ("seed", "seed", int),
+    ),
+    # one entry of search.parameters (its name and distribution are given: see ``_search_params``)
+    *_rows(
+        SearchParam,
+        ("values", "values", tuple),
+        ("min", "min", float),
+        ("max", "max", float),
+        ("q", "q", float),
+    ),
+    *_rows(
+        EarlyTerminate,
+        ("type", "type", EarlyTerminateType),
+        ("min_iter", "min_iter", float),
+        ("eta", "eta", float),
+        ("max_iter", "max_iter", float),
     ),
 )
 

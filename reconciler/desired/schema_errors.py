@@ -73,6 +73,7 @@ STORE_WHY = (
 
 _WHY_REQUIRED = {
     ("budget", "max_total_usd"): "a budget must cap total spend; without it rigsync could spend without bound",
+    ("sweep", "metric"): "a search needs its objective, {key, goal}; the sweep's metrics.key is not taken for it",
 }
 
 

@@ -11,14 +11,22 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from reconciler import jobenv
-from reconciler.desired.fields import duration_or, field_default, format_duration, parse_duration
+from reconciler.desired.fields import (
+    duration_or,
+    field_default,
+    format_duration,
+    grid_size,
+    param_distribution,
+    parse_duration,
+)
 from reconciler.desired.load_error import LoadError
 from reconciler.desired.strict_yaml import VALUE_CONTROL_RE, Doc, character_name
 from reconciler.desired.tree import FLEET_FILE, safe_relative
 from reconciler.errors import TemplateProblem
 from reconciler.expand import RUN_VARIABLES, parameter_name_problem, template_variables
-from reconciler.model import DEFAULT_POOL, Sweep
+from reconciler.model import DEFAULT_POOL, Distribution, SearchMethod, SearchParam, Sweep
 from reconciler.offers import most_gpu_ram_gib
+from reconciler.search import LOGARITHMIC, QUANTIZED, quantum_bounds
 
 MAX_RUNS_PER_SWEEP = 10_000
 
@@ -27,16 +35,18 @@ def sweep_checks(doc: Doc, fleet_data: Mapping[str, Any] | None, repo_paths: Con
     data = doc.data
     errors: list[LoadError] = []
     grid: Mapping[str, Any] = data.get("grid", {})
-    for key in grid:
+    searched: Mapping[str, Any] = data.get("search", {}).get("parameters", {})
+    # where each parameter is written, and what it is called there
+    parameters: list[tuple[tuple[str, ...], str, str]] = [(("grid", key), "grid", key) for key in grid]
+    parameters += [(("search", "parameters", key), "search", key) for key in searched]
+    for where, kind, key in parameters:
         if key in RUN_VARIABLES:
             errors.append(
-                doc.error(
-                    ("grid", key), f"grid parameter '{key}' clashes with the run variable of that name", at_key=True
-                )
+                doc.error(where, f"{kind} parameter '{key}' clashes with the run variable of that name", at_key=True)
             )
         elif (reserved := parameter_name_problem(key)) is not None:
             errors.append(
-                doc.error(("grid", key), f"grid parameter '{key}' cannot be used in a command: {reserved}", at_key=True)
+                doc.error(where, f"{kind} parameter '{key}' cannot be used in a command: {reserved}", at_key=True)
             )
     if not data["command"].strip():
         errors.append(doc.error(("command",), "command is blank: it would run nothing"))
@@ -58,24 +68,26 @@ def sweep_checks(doc: Doc, fleet_data: Mapping[str, Any] | None, repo_paths: Con
     except TemplateProblem as exc:
         errors.append(doc.error(("command",), str(exc)))
         used = []
-    known = set(grid) | RUN_VARIABLES
+    known = set(grid) | set(searched) | RUN_VARIABLES
     for name in used:
         if name not in known:
             hint = difflib.get_close_matches(name, sorted(known), n=1)
-            message = f"template variable '{name}' is neither a grid parameter nor a run variable"
+            kind = "search" if searched else "grid"
+            message = f"template variable '{name}' is neither a {kind} parameter nor a run variable"
             message += (
                 f"; did you mean '{hint[0]}'?" if hint else f" (run variables: {', '.join(sorted(RUN_VARIABLES))})"
             )
             errors.append(doc.error(("command",), message))
-    for key in grid:
+    for where, kind, key in parameters:
         if key not in used:
             errors.append(
                 doc.error(
-                    ("grid", key),
-                    f"grid parameter '{key}' is not used in the command, so its cells would run the same command",
+                    where,
+                    f"{kind} parameter '{key}' is not used in the command, so its cells would run the same command",
                     at_key=True,
                 )
             )
+    errors += _search_checks(doc) + _early_terminate_checks(doc)
     longest = duration_or(data, "max_runtime", field_default(Sweep, "max_runtime"))
     if longest <= 0:
         errors.append(doc.error(("max_runtime",), "max_runtime must be longer than 0s: every run would be killed"))
@@ -141,12 +153,15 @@ def sweep_checks(doc: Doc, fleet_data: Mapping[str, Any] | None, repo_paths: Con
                 doc.error(("promotion", i, "threshold"), f"threshold {rule['threshold']} repeats rule {seen[t]}")
             )
         seen.setdefault(t, i)
-    cells = math.prod(len(v) for v in grid.values())
+    if "search" in data:
+        cells = data["search"].get("run_cap") or grid_size(data["search"])
+    else:
+        cells = math.prod(len(v) for v in grid.values())
     total = cells * (len(data["seeds"]) + max((int(r["add_seeds"]) for r in promotion), default=0))
     if total > MAX_RUNS_PER_SWEEP:
         errors.append(
             doc.error(
-                ("grid",) if grid else ("seeds",),
+                ("search",) if "search" in data else ("grid",) if grid else ("seeds",),
                 f"sweep expands to {total} runs (with promotion seeds); the limit is {MAX_RUNS_PER_SWEEP}",
             )
         )
@@ -222,6 +237,136 @@ def _env_checks(doc: Doc) -> list[LoadError]:
                 ("command",),
                 f"the command expands ${expanded} itself, which puts the value into the job's command line (seen "
                 f"by every user of the box in `ps`); read {expanded} from the environment in the program instead",
+            )
+        )
+    return errors
+
+
+def _search_checks(doc: Doc) -> list[LoadError]:
+    """A ``search:`` block beyond the schema: each parameter's values or range, and what its method needs."""
+    data = doc.data
+    search: Mapping[str, Any] | None = data.get("search")
+    if search is None:
+        return []
+    errors: list[LoadError] = []
+    method = SearchMethod(search["method"])
+    if data.get("grid"):
+        errors.append(
+            doc.error(
+                ("grid",),
+                "grid: and search: are both given: write the grid as a search with method grid "
+                "(parameters with values), or drop search:",
+                at_key=True,
+            )
+        )
+    if "run_cap" not in search and method is not SearchMethod.GRID:
+        errors.append(
+            doc.error(("search", "method"), f"a {method} search needs run_cap: it bounds the configurations it runs")
+        )
+    if "batch" in search and method is not SearchMethod.BAYES:
+        errors.append(
+            doc.error(
+                ("search", "batch"),
+                f"batch is for method bayes; a {method} search knows every configuration up front",
+                at_key=True,
+            )
+        )
+    for name, spec in search["parameters"].items():
+        errors += _param_checks(doc, ("search", "parameters", name), name, spec, method)
+    return errors
+
+
+def _param_checks(
+    doc: Doc, where: tuple[str, ...], name: str, spec: Mapping[str, Any], method: SearchMethod
+) -> list[LoadError]:
+    distribution = param_distribution(spec)
+    ranged = [k for k in ("min", "max", "q") if k in spec]
+    if distribution is Distribution.CATEGORICAL:
+        if "values" not in spec:
+            return [doc.error(where, f"parameter '{name}' is categorical but has no values", at_key=True)]
+        if ranged:
+            return [
+                doc.error(
+                    (*where, ranged[0]), f"parameter '{name}' has values, so it takes no {ranged[0]}", at_key=True
+                )
+            ]
+        return []
+    if method is SearchMethod.GRID:
+        return [
+            doc.error(
+                where,
+                f"parameter '{name}' is a range ({distribution}) but a grid search enumerates "
+                "values only: give it values, or use method random or bayes",
+                at_key=True,
+            )
+        ]
+    if "values" in spec:
+        return [
+            doc.error(
+                (*where, "values"), f"parameter '{name}' is {distribution}: a range (min, max), not values", at_key=True
+            )
+        ]
+    missing = [k for k in ("min", "max") if k not in spec]
+    if missing:
+        return [doc.error(where, f"parameter '{name}' ({distribution}) needs {' and '.join(missing)}", at_key=True)]
+    low, high = spec["min"], spec["max"]
+    if low > high:
+        return [doc.error((*where, "min"), f"parameter '{name}': min {low} is above max {high}")]
+    if low == high:
+        return [
+            doc.error(
+                (*where, "min"),
+                f"parameter '{name}': the range is empty (min equals max {high}); a constant belongs in the command",
+            )
+        ]
+    if distribution in LOGARITHMIC and low <= 0:
+        return [
+            doc.error(
+                (*where, "min"),
+                f"parameter '{name}' is {distribution}, so min must be above 0 (the log of {low} is not defined)",
+            )
+        ]
+    if distribution is Distribution.INT_UNIFORM and math.ceil(low) > math.floor(high):
+        return [doc.error((*where, "min"), f"parameter '{name}': no integer lies in [{low}, {high}]")]
+    if distribution in QUANTIZED:
+        if "q" not in spec:
+            return [doc.error(where, f"parameter '{name}' is {distribution} and needs q (the quantum)", at_key=True)]
+        param = SearchParam(name, distribution, min=float(low), max=float(high), q=float(spec["q"]))
+        k_lo, k_hi = quantum_bounds(param)
+        if k_lo > k_hi:
+            return [
+                doc.error((*where, "q"), f"parameter '{name}': no multiple of q {spec['q']} lies in [{low}, {high}]")
+            ]
+    elif "q" in spec:
+        return [
+            doc.error(
+                (*where, "q"),
+                f"parameter '{name}' is {distribution}: q is for q_uniform and q_log_uniform",
+                at_key=True,
+            )
+        ]
+    return []
+
+
+def _early_terminate_checks(doc: Doc) -> list[LoadError]:
+    """``early_terminate:`` beyond the schema: it is measured in the sweep's progress units, its rungs in order."""
+    block: Mapping[str, Any] | None = doc.data.get("early_terminate")
+    if block is None:
+        return []
+    errors: list[LoadError] = []
+    if "progress" not in doc.data:
+        errors.append(
+            doc.error(
+                ("early_terminate",),
+                "early_terminate needs the sweep's progress: {key, total} (its rungs are measured in progress units)",
+                at_key=True,
+            )
+        )
+    if "max_iter" in block and block["max_iter"] < block["min_iter"]:
+        errors.append(
+            doc.error(
+                ("early_terminate", "max_iter"),
+                f"max_iter {block['max_iter']} is below min_iter {block['min_iter']}: there would be no rung",
             )
         )
     return errors

@@ -25,6 +25,7 @@ STATUS = f"{OBSERVED_DIR}/status.yaml"
 LEASE = f"{OBSERVED_DIR}/lease.yaml"  # the lease's old home on the branch: deleted by the next commit
 HOSTS = f"{OBSERVED_DIR}/hosts.yaml"  # the host reliability ledger (reconciler/observed/hosts.py)
 THROUGHPUT = f"{OBSERVED_DIR}/throughput.yaml"  # the sweeps' learned progress rates (reconciler/observed/throughput.py)
+SUGGESTIONS = f"{OBSERVED_DIR}/suggestions.yaml"  # a bayes search's configurations made (observed/suggestions.py)
 RUNS_DIR = f"{OBSERVED_DIR}/runs"  # the run archive's month shards
 RENDERED = (BUDGET, DRIFT, FLEET, HOSTS, RUNS, STATUS, THROUGHPUT)  # what a cycle renders
 

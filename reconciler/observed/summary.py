@@ -25,7 +25,7 @@ from typing import Any
 
 from reconciler.jobenv import held_back
 from reconciler.model import AttemptOutcome, AttemptRecord, OverheadRecord
-from reconciler.observed.codec import DRIFT, FLEET, HOSTS, RUNS, STATUS, load_mapping_quietly
+from reconciler.observed.codec import DRIFT, FLEET, HOSTS, RUNS, STATUS, SUGGESTIONS, load_mapping_quietly
 
 _MAX_LISTED = 4  # boxes or attempts named one by one in a message; the rest are counted
 
@@ -119,6 +119,28 @@ def _sweep_parts(
     return parts
 
 
+def _made(doc: Mapping[str, Any]) -> dict[str, list[Mapping[str, Any]]]:
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for entry in doc.get("sweeps") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("sweep"), str):
+            out[entry["sweep"]] = [c for c in entry.get("configurations") or [] if isinstance(c, dict)]
+    return out
+
+
+def _suggested_parts(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """A search's configurations newly recorded in observed/suggestions.yaml, per sweep."""
+    before, parts = _made(old), []
+    for sweep, configs in sorted(_made(new).items()):
+        fresh = configs[len(before.get(sweep, [])):]
+        if fresh:
+            batches = sorted({str(c.get("batch")) for c in fresh})
+            parts.append(
+                f"{sweep}: suggested {_plural(len(fresh), 'configuration', 'configurations')}"
+                f" (batch {', '.join(batches)})"
+            )
+    return parts
+
+
 def describe_change(
     old: Mapping[str, str],
     new: Mapping[str, str | None],
@@ -184,6 +206,8 @@ def describe_change(
     foreign_before, foreign_after = set(_boxes(of, "foreign")), set(_boxes(nf, "foreign"))
     if foreign_before != foreign_after:
         parts.append(f"foreign instances {len(foreign_before)}→{len(foreign_after)}")
+    if new.get(SUGGESTIONS) is not None and new.get(SUGGESTIONS) != old.get(SUGGESTIONS):
+        parts += _suggested_parts(load_mapping_quietly(old.get(SUGGESTIONS)), load_mapping_quietly(new[SUGGESTIONS]))
     if not parts and archive_pending:
         parts.append("archive lines of an earlier cycle")
     if not parts and not old and any(v is not None for v in new.values()):

@@ -53,6 +53,7 @@ OBSERVED_SCHEMAS = {
     "observed/budget.yaml": "observed-budget",
     "observed/status.yaml": "observed-status",
     "observed/hosts.yaml": "observed-hosts",
+    "observed/suggestions.yaml": "observed-suggestions",
 }
 LEASE_REF = "refs/heads/rigsync/lease/main"
 

@@ -16,7 +16,7 @@ import pytest
 
 from reconciler.desired import schema_path
 from reconciler.desired.fields import POOL_INHERITS, ROWS, Row
-from reconciler.model import Budget, Fleet, OfferFilters, OwnHost, Pool, Sweep
+from reconciler.model import Budget, EarlyTerminate, Fleet, OfferFilters, OwnHost, Pool, Search, Sweep
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "desired" / "README.md"
@@ -30,7 +30,7 @@ WHERE: dict[str, dict[tuple[str, ...], tuple[type, ...]]] = {
         ("pools", "[]", "hosts", "[]"): (OwnHost,),
     },
     "budget": {(): (Budget,)},
-    "sweep": {(): (Sweep,)},
+    "sweep": {(): (Sweep,), ("search",): (Search,), ("early_terminate",): (EarlyTerminate,)},
 }
 
 

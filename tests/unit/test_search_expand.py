@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reconciler import search
+from reconciler.desired import load_desired, read_desired_files
 from reconciler.expand import cell_id, count_runs, expand_configurations, expand_sweep, run_id
 from reconciler.model import (
     Distribution,
+    EarlyTerminate,
+    EarlyTerminateType,
     MetricGoal,
     PromotionRule,
     Search,
@@ -210,3 +218,102 @@ def test_a_quantized_value_is_a_multiple_of_q_inside_the_range(raw: float, lo: f
 def test_many_random_draws_cover_every_category() -> None:
     configs = search.configurations(a_search(run_cap=40, seed=3))
     assert {dict(c)["task"] for c in configs} == {"walker-walk", "cheetah-run"}
+
+
+# ------------------------------------------------------------------------------ loaded from desired/, listed, priced
+
+REPO = Path(__file__).resolve().parents[2]
+RIGSYNC = Path(sys.executable).parent / "rigsync"
+TUNE = """name: tune
+command: >-
+  {{ python }} experiments/train.py --task {{ task }} --lr {{ lr }} --seed {{ seed }}
+  --out {{ run_dir }}/metrics.jsonl
+seeds: [1, 2]
+code: [experiments]
+expected_runtime: 10m
+progress: {key: step, total: 20000}
+metrics: {key: episode_reward, goal: max}
+search:
+  method: random
+  metric: {key: episode_reward, goal: max}
+  run_cap: 3
+  seed: 11
+  parameters:
+    lr: {distribution: log_uniform, min: 1.0e-4, max: 1.0e-2}
+    task: {values: [walker-walk, cheetah-run]}
+early_terminate: {type: asha, min_iter: 2000, eta: 3}
+"""
+
+
+def _desired_with(extra: dict[str, str]) -> dict[str, bytes]:
+    files = read_desired_files(REPO)
+    files.update({k: v.encode() for k, v in extra.items()})
+    return files
+
+
+def test_a_search_sweep_loads_into_the_model_and_expands() -> None:
+    desired = load_desired(_desired_with({"desired/sweeps/tune.yaml": TUNE}))
+    [tune] = [s for s in desired.sweeps if s.name == "tune"]
+    assert tune.search == Search(
+        method=SearchMethod.RANDOM,
+        metric_key="episode_reward",
+        metric_goal=MetricGoal.MAX,
+        parameters=(
+            SearchParam("lr", Distribution.LOG_UNIFORM, min=1e-4, max=1e-2),
+            SearchParam("task", Distribution.CATEGORICAL, values=("walker-walk", "cheetah-run")),
+        ),
+        run_cap=3,
+        seed=11,
+    )
+    assert tune.early_terminate == EarlyTerminate(EarlyTerminateType.ASHA, min_iter=2000.0, eta=3.0)
+    runs = [r for r in desired.runs if r.sweep.name == "tune"]
+    assert [r.trial for r in runs] == [0, 0, 1, 1, 2, 2]
+    assert runs == expand_configurations(tune, search.configurations(tune.search), 0)
+
+
+def test_a_grid_search_without_run_cap_runs_every_combination_and_ranges_are_inferred() -> None:
+    text = TUNE.replace("method: random", "method: grid").replace("  run_cap: 3\n", "").replace(
+        "lr: {distribution: log_uniform, min: 1.0e-4, max: 1.0e-2}", "lr: {values: [0.001, 0.01, 0.1]}"
+    )
+    desired = load_desired(_desired_with({"desired/sweeps/tune.yaml": text}))
+    [tune] = [s for s in desired.sweeps if s.name == "tune"]
+    assert tune.search is not None and tune.search.run_cap == 6
+    assert len([r for r in desired.runs if r.sweep.name == "tune"]) == 12
+    inferred = TUNE.replace("{distribution: log_uniform, min: 1.0e-4, max: 1.0e-2}", "{min: 1, max: 4}")
+    [tune] = [s for s in load_desired(_desired_with({"desired/sweeps/tune.yaml": inferred})).sweeps if s.name == "tune"]
+    assert tune.search is not None and tune.search.parameters[0].distribution is Distribution.INT_UNIFORM
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+def _rigsync(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([str(RIGSYNC), *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_rigsync_runs_lists_a_search_sweeps_runs_and_review_prices_them(tmp_path: Path) -> None:
+    repo = tmp_path / "fleet"
+    for d in ("desired", "experiments"):
+        shutil.copytree(REPO / d, repo / d, ignore=shutil.ignore_patterns("__pycache__"))
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "base")
+    _git(repo, "checkout", "-q", "-b", "tune")
+    (repo / "desired" / "sweeps" / "tune.yaml").write_text(TUNE)
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-qm", "a random search")
+    listed = [r for r in json.loads(_rigsync("runs", "--json", cwd=repo).stdout) if r["sweep"] == "tune"]
+    [tune] = [s for s in load_desired(read_desired_files(repo)).sweeps if s.name == "tune"]
+    expected = expand_sweep(tune)
+    assert [r["id"] for r in listed] == [s.id for s in expected]
+    assert [tuple(r["params"].items()) for r in listed] == [s.params for s in expected]
+    assert len(listed) == 6 and len({s.cell for s in expected}) == 3
+    doc = json.loads(_rigsync("review", "--base", "main", "--head", "tune", "--json", cwd=repo).stdout)
+    assert doc["totals"]["added"] == 6
+    [priced] = [s for s in doc["estimate"]["sweeps"] if s["sweep"] == "tune"]
+    assert priced["pending_runs"] == 6 and priced["usd_high"] > 0
+    assert priced["gpu_hours"] == 6 * 10 / 60  # each of the 6 runs at the sweep's expected_runtime
