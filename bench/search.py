@@ -24,7 +24,9 @@ ASHA the means over seeds. No targets: the figures are reported as they come.
 Run as root (the emulated boxes are sshd in namespaces):
 
     .venv/bin/python bench/search.py [--quick] [--seeds 1,2] [--only grid,random,bayes] [--asha both|on|off]
+        [--keep DIR]
 
+``--keep DIR`` keeps each scenario's fleet repo (``DIR/<scenario>/fleet``) for ``rigsync dashboard --repo``.
 ``--quick``: run_cap 4 and shorter runs, one seed (under 3 minutes); the default: run_cap 8 (under ~10 minutes).
 Progress goes to stderr, the JSON document to stdout.
 """
@@ -83,14 +85,20 @@ def grid_values(n: int) -> list[float]:
     return [float(f"{10 ** (lo + (hi - lo) * i / (n - 1)):.3g}") for i in range(n)]
 
 
+def yaml_number(v: float) -> str:
+    """A float as YAML 1.1 reads it as a number (``1.0e-05``, never ``1e-05``, which it takes as text)."""
+    return f"{v:.6e}"
+
+
 def sweep_yaml(method: str, asha: bool, seed: int, shape: Shape) -> str:
     total = shape.evals * 1000
     if method == "grid":
-        lr = "{values: [" + ", ".join(f"{v:g}" for v in grid_values(shape.run_cap)) + "]}"
+        lr = "{values: [" + ", ".join(yaml_number(v) for v in grid_values(shape.run_cap)) + "]}"
     else:
-        lr = f"{{distribution: log_uniform, min: {LR_MIN:g}, max: {LR_MAX:g}}}"
+        lr = f"{{distribution: log_uniform, min: {yaml_number(LR_MIN)}, max: {yaml_number(LR_MAX)}}}"
     early = (f"early_terminate: {{type: asha, min_iter: {total // 4}, eta: 2, max_iter: {total}}}\n"
              if asha else "")
+    batch = f"  batch: {shape.batch}\n" if method == "bayes" else ""
     return f"""\
 # bench/search.py: {method}{' + ASHA' if asha else ''}, seed {seed}
 name: {SWEEP}
@@ -106,8 +114,7 @@ search:
   parameters:
     lr: {lr}
   run_cap: {shape.run_cap}
-  batch: {shape.batch}
-  seed: {seed}
+{batch}  seed: {seed}
 {early}progress: {{key: step, total: {total}}}
 resources:
   gpus: 1
@@ -208,6 +215,8 @@ def main() -> int:
     ap.add_argument("--seeds", default=None, help="search and training seeds, comma-separated (default 1,2; quick 1)")
     ap.add_argument("--only", default=",".join(METHODS), help="methods, comma-separated (default all three)")
     ap.add_argument("--asha", choices=("both", "on", "off"), default="both")
+    ap.add_argument("--keep", type=Path, default=None,
+                    help="keep each scenario's fleet repo under this (new) directory: `rigsync dashboard --repo` it")
     args = ap.parse_args()
     shape = QUICK if args.quick else FULL
     seeds = [int(s) for s in (args.seeds or ("1" if args.quick else "1,2")).split(",")]
@@ -217,7 +226,8 @@ def main() -> int:
     ok = economics.acceptable()
     rows = []
     with tempfile.TemporaryDirectory(prefix="rigsync-bench-search-") as tmp_name:
-        tmp = Path(tmp_name)
+        tmp = Path(tmp_name) if args.keep is None else args.keep.resolve()
+        tmp.mkdir(parents=True, exist_ok=True)
         tmp.chmod(0o755)
         for seed in seeds:
             for method in methods:
