@@ -140,18 +140,10 @@ def run_one(method: str, asha: bool, seed: int, shape: Shape, ok: economics.Acce
     with Emulator(seed=sc.market_seed, offers=sc.offers, boot_delay=sc.boot_s) as emu:
         try:
             os.environ["VAST_API_KEY"] = emu.api_key
-            demo.make_fleet_repo(workdir, None)
-            fleet = workdir / "desired" / "fleet.yaml"
-            text = fleet.read_text()
-            for key, value in settings.items():
-                text = demo._set_key(text, key, value) if re.search(rf"^\s*#?\s*{key}:", text, re.M) \
-                    else text + f"{key}: {value}\n"
-            fleet.write_text(text)
+            economics.bench_fleet_repo(workdir, settings)
             budget = workdir / "desired" / "budget.yaml"
             budget.write_text(re.sub(r"(?m)^max_total_usd:.*$", f"max_total_usd: {MAX_TOTAL_USD:.2f}",
                                      budget.read_text()))
-            for old in (workdir / "desired" / "sweeps").glob("*.yaml"):
-                old.unlink()
             (workdir / "desired" / "sweeps" / f"{SWEEP}.yaml").write_text(sweep_yaml(method, asha, seed, shape))
             demo._git(workdir, "add", "-A")
             demo._git(workdir, "commit", "-q", "-m", f"bench: the search sweep ({name})")
@@ -245,9 +237,9 @@ def main() -> int:
         "shape": shape.__dict__, "max_total_usd": MAX_TOTAL_USD, "task": TASK, "best_lr": BEST_LR,
         "lr_range": [LR_MIN, LR_MAX], "grid_values": grid_values(shape.run_cap),
         "runs": rows, "summary": summary,
-        "host": {"cores": os.cpu_count(), "load": [round(x, 2) for x in os.getloadavg()]},
         "wall_s": round(time.monotonic() - started, 1),
     }
+    out["host"] = {"cores": os.cpu_count(), "load_at_end": [round(x, 2) for x in os.getloadavg()]}
     print(json.dumps(out, indent=2))
     return 0
 

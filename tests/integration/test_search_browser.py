@@ -11,29 +11,20 @@ console stays silent.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_dashboard_browser import RIGSYNC, chromium, console_lines
+from test_dashboard_browser import dashboard_dom, screenshot
 from test_views_search import search_repo
 
 pytestmark = pytest.mark.integration
 
 
 def test_the_search_shows_configurations_by_objective_stopped_runs_scatters_and_bands(tmp_path: Path) -> None:
-    repo = search_repo(tmp_path)
-    page = tmp_path / "dashboard.html"
-    made = subprocess.run([str(RIGSYNC), "dashboard", "--repo", str(repo), "--out", str(page)],
-                          capture_output=True, text=True, timeout=120)
-    assert made.returncode == 0, made.stderr
-    loaded = chromium(tmp_path / "profile", "--dump-dom", page.as_uri())
-    assert loaded.returncode == 0, loaded.stderr[-2000:]
-    assert console_lines(loaded.stderr) == []
-    dom = loaded.stdout
+    page, dom = dashboard_dom(search_repo(tmp_path), tmp_path)
 
     search = dom.split('<section id="search">')[1].split("</section>")[0]
     assert '<div class="search" data-sweep="tune">' in search
@@ -60,8 +51,4 @@ def test_the_search_shows_configurations_by_objective_stopped_runs_scatters_and_
     failures = dom.split('<section id="failures">')[1].split("</section>")[0]
     assert "b2 attempt 1" in failures and "c1 attempt" not in failures  # stopped early is not a failure
 
-    shot = tmp_path / "search.png"
-    taken = chromium(tmp_path / "profile", f"--screenshot={shot}", "--window-size=1280,3200", page.as_uri())
-    assert taken.returncode == 0 and console_lines(taken.stderr) == []
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    print(f"\nsearch screenshot: {shot}")
+    screenshot(page, tmp_path, "search", 3200)
