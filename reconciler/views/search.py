@@ -61,6 +61,7 @@ def mean_std(values: Sequence[float]) -> tuple[float, float] | None:
 
 
 _RUNG = re.compile(r"\brung\s*[=:]?\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)")
+_AT = re.compile(r"\brung [^(]*\((\w+) ([-+]?[0-9.]+(?:[eE][-+]?[0-9]+)?)\)")  # "rung 1 (step 1500)"
 
 
 def rung_of(rec: AttemptRecord) -> float | None:
@@ -72,6 +73,12 @@ def rung_of(rec: AttemptRecord) -> float | None:
     return finite(rec.progress)
 
 
+def rung_at(rec: AttemptRecord) -> str:
+    """Where the rung is in the sweep's progress units, as the planner's reason says it (``step 1500``; else "")."""
+    m = _AT.search(rec.reason or "")
+    return f"{m.group(1)} {m.group(2)}" if m is not None else ""
+
+
 @dataclass(frozen=True)
 class StoppedRun:
     run_id: str
@@ -80,6 +87,7 @@ class StoppedRun:
     rung: float | None
     metric: float | None  # its best metric when stopped
     reason: str
+    at: str = ""  # the rung in progress units (``step 1500``), when the reason says
 
 
 @dataclass(frozen=True)
@@ -110,7 +118,7 @@ def configurations(records: Iterable[AttemptRecord], sweep: str, goal: MetricGoa
         metrics = [m for recs in by_run.values() if (m := run_metric(recs, goal)) is not None]
         stats = mean_std(metrics)
         stopped = tuple(sorted(
-            (StoppedRun(r.run_id, r.attempt, r.seed, rung_of(r), finite(r.best_metric), r.reason)
+            (StoppedRun(r.run_id, r.attempt, r.seed, rung_of(r), finite(r.best_metric), r.reason, rung_at(r))
              for recs in by_run.values() for r in recs if r.phase is AttemptOutcome.STOPPED_EARLY),
             key=lambda s: (s.run_id, s.attempt)))
         out.append(Configuration(params, stats[0] if stats else None, stats[1] if stats else None, len(metrics),

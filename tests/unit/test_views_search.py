@@ -34,6 +34,7 @@ from reconciler.views.search import (
     mean_std,
     param_plots,
     run_metric,
+    rung_at,
     rung_of,
     search_views,
     stopped_runs,
@@ -98,6 +99,8 @@ def test_runs_stopped_early_with_their_rung_from_the_reason_else_their_progress(
     rows = stopped_runs(configs)
     assert [(r.run_id, r.rung, r.metric) for _, r in rows] == [("c1", 3.0, 50.0), ("c2", 9.0, 80.0)]
     assert rung_of(rec("z", 1, 1, reason="no number here")) is None
+    real = rec("z", 1, 1, reason="early stop at rung 1 (step 1500): episode_reward 200.1 < cut-off 436 (top 1/2 of 4)")
+    assert rung_of(real) == 1.0 and rung_at(real) == "step 1500" and rung_at(HISTORY[0]) == ""
     assert rung_of(rec("z", 1, 1, reason="rung=2.5e3: below")) == 2500.0
 
 
