@@ -256,11 +256,14 @@ class SearchView:
 def search_views(records: Sequence[AttemptRecord], sweeps: Iterable[tuple[str, str, Sweep | None]]
                  ) -> tuple[SearchView, ...]:
     """The search view of each of ``sweeps`` (name, goal, its desired sweep when known) that ``shows_search``."""
+    by_sweep: dict[str, list[AttemptRecord]] = {}
+    for rec in records:  # once, not once per sweep: a large archive is read by every cycle's STATUS.md
+        by_sweep.setdefault(rec.sweep, []).append(rec)
     out = []
     for name, goal, sweep in sweeps:
         if sweep is not None and sweep.search is not None:
             goal = sweep.search.metric_goal.value
-        configs = configurations(records, name, goal)
+        configs = configurations(by_sweep.get(name, ()), name, goal)
         if not shows_search(sweep, configs):
             continue
         method = sweep.search.method.value if sweep is not None and sweep.search is not None else "grid"
