@@ -198,7 +198,7 @@ def run_one(method: str, asha: bool, seed: int, shape: Shape, ok: economics.Acce
 
 def _mean(rows: list[dict[str, Any]], key: str) -> float | None:
     vals = [r[key] for r in rows if isinstance(r.get(key), int | float)]
-    return round(sum(vals) / len(vals), 4) if vals else None
+    return round(sum(vals) / len(vals), 6) if vals else None
 
 
 def main() -> int:

@@ -158,7 +158,9 @@ def _param_charts(view: FleetView) -> dict[str, list[dict[str, Any]]]:
     out: dict[str, list[dict[str, Any]]] = {}
     for sv in view.searches:
         out[sv.name] = [{"param": p.name, "log": p.log, "svg": line_chart(
-            [Series(f"objective (mean over seeds) of {len(p.points)} configuration(s)", p.points, dots=True)],
+            [Series(f"objective (mean over seeds) of {len(p.points)} configuration(s)", p.points, dots=True),
+             *([Series(f"{len(p.stopped)} run(s) stopped early: metric at the stop", p.stopped, dots=True)]
+               if p.stopped else [])],
             x_label=f"{p.name}{' (log axis)' if p.log else ''}", y_label=sv.metric_key or "metric",
             log_x=p.log, x_ticks=p.categories, css_class="chart scatter")} for p in sv.plots]
     return out

@@ -196,12 +196,14 @@ def band(curves: Sequence[Sequence[tuple[float, float]]], max_steps: int = BAND_
 @dataclass(frozen=True)
 class ParamPlot:
     """The objective of each configuration against one parameter: ``points`` (x, objective) for numbers, or the
-    category's index in ``categories`` (strings, booleans)."""
+    category's index in ``categories`` (strings, booleans); ``stopped`` the runs stopped early, (x, their metric at
+    the stop), drawn apart (no objective: they never finished)."""
 
     name: str
     log: bool
     points: tuple[tuple[float, float], ...]
     categories: tuple[str, ...] = ()
+    stopped: tuple[tuple[float, float], ...] = ()
 
 
 def searched_parameters(sweep: Sweep | None, configs: Sequence[Configuration]) -> list[tuple[str, bool]]:
@@ -217,21 +219,24 @@ def searched_parameters(sweep: Sweep | None, configs: Sequence[Configuration]) -
 
 
 def param_plots(sweep: Sweep | None, configs: Sequence[Configuration]) -> list[ParamPlot]:
-    """One scatter per searched parameter: each configuration's objective against that parameter's value (a log
-    axis drops values <= 0, which a log_uniform range cannot hold anyway)."""
+    """One scatter per searched parameter: each configuration's objective against that parameter's value, and each
+    run stopped early's metric at its stop (a log axis drops values <= 0, which a log_uniform range cannot hold)."""
     plots = []
     for name, log in searched_parameters(sweep, configs):
-        pairs = [(dict(c.params).get(name), c.mean) for c in configs if c.mean is not None and name in dict(c.params)]
-        numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v, _ in pairs)
+        pairs = [(v, c.mean) for c in configs if c.mean is not None and (v := dict(c.params).get(name)) is not None]
+        stops = [(v, r.metric) for c in configs for r in c.stopped
+                 if r.metric is not None and (v := dict(c.params).get(name)) is not None]
+        numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v, _ in [*pairs, *stops])
         if numeric:
-            pts = tuple((float(v), m) for v, m in pairs if isinstance(v, int | float) and m is not None
-                        and finite(float(v)) is not None and (not log or float(v) > 0))
-            plots.append(ParamPlot(name, log, pts))
+            def xs(rows: list[tuple[Any, float]], log: bool = log) -> tuple[tuple[float, float], ...]:
+                return tuple((float(v), m) for v, m in rows
+                             if finite(float(v)) is not None and (not log or float(v) > 0))
+            plots.append(ParamPlot(name, log, xs(pairs), (), xs(stops)))
         else:
-            cats = tuple(sorted({str(v) for v, _ in pairs}))
+            cats = tuple(sorted({str(v) for v, _ in [*pairs, *stops]}))
             index = {c: i for i, c in enumerate(cats)}
-            plots.append(ParamPlot(name, False, tuple((float(index[str(v)]), m) for v, m in pairs if m is not None),
-                                   cats))
+            plots.append(ParamPlot(name, False, tuple((float(index[str(v)]), m) for v, m in pairs), cats,
+                                   tuple((float(index[str(v)]), m) for v, m in stops)))
     return plots
 
 

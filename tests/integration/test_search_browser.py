@@ -40,7 +40,9 @@ def test_the_search_shows_configurations_by_objective_stopped_runs_scatters_and_
     scatters = re.findall(r'<figure class="param-chart" data-param="([^"]*)" data-log="(yes|no)">(.*?)</figure>',
                           search, re.S)
     assert [p for p, _, _ in scatters] == ["lr", "opt"]
-    assert all(body.count("<circle") == 3 for _, _, body in scatters)  # the three configurations with an objective
+    # the three configurations with an objective, and apart from them the two runs stopped early at their stop
+    assert all(body.count("<circle") == 5 and "2 run(s) stopped early: metric at the stop" in body
+               for _, _, body in scatters)
     assert ">adam<" in scatters[1][2] and ">sgd<" in scatters[1][2]  # categories named on their axis
 
     curves = dom.split('<section id="curves">')[1].split("</section>")[0]

@@ -120,6 +120,8 @@ def test_objective_against_each_searched_parameter_log_axis_for_log_uniform() ->
     plots = {p.name: p for p in param_plots(SWEEP, configs)}
     assert list(plots) == ["lr", "opt"]
     assert plots["lr"].log and sorted(plots["lr"].points) == [(1e-4, 300.0), (1e-3, 650.0), (1e-2, 410.0)]
+    assert sorted(plots["lr"].stopped) == [(1e-5, 50.0), (1e-5, 80.0)] and plots["opt"].stopped == ((0.0, 50.0),
+                                                                                                    (0.0, 80.0))
     assert not plots["opt"].log and plots["opt"].categories == ("adam", "sgd")
     assert sorted(plots["opt"].points) == [(0.0, 410.0), (0.0, 650.0), (1.0, 300.0)]
     # without a search block: the parameters that vary across the configurations, linear axes
