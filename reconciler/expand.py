@@ -3,7 +3,9 @@
 It exists apart from the YAML loader because identity lives here: a run's id is content-addressed
 (sweep name, its params, its seed, the command *template*) so editing a grid keeps the ids of the cells that
 did not change, and a restarted reconciler recognises runs already on boxes. Commands are rendered here too,
-because the pure planner must not render templates.
+because the pure planner must not render templates. A sweep with ``search:`` expands the same way, from the
+configurations ``reconciler.search`` suggests instead of the grid's cells (``expand_configurations``, which later
+bayes batches go through as well): the same configuration is the same cell and the same runs.
 
 Rendering is Jinja2's ``SandboxedEnvironment`` with ``StrictUndefined`` and a ``finalize`` hook that
 shell-quotes every substituted value (``shlex.quote``), so ``1; rm -rf ~`` stays one argument. Box-side

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from reconciler.model import Distribution, MetricGoal, Scalar, Search, SearchMethod, SearchParam
@@ -28,7 +30,6 @@ if TYPE_CHECKING:
 Config = tuple[tuple[str, Scalar], ...]  # one configuration: (parameter, value) in the block's parameter order
 
 SIGNIFICANT_DIGITS = 6
-RANGED = frozenset(d for d in Distribution if d is not Distribution.CATEGORICAL)
 LOGARITHMIC = frozenset({Distribution.LOG_UNIFORM, Distribution.Q_LOG_UNIFORM})
 QUANTIZED = frozenset({Distribution.Q_UNIFORM, Distribution.Q_LOG_UNIFORM})
 
@@ -126,17 +127,45 @@ def direction(search: Search) -> StudyDirection:
     return StudyDirection.MAXIMIZE if search.metric_goal is MetricGoal.MAX else StudyDirection.MINIMIZE
 
 
-def ask(search: Search, count: int) -> list[Config]:
-    """``count`` fresh suggestions of the search's sampler with no finished trials (ask-and-tell's ask)."""
+def space_size(search: Search) -> int | None:
+    """How many distinct configurations the parameters have, or None when one is continuous (uniform, log)."""
+    sizes: list[int] = []
+    for p in search.parameters:
+        if p.distribution is Distribution.CATEGORICAL:
+            sizes.append(len(p.values))
+        elif p.distribution is Distribution.INT_UNIFORM:
+            assert p.min is not None and p.max is not None
+            sizes.append(max(0, math.floor(p.max) - math.ceil(p.min) + 1))
+        elif p.distribution in QUANTIZED:
+            k_lo, k_hi = quantum_bounds(p)
+            sizes.append(max(0, k_hi - k_lo + 1))
+        else:
+            return None
+    return math.prod(sizes)
+
+
+MAX_DRAWS_PER_SUGGESTION = 50  # a sampler repeating itself gets this many tries per new configuration
+
+
+def ask(search: Search, count: int, seen: Sequence[Config] = ()) -> list[Config]:
+    """``count`` new suggestions of the search's sampler with no finished trials (ask-and-tell's ask): each distinct
+    from the others and from ``seen`` (the same configuration would be the same runs); fewer when the sampler
+    keeps repeating itself (a small discrete space)."""
     import optuna
 
     _optuna_quiet()
     space = distributions(search)
     study = optuna.create_study(sampler=sampler(search), direction=direction(search))
+    known = set(seen)
     out: list[Config] = []
-    for _ in range(count):
+    for _ in range(count * MAX_DRAWS_PER_SUGGESTION):
+        if len(out) == count:
+            break
         trial = study.ask(space)
-        out.append(tuple((p.name, value(p, trial.params[p.name])) for p in search.parameters))
+        config = tuple((p.name, value(p, trial.params[p.name])) for p in search.parameters)
+        if config not in known:
+            known.add(config)
+            out.append(config)
     return out
 
 
@@ -144,14 +173,19 @@ def known_count(search: Search) -> int:
     """How many configurations are known up front (without computing them)."""
     if search.method is SearchMethod.GRID:
         return min(search.run_cap, math.prod(len(p.values) for p in search.parameters))
-    if search.method is SearchMethod.BAYES:
-        return min(search.batch, search.run_cap)
-    return search.run_cap
+    cap = min(search.batch, search.run_cap) if search.method is SearchMethod.BAYES else search.run_cap
+    size = space_size(search)
+    return cap if size is None else min(cap, size)
 
 
 def configurations(search: Search) -> list[Config]:
     """The configurations known up front, in suggestion order (trial 0, 1, ...): grid's and random's all of
-    them, bayes's first batch."""
+    them, bayes's first batch. Remembered per block: every load of desired/ asks for them again."""
+    return list(_known(repr(search), search))  # repr: 1, 1.0 and True are equal (and hash alike) but differ here
+
+
+@lru_cache(maxsize=64)
+def _known(_text: str, search: Search) -> tuple[Config, ...]:
     if search.method is SearchMethod.GRID:
-        return grid_configurations(search)
-    return ask(search, known_count(search))
+        return tuple(grid_configurations(search))
+    return tuple(ask(search, known_count(search)))

@@ -15,6 +15,9 @@ configurations in total. The first batch (trials ``0 .. batch-1``) is the spec's
 ``finished`` holds, for each made configuration in order, its objective (the mean over its seeds of their
 archived metric), None while not all its seeds are settled, and NaN for one settled without any finite metric
 (told to the study as a failed trial). Pure apart from Optuna, which is imported lazily (the CLI's start-up time).
+
+``search_bounds`` is the one home of what a bayes search may still start, (run_cap - configurations made) x seeds
+runs at the dearest expected price of one run: ``rigsync review`` and ``rigsync plan`` both show it.
 """
 
 from __future__ import annotations

@@ -39,7 +39,9 @@ _BUCKETS = {
     RunPhase.PENDING: "pending",
     RunPhase.RETRYING: "pending",
     RunPhase.RUNNING: "running",
+    RunPhase.QUEUED: "running",  # in flight: its attempt waits in its box's queue
     RunPhase.SUCCEEDED: "done",
+    RunPhase.STOPPED_EARLY: "done",  # settled by the sweep's early termination: it will not run again, not a failure
     RunPhase.BLOCKED: "failed",
 }
 _SCHEMAS = {FLEET: "observed-fleet", RUNS: "observed-runs", DRIFT: "observed-drift", STATUS: "observed-status"}

@@ -118,7 +118,7 @@ def grid_size(search: Mapping[str, Any]) -> int:
     return math.prod(len(spec.get("values", ())) for spec in search["parameters"].values())
 
 
-def _search(value: Any) -> Search:
+def build_search(value: Any) -> Search:
     """A sweep's ``search:``; a grid search without run_cap runs every combination."""
     if "run_cap" not in value and value["method"] == SearchMethod.GRID:
         return build(Search, value, run_cap=grid_size(value))
@@ -258,7 +258,7 @@ ROWS: tuple[Row, ...] = (
         ("stall_gpu_util", "stall_gpu_util_pct", float),
         ("pool", "pool", str),
         ("progress", "progress", lambda value: Progress(str(value["key"]), float(value["total"]))),
-        ("search", "search", _search),
+        ("search", "search", build_search),
         ("early_terminate", "early_terminate", _early_terminate),
     ),
     *_rows(
@@ -350,6 +350,9 @@ def build_budget(data: Mapping[str, Any]) -> Budget:
 
 def build_sweep(data: Mapping[str, Any], order: int) -> Sweep:
     sweep = build(Sweep, data, order=order)
+    if sweep.search is not None and sweep.metric_key is None:
+        # a search's objective is the sweep's metric: what the archive records and promotion compares
+        sweep = replace(sweep, metric_key=sweep.search.metric_key, metric_goal=sweep.search.metric_goal)
     # Strongest bar first: highest threshold for goal max, lowest for goal min.
     rules = sorted(sweep.promotion, key=lambda r: -r.threshold if sweep.metric_goal is MetricGoal.MAX else r.threshold)
     return replace(sweep, promotion=tuple(rules))

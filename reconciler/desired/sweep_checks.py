@@ -12,6 +12,7 @@ from typing import Any
 
 from reconciler import jobenv
 from reconciler.desired.fields import (
+    build_search,
     duration_or,
     field_default,
     format_duration,
@@ -26,7 +27,7 @@ from reconciler.errors import TemplateProblem
 from reconciler.expand import RUN_VARIABLES, parameter_name_problem, template_variables
 from reconciler.model import DEFAULT_POOL, Distribution, SearchMethod, SearchParam, Sweep
 from reconciler.offers import most_gpu_ram_gib
-from reconciler.search import LOGARITHMIC, QUANTIZED, quantum_bounds
+from reconciler.search import LOGARITHMIC, QUANTIZED, quantum_bounds, space_size
 
 MAX_RUNS_PER_SWEEP = 10_000
 
@@ -273,6 +274,29 @@ def _search_checks(doc: Doc) -> list[LoadError]:
         )
     for name, spec in search["parameters"].items():
         errors += _param_checks(doc, ("search", "parameters", name), name, spec, method)
+    metrics = data.get("metrics", {})
+    goal = metrics.get("goal", field_default(Sweep, "metrics.goal"))
+    objective = search["metric"]
+    if "key" in metrics and (metrics["key"], goal) != (objective["key"], objective["goal"]):
+        errors.append(
+            doc.error(
+                ("search", "metric"),
+                f"the search's metric ({objective['key']}, {objective['goal']}) differs from the sweep's metrics "
+                f"({metrics['key']}, {goal}): a sweep has one objective (promotion and the archive read metrics); "
+                "make them the same, or drop metrics.key",
+            )
+        )
+    if errors or method is SearchMethod.GRID or "run_cap" not in search:
+        return errors
+    size = space_size(build_search(search))
+    if size is not None and search["run_cap"] > size:
+        errors.append(
+            doc.error(
+                ("search", "run_cap"),
+                f"run_cap {search['run_cap']} is more than the {size} distinct configurations the parameters have; "
+                f"lower it, or use method grid",
+            )
+        )
     return errors
 
 

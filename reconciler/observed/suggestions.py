@@ -5,8 +5,9 @@ first batch, known up front; later ones are ``reconciler.suggest.next_batch`` of
 The loop asks ``advance`` before every plan: a bayes sweep whose recorded configurations are all finished (every
 seed settled in the run archive) and below ``run_cap`` gets its next batch recorded, and ``suggested_runs`` turns
 the recorded batches after the first into runs through the spec's expansion (``expand.expand_configurations``).
-The file is read back when a controller starts (``read_suggestions``): a restart, or a second controller, runs
-what is recorded and never suggests again what it already did. It is written and committed with the cycle that
+The file is read back when a controller starts (``read_suggestions``) and, by ``rigsync run``, at every cycle
+(``merge_recorded``): a restart, or a second controller, runs what is recorded and never suggests again what was
+already suggested. It is written and committed with the cycle that
 made the batch. Format described by ``schemas/observed-suggestions.schema.json``.
 """
 

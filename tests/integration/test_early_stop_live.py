@@ -32,6 +32,7 @@ from reconciler.curves import curve_path
 from reconciler.emulator import Emulator
 from reconciler.loop import CycleResult
 from reconciler.model import AttemptOutcome, Desired, EarlyTerminate, EarlyTerminateType, Progress
+from reconciler.observed.memory import read_fleet_memory
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -116,6 +117,8 @@ def test_asha_stops_losing_runs_early_and_the_best_runs_to_the_end(
     assert runs_doc["counts"]["tdmpc"]["stopped_early"] == len(stopped)
     assert {runs_doc["sweeps"]["tdmpc"][r.run_id]["phase"] for r in stopped} == {"stopped_early"}
     assert {e["run_id"] for e in runs_doc["rungs"]} >= {r.run_id for r in stopped} | {best}
+    # a restarted rigsync reads the same rung values back from the files
+    assert read_fleet_memory(repo).rungs == rec.memory.rungs
     # the box-side queue: an attempt queued behind a run stopped early started on its box once the kill ended it
     after_stop = [
         (q, r) for r in stopped for q in records

@@ -168,3 +168,22 @@ def test_the_rung_ladder() -> None:
     for bad in (replace(hb, eta=1.0), replace(hb, min_iter=0), replace(hb, eta=1e300)):
         assert bad.levels(8000) in ((), (1000.0,))
         assert bad.brackets(8000) >= 1
+
+
+def test_every_run_phase_has_a_bucket_in_rigsync_diff() -> None:
+    from reconciler.cli.diff_cmd import _BUCKETS
+
+    assert set(_BUCKETS) == set(RunPhase)
+    assert _BUCKETS[RunPhase.STOPPED_EARLY] == "done"
+
+
+def test_status_counts_runs_stopped_early_in_its_json_and_text() -> None:
+    from reconciler.render import status_json, status_text
+
+    d = desired("a", "b")
+    stopped = AttemptRecord(run_id="a", attempt=1, sweep="s", phase=AttemptOutcome.STOPPED_EARLY, exit_code=137)
+    doc = status_json(d, Observed(history=(stopped,)))
+    schema = json.loads((ROOT / "schemas" / "cli-status.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(doc)
+    assert doc["runs"]["stopped_early"] == 1 and doc["runs"]["pending"] == 1
+    assert "stopped_early 1" in status_text(doc)

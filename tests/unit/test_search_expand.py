@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reconciler import search
-from reconciler.desired import load_desired, read_desired_files
+from reconciler.desired import fields, load_desired, read_desired_files
 from reconciler.expand import cell_id, count_runs, expand_configurations, expand_sweep, run_id
 from reconciler.model import (
     Distribution,
@@ -22,11 +22,13 @@ from reconciler.model import (
     EarlyTerminateType,
     MetricGoal,
     PromotionRule,
+    Scalar,
     Search,
     SearchMethod,
     SearchParam,
     Sweep,
 )
+from reconciler.promotion import wanted_ids
 
 COMMAND = "{{ python }} train.py --task {{ task }} --lr {{ lr }} --seed {{ seed }} --out {{ run_dir }}/m.jsonl"
 GRID_SWEEP = Sweep(
@@ -190,7 +192,7 @@ def test_suggestions_are_a_deterministic_function_of_the_block_and_stay_in_their
 ) -> None:
     s = a_search(method, seed=seed, run_cap=4, batch=4)
     configs = search.configurations(s)
-    assert configs == search.configurations(s)
+    assert configs == search.ask(s, 4)  # asked afresh (configurations remembers its answer)
     assert len(configs) == 4
     for config in configs:
         assert [k for k, _ in config] == [p.name for p in PARAMS]
@@ -272,8 +274,10 @@ def test_a_search_sweep_loads_into_the_model_and_expands() -> None:
 
 
 def test_a_grid_search_without_run_cap_runs_every_combination_and_ranges_are_inferred() -> None:
-    text = TUNE.replace("method: random", "method: grid").replace("  run_cap: 3\n", "").replace(
-        "lr: {distribution: log_uniform, min: 1.0e-4, max: 1.0e-2}", "lr: {values: [0.001, 0.01, 0.1]}"
+    text = (
+        TUNE.replace("method: random", "method: grid")
+        .replace("  run_cap: 3\n", "")
+        .replace("lr: {distribution: log_uniform, min: 1.0e-4, max: 1.0e-2}", "lr: {values: [0.001, 0.01, 0.1]}")
     )
     desired = load_desired(_desired_with({"desired/sweeps/tune.yaml": text}))
     [tune] = [s for s in desired.sweeps if s.name == "tune"]
@@ -317,3 +321,118 @@ def test_rigsync_runs_lists_a_search_sweeps_runs_and_review_prices_them(tmp_path
     [priced] = [s for s in doc["estimate"]["sweeps"] if s["sweep"] == "tune"]
     assert priced["pending_runs"] == 6 and priced["usd_high"] > 0
     assert priced["gpu_hours"] == 6 * 10 / 60  # each of the 6 runs at the sweep's expected_runtime
+
+
+def test_random_never_suggests_a_configuration_twice_so_no_run_id_repeats() -> None:
+    small = (
+        SearchParam("a", Distribution.CATEGORICAL, values=(1, 2, 3)),
+        SearchParam("b", Distribution.INT_UNIFORM, min=0, max=1),
+    )
+    s = a_search(parameters=small, run_cap=6)
+    assert search.space_size(s) == 6
+    configs = search.configurations(s)
+    assert len(configs) == 6 == len(set(configs)) == search.known_count(s)
+    assert search.space_size(a_search()) is None  # a continuous parameter: no bound
+    fresh = search.ask(s, 2, seen=configs[:4])
+    assert set(fresh) == set(configs[4:])
+
+
+def test_a_search_without_metrics_key_gives_the_sweep_its_objective() -> None:
+    text = TUNE.replace("metrics: {key: episode_reward, goal: max}\n", "").replace("goal: max}", "goal: min}")
+    [tune] = [s for s in load_desired(_desired_with({"desired/sweeps/tune.yaml": text})).sweeps if s.name == "tune"]
+    assert (tune.metric_key, tune.metric_goal) == ("episode_reward", MetricGoal.MIN)
+
+
+def test_another_process_with_another_hash_seed_suggests_the_same_runs() -> None:
+    """A restarted or second controller computes the same configurations, so the same run ids."""
+    sweep = search_sweep(a_search(SearchMethod.BAYES, run_cap=9, batch=5, seed=42))
+    code = (
+        "import json, sys; sys.path.insert(0, 'tests/unit'); import test_search_expand as t;"
+        "from reconciler.expand import expand_sweep; from reconciler.model import SearchMethod;"
+        "s = t.search_sweep(t.a_search(SearchMethod.BAYES, run_cap=9, batch=5, seed=42));"
+        "print(json.dumps([r.id for r in expand_sweep(s)]))"
+    )
+    env = {"PYTHONHASHSEED": "12345", "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [r.id for r in expand_sweep(sweep)]
+
+
+def test_promotion_rules_promote_search_cells_by_their_base_seeds() -> None:
+    sweep = search_sweep(a_search(run_cap=3), promotion=(PromotionRule(0.9, 1),))
+    specs = expand_sweep(sweep)
+    base = [s for s in specs if s.promotion_threshold is None]
+    good, poor = base[0], base[2]  # trial 0's seed 1, trial 1's seed 1
+    assert good.trial == 0 and poor.trial == 1
+    wanted = wanted_ids(specs, {good.id: [0.95], poor.id: [0.5]})
+    promoted = {s.trial for s in specs if s.promotion_threshold is not None and s.id in wanted}
+    assert promoted == {0}
+    assert {s.id for s in base} <= wanted
+
+
+@st.composite
+def _param_yaml(draw: st.DrawFn) -> dict[str, object]:
+    kind = draw(st.sampled_from(["values", "uniform", "log_uniform", "int_uniform", "q_uniform", "q_log_uniform"]))
+    if kind == "values":
+        return {
+            "values": draw(
+                st.lists(st.integers(-5, 5) | st.sampled_from(["a", "b"]), min_size=1, max_size=4, unique=True)
+            )
+        }
+    low = draw(st.floats(0.001, 10, allow_nan=False))
+    high = low + draw(st.floats(0.5, 100))
+    spec: dict[str, object] = {"distribution": kind, "min": low, "max": high}
+    if kind == "int_uniform":
+        spec.update(min=int(low), max=int(high) + 1)
+    if kind.startswith("q_"):
+        spec["q"] = draw(st.sampled_from([0.01, 0.25, 1, 2]))
+        spec["max"] = high + 2 * float(spec["q"])  # type: ignore[arg-type]
+    return spec
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    params=st.lists(_param_yaml(), min_size=1, max_size=3),
+    method=st.sampled_from(["random", "bayes"]),
+    seed=st.integers(0, 1000),
+)
+def test_any_valid_search_block_loads_and_expands_to_distinct_runs_in_its_space(
+    params: list[dict[str, object]], method: str, seed: int
+) -> None:
+    names = [f"p{i}" for i in range(len(params))]
+    block = {
+        "method": method,
+        "metric": {"key": "r", "goal": "max"},
+        "run_cap": 3,
+        "seed": seed,
+        "parameters": dict(zip(names, params, strict=True)),
+    }
+    doc = {
+        "name": "tune",
+        "command": "train.py " + " ".join(f"{{{{ {n} }}}}" for n in names) + " {{ seed }}",
+        "seeds": [1, 2],
+        "search": block,
+    }
+    size = search.space_size(fields.build_search(block))
+    if size is not None and size < 3:
+        return  # refused at load (run_cap above the space): a loader case holds that error
+    desired = load_desired(_desired_with({"desired/sweeps/tune.yaml": json.dumps(doc)}))
+    [tune] = [s for s in desired.sweeps if s.name == "tune"]
+    runs = [r for r in desired.runs if r.sweep.name == "tune"]
+    assert tune.search is not None
+    assert len(runs) == 2 * search.known_count(tune.search) == 2 * len({r.cell for r in runs})
+    assert len({r.id for r in runs}) == len(runs)
+    for r in runs:
+        for param, (_, v) in zip(tune.search.parameters, r.params, strict=True):
+            _check_value(param, v)
+
+
+def test_values_equal_in_python_but_written_differently_are_other_configurations() -> None:
+    def grid(*values: Scalar) -> Search:
+        return a_search(SearchMethod.GRID, parameters=(SearchParam("a", Distribution.CATEGORICAL, values=values),))
+
+    assert search.configurations(grid(1)) == [(("a", 1),)]
+    [[(_, one)]] = search.configurations(grid(1.0))
+    assert isinstance(one, float)
+    [[(_, true)]] = search.configurations(grid(True))
+    assert true is True

@@ -322,3 +322,31 @@ def test_a_controller_that_stood_by_takes_over_the_longer_record() -> None:
     assert merge_recorded(first, later) == later
     assert merge_recorded(later, first) == later
     assert merge_recorded({}, later) == later and merge_recorded(later, {}) == later
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(min_value=0, max_value=2**31),
+    seeds=st.integers(min_value=1, max_value=3),
+    cut=st.integers(min_value=0, max_value=3),
+)
+def test_a_restart_from_the_recorded_file_gives_the_same_runs(seed: int, seeds: int, cut: int) -> None:
+    """Stopped after ``cut`` cycles and restarted from observed/suggestions.yaml alone (no memory), the search goes on
+    to exactly the runs an uninterrupted controller reaches."""
+    sweep = replace(bayes(run_cap=6, batch=2, seed=seed), seeds=tuple(range(1, seeds + 1)))
+    desired = desired_of(sweep)
+
+    def run(recorded: Recorded, history: list[AttemptRecord], cycles: int) -> tuple[Recorded, Desired]:
+        full = desired
+        for _ in range(cycles):
+            recorded, full = cycle(desired, recorded, history)
+            history += settle(r for r in full.runs if r.id not in {h.run_id for h in history})
+        return recorded, full
+
+    straight, straight_runs = run({}, [], 5)
+    history: list[AttemptRecord] = []
+    part, _ = run({}, history, cut)
+    text = render_suggestions(part)
+    restarted, restarted_runs = run(parse_suggestions(text), history, 5 - cut)
+    assert [r.id for r in restarted_runs.runs] == [r.id for r in straight_runs.runs]
+    assert render_suggestions(restarted) == render_suggestions(straight)
