@@ -33,8 +33,8 @@ Progress goes to stderr, the JSON document to stdout.
 Measured (2026-12-02, 2 shared cores, load ~4): the default matrix took 372 s, ``--quick`` 91 s. Means over seeds 1
 and 2 (run_cap 8, optimum ~726 and ~683): grid best 656.0 (regret 48.5) for $0.00101, with ASHA the same best for
 $0.00074 (5 of 8 runs stopped early); random 632.1 (regret 72.4), $0.00099 / ASHA $0.00069 (6 stopped); bayes
-698.2 (regret 6.4), $0.00125 / ASHA $0.00093 (5 stopped). ASHA cut ~25-30 % of the dollars and ~1/3 of the wall
-time of grid and random without losing their best (the cap is on runs, so it started no more of them).
+698.2 (regret 6.4), $0.00125 / ASHA $0.00095 (5 stopped). ASHA cut 24-30 % of the dollars everywhere, and ~1/3
+of the wall time of grid and random, without losing a best (the cap is on runs, so it started no more of them).
 """
 
 from __future__ import annotations
