@@ -1,11 +1,11 @@
 """A search on the dashboard in a real browser (Debian's headless Chromium, as ``test_dashboard_browser``).
 
-The page is made by the console script from a hand-made observed/ tree of a searched sweep
-(``test_views_search.search_repo``: configurations with two seeds, a failed attempt whose metric must not count, two
-runs stopped early at their rungs, one committed curve per run), then loaded by ``chromium --headless``: its DOM after
-load ranks the configurations by the mean of their seeds with their spread, lists the runs stopped early with their
-rung, draws one scatter per parameter and one band (not one line per seed) per configuration's curves, and its
-console stays silent.
+The page is made by the console script from a hand-made checkout of a searched sweep
+(``test_views_search.search_repo``: a random search in desired/, lr log_uniform; configurations with two seeds, a
+failed attempt whose metric must not count, two runs stopped early at their rungs, one committed curve per run),
+then loaded by ``chromium --headless``: its DOM after load ranks the configurations by the mean of their seeds with
+their spread, lists the runs stopped early with their rung, draws one scatter per parameter (lr on a log axis) and
+one band (not one line per seed) per configuration's curves, and its console stays silent.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_the_search_shows_configurations_by_objective_stopped_runs_scatters_and_bands(tmp_path: Path) -> None:
-    page, dom = dashboard_dom(search_repo(tmp_path), tmp_path)
+    page, dom = dashboard_dom(search_repo(tmp_path, desired=True), tmp_path)
 
     search = dom.split('<section id="search">')[1].split("</section>")[0]
     assert '<div class="search" data-sweep="tune">' in search
@@ -39,7 +39,7 @@ def test_the_search_shows_configurations_by_objective_stopped_runs_scatters_and_
     assert stopped == [("3", "c1.1"), ("9", "c2.1")]
     scatters = re.findall(r'<figure class="param-chart" data-param="([^"]*)" data-log="(yes|no)">(.*?)</figure>',
                           search, re.S)
-    assert [p for p, _, _ in scatters] == ["lr", "opt"]
+    assert [(p, log) for p, log, _ in scatters] == [("lr", "yes"), ("opt", "no")]  # lr is log_uniform
     # the three configurations with an objective, and apart from them the two runs stopped early at their stop
     assert all(body.count("<circle") == 5 and "2 run(s) stopped early: metric at the stop" in body
                for _, _, body in scatters)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from reconciler.views.search import (
 )
 from reconciler.views.svg import BandSeries, Series, band_chart, line_chart
 
+ROOT = Path(__file__).resolve().parents[2]
 OK, STOP, FAIL = AttemptOutcome.SUCCEEDED, AttemptOutcome.STOPPED_EARLY, AttemptOutcome.FAILED
 
 
@@ -174,11 +176,31 @@ def test_status_md_and_the_dashboard_rank_the_configurations_the_same(tmp_path: 
     assert re.findall(r'<td class="num rung">([^<]*)</td>', search) == ["3", "9"]
 
 
-def search_repo(where: Path) -> Path:
+TUNE_YAML = """\
+name: tune
+command: python experiments/train.py --lr {{ lr }} --opt {{ opt }} --seed {{ seed }}
+seeds: [1, 2]
+search:
+  method: random
+  metric: {key: episode_reward, goal: max}
+  parameters:
+    lr: {distribution: log_uniform, min: 1.0e-5, max: 1.0e-1}
+    opt: {values: [adam, sgd]}
+  run_cap: 8
+"""
+
+
+def search_repo(where: Path, *, desired: bool = False) -> Path:
     """A checkout's observed/ by hand for a searched sweep ``tune``: HISTORY's attempts archived, runs.yaml naming its
-    runs, and one committed curve per run that has a metric (the stopped-early runs' curves end at their rung)."""
+    runs, and one committed curve per run that has a metric (the stopped-early runs' curves end at their rung). With
+    ``desired``, this repository's desired/ with ``tune`` (TUNE_YAML: a random search, lr log_uniform) as its sweep."""
     repo = where / "search"
     (repo / "observed" / "runs").mkdir(parents=True)
+    if desired:
+        shutil.copytree(ROOT / "desired", repo / "desired")
+        for old in (repo / "desired" / "sweeps").glob("*.yaml"):
+            old.unlink()
+        (repo / "desired" / "sweeps" / "tune.yaml").write_text(TUNE_YAML)
     runs = {r.run_id: {"params": dict(r.params), "seed": r.seed, "attempts": r.attempt, "best_metric": r.best_metric
                        if r.best_metric is None or math.isfinite(r.best_metric) else None,
                        "phase": "succeeded" if r.phase is OK else "blocked"}
@@ -198,6 +220,19 @@ def search_repo(where: Path) -> Path:
         path.write_text(render_curve(sweep=r.sweep, run_id=r.run_id, attempt=r.attempt, key="episode_reward",
                                      goal="max", points=[(float(s), level * s / last) for s in range(last + 1)]))
     return repo
+
+
+def test_a_search_block_in_desired_gives_the_method_and_a_log_axis(tmp_path: Path) -> None:
+    from reconciler.views.dashboard import build, read_repo
+
+    repo = search_repo(tmp_path, desired=True)
+    facts = read_repo(repo)
+    assert facts.desired is not None and facts.desired.sweeps[0].search is not None
+    page = build(repo)
+    search = page.split('<section id="search">')[1].split("</section>")[0]
+    assert "(random; episode_reward, max;" in search
+    assert re.findall(r'data-param="([^"]*)" data-log="(yes|no)"', search) == [("lr", "yes"), ("opt", "no")]
+    assert "lr (log axis)" in search
 
 
 def test_the_search_repo_ranks_and_bands_its_configurations(tmp_path: Path) -> None:
