@@ -627,6 +627,20 @@ def fleet_settings(sc: Scenario, ok: Acceptable) -> dict[str, str]:
     return out
 
 
+def bench_fleet_repo(workdir: Path, settings: dict[str, str], extra: str = "") -> None:
+    """The demo's throwaway fleet repo at ``workdir`` with ``settings`` set in its fleet.yaml (``extra`` appended)
+    and no sweep yet: the bench writes its own (bench/economics.py, bench/search.py)."""
+    demo.make_fleet_repo(workdir, None)
+    fleet = workdir / "desired" / "fleet.yaml"
+    text = fleet.read_text()
+    for key, value in settings.items():
+        text = demo._set_key(text, key, value) if re.search(rf"^\s*#?\s*{key}:", text, re.M) \
+            else text + f"{key}: {value}\n"
+    fleet.write_text(text + extra)
+    for old in (workdir / "desired" / "sweeps").glob("*.yaml"):
+        old.unlink()
+
+
 MAX_BID_DPH = 0.1  # the interruptible run's fleet.yaml interruptible.max_bid_dph (the example fleet caps boxes at 0.15)
 
 
@@ -649,17 +663,8 @@ def run_rigsync(sc: Scenario, ok: Acceptable, tmp: Path, max_bid_dph: float | No
     with Emulator(seed=sc.market_seed, offers=sc.offers, boot_delay=sc.boot_s) as emu:
         try:
             os.environ["VAST_API_KEY"] = emu.api_key
-            demo.make_fleet_repo(workdir, None)
-            fleet = workdir / "desired" / "fleet.yaml"
-            text = fleet.read_text()
-            for key, value in settings.items():
-                text = demo._set_key(text, key, value) if re.search(rf"^\s*#?\s*{key}:", text, re.M) \
-                    else text + f"{key}: {value}\n"
-            if max_bid_dph is not None:
-                text += f"interruptible: {{max_bid_dph: {max_bid_dph}}}\n"
-            fleet.write_text(text)
-            for old in (workdir / "desired" / "sweeps").glob("*.yaml"):
-                old.unlink()
+            extra = f"interruptible: {{max_bid_dph: {max_bid_dph}}}\n" if max_bid_dph is not None else ""
+            bench_fleet_repo(workdir, settings, extra)
             (workdir / "desired" / "sweeps" / "econ.yaml").write_text(sweep_yaml(sc, log.path))
             (workdir / "experiments" / "econ_job.py").write_text(JOB_SCRIPT)
             demo._git(workdir, "add", "-A")

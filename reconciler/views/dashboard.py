@@ -5,7 +5,10 @@ and nothing else: no provider, no box, no credentials, no network. The page inli
 ``reconciler/views/assets``) and draws its charts as SVG (``svg``), so ``--out`` writes one file that opens
 anywhere. Sections: the fleet, runs by phase, spend over time against the caps, the ops tax (``opstax``), one lane
 per box over time (``timeline``), learning curves per cell (the committed curves; a cell without any shows its
-attempts' archived metrics as dots), and the cells by metric.
+attempts' archived metrics as dots): one band per cell, the mean and the min-max spread across its seeds, the
+searches (``search``: per sweep with a search or several cells, its configurations by objective, mean ± std over
+seeds, the runs stopped early and their rung, the objective against each searched parameter), and the cells by
+metric.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from reconciler.observed.archive_lines import entry_from_json
 from reconciler.observed.codec import BUDGET, FLEET, RUNS, RUNS_DIR, load_mapping_quietly
 from reconciler.observed.tree import read_observed
 from reconciler.views.facts import PHASES, FleetView, build_view, document, mapping, time_of
-from reconciler.views.status_md import environment
-from reconciler.views.svg import Series, line_chart, stacked_bar, timeline_chart
+from reconciler.views.search import Params, band, cell_of
+from reconciler.views.status_md import environment, params_text
+from reconciler.views.svg import BandSeries, Series, band_chart, line_chart, stacked_bar, timeline_chart
 from reconciler.views.timeline import build_timeline
 
 MAX_CELL_CHARTS = 60  # a page stays readable (and small) for a large sweep: the best cells get a chart
@@ -105,43 +109,61 @@ def _spend_chart(facts: RepoFacts, view: FleetView) -> Markup:
     return line_chart(series, x_label="minutes since the first archived attempt ended", y_label="$")
 
 
-def _cell_of(params: Mapping[str, Any] | Sequence[tuple[str, Any]]) -> tuple[tuple[str, Any], ...]:
-    items = params.items() if isinstance(params, Mapping) else params
-    return tuple(sorted((str(k), v) for k, v in items))
-
-
 def _curve_charts(facts: RepoFacts, view: FleetView) -> list[dict[str, Any]]:
-    """Per sweep and cell (best first): a chart of its attempts' curves, or of their archived metrics."""
-    cell_of_run = {a.run_id: _cell_of(a.params) for a in facts.attempts}
+    """Per sweep and cell (best first): its seeds' curves as one band (mean, and min to max across seeds, each
+    run's latest committed attempt), or a chart of its attempts' archived metrics when no curve is committed."""
+    cell_of_run = {a.run_id: cell_of(a.params) for a in facts.attempts}
     if facts.desired is not None:
-        cell_of_run.update({r.id: _cell_of(r.params) for r in facts.desired.runs})
-    curves_by_cell: dict[tuple[str, tuple[tuple[str, Any], ...]], list[Mapping[str, Any]]] = {}
+        cell_of_run.update({r.id: cell_of(r.params) for r in facts.desired.runs})
+    latest: dict[tuple[str, str], tuple[int, Mapping[str, Any]]] = {}
     for c in facts.curves:
-        key = (str(c.get("sweep")), cell_of_run.get(str(c.get("run_id")), ()))
-        curves_by_cell.setdefault(key, []).append(c)
-    attempts_by_cell: dict[tuple[str, tuple[tuple[str, Any], ...]], list[AttemptRecord]] = {}
+        run = (str(c.get("sweep")), str(c.get("run_id")))
+        attempt = n if isinstance(n := c.get("attempt"), int) else 0
+        if run not in latest or attempt >= latest[run][0]:
+            latest[run] = (attempt, c)
+    curves_by_cell: dict[tuple[str, Params], list[Mapping[str, Any]]] = {}
+    for (sweep, run_id), (_, c) in sorted(latest.items(), key=lambda kv: kv[0]):
+        curves_by_cell.setdefault((sweep, cell_of_run.get(run_id, ())), []).append(c)
+    attempts_by_cell: dict[tuple[str, Params], list[AttemptRecord]] = {}
     for a in facts.attempts:
-        attempts_by_cell.setdefault((a.sweep, _cell_of(a.params)), []).append(a)
+        attempts_by_cell.setdefault((a.sweep, cell_of(a.params)), []).append(a)
     charts = []
     for s in view.sweeps:
         for cell in s.cells[:MAX_CELL_CHARTS]:
-            key = (s.name, cell.params)
-            label = " ".join(f"{k}={v}" for k, v in cell.params) or "(no parameters)"
-            curves = sorted(curves_by_cell.get(key, []), key=lambda c: (str(c.get("run_id")), c.get("attempt", 0)))
-            if curves:
-                series = [Series(f"{c.get('run_id')}.{c.get('attempt')}", _points(c["points"])) for c in curves]
-                charts.append({"sweep": s.name, "cell": label, "kind": "curve", "svg": line_chart(
-                    series, x_label="step", y_label=str(curves[0].get("key") or s.metric_key or "metric"))})
+            key: tuple[str, Params] = (s.name, cell.params)
+            label = params_text(cell.params)
+            curves = curves_by_cell.get(key, [])
+            b = band([_points(c["points"]) for c in curves])
+            if b is not None:
+                runs = [str(c.get("run_id")) for c in curves]
+                spread = "min to max" if b.curves > 1 else "one seed"
+                series = BandSeries(f"mean of {b.curves} seed(s), {spread}",
+                                    list(zip(b.steps, b.mean, b.low, b.high, strict=True)))
+                charts.append({"sweep": s.name, "cell": label, "kind": "curve", "runs": runs, "svg": band_chart(
+                    [series], x_label="step", y_label=str(curves[0].get("key") or s.metric_key or "metric"))})
                 continue
             recs = sorted(attempts_by_cell.get(key, []), key=lambda a: (a.started_at or 0.0, a.run_id, a.attempt))
             pts = [(float(i + 1), a.final_metric if a.final_metric is not None else a.best_metric)
                    for i, a in enumerate(recs)]
             scalars = [(x, v) for x, y in pts if (v := finite(y)) is not None]
             if scalars:
-                charts.append({"sweep": s.name, "cell": label, "kind": "scalars", "svg": line_chart(
+                charts.append({"sweep": s.name, "cell": label, "kind": "scalars", "runs": [], "svg": line_chart(
                     [Series("final metric per attempt (no curve committed)", scalars, dots=True)],
                     x_label="attempt", y_label=s.metric_key or "metric")})
     return charts
+
+
+def _param_charts(view: FleetView) -> dict[str, list[dict[str, Any]]]:
+    """Per sweep with a search: one scatter per searched parameter, each configuration's objective against it."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for sv in view.searches:
+        out[sv.name] = [{"param": p.name, "log": p.log, "svg": line_chart(
+            [Series(f"objective (mean over seeds) of {len(p.points)} configuration(s)", p.points, dots=True),
+             *([Series(f"{len(p.stopped)} run(s) stopped early: metric at the stop", p.stopped, dots=True)]
+               if p.stopped else [])],
+            x_label=f"{p.name}{' (log axis)' if p.log else ''}", y_label=sv.metric_key or "metric",
+            log_x=p.log, x_ticks=p.categories, css_class="chart scatter")} for p in sv.plots]
+    return out
 
 
 def _points(raw: Any) -> list[tuple[float, float]]:
@@ -164,7 +186,8 @@ def render_dashboard(facts: RepoFacts) -> str:
     bars = {s.name: stacked_bar([(p, s.counts.get(p, 0)) for p in PHASES]) for s in view.sweeps}
     return env.get_template("dashboard.html.j2").render(
         v=view, css=Markup(css), bars=bars, phases=PHASES, spend_chart=_spend_chart(facts, view),
-        charts=_curve_charts(facts, view), attempts=len(facts.attempts), curves=len(facts.curves),
+        charts=_curve_charts(facts, view), param_charts=_param_charts(view), attempts=len(facts.attempts),
+        curves=len(facts.curves),
         timeline=timeline, timeline_svg=timeline_chart(timeline),
     )
 

@@ -20,6 +20,7 @@ from reconciler.model import AttemptOutcome, AttemptRecord, Desired, MetricGoal,
 from reconciler.observed.codec import BUDGET, FLEET, RUNS, STATUS, load_mapping_quietly, parse_iso
 from reconciler.promotion import best_by_cell, better, promotion_met, succeeded_metrics
 from reconciler.views.opstax import OpsTax, ops_tax
+from reconciler.views.search import SearchView, search_views
 
 RECENT_FAILURES = 5  # the failed attempts a view lists (newest first)
 LISTED = 20  # blocked runs and promotions a page lists per sweep before saying how many more
@@ -107,6 +108,7 @@ class FleetView:
     warnings: tuple[str, ...]  # budget lines and held-back sweeps, as the last plan said them
     errors: tuple[str, ...] = field(default=())  # desired and apply errors of the last cycle
     ops_tax: OpsTax = field(default_factory=OpsTax)  # the bill's money that bought no succeeded work (opstax)
+    searches: tuple[SearchView, ...] = ()  # per sweep with a search (or several cells): its configurations (search)
 
 
 @functools.lru_cache(maxsize=8)
@@ -187,6 +189,7 @@ def build_view(
             )
         )
 
+    by_name = {s.name: s for s in desired.sweeps} if desired else {}
     goals = {s.name: s.metric_goal.value for s in desired.sweeps} if desired else {}
     keys = {s.name: s.metric_key for s in desired.sweeps} if desired else {}
     last_reason: dict[str, str] = {}
@@ -239,7 +242,8 @@ def build_view(
         CapView("dearest box $/h", max_box, _num(caps_doc.get("max_instance_dph")), "$/h"),
     )
 
-    failed = [r for r in records if r.phase is not AttemptOutcome.SUCCEEDED]
+    # a run the search stopped early did not fail (its rung is on the search's view)
+    failed = [r for r in records if r.phase not in (AttemptOutcome.SUCCEEDED, AttemptOutcome.STOPPED_EARLY)]
     failed.sort(key=lambda r: (-(r.ended_at or 0.0), r.run_id, r.attempt))
     failures = tuple(
         FailureView(
@@ -290,4 +294,5 @@ def build_view(
         warnings=tuple(warnings),
         errors=tuple(errors),
         ops_tax=ops_tax(records, ended, live_boxes(ended, fleet_doc, runs_doc, snapshot)),
+        searches=search_views(records, [(s.name, s.goal, by_name.get(s.name)) for s in sweeps]),
     )

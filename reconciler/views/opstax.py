@@ -12,6 +12,8 @@ boxes that ended, ``OverheadRecord``), plus, for the boxes still held, their $/h
 - ``bootstrap``: ``reachable_at`` to ``ready_at``;
 - ``idle``: the rest of a box's money that no attempt ran on (gaps between runs, GPUs no run held, the tail);
 - ``lost``: attempts that failed or were lost (their whole cost);
+- ``stopped_early``: attempts the search's early termination stopped at a rung (the price of the search's losers:
+  not a failure, but no succeeded work either);
 - ``duplicate``: a run's succeeded attempts beyond its first success, and attempts killed as duplicates.
 
 Boot and bootstrap are priced at the box's $/h over their spans and never exceed the box's overhead (the overhead
@@ -32,7 +34,7 @@ from reconciler.model import AttemptOutcome, AttemptRecord, OverheadRecord
 # The reason the planner gives a kill of a second live attempt of one run (plan/attempts.py, DUPLICATE_ATTEMPT):
 # the archive line of that attempt carries it as its reason.
 DUPLICATE_KILL_PREFIX = "duplicate:"
-PARTS = ("boot", "bootstrap", "idle", "lost", "duplicate")  # the tax, in the order a bill is paid
+PARTS = ("boot", "bootstrap", "idle", "lost", "stopped_early", "duplicate")  # the tax, in the order a bill is paid
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class OpsTax:
     bootstrap_usd: float = 0.0
     idle_usd: float = 0.0
     lost_usd: float = 0.0
+    stopped_early_usd: float = 0.0
     duplicate_usd: float = 0.0
     boxes: int = 0  # boxes whose money is in the bill (ended and held)
     held: int = 0  # of which still held (their figures run to the snapshot)
@@ -130,7 +133,7 @@ def ops_tax(attempts: Iterable[AttemptRecord], overheads: Iterable[OverheadRecor
             key = (r.ended_at if r.ended_at is not None else float("inf"), r.attempt)
             if r.run_id not in first_success or key < first_success[r.run_id]:
                 first_success[r.run_id] = key
-    attempts_usd = lost = duplicate = 0.0
+    attempts_usd = lost = stopped = duplicate = 0.0
     on_box: dict[int, float] = {}
     first_work: dict[int, float] = {}
     for r in records:
@@ -146,6 +149,8 @@ def ops_tax(attempts: Iterable[AttemptRecord], overheads: Iterable[OverheadRecor
                 duplicate += cost  # the first success is the work wanted; useful is what the tax leaves of the bill
         elif is_duplicate_kill(r):
             duplicate += cost
+        elif r.phase is AttemptOutcome.STOPPED_EARLY:
+            stopped += cost
         else:
             lost += cost
     boot = bootstrap = idle = running = 0.0
@@ -167,11 +172,13 @@ def ops_tax(attempts: Iterable[AttemptRecord], overheads: Iterable[OverheadRecor
         b, s, i = _box_overhead(overhead, _usd(box.dph), box.started_at, box.reachable_at, box.ready_at,
                                 min(starts, default=None), box.until)
         boot, bootstrap, idle = boot + b, bootstrap + s, idle + i
-    parts = (("boot", boot), ("bootstrap", bootstrap), ("idle", idle), ("lost", lost), ("duplicate", duplicate))
+    parts = (("boot", boot), ("bootstrap", bootstrap), ("idle", idle), ("lost", lost), ("stopped_early", stopped),
+             ("duplicate", duplicate))
     useful = billed - running - sum(usd for _, usd in parts)
     return OpsTax(
         billed_usd=billed, useful_usd=useful, running_usd=running, boot_usd=boot, bootstrap_usd=bootstrap,
-        idle_usd=idle, lost_usd=lost, duplicate_usd=duplicate, boxes=len(ended) + len(held), held=len(held),
+        idle_usd=idle, lost_usd=lost, stopped_early_usd=stopped, duplicate_usd=duplicate, boxes=len(ended) + len(held),
+        held=len(held),
         parts=parts,
     )
 

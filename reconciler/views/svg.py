@@ -10,6 +10,7 @@ nothing, or garbage).
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -53,59 +54,134 @@ def _fmt(v: float) -> str:
     return f"{v:.6g}"
 
 
-def line_chart(series: Sequence[Series], *, width: int = 420, height: int = 220, x_label: str = "",
-               y_label: str = "", css_class: str = "chart") -> Markup:
-    """A line chart of ``series`` with axes, min/max ticks and a legend; an empty chart says "no data"."""
-    series = _drawable(series)
-    pts = [p for s in series for p in s.points]
+@dataclass(frozen=True)
+class _Frame:
+    """A chart's plot area over the data's range, with its axes, min/max ticks and axis labels drawn; ``log_x``
+    places x by its log10 (ticks still show the values); ``x_ticks`` names categories at their x."""
+
+    x0: float
+    x1: float
+    y0: float
+    y1: float
+    left: int
+    top: int
+    pw: float
+    ph: float
+    log_x: bool
+
+    def sx(self, x: float) -> float:
+        v = math.log10(x) if self.log_x else x
+        return self.left + (v - self.x0) / (self.x1 - self.x0) * self.pw
+
+    def sy(self, y: float) -> float:
+        return self.top + self.ph - (y - self.y0) / (self.y1 - self.y0) * self.ph
+
+
+def _open(width: int, h: int, css_class: str) -> list[str]:
+    return [f'<svg class="{css_class}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {h}" '
+            f'width="{width}" height="{h}" role="img">']
+
+
+def _no_data(out: list[str], width: int, height: int) -> Markup:
+    out.append(f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" class="muted">no data</text></svg>')
+    return Markup("".join(out))
+
+
+def _frame(out: list[str], pts: Sequence[tuple[float, float]], width: int, height: int, x_label: str,
+           y_label: str, *, log_x: bool = False, x_ticks: Sequence[str] = ()) -> _Frame:
+    """Draw the axes of a chart over ``pts`` (not empty; with ``log_x`` every x > 0) into ``out``."""
     left, right, top = 56, 10, 10
-    h = height + 14 * len(series)
-    out = [f'<svg class="{css_class}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {h}" '
-           f'width="{width}" height="{h}" role="img">']
-    if not pts:
-        out.append(f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" class="muted">no data</text></svg>')
-        return Markup("".join(out))
-    x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
+    xs = [math.log10(p[0]) if log_x else p[0] for p in pts]
+    x0, x1 = min(xs), max(xs)
     y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
     if x1 == x0:
         x0, x1 = x0 - 1, x1 + 1
     if y1 == y0:
         y0, y1 = y0 - 1, y1 + 1
-    pw, ph = width - left - right, height - top - 40
-
-    def sx(x: float) -> float:
-        return left + (x - x0) / (x1 - x0) * pw
-
-    def sy(y: float) -> float:
-        return top + ph - (y - y0) / (y1 - y0) * ph
-
-    axis_y = top + ph
+    f = _Frame(x0, x1, y0, y1, left, top, width - left - right, height - top - 40, log_x)
+    pw, axis_y = f.pw, top + f.ph
     out.append(f'<line x1="{left}" y1="{axis_y}" x2="{left + pw}" y2="{axis_y}" class="axis"/>')
     out.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{axis_y}" class="axis"/>')
     out.append(f'<text x="{left - 4}" y="{top + 4}" text-anchor="end" class="tick">{_fmt(y1)}</text>')
     out.append(f'<text x="{left - 4}" y="{axis_y}" text-anchor="end" class="tick">{_fmt(y0)}</text>')
-    out.append(f'<text x="{left}" y="{axis_y + 14}" class="tick">{_fmt(x0)}</text>')
-    out.append(f'<text x="{left + pw}" y="{axis_y + 14}" text-anchor="end" class="tick">{_fmt(x1)}</text>')
+    if x_ticks:
+        for i, name in enumerate(x_ticks):
+            out.append(f'<text x="{f.sx(float(i)):.1f}" y="{axis_y + 14}" text-anchor="middle" class="tick">'
+                       f"{escape(name)}</text>")
+    else:
+        lo, hi = (10**x0, 10**x1) if log_x else (x0, x1)
+        out.append(f'<text x="{left}" y="{axis_y + 14}" class="tick">{_fmt(lo)}</text>')
+        out.append(f'<text x="{left + pw}" y="{axis_y + 14}" text-anchor="end" class="tick">{_fmt(hi)}</text>')
     if x_label:
-        out.append(f'<text x="{left + pw / 2}" y="{axis_y + 14}" text-anchor="middle" class="tick">'
+        out.append(f'<text x="{left + pw / 2}" y="{axis_y + 28}" text-anchor="middle" class="tick">'
                    f"{escape(x_label)}</text>")
     if y_label:
-        out.append(f'<text x="12" y="{top + ph / 2}" transform="rotate(-90 12 {top + ph / 2})" '
+        out.append(f'<text x="12" y="{top + f.ph / 2}" transform="rotate(-90 12 {top + f.ph / 2})" '
                    f'text-anchor="middle" class="tick">{escape(y_label)}</text>')
+    return f
+
+
+def _legend(out: list[str], i: int, label: str, colour: str, height: int) -> None:
+    ly = height + 14 * i + 4
+    out.append(f'<rect x="56" y="{ly - 8}" width="10" height="10" fill="{colour}"/>'
+               f'<text x="70" y="{ly + 1}" class="legend">{escape(label)}</text>')
+
+
+def line_chart(series: Sequence[Series], *, width: int = 420, height: int = 220, x_label: str = "",
+               y_label: str = "", css_class: str = "chart", log_x: bool = False,
+               x_ticks: Sequence[str] = ()) -> Markup:
+    """A line chart of ``series`` with axes, min/max ticks and a legend; an empty chart says "no data". ``log_x``:
+    a logarithmic x axis (points with x <= 0 are not drawn); ``x_ticks``: category names at x = 0, 1, ..."""
+    series = [Series(s.label, [p for p in s.points if not log_x or p[0] > 0], s.dots, s.dashed)
+              for s in _drawable(series)]
+    pts = [p for s in series for p in s.points]
+    out = _open(width, height + 14 * len(series), css_class)
+    if not pts:
+        return _no_data(out, width, height)
+    f = _frame(out, pts, width, height, x_label, y_label, log_x=log_x, x_ticks=x_ticks)
     for i, s in enumerate(series):
         colour = PALETTE[i % len(PALETTE)]
-        coords = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in s.points)
+        coords = " ".join(f"{f.sx(x):.1f},{f.sy(y):.1f}" for x, y in s.points)
         if s.dots or len(s.points) == 1:
             for x, y in s.points:
-                out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{colour}">'
-                           f"<title>{escape(s.label)}: {_fmt(y)}</title></circle>")
+                out.append(f'<circle cx="{f.sx(x):.1f}" cy="{f.sy(y):.1f}" r="3" fill="{colour}">'
+                           f"<title>{escape(s.label)}: {_fmt(x)}, {_fmt(y)}</title></circle>")
         else:
             dash = ' stroke-dasharray="5 4"' if s.dashed else ""
             out.append(f'<polyline class="series" fill="none" stroke="{colour}" stroke-width="1.5"{dash} '
                        f'points="{coords}"><title>{escape(s.label)}</title></polyline>')
-        ly = height + 14 * i + 4
-        out.append(f'<rect x="{left}" y="{ly - 8}" width="10" height="10" fill="{colour}"/>'
-                   f'<text x="{left + 14}" y="{ly + 1}" class="legend">{escape(s.label)}</text>')
+        _legend(out, i, s.label, colour, height)
+    out.append("</svg>")
+    return Markup("".join(out))
+
+
+@dataclass(frozen=True)
+class BandSeries:
+    """A mean line with a shaded spread: ``points`` are (x, mean, low, high)."""
+
+    label: str
+    points: Sequence[tuple[float, float, float, float]]
+
+
+def band_chart(bands: Sequence[BandSeries], *, width: int = 420, height: int = 220, x_label: str = "",
+               y_label: str = "") -> Markup:
+    """Each band as a translucent polygon from its low to its high edge, and its mean as a line over it."""
+    clean = [BandSeries(b.label, [p for p in b.points if all(finite(v) is not None for v in p)]) for b in bands]
+    pts = [(x, y) for b in clean for x, _, lo, hi in b.points for y in (lo, hi)]
+    out = _open(width, height + 14 * len(clean), "chart band")
+    if not pts:
+        return _no_data(out, width, height)
+    f = _frame(out, pts, width, height, x_label, y_label)
+    for i, b in enumerate(clean):
+        colour = PALETTE[i % len(PALETTE)]
+        edge = [(x, hi) for x, _, _, hi in b.points] + [(x, lo) for x, _, lo, _ in reversed(b.points)]
+        poly = " ".join(f"{f.sx(x):.1f},{f.sy(y):.1f}" for x, y in edge)
+        out.append(f'<polygon class="spread" fill="{colour}" fill-opacity="0.25" stroke="none" points="{poly}">'
+                   f"<title>{escape(b.label)}: min to max</title></polygon>")
+        line = " ".join(f"{f.sx(x):.1f},{f.sy(m):.1f}" for x, m, _, _ in b.points)
+        out.append(f'<polyline class="series" fill="none" stroke="{colour}" stroke-width="1.5" '
+                   f'points="{line}"><title>{escape(b.label)}</title></polyline>')
+        _legend(out, i, b.label, colour, height)
     out.append("</svg>")
     return Markup("".join(out))
 
@@ -131,7 +207,8 @@ def stacked_bar(counts: Sequence[tuple[str, int]], *, width: int = 420, height: 
 
 SEGMENT_COLOURS = {
     "boot": "#9c755f", "bootstrap": "#b07aa1", "idle": "#e8e2dc", "queued": "#76b7b2", "running": "#4e79a7",
-    "succeeded": "#59a14f", "failed": "#e15759", "lost": "#ff9da7", "duplicate": "#f28e2b", "destroy": "#333333",
+    "succeeded": "#59a14f", "failed": "#e15759", "lost": "#ff9da7", "stopped_early": "#d4a6c8", "duplicate": "#f28e2b",
+    "destroy": "#333333",
 }
 
 

@@ -37,29 +37,39 @@ def console_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if ":CONSOLE" in line]
 
 
-def test_the_page_loads_clean_and_shows_the_runs_and_a_curve(tmp_path: Path) -> None:
-    repo = make_snapshot_repo(tmp_path)
+def dashboard_dom(repo: Path, tmp_path: Path) -> tuple[Path, str]:
+    """The page ``rigsync dashboard`` makes of ``repo`` (in ``tmp_path``) and its DOM after load in headless
+    Chromium, whose console stayed silent (the page has no scripts: any console line is an error)."""
     page = tmp_path / "dashboard.html"
     made = subprocess.run([str(RIGSYNC), "dashboard", "--repo", str(repo), "--out", str(page)],
                           capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
-
     loaded = chromium(tmp_path / "profile", "--dump-dom", page.as_uri())
     assert loaded.returncode == 0, loaded.stderr[-2000:]
     assert console_lines(loaded.stderr) == []
-    dom = loaded.stdout
+    return page, loaded.stdout
+
+
+def screenshot(page: Path, tmp_path: Path, name: str, height: int) -> Path:
+    """A 1280-wide PNG of ``page`` in ``tmp_path`` (its console silent too); its path is printed (``pytest -s``)."""
+    shot = tmp_path / f"{name}.png"
+    taken = chromium(tmp_path / "profile", f"--screenshot={shot}", f"--window-size=1280,{height}", page.as_uri())
+    assert taken.returncode == 0, taken.stderr[-2000:]
+    assert console_lines(taken.stderr) == []
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    print(f"\n{name} screenshot: {shot}")
+    return shot
+
+
+def test_the_page_loads_clean_and_shows_the_runs_and_a_curve(tmp_path: Path) -> None:
+    page, dom = dashboard_dom(make_snapshot_repo(tmp_path), tmp_path)
     assert '<h1>Fleet <span id="fleet-name">demo</span></h1>' in dom
     assert "<td>tdmpc</td>" in dom and "20</td>" in dom  # the demo's 20 runs, by phase
     curves = dom.split('<section id="curves">')[1].split("</section>")[0]
     assert 'class="cell-chart curve"' in curves and "<polyline" in curves
     assert str(first_archived_run()["run_id"]) in curves
 
-    shot = tmp_path / "dashboard.png"
-    taken = chromium(tmp_path / "profile", f"--screenshot={shot}", "--window-size=1280,2400", page.as_uri())
-    assert taken.returncode == 0, taken.stderr[-2000:]
-    assert console_lines(taken.stderr) == []
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
-    print(f"\ndashboard screenshot: {shot}")
+    assert screenshot(page, tmp_path, "dashboard", 2400).stat().st_size > 20_000
 
 
 def test_a_console_error_would_be_seen(tmp_path: Path) -> None:
@@ -76,15 +86,7 @@ def test_a_hostile_stderr_and_a_nan_curve_load_clean_and_show_escapes(tmp_path: 
     the escapes in the stderr block, and the curve's polyline has finite coordinates only."""
     from test_dashboard_hostile import _hostile_repo
 
-    repo = _hostile_repo(tmp_path)
-    page = tmp_path / "dashboard.html"
-    made = subprocess.run([str(RIGSYNC), "dashboard", "--repo", str(repo), "--out", str(page)],
-                          capture_output=True, text=True, timeout=120)
-    assert made.returncode == 0, made.stderr
-    loaded = chromium(tmp_path / "profile", "--dump-dom", page.as_uri())
-    assert loaded.returncode == 0, loaded.stderr[-2000:]
-    assert console_lines(loaded.stderr) == []
-    dom = loaded.stdout
+    _, dom = dashboard_dom(_hostile_repo(tmp_path), tmp_path)
     pre = dom.split('<section id="failures">')[1].split("<pre>")[1].split("</pre>")[0]
     assert "\\x1b[31mred" in pre and "\\u202eevil" in pre and "\\x07" in pre and "&lt;b&gt;bold" in pre
     assert "\x1b" not in dom and "\u202e" not in dom and "\x07" not in dom

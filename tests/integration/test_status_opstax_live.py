@@ -53,7 +53,7 @@ def test_status_prints_the_ops_tax_as_text_and_json(emulator: Emulator, tmp_path
     # $0.3, lost $0.1 (bbb.1), duplicate $0.15 (aaa.2 and the killed ccc.2)
     assert "ops tax: $0.8000 of $1.1000 billed (72.7%) bought no succeeded work; succeeded work $0.3000" in text.stdout
     assert ("  boot $0.2500 (22.7%), bootstrap $0.0000 (0.0%), idle $0.3000 (27.3%), lost $0.1000 (9.1%), "
-            "duplicate $0.1500 (13.6%)") in text.stdout
+            "stopped_early $0.0000 (0.0%), duplicate $0.1500 (13.6%)") in text.stdout
     assert "runs: " in text.stdout and "queued 0" in text.stdout
 
     doc = json.loads(rigsync(env, "status", "--repo", str(fleet.work), "--json").stdout)

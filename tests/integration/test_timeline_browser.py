@@ -9,29 +9,20 @@ first, each lane's segments in time order, the hostile name shown escaped, and i
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_dashboard_browser import RIGSYNC, chromium, console_lines
+from test_dashboard_browser import dashboard_dom, screenshot
 from test_timeline import timeline_repo
 
 pytestmark = pytest.mark.integration
 
 
 def test_the_timeline_shows_each_box_its_segments_in_order_and_escapes_names(tmp_path: Path) -> None:
-    repo = timeline_repo(tmp_path)
-    page = tmp_path / "dashboard.html"
-    made = subprocess.run([str(RIGSYNC), "dashboard", "--repo", str(repo), "--out", str(page)],
-                          capture_output=True, text=True, timeout=120)
-    assert made.returncode == 0, made.stderr
-    loaded = chromium(tmp_path / "profile", "--dump-dom", page.as_uri())
-    assert loaded.returncode == 0, loaded.stderr[-2000:]
-    assert console_lines(loaded.stderr) == []
-    dom = loaded.stdout
+    page, dom = dashboard_dom(timeline_repo(tmp_path), tmp_path)
     timeline = dom.split('<section id="timeline">')[1].split("</section>")[0]
     lanes = re.findall(r'<g class="lane lane-(held|ended)" data-box="(\d+)">(.*?)</g>', timeline, re.S)
     assert [(state, box) for state, box, _ in lanes] == [("held", "9"), ("ended", "5")]
@@ -49,8 +40,4 @@ def test_the_timeline_shows_each_box_its_segments_in_order_and_escapes_names(tmp
     tax = dom.split('<section id="opstax">')[1].split("</section>")[0]
     assert "$0.7600 of $1.5000 (50.7%)" in tax and '<tr class="tax-boot">' in tax
 
-    shot = tmp_path / "timeline.png"
-    taken = chromium(tmp_path / "profile", f"--screenshot={shot}", "--window-size=1280,1600", page.as_uri())
-    assert taken.returncode == 0 and console_lines(taken.stderr) == []
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    print(f"\ntimeline screenshot: {shot}")
+    screenshot(page, tmp_path, "timeline", 1600)

@@ -4,6 +4,7 @@ still runs) add up to the bill, whatever the facts."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -122,7 +123,14 @@ def test_nothing_billed_says_so_and_the_lines_name_every_part() -> None:
     head, parts = tax_lines(ops_tax(runs, [overhead(1, 0, 200, runs, reachable=50, ready=100)]))
     assert head.startswith("ops tax: $0.2000 of $0.2000 billed (100.0%) bought no succeeded work")
     assert parts == "  boot $0.0500 (25.0%), bootstrap $0.0500 (25.0%), idle $0.0000 (0.0%), lost $0.1000 (50.0%), " \
-                    "duplicate $0.0000 (0.0%)"
+                    "stopped_early $0.0000 (0.0%), duplicate $0.0000 (0.0%)"
+
+
+def test_an_attempt_stopped_early_is_its_own_part_not_lost() -> None:
+    runs = [replace(attempt("a", 1, F, 100, 200), phase=AttemptOutcome.STOPPED_EARLY)]
+    tax = ops_tax(runs, [overhead(1, 0, 200, runs, reachable=50, ready=100)])
+    assert tax.lost_usd == 0 and math.isclose(tax.stopped_early_usd, 0.1)
+    assert dict(tax.parts)["stopped_early"] == tax.stopped_early_usd
 
 
 times = st.floats(min_value=0, max_value=5000, allow_nan=False)

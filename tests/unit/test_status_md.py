@@ -112,10 +112,11 @@ def test_the_same_facts_render_the_same_bytes(desired: Desired) -> None:
 def test_sections_in_order_with_the_facts_they_summarise(desired: Desired) -> None:
     text = render_status_md(FILES, HISTORY, desired)
     headings = re.findall(r"^## (.+)$", text, re.M)
-    assert headings == ["Fleet", "Queue", "Spend", "Ops tax", "Best cell per sweep", "Promotions", "Recent failures"]
+    assert headings == ["Fleet", "Queue", "Spend", "Ops tax", "Best cell per sweep", "Top configurations", "Promotions",
+                        "Recent failures"]
     # the box: its age measured to the snapshot's own time (2h30m after its start), never to the wall clock
     assert "| 17 | 1x RTX 3060 | 0.0419 | running | 2h 30m | tdmpc\\-aaa\\.1 | \\- | 4 |" in text
-    assert "| tdmpc | 1 | 1 | 2 | 0 | 1 | 0 | 5 |" in text
+    assert "| tdmpc | 1 | 1 | 2 | 0 | 1 | 0 | 0 | 5 |" in text
     assert "| spent today | $0.2500 | $5.0000 |" in text and "| fleet $/h | $0.0419/h | $0.4500/h |" in text
     assert "Account credit: $99.50." in text
     assert "- budget\\: the daily cap binds" in text  # the last plan's words, escaped like any value
@@ -169,7 +170,7 @@ def test_every_cycle_renders_it_and_an_unchanged_world_renders_it_unchanged(tmp_
         world.clock.advance(20.0)
     else:
         pytest.fail("the fake fleet did not finish")
-    assert "### r1 attempt 1" in pages[-1] and "| s | 0 | 0 | 3 | 0 | 0 | 0 | 3 |" in pages[-1]
+    assert "### r1 attempt 1" in pages[-1] and "| s | 0 | 0 | 3 | 0 | 0 | 0 | 0 | 3 |" in pages[-1]
     assert "No boxes held." in pages[-1] and "No boxes held." not in pages[len(pages) // 2]
     # the world is still: hours pass, cycles run, the page stays byte-identical (no commit on noise)
     for _ in range(3):

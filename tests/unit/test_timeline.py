@@ -137,7 +137,8 @@ def test_status_md_and_the_dashboard_show_queued_and_the_ops_tax(tmp_path: Path)
     assert len(facts.attempts) == 4 and len(facts.overheads) == 1
     text = render_status_md(facts.files, facts.attempts, None, facts.overheads)
     assert "| 9 | 1x RTX 4090 | 3.6000 | running | 15m | s\\-eee\\.1 | s\\-fff\\.1 | 0 |" in text
-    assert "| s | 1 | 1 | 2 | 1 | 0 | 1 | 6 |" in text  # pending, running, succeeded, retrying, blocked, queued
+    assert "| s | 1 | 1 | 2 | 1 | 0 | 1 | 0 | 6 |" in text  # pending, running, succeeded, retrying, blocked, queued,
+    # stopped early
     tax = text.split("## Ops tax")[1].split("##")[0]
     # billed: box 5 $0.6 (its overhead $0.4 + attempts $0.2); box 9 900 s to the snapshot $0.9, of which 300 s run
     # now; idle: box 5 after its last attempt (340 s), box 9 380..400 and 760..900 (160 s)
