@@ -23,7 +23,7 @@ def alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    except OSError:
+    except (OSError, OverflowError):  # past a C int (a box's pid file): no such process
         return False
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -292,3 +292,10 @@ def test_names_the_file_system_cannot_decode_are_left_out(tmp_path: Path) -> Non
     doc = probe.probe(str(root))
     assert [r["run_id"] for r in doc["runs"]] == ["ok"] and doc["code"] == []
     json.dumps(doc, allow_nan=False).encode("utf-8")
+
+
+def test_a_pid_past_a_c_int_is_not_alive() -> None:
+    """A box's pid file may say 2147483648: ``os.kill`` raises OverflowError for it, which is no process at all."""
+    from reconciler.box.boxlib import alive
+
+    assert alive(2147483648) is False and alive(9_999_999_999) is False
