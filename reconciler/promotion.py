@@ -60,6 +60,25 @@ def wanted_ids(runs: Iterable[RunSpec], metrics: Mapping[str, Iterable[float | N
     return set(wanted_among(by_id, metrics))
 
 
+def run_metric(
+    records: Iterable[AttemptRecord], goal: MetricGoal | str,
+    counted: frozenset[AttemptOutcome] = frozenset({AttemptOutcome.SUCCEEDED}),
+) -> float | None:
+    """One run's (one seed's) metric from its archived attempts: the best ``best_metric`` by ``goal`` of those whose
+    phase is ``counted`` (succeeded ones by default: the views' leaderboard; a bayes search also tells its sampler
+    what runs stopped early reached), else their best ``final_metric``; None when none reported a finite one."""
+    best: float | None = None
+    final: float | None = None
+    for rec in records:
+        if rec.phase not in counted:
+            continue
+        if (b := finite(rec.best_metric)) is not None and better(goal, b, best):
+            best = b
+        if (f := finite(rec.final_metric)) is not None and better(goal, f, final):
+            final = f
+    return best if best is not None else final
+
+
 def succeeded_metrics(history: Iterable[AttemptRecord]) -> dict[str, list[float | None]]:
     """Run id → the best metric of each of its succeeded attempts: what ``best_by_cell`` reads."""
     out: dict[str, list[float | None]] = {}

@@ -19,12 +19,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from reconciler.bounds import finite
 from reconciler.errors import ObservedInvalid
 from reconciler.expand import expand_configurations
 from reconciler.model import AttemptOutcome, AttemptRecord, Desired, RunSpec, Scalar, Sweep
 from reconciler.observed.codec import FORMAT_VERSION, SUGGESTIONS, dump_yaml, expect_mapping, load_yaml
-from reconciler.promotion import better
+from reconciler.promotion import run_metric
 from reconciler.runphase import UNTOUCHED, run_phase, tally_runs
 from reconciler.search import Config
 from reconciler.suggest import configurations_made, is_bayes, next_batch, wants_batch
@@ -150,6 +149,9 @@ def _in_search_order(sweep: Sweep, params: Config) -> Config:
     return tuple(sorted(params, key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
 
 
+TOLD = frozenset({AttemptOutcome.SUCCEEDED, AttemptOutcome.STOPPED_EARLY})  # attempts whose metric the sampler hears
+
+
 def objectives(sweep: Sweep, made: Sequence[Config], history: Iterable[AttemptRecord]) -> list[float | None]:
     """Per made configuration: the mean of its base seeds' best archived metrics (the archive's ``best_metric``, of
     the sweep's metrics key) once every seed is settled (succeeded, stopped early, or out of retries), NaN when
@@ -159,11 +161,10 @@ def objectives(sweep: Sweep, made: Sequence[Config], history: Iterable[AttemptRe
     records = [r for r in history if r.run_id in ids]
     tallies = tally_runs(records)
     goal = sweep.search.metric_goal if sweep.search is not None else sweep.metric_goal
-    best: dict[str, float] = {}
+    by_run: dict[str, list[AttemptRecord]] = {}
     for r in records:
-        m = finite(r.best_metric) if r.phase in (AttemptOutcome.SUCCEEDED, AttemptOutcome.STOPPED_EARLY) else None
-        if m is not None and (r.run_id not in best or better(goal, m, best[r.run_id])):
-            best[r.run_id] = m
+        by_run.setdefault(r.run_id, []).append(r)
+    best = {run_id: m for run_id, recs in by_run.items() if (m := run_metric(recs, goal, TOLD)) is not None}
     out: list[float | None] = []
     for trial in range(len(made)):
         seeds = [s for s in specs if s.trial == trial and s.promotion_threshold is None]  # base seeds only

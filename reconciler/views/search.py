@@ -2,8 +2,8 @@
 
 A configuration is a cell: the run's parameters without its seed (grid cells and a ``search:`` block's suggestions
 alike; the archive records both the same way). Its **objective** is the mean, over its seeds, of each seed's
-metric: a seed's metric is the best ``best_metric`` (by the sweep's goal) of its run's *succeeded* attempts, else
-their ``final_metric`` (a run that never reported a best). Only finite numbers in range count (``bounds.finite``):
+metric (``promotion.run_metric``, the one home a bayes search's sampler uses too): the best ``best_metric`` (by the
+sweep's goal) of its run's *succeeded* attempts, else their ``final_metric`` (a run that never reported a best). Only finite numbers in range count (``bounds.finite``):
 a forged NaN or 1e308 is no objective. ``std`` is the population standard deviation over those seeds (0 for one).
 
 Also here, pure and read from committed facts only: the runs stopped early and their rung (``stopped_early``
@@ -23,7 +23,7 @@ from typing import Any
 
 from reconciler.bounds import finite
 from reconciler.model import AttemptOutcome, AttemptRecord, Distribution, MetricGoal, Sweep
-from reconciler.promotion import better
+from reconciler.promotion import run_metric
 
 Params = tuple[tuple[str, Any], ...]
 TOP_CONFIGURATIONS = 10  # the rows a "Top configurations" table shows per sweep
@@ -35,21 +35,6 @@ def cell_of(params: Mapping[str, Any] | Iterable[tuple[str, Any]]) -> Params:
     """A configuration's key: its parameters, sorted by name (a record's, a run spec's or a file's mapping)."""
     items = params.items() if isinstance(params, Mapping) else params
     return tuple(sorted((str(k), v) for k, v in items))
-
-
-def run_metric(records: Iterable[AttemptRecord], goal: MetricGoal | str) -> float | None:
-    """One run's (one seed's) metric: the best of its succeeded attempts' ``best_metric`` by ``goal``, else of their
-    ``final_metric``; None when no succeeded attempt reported a finite one."""
-    best: float | None = None
-    final: float | None = None
-    for rec in records:
-        if rec.phase is not AttemptOutcome.SUCCEEDED:
-            continue
-        if (b := finite(rec.best_metric)) is not None and better(goal, b, best):
-            best = b
-        if (f := finite(rec.final_metric)) is not None and better(goal, f, final):
-            final = f
-    return best if best is not None else final
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float] | None:
