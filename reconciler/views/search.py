@@ -3,7 +3,8 @@
 A configuration is a cell: the run's parameters without its seed (grid cells and a ``search:`` block's suggestions
 alike; the archive records both the same way). Its **objective** is the mean, over its seeds, of each seed's
 metric (``promotion.run_metric``, the one home a bayes search's sampler uses too): the best ``best_metric`` (by the
-sweep's goal) of its run's *succeeded* attempts, else their ``final_metric`` (a run that never reported a best). Only finite numbers in range count (``bounds.finite``):
+sweep's goal) of its run's *succeeded* attempts, else their ``final_metric`` (a run that never reported a best).
+Only finite numbers in range count (``bounds.finite``):
 a forged NaN or 1e308 is no objective. ``std`` is the population standard deviation over those seeds (0 for one).
 
 Also here, pure and read from committed facts only: the runs stopped early and their rung (``stopped_early``
