@@ -51,6 +51,11 @@ def _shown(url: str) -> str:
     return repr(shown[:200])
 
 
+def shown_url(url: str) -> str:
+    """``url`` as a message may show it: no user:password@, no query, no fragment (quoted)."""
+    return _shown(url)
+
+
 def check_url(url: str, source: str, *, what: str, carries: str, credentials_from: str) -> str:
     """``url`` as a base URL a credential may be sent to, without a trailing slash; a ``UserError`` if it is not.
 

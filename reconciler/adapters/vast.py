@@ -5,9 +5,12 @@ emulator is proven against the same client. This module adds what a reconciler n
 
 * errors: ``requests`` exceptions become ``ProviderTransient`` (429, 5xx, connection trouble),
   ``ProviderAuthError`` (401/403) or ``ProviderPermanent`` (other 4xx, ``{"success": false}`` bodies);
-* bounded retries on top of the SDK's own three tries (at most ``max_tries`` calls and ``max_total_s`` seconds);
-  renting is retried only when the request certainly did not act (429, or the connection was never made),
-  because a lost reply to a create may already have rented a box and a blind retry would rent a second one;
+* bounded retries on top of the SDK's own three tries, per endpoint (``ENDPOINTS``: the path template each call
+  goes to): on 429 and 5xx (Vast sends no Retry-After) and on connection trouble, jittered exponential waits
+  (``backoff_schedule``) within ``max_tries`` calls and ``max_total_s`` seconds; when the bound is reached one
+  ``ProviderTransient`` line names the endpoint, the tries and the seconds spent; renting is retried only
+  when the request certainly did not act (429, or the connection was never made), because a lost reply to a
+  create may already have rented a box and a blind retry would rent a second one;
 * silence: the SDK may print, and rigsync's CLI prints JSON on stdout, so SDK calls run with stdout captured;
 * the API key comes from ``VAST_API_KEY`` or the vastai key files, never from YAML, and is never logged;
 * the key goes to one URL only, the one configured on the controller (``reconciler.endpoint``: ``--api-url``,
@@ -34,6 +37,7 @@ import io
 import logging
 import math
 import os
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -44,7 +48,7 @@ from urllib.parse import urlsplit
 import requests
 
 from reconciler import offers
-from reconciler.endpoint import DEFAULT_URL, check_api_url
+from reconciler.endpoint import DEFAULT_URL, check_api_url, shown_url
 from reconciler.errors import (
     ProviderAuthError,
     ProviderError,
@@ -225,7 +229,7 @@ def _body_message(resp: requests.Response | None) -> tuple[str, str]:
     return "", str(body)[:200]
 
 
-def _classify(exc: BaseException, what: str) -> ProviderError:
+def _classify(exc: BaseException, what: str, url: str = "") -> ProviderError:
     if isinstance(exc, requests.HTTPError):
         resp = exc.response
         status = resp.status_code if resp is not None else 0
@@ -237,10 +241,50 @@ def _classify(exc: BaseException, what: str) -> ProviderError:
             return ProviderTransient(detail)
         return RejectedByProvider(detail, status=status, code=code)
     if isinstance(exc, requests.ConnectionError | requests.Timeout):
-        return ProviderTransient(f"{what}: cannot reach the Vast API: {type(exc).__name__}")
+        at = f" at {shown_url(url)}" if url else ""
+        return ProviderTransient(f"{what}: cannot reach the Vast API{at}: {type(exc).__name__}")
     if isinstance(exc, requests.RequestException):
         return ProviderPermanent(f"{what}: request failed: {type(exc).__name__}: {exc}")
     return ProviderTransient(f"{what}: unreadable reply from the Vast API: {type(exc).__name__}")
+
+
+# The path template each call goes to: its backoff and its bound are its own, and the line saying the bound was
+# reached names it.
+ENDPOINTS = {
+    "search offers": "POST /api/v0/bundles/",
+    "list instances": "GET /api/v0/instances/",
+    "rent offer": "PUT /api/v0/asks/{id}/",
+    "destroy instance": "DELETE /api/v0/instances/{id}/",
+    "list ssh keys": "GET /api/v0/ssh/",
+    "add ssh key": "POST /api/v0/ssh/",
+    "show user": "GET /api/v0/users/current/",
+    "show charges": "GET /api/v1/invoices/",
+}
+FIRST_WAIT_S = 0.5
+MAX_WAIT_S = 8.0
+
+
+def backoff_schedule(
+    max_tries: int, max_total_s: float, rng: random.Random, *, first_s: float = FIRST_WAIT_S, cap_s: float = MAX_WAIT_S
+) -> list[float]:
+    """The waits between tries of one call: the n-th is ``first_s * 2**n`` (at most ``cap_s``) times a jitter in
+    [0.5, 1), so callers rate-limited together do not come back together; at most ``max_tries - 1`` waits, and
+    never more than ``max_total_s`` in all (a wait that would cross it is not taken: the call gives up instead)."""
+    waits: list[float] = []
+    total = 0.0
+    for n in range(max(0, max_tries - 1)):
+        wait = min(cap_s, first_s * 2.0**n) * rng.uniform(0.5, 1.0)
+        if total + wait > max_total_s:
+            break
+        waits.append(wait)
+        total += wait
+    return waits
+
+
+def endpoint_of(what: str) -> str:
+    """The endpoint a call named ``what`` goes to (``what`` itself when it is not in ``ENDPOINTS``)."""
+    head = " ".join(what.split()[:2])
+    return ENDPOINTS.get(head, what)
 
 
 def _refuse_clear_text_proxy(url: str) -> None:
@@ -280,6 +324,7 @@ class VastProvider:
         max_total_s: float = 20.0,
         sdk_retry: int = 3,
         sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
     ) -> None:
         if not os.environ.get("VAST_LOG_LEVEL"):
             logging.getLogger("vastai").setLevel(logging.WARNING)
@@ -294,6 +339,7 @@ class VastProvider:
         self._max_tries = max(1, max_tries)
         self._max_total_s = max_total_s
         self._sleep = sleep
+        self._rng = rng or random.Random()
         self.calls = 0
 
     def __repr__(self) -> str:  # never show the key
@@ -301,21 +347,25 @@ class VastProvider:
 
     def _call(self, what: str, fn: Callable[[], T], *, idempotent: bool = True) -> T:
         start = time.monotonic()
-        delay = 0.5
+        waits = backoff_schedule(self._max_tries, self._max_total_s, self._rng)
         for attempt in range(1, self._max_tries + 1):
             try:
                 self.calls += 1
                 with _STDOUT_LOCK, contextlib.redirect_stdout(io.StringIO()):
                     result = fn()
             except (requests.RequestException, ValueError) as exc:
-                err = _classify(exc, what)
-                retryable = isinstance(err, ProviderTransient) and (idempotent or _certainly_not_sent(exc))
-                spent = time.monotonic() - start
-                if not retryable or attempt == self._max_tries or spent + delay > self._max_total_s:
+                err = _classify(exc, what, self.api_url)
+                if not isinstance(err, ProviderTransient) or not (idempotent or _certainly_not_sent(exc)):
                     raise err from exc
+                spent = time.monotonic() - start
+                if attempt > len(waits) or spent + waits[attempt - 1] > self._max_total_s:
+                    raise ProviderTransient(
+                        f"{endpoint_of(what)}: gave up after {attempt} tries in {spent:.1f}s "
+                        f"(bound: {self._max_tries} tries, {self._max_total_s:g}s): {err}"
+                    ) from exc
+                delay = waits[attempt - 1]
                 log.info("%s: %s; retry %d in %.1fs", what, err, attempt, delay)
                 self._sleep(delay)
-                delay = min(delay * 2, 8.0)
                 continue
             if isinstance(result, dict) and result.get("success") is False:
                 code, msg = str(result.get("error") or ""), str(result.get("msg") or result.get("error") or "")

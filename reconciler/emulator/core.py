@@ -468,6 +468,12 @@ class Emulator:
             self._fail_rules.append([path_prefix, int(n), int(status)])
             self.ledger.log("fail_next", None, path_prefix=path_prefix, n=n, status=status)
 
+    def clear_failures(self, path_prefix: str = "") -> None:
+        """Drop the injected failures still pending for paths under ``path_prefix`` (all when empty)."""
+        with self._lock:
+            self._fail_rules = [r for r in self._fail_rules if not r[0].startswith(path_prefix)]
+            self.ledger.log("clear_failures", None, path_prefix=path_prefix)
+
     def take_failure(self, path: str) -> int | None:
         """Called per API request: the injected status to answer with, if a rule matches."""
         with self._lock:

@@ -213,12 +213,12 @@ def test_transient_errors_are_retried_with_backoff_and_bounded(capsys: pytest.Ca
     sdk = _FakeSdk([_http_error(429, "slow down"), _http_error(502, {})], [INSTANCE])
     p = _provider(sdk, sleeps)
     assert [i.id for i in p.list_instances()] == [29876543]
-    assert sleeps == [0.5, 1.0] and sdk.n == 3
+    assert 0.25 <= sleeps[0] < 0.5 <= sleeps[1] < 1.0 and len(sleeps) == 2 and sdk.n == 3  # jittered, doubling
     assert capsys.readouterr().out == ""  # the SDK's prints never reach our stdout
 
     sleeps.clear()
     sdk = _FakeSdk([_http_error(503, {}) for _ in range(10)], [])
-    with pytest.raises(ProviderTransient):
+    with pytest.raises(ProviderTransient, match=r"^GET /api/v0/instances/: gave up after 5 tries"):
         _provider(sdk, sleeps).list_instances()
     assert sdk.n == 5 and sum(sleeps) <= 20
 
