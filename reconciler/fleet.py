@@ -32,9 +32,18 @@ from typing import TYPE_CHECKING
 
 from reconciler import ports
 from reconciler.adapters.lease import DEFAULT_RENEW_EVERY_S, DEFAULT_STALE_AFTER_S
-from reconciler.errors import UserError
+from reconciler.errors import ProviderPermanent, UserError
 from reconciler.jobenv import ControllerEnv
-from reconciler.model import CONTROLLER_INTERVAL_S, OWN_PROVIDER, Desired, Fleet, Observed
+from reconciler.model import (
+    CONTROLLER_INTERVAL_S,
+    OWN_PROVIDER,
+    Desired,
+    Fleet,
+    Instance,
+    Observed,
+    Offer,
+    OfferFilters,
+)
 from reconciler.ports import Provider, Shell
 
 if TYPE_CHECKING:
@@ -86,26 +95,72 @@ def build_adapters(fleet: Fleet, state_dir: Path, api_url: str | None = None) ->
 
     ``api_url`` is the provider URL configured on the controller (the CLI's ``--api-url``, or a caller's own);
     None: ``RIGSYNC_API_URL`` or https://console.vast.ai (``reconciler.endpoint``). Never a URL
-    from desired/: the account's key goes where this URL says.
+    from desired/: the account's key goes where this URL says. A fleet whose pools are all the lab's own machines
+    (``provider: ssh``) gets ``NoMarket``: no Vast key is read and no Vast API is called.
     """
     from reconciler.adapters.ssh import ensure_keypair
-    from reconciler.adapters.vast import VastProvider, load_api_key
-    from reconciler.endpoint import controller_api_url
 
     require_supported_provider(fleet)
-    url = controller_api_url() if api_url is None else api_url  # an explicit URL is checked by VastProvider
     key_path, public = ensure_keypair(state_dir)
-    provider = VastProvider(api_key=load_api_key(), server_url=url)
+    provider = open_provider(fleet, controller_url(api_url))
     provider.ensure_ssh_key(public)
     return provider, open_shell(key_path, state_dir / "known_hosts")
 
 
+def controller_url(api_url: str | None) -> str:
+    """``api_url``, or the controller's configured one when None (an explicit URL is checked by VastProvider)."""
+    from reconciler.endpoint import controller_api_url
+
+    return controller_api_url() if api_url is None else api_url
+
+
 def open_provider(fleet: Fleet, api_url: str) -> Provider:
-    """The provider for reading only (`rigsync logs`/`ssh`): no key is uploaded to the account."""
+    """The fleet's market: ``NoMarket`` when every pool is the lab's own, else the Vast SDK with the account's
+    key (a missing key is one line naming the Vast pools that need it). No key is uploaded to the account here."""
     from reconciler.adapters.vast import VastProvider, load_api_key
+    from reconciler.errors import ProviderAuthError
 
     require_supported_provider(fleet)
-    return VastProvider(api_key=load_api_key(), server_url=api_url)
+    market = [p.name for p in fleet.pools if not p.own]
+    if fleet.pools and not market:
+        return NoMarket()
+    try:
+        key = load_api_key()
+    except ProviderAuthError as exc:
+        if not market or len(market) == len(fleet.pools):
+            raise
+        raise ProviderAuthError(f"pool {', '.join(market)} (provider vast) needs a Vast API key: {exc}") from exc
+    return VastProvider(api_key=key, server_url=api_url)
+
+
+class NoMarket:
+    """The ``Provider`` of a fleet of only the lab's own machines: nothing rented, nothing listed, nothing billed."""
+
+    calls = 0
+
+    def search_offers(self, filters: OfferFilters, disk_gb: float, limit: int = 200) -> list[Offer]:
+        return []
+
+    def list_instances(self) -> list[Instance]:
+        return []
+
+    def create_instance(
+        self, offer_id: int, *, image: str, disk_gb: float, label: str, onstart: str, env: dict[str, str],
+        bid_dph: float | None = None,
+    ) -> int:
+        raise ProviderPermanent("this fleet has no market pool (every pool is provider ssh): nothing can be rented")
+
+    def destroy_instance(self, instance_id: int) -> None:
+        raise ProviderPermanent("this fleet has no market pool (every pool is provider ssh): nothing can be destroyed")
+
+    def ensure_ssh_key(self, public_key: str) -> None:
+        return None
+
+    def account_credit(self) -> float:
+        raise ProviderPermanent("this fleet has no market account (every pool is provider ssh)")
+
+    def billed_costs(self, since: float, now: float) -> dict[int, float]:
+        return {}
 
 
 def open_shell(private_key: Path, known_hosts: Path) -> SshShell:

@@ -11,13 +11,14 @@ show no rental by rigsync.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 import jsonschema
 import pytest
 import yaml
-from world import fleet_repo
+from world import fleet_repo, rigsync
 
 from reconciler.actions import Destroy, Rent
 from reconciler.cli._common import load_local_desired, open_reconciler, write_observed_uncommitted
@@ -95,3 +96,48 @@ def test_a_provider_ssh_pool_runs_a_sweep_on_a_machine_rigsync_never_rents_or_de
     for shard in (repo / "observed" / "runs").glob("*.jsonl"):
         for line in shard.read_text().splitlines():
             jsonschema.Draft202012Validator(archive_schema).validate(json.loads(line))
+
+
+def test_rigsync_run_once_on_a_fleet_of_own_machines_needs_no_vast_key(emulator: Emulator, tmp_path: Path) -> None:
+    """`rigsync run --once` (the console script) with VAST_API_KEY unset, no key file and an API URL where nothing
+    listens: an own-boxes fleet runs its cycle anyway; adding a Vast pool makes it one line naming that pool."""
+    from vastai import VastAI
+
+    from reconciler.adapters.ssh import ensure_keypair
+
+    state = tmp_path / "state"
+    _key, public = ensure_keypair(state / "itnokey")  # rigsync's own key, put on the lab machine by its admin
+    emulator.add_ssh_key(public)
+    client = VastAI(api_key=emulator.api_key, server_url=emulator.url, quiet=True)
+    offer = client.search_offers(query="num_gpus=1 rentable=true", limit=1)[0]
+    lab_id = int(client.create_instance(id=offer["id"], image="ubuntu:22.04", disk=10, label="lab", ssh=True)[
+        "new_contract"])
+    emulator.wait_running([lab_id])
+    record = emulator.instance(lab_id)
+    address, port = str(record["public_ipaddr"]), int(record["ports"]["22/tcp"][0]["HostPort"])
+    fleet = fleet_repo(tmp_path / "fleet")
+    fleet.set_sweeps({"labrun": SWEEP})
+    host = {"address": address, "port": port, "user": "root", "gpus": 1, "gpu_name": "RTX 3060"}
+    fleet.edit_fleet(name="itnokey", pools=[{"name": "lab", "provider": "ssh", "hosts": [host]}])
+    fleet.commit("an own-boxes fleet")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "VAST_API_KEY"}
+    env.update(HOME=str(home), XDG_CONFIG_HOME=str(home / ".config"), RIGSYNC_STATE_DIR=str(state),
+               RIGSYNC_API_URL="http://127.0.0.1:1")  # nothing listens there: the Vast API is never called
+    calls_before = len(emulator.ledger.events)
+    got = rigsync(env, "run", "--once", "--repo", str(fleet.work))
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert "cannot reach" not in got.stdout + got.stderr
+    own_id = own_box_id(load_local_desired(fleet.work).fleet.pools[0], address, port)
+    fleet.git("pull", "-q", "--ff-only")
+    assert str(own_id) in (fleet.work / "observed" / "fleet.yaml").read_text()
+    assert not [e for e in emulator.ledger.events[calls_before:] if e["type"] == "create"]
+
+    fleet.edit_fleet(pools=[{"name": "lab", "provider": "ssh", "hosts": [host]}, {"name": "rented"}])
+    fleet.commit("a mixed fleet")
+    got = rigsync(env, "run", "--once", "--repo", str(fleet.work))
+    assert got.returncode != 0, got.stdout + got.stderr
+    lines = (got.stdout + got.stderr).strip().splitlines()
+    assert lines[-1].count("pool rented (provider vast) needs a Vast API key") == 1, got.stdout + got.stderr
+    assert "Traceback" not in got.stdout

@@ -1,14 +1,17 @@
 """The Vast adapter's retries: the pure backoff schedule (seeded jitter), the endpoint each call names when its
-bound is reached, the URL every "cannot reach" line names."""
+bound is reached, the URL every "cannot reach" line names, and which fleets need a Vast key at all."""
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
 from reconciler.adapters import vast
-from reconciler.errors import ProviderTransient
+from reconciler.errors import ProviderAuthError, ProviderTransient
+from reconciler.fleet import NoMarket, open_provider
+from reconciler.model import OWN_PROVIDER, Fleet, OwnHost, Pool
 
 
 def test_the_schedule_doubles_with_jitter_and_is_reproducible_from_a_seed() -> None:
@@ -52,3 +55,25 @@ def test_an_unreachable_api_is_one_line_naming_the_endpoint_the_url_and_how_long
     assert line.startswith("GET /api/v0/instances/: gave up after 3 tries in ")
     assert "cannot reach the Vast API at 'http://127.0.0.1:1'" in line
     assert sleeps == vast.backoff_schedule(3, 60.0, random.Random(3))
+
+
+def _fleet(*pools: Pool) -> Fleet:
+    return Fleet(name="f", pools=pools)
+
+
+LAB = Pool(name="lab", provider=OWN_PROVIDER, hosts=(OwnHost(address="10.0.0.5"),))
+
+
+def test_a_fleet_of_own_machines_needs_no_vast_key(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("VAST_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    provider = open_provider(_fleet(LAB), "https://console.vast.ai")
+    assert isinstance(provider, NoMarket)
+    assert provider.list_instances() == [] and provider.billed_costs(0, 1) == {}
+    with pytest.raises(ProviderAuthError, match=r"^pool gpus \(provider vast\) needs a Vast API key: no Vast API key"):
+        open_provider(_fleet(LAB, Pool(name="gpus")), "https://console.vast.ai")
+    with pytest.raises(ProviderAuthError, match=r"^no Vast API key found"):
+        open_provider(_fleet(Pool(name="gpus")), "https://console.vast.ai")
+    monkeypatch.setenv("VAST_API_KEY", "k")
+    assert isinstance(open_provider(_fleet(LAB, Pool(name="gpus")), "https://console.vast.ai"), vast.VastProvider)
