@@ -283,8 +283,10 @@ def backoff_schedule(
 
 def endpoint_of(what: str) -> str:
     """The endpoint a call named ``what`` goes to (``what`` itself when it is not in ``ENDPOINTS``)."""
-    head = " ".join(what.split()[:2])
-    return ENDPOINTS.get(head, what)
+    for name, endpoint in ENDPOINTS.items():
+        if what == name or what.startswith(name + " "):
+            return endpoint
+    return what
 
 
 def _refuse_clear_text_proxy(url: str) -> None:

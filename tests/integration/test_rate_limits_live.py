@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 
 import pytest
 import requests
+from world import emulator_env, fleet_repo, rigsync
 
 from reconciler.adapters.vast import VastProvider, backoff_schedule
 from reconciler.emulator import Emulator
@@ -72,3 +74,17 @@ def test_a_burst_longer_than_the_bound_is_one_line_naming_the_endpoint(emulator:
         assert provider.list_instances() is not None  # other endpoints still answer
     finally:
         emulator.clear_failures(SEARCH)
+
+
+def test_a_wrong_api_url_is_named_in_the_cannot_reach_line(emulator: Emulator, tmp_path: Path) -> None:
+    """The console script with RIGSYNC_API_URL where nothing listens: the line names the URL and the endpoint,
+    never the key."""
+    fleet = fleet_repo(tmp_path / "fleet")
+    fleet.edit_fleet(name="itwrongurl")
+    fleet.commit("a fleet")
+    env = {**emulator_env(emulator, state_dir=tmp_path / "state"), "RIGSYNC_API_URL": "http://127.0.0.1:1"}
+    got = rigsync(env, "run", "--once", "--repo", str(fleet.work))
+    out = got.stdout + got.stderr
+    assert got.returncode != 0
+    assert "GET /api/v0/ssh/: gave up after" in out, out
+    assert "cannot reach the Vast API at 'http://127.0.0.1:1'" in out and emulator.api_key not in out

@@ -39,6 +39,9 @@ def test_each_call_names_its_endpoint() -> None:
     assert vast.endpoint_of("search offers") == "POST /api/v0/bundles/"
     assert vast.endpoint_of("rent offer 123") == "PUT /api/v0/asks/{id}/"
     assert vast.endpoint_of("destroy instance 9") == "DELETE /api/v0/instances/{id}/"
+    assert vast.endpoint_of("list ssh keys") == "GET /api/v0/ssh/"
+    assert vast.endpoint_of("show user") == "GET /api/v0/users/current/"
+    assert vast.endpoint_of("list instancesX") == "list instancesX"
     assert vast.endpoint_of("something new") == "something new"
 
 
