@@ -170,6 +170,8 @@ class ReasonCode(enum.StrEnum):
     SUSPENDED = "suspended"  # the fleet is suspended: the action is reported, not taken
     OWN_BOX_KEPT = "own_box_kept"  # one of the lab's own machines (provider ssh): never destroyed, whatever the reason
     OWN_POOL_FULL = "own_pool_full"  # runs of a provider ssh pool wait for its machines: rigsync never rents for it
+    PREEMPTED = "preempted"  # the provider took the attempt's box (outbid): requeued as preempted, no retry spent
+    PREEMPTIONS_EXHAUSTED = "preemptions_exhausted"  # the run was preempted more often than max_preemptions allows
 
 
 # destroys that stop the billing before anything else is sent to a box (``apply_key``)
@@ -303,6 +305,8 @@ class Requeue(Action):
     # its process group as the launch recorded it, as ``Kill`` has it: a requeue from a box that answers kills there
     pid: int | None = None
     pid_started: int | None = None
+    # what the attempt is archived as: lost, or preempted (the provider took its box: no retry spent)
+    phase: AttemptOutcome = AttemptOutcome.LOST
     kind: ClassVar[Kind] = Kind.REQUEUE
 
     @property
