@@ -55,6 +55,8 @@ def test_runs_yaml_and_status_count_the_preemptions() -> None:
     )
     assert doc["sweeps"]["s"]["a"]["phase"] == "retrying" and doc["sweeps"]["s"]["a"]["preempted"] == 1
     status = status_json(d, observed)
+    schema = json.loads((ROOT / "schemas" / "cli-status.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(status)
     assert status["preempted"] == 1
     assert "preempted: 1 attempt(s) taken by the provider" in status_text(status)
     assert "preempted" not in status_text(status_json(d, Observed()))
