@@ -297,7 +297,8 @@ class Kill(Action):
 
 @dataclass(frozen=True)
 class Requeue(Action):
-    """An attempt was lost (box gone, heartbeat stale): archive it as lost; the run becomes pending."""
+    """An attempt was lost (box gone, heartbeat stale): archive it as lost, or as preempted when the provider took its
+    box (outbid: no retry spent); the run becomes pending."""
 
     run_id: str
     attempt: int
@@ -401,7 +402,7 @@ def action_from_json(d: dict[str, Any]) -> Action:
     fields["code"] = ReasonCode(fields["code"])
     if "gpu_mask" in fields:
         fields["gpu_mask"] = tuple(fields["gpu_mask"])
-    if kind is Kind.KILL and "phase" in fields:  # what the kill archives the attempt as
+    if kind in (Kind.KILL, Kind.REQUEUE) and "phase" in fields:  # what the kill or requeue archives the attempt as
         fields["phase"] = AttemptOutcome(fields["phase"])
     return cls(**fields)
 

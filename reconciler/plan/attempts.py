@@ -619,9 +619,11 @@ def settle_in_flight(
                 )
             )
         elif fl.instance_id in destroyed:
-            requeue(fl, *destroyed_box_requeue(fl.instance_id, destroyed[fl.instance_id], preempted))
+            code, reason, phase = destroyed_box_requeue(fl.instance_id, destroyed[fl.instance_id], preempted)
+            requeue(fl, code, reason, phase)
             if not box.reachable:
-                unverified[fl.run_id] = f"attempt {fl.attempt} was lost on {subj_inst}, which cannot be checked"
+                how = "preempted" if phase is AttemptOutcome.PREEMPTED else "lost"
+                unverified[fl.run_id] = f"attempt {fl.attempt} was {how} on {subj_inst}, which cannot be checked"
         elif box.reachable and is_queued(fl, box.probe):
             ahead = running.get(fl.run_id)
             first = queued_kept.get(fl.run_id)

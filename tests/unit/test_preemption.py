@@ -9,7 +9,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from reconciler.actions import Plan
+from reconciler.actions import Plan, ReasonCode, Requeue, action_from_json
 from reconciler.model import AttemptOutcome, AttemptRecord, Desired, Observed, RunPhase
 from reconciler.observed.codec import RUNS
 from reconciler.observed.documents import ReconcilerStatus, render_observed
@@ -60,3 +60,10 @@ def test_runs_yaml_and_status_count_the_preemptions() -> None:
     assert status["preempted"] == 1
     assert "preempted: 1 attempt(s) taken by the provider" in status_text(status)
     assert "preempted" not in status_text(status_json(d, Observed()))
+
+
+def test_a_saved_plan_keeps_a_requeue_s_phase() -> None:
+    requeue = Requeue("preempted", code=ReasonCode.PREEMPTED, run_id="a", attempt=1, instance_id=7,
+                      phase=AttemptOutcome.PREEMPTED)
+    back = action_from_json(json.loads(json.dumps(requeue.to_json())))
+    assert back == requeue and isinstance(back, Requeue) and back.phase is AttemptOutcome.PREEMPTED
