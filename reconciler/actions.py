@@ -170,6 +170,8 @@ class ReasonCode(enum.StrEnum):
     SUSPENDED = "suspended"  # the fleet is suspended: the action is reported, not taken
     OWN_BOX_KEPT = "own_box_kept"  # one of the lab's own machines (provider ssh): never destroyed, whatever the reason
     OWN_POOL_FULL = "own_pool_full"  # runs of a provider ssh pool wait for its machines: rigsync never rents for it
+    PREEMPTED = "preempted"  # the provider took the attempt's box (outbid): requeued as preempted, no retry spent
+    PREEMPTIONS_EXHAUSTED = "preemptions_exhausted"  # the run was preempted more often than max_preemptions allows
 
 
 # destroys that stop the billing before anything else is sent to a box (``apply_key``)
@@ -295,7 +297,8 @@ class Kill(Action):
 
 @dataclass(frozen=True)
 class Requeue(Action):
-    """An attempt was lost (box gone, heartbeat stale): archive it as lost; the run becomes pending."""
+    """An attempt was lost (box gone, heartbeat stale): archive it as lost, or as preempted when the provider took its
+    box (outbid: no retry spent); the run becomes pending."""
 
     run_id: str
     attempt: int
@@ -303,6 +306,8 @@ class Requeue(Action):
     # its process group as the launch recorded it, as ``Kill`` has it: a requeue from a box that answers kills there
     pid: int | None = None
     pid_started: int | None = None
+    # what the attempt is archived as: lost, or preempted (the provider took its box: no retry spent)
+    phase: AttemptOutcome = AttemptOutcome.LOST
     kind: ClassVar[Kind] = Kind.REQUEUE
 
     @property
@@ -397,7 +402,7 @@ def action_from_json(d: dict[str, Any]) -> Action:
     fields["code"] = ReasonCode(fields["code"])
     if "gpu_mask" in fields:
         fields["gpu_mask"] = tuple(fields["gpu_mask"])
-    if kind is Kind.KILL and "phase" in fields:  # what the kill archives the attempt as
+    if kind in (Kind.KILL, Kind.REQUEUE) and "phase" in fields:  # what the kill or requeue archives the attempt as
         fields["phase"] = AttemptOutcome(fields["phase"])
     return cls(**fields)
 

@@ -333,7 +333,7 @@ def _execute(planned: Action, ctx: ApplyContext, instances: dict[int, Instance],
             probe = ctx.observed.probe(action.instance_id)
             listed = instances.get(action.instance_id)
             rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
-                                  AttemptOutcome.LOST, None, action.reason)
+                                  action.phase, None, action.reason)
             if action.instance_id in result.destroyed:  # destroyed first for the budget (``apply_key``)
                 rec = replace(rec, harvest="lost: its box was destroyed first (the budget's headroom was gone)")
             elif probe is not None and probe.reachable and listed is not None:
@@ -390,7 +390,7 @@ def _harvest(
     sweep = spec.sweep if spec else None
     metrics = [spec.sweep.metrics_file] if spec and not spec.sweep.metrics_file.startswith("/") else []
     patterns = [*metrics, *(sweep.artifacts if sweep else ())]
-    if sweep is not None and sweep.checkpoint is not None and rec.phase.uses_a_retry:
+    if sweep is not None and sweep.checkpoint is not None and rec.phase.launches_again:
         _pull_checkpoint(ctx, result, box, rec.run_id, rec.attempt, sweep.checkpoint.path)  # what a retry resumes
     try:
         got = _bring_home(ctx, box, rec, patterns, read_back=[*READ_BACK, *metrics])

@@ -295,6 +295,7 @@ class Sweep:
     min_gpu_ram_mib: int = 0
     max_runtime_s: float = 3600.0
     retries: int = 2
+    max_preemptions: int = 10  # attempts a run may lose to preemption (``AttemptOutcome.PREEMPTED``) before it blocks
     metrics_file: str = "metrics.jsonl"
     metric_key: str | None = None
     metric_goal: MetricGoal = MetricGoal.MAX
@@ -700,10 +701,17 @@ class AttemptOutcome(enum.StrEnum):
     FAILED = "failed"  # exited non-zero, or was killed (past max_runtime, duplicate, no longer desired)
     LOST = "lost"  # its box vanished or its heartbeat went stale
     STOPPED_EARLY = "stopped_early"  # the search's early termination stopped it at a rung: not a failure, settled
+    PREEMPTED = "preempted"  # the provider took its box (an interruptible box outbid): no retry spent, resumed
 
     @property
     def uses_a_retry(self) -> bool:
-        """Failed and lost attempts both count against the run's ``retries``; a run stopped early is settled."""
+        """Failed and lost attempts both count against the run's ``retries``; a run stopped early is settled, and a
+        preempted attempt counts against ``max_preemptions`` instead."""
+        return self not in (AttemptOutcome.SUCCEEDED, AttemptOutcome.STOPPED_EARLY, AttemptOutcome.PREEMPTED)
+
+    @property
+    def launches_again(self) -> bool:
+        """The run is launched again after such an attempt (failed, lost, preempted), from its checkpoint if any."""
         return self not in (AttemptOutcome.SUCCEEDED, AttemptOutcome.STOPPED_EARLY)
 
 

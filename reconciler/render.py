@@ -7,7 +7,7 @@ from typing import Any
 
 from reconciler.actions import SIGNS, Kind, Plan, SweepEstimate
 from reconciler.jobenv import held_back
-from reconciler.model import Desired, Observed, owns
+from reconciler.model import AttemptOutcome, Desired, Observed, owns
 from reconciler.runphase import count_phases, is_unfinished, live_progress, run_phases
 from reconciler.suggest import SearchBound
 
@@ -131,6 +131,8 @@ def status_json(desired: Desired, observed: Observed, plan: Plan | None = None) 
         "price": [e.to_json() for e in plan.estimates] if plan else [],
         # sweeps whose launches are held back, and why (a secret the controller does not set)
         "blocked": held_back(plan.warnings if plan else ()),
+        # attempts the provider took (outbid boxes): resumed from their checkpoints, no retry spent
+        "preempted": sum(1 for r in observed.history if r.phase is AttemptOutcome.PREEMPTED),
     }
 
 
@@ -149,6 +151,8 @@ def status_text(doc: dict[str, Any]) -> str:
         lines.append(f"  {f['id']:>10}  foreign (label {f['label']!r}): not ours, left alone")
     runs = doc["runs"]
     lines.append("runs: " + ", ".join(f"{k} {v}" for k, v in runs.items()))
+    if doc.get("preempted"):
+        lines.append(f"preempted: {doc['preempted']} attempt(s) taken by the provider, resumed, no retry spent")
     spend = doc["spend"]
     credit = doc.get("credit_usd")
     lines.append(

@@ -78,22 +78,32 @@ class RunTally(NamedTuple):
     live: bool = False
     queued: bool = False  # its live attempt waits in its box's queue (``live`` is then True too)
     stopped: bool = False  # an attempt was stopped early by the sweep's early termination: settled, no retry spent
+    preempted: int = 0  # attempts the provider took (``AttemptOutcome.PREEMPTED``): no retry, ``max_preemptions``
 
     def with_outcome(self, outcome: AttemptOutcome) -> RunTally:
         if outcome is AttemptOutcome.SUCCEEDED:
-            return RunTally(True, self.used, self.live, self.queued, self.stopped)
+            return self._replace(succeeded=True)
+        if outcome is AttemptOutcome.PREEMPTED:
+            return self._replace(preempted=self.preempted + 1)
         if not outcome.uses_a_retry:  # stopped early
-            return RunTally(self.succeeded, self.used, self.live, self.queued, True)
-        return RunTally(self.succeeded, self.used + 1, self.live, self.queued, self.stopped)
+            return self._replace(stopped=True)
+        return self._replace(used=self.used + 1)
 
 
 UNTOUCHED = RunTally()  # no attempt yet
 
 
+def preemptions_exhausted(spec: RunSpec | None, tally: RunTally) -> bool:
+    """The run has lost more attempts to preemption than its sweep's ``max_preemptions`` allows (a run no longer
+    desired, ``spec`` None, none): it is blocked, so a run on boxes that keep being outbid cannot bounce forever."""
+    return tally.preempted > (max(0, spec.sweep.max_preemptions) if spec is not None else 0)
+
+
 def run_phase(spec: RunSpec | None, tally: RunTally) -> RunPhase:
     """The one rule: succeeded beats stopped early, which beats live (a run stopped early is settled: never launched
-    again, no retry spent), live beats blocked, and a run is blocked once its retries are used. A live attempt that
-    waits in its box's queue makes the run queued rather than running.
+    again, no retry spent), live beats blocked, and a run is blocked once its retries are used or once more of its
+    attempts were preempted than ``max_preemptions`` allows (``preemptions_exhausted``). A live attempt that waits in
+    its box's queue makes the run queued rather than running.
 
     A run no longer in the desired state (``spec`` None) is never launched again, so one failure blocks it.
     """
@@ -104,9 +114,9 @@ def run_phase(spec: RunSpec | None, tally: RunTally) -> RunPhase:
     if tally.live:
         return _QUEUED if tally.queued else _RUNNING
     allowed = allowed_attempts(spec) if spec is not None else 1
-    if tally.used >= allowed:
+    if tally.used >= allowed or (tally.preempted and preemptions_exhausted(spec, tally)):
         return _BLOCKED
-    return _RETRYING if tally.used else _PENDING
+    return _RETRYING if tally.used or tally.preempted else _PENDING
 
 
 # Module constants: an enum member looked up on its class costs a descriptor call in the planner's hot loop.
@@ -182,7 +192,7 @@ def tally_runs(
     queued = {k for k, a in live.items() if a.queued} if isinstance(live, Mapping) else set()
     for run_id in live:
         t = out.get(run_id, UNTOUCHED)
-        out[run_id] = RunTally(t.succeeded, t.used, True, run_id in queued, t.stopped)
+        out[run_id] = t._replace(live=True, queued=run_id in queued)
     return out
 
 

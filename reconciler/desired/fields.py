@@ -243,6 +243,7 @@ ROWS: tuple[Row, ...] = (
         ("max_runtime", "max_runtime_s", parse_duration),
         ("expected_runtime", "expected_runtime_s", parse_duration),
         ("retries", "retries", int),
+        ("max_preemptions", "max_preemptions", int),
         ("metrics.file", "metrics_file", str),
         ("metrics.key", "metric_key", _opt(str)),
         ("metrics.goal", "metric_goal", MetricGoal),

@@ -208,6 +208,8 @@ def _render_runs(desired: Desired | None, observed: Observed) -> dict[str, Any]:
             "instance": instance or None,
             "best_metric": best,
         }
+        if tally.preempted:
+            out["preempted"] = tally.preempted
         done = progress.get((run_id, now_live.attempt)) if now_live else None
         done = finite(done) if done is not None else None
         if done is not None:  # in tenths, floored: a running sweep commits a few progress changes, not every cycle

@@ -100,11 +100,12 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
     table, found = enforce_max_instances(world, seen, table)
     decided.extend(found)
 
-    live, found = settle_live(world, seen, table.destroyed, wanted, early_stops(world))
+    live, found = settle_live(world, seen, table.destroyed, wanted, early_stops(world), table.preempted)
     decided.extend(found)
     in_flight, found = settle_in_flight(
         world, seen, recorded.keys | live.settled, table.destroyed, table.states,
         wanted=wanted, running=live.running, over_budget=budget.verdict() if budget.binds else None,
+        preempted=table.preempted,
     )
     decided.extend(found)
     queue, found = run_queue(world, seen, recorded, wanted, live, in_flight, unverified_lost(world, in_flight))

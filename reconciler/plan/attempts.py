@@ -41,6 +41,7 @@ from reconciler.runphase import (
     is_live,
     is_queued,
     is_unfinished,
+    preemptions_exhausted,
     run_phase,
     tally_runs,
 )
@@ -84,6 +85,7 @@ class LiveVerdicts:
     settled: frozenset[AttemptKey]
     launched: Mapping[str, float] = field(default_factory=dict)  # run id -> when its kept attempt was launched
     stopped: frozenset[str] = frozenset()  # runs this plan stops early (``early_stop``): settled, no retry spent
+    preempted: Mapping[str, int] = field(default_factory=dict)  # run id -> attempts this plan requeues as preempted
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ class InFlightVerdicts:
     # checked (being destroyed, or no longer carrying our label)
     unverified: Mapping[str, str]
     queued: tuple[InFlight, ...] = ()  # attempts kept waiting in a reachable box's queue (``is_queued``)
+    preempted: Mapping[str, int] = field(default_factory=dict)  # run id -> attempts requeued here as preempted
 
 
 class PendingRun(NamedTuple):
@@ -307,12 +310,22 @@ def wanted_runs(world: World, recorded: Recorded) -> tuple[frozenset[str], Decis
     return wanted, out
 
 
+def destroyed_box_requeue(box_id: int, gone: str, preempted: frozenset[int]) -> tuple[ReasonCode, str, AttemptOutcome]:
+    """How an attempt of a destroyed box is requeued: preempted when the provider took the box (``BoxTable.preempted``,
+    an outbid box: no retry spent, it counts against ``max_preemptions``), else lost."""
+    if box_id in preempted:
+        reason = f"preempted: the provider took its box instance/{box_id} ({gone}); no retry spent"
+        return ReasonCode.PREEMPTED, reason, AttemptOutcome.PREEMPTED
+    return ReasonCode.BOX_DESTROYED, f"its box instance/{box_id} is destroyed: {gone}", AttemptOutcome.LOST
+
+
 def settle_live(
     world: World,
     seen: SeenAttempts,
     destroyed: Mapping[int, str],
     wanted: frozenset[str],
     stops: Mapping[str, EarlyStop] | None = None,
+    preempted: frozenset[int] = frozenset(),
 ) -> tuple[LiveVerdicts, Decisions]:
     """Kill or requeue live attempts that must end; keep one running attempt per run. ``stops`` are the runs the
     sweep's early termination stops (``early_stop.early_stops``): their attempts are killed as stopped early."""
@@ -320,6 +333,7 @@ def settle_live(
     now = world.now
     settled: set[AttemptKey] = set()
     used: dict[str, int] = {}
+    took: dict[str, int] = {}  # run id -> attempts requeued as preempted (no retry spent)
     running: dict[str, list[tuple[int, RunDirState]]] = {}
     stopped: set[str] = set()
 
@@ -341,9 +355,12 @@ def settle_live(
             )
         )
 
-    def requeue(box_id: int, rd: RunDirState, code: ReasonCode, reason: str) -> None:
+    def requeue(
+        box_id: int, rd: RunDirState, code: ReasonCode, reason: str, phase: AttemptOutcome = AttemptOutcome.LOST
+    ) -> None:
         settled.add((rd.run_id, rd.attempt))
-        used[rd.run_id] = used.get(rd.run_id, 0) + 1
+        count = took if phase is AttemptOutcome.PREEMPTED else used
+        count[rd.run_id] = count.get(rd.run_id, 0) + 1
         pid, started = recorded_group(seen.launch_of(rd), box_id, rd)
         out.act(
             Requeue(
@@ -354,6 +371,7 @@ def settle_live(
                 instance_id=box_id,
                 pid=pid,
                 pid_started=started,
+                phase=phase,
             )
         )
 
@@ -371,7 +389,7 @@ def settle_live(
         for rd in seen.live.get(box_id, ()):
             subj = f"run/{rd.run_id}.{rd.attempt}"
             if gone is not None:
-                requeue(box_id, rd, ReasonCode.BOX_DESTROYED, f"its box instance/{box_id} is destroyed: {gone}")
+                requeue(box_id, rd, *destroyed_box_requeue(box_id, gone, preempted))
                 continue
             if not is_live(rd):  # unfinished, and its wrapper is gone
                 detail = "wrapper process gone without an exit code"
@@ -434,7 +452,7 @@ def settle_live(
             f"running for {ran} of max {fmt_duration(spec.sweep.max_runtime_s)} on {gpus_text(keep_rd.gpu_mask)}; "
             f"heartbeat {beat}",
         )
-    return LiveVerdicts(kept, used, frozenset(settled), launched_kept, frozenset(stopped)), out
+    return LiveVerdicts(kept, used, frozenset(settled), launched_kept, frozenset(stopped), took), out
 
 
 def launched_at(world: World, seen: SeenAttempts, rd: RunDirState) -> float:
@@ -531,6 +549,7 @@ def settle_in_flight(
     wanted: frozenset[str],
     running: Mapping[str, tuple[int, RunDirState]] | None = None,
     over_budget: str | None = None,
+    preempted: frozenset[int] = frozenset(),
 ) -> tuple[InFlightVerdicts, Decisions]:
     """Attempts rigsync launched that no reachable box shows and the archive does not know.
 
@@ -542,6 +561,7 @@ def settle_in_flight(
     out = Decisions()
     waiting: set[str] = set()
     used: dict[str, int] = {}
+    took: dict[str, int] = {}  # run id -> attempts requeued as preempted (no retry spent)
     unverified: dict[str, str] = {}
     running = running or {}
     queued_kept: dict[str, InFlight] = {}
@@ -565,9 +585,12 @@ def settle_in_flight(
         subj_inst = f"instance/{fl.instance_id}"
         box = world.boxes.get(fl.instance_id)
 
-        def requeue(fl: InFlight, code: ReasonCode, reason: str) -> None:
+        def requeue(
+            fl: InFlight, code: ReasonCode, reason: str, phase: AttemptOutcome = AttemptOutcome.LOST
+        ) -> None:
             if not fl.queued:  # a queued attempt no box showed started never ran (``runphase.never_ran``)
-                used[fl.run_id] = used.get(fl.run_id, 0) + 1
+                count = took if phase is AttemptOutcome.PREEMPTED else used
+                count[fl.run_id] = count.get(fl.run_id, 0) + 1
             pid, started = recorded_group(fl, fl.instance_id)
             out.act(
                 Requeue(
@@ -578,6 +601,7 @@ def settle_in_flight(
                     instance_id=fl.instance_id,
                     pid=pid,
                     pid_started=started,
+                    phase=phase,
                 )
             )
 
@@ -595,9 +619,11 @@ def settle_in_flight(
                 )
             )
         elif fl.instance_id in destroyed:
-            requeue(fl, ReasonCode.BOX_DESTROYED, f"its box {subj_inst} is destroyed: {destroyed[fl.instance_id]}")
+            code, reason, phase = destroyed_box_requeue(fl.instance_id, destroyed[fl.instance_id], preempted)
+            requeue(fl, code, reason, phase)
             if not box.reachable:
-                unverified[fl.run_id] = f"attempt {fl.attempt} was lost on {subj_inst}, which cannot be checked"
+                how = "preempted" if phase is AttemptOutcome.PREEMPTED else "lost"
+                unverified[fl.run_id] = f"attempt {fl.attempt} was {how} on {subj_inst}, which cannot be checked"
         elif box.reachable and is_queued(fl, box.probe):
             ahead = running.get(fl.run_id)
             first = queued_kept.get(fl.run_id)
@@ -634,7 +660,7 @@ def settle_in_flight(
                 ReasonCode.UNCHECKABLE,
                 f"launched on {subj_inst} which cannot be checked now ({box_states.get(fl.instance_id, '')}); waiting",
             )
-    return InFlightVerdicts(frozenset(waiting), used, unverified, tuple(queued_kept.values())), out
+    return InFlightVerdicts(frozenset(waiting), used, unverified, tuple(queued_kept.values()), took), out
 
 
 def unverified_lost(world: World, in_flight: InFlightVerdicts) -> dict[str, str]:
@@ -650,7 +676,7 @@ def unverified_lost(world: World, in_flight: InFlightVerdicts) -> dict[str, str]
         if run_id in held:
             continue
         for rec in records:
-            if rec.phase is not AttemptOutcome.LOST:
+            if rec.phase not in (AttemptOutcome.LOST, AttemptOutcome.PREEMPTED):
                 continue
             box = world.boxes.get(rec.instance_id)
             if box is not None and not box.reachable:
@@ -685,7 +711,11 @@ def run_queue(
     for used in (live.used, in_flight.used):
         for run_id, n in used.items():
             t = tallies.get(run_id, UNTOUCHED)
-            tallies[run_id] = RunTally(t.succeeded, t.used + n, t.live, stopped=t.stopped)
+            tallies[run_id] = t._replace(used=t.used + n)
+    for took in (live.preempted, in_flight.preempted):
+        for run_id, n in took.items():
+            t = tallies.get(run_id, UNTOUCHED)
+            tallies[run_id] = t._replace(preempted=t.preempted + n)
     for run_id in live.stopped:
         tallies[run_id] = tallies.get(run_id, UNTOUCHED).with_outcome(AttemptOutcome.STOPPED_EARLY)
     # Launch order is priority, then sweep order, then desired order: runs are visited in desired order and
@@ -722,6 +752,13 @@ def run_queue(
                 buckets[key] = [run]
             else:
                 bucket.append(run)
+        elif phase is RunPhase.BLOCKED and preemptions_exhausted(spec, tally):
+            out.noop(
+                f"run/{run_id}",
+                ReasonCode.PREEMPTIONS_EXHAUSTED,
+                f"blocked: preempted {tally.preempted} time(s), more than max_preemptions "
+                f"{spec.sweep.max_preemptions}; no more launches",
+            )
         elif phase is RunPhase.BLOCKED:
             out.noop(
                 f"run/{run_id}",

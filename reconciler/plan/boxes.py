@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from reconciler.actions import Bootstrap, Destroy, Drain, ReasonCode
 from reconciler.identity import slot_spec_hash
+from reconciler.ledger import OUTBID_CODES
 from reconciler.model import Drift, DriftClass, GpuState, InFlight, InstanceStatus
 from reconciler.plan.attempts import SeenAttempts, unseen_in_flight
 from reconciler.plan.common import Decisions, cap, count_cap, fmt_duration, usd_h
@@ -49,6 +50,8 @@ class BoxTable:
     occupied: Mapping[int, frozenset[int]]  # GPU indexes held by live or waiting attempts
     considered: frozenset[int]  # an action or a no-op already speaks for these boxes
     free: Mapping[int, tuple[GpuState, ...]]  # ready boxes: GPUs no run holds and no memory is used on
+    # destroyed because the provider took them (``ledger.OUTBID_CODES``): their attempts are preempted, not lost
+    preempted: frozenset[int] = frozenset()
 
     def alive(self) -> list[int]:
         return [i for i in self.states if i not in self.destroyed]
@@ -90,6 +93,7 @@ class _Destroyer:
         self.out = Decisions()
         self.states: dict[int, BoxState] = dict(table.states) if table else {}
         self.destroyed: dict[int, str] = dict(table.destroyed) if table else {}
+        self.preempted: set[int] = set(table.preempted) if table else set()
         self.considered: set[int] = set(table.considered) if table else set()
         self.pending = harvest_pending(seen)
 
@@ -118,6 +122,8 @@ class _Destroyer:
                 )
             return
         self.destroyed[box.id] = reason
+        if code in OUTBID_CODES:
+            self.preempted.add(box.id)
         self.states[box.id] = BoxState.DESTROYED
         self.considered.add(box.id)
         self.out.act(Destroy(reason=reason, code=code, instance_id=box.id, dph=box.inst.dph_total))
@@ -266,6 +272,7 @@ def classify_boxes(world: World, seen: SeenAttempts, budget: Purse) -> tuple[Box
         occupied={k: frozenset(v) for k, v in occupied.items()},
         considered=frozenset(d.considered),
         free={},
+        preempted=frozenset(d.preempted),
     )
     return table, d.out
 

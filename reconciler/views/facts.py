@@ -16,7 +16,7 @@ from typing import Any
 from reconciler.bounds import finite
 from reconciler.errors import ObservedInvalid
 from reconciler.jobenv import held_back
-from reconciler.model import AttemptOutcome, AttemptRecord, Desired, MetricGoal, OverheadRecord, RunPhase
+from reconciler.model import AttemptRecord, Desired, MetricGoal, OverheadRecord, RunPhase
 from reconciler.observed.codec import BUDGET, FLEET, RUNS, STATUS, load_mapping_quietly, parse_iso
 from reconciler.promotion import best_by_cell, better, promotion_met, succeeded_metrics
 from reconciler.views.opstax import OpsTax, ops_tax
@@ -242,8 +242,8 @@ def build_view(
         CapView("dearest box $/h", max_box, _num(caps_doc.get("max_instance_dph")), "$/h"),
     )
 
-    # a run the search stopped early did not fail (its rung is on the search's view)
-    failed = [r for r in records if r.phase not in (AttemptOutcome.SUCCEEDED, AttemptOutcome.STOPPED_EARLY)]
+    # a run the search stopped early did not fail (its rung is on the search's view), nor did a preempted one
+    failed = [r for r in records if r.phase.uses_a_retry]
     failed.sort(key=lambda r: (-(r.ended_at or 0.0), r.run_id, r.attempt))
     failures = tuple(
         FailureView(

@@ -208,7 +208,7 @@ def stacked_bar(counts: Sequence[tuple[str, int]], *, width: int = 420, height: 
 SEGMENT_COLOURS = {
     "boot": "#9c755f", "bootstrap": "#b07aa1", "idle": "#e8e2dc", "queued": "#76b7b2", "running": "#4e79a7",
     "succeeded": "#59a14f", "failed": "#e15759", "lost": "#ff9da7", "stopped_early": "#d4a6c8", "duplicate": "#f28e2b",
-    "destroy": "#333333",
+    "destroy": "#333333", "preempted": "#edc948",
 }
 
 

@@ -25,7 +25,7 @@ from reconciler.views.opstax import LiveBox, boot_end, is_duplicate_kill
 MAX_LANES = 40
 MAX_ROWS = 8  # attempts that overlap on one box (its GPUs) get a row each, up to this; more share the last row
 SEGMENT_KINDS = ("boot", "bootstrap", "idle", "queued", "running", "succeeded", "failed", "lost", "stopped_early",
-                 "duplicate", "destroy")
+                 "duplicate", "destroy", "preempted")
 
 
 @dataclass(frozen=True)

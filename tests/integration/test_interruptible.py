@@ -2,8 +2,8 @@
 
 The real ``vastai`` SDK against the emulator: with ``interruptible: {max_bid_dph}`` the fleet rents a box with a
 bid (the emulator records ``is_bid`` and bills the bid), the box is outbid while its run works (stopped, processes
-killed), the plan destroys it (drift ``outbid``, never a stop), the attempt is requeued, and the next attempt starts
-from the checkpoint synced home before the outbid.
+killed), the plan destroys it (drift ``outbid``, never a stop), the attempt is requeued as preempted (no retry spent:
+the sweep has ``retries: 0``), and the next attempt starts from the checkpoint synced home before the outbid.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from world import fleet_repo
 
-from reconciler.actions import Destroy, Launch, ReasonCode, Rent
+from reconciler.actions import Destroy, Launch, ReasonCode, Rent, Requeue
 from reconciler.cli._common import load_local_desired, open_reconciler
 from reconciler.emulator import Emulator
 from reconciler.model import AttemptOutcome, DriftClass
@@ -29,13 +29,13 @@ command: >-
   --out {{ run_dir }}/metrics.jsonl --seconds 8 --evals 8
 seeds: [1]
 max_runtime: 5m
-retries: 2
+retries: 0
 checkpoint: {path: ckpt/, every: 1s}
 metrics: {file: metrics.jsonl, key: episode_reward, goal: max}
 """
 
 
-def test_a_bid_box_outbid_mid_run_is_destroyed_and_its_run_resumes_from_its_checkpoint(
+def test_a_bid_box_outbid_mid_run_is_destroyed_and_its_run_resumes_from_its_checkpoint_with_no_retry_spent(
     emulator: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("VAST_API_KEY", emulator.api_key)
@@ -70,9 +70,11 @@ def test_a_bid_box_outbid_mid_run_is_destroyed_and_its_run_resumes_from_its_chec
 
     emulator.outbid(box)
     outbid = None
+    requeues: list[Requeue] = []
     for _ in range(120):  # bounded: destroy the stopped box, requeue, rent again, resume, finish
         res = rec.cycle(desired)
         hit = [a for a in res.plan.actions if isinstance(a, Destroy) and a.instance_id == box]
+        requeues += [a for a in res.plan.actions if isinstance(a, Requeue)]
         if hit:
             outbid = hit[0]
             assert [d.cls for d in res.plan.drift if d.subject == f"instance/{box}"] == [DriftClass.OUTBID]
@@ -80,7 +82,9 @@ def test_a_bid_box_outbid_mid_run_is_destroyed_and_its_run_resumes_from_its_chec
             break
         time.sleep(0.5)
     assert outbid is not None and outbid.code is ReasonCode.PROVIDER_STOPPED
+    assert [(a.code, a.phase) for a in requeues] == [(ReasonCode.PREEMPTED, AttemptOutcome.PREEMPTED)]
     attempts = sorted(rec.history, key=lambda r: r.attempt)
-    assert [(r.attempt, r.phase) for r in attempts] == [(1, AttemptOutcome.LOST), (2, AttemptOutcome.SUCCEEDED)]
+    # preempted, not lost: with retries 0 a lost attempt would have blocked the run
+    assert [(r.attempt, r.phase) for r in attempts] == [(1, AttemptOutcome.PREEMPTED), (2, AttemptOutcome.SUCCEEDED)]
     assert attempts[0].instance_id == box
     assert attempts[1].resumed_from == 1  # the second attempt started from the first one's checkpoint

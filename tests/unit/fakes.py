@@ -782,6 +782,7 @@ SWEEP_FIELD_OF_RUN = {
     "max_runtime_s": "max_runtime_s", "retries": "retries", "metrics_file": "metrics_file", "metric_key": "metric_key",
     "metric_goal": "metric_goal", "expected_runtime_s": "expected_runtime_s", "env": "env",
     "stall_timeout_s": "stall_timeout_s", "stall_gpu_util_pct": "stall_gpu_util_pct", "pool": "pool",
+    "max_preemptions": "max_preemptions",
 }
 
 

@@ -163,6 +163,7 @@ def _flat_run(d: J, rid: str) -> RunSpec:
         stall_timeout_s=d.get("stall_timeout_s"),
         stall_gpu_util_pct=d.get("stall_gpu_util_pct", 5.0),
         pool=d.get("pool", ""),
+        **{k: d[k] for k in ("max_preemptions",) if k in d},  # the model's default otherwise
     )
 
 
