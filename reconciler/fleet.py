@@ -100,11 +100,14 @@ def build_adapters(fleet: Fleet, state_dir: Path, api_url: str | None = None) ->
     return provider, open_shell(key_path, state_dir / "known_hosts")
 
 
-def open_provider(fleet: Fleet, api_url: str) -> Provider:
-    """The provider for reading only (`rigsync logs`/`ssh`): no key is uploaded to the account."""
+def open_provider(fleet: Fleet | None, api_url: str) -> Provider:
+    """The provider for reading only (`rigsync logs`/`ssh`/`fleets`): no key is uploaded to the account.
+
+    None: the account itself, for no fleet in particular (`rigsync fleets` without a checkout)."""
     from reconciler.adapters.vast import VastProvider, load_api_key
 
-    require_supported_provider(fleet)
+    if fleet is not None:
+        require_supported_provider(fleet)
     return VastProvider(api_key=load_api_key(), server_url=api_url)
 
 
