@@ -114,12 +114,15 @@ def controller_url(api_url: str | None) -> str:
     return controller_api_url() if api_url is None else api_url
 
 
-def open_provider(fleet: Fleet, api_url: str) -> Provider:
+def open_provider(fleet: Fleet | None, api_url: str) -> Provider:
     """The fleet's market: ``NoMarket`` when every pool is the lab's own, else the Vast SDK with the account's
-    key (a missing key is one line naming the Vast pools that need it). No key is uploaded to the account here."""
+    key (a missing key is one line naming the Vast pools that need it). No key is uploaded to the account here.
+    None: the account itself, for no fleet in particular (`rigsync fleets` without a checkout)."""
     from reconciler.adapters.vast import VastProvider, load_api_key
     from reconciler.errors import ProviderAuthError
 
+    if fleet is None:
+        return VastProvider(api_key=load_api_key(), server_url=api_url)
     require_supported_provider(fleet)
     market = [p.name for p in fleet.pools if not p.own]
     if fleet.pools and not market:

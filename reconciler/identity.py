@@ -72,8 +72,14 @@ def own_boxes(fleet: Fleet) -> list[Instance]:
 
 def slot_pool(fleet: Fleet, slot: str) -> str:
     """The pool a box with this label slot belongs to: its ``-<pool>`` suffix, else the fleet's first pool."""
+    named = label_pool(slot)
+    return named if named is not None and fleet.named_pools else fleet.pools[0].name
+
+
+def label_pool(slot: str) -> str | None:
+    """The pool a label slot names in its ``-<pool>`` suffix, without the fleet at hand (None: it names none)."""
     parts = slot.split("-", 2)
-    return parts[2] if len(parts) == 3 and fleet.named_pools else fleet.pools[0].name
+    return parts[2] if len(parts) == 3 else None
 
 
 def slot_spec_hash(slot: str) -> str:

@@ -46,6 +46,7 @@ COMMANDS: tuple[tuple[str, str, str], ...] = (
      "what a change to desired/ means: runs added/removed/changed, price, budget (no credentials)"),
     ("dashboard", "dashboard_cmd", "a local HTML page of the fleet from the committed files (no credentials)"),
     ("mcp", "mcp_cmd", "serve rigsync's read-only commands to coding agents (Model Context Protocol over stdio)"),
+    ("fleets", "fleets_cmd", "every instance on the account by fleet and pool, hand-rented ones too (read-only)"),
 )
 
 

@@ -1,11 +1,12 @@
 """``rigsync mcp``: rigsync for coding agents, as a Model Context Protocol server over stdio (the official SDK).
 
 Each tool is one CLI command's ``--json``: it calls the same producer the command does (``validate_json``,
-``runs_json``, ``diff_json``, ``plan_doc``, ``status_doc``, ``logs_json``) and returns that JSON as the tool's
-structured result, with the command's schema (schemas/) as the tool's output schema, and as text. Nothing here
-applies anything: ``plan`` and ``status`` observe the provider (they need its API key, like the CLI, and report a
-clear error without it); ``validate``, ``runs`` and ``diff`` read the checkout alone; ``logs`` reads the local
-store, else the box. A tool that fails returns an error result with the CLI's one-line message.
+``runs_json``, ``diff_json``, ``plan_doc``, ``status_doc``, ``logs_json``, ``fleets_doc``) and returns that JSON as
+the tool's structured result, with the command's schema (schemas/) as the tool's output schema, and as text.
+Nothing here applies anything: ``plan`` and ``status`` observe the provider (they need its API key, like the CLI,
+and report a clear error without it), ``fleets`` lists its instances; ``validate``, ``runs`` and ``diff`` read the
+checkout alone; ``logs`` reads the local store, else the box. A tool that fails returns an error result with the
+CLI's one-line message.
 
 A tool's structured result must be a JSON object, so ``runs`` (a bare list on the CLI) is returned as
 ``{"runs": [...]}`` (``schemas/mcp-runs.schema.json``); its text content is the CLI's list itself.
@@ -114,6 +115,26 @@ TOOLS += (
 )
 
 
+def _fleets(repo: Path, a: Mapping[str, Any]) -> Any:
+    from reconciler.cli.fleets_cmd import fleets_doc  # the producer `rigsync fleets --json` prints
+
+    repos = [Path(r) for r in a["repos"]] if "repos" in a else [repo]
+    return fleets_doc(repos, a.get("api_url"))
+
+
+TOOLS += (
+    ToolSpec(
+        "fleets", "Every instance on the provider account, grouped by the fleet and pool its label names, "
+        "unlabelled ones as hand-rented: GPU, $/h, age, status, what each runs and which checkout it belongs to "
+        "(read-only: lists the provider's instances; needs its API key in the server's environment).",
+        {"repos": {"type": "array", "items": {"type": "string"},
+                   "description": "fleet checkouts to name boxes from (default: [repo]; [] for none)"},
+         "api_url": _LIVE_ARGS["api_url"]},
+        (), "cli-fleets", _fleets,
+    ),
+)
+
+
 def _text_of(spec: ToolSpec, doc: Any) -> str:
     body = doc["runs"] if spec.name == "runs" else doc  # the CLI's own JSON
     return json.dumps(body, indent=2, sort_keys=True, ensure_ascii=False)
@@ -171,7 +192,7 @@ def build_server(default_repo: Path) -> Server[Any]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = (
         "A Model Context Protocol server on stdin/stdout: tools validate, runs, diff, plan, status, "
-        "logs, each returning the JSON of the command's --json. Nothing is applied."
+        "logs, review, fleets, each returning the JSON of the command's --json. Nothing is applied."
     )
     add_checkout_arg(p)
     p.set_defaults(handler=run)

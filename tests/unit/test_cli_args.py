@@ -8,8 +8,9 @@ import argparse
 from reconciler.cli import build_parser
 
 # Options of the same name that mean something else on that command: the demo's repo is a source it copies
-# (default: the example) and its data dir a temp dir by default; the emulator's state dir is where its boxes live.
-OWN_MEANING = {("demo", "--repo"), ("demo", "--data-dir"), ("emulator", "--state-dir")}
+# (default: the example) and its data dir a temp dir by default; the emulator's state dir is where its boxes live;
+# fleets' --repo is repeatable, none by default (the account's labels alone).
+OWN_MEANING = {("demo", "--repo"), ("demo", "--data-dir"), ("emulator", "--state-dir"), ("fleets", "--repo")}
 COMMON = ("--repo", "--state-dir", "--data-dir", "--api-url")
 
 

@@ -22,7 +22,7 @@ from snapshot_repo import make_snapshot_repo
 from reconciler.cli import main
 
 RIGSYNC = Path(sys.executable).parent / "rigsync"
-TOOLS = {"validate", "runs", "diff", "plan", "status", "logs", "review"}
+TOOLS = {"validate", "runs", "diff", "plan", "status", "logs", "review", "fleets"}
 
 
 @pytest.fixture(scope="module")
