@@ -97,6 +97,11 @@ class Notifier:
         self.save()
         return queued
 
+    def waiting(self) -> int:
+        """Events queued or being sent, not delivered yet."""
+        with self._lock:
+            return len(self._pending)
+
     def sent(self) -> frozenset[str]:
         with self._lock:
             return frozenset(self._sent)
