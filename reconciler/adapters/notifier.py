@@ -37,11 +37,32 @@ def notify_urls(environ: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(u for u in re.split(r"[\s,]+", environ.get(URLS_ENV, "")) if u)
 
 
+THREAD = "rigsync-notify"
+# libraries whose lines, logged while a notification is sent, can carry a destination's host, path or token
+_QUIET = ("apprise", "urllib3.connectionpool", "urllib3.connection", "urllib3.util.retry", "requests")
+
+
+_SENDING = threading.Event()  # set while the notifier's thread is inside a send
+
+
+def _not_from_the_notifier(record: logging.LogRecord) -> bool:
+    """Drop a line of the notifier's thread, or of apprise's worker threads while it sends (never the controller's
+    own thread: a cycle's lines are kept)."""
+    if record.threadName == THREAD:
+        return False
+    return not (_SENDING.is_set() and record.threadName != threading.main_thread().name)
+
+
 def apprise_send(urls: Iterable[str]) -> Send:
-    """A ``Send`` over apprise; its own log is silenced, as its lines can carry a URL's token."""
+    """A ``Send`` over apprise. What its libraries log from the sending threads is dropped (``_QUIET``), at every
+    level: a webhook's path or a mail server's login is the destination's secret."""
     import apprise
 
-    logging.getLogger("apprise").setLevel(logging.CRITICAL + 1)
+    for name in _QUIET:
+        logger = logging.getLogger(name)
+        if _not_from_the_notifier not in logger.filters:
+            logger.addFilter(_not_from_the_notifier)
+    logging.getLogger("apprise").setLevel(logging.CRITICAL + 1)  # its parsing of the URLs runs in the caller's
     app = apprise.Apprise()
     schemes = []
     for url in urls:
@@ -52,7 +73,11 @@ def apprise_send(urls: Iterable[str]) -> Send:
                     ", ".join(sorted(set(schemes))))
 
     def send(event: Event) -> bool:
-        return bool(app.notify(title=event.title, body=event.body))
+        _SENDING.set()
+        try:
+            return bool(app.notify(title=event.title, body=event.body))
+        finally:
+            _SENDING.clear()
 
     return send
 
@@ -76,7 +101,7 @@ class Notifier:
         self._pending: set[str] = set()  # queued or being sent
         self._lock = threading.Lock()
         self._queue: queue.Queue[Event | None] = queue.Queue(maxsize=queue_size)
-        self._thread = threading.Thread(target=self._run, name="rigsync-notify", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=THREAD, daemon=True)
         self._thread.start()
 
     def offer(self, events: Iterable[Event]) -> int:

@@ -12,21 +12,20 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
 from aiosmtpd.controller import Controller
 from gitutil import git
-from test_run_daemon import World, make_world
+from test_run_daemon import World, world_factory
 
 from reconciler.adapters.notifier import NOTIFIED, URLS_ENV, read_sent
 from reconciler.daemon import FleetDaemon
-from reconciler.emulator import Emulator
 
 pytestmark = pytest.mark.integration
+__all__ = ["world_factory"]  # test_run_daemon's fixture: a fleet repo over the emulator, its boxes destroyed after
 
 
 class Webhook:
@@ -89,26 +88,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def world_factory(
-    tmp_path: Path, emulator: Emulator, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[Callable[..., World]]:
-    made: list[World] = []
-    monkeypatch.setenv("VAST_API_KEY", emulator.api_key)
-
-    def make(name: str, urls: str) -> World:
-        monkeypatch.setenv(URLS_ENV, urls)
-        w = make_world(tmp_path / name, emulator, name, seconds=1.0)
-        repo_fleet = w.work / "desired" / "fleet.yaml"
-        repo_fleet.write_text(repo_fleet.read_text() + "\nnotify:\n  events: [sweep_finished, box_lost]\n")
-        git(w.work, "commit", "-q", "-am", "notify: tell people when a sweep finishes")
-        git(w.work, "push", "-q", "origin", "main")
-        made.append(w)
-        return w
-
-    yield make
-    for w in made:
-        w.close()
+def notified_world(
+    world_factory: Callable[..., World], monkeypatch: pytest.MonkeyPatch, name: str, urls: str
+) -> World:
+    """A fleet of one short run that asks to be told when its sweep finishes, with ``urls`` on the controller."""
+    monkeypatch.setenv(URLS_ENV, urls)
+    w = world_factory(name, seconds=1.0)
+    fleet = w.work / "desired" / "fleet.yaml"
+    fleet.write_text(fleet.read_text() + "\nnotify:\n  events: [sweep_finished, box_lost]\n")
+    git(w.work, "commit", "-q", "-am", "notify: tell people when a sweep finishes")
+    git(w.work, "push", "-q", "origin", "main")
+    return w
 
 
 def cycles_until(d: FleetDaemon, done: Callable[[], bool], timeout: float = 120.0) -> list[float]:
@@ -123,11 +113,11 @@ def cycles_until(d: FleetDaemon, done: Callable[[], bool], timeout: float = 120.
 
 
 def test_a_finished_sweep_is_told_once_by_webhook_and_mail_across_cycles_and_a_restart(
-    world_factory: Callable[..., World],
+    world_factory: Callable[..., World], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hook, mail = Webhook(), Mailbox()
     try:
-        w = world_factory("t-notify", f"{hook.url}, {mail.url}")
+        w = notified_world(world_factory, monkeypatch, "t-notify", f"{hook.url}, {mail.url}")
         d = w.daemon()
         d.acquire()
         try:
@@ -162,13 +152,15 @@ def test_a_finished_sweep_is_told_once_by_webhook_and_mail_across_cycles_and_a_r
         mail.close()
 
 
-def test_a_destination_that_never_answers_does_not_slow_a_cycle(world_factory: Callable[..., World]) -> None:
+def test_a_destination_that_never_answers_does_not_slow_a_cycle(
+    world_factory: Callable[..., World], monkeypatch: pytest.MonkeyPatch
+) -> None:
     sink = socket.socket()  # accepts connections (the kernel's backlog) and never answers a byte
     sink.bind(("127.0.0.1", 0))
     sink.listen(16)
     port = sink.getsockname()[1]
     try:
-        w = world_factory("t-notify-down", f"json://127.0.0.1:{port}/?rto=60&cto=60")
+        w = notified_world(world_factory, monkeypatch, "t-notify-down", f"json://127.0.0.1:{port}/?rto=60&cto=60")
         d = w.daemon()
         d.acquire()
         try:

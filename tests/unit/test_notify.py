@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+import socket
 import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from fakes import desired_state
 from test_loader_cases import example_files
 
 from reconciler.actions import Destroy, Noop, Plan, ReasonCode, Requeue, SweepEstimate
-from reconciler.adapters.notifier import NOTIFIED, Notifier, notify_urls, read_sent
+from reconciler.adapters.notifier import NOTIFIED, Notifier, apprise_send, notify_urls, read_sent
 from reconciler.desired import load_desired
 from reconciler.errors import DesiredStateInvalid
 from reconciler.model import AttemptOutcome, AttemptRecord, Desired, NotifyEvent, Observed
@@ -155,3 +158,16 @@ def test_a_stuck_destination_never_makes_offer_wait(tmp_path: Path) -> None:
     n.close(0.2)
     assert read_sent(tmp_path) == frozenset()
     release.set()
+
+
+def test_a_failing_destination_is_logged_without_its_url(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with socket.socket() as s:  # a port nothing listens on: connection refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    caplog.set_level(logging.DEBUG)
+    n = Notifier(tmp_path, apprise_send([f"json://127.0.0.1:{port}/secret-path", "nosuch://token-here"]))
+    n.offer([event("a")])
+    n.close(10)
+    assert read_sent(tmp_path) == frozenset()
+    assert "not delivered" in caplog.text and "nosuch" in caplog.text
+    assert "secret-path" not in caplog.text and "token-here" not in caplog.text and str(port) not in caplog.text
