@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from fakes import desired_state
 from test_loader_cases import example_files
+from test_loop_daemon import _daemon, _raise
 
 from reconciler.actions import Destroy, Noop, Plan, ReasonCode, Requeue, SweepEstimate
 from reconciler.adapters.notifier import NOTIFIED, Notifier, apprise_send, notify_urls, read_sent
 from reconciler.desired import load_desired
-from reconciler.errors import DesiredStateInvalid
+from reconciler.errors import DesiredStateInvalid, LeaseLost
 from reconciler.model import AttemptOutcome, AttemptRecord, Desired, NotifyEvent, Observed
 from reconciler.notify import Event, cycle_events, lease_lost_events
 
@@ -171,3 +172,20 @@ def test_a_failing_destination_is_logged_without_its_url(tmp_path: Path, caplog:
     assert read_sent(tmp_path) == frozenset()
     assert "not delivered" in caplog.text and "nosuch" in caplog.text
     assert "secret-path" not in caplog.text and "token-here" not in caplog.text and str(port) not in caplog.text
+
+
+def test_a_lost_lease_is_told_before_the_daemon_exits(tmp_path: Path) -> None:
+    got: list[Event] = []
+    d, _ = _daemon([_raise(LeaseLost("taken over by rigsync@other"))])
+    d.lease_lost = None
+    d.git = type("Git", (), {"drop_unpushed": lambda self: "tip"})()
+    d.local_lock = type("Lock", (), {"release": lambda self: None})()
+    d.lease = type("Lease", (), {"holder": "rigsync@me", "epoch": 7})()
+    d.last_valid = wanting(desired_state(1), NotifyEvent.LEASE_LOST)
+    d.notifier = Notifier(tmp_path, lambda e: got.append(e) or True)
+    del d.release
+    with pytest.raises(LeaseLost):
+        d.run_forever()
+    assert [e.key for e in got] == ["lease_lost:lab:rigsync@me:7"]  # the daemon's exit let the queue drain
+    assert "taken over by rigsync@other" in got[0].body
+    assert read_sent(tmp_path) == {"lease_lost:lab:rigsync@me:7"}
