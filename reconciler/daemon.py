@@ -26,6 +26,7 @@ from pathlib import Path
 from types import FrameType
 
 from reconciler.actions import Action, Destroy
+from reconciler.adapters.notifier import Notifier, open_notifier
 from reconciler.desired import load_desired
 from reconciler.errors import (
     DesiredStateInvalid,
@@ -50,6 +51,7 @@ from reconciler.fleet import (
 from reconciler.jobenv import ControllerEnv
 from reconciler.loop import CycleResult, Reconciler, SystemClock
 from reconciler.model import CONTROLLER_INTERVAL_S, Desired
+from reconciler.notify import cycle_events, lease_lost_events
 from reconciler.observed.codec import LEASE, OBSERVED_DIR, RENDERED, STATUS, SUGGESTIONS, load_yaml
 from reconciler.observed.documents import ReconcilerStatus, status_only
 from reconciler.observed.suggestions import merge_recorded, read_suggestions
@@ -113,6 +115,8 @@ class DaemonCycle:
 
 
 class FleetDaemon:
+    notifier: Notifier | None = None  # RIGSYNC_NOTIFY_URLS's destinations (``adapters.notifier``); None: tell nobody
+
     def __init__(
         self,
         repo_dir: Path,
@@ -161,6 +165,7 @@ class FleetDaemon:
         self.wake_event = threading.Event()
         self._reported_invalid: str | None = None
         self.lease_lost: str | None = None  # set once the fence fired: act no more, commit nothing, exit non-zero
+        self.notifier = open_notifier(os.environ, self.repo_dir)
 
     # ------------------------------------------------------------------------------------------ the lease
 
@@ -322,6 +327,8 @@ class FleetDaemon:
         # thing before it is printed: one frozen past the lease's deadline (SIGSTOP, a swapped-out VM) ends as
         # lease lost instead of reporting its actions as a normal cycle and going on to the next.
         self._fenced(renew=False)
+        if self.notifier is not None:  # never waits: a destination that is down is the notifier's thread's problem
+            self.notifier.offer(cycle_events(desired, result.observed, result.plan))
         return DaemonCycle(
             desired_commit=desired.commit,
             acted=not desired.fleet.suspend,
@@ -437,6 +444,9 @@ class FleetDaemon:
                         "the new holder acts (restart to queue for the lease again)", exc
                     )
                     print(f"cycle: LEASE LOST: {exc}; stopped acting, committing nothing, exiting", flush=True)
+                    if self.notifier is not None and self.last_valid is not None:
+                        lost = lease_lost_events(self.last_valid, self.lease.holder, self.lease.epoch, exc)
+                        self.notifier.offer(lost)
                     try:  # commits made while we thought we held the lease are not the fleet's record: drop them
                         self.git.drop_unpushed()
                     except RigsyncError as drop:
@@ -464,6 +474,8 @@ class FleetDaemon:
                 stop_watch()
             if self.reconciler is not None:
                 self.reconciler.shell.close()
+            if self.notifier is not None:
+                self.notifier.close()
             for s, h in previous.items():
                 signal.signal(s, h)
             self.release() if not once else self.local_lock.release()

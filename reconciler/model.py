@@ -35,6 +35,19 @@ class Ranking(enum.StrEnum):
     RELIABILITY = "reliability"
 
 
+class NotifyEvent(enum.StrEnum):
+    """What a fleet can ask to be told about (``notify.events``; ``reconciler.notify`` decides when each happens)."""
+
+    SWEEP_FINISHED = "sweep_finished"
+    CAP_REACHED = "cap_reached"
+    RUNS_BLOCKED = "runs_blocked"
+    BOX_LOST = "box_lost"
+    BOX_PREEMPTED = "box_preempted"
+    HOST_KEY_CHANGED = "host_key_changed"
+    LEASE_LOST = "lease_lost"
+    BUDGET_FORECAST_OVER = "budget_forecast_over"
+
+
 class OnExceed(enum.StrEnum):
     """What to do when a budget cap is reached."""
 
@@ -153,6 +166,8 @@ class Fleet:
     exploration_share: float = 0.25
     # the pools, in fleet.yaml order; the first is the pool of a sweep that names none
     pools: tuple[Pool, ...] = (Pool(name=DEFAULT_POOL),)
+    # the events told to the controller's destinations (RIGSYNC_NOTIFY_URLS, never in desired/); (): none
+    notify_events: tuple[NotifyEvent, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.pools:

@@ -27,6 +27,7 @@ from reconciler.model import (
     EarlyTerminateType,
     Fleet,
     MetricGoal,
+    NotifyEvent,
     OfferFilters,
     OnExceed,
     OwnHost,
@@ -221,6 +222,7 @@ ROWS: tuple[Row, ...] = (
         ("exploration_share", "exploration_share", float),
         ("retention.checkpoints", "keep_checkpoints", int),
         ("retention.harvests_for", "keep_harvests_s", parse_duration),
+        ("notify.events", "notify_events", lambda value: tuple(e for e in NotifyEvent if e.value in value)),
     ),
     *_rows(
         Budget,

@@ -71,6 +71,11 @@ STORE_WHY = (
     "the fleet's results anywhere; remove the key"
 )
 
+NOTIFY_URL_WHY = (
+    "notification URLs are the controller's secrets (RIGSYNC_NOTIFY_URLS): desired/ is committed to git and "
+    "names only the events; remove the URL"
+)
+
 _WHY_REQUIRED = {
     ("budget", "max_total_usd"): "a budget must cap total spend; without it rigsync could spend without bound",
     ("sweep", "metric"): "a search needs its objective, {key, goal}; the sweep's metrics.key is not taken for it",
@@ -95,6 +100,8 @@ def schema_errors(doc: Doc, schema: str) -> list[LoadError]:
                 if _SECRETISH_RE.search(key):
                     message += "; secrets never belong in desired/ (they are committed to git)"
                 message = _MOVED_OUT.get(pointer_of((*path, key)), message)
+                if path[:1] == ("notify",) and key != "events":
+                    message = f"'{key}' is not set in desired/: {NOTIFY_URL_WHY}"
                 if _STORE_KEY_RE.search(key):
                     message = f"'{key}' is not set in desired/: {STORE_WHY}"
                 out.append(doc.error((*path, key), message, at_key=True))
@@ -114,6 +121,9 @@ def schema_errors(doc: Doc, schema: str) -> list[LoadError]:
             friendly = _FRIENDLY_PATTERNS.get(str(err.validator_value))
             message = f"key '{key}' {friendly}" if friendly else err.message
             out.append(doc.error((*path, key), message, at_key=True))
+            continue
+        if path[:1] == ("notify",) and isinstance(err.instance, str) and "://" in err.instance:
+            out.append(doc.error(path, NOTIFY_URL_WHY))  # never quotes it: a notification URL carries its token
             continue
         if path[:1] == ("env",):
             out.append(doc.error(path, _env_schema_message(path, err)))  # never quotes a value: it may be a secret

@@ -1,0 +1,171 @@
+"""Telling people: the events ``reconciler.notify`` found, sent with apprise (Slack, Discord, e-mail, ntfy, webhooks).
+
+Where they go is the controller's secret: ``RIGSYNC_NOTIFY_URLS``, apprise URLs separated by commas or spaces,
+never written to desired/, git, logs or argv (a failure names only the URL's scheme). Sending happens in one
+background thread behind a bounded queue: ``offer`` never waits, so a destination that is down or slow never slows
+or stops a cycle; what does not fit the queue, or fails, is not remembered and is offered again by a later cycle
+that sees the same fact. Each event is sent once: the keys delivered (only keys, never URLs) are kept in
+``observed/notified.txt``, written by the controller's thread (``save``) and committed with the next observed
+commit, so a restarted controller does not send them again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import re
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+from reconciler.notify import Event
+from reconciler.observed.tree import write_observed
+
+log = logging.getLogger("rigsync.notify")
+
+URLS_ENV = "RIGSYNC_NOTIFY_URLS"
+NOTIFIED = "observed/notified.txt"
+QUEUE_SIZE = 64
+CLOSE_TIMEOUT_S = 10.0
+
+Send = Callable[[Event], bool]  # True when every destination took it
+
+
+def notify_urls(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The controller's destinations: ``RIGSYNC_NOTIFY_URLS`` split on commas and white space."""
+    return tuple(u for u in re.split(r"[\s,]+", environ.get(URLS_ENV, "")) if u)
+
+
+THREAD = "rigsync-notify"
+# libraries whose lines, logged while a notification is sent, can carry a destination's host, path or token
+_QUIET = ("apprise", "urllib3.connectionpool", "urllib3.connection", "urllib3.util.retry", "requests")
+
+
+_SENDING = threading.Event()  # set while the notifier's thread is inside a send
+
+
+def _not_from_the_notifier(record: logging.LogRecord) -> bool:
+    """Drop a line of the notifier's thread, or of apprise's worker threads while it sends (never the controller's
+    own thread: a cycle's lines are kept)."""
+    if record.threadName == THREAD:
+        return False
+    return not (_SENDING.is_set() and record.threadName != threading.main_thread().name)
+
+
+def apprise_send(urls: Iterable[str]) -> Send:
+    """A ``Send`` over apprise. What its libraries log from the sending threads is dropped (``_QUIET``), at every
+    level: a webhook's path or a mail server's login is the destination's secret."""
+    import apprise
+
+    for name in _QUIET:
+        logger = logging.getLogger(name)
+        if _not_from_the_notifier not in logger.filters:
+            logger.addFilter(_not_from_the_notifier)
+    logging.getLogger("apprise").setLevel(logging.CRITICAL + 1)  # its parsing of the URLs runs in the caller's
+    app = apprise.Apprise()
+    schemes = []
+    for url in urls:
+        if not app.add(url):
+            schemes.append(url.split(":", 1)[0])
+    if schemes:  # the scheme only: the rest of a URL is a secret
+        log.warning("ignoring %d notification URL(s) apprise cannot use (schemes: %s)", len(schemes),
+                    ", ".join(sorted(set(schemes))))
+
+    def send(event: Event) -> bool:
+        _SENDING.set()
+        try:
+            return bool(app.notify(title=event.title, body=event.body))
+        finally:
+            _SENDING.clear()
+
+    return send
+
+
+def read_sent(checkout: Path) -> frozenset[str]:
+    try:
+        text = (checkout / NOTIFIED).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return frozenset()
+    return frozenset(line.strip() for line in text.splitlines() if line.strip())
+
+
+class Notifier:
+    """Sends events once each, in the background; see the module docstring."""
+
+    def __init__(self, checkout: Path, send: Send, *, queue_size: int = QUEUE_SIZE) -> None:
+        self.checkout = checkout
+        self._send = send
+        self._sent = set(read_sent(checkout))
+        self._saved = frozenset(self._sent)
+        self._pending: set[str] = set()  # queued or being sent
+        self._lock = threading.Lock()
+        self._queue: queue.Queue[Event | None] = queue.Queue(maxsize=queue_size)
+        self._thread = threading.Thread(target=self._run, name=THREAD, daemon=True)
+        self._thread.start()
+
+    def offer(self, events: Iterable[Event]) -> int:
+        """Queue the events not sent yet and not already queued; never waits. Returns how many were queued."""
+        queued = 0
+        for event in events:
+            with self._lock:
+                if event.key in self._sent or event.key in self._pending:
+                    continue
+                self._pending.add(event.key)
+            try:
+                self._queue.put_nowait(event)
+                queued += 1
+            except queue.Full:
+                with self._lock:
+                    self._pending.discard(event.key)
+                log.warning("notification queue full: %s left for a later cycle", event.key)
+        self.save()
+        return queued
+
+    def waiting(self) -> int:
+        """Events queued or being sent, not delivered yet."""
+        with self._lock:
+            return len(self._pending)
+
+    def sent(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._sent)
+
+    def save(self) -> None:
+        """Write the keys delivered so far to ``observed/notified.txt`` when they changed (the caller's thread)."""
+        sent = self.sent()
+        if sent != self._saved:
+            write_observed(self.checkout, {NOTIFIED: "".join(f"{k}\n" for k in sorted(sent))}, {})
+            self._saved = sent
+
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Let the queue drain for at most ``timeout_s``, then save what was delivered."""
+        with contextlib.suppress(queue.Full):  # full and stuck: the thread is a daemon, the exit does not wait
+            self._queue.put(None, timeout=timeout_s)
+        self._thread.join(timeout=timeout_s)
+        self.save()
+
+    def _run(self) -> None:
+        while True:
+            event = self._queue.get()
+            if event is None:
+                return
+            try:
+                ok = self._send(event)
+            except Exception as exc:  # a destination's library failing is reported, never fatal to the controller
+                log.warning("notification %s failed: %s", event.key, type(exc).__name__)
+                ok = False
+            with self._lock:
+                self._pending.discard(event.key)
+                if ok:
+                    self._sent.add(event.key)
+            if not ok:
+                log.warning("notification %s not delivered to every destination; a later cycle retries", event.key)
+
+
+def open_notifier(environ: Mapping[str, str], checkout: Path) -> Notifier | None:
+    """The controller's notifier, or None when ``RIGSYNC_NOTIFY_URLS`` names no destination."""
+    urls = notify_urls(environ)
+    if not urls:
+        return None
+    return Notifier(checkout, apprise_send(urls))
