@@ -462,7 +462,8 @@ class FleetDaemon:
                     else:  # a library's surprise (KeyboardInterrupt and SystemExit are not Exceptions: they end it)
                         log.exception("cycle: unexpected %s", type(exc).__name__)
                         kind = f"unexpected {type(exc).__name__}"
-                    print(f"cycle: {kind}: {exc}; retrying in {backoff:.0f}s", flush=True)
+                    then = "exiting (--once)" if once else f"retrying in {backoff:.0f}s"
+                    print(f"cycle: {kind}: {exc}; {then}", flush=True)
                     code = 1
                 if once:
                     break

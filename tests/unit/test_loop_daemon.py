@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import types
 from collections.abc import Callable
 
 import pytest
@@ -96,3 +97,12 @@ def test_a_lost_lease_ends_the_daemon_loudly_without_retrying_or_writing_the_lea
     assert events == ["cycle", "dropped unpushed", "watch stopped", "unlocked"]  # one cycle: no retry, no commit
     assert "cycle: LEASE LOST: the lease's fencing deadline passed 3s ago" in capsys.readouterr().out
     assert any("LEASE LOST" in r.getMessage() for r in caplog.records)
+
+
+def test_one_failed_cycle_with_once_says_it_exits_not_that_it_retries(capsys: pytest.CaptureFixture[str]) -> None:
+    d, events = _daemon([_raise(HostUnreachable("10.0.0.1: no answer"))])
+    d.local_lock = types.SimpleNamespace(release=lambda: events.append("lock released"))  # type: ignore[assignment]
+    assert d.run_forever(once=True) == 1
+    out = capsys.readouterr().out
+    assert "cycle: transient: 10.0.0.1: no answer; exiting (--once)" in out and "retrying" not in out
+    assert events == ["cycle", "lock released"]
