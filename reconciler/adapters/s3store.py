@@ -72,7 +72,7 @@ from reconciler.ports import (
     StoredCheckpoint,
     Upload,
 )
-from reconciler.remote.commands import is_run_file
+from reconciler.remote.commands import SHA256_RE, is_run_file
 from reconciler.storeconfig import ACCESS_KEY_ENV, SECRET_KEY_ENV, StoreConfig
 
 T = TypeVar("T")
@@ -90,7 +90,6 @@ QUIET_LOGGERS = ("botocore", "boto3", "s3transfer")
 SESSION_TOKEN_ENV = "AWS_SESSION_TOKEN"  # a variable's name
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 _SYNC = re.compile(r"(?P<attempt>[0-9]{1,9})-(?P<at_ms>[0-9]{13})\.tar")
 
 _CREDENTIAL_CODES = frozenset({
@@ -393,7 +392,7 @@ class S3Store:
     ) -> bool:
         prefix = self.checkpoint_prefix(run_id)
         m = _SYNC.fullmatch(upload.key[len(prefix):]) if upload.key.startswith(prefix) else None
-        if m is None or int(m["attempt"]) != _check_attempt(attempt) or not _SHA256.fullmatch(sha256):
+        if m is None or int(m["attempt"]) != _check_attempt(attempt) or not SHA256_RE.fullmatch(sha256):
             return False
         held = self._head(upload.key)
         if not _is_size(size) or held != size:
@@ -420,7 +419,7 @@ class S3Store:
         if (
             isinstance(attempt, bool) or not isinstance(attempt, int) or not isinstance(key, str)
             or not key.startswith(self.checkpoint_prefix(run_id)) or not _is_size(size)
-            or not isinstance(sha, str) or not _SHA256.fullmatch(sha)
+            or not isinstance(sha, str) or not SHA256_RE.fullmatch(sha)
             or isinstance(at, bool) or not isinstance(at, (int, float))
         ):
             return None
@@ -438,7 +437,7 @@ class S3Store:
 
     def cache_uploaded(self, key: str, upload: Upload, *, size: int, sha256: str) -> bool:
         tar = self.cache_key(key, ".tar")
-        if upload.key != tar or not _SHA256.fullmatch(sha256) or not _is_size(size):
+        if upload.key != tar or not SHA256_RE.fullmatch(sha256) or not _is_size(size):
             return False
         if self._head(tar) != size:
             return False
@@ -451,7 +450,7 @@ class S3Store:
         if doc is None:
             return None
         size, sha = doc.get("size"), doc.get("sha256")
-        if not _is_size(size) or not isinstance(sha, str) or not _SHA256.fullmatch(sha) or self._head(tar) != size:
+        if not _is_size(size) or not isinstance(sha, str) or not SHA256_RE.fullmatch(sha) or self._head(tar) != size:
             return None
         return self._download(tar, size, sha, ttl_s)
 

@@ -367,7 +367,7 @@ def bootstrap_script(
     args = [h, script_text, _script("bootstrap_run.sh")]
     if cache_key is not None:
         size, sha = ("", "") if restore is None else (str(int(restore[0])), restore[1])
-        if sha and not _SHA256.fullmatch(sha):
+        if sha and not SHA256_RE.fullmatch(sha):
             raise ValueError("a bootstrap cache SHA-256 must be 64 lowercase hex digits")
         paths = [_check_cache_path(p) for p in cache_paths]
         key = _check_name("bootstrap cache key", cache_key)
@@ -394,7 +394,11 @@ def bootstrap_cache_uploaded(answer: str) -> tuple[int, str] | None:
     SHA256``); None for every other answer, or one that does not parse (the box's word: untrusted, the store checks
     the object's size before it records it)."""
     parts = answer.split()
-    if len(parts) != 4 or parts[:2] != ["ok", "cache"] or not parts[2].isdigit() or not _SHA256.fullmatch(parts[3]):
+    size = parts[2] if len(parts) == 4 else ""
+    # ASCII digits only (``"²".isdigit()`` is true and ``int`` refuses it), and a size that fits 2**53
+    if parts[:2] != ["ok", "cache"] or not (size.isascii() and size.isdigit() and len(size) <= 15):
+        return None
+    if not SHA256_RE.fullmatch(parts[3]):
         return None
     return int(parts[2]), parts[3]
 
@@ -442,7 +446,7 @@ TRANSFER_EXITS = {
     2: "usage", 3: "refused by the store", 4: "the store did not answer", 5: "size or SHA-256 mismatch",
     UPLOAD_NO_RUN_EXIT: "no such run directory",
 }
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+SHA256_RE = re.compile(r"[0-9a-f]{64}")  # a SHA-256 as boxes and the store say it (``fullmatch``)
 _RUN_FILE = re.compile(r"[A-Za-z0-9_.+=][A-Za-z0-9_.+=/-]{0,499}")  # never an option (-x), never absolute
 
 
@@ -479,7 +483,7 @@ def fetch_resume_script(run_id: str, attempt: int, *, size: int, sha256: str) ->
     (``fetch_resume.sh``). Exits with a ``TRANSFER_EXITS`` code when the download failed or did not match."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 0:
         raise ValueError(f"a checkpoint size must be a non-negative integer, not {size!r}")
-    if not _SHA256.fullmatch(sha256):
+    if not SHA256_RE.fullmatch(sha256):
         raise ValueError("a checkpoint SHA-256 must be 64 lowercase hex digits")
     name = run_dir_name(_check_name("run id", run_id), int(attempt))
     return _command(

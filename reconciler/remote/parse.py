@@ -46,13 +46,12 @@ from reconciler.bounds import (
 )
 from reconciler.model import BoxProbe, GpuState, QueuedEntry, RunDirState, Scalar
 from reconciler.ports import CheckpointUploaded
-from reconciler.remote.commands import is_safe_name
+from reconciler.remote.commands import SHA256_RE, is_safe_name
 from reconciler.remote.launched import valid_pid, valid_start
 
 __all__ = ["parse_probe", "parse_upload", "unusable_probe"]
 
 _COMMIT_RE = re.compile(r"[0-9a-f]{1,64}")  # a git object name, abbreviated or not (sha1 or sha256)
-_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 UPLOAD_MAX_BYTES = 1 << 50  # an object size a box may claim it uploaded (the store checks the size it holds)
 UPLOAD_MAX_SKIPPED = 1 << 40  # files a harvest may say it skipped
 
@@ -411,6 +410,6 @@ def parse_upload(raw: bytes) -> tuple[CheckpointUploaded | None, str | None]:
     skipped = bounded_int(counts.get("skipped"), 0, UPLOAD_MAX_SKIPPED)
     size = bounded_int(sent.get("size"), 0, UPLOAD_MAX_BYTES)
     sha256 = sent.get("sha256")
-    if skipped is None or size is None or not isinstance(sha256, str) or not _SHA256_RE.fullmatch(sha256):
+    if skipped is None or size is None or not isinstance(sha256, str) or not SHA256_RE.fullmatch(sha256):
         return None, "upload: a count, the size or the SHA-256 is missing or out of bounds"
     return CheckpointUploaded(size=size, sha256=sha256, complete=skipped == 0), None
