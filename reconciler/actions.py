@@ -28,6 +28,7 @@ class Kind(enum.StrEnum):
     RECORD = "record"
     SYNC_CHECKPOINT = "sync_checkpoint"
     CLOSE_BILL = "close_bill"
+    ANSWER_PRICE_INCREASE = "answer_price_increase"
     NOOP = "noop"
 
 
@@ -43,6 +44,7 @@ SIGNS: dict[Kind, str] = {
     Kind.RECORD: "=",
     Kind.SYNC_CHECKPOINT: "<",
     Kind.CLOSE_BILL: "$",
+    Kind.ANSWER_PRICE_INCREASE: "?",
     Kind.NOOP: " ",
 }
 
@@ -51,6 +53,7 @@ SIGNS: dict[Kind, str] = {
 # their attempts are archived).
 APPLY_ORDER: dict[Kind, int] = {
     Kind.RECORD: 0,
+    Kind.ANSWER_PRICE_INCREASE: 0,
     Kind.KILL: 1,
     Kind.REQUEUE: 2,
     Kind.DESTROY: 3,
@@ -172,6 +175,14 @@ class ReasonCode(enum.StrEnum):
     OWN_POOL_FULL = "own_pool_full"  # runs of a provider ssh pool wait for its machines: rigsync never rents for it
     PREEMPTED = "preempted"  # the provider took the attempt's box (outbid): requeued as preempted, no retry spent
     PREEMPTIONS_EXHAUSTED = "preemptions_exhausted"  # the run was preempted more often than max_preemptions allows
+    # contract end dates (``reconciler.contract``)
+    CONTRACT_TOO_SHORT = "contract_too_short"  # an offer not rented: its contract ends before the work could finish
+    CONTRACT_ENDS_BEFORE_RUN = "contract_ends_before_run"  # not launched or queued there: it cannot finish in time
+    CONTRACT_ENDING = "contract_ending"  # checkpointed and moved (or the box let go) before its contract ends
+    CONTRACT_ENDED = "contract_ended"  # the host took the box back at its contract's end: its attempts are preempted
+    # price increases on live contracts
+    PRICE_INCREASE_ACCEPTED = "price_increase_accepted"  # the new rate still fits the caps and the ranking
+    PRICE_INCREASE_REJECTED = "price_increase_rejected"  # it does not: the box ends at its current contract end
 
 
 # destroys that stop the billing before anything else is sent to a box (``apply_key``)
@@ -355,6 +366,23 @@ class CloseBill(Action):
 
     instance_id: int
     kind: ClassVar[Kind] = Kind.CLOSE_BILL
+
+    @property
+    def target(self) -> str:
+        return f"instance/{self.instance_id}"
+
+
+@dataclass(frozen=True)
+class AnswerPriceIncrease(Action):
+    """Accept or reject a host's pending price increase on one of this fleet's boxes (code says which)."""
+
+    pending_id: int
+    instance_id: int
+    accept: bool
+    old_dph: float
+    new_dph: float
+    applies_at: float
+    kind: ClassVar[Kind] = Kind.ANSWER_PRICE_INCREASE
 
     @property
     def target(self) -> str:

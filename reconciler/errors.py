@@ -27,6 +27,7 @@ Every concrete error that an adapter raises says which of the two it is; the ada
     │   ├── PermanentError                will not succeed by retrying
     │   │   ├── ProviderPermanent         (ProviderError) 400/401/403/404
     │   │   │   ├── RejectedByProvider    a 4xx or ``success: false`` reply, with ``status`` and ``code``
+    │   │   │   │   └── PriceIncreaseGone a price increase answered is no longer pending (404 or legacy 409)
     │   │   │   └── ProviderAuthError
     │   │   ├── HostKeyMismatch           (ShellError) the box's host key changed since it was pinned
     │   │   ├── RemoteCommandFailed       (ShellError) a command on the box exited non-zero
@@ -162,6 +163,11 @@ class RejectedByProvider(ProviderPermanent):
         super().__init__(message)
         self.status = status
         self.code = code
+
+
+class PriceIncreaseGone(RejectedByProvider):
+    """The price increase answered is no longer pending: answered before, or its contract ended (404
+    ``no_pending_price_increase``; older backends 409). Nothing to do; the next cycle reads the list again."""
 
 
 class ProviderAuthError(ProviderPermanent, UserError):

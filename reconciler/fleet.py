@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from reconciler import ports
 from reconciler.adapters.lease import DEFAULT_RENEW_EVERY_S, DEFAULT_STALE_AFTER_S
-from reconciler.errors import ProviderPermanent, UserError
+from reconciler.errors import PriceIncreaseGone, ProviderPermanent, UserError
 from reconciler.jobenv import ControllerEnv
 from reconciler.model import (
     CONTROLLER_INTERVAL_S,
@@ -43,6 +43,7 @@ from reconciler.model import (
     Observed,
     Offer,
     OfferFilters,
+    PriceIncrease,
 )
 from reconciler.ports import Provider, Shell
 
@@ -164,6 +165,13 @@ class NoMarket:
 
     def billed_costs(self, since: float, now: float) -> dict[int, float]:
         return {}
+
+    def pending_price_increases(self) -> list[PriceIncrease]:
+        return []
+
+    def answer_price_increase(self, pending_id: int, *, accept: bool) -> None:
+        raise PriceIncreaseGone(f"price increase {pending_id}: this fleet has no market account", status=404,
+                                code="no_pending_price_increase")
 
 
 def open_shell(private_key: Path, known_hosts: Path) -> SshShell:

@@ -168,6 +168,9 @@ class Fleet:
     pools: tuple[Pool, ...] = (Pool(name=DEFAULT_POOL),)
     # the events told to the controller's destinations (RIGSYNC_NOTIFY_URLS, never in desired/); (): none
     notify_events: tuple[NotifyEvent, ...] = ()
+    # contract end dates (``reconciler.contract``): work is planned to finish, and a live attempt is checkpointed
+    # and moved, at least this long before its box's contract ends
+    contract_margin_s: float = 1800.0
 
     def __post_init__(self) -> None:
         if not self.pools:
@@ -455,6 +458,9 @@ class Offer:
     min_bid: float | None = None  # the lowest bid for an interruptible box on it, $/h (None: not offered)
     storage_dph: float = 0.0  # the disk part of dph_total, paid on a bid too
     bid_dph: float | None = None  # set by the planner on an offer priced as a bid (``offers.as_interruptible``)
+    # when a contract rented on it now would end (the offer's ``end_date``: the host takes the box back then); None:
+    # not said (no end is assumed, as for the lab's own machines)
+    end_date: float | None = None
 
 
 @dataclass(frozen=True)
@@ -553,11 +559,31 @@ class Instance:
     proxy: Endpoint | None = None
     cost_usd: float | None = None  # billed so far for this instance, as the provider reports it (None: unknown)
     cuda: float | None = None  # the highest CUDA version its driver supports (None: unknown); the bootstrap cache key
+    # when its contract ends and the host takes the box back (the provider's ``end_date``); None: not said, no end
+    # (the lab's own machines). An accepted price increase moves it (``reconciler.contract.box_end``).
+    end_date: float | None = None
 
     @property
     def ssh(self) -> Endpoint | None:
         """The direct address when there is one, else the proxy."""
         return self.direct or self.proxy
+
+
+@dataclass(frozen=True)
+class PriceIncrease:
+    """A host's pending price increase on a live contract (``GET /api/v0/instances/pending-price-increases/``).
+
+    The row's id is its identity (accept and reject name it). Accepted, the contract runs on past ``applies_at`` (its
+    current end) to ``new_end`` at ``new_dph``; rejected or left unanswered, it ends at ``applies_at``.
+    """
+
+    id: int  # pending_price_increase_id
+    instance_id: int  # contract_id
+    old_dph: float  # the instance's $/h now
+    new_dph: float  # its $/h from ``applies_at`` on, if accepted
+    applies_at: float  # the contract's current end (contract_end_date)
+    new_end: float | None = None  # the end of the extended contract (ask_end_date); None: not said
+    created_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -1042,6 +1068,10 @@ class FleetMemory:
     # A run's metric when it first reached each rung of its sweep's early_terminate (``RungValue``), one per (run,
     # rung), kept once the run has ended (a finished or stopped run is a peer at its rungs). In runs.yaml (``rungs``).
     rungs: tuple[RungValue, ...] = ()
+    # The price increases this fleet accepted (``PriceIncrease``), kept until their box is gone: the provider lists
+    # only pending ones, and budgets, estimates and the box's end read the rate that will apply from here. In
+    # fleet.yaml (``accepted_price_increases``).
+    accepted_increases: tuple[PriceIncrease, ...] = ()
 
     def vetted(self, probe: BoxProbe) -> BoxProbe:
         """The probe as the planner and apply take it: a box this controller distrusts is not reachable (nothing is
@@ -1070,6 +1100,8 @@ class Observed:
     # the names the operator allows sweeps to reference (``RIGSYNC_JOB_SECRETS``, ``jobenv.allowed_secrets``)
     allowed_secrets: frozenset[str] = frozenset()
     harvesting: bool = False  # a result store takes this controller's harvests (and the sweeps' checkpoints)
+    # the hosts' pending price increases on this account's contracts, as the provider lists them this cycle
+    price_increases: tuple[PriceIncrease, ...] = ()
 
     def probe(self, instance_id: int) -> BoxProbe | None:
         for p in self.probes:

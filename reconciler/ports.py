@@ -33,6 +33,7 @@ from reconciler.model import (
     Offer,
     OfferFilters,
     OverheadRecord,
+    PriceIncrease,
     Scalar,
 )
 
@@ -87,6 +88,16 @@ class Provider(Protocol):
         UTC day) up to ``now``, $, by instance id; destroyed instances keep their charges, so a read after a
         destroy is that box's final bill. An instance the provider has no charge for is absent. ``ProviderError``
         when the provider cannot say."""
+        ...
+
+    def pending_price_increases(self) -> list[PriceIncrease]:
+        """The hosts' pending price increases on the account's contracts. ``ProviderError`` when the provider cannot
+        say."""
+        ...
+
+    def answer_price_increase(self, pending_id: int, *, accept: bool) -> None:
+        """Accept or reject one pending increase. ``PriceIncreaseGone`` when it is no longer pending (the provider's
+        404 ``no_pending_price_increase``, or a legacy 409)."""
         ...
 
 

@@ -57,7 +57,7 @@ from reconciler.errors import (
     RejectedByProvider,
     UserError,
 )
-from reconciler.model import Endpoint, Instance, InstanceStatus, Offer, OfferFilters, Ranking
+from reconciler.model import Endpoint, Instance, InstanceStatus, Offer, OfferFilters, PriceIncrease, Ranking
 from reconciler.remote import WATCHDOG_API_URL_ENV
 
 T = TypeVar("T")
@@ -490,6 +490,12 @@ class VastProvider:
                 return out
             token = str(nxt)
         raise ProviderPermanent(f"show charges: more than {_MAX_CHARGE_PAGES} pages")
+
+    def pending_price_increases(self) -> list[PriceIncrease]:
+        raise ProviderPermanent("pending price increases: not wired yet")  # contract commit: the price helper fills it
+
+    def answer_price_increase(self, pending_id: int, *, accept: bool) -> None:
+        raise ProviderPermanent("answer price increase: not wired yet")  # contract commit: the price helper fills it
 
 
 _MAX_CHARGE_PAGES = 100

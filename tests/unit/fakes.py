@@ -45,6 +45,7 @@ from reconciler.errors import (
     HostUnreachable,
     LaunchLockHeld,
     LeaseRace,
+    PriceIncreaseGone,
     ProviderPermanent,
     RejectedByProvider,
     RemoteCommandFailed,
@@ -69,6 +70,7 @@ from reconciler.model import (
     OfferFilters,
     OverheadRecord,
     Pool,
+    PriceIncrease,
     QueuedEntry,
     RunDirState,
     RunSpec,
@@ -309,6 +311,8 @@ class FakeWorld:
         self.job_files: dict[tuple[str, int], dict[str, bytes]] = {}  # more files its run directory holds (metrics)
         self.objects: dict[str, bytes] = {}  # what boxes uploaded with presigned URLs, by store key
         self.work = work
+        self.price_increases: dict[int, PriceIncrease] = {}  # pending, by id (a test adds them)
+        self.price_answers: list[tuple[int, bool]] = []  # (pending id, accepted) as the controller answered
         self.credit0: float | None = 1000.0  # the account's deposits; None: the provider does not say its credit
         self.unbilled: set[int] = set()  # instances the provider reports no charge for
         self._bill_closed: dict[int, float] = {}
@@ -504,6 +508,18 @@ class FakeProvider:
         w._enter("billed_costs")
         ids = set(w._bill_closed) | set(w._bill_open)
         return {i: w.billed(i) for i in sorted(ids - w.unbilled)}
+
+    def pending_price_increases(self) -> list[PriceIncrease]:
+        self.world._enter("pending_price_increases")
+        return sorted(self.world.price_increases.values(), key=lambda p: p.id)
+
+    def answer_price_increase(self, pending_id: int, *, accept: bool) -> None:
+        w = self.world
+        w._enter("answer_price_increase", str(pending_id))
+        if w.price_increases.pop(pending_id, None) is None:
+            raise PriceIncreaseGone(f"price increase {pending_id}: no_pending_price_increase", status=404,
+                                    code="no_pending_price_increase")
+        w.price_answers.append((pending_id, accept))
 
 
 class FakeBoxes:

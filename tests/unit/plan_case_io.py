@@ -56,6 +56,7 @@ from reconciler.model import (
     Ownership,
     OwnHost,
     Pool,
+    PriceIncrease,
     Progress,
     QueuedEntry,
     Ranking,
@@ -80,12 +81,27 @@ class Case:
     expected: J
 
 
-def _t(d: J, now: float, key: str, ago_key: str, default: float | None) -> float | None:
+def _t(d: J, now: float, key: str, ago_key: str, default: float | None, *, ahead: bool = False) -> float | None:
+    """``d[key]`` as a time, or ``now`` minus ``d[ago_key]`` (plus it when ``ahead``: "end_in")."""
     if key in d:
         return None if d[key] is None else float(d[key])
     if ago_key in d:
-        return now - float(d[ago_key])
+        return now + float(d[ago_key]) if ahead else now - float(d[ago_key])
     return default
+
+
+def build_increase(d: J, now: float) -> PriceIncrease:
+    """A pending (or accepted) price increase: ``id``, ``instance_id``, ``old_dph``, ``new_dph``, ``applies_in`` (or
+    ``applies_at``), ``new_end_in`` (or ``new_end``)."""
+    return PriceIncrease(
+        id=int(d["id"]),
+        instance_id=int(d["instance_id"]),
+        old_dph=float(d.get("old_dph", 0.2)),
+        new_dph=float(d["new_dph"]),
+        applies_at=_t(d, now, "applies_at", "applies_in", now + 3600.0, ahead=True) or now,
+        new_end=_t(d, now, "new_end", "new_end_in", None, ahead=True),
+        created_at=_t(d, now, "created_at", "created_ago", None),
+    )
 
 
 def _filters(d: J) -> OfferFilters:
@@ -233,6 +249,7 @@ def build_instance(d: J, now: float, fleet: Fleet) -> Instance:
         dph_total=d.get("dph_total", 0.2),
         start_date=_t(d, now, "start_date", "start_ago", now - 300.0) or 0.0,
         machine_id=d.get("machine_id", iid),
+        end_date=_t(d, now, "end_date", "end_in", None, ahead=True),
     )
 
 
@@ -300,7 +317,7 @@ def build_probe(d: J, now: float, inst: Instance | None, desired: Desired) -> Bo
     )
 
 
-def build_offer(d: J) -> Offer:
+def build_offer(d: J, now: float) -> Offer:
     dph = float(d.get("dph_total", 0.2))
     dlperf = float(d.get("dlperf", 20.0))
     oid = int(d["id"])
@@ -321,6 +338,7 @@ def build_offer(d: J) -> Offer:
         disk_space_gb=d.get("disk_space_gb", 100.0),
         min_bid=d.get("min_bid"),
         storage_dph=d.get("storage_dph", 0.0),
+        end_date=_t(d, now, "end_date", "end_in", None, ahead=True),
     )
 
 
@@ -391,6 +409,7 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
         checkpoint_pulls=tuple(sorted((c["run_id"], c.get("attempt", 1), now - float(c["pulled_ago"]))
                                       for c in d.get("checkpoint_pulls", []))),
         rungs=tuple(RungValue(r["run_id"], float(r["rung"]), float(r["value"])) for r in d.get("rungs", [])),
+        accepted_increases=tuple(build_increase(p, now) for p in d.get("accepted_increases", [])),
         in_flight=tuple(
             InFlight(
                 run_id=f["run_id"],
@@ -421,7 +440,7 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
     return Observed(
         instances=instances,
         probes=tuple(probes),
-        offers=tuple(build_offer(o) for o in d.get("offers", [])),
+        offers=tuple(build_offer(o, now) for o in d.get("offers", [])),
         history=tuple(build_history(h, now) for h in d.get("history", [])),
         memory=memory,
         credit_usd=d.get("credit_usd"),
@@ -429,6 +448,7 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
         controller_env=frozenset(d.get("controller_env", [])),
         allowed_secrets=frozenset(d.get("allowed_secrets", [])),
         harvesting=bool(d.get("harvesting", False)),
+        price_increases=tuple(build_increase(p, now) for p in d.get("price_increases", [])),
         fleet_name=desired.fleet.name,
     )
 
