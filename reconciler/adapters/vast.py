@@ -8,7 +8,10 @@ emulator is proven against the same client. This module adds what a reconciler n
 * bounded retries on top of the SDK's own three tries, per endpoint (``ENDPOINTS``: the path template each call
   goes to): on 429 and 5xx (Vast sends no Retry-After) and on connection trouble, jittered exponential waits
   (``backoff_schedule``) within ``max_tries`` calls and ``max_total_s`` seconds; when the bound is reached one
-  ``ProviderTransient`` line names the endpoint, the tries and the seconds spent; renting is retried only
+  ``ProviderTransient`` line names the endpoint, the tries and the seconds spent. The backoff is carried from
+  one call to the next of the same endpoint (the failures in a row, and a time before which it is not asked
+  again), and a success resets it, so a burst of 429s is not met by every new call at the shortest wait; renting
+  is retried only
   when the request certainly did not act (429, or the connection was never made), because a lost reply to a
   create may already have rented a box and a blind retry would rent a second one;
 * silence: the SDK may print, and rigsync's CLI prints JSON on stdout, so SDK calls run with stdout captured;
@@ -262,6 +265,7 @@ ENDPOINTS = {
 }
 FIRST_WAIT_S = 0.5
 MAX_WAIT_S = 8.0
+MAX_STRIKES = 8  # doublings carried between calls (the waits are capped at MAX_WAIT_S long before)
 
 
 def backoff_schedule(
@@ -343,13 +347,27 @@ class VastProvider:
         self._sleep = sleep
         self._rng = rng or random.Random()
         self.calls = 0
+        # Backoff carried from one call to the next, per endpoint: how many transient failures in a row it answered
+        # (the next call's waits start that many doublings up), and the monotonic time before which it is not asked
+        # again. A burst of 429s is then not met by each new call starting over at the first, shortest wait.
+        self._strikes: dict[str, int] = {}
+        self._not_before: dict[str, float] = {}
 
     def __repr__(self) -> str:  # never show the key
         return "VastProvider(...)"
 
     def _call(self, what: str, fn: Callable[[], T], *, idempotent: bool = True) -> T:
+        endpoint = endpoint_of(what)
         start = time.monotonic()
-        waits = backoff_schedule(self._max_tries, self._max_total_s, self._rng)
+        strikes = self._strikes.get(endpoint, 0)
+        waits = backoff_schedule(
+            self._max_tries, self._max_total_s, self._rng, first_s=FIRST_WAIT_S * 2.0 ** min(strikes, MAX_STRIKES)
+        )
+        held = self._not_before.get(endpoint, 0.0) - start
+        if held > 0:  # the endpoint answered 429 or 5xx lately: its backoff is still running
+            held = min(held, self._max_total_s)
+            log.info("%s: %s was rate-limited or failing; waiting %.1fs first", what, endpoint, held)
+            self._sleep(held)
         for attempt in range(1, self._max_tries + 1):
             try:
                 self.calls += 1
@@ -359,21 +377,32 @@ class VastProvider:
                 err = _classify(exc, what, self.api_url)
                 if not isinstance(err, ProviderTransient) or not (idempotent or _certainly_not_sent(exc)):
                     raise err from exc
+                self._strike(endpoint)
                 spent = time.monotonic() - start
                 if attempt > len(waits) or spent + waits[attempt - 1] > self._max_total_s:
                     raise ProviderTransient(
-                        f"{endpoint_of(what)}: gave up after {attempt} tries in {spent:.1f}s "
+                        f"{endpoint}: gave up after {attempt} tries in {spent:.1f}s "
                         f"(bound: {self._max_tries} tries, {self._max_total_s:g}s): {err}"
                     ) from exc
                 delay = waits[attempt - 1]
                 log.info("%s: %s; retry %d in %.1fs", what, err, attempt, delay)
                 self._sleep(delay)
                 continue
+            self._strikes.pop(endpoint, None)
+            self._not_before.pop(endpoint, None)
             if isinstance(result, dict) and result.get("success") is False:
                 code, msg = str(result.get("error") or ""), str(result.get("msg") or result.get("error") or "")
                 raise RejectedByProvider(f"{what}: rejected: {msg or 'success=false'}", code=code)
             return result
         raise AssertionError("unreachable")
+
+    def _strike(self, endpoint: str) -> None:
+        """One more transient failure in a row from ``endpoint``: the next call to it waits out a jittered, doubled
+        backoff from now before its first try."""
+        strikes = self._strikes.get(endpoint, 0) + 1
+        self._strikes[endpoint] = strikes
+        wait = min(MAX_WAIT_S, FIRST_WAIT_S * 2.0 ** min(strikes - 1, MAX_STRIKES)) * self._rng.uniform(0.5, 1.0)
+        self._not_before[endpoint] = time.monotonic() + wait
 
     # ------------------------------------------------------------------------------------ Provider port
 

@@ -12,6 +12,7 @@ import pytest
 import requests
 from world import emulator_env, fleet_repo, rigsync
 
+from reconciler.adapters.vast import FIRST_WAIT_S as FIRST
 from reconciler.adapters.vast import VastProvider, backoff_schedule
 from reconciler.emulator import Emulator
 from reconciler.errors import ProviderTransient
@@ -72,6 +73,30 @@ def test_a_burst_longer_than_the_bound_is_one_line_naming_the_endpoint(emulator:
         assert "HTTP 429" in line and "\n" not in line and emulator.api_key not in line
         assert len(sleeps) == 2
         assert provider.list_instances() is not None  # other endpoints still answer
+    finally:
+        emulator.clear_failures(SEARCH)
+
+
+def test_the_backoff_is_carried_to_the_next_call_of_the_same_endpoint_and_reset_by_a_success(
+    emulator: Emulator,
+) -> None:
+    sleeps: list[float] = []
+    provider = _provider(emulator, sleeps, max_tries=2, max_total_s=10.0)
+    emulator.fail_next(SEARCH, 3, 429)
+    try:
+        with pytest.raises(ProviderTransient):
+            provider.search_offers(OfferFilters(), 10.0)  # two tries, two 429s: gives up
+        first_call = list(sleeps)
+        assert len(first_call) == 1 and first_call[0] <= FIRST
+        sleeps.clear()
+        assert provider.list_instances() is not None and sleeps == []  # another endpoint is not held back
+        found = provider.search_offers(OfferFilters(), 10.0)  # one more 429, then through
+        assert found
+        held, retry = sleeps  # held back before its first try, and its retry starts two doublings up
+        assert 0 < held <= 2 * FIRST
+        assert 2 * FIRST <= retry < 4 * FIRST
+        sleeps.clear()
+        assert provider.search_offers(OfferFilters(), 10.0) and sleeps == []  # the success reset it
     finally:
         emulator.clear_failures(SEARCH)
 
