@@ -3,10 +3,11 @@
 Where they go is the controller's secret: ``RIGSYNC_NOTIFY_URLS``, apprise URLs separated by commas or spaces,
 never written to desired/, git, logs or argv (a failure names only the URL's scheme). Sending happens in one
 background thread behind a bounded queue: ``offer`` never waits, so a destination that is down or slow never slows
-or stops a cycle; what does not fit the queue, or fails, is not remembered and is offered again by a later cycle
-that sees the same fact. Each event is sent once: the keys delivered (only keys, never URLs) are kept in
-``observed/notified.txt``, written by the controller's thread (``save``) and committed with the next observed
-commit, so a restarted controller does not send them again.
+or stops a cycle; what does not fit the queue, or fails, is offered again by a later cycle that sees the same fact.
+Each event is sent once to each destination: every URL is its own destination, and an event one of them did not
+take is retried to that one only (the others already have it; this process remembers which). The keys every
+destination took (only keys, never URLs) are kept in ``observed/notified.txt``, written by the controller's thread
+(``save``) and committed with the next observed commit, so a restarted controller does not send them again.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import logging
 import queue
 import re
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from reconciler.notify import Event
 from reconciler.observed.tree import write_observed
@@ -29,7 +31,7 @@ NOTIFIED = "observed/notified.txt"
 QUEUE_SIZE = 64
 CLOSE_TIMEOUT_S = 10.0
 
-Send = Callable[[Event], bool]  # True when every destination took it
+Send = Callable[[Event], bool]  # one destination: True when it took the event
 
 
 def notify_urls(environ: Mapping[str, str]) -> tuple[str, ...]:
@@ -53,9 +55,10 @@ def _not_from_the_notifier(record: logging.LogRecord) -> bool:
     return not (_SENDING.is_set() and record.threadName != threading.main_thread().name)
 
 
-def apprise_send(urls: Iterable[str]) -> Send:
-    """A ``Send`` over apprise. What its libraries log from the sending threads is dropped (``_QUIET``), at every
-    level: a webhook's path or a mail server's login is the destination's secret."""
+def apprise_destinations(urls: Iterable[str]) -> list[Send]:
+    """One ``Send`` over apprise per usable URL (a URL apprise cannot use is left out, and said by its scheme). What
+    its libraries log from the sending threads is dropped (``_QUIET``), at every level: a webhook's path or a mail
+    server's login is the destination's secret."""
     import apprise
 
     for name in _QUIET:
@@ -63,15 +66,21 @@ def apprise_send(urls: Iterable[str]) -> Send:
         if _not_from_the_notifier not in logger.filters:
             logger.addFilter(_not_from_the_notifier)
     logging.getLogger("apprise").setLevel(logging.CRITICAL + 1)  # its parsing of the URLs runs in the caller's
-    app = apprise.Apprise()
+    destinations: list[Send] = []
     schemes = []
     for url in urls:
-        if not app.add(url):
+        app = apprise.Apprise()
+        if app.add(url):
+            destinations.append(_apprise_send(app))
+        else:
             schemes.append(url.split(":", 1)[0])
     if schemes:  # the scheme only: the rest of a URL is a secret
         log.warning("ignoring %d notification URL(s) apprise cannot use (schemes: %s)", len(schemes),
                     ", ".join(sorted(set(schemes))))
+    return destinations
 
+
+def _apprise_send(app: Any) -> Send:
     def send(event: Event) -> bool:
         _SENDING.set()
         try:
@@ -93,10 +102,11 @@ def read_sent(checkout: Path) -> frozenset[str]:
 class Notifier:
     """Sends events once each, in the background; see the module docstring."""
 
-    def __init__(self, checkout: Path, send: Send, *, queue_size: int = QUEUE_SIZE) -> None:
+    def __init__(self, checkout: Path, destinations: Sequence[Send], *, queue_size: int = QUEUE_SIZE) -> None:
         self.checkout = checkout
-        self._send = send
+        self._destinations = tuple(destinations)
         self._sent = set(read_sent(checkout))
+        self._took: dict[str, set[int]] = {}  # per key not yet sent everywhere: the destinations (indices) that took it
         self._saved = frozenset(self._sent)
         self._pending: set[str] = set()  # queued or being sent
         self._lock = threading.Lock()
@@ -150,17 +160,31 @@ class Notifier:
             event = self._queue.get()
             if event is None:
                 return
-            try:
-                ok = self._send(event)
-            except Exception as exc:  # a destination's library failing is reported, never fatal to the controller
-                log.warning("notification %s failed: %s", event.key, type(exc).__name__)
-                ok = False
+            with self._lock:
+                took = set(self._took.get(event.key, ()))
+            missed = []
+            for n, send in enumerate(self._destinations):
+                if n in took:
+                    continue
+                try:
+                    ok = send(event)
+                except Exception as exc:  # a destination's library failing is reported, never fatal to the controller
+                    log.warning("notification %s to destination %d failed: %s", event.key, n + 1, type(exc).__name__)
+                    ok = False
+                if ok:
+                    took.add(n)
+                else:
+                    missed.append(n + 1)
             with self._lock:
                 self._pending.discard(event.key)
-                if ok:
+                if missed:
+                    self._took[event.key] = took
+                else:
+                    self._took.pop(event.key, None)
                     self._sent.add(event.key)
-            if not ok:
-                log.warning("notification %s not delivered to every destination; a later cycle retries", event.key)
+            if missed:
+                log.warning("notification %s not delivered to destination(s) %s of %d; a later cycle retries those",
+                            event.key, ", ".join(map(str, missed)), len(self._destinations))
 
 
 def open_notifier(environ: Mapping[str, str], checkout: Path) -> Notifier | None:
@@ -168,4 +192,4 @@ def open_notifier(environ: Mapping[str, str], checkout: Path) -> Notifier | None
     urls = notify_urls(environ)
     if not urls:
         return None
-    return Notifier(checkout, apprise_send(urls))
+    return Notifier(checkout, apprise_destinations(urls))

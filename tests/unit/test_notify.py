@@ -15,7 +15,7 @@ from test_loader_cases import example_files
 from test_loop_daemon import _daemon, _raise
 
 from reconciler.actions import Destroy, Noop, Plan, ReasonCode, Requeue, SweepEstimate
-from reconciler.adapters.notifier import NOTIFIED, Notifier, apprise_send, notify_urls, read_sent
+from reconciler.adapters.notifier import NOTIFIED, Notifier, apprise_destinations, notify_urls, read_sent
 from reconciler.desired import load_desired
 from reconciler.errors import DesiredStateInvalid, LeaseLost
 from reconciler.model import AttemptOutcome, AttemptRecord, Desired, NotifyEvent, Observed
@@ -126,12 +126,12 @@ def event(key: str) -> Event:
 
 def test_the_notifier_sends_each_key_once_and_a_restart_remembers_only_keys(tmp_path: Path) -> None:
     got: list[str] = []
-    n = Notifier(tmp_path, lambda e: got.append(e.key) or True)
+    n = Notifier(tmp_path, [lambda e: got.append(e.key) or True])
     n.offer([event("a"), event("a"), event("b")])
     n.close(5)
     assert sorted(got) == ["a", "b"]
     assert (tmp_path / NOTIFIED).read_text() == "a\nb\n"
-    again = Notifier(tmp_path, lambda e: got.append(e.key) or True)
+    again = Notifier(tmp_path, [lambda e: got.append(e.key) or True])
     assert again.offer([event("a"), event("c")]) == 1
     again.close(5)
     assert sorted(got) == ["a", "b", "c"]
@@ -140,7 +140,7 @@ def test_the_notifier_sends_each_key_once_and_a_restart_remembers_only_keys(tmp_
 
 def test_a_failed_send_is_not_remembered_so_a_later_cycle_retries(tmp_path: Path) -> None:
     answers = iter([False, True])
-    n = Notifier(tmp_path, lambda e: next(answers))
+    n = Notifier(tmp_path, [lambda e: next(answers)])
     n.offer([event("a")])
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and n.offer([event("a")]) == 0:
@@ -149,9 +149,33 @@ def test_a_failed_send_is_not_remembered_so_a_later_cycle_retries(tmp_path: Path
     assert read_sent(tmp_path) == {"a"}
 
 
+def test_an_event_one_destination_missed_is_retried_to_that_destination_only(tmp_path: Path) -> None:
+    webhook: list[str] = []
+    mail_answers = iter([False, True])
+    mail: list[str] = []
+
+    def flaky_mail(e: Event) -> bool:
+        ok = next(mail_answers)
+        if ok:
+            mail.append(e.key)
+        return ok
+
+    n = Notifier(tmp_path, [lambda e: webhook.append(e.key) or True, flaky_mail])
+    n.offer([event("a")])
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and n.waiting():
+        time.sleep(0.01)
+    assert webhook == ["a"] and mail == [] and "a" not in n.sent()  # not everywhere yet: not remembered as sent
+    assert n.offer([event("a")]) == 1  # a later cycle sees the same fact
+    n.close(5)
+    assert webhook == ["a"], "the destination that took it first was sent it again"
+    assert mail == ["a"]
+    assert read_sent(tmp_path) == {"a"}
+
+
 def test_a_stuck_destination_never_makes_offer_wait(tmp_path: Path) -> None:
     release = threading.Event()
-    n = Notifier(tmp_path, lambda e: release.wait(30), queue_size=2)
+    n = Notifier(tmp_path, [lambda e: release.wait(30)], queue_size=2)
     started = time.monotonic()
     queued = n.offer([event(str(i)) for i in range(50)])
     assert time.monotonic() - started < 0.5
@@ -166,7 +190,7 @@ def test_a_failing_destination_is_logged_without_its_url(tmp_path: Path, caplog:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     caplog.set_level(logging.DEBUG)
-    n = Notifier(tmp_path, apprise_send([f"json://127.0.0.1:{port}/secret-path", "nosuch://token-here"]))
+    n = Notifier(tmp_path, apprise_destinations([f"json://127.0.0.1:{port}/secret-path", "nosuch://token-here"]))
     n.offer([event("a")])
     n.close(10)
     assert read_sent(tmp_path) == frozenset()
@@ -182,7 +206,7 @@ def test_a_lost_lease_is_told_before_the_daemon_exits(tmp_path: Path) -> None:
     d.local_lock = type("Lock", (), {"release": lambda self: None})()
     d.lease = type("Lease", (), {"holder": "rigsync@me", "epoch": 7})()
     d.last_valid = wanting(desired_state(1), NotifyEvent.LEASE_LOST)
-    d.notifier = Notifier(tmp_path, lambda e: got.append(e) or True)
+    d.notifier = Notifier(tmp_path, [lambda e: got.append(e) or True])
     del d.release
     with pytest.raises(LeaseLost):
         d.run_forever()
