@@ -431,10 +431,11 @@ def settle_live(
                 continue
             box = world.boxes[box_id]
             if contract_ending(world, box) and not contract_pull_due(world, box, rd):
-                # moved before the host takes the box back: preempted (no retry spent), its checkpoint (pulled inside
-                # the margin by bookkeeping, and again by the kill's harvest) is what its next attempt resumes from
-                took[rd.run_id] = took.get(rd.run_id, 0) + 1
-                kill(box_id, rd, ReasonCode.CONTRACT_ENDING, _ending_text(world, box, spec), AttemptOutcome.PREEMPTED)
+                # moved before the host takes the box back: requeued as preempted (no retry spent; apply kills it and
+                # harvests what it wrote), its checkpoint (pulled inside the margin by bookkeeping, and again by the
+                # harvest) is what its next attempt resumes from
+                why = _ending_text(world, box, spec)
+                requeue(box_id, rd, ReasonCode.CONTRACT_ENDING, why, AttemptOutcome.PREEMPTED)
                 continue
             running.setdefault(rd.run_id, []).append((box_id, rd))
     # A duplicate daemon once launched the same seed twice; keep the oldest attempt, stop the others.

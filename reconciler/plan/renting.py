@@ -421,6 +421,10 @@ def _wait_for_busy(
             if b.free_s < ready
             and len(b.mask) >= run.gpus
             and (not run.gpu_ram_mib or b.gpu_ram_mib >= run.gpu_ram_mib)
+            and contract.room_for(
+                world.boxes[b.box_id].inst, world.now, b.free_s + fc.run_s(run.spec, b.gpu_name, b.machine_id),
+                world.desired.fleet.contract_margin_s, world.observed.memory.accepted_increases,
+            )
         ]
         if not fitting:
             rest.append(run)
