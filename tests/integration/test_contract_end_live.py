@@ -105,3 +105,55 @@ def test_a_run_on_a_box_whose_contract_ends_is_checkpointed_moved_as_preempted_a
     assert [(r.attempt, r.phase) for r in attempts] == [(1, AttemptOutcome.PREEMPTED), (2, AttemptOutcome.SUCCEEDED)]
     assert attempts[0].instance_id == box and attempts[1].instance_id != box
     assert attempts[1].resumed_from == 1  # started from the checkpoint pulled before the move
+
+
+def test_a_box_taken_back_at_its_contract_end_is_a_preemption_not_a_host_fault(
+    emulator: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No margin, and the host takes the box back mid-run: listed exited past its end, the box is destroyed as
+    contract_ended, its attempt is preempted (no retry spent) and resumes from the last synced checkpoint on a new
+    box; its machine gets no fault in observed/hosts.yaml."""
+    monkeypatch.setenv("VAST_API_KEY", emulator.api_key)
+    fleet = fleet_repo(tmp_path / "fleet")
+    fleet.edit_fleet(name="ctgone", max=1, contract_margin="0s")
+    fleet.set_sweeps({"ends": SWEEP.replace("every: 1h", "every: 1s")})
+    repo = fleet.work
+    desired = load_local_desired(repo)
+    rec = open_reconciler(repo, desired, str(tmp_path / "state"), emulator.url)
+    box = None
+    launched_at = None
+    for _ in range(80):
+        res = rec.cycle(desired)
+        assert res.applied is not None
+        if box is None and any(isinstance(a, Rent) for a in res.plan.actions):
+            box = res.applied.rented[0]
+        if launched_at is None and any(isinstance(a, Launch) for a in res.plan.actions):
+            launched_at = time.monotonic()
+        if launched_at is not None and time.monotonic() - launched_at > 5:
+            break
+        time.sleep(0.5)
+    assert box is not None and launched_at is not None
+    machine = int(emulator.instance(box)["machine_id"])
+
+    emulator.set_end_date(box, time.time() - 1)
+    deadline = time.monotonic() + 10
+    while emulator.status(box) != "exited":  # the host takes it back (the next cycle sees it listed so)
+        assert time.monotonic() < deadline, "the emulator did not take the box back"
+        time.sleep(0.05)
+    assert "contract_end" in [e["type"] for e in emulator.ledger.events if e["instance_id"] == box]
+    destroyed: list[Destroy] = []
+    requeued: list[Requeue] = []
+    for _ in range(120):
+        res = rec.cycle(desired)
+        destroyed += [a for a in res.plan.actions if isinstance(a, Destroy) and a.instance_id == box]
+        requeued += [a for a in res.plan.actions if isinstance(a, Requeue)]
+        if any(r.phase is AttemptOutcome.SUCCEEDED for r in rec.history):
+            break
+        time.sleep(0.5)
+    assert [a.code for a in destroyed] == [ReasonCode.CONTRACT_ENDED]
+    assert [(a.code, a.phase) for a in requeued] == [(ReasonCode.PREEMPTED, AttemptOutcome.PREEMPTED)]
+    attempts = sorted(rec.history, key=lambda r: r.attempt)
+    assert [(r.attempt, r.phase) for r in attempts] == [(1, AttemptOutcome.PREEMPTED), (2, AttemptOutcome.SUCCEEDED)]
+    assert attempts[1].resumed_from == 1
+    host = rec.memory.hosts.host(machine)  # what observed/hosts.yaml records of the machine
+    assert host is not None and (host.faults, host.vanishes, host.outbids) == (0, 0, 0)  # not outbid either
