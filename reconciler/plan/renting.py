@@ -490,6 +490,7 @@ def _rent_pool(
     # Until the next rent nothing changes for a request shape that was just refused (no bin fits it, and the
     # same cap or market refuses it): its later runs are refused for the same reason without asking again.
     refused: dict[tuple[int, int], tuple[ReasonCode, str]] = {}
+    too_short: dict[tuple[int, int, str, float | None, float], tuple[ReasonCode, str]] = {}
 
     def block(code: ReasonCode, msg: str, runs: int) -> None:
         blocked[msg] = (code, blocked.get(msg, (code, 0))[1] + runs)
@@ -506,7 +507,9 @@ def _rent_pool(
             break
         spec = run.spec
         g, ram = shape = run.gpus, run.gpu_ram_mib
-        why = refused.get(shape)
+        # a contract too short for this work may not be for a shorter run of the shape: that refusal is kept per work
+        work_key = (g, ram, spec.sweep.name, spec.sweep.expected_runtime_s, spec.sweep.max_runtime_s)
+        why = refused.get(shape) or too_short.get(work_key)
         need, what = _work_s(fc, pool, spec), f"run {spec.id}"
         if why is None:
             if rented_bins.fit(g, ram):
@@ -541,6 +544,7 @@ def _rent_pool(
                 out.act(market.rent(many, ReasonCode.RENT_MULTI_GPU, reason))
                 rented_bins.add(_Bin(many.num_gpus - g, many.gpu_ram_mib))
                 refused.clear()
+                too_short.clear()
                 continue
             elif not spending.fits(cost := _rent_cost(world, budget, o, spec, g)):
                 why = (
@@ -569,8 +573,12 @@ def _rent_pool(
                 out.act(market.rent(o, code, reason))
                 rented_bins.add(_Bin(o.num_gpus - g, o.gpu_ram_mib))
                 refused.clear()
+                too_short.clear()
                 continue
-            refused[shape] = why
+            if why[0] is ReasonCode.CONTRACT_TOO_SHORT:
+                too_short[work_key] = why
+            else:
+                refused[shape] = why
         block(why[0], why[1], 1)
         tally.add(tally.no_capacity, spec.sweep.name)
     # Keep the floor: min_instances boxes even with no work.
