@@ -160,12 +160,9 @@ class _Market:
         if contract.offer_room_for(o, self.world.now, need_s, self.margin):
             return True
         left = contract.offer_time_left(o, self.world.now) or 0.0
-        work = f"{what} needs ~{fmt_duration(need_s)}" if need is not None else what
-        self.short.setdefault(
-            o.id,
-            f"not rented: its contract ends in {fmt_duration(left)}; {work} + contract_margin "
-            f"{fmt_duration(self.margin)}",
-        )
+        margin = f"contract_margin {fmt_duration(self.margin)}"
+        work = f"{what} needs ~{fmt_duration(need_s)} + {margin}" if need is not None else f"{what} needs {margin}"
+        self.short.setdefault(o.id, f"its contract ends in {fmt_duration(left)}; {work}")
         return False
 
     def pick(
@@ -251,7 +248,8 @@ class _Market:
         if capped and all(o.id in self.short for o in capped):
             o = min(capped, key=lambda x: contract.offer_time_left(x, self.world.now) or 0.0)
             return ReasonCode.CONTRACT_TOO_SHORT, (
-                f"every fitting offer's contract ends too soon for the work (offer/{o.id}: {self.short[o.id]})"
+                f"contract too short: every fitting offer's contract ends before the work could finish (offer/{o.id}: "
+                f"{self.short[o.id]})"
             )
         if cheapest > self.instance_cap:
             return ReasonCode.INSTANCE_PRICE_CAP, (
@@ -612,7 +610,7 @@ def _rent_pool(
         )
         out.act(market.rent(o, ReasonCode.RENT_FOR_MIN_INSTANCES, reason))
     for oid, text in sorted(market.short.items()):
-        out.noop(f"offer/{oid}", ReasonCode.CONTRACT_TOO_SHORT, text)
+        out.noop(f"offer/{oid}", ReasonCode.CONTRACT_TOO_SHORT, f"not rented: {text}")
     for oid, ex in sorted(market.capped.items()):
         out.noop(f"offer/{oid}", ReasonCode.EXPLORE_CAPPED, f"not rented, exploration_share used up: {ex.detail}")
     for msg, (code, n) in sorted(blocked.items()):
