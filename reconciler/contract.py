@@ -65,3 +65,26 @@ def cost_between(inst: Instance, start: float, end: float, accepted: Iterable[Pr
         return inst.dph_total * (end - start) / 3600.0
     cut = max(start, inc.applies_at)
     return (inst.dph_total * (cut - start) + inc.new_dph * (end - cut)) / 3600.0
+
+
+def room_for(
+    inst: Instance, now: float, need_s: float, margin_s: float, accepted: Iterable[PriceIncrease] = ()
+) -> bool:
+    """Whether work of ``need_s`` seconds started on the box at ``now`` finishes at least ``margin_s`` before its
+    contract ends (always, for a box with no end)."""
+    left = time_left(inst, now, accepted)
+    return left is None or left >= max(0.0, need_s) + max(0.0, margin_s)
+
+
+def offer_room_for(offer: Offer, now: float, need_s: float, margin_s: float) -> bool:
+    """Whether work of ``need_s`` seconds on a box rented on ``offer`` now finishes at least ``margin_s`` before the
+    contract ends (always, for an offer that says no end)."""
+    left = offer_time_left(offer, now)
+    return left is None or left >= max(0.0, need_s) + max(0.0, margin_s)
+
+
+def ending(inst: Instance, now: float, margin_s: float, accepted: Iterable[PriceIncrease] = ()) -> bool:
+    """Whether the box's contract ends within ``margin_s`` of ``now`` (or has ended): its work is moved, and the box
+    let go, before the host takes it back."""
+    left = time_left(inst, now, accepted)
+    return left is not None and left <= max(0.0, margin_s)

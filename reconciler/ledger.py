@@ -49,6 +49,10 @@ FAULT_COUNTERS: dict[ReasonCode, str] = {
     ReasonCode.PROVIDER_DEAD: "vanishes",
 }
 OUTBID_CODES = frozenset({ReasonCode.PROVIDER_STOPPED})
+# The destroys of boxes the provider took back (outbid, or reclaimed by its host at the contract's end): their
+# attempts are preempted, not lost (``BoxTable.preempted``). Only an outbid marks the machine; an ended contract is no
+# fault of its host (it ends when the offer said it would).
+PREEMPTION_CODES = OUTBID_CODES | frozenset({ReasonCode.CONTRACT_ENDED})
 # The boxes whose end counts towards the rent backoff: they never became ready, so renting again the same way is how
 # a rent storm starts. Boxes that worked and then vanished or hung are the market's noise: their runs are requeued and
 # rented for at once.

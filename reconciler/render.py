@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from reconciler import contract
 from reconciler.actions import SIGNS, Kind, Plan, SweepEstimate
 from reconciler.jobenv import held_back
 from reconciler.model import AttemptOutcome, Desired, Observed, owns
@@ -86,8 +87,11 @@ def estimate_line(e: SweepEstimate) -> str:
     )
 
 
-def status_json(desired: Desired, observed: Observed, plan: Plan | None = None) -> dict[str, Any]:
-    """What `rigsync status --json` prints; with the plan for this observation, its budget lines and price."""
+def status_json(
+    desired: Desired, observed: Observed, plan: Plan | None = None, now: float | None = None
+) -> dict[str, Any]:
+    """What `rigsync status --json` prints; with the plan for this observation, its budget lines and price; each
+    box's contract end, and with ``now`` (the observation's time) the seconds left until it."""
     mine: list[dict[str, Any]] = []
     foreign: list[dict[str, Any]] = []
     progress = live_progress(desired.runs, observed)
@@ -114,6 +118,9 @@ def status_json(desired: Desired, observed: Observed, plan: Plan | None = None) 
                 for r in (probe.runs if probe else ())
                 if (r.run_id, r.attempt) in progress
             },
+            # its contract's end (``reconciler.contract``): the host takes the box back then; None: no end said
+            "end_date": contract.box_end(inst, observed.memory.accepted_increases),
+            "ends_in_s": None if now is None else contract.time_left(inst, now, observed.memory.accepted_increases),
         }
         (mine if owns(desired.fleet.name, inst.label) else foreign).append(row)
     spend = observed.memory.spend
@@ -146,6 +153,8 @@ def status_text(doc: dict[str, Any]) -> str:
         runs = ", ".join(f"{r} ({done[r]:.0%})" if r in done else r for r in b["runs"]) or "idle"
         if b.get("queued"):
             runs += "; queued " + ", ".join(b["queued"])
+        if b.get("ends_in_s") is not None:
+            runs += f"; contract ends in {_hours(float(b['ends_in_s']) / 3600.0)}"
         lines.append(f"  {b['id']:>10}  {b['status']:<8} {b['gpu']:<18} ${b['dph']:.4f}/h  {reach:<11} {runs}")
     for f in doc["foreign"]:
         lines.append(f"  {f['id']:>10}  foreign (label {f['label']!r}): not ours, left alone")

@@ -130,6 +130,17 @@ def _s(rec: dict[str, Any], key: str) -> str:
     return v.strip() if isinstance(v, str) else ""
 
 
+# A contract's end as the provider says it, read as untrusted: an epoch second between these, else "not said".
+_END_DATE_MIN = 1_000_000_000.0  # 2001-09-09
+_END_DATE_MAX = 4_102_444_800.0  # 2100-01-01
+
+
+def _end_date(rec: dict[str, Any]) -> float | None:
+    """The record's ``end_date`` (epoch seconds), or None when absent, not a finite number, or out of bounds."""
+    v = _f(rec, "end_date", math.nan)
+    return v if _END_DATE_MIN <= v <= _END_DATE_MAX else None
+
+
 def offer_from_record(rec: dict[str, Any]) -> Offer:
     """One search result (a Vast offer/bundle record) as a ``model.Offer``."""
     verification = rec.get("verification")
@@ -152,6 +163,7 @@ def offer_from_record(rec: dict[str, Any]) -> Offer:
         disk_space_gb=_f(rec, "disk_space"),
         min_bid=_f(rec, "min_bid") if rec.get("min_bid") is not None else None,
         storage_dph=max(0.0, _f(rec, "dph_total") - _f(rec, "dph_base")) if rec.get("dph_base") is not None else 0.0,
+        end_date=_end_date(rec),
     )
 
 
@@ -202,6 +214,7 @@ def instance_from_record(rec: dict[str, Any]) -> Instance:
         cuda=_f(rec, "cuda_max_good") or None,
         direct=direct,
         proxy=proxy,
+        end_date=_end_date(rec),
     )
 
 

@@ -47,8 +47,9 @@ def live_ops_tax(repo: Path, observed: Observed, now: float) -> OpsTax:
 
 def _observe(args: argparse.Namespace) -> tuple[dict[str, Any], OpsTax]:
     desired, observed, the_plan, _ = observe_once(args)  # a look at the world: a dirty tree is fine
-    doc = status_json(desired, observed, the_plan)
-    tax = live_ops_tax(Path(args.repo), observed, time.time())
+    now = time.time()
+    doc = status_json(desired, observed, the_plan, now)
+    tax = live_ops_tax(Path(args.repo), observed, now)
     doc["ops_tax"] = tax.to_json()
     return doc, tax
 

@@ -219,6 +219,7 @@ ROWS: tuple[Row, ...] = (
         ("max_rents_per_hour", "max_rents_per_hour", _opt(int)),
         ("rent_backoff", "rent_backoff_s", parse_duration),
         ("queue_ahead", "queue_ahead_s", parse_duration),
+        ("contract_margin", "contract_margin_s", parse_duration),
         ("exploration_share", "exploration_share", float),
         ("retention.checkpoints", "keep_checkpoints", int),
         ("retention.harvests_for", "keep_harvests_s", parse_duration),

@@ -368,6 +368,18 @@ def _admin_instance(emu: Emulator, req: Request) -> Any:
     return {"success": True}
 
 
+def _admin_end_date(emu: Emulator, req: Request) -> Any:
+    at = _body_dict(req).get("at")
+    try:
+        value = float(at) if at is not None and not isinstance(at, bool) else math.nan
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value):
+        raise ApiError(400, "invalid_args", "body: {\"at\": epoch seconds}")
+    emu.set_end_date(req.int_arg("id"), value)
+    return {"success": True, "end_date": value}
+
+
 def _admin_fail_next(emu: Emulator, req: Request) -> Any:
     b = _body_dict(req)
     try:
@@ -445,6 +457,7 @@ ROUTES: list[tuple[str, re.Pattern[str], RouteFn, bool, bool]] = [
         ("GET", r"/_emulator/events", _admin_events, True, False),
         ("POST", rf"/_emulator/instances/{_ID}/(?P<action>vanish|hang|resume|outbid|never_boot)",
          _admin_instance, True, False),
+        ("POST", rf"/_emulator/instances/{_ID}/end_date", _admin_end_date, True, False),
         ("POST", r"/_emulator/fail_next", _admin_fail_next, True, False),
         ("POST", r"/_emulator/latency", _admin_latency, True, False),
         ("POST", r"/_emulator/never_boot", _admin_never_boot, True, False),

@@ -49,6 +49,8 @@ class Instance:
     status_msg: str = "created"
     running_since: float | None = None
     ssh_keys: list[str] = field(default_factory=list)
+    end_date: float | None = None  # the contract's end (the offer's end_date at rent): the host takes the box back
+    contract_ended: bool = False  # it has: processes dead, listed exited, the GPU part no longer billed
 
 
 class Emulator:
@@ -69,6 +71,7 @@ class Emulator:
         host_prefix: str = "127.0.1",
         credit: float = 1000.0,
         clock: Callable[[], float] | None = None,
+        contract_s: tuple[float, float] | None = None,
     ) -> None:
         # The wall clock of the emulated world (start dates, billing, charges); tests move it to cross a UTC
         # midnight without waiting for one. Boot delays and timeouts still run on the monotonic clock.
@@ -79,7 +82,8 @@ class Emulator:
         self._own_state_dir = state_dir is None
         self._state_dir_arg = state_dir
         self.state_dir = Path(state_dir) if state_dir is not None else Path("/nonexistent")
-        self.market = Market(seed=seed, n=offers)
+        # contract_s=(lo, hi): every offer's contract ends lo..hi seconds from now (tests need short ones)
+        self.market = Market(seed=seed, n=offers, clock=self.clock, contract_s=contract_s)
         self.ledger = Ledger(clock=self.clock, credit=credit)
         self._pool = AddressPool(host_prefix)
         self._lock = threading.RLock()
@@ -322,7 +326,7 @@ class Emulator:
                 disk=disk, env=env, onstart=spec.onstart, is_bid=bid is not None,
                 dph_total=float(priced["dph_total"]),
                 storage_per_hour=float(offer["storage_cost"]) * disk / (30 * 24),
-                api_key=api_key, start_date=self.clock(), ssh_keys=keys,
+                api_key=api_key, start_date=self.clock(), ssh_keys=keys, end_date=float(offer["end_date"]),
             )
             if self._never_boot_next:
                 self._never_boot_next = False
@@ -376,6 +380,11 @@ class Emulator:
     def start_instance(self, instance_id: int) -> None:
         with self._lock:
             inst = self._get(instance_id)
+            if inst.contract_ended:
+                raise ApiError(
+                    400, "invalid_args",
+                    f"Instance {instance_id} cannot be started: its contract ended and the host took the machine back.",
+                )
             inst.intended_status = "running"
             if inst.actual_status in ("stopped", "offline", "exited"):
                 self._require_credit()
@@ -438,6 +447,25 @@ class Emulator:
             self._set_down(inst, "offline", "running", "machine offline")
             inst.cur_state = "running"
             self.ledger.log("vanish", instance_id)
+
+    def set_end_date(self, instance_id: int, at: float) -> None:
+        """Move the instance's contract end to ``at`` (epoch seconds; in the past: taken back at the next tick)."""
+        with self._lock:
+            inst = self._get(instance_id)
+            if inst.contract_ended:
+                raise ApiError(400, "invalid_args", f"Instance {instance_id}: its contract has already ended.")
+            inst.end_date = float(at)
+            self.ledger.log("end_date", instance_id, at=inst.end_date)
+
+    def _end_contract(self, inst: Instance) -> None:
+        """The host takes the box back at its contract's end: processes killed, listed ``exited``, GPU billing over
+        (storage bills while it is listed, as for any stopped instance, until destroyed)."""
+        with self._lock:
+            if inst.id not in self._instances or inst.contract_ended:
+                return
+            inst.contract_ended = True
+            self._set_down(inst, "exited", "stopped", "contract ended: the host took the machine back")
+            self.ledger.log("contract_end", inst.id, end_date=inst.end_date)
 
     def hang(self, instance_id: int) -> None:
         """Freeze every process on the box (SIGSTOP): connects time out, the API still says running."""
@@ -527,6 +555,9 @@ class Emulator:
                     self._watch(inst, dt)
 
     def _watch(self, inst: Instance, dt: float) -> None:
+        if not inst.contract_ended and inst.end_date is not None and self.clock() >= inst.end_date:
+            self._end_contract(inst)
+            return
         if inst.actual_status == "loading" and inst.box.booted():
             with self._lock:
                 if inst.id in self._instances and inst.actual_status == "loading":
@@ -570,7 +601,8 @@ class Emulator:
             "ports": {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(s.direct_port)}]},
             "static_ip": o["static_ip"], "geolocation": o["geolocation"], "verification": o["verification"],
             "rentable": True, "hosting_type": o["hosting_type"], "external": o["external"],
-            "start_date": inst.start_date, "end_date": o["end_date"], "duration": now - inst.start_date,
+            "start_date": inst.start_date, "end_date": inst.end_date,
+            "duration": max(0.0, inst.end_date - now) if inst.end_date is not None else None,  # seconds left
             "uptime_mins": round(uptime, 3), "client_run_time": 1.0, "host_run_time": 1.0,
             "num_gpus": o["num_gpus"], "gpu_name": o["gpu_name"], "gpu_arch": "nvidia",
             "gpu_ram": o["gpu_ram"], "gpu_totalram": o["gpu_ram"], "gpu_frac": 1.0, "gpu_lanes": o["gpu_lanes"],
@@ -612,7 +644,7 @@ class Emulator:
             boxes = {
                 str(i.id): {"status": i.actual_status, "hung": i.box.hung, "ip": i.box.spec.ip,
                             "proxy_port": i.box.spec.proxy_port, "direct_port": i.box.spec.direct_port,
-                            "root": str(i.box.root)}
+                            "root": str(i.box.root), "end_date": i.end_date}
                 for i in self._instances.values()
             }
         return {"url": self.url, "instances": boxes, "latency": self.latency, "churn_rate_per_hour": self._churn_rate,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -252,15 +253,43 @@ def matches(o: dict[str, Any], query: dict[str, Any]) -> bool:
 
 
 class Market:
-    """The offers for rent. Thread-safe; a rented offer leaves the market until its instance is destroyed."""
+    """The offers for rent. Thread-safe; a rented offer leaves the market until its instance is destroyed.
 
-    def __init__(self, seed: int = 0, n: int = 200, now: float | None = None) -> None:
+    Every offer has a fixed ``end_date`` (3 to 180 days out, or ``contract_s=(lo, hi)`` seconds for tests): a
+    contract rented on it ends then. A search lists ``duration`` as the seconds left until it (what the client's
+    ``duration>=X`` days filters on) and leaves out offers whose end has passed.
+    """
+
+    def __init__(
+        self,
+        seed: int = 0,
+        n: int = 200,
+        now: float | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
+        contract_s: tuple[float, float] | None = None,
+    ) -> None:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
-        self._offers: dict[int, dict[str, Any]] = {
-            o["id"]: o for o in _generate(self._rng, n, time.time() if now is None else now)
-        }
+        self._clock: Callable[[], float] = clock or time.time
+        start = self._clock() if now is None else now
+        self._offers: dict[int, dict[str, Any]] = {o["id"]: o for o in _generate(self._rng, n, start)}
         self._rented: set[int] = set()
+        if contract_s is not None:
+            self.set_contracts(contract_s[0], contract_s[1], seed=seed, now=start)
+
+    def set_contracts(self, lo_s: float, hi_s: float, *, seed: int = 0, now: float | None = None) -> None:
+        """Give every offer a contract ending ``lo_s`` to ``hi_s`` seconds from now (drawn apart from the market's
+        own draws, so the offers are otherwise the same for a seed)."""
+        if not (0 <= lo_s <= hi_s):
+            raise ValueError(f"contract_s must be 0 <= lo <= hi, got ({lo_s}, {hi_s})")
+        rng = random.Random(f"contracts-{seed}")
+        at = self._clock() if now is None else now
+        with self._lock:
+            for oid in sorted(self._offers):
+                o = self._offers[oid]
+                o["end_date"] = at + rng.uniform(lo_s, hi_s)
+                o["duration"] = o["end_date"] - at
 
     def all(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -272,8 +301,11 @@ class Market:
             return dict(o) if o is not None else None
 
     def is_available(self, offer_id: int) -> bool:
+        """Listed, not rented, and its contract not already past its end."""
+        now = self._clock()
         with self._lock:
-            return offer_id in self._offers and offer_id not in self._rented
+            o = self._offers.get(offer_id)
+            return o is not None and offer_id not in self._rented and o["end_date"] > now
 
     def rent(self, offer_id: int) -> dict[str, Any] | None:
         """Take an offer off the market; None when unknown or already rented."""
@@ -304,10 +336,15 @@ class Market:
         if kind not in ("on-demand", "ondemand", "bid", "reserved", "interruptible"):
             raise QueryError(f"unknown offer type {kind!r} (on-demand, bid, reserved)")
         bid = kind in ("bid", "interruptible")
+        now = self._clock()
         with self._lock:
-            pool = [price(o, storage, bid) for oid, o in self._offers.items() if oid not in self._rented]
+            pool = [
+                price(o, storage, bid) for oid, o in self._offers.items()
+                if oid not in self._rented and o["end_date"] > now  # an offer past its end is not for rent
+            ]
         for o in pool:
             o["rented"] = False
+            o["duration"] = o["end_date"] - now  # seconds left, as the service computes it per request
         hits = [o for o in pool if matches(o, query)]
         order = query.get("order")
         if order is None:

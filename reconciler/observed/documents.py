@@ -24,6 +24,7 @@ from typing import Any
 
 from reconciler.actions import Plan
 from reconciler.bounds import MAX_GPUS, MAX_LIST_ENTRIES, MAX_NOTE_CHARS, bounded_block, bounded_text, finite
+from reconciler.contract import box_end
 from reconciler.model import (
     AttemptRecord,
     Desired,
@@ -129,6 +130,8 @@ def _render_fleet(fleet: str, observed: Observed) -> dict[str, Any]:
                 "image": inst.image,
                 "interruptible": inst.is_bid,
                 "started_at": iso(inst.start_date),
+                # its contract's end (``reconciler.contract.box_end``): the views show the time left from it
+                **({"ends_at": end} if (end := iso(box_end(inst, observed.memory.accepted_increases))) else {}),
                 "reachable": None if probe is None else probe.reachable,
                 "first_seen_at": iso(mem.first_seen_at) if mem else None,
                 "unreachable_since": iso(mem.unreachable_since) if mem else None,

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from reconciler import contract
 from reconciler.actions import Kill, Kind, ReasonCode, Record, Requeue
 from reconciler.bounds import MAX_REPORTED_CLAIMS, bounded_text
 from reconciler.model import (
@@ -30,9 +31,10 @@ from reconciler.model import (
     RunSpec,
 )
 from reconciler.offers import normalize_gpu_name
+from reconciler.plan.bookkeeping import contract_ending, contract_pull_due
 from reconciler.plan.common import Decisions, fmt_duration, gpus_text
 from reconciler.plan.early_stop import EarlyStop
-from reconciler.plan.world import World
+from reconciler.plan.world import OwnedBox, World
 from reconciler.promotion import succeeded_metrics, wanted_among
 from reconciler.runphase import (
     UNTOUCHED,
@@ -427,6 +429,14 @@ def settle_live(
                 kill(box_id, rd, ReasonCode.STALLED, f"stalled: {stalled}")
                 out.drift.append(Drift(DriftClass.STALLED, subj, stalled, f"kill {subj}"))
                 continue
+            box = world.boxes[box_id]
+            if contract_ending(world, box) and not contract_pull_due(world, box, rd):
+                # moved before the host takes the box back: requeued as preempted (no retry spent; apply kills it and
+                # harvests what it wrote), its checkpoint (pulled inside the margin by bookkeeping, and again by the
+                # harvest) is what its next attempt resumes from
+                why = _ending_text(world, box, spec)
+                requeue(box_id, rd, ReasonCode.CONTRACT_ENDING, why, AttemptOutcome.PREEMPTED)
+                continue
             running.setdefault(rd.run_id, []).append((box_id, rd))
     # A duplicate daemon once launched the same seed twice; keep the oldest attempt, stop the others.
     kept: dict[str, tuple[int, RunDirState]] = {}
@@ -453,6 +463,16 @@ def settle_live(
             f"heartbeat {beat}",
         )
     return LiveVerdicts(kept, used, frozenset(settled), launched_kept, frozenset(stopped), took), out
+
+
+def _ending_text(world: World, box: OwnedBox, spec: RunSpec) -> str:
+    left = contract.time_left(box.inst, world.now, world.observed.memory.accepted_increases) or 0.0
+    margin = fmt_duration(world.desired.fleet.contract_margin_s)
+    resume = "from its checkpoint" if spec.sweep.checkpoint is not None and world.observed.harvesting else "afresh"
+    return (
+        f"its box's contract ends in {fmt_duration(left)} (contract_margin {margin}): preempted before the host takes "
+        f"it back, resumed elsewhere {resume}; no retry spent"
+    )
 
 
 def launched_at(world: World, seen: SeenAttempts, rd: RunDirState) -> float:
@@ -643,6 +663,14 @@ def settle_in_flight(
                 )
             elif over_budget is not None:
                 kill_queued(fl, ReasonCode.QUEUE_OVER_BUDGET, f"queued, not started: {over_budget}")
+            elif contract_ending(world, box):
+                left = contract.time_left(box.inst, world.now, world.observed.memory.accepted_increases) or 0.0
+                kill_queued(
+                    fl,
+                    ReasonCode.CONTRACT_ENDING,
+                    f"queued, not started: its box's contract ends in {fmt_duration(left)} (contract_margin "
+                    f"{fmt_duration(world.desired.fleet.contract_margin_s)}); it launches elsewhere",
+                )
             else:
                 queued_kept[fl.run_id] = fl
                 waiting.add(fl.run_id)

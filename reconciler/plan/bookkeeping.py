@@ -5,6 +5,9 @@ Neither changes the world, but each is a decision, so each is made here and appl
 - a running attempt of a sweep with a ``checkpoint`` has it pulled home when it was last pulled ``every`` ago (or
   never), on a box that answered this cycle and that this plan does not destroy, unless this plan settles the
   attempt (a killed or requeued attempt's checkpoint comes home with its harvest);
+- a running attempt on a box whose contract ends within ``contract_margin`` (``reconciler.contract.ending``) has
+  its checkpoint pulled home once more inside that window, whatever ``every`` says (``CONTRACT_ENDING``): it is
+  then ended as preempted (``attempts.settle_live``) and resumes elsewhere from that pull (``contract_pull_due``);
 - a box gone from the provider's list whose bill is final (``BoxSpend.bill_final``) has its overhead line
   archived: its bill minus the costs of its attempts. Its attempts still in flight are requeued by this same plan
   and archived first (``APPLY_ORDER``); should one of them fail, apply leaves the bill open for the next cycle.
@@ -14,12 +17,34 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from reconciler import contract
 from reconciler.actions import CloseBill, ReasonCode, SyncCheckpoint
+from reconciler.model import RunDirState
 from reconciler.plan.common import Decisions, fmt_duration
-from reconciler.plan.world import World
+from reconciler.plan.world import OwnedBox, World
 from reconciler.runphase import is_live
 
 AttemptKey = tuple[str, int]
+
+
+def contract_ending(world: World, box: OwnedBox) -> bool:
+    """Whether a rented box's contract ends within the fleet's ``contract_margin`` (its work is moved before)."""
+    accepted = world.observed.memory.accepted_increases
+    return box.rented and contract.ending(box.inst, world.now, world.desired.fleet.contract_margin_s, accepted)
+
+
+def contract_pull_due(world: World, box: OwnedBox, rd: RunDirState) -> bool:
+    """Whether a live attempt on a box whose contract is ending has its checkpoint to pull home before it is moved:
+    its sweep has a checkpoint, a result store takes it, and it was not pulled since the margin's window began."""
+    spec = world.runs.get(rd.run_id)
+    if spec is None or spec.sweep.checkpoint is None or not world.observed.harvesting:
+        return False
+    end = contract.box_end(box.inst, world.observed.memory.accepted_increases)
+    if end is None:
+        return False
+    window = end - world.desired.fleet.contract_margin_s
+    pulled = [t for r, a, t in world.observed.memory.checkpoint_pulls if (r, a) == (rd.run_id, rd.attempt)]
+    return not pulled or max(pulled) < window
 
 
 def sync_checkpoints(world: World, settled: frozenset[AttemptKey], destroyed: Mapping[int, str]) -> Decisions:
@@ -39,6 +64,21 @@ def sync_checkpoints(world: World, settled: frozenset[AttemptKey], destroyed: Ma
             if sweep is None or sweep.checkpoint is None:
                 continue
             last = pulled.get(key)
+            if contract_ending(world, box) and contract_pull_due(world, box, rd):
+                left = contract.time_left(box.inst, world.now, world.observed.memory.accepted_increases) or 0.0
+                out.act(
+                    SyncCheckpoint(
+                        reason=f"its box's contract ends in {fmt_duration(left)} (contract_margin "
+                        f"{fmt_duration(world.desired.fleet.contract_margin_s)}): checkpoint pulled home before the "
+                        "attempt is moved",
+                        code=ReasonCode.CONTRACT_ENDING,
+                        instance_id=box_id,
+                        run_id=rd.run_id,
+                        attempt=rd.attempt,
+                        path=sweep.checkpoint.path,
+                    )
+                )
+                continue
             if last is not None and world.now - last < sweep.checkpoint.every_s:
                 continue
             why = "never pulled" if last is None else f"last pulled {fmt_duration(world.now - last)} ago"

@@ -13,11 +13,13 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from reconciler import contract
 from reconciler.actions import Bootstrap, Destroy, Drain, ReasonCode
 from reconciler.identity import slot_spec_hash
-from reconciler.ledger import OUTBID_CODES
+from reconciler.ledger import PREEMPTION_CODES
 from reconciler.model import Drift, DriftClass, GpuState, InFlight, InstanceStatus
 from reconciler.plan.attempts import SeenAttempts, unseen_in_flight
+from reconciler.plan.bookkeeping import contract_ending
 from reconciler.plan.common import Decisions, cap, count_cap, fmt_duration, usd_h
 from reconciler.plan.forecast import Forecast
 from reconciler.plan.money import Purse
@@ -50,7 +52,8 @@ class BoxTable:
     occupied: Mapping[int, frozenset[int]]  # GPU indexes held by live or waiting attempts
     considered: frozenset[int]  # an action or a no-op already speaks for these boxes
     free: Mapping[int, tuple[GpuState, ...]]  # ready boxes: GPUs no run holds and no memory is used on
-    # destroyed because the provider took them (``ledger.OUTBID_CODES``): their attempts are preempted, not lost
+    # destroyed because the provider took them (``ledger.PREEMPTION_CODES``: outbid, or reclaimed at the contract's
+    # end): their attempts are preempted, not lost
     preempted: frozenset[int] = frozenset()
 
     def alive(self) -> list[int]:
@@ -122,7 +125,7 @@ class _Destroyer:
                 )
             return
         self.destroyed[box.id] = reason
-        if code in OUTBID_CODES:
+        if code in PREEMPTION_CODES:
             self.preempted.add(box.id)
         self.states[box.id] = BoxState.DESTROYED
         self.considered.add(box.id)
@@ -165,6 +168,15 @@ def classify_boxes(world: World, seen: SeenAttempts, budget: Purse) -> tuple[Box
             continue
         if budget.halt:
             d.destroy(box, ReasonCode.OVER_BUDGET_HALT, f"on_exceed halt: {budget.verdict()}")
+            continue
+        accepted = world.observed.memory.accepted_increases
+        if inst.status in DEAD_STATUSES and box.rented and contract.ended(inst, now, accepted):
+            end = contract.box_end(inst, accepted) or now
+            reason = (
+                f"contract ended {fmt_duration(now - end)} ago: the host took the box back (listed "
+                f"{inst.status.value}); its attempts are preempted, resumed elsewhere"
+            )
+            d.destroy(box, ReasonCode.CONTRACT_ENDED, reason)
             continue
         if inst.status is InstanceStatus.STOPPED:
             d.destroy(
@@ -433,6 +445,15 @@ def retire_idle(
         if box.own_box:
             if table.states.get(box.id) is BoxState.READY:
                 d.noop(box, ReasonCode.OWN_BOX_KEPT, f"own box (pool {box.pool}, provider ssh): idle, kept")
+            continue
+        if contract_ending(world, box):  # nothing left to do on it: let go, not left for its host to take back
+            left = contract.time_left(box.inst, now, world.observed.memory.accepted_increases) or 0.0
+            d.destroy(
+                box,
+                ReasonCode.CONTRACT_ENDING,
+                f"idle, and its contract ends in {fmt_duration(left)} (contract_margin "
+                f"{fmt_duration(f.contract_margin_s)}): let go before the host takes it back",
+            )
             continue
         waiting_runs = waiting.get(box.pool, 0)
         idle_for: float | None = None

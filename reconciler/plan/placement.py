@@ -16,13 +16,19 @@ queued on the slot, the box's and this plan's) is within ``queue_ahead``; a slot
 its wait (``queue_ahead`` > 0) and at most ``MAX_QUEUED_PER_SLOT``. A queued entry is priced into the headroom as a
 launch is. Each slot's predicted free time after this plan (``Placement.slot_free_s``) tells renting what waiting
 for a held GPU would cost.
+
+Contracts end (``reconciler.contract``): a run is launched, queued or given to the tail on a box only when its
+predicted time there (its ``Forecast.run_s``, after the slot's work ahead of it for a queued entry) plus the fleet's
+``contract_margin`` ends before the box's contract does; it goes to another box, or to a rent
+(``CONTRACT_ENDS_BEFORE_RUN``, one no-op per box naming the figures).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from reconciler import contract
 from reconciler.actions import Launch, ReasonCode, ShipCode
 from reconciler.model import GpuState, RunSpec
 from reconciler.offers import normalize_gpu_name
@@ -66,6 +72,8 @@ def place(
     out = Decisions()
     if budget.stop:
         return Placement(queue.pending, {}, table, 0.0), out
+    margin = world.desired.fleet.contract_margin_s
+    accepted = world.observed.memory.accepted_increases
     spending = Spending(budget)
     runtimes = budget.runtimes
     refused: list[tuple[PendingRun, float]] = []
@@ -83,8 +91,16 @@ def place(
     cursor: dict[tuple[str, int, int], int] = {}
     code = world.desired.code_commit
     free_left = sum(len(free[b.id]) for boxes in open_by_pool.values() for b in boxes)
-    tail = _tail(world, queue.pending, open_by_pool, free, fc)
     placed: list[tuple[OwnedBox, tuple[int, ...], PendingRun]] = []  # this plan's launches: busy slots from now on
+    short: dict[int, list[tuple[str, float]]] = {}  # box id -> (run id, its predicted seconds) its contract refused
+
+    def room(run: PendingRun, box: OwnedBox, ahead_s: float = 0.0) -> bool:
+        """Whether ``run``, started on ``box`` in ``ahead_s``, ends ``contract_margin`` before its contract does."""
+        need = ahead_s + fc.run_s(run.spec, box.inst.gpu_name, box.inst.machine_id)
+        if contract.room_for(box.inst, world.now, need, margin, accepted):
+            return True
+        short.setdefault(box.id, []).append((run.spec.id, need))
+        return False
 
     def cost_of(spec: RunSpec, box: OwnedBox, gpus: int) -> float:
         share = box.inst.dph_total * gpus / max(1, box.inst.num_gpus)
@@ -132,6 +148,7 @@ def place(
             )
         )
 
+    tail = _tail(world, queue.pending, open_by_pool, free, fc, room)
     for run, box, mask, why in tail:
         cost = cost_of(run.spec, box, len(mask))
         if not spending.fits(cost):
@@ -159,6 +176,12 @@ def place(
                 break
             i += 1
         cursor[(pool, g, ram)] = i
+        # the first box from the cursor on that fits and whose contract leaves room for the run (a box too short for
+        # this run may take a shorter one: the cursor stays)
+        while i < len(open_boxes) and (len(chosen) < g or not room(run, open_boxes[i])):
+            i += 1
+            if i < len(open_boxes):
+                chosen = _fit(free[open_boxes[i].id], g, ram)
         if i >= len(open_boxes):
             unplaced.append(run)
             continue
@@ -184,7 +207,7 @@ def place(
             open_slots = [
                 sl for sl in by_shape.get(shape[:2], ())
                 if sl.queued < MAX_QUEUED_PER_SLOT and (sl.free_s <= ahead or sl.queued == 0)
-                and _holds(sl, run.gpu_ram_mib)
+                and _holds(sl, run.gpu_ram_mib) and room(run, sl.box, sl.free_s)
             ]
             if not open_slots:
                 done.add(shape)
@@ -220,6 +243,18 @@ def place(
                 )
             )
         unplaced = left
+    for box_id, refusals in sorted(short.items()):
+        inst = world.boxes[box_id].inst
+        ends_in = contract.time_left(inst, world.now, accepted) or 0.0
+        run_id, need = refusals[0]
+        others = {r for r, _ in refusals} - {run_id}
+        more = f" and {len(others)} more" if others else ""
+        out.noop(
+            world.boxes[box_id].subject,
+            ReasonCode.CONTRACT_ENDS_BEFORE_RUN,
+            f"not launched or queued here: its contract ends in {fmt_duration(ends_in)}, run/{run_id}{more} "
+            f"needs ~{fmt_duration(need)} + contract_margin {fmt_duration(margin)}",
+        )
     if refused:
         first_cost = refused[0][1]
         out.noop(
@@ -302,6 +337,7 @@ def _tail(
     open_by_pool: Mapping[str, Sequence[OwnedBox]],
     free: Mapping[int, Sequence[GpuState]],
     fc: Forecast,
+    room: Callable[[PendingRun, OwnedBox], bool],
 ) -> list[tuple[PendingRun, OwnedBox, tuple[int, ...], str]]:
     """The tail of each pool: when all its pending runs are one-GPU runs that fit in its free GPUs, and those GPUs
     differ in predicted speed, (run, box, mask, why) pairing the longest predicted work with the fastest GPU."""
@@ -324,7 +360,7 @@ def _tail(
             fits = [
                 (fc.run_s(run.spec, box.inst.gpu_name, box.inst.machine_id), n)
                 for n, (box, gpu) in enumerate(left)
-                if not run.gpu_ram_mib or gpu.memory_total_mib >= run.gpu_ram_mib
+                if (not run.gpu_ram_mib or gpu.memory_total_mib >= run.gpu_ram_mib) and room(run, box)
             ]
             if not fits:
                 continue

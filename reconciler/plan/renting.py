@@ -11,6 +11,11 @@ $/h share per slot times ``Forecast.run_s`` on it) and enough pending runs remai
 (``RENT_MULTI_GPU``). Nothing is rented once a daily or total cap is reached. What could not be rented says which
 cap held.
 
+Contracts end (``reconciler.contract``): an offer whose contract would end before the work it is rented for
+could finish (the pool's ``Forecast.ready_s`` plus the run's ``Forecast.run_s`` on it), plus the fleet's
+``contract_margin``, is passed over (``CONTRACT_TOO_SHORT``, one no-op per offer naming its time left and the
+work's); for min_instances, the margin alone. An offer that says no end is not limited.
+
 Renting is also bounded in time (``rent_gate``), from the host ledger (``observed/hosts.yaml``): at most
 ``max_rents_per_hour`` rents in any hour, and after ``RENT_BACKOFF_AFTER`` failures in a row (boxes that never came
 up: boot timeout, bootstrap failed or timed out; rents that failed; a launch ends the run) nothing is rented for
@@ -25,6 +30,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from reconciler import contract
 from reconciler.actions import ReasonCode, Rent
 from reconciler.identity import rent_label
 from reconciler.ledger import RENT_WINDOW_S
@@ -144,13 +150,36 @@ class _Market:
         self.pointers: dict[tuple[int, int], int] = {}
         self.explored: Exploration | None = None  # what the last ``pick`` explored with (None: not exploration)
         self.capped: dict[int, Exploration] = {}  # offer id -> the exploration the share refused
+        self.short: dict[int, str] = {}  # offer id -> why its contract is too short (the first work it refused)
+        self.margin = world.desired.fleet.contract_margin_s
 
-    def pick(self, g: int, ram: int, sweeps: Sequence[Sweep] = ()) -> Offer | None:
-        """The best offer by the pool's ranking that fits a ``g``-GPU run and the caps. An offer whose rent would be
-        exploration for ``sweeps`` (``World.exploration``) beyond ``exploration_share`` is passed over (kept in
-        ``capped``); ``explored`` says whether the offer returned is exploration."""
+    def lasts(self, o: Offer, need: Callable[[Offer], float] | None, what: str) -> bool:
+        """Whether a contract rented on ``o`` now outlasts ``need(o)`` (the work's predicted seconds; None: no work,
+        the margin alone) plus ``contract_margin``; a refused offer is kept in ``short`` with the figures."""
+        need_s = need(o) if need is not None else 0.0
+        if contract.offer_room_for(o, self.world.now, need_s, self.margin):
+            return True
+        left = contract.offer_time_left(o, self.world.now) or 0.0
+        margin = f"contract_margin {fmt_duration(self.margin)}"
+        work = f"{what} needs ~{fmt_duration(need_s)} + {margin}" if need is not None else f"{what} needs {margin}"
+        self.short.setdefault(o.id, f"its contract ends in {fmt_duration(left)}; {work}")
+        return False
+
+    def pick(
+        self,
+        g: int,
+        ram: int,
+        sweeps: Sequence[Sweep] = (),
+        need: Callable[[Offer], float] | None = None,
+        what: str = "",
+    ) -> Offer | None:
+        """The best offer by the pool's ranking that fits a ``g``-GPU run and the caps, and whose contract outlasts
+        the work (``lasts``: ``need``, ``what`` names it). An offer whose rent would be exploration for ``sweeps``
+        (``World.exploration``) beyond ``exploration_share`` is passed over (kept in ``capped``); ``explored`` says
+        whether the offer returned is exploration."""
         self.explored = None
         i = self.pointers.get((g, ram), 0)
+        passed = False  # an offer passed over for this work only (its contract): the pointer must not move past it
         while i < len(self.offers):
             o = self.offers[i]
             if (
@@ -160,19 +189,34 @@ class _Market:
                 and o.dph_total <= self.instance_cap
                 and self.shared.fleet_dph + o.dph_total <= self.fleet_cap + EPS
             ):
+                if not self.lasts(o, need, what):
+                    passed = True
+                    i += 1
+                    continue
                 ex = self.world.exploration(o, self.pool.name, sweeps, self.shared.renting) if sweeps else None
                 if ex is not None and ex.explores and not ex.allowed:
                     self.capped.setdefault(o.id, ex)
                     i += 1  # the pointer stays: the share may allow it for the next shape
                     continue
-                self.pointers[(g, ram)] = i
+                if not passed:
+                    self.pointers[(g, ram)] = i
                 self.explored = ex if ex is not None and ex.explores else None
                 return o
             i += 1
-        self.pointers[(g, ram)] = i
+        if not passed:
+            self.pointers[(g, ram)] = i
         return None
 
-    def multi_gpu(self, o: Offer, g: int, ram: int, fill: int, per_run: Callable[[Offer], float]) -> Offer | None:
+    def multi_gpu(
+        self,
+        o: Offer,
+        g: int,
+        ram: int,
+        fill: int,
+        per_run: Callable[[Offer], float],
+        need: Callable[[Offer], float] | None = None,
+        what: str = "",
+    ) -> Offer | None:
         """A box of several ``g``-GPU slots that is cheaper per run than ``o`` (the best by the pool's ranking) and
         that ``fill`` pending runs of the shape fill, the cheapest per run; None when there is none. ``per_run`` is
         an offer's $ for one run on one of its slots (its $/h share times ``Forecast.run_s`` on it)."""
@@ -189,7 +233,7 @@ class _Market:
             ):
                 continue
             cost = per_run(x)
-            if cost < best_cost:
+            if cost < best_cost and self.lasts(x, need, what):
                 best, best_cost = x, cost
         return best
 
@@ -200,6 +244,13 @@ class _Market:
         if not fitting:
             return ReasonCode.NO_OFFER, f"no unused offer passes the filters for {g} GPU(s) with >= {ram} MiB each"
         cheapest = min(o.dph_total for o in fitting)
+        capped = [o for o in fitting if o.dph_total <= self.instance_cap]
+        if capped and all(o.id in self.short for o in capped):
+            o = min(capped, key=lambda x: contract.offer_time_left(x, self.world.now) or 0.0)
+            return ReasonCode.CONTRACT_TOO_SHORT, (
+                f"contract too short: every fitting offer's contract ends before the work could finish (offer/{o.id}: "
+                f"{self.short[o.id]})"
+            )
         if cheapest > self.instance_cap:
             return ReasonCode.INSTANCE_PRICE_CAP, (
                 f"instance price cap: cheapest fitting offer {usd_h(cheapest)} > {usd_h(self.instance_cap)} "
@@ -368,6 +419,10 @@ def _wait_for_busy(
             if b.free_s < ready
             and len(b.mask) >= run.gpus
             and (not run.gpu_ram_mib or b.gpu_ram_mib >= run.gpu_ram_mib)
+            and contract.room_for(
+                world.boxes[b.box_id].inst, world.now, b.free_s + fc.run_s(run.spec, b.gpu_name, b.machine_id),
+                world.desired.fleet.contract_margin_s, world.observed.memory.accepted_increases,
+            )
         ]
         if not fitting:
             rest.append(run)
@@ -433,6 +488,7 @@ def _rent_pool(
     # Until the next rent nothing changes for a request shape that was just refused (no bin fits it, and the
     # same cap or market refuses it): its later runs are refused for the same reason without asking again.
     refused: dict[tuple[int, int], tuple[ReasonCode, str]] = {}
+    too_short: dict[tuple[int, int, str, float | None, float], tuple[ReasonCode, str]] = {}
 
     def block(code: ReasonCode, msg: str, runs: int) -> None:
         blocked[msg] = (code, blocked.get(msg, (code, 0))[1] + runs)
@@ -449,7 +505,10 @@ def _rent_pool(
             break
         spec = run.spec
         g, ram = shape = run.gpus, run.gpu_ram_mib
-        why = refused.get(shape)
+        # a contract too short for this work may not be for a shorter run of the shape: that refusal is kept per work
+        work_key = (g, ram, spec.sweep.name, spec.sweep.expected_runtime_s, spec.sweep.max_runtime_s)
+        why = refused.get(shape) or too_short.get(work_key)
+        need, what = _work_s(fc, pool, spec), f"run {spec.id}"
         if why is None:
             if rented_bins.fit(g, ram):
                 tally.add(tally.covered_by_rent, spec.sweep.name)
@@ -462,9 +521,13 @@ def _rent_pool(
                 why = counted
             elif (gate := rent_gate(world, shared.rented)) is not None:
                 why = gate
-            elif (o := market.pick(g, ram, (spec.sweep,))) is None:
-                why = blocked_req[shape] = market.why_not(g, ram)
-            elif (many := market.multi_gpu(o, g, ram, to_go[shape] + 1, _per_run(fc, spec, g))) is not None and (
+            elif (o := market.pick(g, ram, (spec.sweep,), need, what)) is None:
+                why = market.why_not(g, ram)
+                if why[0] is not ReasonCode.CONTRACT_TOO_SHORT:  # the contract refuses this work, not every run's
+                    blocked_req[shape] = why
+            elif (
+                many := market.multi_gpu(o, g, ram, to_go[shape] + 1, _per_run(fc, spec, g), need, what)
+            ) is not None and (
                 spending.fits(cost := _rent_cost(world, budget, many, spec, g)) and spending.credit_fits(cost)
             ):
                 spending.commit(cost, new_dph=many.dph_total)
@@ -479,6 +542,7 @@ def _rent_pool(
                 out.act(market.rent(many, ReasonCode.RENT_MULTI_GPU, reason))
                 rented_bins.add(_Bin(many.num_gpus - g, many.gpu_ram_mib))
                 refused.clear()
+                too_short.clear()
                 continue
             elif not spending.fits(cost := _rent_cost(world, budget, o, spec, g)):
                 why = (
@@ -507,8 +571,12 @@ def _rent_pool(
                 out.act(market.rent(o, code, reason))
                 rented_bins.add(_Bin(o.num_gpus - g, o.gpu_ram_mib))
                 refused.clear()
+                too_short.clear()
                 continue
-            refused[shape] = why
+            if why[0] is ReasonCode.CONTRACT_TOO_SHORT:
+                too_short[work_key] = why
+            else:
+                refused[shape] = why
         block(why[0], why[1], 1)
         tally.add(tally.no_capacity, spec.sweep.name)
     # Keep the floor: min_instances boxes even with no work.
@@ -520,7 +588,7 @@ def _rent_pool(
         if gate is not None:
             block(gate[0], f"min_instances {min_n}: {gate[1]}", 0)
             break
-        o = market.pick(1, 0)
+        o = market.pick(1, 0, what="a box kept for min_instances")
         if o is None:
             code, text = market.why_not(1, 0)
             block(code, f"min_instances {min_n}: {text}", 0)
@@ -541,6 +609,8 @@ def _rent_pool(
             f"{o.gpu_name} x{o.num_gpus} at {usd_h(o.dph_total)}"
         )
         out.act(market.rent(o, ReasonCode.RENT_FOR_MIN_INSTANCES, reason))
+    for oid, text in sorted(market.short.items()):
+        out.noop(f"offer/{oid}", ReasonCode.CONTRACT_TOO_SHORT, f"not rented: {text}")
     for oid, ex in sorted(market.capped.items()):
         out.noop(f"offer/{oid}", ReasonCode.EXPLORE_CAPPED, f"not rented, exploration_share used up: {ex.detail}")
     for msg, (code, n) in sorted(blocked.items()):
@@ -561,6 +631,17 @@ def _per_run(fc: Forecast, spec: RunSpec, gpus: int) -> Callable[[Offer], float]
         return share * fc.run_s(spec, o.gpu_name, o.machine_id) / 3600.0
 
     return cost
+
+
+def _work_s(fc: Forecast, pool: Pool, spec: RunSpec) -> Callable[[Offer], float]:
+    """The seconds a box rented on an offer needs for the run it is rented for: the pool's predicted readiness
+    (``Forecast.ready_s``) plus the run's predicted time on that GPU model and machine (``Forecast.run_s``)."""
+    ready = fc.ready_s(pool.name)
+
+    def need(o: Offer) -> float:
+        return ready + fc.run_s(spec, o.gpu_name, o.machine_id)
+
+    return need
 
 
 def _bid_text(o: Offer) -> str:

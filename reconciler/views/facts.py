@@ -38,6 +38,7 @@ class BoxView:
     runs_now: tuple[str, ...]  # run.attempt on its GPUs
     runs_seen: int  # runs whose latest attempt ran here (runs.yaml)
     queued: tuple[str, ...] = ()  # run.attempt given to its queue, not started yet (runs.yaml in_flight)
+    ends_in_s: float | None = None  # from the snapshot's time to its contract's end (fleet.yaml ends_at); None: no end
 
 
 @dataclass(frozen=True)
@@ -186,6 +187,8 @@ def build_view(
                 runs_now=tuple(sorted(str(g["run"]) for g in gpus if g.get("run"))),
                 runs_seen=runs_on.get(int(b.get("id") or 0), 0),
                 queued=tuple(sorted(queued_on.get(int(b.get("id") or 0), []))),
+                ends_in_s=max(0.0, end - snapshot)
+                if snapshot is not None and (end := time_of(b.get("ends_at"))) is not None else None,
             )
         )
 

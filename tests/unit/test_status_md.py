@@ -115,7 +115,7 @@ def test_sections_in_order_with_the_facts_they_summarise(desired: Desired) -> No
     assert headings == ["Fleet", "Queue", "Spend", "Ops tax", "Best cell per sweep", "Top configurations", "Promotions",
                         "Recent failures"]
     # the box: its age measured to the snapshot's own time (2h30m after its start), never to the wall clock
-    assert "| 17 | 1x RTX 3060 | 0.0419 | running | 2h 30m | tdmpc\\-aaa\\.1 | \\- | 4 |" in text
+    assert "| 17 | 1x RTX 3060 | 0.0419 | running | 2h 30m | - | tdmpc\\-aaa\\.1 | \\- | 4 |" in text
     assert "| tdmpc | 1 | 1 | 2 | 0 | 1 | 0 | 0 | 5 |" in text
     assert "| spent today | $0.2500 | $5.0000 |" in text and "| fleet $/h | $0.0419/h | $0.4500/h |" in text
     assert "Account credit: $99.50." in text

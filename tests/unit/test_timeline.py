@@ -136,7 +136,7 @@ def test_status_md_and_the_dashboard_show_queued_and_the_ops_tax(tmp_path: Path)
     facts = read_repo(repo)
     assert len(facts.attempts) == 4 and len(facts.overheads) == 1
     text = render_status_md(facts.files, facts.attempts, None, facts.overheads)
-    assert "| 9 | 1x RTX 4090 | 3.6000 | running | 15m | s\\-eee\\.1 | s\\-fff\\.1 | 0 |" in text
+    assert "| 9 | 1x RTX 4090 | 3.6000 | running | 15m | - | s\\-eee\\.1 | s\\-fff\\.1 | 0 |" in text
     assert "| s | 1 | 1 | 2 | 1 | 0 | 1 | 0 | 6 |" in text  # pending, running, succeeded, retrying, blocked, queued,
     # stopped early
     tax = text.split("## Ops tax")[1].split("##")[0]
