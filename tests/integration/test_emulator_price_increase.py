@@ -147,3 +147,29 @@ def test_reject_tombstones_the_row_and_changes_nothing(world: tuple[Emulator, Cl
     assert abs(emu.ledger.rate(iid) - old) < 1e-9
     assert "price_increase_rejected" in [e["type"] for e in emu.ledger.events if e["instance_id"] == iid]
     clock.offset = 0.0
+
+
+def test_the_vast_adapter_reads_and_answers_rows_and_a_stale_one_is_gone(world: tuple[Emulator, Clock]) -> None:
+    from reconciler.adapters.vast import VastProvider
+    from reconciler.errors import PriceIncreaseGone
+
+    emu, _clock = world
+    provider = VastProvider(api_key=emu.api_key, server_url=emu.url, max_total_s=2.0)
+    iid = rent(emu)
+    rec = emu.instance(iid)
+    old, end = float(rec["dph_total"]), float(rec["end_date"])
+    pid = emu.raise_price(iid, round(old + 0.125, 6), end + 7200)
+    [inc] = [p for p in provider.pending_price_increases() if p.id == pid]
+    assert inc.instance_id == iid and inc.applies_at == end and inc.new_end == end + 7200
+    assert abs(inc.old_dph - old) < 1e-9 and abs(inc.new_dph - (old + 0.125)) < 1e-6
+    provider.answer_price_increase(pid, accept=True)
+    assert emu.increase_status(pid) == "accepted"
+    with pytest.raises(PriceIncreaseGone):
+        provider.answer_price_increase(pid, accept=False)
+    # an older backend says 409 for a stale row
+    other = rent(emu)
+    pid2 = emu.raise_price(other, 9.0, float(emu.instance(other)["end_date"]) + 7200)
+    emu.fail_next("/api/v0/instances/reject-price-increase", n=1, status=409)
+    with pytest.raises(PriceIncreaseGone):
+        provider.answer_price_increase(pid2, accept=False)
+    assert emu.increase_status(pid2) == "pending"
