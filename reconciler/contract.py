@@ -65,3 +65,19 @@ def cost_between(inst: Instance, start: float, end: float, accepted: Iterable[Pr
         return inst.dph_total * (end - start) / 3600.0
     cut = max(start, inc.applies_at)
     return (inst.dph_total * (cut - start) + inc.new_dph * (end - cut)) / 3600.0
+
+
+def mean_rate(inst: Instance, start: float, end: float, accepted: Iterable[PriceIncrease] = ()) -> float:
+    """The box's average $/h from ``start`` to ``end`` at the rates that apply (its rate at ``start`` for an empty
+    span): what the budget's burn to the next decision counts."""
+    if end <= start:
+        return rate_at(inst, start, accepted)
+    return cost_between(inst, start, end, accepted) * 3600.0 / (end - start)
+
+
+def rate_from(inst: Instance, start: float, accepted: Iterable[PriceIncrease] = ()) -> float:
+    """The dearest $/h the box bills from ``start`` on (an accepted increase ahead counts): what work that may run
+    past the increase is priced at."""
+    inc = accepted_for(inst.id, accepted)
+    later = inc.new_dph if inc is not None and inc.applies_at > start else inst.dph_total
+    return max(rate_at(inst, start, accepted), later)
