@@ -199,6 +199,7 @@ def instance_from_record(rec: dict[str, Any]) -> Instance:
         image=_s(rec, "image_uuid"),
         is_bid=bool(rec.get("is_bid", False)),
         cuda=_f(rec, "cuda_max_good") or None,
+        dlperf=_f(rec, "dlperf") or None,
         direct=direct,
         proxy=proxy,
     )

@@ -12,11 +12,14 @@ An increase is accepted when, at the new rate, the box still passes:
   earlier in this plan included);
 * the budget: what the tightest of ``daily_usd``/``total_usd`` leaves at ``applies_at``, once the boxes held
   have billed until then at the rates that apply (``money.left_at``), still pays the fleet at the new rates to
-  the decision after it (one cycle, ``Observed.cycle_s``);
+  the decision after it (one cycle, ``Observed.cycle_s``). When nothing is left by then at the current rates,
+  the budget's own rules stop the box before the new rate could bill: the budget does not decide (the reason
+  says so);
 * the ranking: no offer its pool could rent (passing its filters and the host ledger, under its per-box cap:
   ``World.pool_offers``) ranks better by the pool's ranking (``offers.rank_key``) than the box at its new price.
-  The box is compared as an offer of its GPUs (DLPerf: the market's median for its model), its machine (the host
-  ledger's penalty), its reliability taken as the best (it is running for us) and the new price. For the rankings
+  The box is compared as an offer of its GPUs (its DLPerf as listed, else the market's median for its model), its
+  machine (the host ledger's penalty), its reliability taken as the best (it is running for us) and the new
+  price. For the rankings
   that do not look at the price (``dlperf``, ``reliability``) an offer decides only when it also costs no more
   than the new rate: the increase did not change the box's standing by them. ``work_per_dph`` scores the box
   among the offers with the pool's sweeps weighed alike.
@@ -63,7 +66,7 @@ def answer_increases(world: World, decided_so_far: Iterable[object]) -> Decision
         subject = f"instance/{inc.instance_id}"
         if inc.instance_id in destroyed:
             out.noop(subject, ReasonCode.PRICE_INCREASE_REJECTED,
-                     f"price increase {inc.id} ({usd_h(box.inst.dph_total)} -> {usd_h(inc.new_dph)} from "
+                     f"price increase {inc.id} ({rates_text(box.inst.dph_total, inc.new_dph)} from "
                      f"{_when(world, inc)}) not answered: the box is destroyed by this plan")
             continue
         verdict = judge(world, box, inc, accepted)
@@ -74,7 +77,7 @@ def answer_increases(world: World, decided_so_far: Iterable[object]) -> Decision
         verb = "accept" if verdict.accept else "reject"
         out.act(
             AnswerPriceIncrease(
-                reason=f"{verb} price increase on instance {inc.instance_id}: {usd_h(old)} -> {usd_h(inc.new_dph)} "
+                reason=f"{verb} price increase on instance {inc.instance_id}: {rates_text(old, inc.new_dph)} "
                        f"from {when} ({verdict.why})",
                 code=ReasonCode.PRICE_INCREASE_ACCEPTED if verdict.accept else ReasonCode.PRICE_INCREASE_REJECTED,
                 pending_id=inc.id,
@@ -86,6 +89,13 @@ def answer_increases(world: World, decided_so_far: Iterable[object]) -> Decision
             )
         )
     return out
+
+
+def rates_text(old: float, new: float) -> str:
+    """``$0.200/h -> $0.240/h``; to the hundredth of a cent when the tenth would show no change."""
+    if f"{old:.3f}" == f"{new:.3f}" and old != new:
+        return f"${old:.4f}/h -> ${new:.4f}/h"
+    return f"{usd_h(old)} -> {usd_h(new)}"
 
 
 def _when(world: World, inc: PriceIncrease) -> str:
@@ -115,7 +125,11 @@ def judge(world: World, box: OwnedBox, inc: PriceIncrease, accepted: list[PriceI
     left, tightest = left_at(world, at, accepted)
     horizon = max(0.0, world.observed.cycle_s)
     need = fleet_at * horizon / 3600.0
-    if math.isfinite(left) and need > left + 1e-12:
+    note = ""
+    if math.isfinite(left) and left <= 0:
+        # the budget stops the box at its current rates before the new one applies: it never bills the new rate
+        note = f"; the budget stops the box before then at its current rate ({tightest})"
+    elif math.isfinite(left) and need > left + 1e-12:
         return Verdict(
             False,
             f"the budget would not pay it: {tightest}: {usd(max(0.0, left))} left then, the fleet at "
@@ -125,7 +139,7 @@ def judge(world: World, box: OwnedBox, inc: PriceIncrease, accepted: list[PriceI
     if better is not None:
         return Verdict(False, f"offer {better.id} ranks better by {pool.ranking.value}: {_offer_text(better)}")
     alt = f"best alternative offer {best.id}: {_offer_text(best)}" if best is not None else "no alternative offer"
-    return Verdict(True, f"fits the caps and still ranks first; {alt}")
+    return Verdict(True, f"fits the caps and still ranks first{note}; {alt}")
 
 
 def _offer_text(o: Offer) -> str:
@@ -140,8 +154,9 @@ def _better_offer(world: World, box: OwnedBox, inc: PriceIncrease, pool_name: st
     if not offers:
         return None, None
     inst = box.inst
-    per_gpu = world.gpu_dlperf.get(normalize_gpu_name(inst.gpu_name), 0.0)
-    dlperf = per_gpu * max(1, inst.num_gpus)
+    dlperf = inst.dlperf if inst.dlperf is not None and math.isfinite(inst.dlperf) and inst.dlperf > 0 else (
+        world.gpu_dlperf.get(normalize_gpu_name(inst.gpu_name), 0.0) * max(1, inst.num_gpus)
+    )
     me = Offer(
         id=-inst.id, machine_id=inst.machine_id, gpu_name=inst.gpu_name, num_gpus=inst.num_gpus,
         gpu_ram_mib=inst.gpu_ram_mib, dph_total=inc.new_dph, dlperf=dlperf,
