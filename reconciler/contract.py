@@ -78,6 +78,11 @@ def mean_rate(inst: Instance, start: float, end: float, accepted: Iterable[Price
 def rate_from(inst: Instance, start: float, accepted: Iterable[PriceIncrease] = ()) -> float:
     """The dearest $/h the box bills from ``start`` on (an accepted increase ahead counts): what work that may run
     past the increase is priced at."""
-    inc = accepted_for(inst.id, accepted)
-    later = inc.new_dph if inc is not None and inc.applies_at > start else inst.dph_total
-    return max(rate_at(inst, start, accepted), later)
+    return max(rate_at(inst, start, accepted), dearest_rate(inst.id, inst.dph_total, accepted))
+
+
+def dearest_rate(instance_id: int, dph: float, accepted: Iterable[PriceIncrease] = ()) -> float:
+    """The dearest $/h a box listed at ``dph`` may bill from now on: ``dph``, or the rate of an increase this fleet
+    accepted on it (for what knows a box only by its id and listed price, as review does from observed/)."""
+    inc = accepted_for(instance_id, accepted)
+    return max(dph, inc.new_dph) if inc is not None else dph

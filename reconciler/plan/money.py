@@ -2,9 +2,10 @@
 
 Caps hold before the fact. The *horizon* is the time until rigsync decides again (its cycle plus the time a
 destroy takes to stop the billing, ``Observed.cycle_s``); the *headroom* is what the tightest cap (daily or
-total) leaves after the boxes held now have billed to that horizon. Every launch must fit in the headroom with
-its share of its box up to the run's expected runtime, and every rent with the new box's $/h to the horizon
-plus the launch it is rented for; what has been committed earlier in the same plan counts. Rents must also fit
+total) leaves after the boxes held now have billed to that horizon (at the rates that apply: an increase this
+fleet accepted bills its new rate from its ``applies_at``, ``reconciler.contract``). Every launch must fit in the
+headroom with its share of its box up to the run's expected runtime, and every rent with the new box's $/h to the
+horizon plus the launch it is rented for; what has been committed earlier in the same plan counts. Rents must also fit
 the account's credit (a Vast account at zero credit stops its boxes, which then bill storage).
 
 When the headroom is gone (the boxes held would pass a cap before the next decision), every box is destroyed

@@ -162,6 +162,9 @@ def test_the_vast_adapter_reads_and_answers_rows_and_a_stale_one_is_gone(world: 
     [inc] = [p for p in provider.pending_price_increases() if p.id == pid]
     assert inc.instance_id == iid and inc.applies_at == end and inc.new_end == end + 7200
     assert abs(inc.old_dph - old) < 1e-9 and abs(inc.new_dph - (old + 0.125)) < 1e-6
+    # a 429 on the list is retried by the adapter's backoff (per endpoint, no Retry-After), not a failure
+    emu.fail_next("/api/v0/instances/pending-price-increases", n=1, status=429)
+    assert [p.id for p in provider.pending_price_increases() if p.id == pid] == [pid]
     provider.answer_price_increase(pid, accept=True)
     assert emu.increase_status(pid) == "accepted"
     with pytest.raises(PriceIncreaseGone):
