@@ -4,8 +4,12 @@ a line of the cycle's commit message."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
+import jsonschema
+import yaml
 from fakes import FakeArchive, FakeClock, FakeWorld, Work, desired_state, fake_reconciler, offer
 
 from reconciler.actions import AnswerPriceIncrease
@@ -54,6 +58,8 @@ def test_an_increase_that_fits_is_accepted_remembered_and_read_back_and_one_over
     files = render_observed(desired=desired, observed=rec.observed_after_apply(res.observed), plan=res.plan,
                             status=ReconcilerStatus(), now=world.clock.now())
     assert "accepted_price_increases" in files[FLEET]
+    schema = json.loads((Path(__file__).parents[2] / "schemas" / "observed-fleet.schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(yaml.safe_load(files[FLEET]))
     back = fleet_memory_from_files(files)
     assert [(p.id, p.instance_id, p.new_dph, p.new_end) for p in back.accepted_increases] == [
         (7, iid, 0.25, round(now + 90_000.0))]
