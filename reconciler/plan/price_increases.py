@@ -105,23 +105,23 @@ def _when(world: World, inc: PriceIncrease) -> str:
 
 
 def judge(world: World, box: OwnedBox, inc: PriceIncrease, accepted: list[PriceIncrease]) -> Verdict:
-    """Accept or reject ``inc`` on ``box``, with what decided; ``accepted``: the increases that apply besides it."""
+    """Accept or reject ``inc`` on ``box``, with what decided and the best alternative the pool could rent (where
+    the work could move); ``accepted``: the increases that apply besides it."""
     pool = world.pools.get(box.pool) or next(iter(world.pools.values()))
-    budget = world.desired.budget
     new = inc.new_dph
     if not (math.isfinite(new) and new >= 0):
         return Verdict(False, f"the new rate {new!r} is not a price")
-    limit = box_cap_dph(pool, budget)
+    better, best = _better_offer(world, box, inc, pool.name)
+    alt = f"best alternative offer {best.id}: {_offer_text(best)}" if best is not None else "no alternative offer"
+    limit = box_cap_dph(pool, world.desired.budget)
     if new > limit:
-        return Verdict(False, f"over the per-box cap {usd_h(limit)} of pool {pool.name}")
+        return Verdict(False, f"over the per-box cap {usd_h(limit)} of pool {pool.name}; {alt}")
     with_it = [*accepted, inc]
     at = inc.applies_at
-    fleet_at = sum(
-        rate_at(b.inst, at, with_it) for b in world.boxes.values() if not b.own_box
-    )
+    fleet_at = sum(rate_at(b.inst, at, with_it) for b in world.boxes.values() if not b.own_box)
     fleet_cap = fleet_dph_cap(world.desired)
     if fleet_at > fleet_cap + EPS:
-        return Verdict(False, f"the fleet would bill {usd_h(fleet_at)}, over max_fleet_dph {usd_h(fleet_cap)}")
+        return Verdict(False, f"the fleet would bill {usd_h(fleet_at)}, over max_fleet_dph {usd_h(fleet_cap)}; {alt}")
     left, tightest = left_at(world, at, accepted)
     horizon = max(0.0, world.observed.cycle_s)
     need = fleet_at * horizon / 3600.0
@@ -133,12 +133,10 @@ def judge(world: World, box: OwnedBox, inc: PriceIncrease, accepted: list[PriceI
         return Verdict(
             False,
             f"the budget would not pay it: {tightest}: {usd(max(0.0, left))} left then, the fleet at "
-            f"{usd_h(fleet_at)} needs {usd(need)} to the next decision ({fmt_duration(horizon)})",
+            f"{usd_h(fleet_at)} needs {usd(need)} to the next decision ({fmt_duration(horizon)}); {alt}",
         )
-    better, best = _better_offer(world, box, inc, pool.name)
     if better is not None:
         return Verdict(False, f"offer {better.id} ranks better by {pool.ranking.value}: {_offer_text(better)}")
-    alt = f"best alternative offer {best.id}: {_offer_text(best)}" if best is not None else "no alternative offer"
     return Verdict(True, f"fits the caps and still ranks first{note}; {alt}")
 
 
