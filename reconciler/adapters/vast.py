@@ -48,7 +48,7 @@ from urllib.parse import urlsplit
 import requests
 
 from reconciler import offers
-from reconciler.bounds import bounded_int, finite
+from reconciler.bounds import MAX_GPUS, bounded_int, finite
 from reconciler.endpoint import DEFAULT_URL, check_api_url, shown_url
 from reconciler.errors import (
     PriceIncreaseGone,
@@ -512,7 +512,7 @@ class VastProvider:
         if not isinstance(rows, list):
             raise ProviderTransient("list instances: the reply has no instance list")
         listed = {
-            _i(r, "id"): (_f(r, "dph_total", math.nan), _f(r, "disk_space", math.nan))
+            _i(r, "id"): (_f(r, "dph_total", math.nan), _f(r, "disk_space", math.nan), _i(r, "num_gpus"))
             for r in rows if isinstance(r, dict) and _i(r, "id") > 0
         }
         return price_increases_from_reply(envelope, listed)
@@ -542,15 +542,17 @@ MAX_ROW_DPH = 10_000.0
 
 
 def price_increases_from_reply(
-    envelope: Any, listed: dict[int, tuple[float, float]]
+    envelope: Any, listed: dict[int, tuple[float, float, int]]
 ) -> list[PriceIncrease]:
     """The pending rows of a ``pending-price-increases`` reply as ``PriceIncrease``s. Total: an unusable row (an id,
     a price or a date missing, negative or not finite; an instance not in ``listed``, instance id -> (``dph_total``,
-    ``disk_space`` GB)) is skipped with a log line, never an exception.
+    ``disk_space`` GB, ``num_gpus``)) is skipped with a log line, never an exception.
 
     The new $/h is the instance's total after the increase: ``dph_total + (new_gpu_costpersec -
-    old_gpu_costpersec) * 3600 + (new_disk_ram_costpersec - old_disk_ram_costpersec) * 3600 * disk_space``
-    (``disk_ram_costpersec`` is per GB: the CLI shows it times a month as $/GB/month). A null new price is an
+    old_gpu_costpersec) * 3600 * num_gpus + (new_disk_ram_costpersec - old_disk_ram_costpersec) * 3600 *
+    disk_space``. Both are unit prices, as the vastai CLI shows them: ``gpu_costpersec`` per GPU (its column is
+    "$/GPU/hr", the value times 3600) and ``disk_ram_costpersec`` per GB (its column "$/GB/mo", the value times a
+    month). A null new price is an
     unchanged resource (delta 0); a new price beside a null old one cannot be priced (skipped). Bandwidth
     (per GB moved) and the platform fee are not in a box's $/h and are not counted. ``applies_at`` is
     ``contract_end_date``; ``new_end`` is ``ask_end_date`` (None when null)."""
@@ -574,7 +576,7 @@ def price_increases_from_reply(
 MAX_PENDING_ROWS = 1000
 
 
-def _increase_of(row: Any, listed: dict[int, tuple[float, float]]) -> tuple[PriceIncrease | None, str]:
+def _increase_of(row: Any, listed: dict[int, tuple[float, float, int]]) -> tuple[PriceIncrease | None, str]:
     if not isinstance(row, dict):
         return None, "not an object"
     pid = bounded_int(row.get("pending_price_increase_id"), 1, 1 << 63)
@@ -583,11 +585,12 @@ def _increase_of(row: Any, listed: dict[int, tuple[float, float]]) -> tuple[Pric
         return None, "no usable pending_price_increase_id or contract_id"
     if iid not in listed:
         return None, f"id {pid}: instance {iid} is not listed"
-    dph, disk = listed[iid]
+    dph, disk, gpus = listed[iid]
     if not (math.isfinite(dph) and 0 <= dph <= MAX_ROW_DPH):
         return None, f"id {pid}: instance {iid} has no usable dph_total"
     delta = 0.0
-    for name, per in (("gpu_costpersec", 3600.0), ("disk_ram_costpersec", 3600.0 * disk)):
+    per_gpu = 3600.0 * gpus if 0 < gpus <= MAX_GPUS else math.nan
+    for name, per in (("gpu_costpersec", per_gpu), ("disk_ram_costpersec", 3600.0 * disk)):
         raw_old, raw_new = row.get("old_" + name), row.get("new_" + name)
         if raw_new is None:
             continue
@@ -595,7 +598,7 @@ def _increase_of(row: Any, listed: dict[int, tuple[float, float]]) -> tuple[Pric
         if old is None or new is None or old < 0 or new < 0:
             return None, f"id {pid}: old_{name}/new_{name} are not finite non-negative numbers"
         if not math.isfinite(per):
-            return None, f"id {pid}: instance {iid} has no usable disk_space to price its storage"
+            return None, f"id {pid}: instance {iid} has no usable num_gpus or disk_space to price its {name}"
         delta += (new - old) * per
     new_dph = dph + delta
     if not (math.isfinite(new_dph) and 0 < new_dph <= MAX_ROW_DPH):

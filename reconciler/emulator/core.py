@@ -60,7 +60,7 @@ class PendingIncrease:
     id: int
     instance_id: int
     host_id: int
-    old_gpu_costpersec: float
+    old_gpu_costpersec: float  # per GPU, as the vastai CLI shows it ("$/GPU/hr")
     new_gpu_costpersec: float
     disk_ram_costpersec: float  # per GB of disk; unchanged by an increase here
     contract_end_date: float
@@ -562,10 +562,11 @@ class Emulator:
                 raise ApiError(400, "invalid_args", "ask_end_date must be after the contract's current end.")
             storage_h = inst.storage_per_hour
             disk_gb = inst.disk if inst.disk > 0 else 1.0
+            gpus = max(1, int(inst.offer["num_gpus"]))  # the row's GPU price is per GPU, as the CLI shows it
             inc = PendingIncrease(
                 id=self._next_increase_id, instance_id=instance_id, host_id=int(inst.offer["host_id"]),
-                old_gpu_costpersec=(inst.dph_total - storage_h) / 3600.0,
-                new_gpu_costpersec=(float(dph) - storage_h) / 3600.0,
+                old_gpu_costpersec=(inst.dph_total - storage_h) / gpus / 3600.0,
+                new_gpu_costpersec=(float(dph) - storage_h) / gpus / 3600.0,
                 disk_ram_costpersec=storage_h / disk_gb / 3600.0,
                 contract_end_date=inst.end_date, ask_end_date=float(ask_end_date), created_at=self.clock(),
                 new_dph=float(dph),

@@ -48,9 +48,9 @@ def cli(emu: Emulator, home: Path, *args: str, key: str | None = None) -> subpro
                           env=env, timeout=60)
 
 
-def rent(emu: Emulator) -> int:
+def rent(emu: Emulator, gpus: int = 1) -> int:
     sdk = VastAI(api_key=emu.api_key, server_url=emu.url)
-    offer = sorted(sdk.search_offers(query="num_gpus=1", order="dph_total", limit=50), key=lambda o: o["id"])
+    offer = sorted(sdk.search_offers(query=f"num_gpus={gpus}", order="dph_total", limit=50), key=lambda o: o["id"])
     taken = {int(emu.instance(i)["bundle_id"]) for i in emu.instance_ids()}
     oid = next(o["id"] for o in offer if o["id"] not in taken)
     reply = sdk.create_instance(id=oid, image="pytorch/pytorch", disk=5, label="price-test", ssh=True, direct=True)
@@ -169,6 +169,12 @@ def test_the_vast_adapter_reads_and_answers_rows_and_a_stale_one_is_gone(world: 
     assert emu.increase_status(pid) == "accepted"
     with pytest.raises(PriceIncreaseGone):
         provider.answer_price_increase(pid, accept=False)
+    # a box of several GPUs: the row's GPU price is per GPU, and the adapter prices the whole box
+    many = rent(emu, gpus=2)
+    target = round(float(emu.instance(many)["dph_total"]) + 0.3, 6)
+    pid3 = emu.raise_price(many, target, float(emu.instance(many)["end_date"]) + 3600)
+    [inc3] = [p for p in provider.pending_price_increases() if p.id == pid3]
+    assert abs(inc3.new_dph - target) < 1e-6
     # an older backend says 409 for a stale row
     other = rent(emu)
     pid2 = emu.raise_price(other, 9.0, float(emu.instance(other)["end_date"]) + 7200)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from reconciler.adapters.vast import price_increases_from_reply
 
-LISTED = {12: (0.200, 20.0)}  # instance 12: $0.200/h, 20 GB of disk
+LISTED = {12: (0.200, 20.0, 1), 14: (0.800, 50.0, 4)}  # instance 12: $0.200/h, 20 GB, 1 GPU; 14: 4 GPUs
 
 
 def row(**over: Any) -> dict[str, Any]:
@@ -40,6 +40,11 @@ def test_a_good_row_is_the_instances_total_after_the_gpu_and_storage_deltas() ->
     assert inc.applies_at == 2_000_000.0 and inc.new_end == 2_086_400.0 and inc.created_at == 1_999_000.0
 
 
+def test_the_gpu_price_is_per_gpu_as_the_cli_shows_it() -> None:
+    [inc] = parse(row(contract_id=14, old_gpu_costpersec=0.19 / 3600, new_gpu_costpersec=0.24 / 3600))
+    assert math.isclose(inc.new_dph, 0.8 + 4 * 0.05, rel_tol=1e-9)
+
+
 def test_null_new_prices_are_unchanged_and_a_null_ask_end_is_not_said() -> None:
     [inc] = parse(row(new_gpu_costpersec=None, old_gpu_costpersec=None, ask_end_date=None, created_at=None))
     assert inc.new_dph == 0.2 and inc.new_end is None and inc.created_at is None
@@ -61,9 +66,10 @@ def test_a_hostile_row_is_skipped_and_the_good_ones_kept(bad: Any) -> None:
 
 
 def test_an_instance_without_a_usable_price_or_disk_skips_its_rows() -> None:
-    listed = {12: (math.nan, 20.0), 13: (0.3, math.nan)}
+    listed = {12: (math.nan, 20.0, 1), 13: (0.3, math.nan, 1), 15: (0.3, 20.0, 0)}
     reply = {"pending_price_increases": [row(), row(pending_price_increase_id=7, contract_id=13,
-                                                    new_disk_ram_costpersec=1e-8, old_disk_ram_costpersec=0.0)]}
+                                                    new_disk_ram_costpersec=1e-8, old_disk_ram_costpersec=0.0),
+                                      row(pending_price_increase_id=8, contract_id=15)]}
     assert price_increases_from_reply(reply, listed) == []
 
 
