@@ -403,13 +403,15 @@ class Noop(Action):
 
 # The closed set: ``apply`` matches over it, and mypy checks the match is exhaustive (``assert_never``).
 AnyAction: TypeAlias = (
-    Rent | Destroy | Bootstrap | ShipCode | Launch | Drain | Kill | Requeue | Record | SyncCheckpoint | CloseBill | Noop
+    Rent | Destroy | Bootstrap | ShipCode | Launch | Drain | Kill | Requeue | Record | SyncCheckpoint | CloseBill
+    | AnswerPriceIncrease | Noop
 )
 
 ACTION_TYPES: dict[Kind, type[Action]] = {
     cls.kind: cls
     for cls in (
-        Rent, Destroy, Bootstrap, ShipCode, Launch, Drain, Kill, Requeue, Record, SyncCheckpoint, CloseBill, Noop
+        Rent, Destroy, Bootstrap, ShipCode, Launch, Drain, Kill, Requeue, Record, SyncCheckpoint, CloseBill,
+        AnswerPriceIncrease, Noop,
     )
 }
 # Kinds that change nothing in the world (a read the controller makes): a plan of only these has no changes.

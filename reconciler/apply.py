@@ -25,6 +25,7 @@ from typing import assert_never
 
 from reconciler.actions import (
     Action,
+    AnswerPriceIncrease,
     ApplyResult,
     Bootstrap,
     CloseBill,
@@ -51,6 +52,7 @@ from reconciler.errors import (
     LaunchLockHeld,
     LaunchRefused,
     LeaseLost,
+    PriceIncreaseGone,
     RemoteCommandFailed,
     RigsyncError,
     SecretMissing,
@@ -215,6 +217,18 @@ def _close_bill(ctx: ApplyContext, result: ApplyResult, action: CloseBill) -> st
     return f"overhead ${rec.cost_usd:.6f} archived"
 
 
+def _answer_price_increase(ctx: ApplyContext, action: AnswerPriceIncrease) -> str:
+    """Accept or reject through the port. An increase no longer pending (answered before, its contract ended) is
+    an outcome saying so, not a failure: the next cycle reads the list again. Such an outcome does not say
+    ``accepted`` (``remember`` keeps only the increases really accepted)."""
+    verb = "accept" if action.accept else "reject"
+    try:
+        ctx.provider.answer_price_increase(action.pending_id, accept=action.accept)
+    except PriceIncreaseGone as exc:
+        return f"gone: price increase {action.pending_id} is no longer pending, not {verb}ed ({_error_text(exc)})"
+    return "accepted" if action.accept else "rejected"
+
+
 def _error_text(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
@@ -365,6 +379,8 @@ def _execute(planned: Action, ctx: ApplyContext, instances: dict[int, Instance],
             return "checkpoint pulled"
         case CloseBill():
             return _close_bill(ctx, result, action)
+        case AnswerPriceIncrease():
+            return _answer_price_increase(ctx, action)
         case Noop():
             return "nothing to do"
         case _:

@@ -88,3 +88,23 @@ def ending(inst: Instance, now: float, margin_s: float, accepted: Iterable[Price
     let go, before the host takes it back."""
     left = time_left(inst, now, accepted)
     return left is not None and left <= max(0.0, margin_s)
+
+def mean_rate(inst: Instance, start: float, end: float, accepted: Iterable[PriceIncrease] = ()) -> float:
+    """The box's average $/h from ``start`` to ``end`` at the rates that apply (its rate at ``start`` for an empty
+    span): what the budget's burn to the next decision counts."""
+    if end <= start:
+        return rate_at(inst, start, accepted)
+    return cost_between(inst, start, end, accepted) * 3600.0 / (end - start)
+
+
+def rate_from(inst: Instance, start: float, accepted: Iterable[PriceIncrease] = ()) -> float:
+    """The dearest $/h the box bills from ``start`` on (an accepted increase ahead counts): what work that may run
+    past the increase is priced at."""
+    return max(rate_at(inst, start, accepted), dearest_rate(inst.id, inst.dph_total, accepted))
+
+
+def dearest_rate(instance_id: int, dph: float, accepted: Iterable[PriceIncrease] = ()) -> float:
+    """The dearest $/h a box listed at ``dph`` may bill from now on: ``dph``, or the rate of an increase this fleet
+    accepted on it (for what knows a box only by its id and listed price, as review does from observed/)."""
+    inc = accepted_for(instance_id, accepted)
+    return max(dph, inc.new_dph) if inc is not None else dph

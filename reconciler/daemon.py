@@ -55,7 +55,7 @@ from reconciler.notify import cycle_events, lease_lost_events
 from reconciler.observed.codec import LEASE, OBSERVED_DIR, RENDERED, STATUS, SUGGESTIONS, load_yaml
 from reconciler.observed.documents import ReconcilerStatus, status_only
 from reconciler.observed.suggestions import merge_recorded, read_suggestions
-from reconciler.observed.summary import describe_change
+from reconciler.observed.summary import answer_lines, describe_change
 from reconciler.observed.tree import read_observed
 from reconciler.storeconfig import StoreConfig
 
@@ -311,6 +311,7 @@ class FleetDaemon:
             destroyed={a.instance_id: a.reason for a in result.plan.actions if isinstance(a, Destroy)},
             metric_keys={r.sweep.name: r.sweep.metric_key for r in desired.runs if r.sweep.metric_key},
             archive_pending=bool(rec.archive.pending_lines()) or self.git.archive_uncommitted(),
+            answers=answer_lines(applied.outcomes) if applied else (),
         )
         commit = None
         if message is not None:  # probe noise and the clock alone leave observed/ (and git) untouched

@@ -562,6 +562,7 @@ class Instance:
     # when its contract ends and the host takes the box back (the provider's ``end_date``); None: not said, no end
     # (the lab's own machines). An accepted price increase moves it (``reconciler.contract.box_end``).
     end_date: float | None = None
+    dlperf: float | None = None  # the box's DLPerf as the provider lists it (None: not said); ranks it among offers
 
     @property
     def ssh(self) -> Endpoint | None:

@@ -31,6 +31,7 @@ from reconciler.model import (
     InstanceStatus,
     Observed,
     Offer,
+    PriceIncrease,
     Spend,
     owned_by,
     split_owned,
@@ -83,6 +84,24 @@ def read_billing(
     return None, credit
 
 
+def read_price_increases(provider: Provider, mine: list[Instance]) -> tuple[PriceIncrease, ...]:
+    """The hosts' pending increases on this fleet's own boxes (rows on other contracts are not ours to answer).
+    Not needed to plan the rest: a failure to read is logged and the cycle goes on with none. No read without an
+    owned box."""
+    if not mine:
+        return ()
+    ids = {i.id for i in mine}
+    try:
+        found = provider.pending_price_increases()
+    except ProviderError as exc:
+        log.warning("cannot read the pending price increases (none answered this cycle): %s", exc)
+        return ()
+    except Exception:  # an SDK surprise must not stop the cycle
+        log.exception("cannot read the pending price increases (none answered this cycle)")
+        return ()
+    return tuple(sorted((p for p in found if p.instance_id in ids), key=lambda p: p.id))
+
+
 def observe(
     desired: Desired,
     provider: Provider,
@@ -102,6 +121,7 @@ def observe(
     if billed:
         instances = [replace(i, cost_usd=billed[i.id]) if i.id in billed else i for i in instances]
         mine, _foreign = split_owned(instances, fleet.name)
+    increases = read_price_increases(provider, mine)
     offers: list[Offer] = []
     if not fleet.suspend:
         found: dict[int, Offer] = {}
@@ -134,5 +154,6 @@ def observe(
         memory=remember_observation(memory, desired, mine_and_own, mine, probes, billed, now, pool_hash),
         fleet_name=fleet.name,
         credit_usd=credit,
+        price_increases=increases,
     )
     return observed, observed.memory

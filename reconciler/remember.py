@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from reconciler.actions import ApplyResult, Bootstrap, Kill, Launch, Plan, Requeue, ShipCode
+from reconciler.actions import AnswerPriceIncrease, ApplyResult, Bootstrap, Kill, Launch, Plan, Requeue, ShipCode
 from reconciler.bounds import bounded_text, finite
 from reconciler.identity import slot_pool
 from reconciler.ledger import note_cycle
@@ -38,6 +38,7 @@ from reconciler.model import (
     InstanceStatus,
     Observed,
     OverheadRecord,
+    PriceIncrease,
     RungValue,
     Spend,
     owned_by,
@@ -69,6 +70,7 @@ def remember_observation(
     rungs = track_rungs(memory.rungs, desired, memory.in_flight, probes)
     listed = {i.id for i in mine}
     distrusted = tuple(d for d in memory.distrusted if d[0] in listed)
+    accepted = tuple(p for p in memory.accepted_increases if p.instance_id in listed)
     return replace(
         memory,
         boxes=boxes,
@@ -78,6 +80,7 @@ def remember_observation(
         heartbeats=heartbeats,
         distrusted=distrusted,
         rungs=rungs,
+        accepted_increases=accepted,
     )
 
 
@@ -104,7 +107,26 @@ def remember(
         checkpoint_pulls=pulls,
         failed_actions=failed,
         distrusted=distrusted,
+        accepted_increases=note_accepted(memory.accepted_increases, observed.price_increases, applied),
     )
+
+
+def note_accepted(
+    accepted: tuple[PriceIncrease, ...], pending: Iterable[PriceIncrease], applied: ApplyResult
+) -> tuple[PriceIncrease, ...]:
+    """The accepted increases after apply: each one the provider took an accept of (an outcome ``accepted``; not
+    one that was gone) joins, as it was listed (its new rate, when it applies, the extended end). Kept by id until
+    its box leaves the instance list (``remember_observation``)."""
+    listed = {p.id: p for p in pending}
+    out = {p.id: p for p in accepted}
+    for o in applied.outcomes:
+        a = o.action
+        if isinstance(a, AnswerPriceIncrease) and a.accept and o.ok and not o.skipped and o.detail == "accepted":
+            inc = listed.get(a.pending_id)
+            out[a.pending_id] = inc if inc is not None else PriceIncrease(
+                a.pending_id, a.instance_id, a.old_dph, a.new_dph, a.applies_at
+            )
+    return tuple(out[k] for k in sorted(out))
 
 
 def note_failures(

@@ -24,6 +24,7 @@ VERBS = {
     Kind.RECORD: "to record",
     Kind.SYNC_CHECKPOINT: "checkpoint(s) to sync",
     Kind.CLOSE_BILL: "bill(s) to close",
+    Kind.ANSWER_PRICE_INCREASE: "price increase(s) to answer",
 }
 
 

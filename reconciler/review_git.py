@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.adapters.git import GitRepo
+from reconciler.contract import dearest_rate
 from reconciler.desired import errors_of, load_desired
 from reconciler.errors import DesiredStateInvalid, ObservedInvalid, RepoError, UserError
 from reconciler.model import AttemptRecord, FleetMemory, Observed
@@ -40,7 +41,8 @@ def _side(g: GitRepo, ref: str, sha: str) -> tuple[Side, dict[str, bytes]]:
 
 
 def _observed(g: GitRepo, sha: str, now: float) -> tuple[Observed, list[Place]]:
-    """The committed observed/ at ``sha``: spend, the run archive, and the boxes held as price places.
+    """The committed observed/ at ``sha``: spend, the run archive, and the boxes held as price places (each at the
+    dearest rate it may bill: an increase the fleet accepted on it counts, ``contract.dearest_rate``).
 
     Spend is the committed anchor carried along its line to ``now`` (``Spend.accrued``: the boxes held bill on,
     and "today" restarts at UTC midnight), as the controller's next cycle would start from it.
@@ -63,7 +65,8 @@ def _observed(g: GitRepo, sha: str, now: float) -> tuple[Observed, list[Place]]:
         fleet = expect_mapping(load_yaml(texts[FLEET], FLEET), FLEET)
         for n, box in enumerate(fleet.get("boxes") or []):
             try:
-                held.append((float(box["dph"]), int(box["num_gpus"]), str(box.get("gpu_name") or "")))
+                dph = dearest_rate(int(box.get("id") or 0), float(box["dph"]), memory.accepted_increases)
+                held.append((dph, int(box["num_gpus"]), str(box.get("gpu_name") or "")))
             except (KeyError, TypeError, ValueError) as exc:
                 raise ObservedInvalid(f"{FLEET}: boxes[{n}]: malformed ({exc})") from exc
     history: list[AttemptRecord] = []

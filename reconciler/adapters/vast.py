@@ -51,8 +51,10 @@ from urllib.parse import urlsplit
 import requests
 
 from reconciler import offers
+from reconciler.bounds import MAX_GPUS, bounded_int, finite
 from reconciler.endpoint import DEFAULT_URL, check_api_url, shown_url
 from reconciler.errors import (
+    PriceIncreaseGone,
     ProviderAuthError,
     ProviderError,
     ProviderPermanent,
@@ -135,9 +137,10 @@ _END_DATE_MIN = 1_000_000_000.0  # 2001-09-09
 _END_DATE_MAX = 4_102_444_800.0  # 2100-01-01
 
 
-def _end_date(rec: dict[str, Any]) -> float | None:
-    """The record's ``end_date`` (epoch seconds), or None when absent, not a finite number, or out of bounds."""
-    v = _f(rec, "end_date", math.nan)
+def _end_date(rec: dict[str, Any], key: str = "end_date") -> float | None:
+    """A contract time of the record (its ``end_date``, or a price increase's ``contract_end_date`` and
+    ``ask_end_date``) in epoch seconds, or None when absent, not a finite number, or out of bounds."""
+    v = _f(rec, key, math.nan)
     return v if _END_DATE_MIN <= v <= _END_DATE_MAX else None
 
 
@@ -212,6 +215,7 @@ def instance_from_record(rec: dict[str, Any]) -> Instance:
         image=_s(rec, "image_uuid"),
         is_bid=bool(rec.get("is_bid", False)),
         cuda=_f(rec, "cuda_max_good") or None,
+        dlperf=_f(rec, "dlperf") or None,
         direct=direct,
         proxy=proxy,
         end_date=_end_date(rec),
@@ -275,6 +279,9 @@ ENDPOINTS = {
     "add ssh key": "POST /api/v0/ssh/",
     "show user": "GET /api/v0/users/current/",
     "show charges": "GET /api/v1/invoices/",
+    "pending price increases": "GET /api/v0/instances/pending-price-increases/",
+    "accept price increase": "PUT /api/v0/instances/accept-price-increase/",
+    "reject price increase": "PUT /api/v0/instances/reject-price-increase/",
 }
 FIRST_WAIT_S = 0.5
 MAX_WAIT_S = 8.0
@@ -534,10 +541,124 @@ class VastProvider:
         raise ProviderPermanent(f"show charges: more than {_MAX_CHARGE_PAGES} pages")
 
     def pending_price_increases(self) -> list[PriceIncrease]:
-        raise ProviderPermanent("pending price increases: not wired yet")  # contract commit: the price helper fills it
+        """The hosts' pending increases (``vastai.api.price_increase.list_pending`` on the SDK's client), each row
+        parsed by ``price_increases_from_reply`` against the instance list (read only when a row is pending: a
+        row's $/h are deltas on its instance's ``dph_total``)."""
+        from vastai.api import price_increase as api
+
+        envelope = self._call("pending price increases", lambda: api.list_pending(self._sdk.client))
+        if not isinstance(envelope, dict) or not isinstance(envelope.get("pending_price_increases"), list):
+            raise ProviderTransient("pending price increases: the reply has no pending_price_increases list")
+        if not envelope["pending_price_increases"]:
+            return []
+        rows = self._call("list instances", self._sdk.show_instances)
+        if not isinstance(rows, list):
+            raise ProviderTransient("list instances: the reply has no instance list")
+        listed = {
+            _i(r, "id"): (_f(r, "dph_total", math.nan), _f(r, "disk_space", math.nan), _i(r, "num_gpus"))
+            for r in rows if isinstance(r, dict) and _i(r, "id") > 0
+        }
+        return price_increases_from_reply(envelope, listed)
 
     def answer_price_increase(self, pending_id: int, *, accept: bool) -> None:
-        raise ProviderPermanent("answer price increase: not wired yet")  # contract commit: the price helper fills it
+        """Accept or reject one row (``vastai.api.price_increase.accept``/``reject``: body exactly
+        ``{"pending_price_increase_id": id}``). A 404 ``no_pending_price_increase`` or a legacy 409 is
+        ``PriceIncreaseGone``. Retried only when the request certainly was not acted on (a lost reply to an accept
+        that went through would come back as "gone")."""
+        from vastai.api import price_increase as api
+
+        verb = "accept" if accept else "reject"
+        call = api.accept if accept else api.reject
+        try:
+            self._call(f"{verb} price increase {pending_id}", lambda: call(self._sdk_once.client, pending_id),
+                       idempotent=False)
+        except ProviderAuthError:
+            raise
+        except RejectedByProvider as exc:
+            if exc.status == 409 or exc.code == api.NO_PENDING_PRICE_INCREASE:
+                raise PriceIncreaseGone(str(exc), status=exc.status, code=api.NO_PENDING_PRICE_INCREASE) from exc
+            raise
+
+
+# a row's $/h above this is not a price but a lie (the dearest 8-GPU box on Vast is a few tens of $/h)
+MAX_ROW_DPH = 10_000.0
+
+
+def price_increases_from_reply(
+    envelope: Any, listed: dict[int, tuple[float, float, int]]
+) -> list[PriceIncrease]:
+    """The pending rows of a ``pending-price-increases`` reply as ``PriceIncrease``s. Total: an unusable row (an id,
+    a price or a date missing, negative or not finite; an instance not in ``listed``, instance id -> (``dph_total``,
+    ``disk_space`` GB, ``num_gpus``)) is skipped with a log line, never an exception.
+
+    The new $/h is the instance's total after the increase: ``dph_total + (new_gpu_costpersec -
+    old_gpu_costpersec) * 3600 * num_gpus + (new_disk_ram_costpersec - old_disk_ram_costpersec) * 3600 *
+    disk_space``. Both are unit prices, as the vastai CLI shows them: ``gpu_costpersec`` per GPU (its column is
+    "$/GPU/hr", the value times 3600) and ``disk_ram_costpersec`` per GB (its column "$/GB/mo", the value times a
+    month). A null new price is an
+    unchanged resource (delta 0); a new price beside a null old one cannot be priced (skipped). Bandwidth
+    (per GB moved) and the platform fee are not in a box's $/h and are not counted. ``applies_at`` is
+    ``contract_end_date``; ``new_end`` is ``ask_end_date`` (None when null)."""
+    rows = envelope.get("pending_price_increases") if isinstance(envelope, dict) else None
+    if not isinstance(rows, list):
+        return []
+    out: dict[int, PriceIncrease] = {}
+    for n, row in enumerate(rows[:MAX_PENDING_ROWS]):
+        inc, why = _increase_of(row, listed)
+        if inc is None:
+            log.warning("pending price increase row %d skipped: %s", n, why)
+        elif inc.id in out:
+            log.warning("pending price increase row %d skipped: id %d listed twice", n, inc.id)
+        else:
+            out[inc.id] = inc
+    if len(rows) > MAX_PENDING_ROWS:
+        log.warning("pending price increases: %d rows, only the first %d read", len(rows), MAX_PENDING_ROWS)
+    return [out[k] for k in sorted(out)]
+
+
+MAX_PENDING_ROWS = 1000
+
+
+def _increase_of(row: Any, listed: dict[int, tuple[float, float, int]]) -> tuple[PriceIncrease | None, str]:
+    if not isinstance(row, dict):
+        return None, "not an object"
+    pid = bounded_int(row.get("pending_price_increase_id"), 1, 1 << 63)
+    iid = bounded_int(row.get("contract_id"), 1, 1 << 63)
+    if pid is None or iid is None:
+        return None, "no usable pending_price_increase_id or contract_id"
+    if iid not in listed:
+        return None, f"id {pid}: instance {iid} is not listed"
+    dph, disk, gpus = listed[iid]
+    if not (math.isfinite(dph) and 0 <= dph <= MAX_ROW_DPH):
+        return None, f"id {pid}: instance {iid} has no usable dph_total"
+    delta = 0.0
+    per_gpu = 3600.0 * gpus if 0 < gpus <= MAX_GPUS else math.nan
+    for name, per in (("gpu_costpersec", per_gpu), ("disk_ram_costpersec", 3600.0 * disk)):
+        raw_old, raw_new = row.get("old_" + name), row.get("new_" + name)
+        if raw_new is None:
+            continue
+        old, new = finite(raw_old), finite(raw_new)
+        if old is None or new is None or old < 0 or new < 0:
+            return None, f"id {pid}: old_{name}/new_{name} are not finite non-negative numbers"
+        if not math.isfinite(per):
+            return None, f"id {pid}: instance {iid} has no usable num_gpus or disk_space to price its {name}"
+        delta += (new - old) * per
+    new_dph = dph + delta
+    if not (math.isfinite(new_dph) and 0 < new_dph <= MAX_ROW_DPH):
+        return None, f"id {pid}: the new $/h {new_dph!r} is not a price"
+    applies = _end_date(row, "contract_end_date")
+    if applies is None:
+        return None, f"id {pid}: no usable contract_end_date"
+    new_end: float | None = None
+    if row.get("ask_end_date") is not None:
+        new_end = _end_date(row, "ask_end_date")
+        if new_end is None or new_end < applies:
+            return None, f"id {pid}: ask_end_date is not a time after contract_end_date"
+    created = finite(row.get("created_at"), limit=1e11)
+    return PriceIncrease(
+        id=pid, instance_id=iid, old_dph=dph, new_dph=round(new_dph, 9), applies_at=applies, new_end=new_end,
+        created_at=created if created is not None and created >= 0 else None,
+    ), ""
 
 
 _MAX_CHARGE_PAGES = 100

@@ -340,6 +340,22 @@ def _invoices_v0(emu: Emulator, req: Request) -> Any:
     return {"invoices": rows, "current": {"charges": charged, "service_fee": 0.0, "total": charged}}
 
 
+def _pending_increases(emu: Emulator, req: Request) -> Any:
+    rows = emu.pending_increases(req.caller_instance)
+    return {"success": True, "count": len(rows), "truncated": False, "pending_price_increases": rows}
+
+
+def _answer_increase(emu: Emulator, req: Request) -> Any:
+    body = _body_dict(req)
+    pid = body.get("pending_price_increase_id")
+    if set(body) != {"pending_price_increase_id"} or isinstance(pid, bool) or not isinstance(pid, int):
+        raise ApiError(400, "invalid_args",
+                       "body must be exactly {\"pending_price_increase_id\": int} (extra keys are forbidden)")
+    accept = req.match.group("verb") == "accept"
+    contract = emu.answer_increase(pid, accept=accept, caller_instance=req.caller_instance)
+    return {"success": True, "pending_price_increase_id": pid, "contract_id": contract}
+
+
 def _filters(emu: Emulator, req: Request) -> Any:
     return {"filters": []}
 
@@ -378,6 +394,14 @@ def _admin_end_date(emu: Emulator, req: Request) -> Any:
         raise ApiError(400, "invalid_args", "body: {\"at\": epoch seconds}")
     emu.set_end_date(req.int_arg("id"), value)
     return {"success": True, "end_date": value}
+
+def _admin_raise_price(emu: Emulator, req: Request) -> Any:
+    b = _body_dict(req)
+    try:
+        dph, end = float(b["dph"]), float(b["ask_end_date"])
+    except (KeyError, TypeError, ValueError):
+        raise ApiError(400, "invalid_args", "body: {\"dph\": float, \"ask_end_date\": unix seconds}") from None
+    return {"success": True, "pending_price_increase_id": emu.raise_price(req.int_arg("id"), dph, end)}
 
 
 def _admin_fail_next(emu: Emulator, req: Request) -> Any:
@@ -438,6 +462,9 @@ ROUTES: list[tuple[str, re.Pattern[str], RouteFn, bool, bool]] = [
         ("GET", r"/api/v1/instances", _list_v1, True, False),
         ("GET", r"/api/v0/instances", _list_v0, True, False),
         ("GET", r"/api/v0/instances/filters", _filters, True, False),
+        # before the {id} routes; a per-instance key sees and answers only its own contract's rows
+        ("GET", r"/api/v0/instances/pending-price-increases", _pending_increases, True, True),
+        ("PUT", r"/api/v0/instances/(?P<verb>accept|reject)-price-increase", _answer_increase, True, True),
         ("GET", rf"/api/v0/instances/{_ID}", _show, True, True),
         ("PUT", rf"/api/v0/instances/{_ID}", _put_instance, True, True),
         ("DELETE", rf"/api/v0/instances/{_ID}", _delete_instance, True, True),
@@ -458,6 +485,7 @@ ROUTES: list[tuple[str, re.Pattern[str], RouteFn, bool, bool]] = [
         ("POST", rf"/_emulator/instances/{_ID}/(?P<action>vanish|hang|resume|outbid|never_boot)",
          _admin_instance, True, False),
         ("POST", rf"/_emulator/instances/{_ID}/end_date", _admin_end_date, True, False),
+        ("POST", rf"/_emulator/instances/{_ID}/raise_price", _admin_raise_price, True, False),
         ("POST", r"/_emulator/fail_next", _admin_fail_next, True, False),
         ("POST", r"/_emulator/latency", _admin_latency, True, False),
         ("POST", r"/_emulator/never_boot", _admin_never_boot, True, False),
@@ -536,7 +564,9 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if not secrets.compare_digest(key.encode(), emu.api_key.encode()):
                 caller = emu.instance_key_owner(key)
-                if caller is None or not inst_ok or int(m.group("id")) != caller:
+                # an instance key reaches only its own instance's routes (those without an id scope by caller)
+                named = m.groupdict().get("id")
+                if caller is None or not inst_ok or (named is not None and int(named) != caller):
                     self._error(401, "auth_error", "Invalid user key")
                     return
         body: Any = None

@@ -49,8 +49,38 @@ class Instance:
     status_msg: str = "created"
     running_since: float | None = None
     ssh_keys: list[str] = field(default_factory=list)
-    end_date: float | None = None  # the contract's end (the offer's end_date at rent): the host takes the box back
+    end_date: float | None = None  # the contract's end (the offer's at rent; an accepted increase moves it)
     contract_ended: bool = False  # it has: processes dead, listed exited, the GPU part no longer billed
+
+
+@dataclass
+class PendingIncrease:
+    """A host's price increase on a live contract: pending until answered; accepted, it cuts over at the
+    contract's end (``contract_end_date``) to the new rate and runs on to ``ask_end_date``."""
+
+    id: int
+    instance_id: int
+    host_id: int
+    old_gpu_costpersec: float  # per GPU, as the vastai CLI shows it ("$/GPU/hr")
+    new_gpu_costpersec: float
+    disk_ram_costpersec: float  # per GB of disk; unchanged by an increase here
+    contract_end_date: float
+    ask_end_date: float
+    created_at: float
+    new_dph: float
+    status: str = "pending"  # pending | accepted | rejected | cut_over | gone
+
+    def row(self) -> dict[str, Any]:
+        """The row as ``GET /api/v0/instances/pending-price-increases/`` lists it."""
+        return {
+            "pending_price_increase_id": self.id, "contract_id": self.instance_id, "host_id": self.host_id,
+            "new_gpu_costpersec": self.new_gpu_costpersec, "old_gpu_costpersec": self.old_gpu_costpersec,
+            "new_disk_ram_costpersec": self.disk_ram_costpersec, "old_disk_ram_costpersec": self.disk_ram_costpersec,
+            "new_bwu_cost": None, "old_bwu_cost": None, "new_bwd_cost": None, "old_bwd_cost": None,
+            "new_platform_fee": None, "old_platform_fee": None,
+            "contract_end_date": self.contract_end_date, "ask_end_date": self.ask_end_date,
+            "created_at": self.created_at,
+        }
 
 
 class Emulator:
@@ -93,6 +123,8 @@ class Emulator:
         self._account_keys: dict[int, dict[str, Any]] = {}
         self._labels: dict[int, str] = {}  # every instance ever created (its charges outlive it)
         self._next_key_id = 1
+        self._increases: dict[int, PendingIncrease] = {}  # every increase ever raised, by id (answered ones kept)
+        self._next_increase_id = 7001
         self._fail_rules: list[list[Any]] = []  # [prefix, remaining, status]
         self.latency = 0.0
         self._never_boot_next = False
@@ -326,7 +358,8 @@ class Emulator:
                 disk=disk, env=env, onstart=spec.onstart, is_bid=bid is not None,
                 dph_total=float(priced["dph_total"]),
                 storage_per_hour=float(offer["storage_cost"]) * disk / (30 * 24),
-                api_key=api_key, start_date=self.clock(), ssh_keys=keys, end_date=float(offer["end_date"]),
+                api_key=api_key, start_date=self.clock(), ssh_keys=keys,
+                end_date=float(offer["end_date"]) if offer.get("end_date") is not None else None,
             )
             if self._never_boot_next:
                 self._never_boot_next = False
@@ -368,6 +401,9 @@ class Emulator:
             del self._instances[instance_id]
             self.market.release(int(inst.offer["id"]))
             self.ledger.set_rate(instance_id, 0.0)
+            for inc in self._increases.values():
+                if inc.instance_id == instance_id and inc.status in ("pending", "accepted"):
+                    inc.status = "gone"
             self.ledger.log("destroy", instance_id)
 
     def stop_instance(self, instance_id: int) -> None:
@@ -539,6 +575,90 @@ class Emulator:
         self.market.drift(max_fraction, seed)
         self.ledger.log("price_drift", None, max_fraction=max_fraction)
 
+    # ---- price increases on live contracts ------------------------------------------------------------------
+    def raise_price(self, instance_id: int, dph: float, ask_end_date: float) -> int:
+        """The host asks ``dph`` (the instance's new total $/h) from its contract's current end on, running on to
+        ``ask_end_date``: a pending row the account may accept or reject. Returns the row's id."""
+        with self._lock:
+            inst = self._get(instance_id)
+            if not (isinstance(dph, int | float) and dph > 0 and dph < 1e6):
+                raise ApiError(400, "invalid_args", f"Invalid dph {dph!r}: a positive $/h is required.")
+            if inst.end_date is None:
+                raise ApiError(400, "invalid_args", f"Instance {instance_id} has no contract end to extend.")
+            if not float(ask_end_date) > inst.end_date:
+                raise ApiError(400, "invalid_args", "ask_end_date must be after the contract's current end.")
+            storage_h = inst.storage_per_hour
+            disk_gb = inst.disk if inst.disk > 0 else 1.0
+            gpus = max(1, int(inst.offer["num_gpus"]))  # the row's GPU price is per GPU, as the CLI shows it
+            inc = PendingIncrease(
+                id=self._next_increase_id, instance_id=instance_id, host_id=int(inst.offer["host_id"]),
+                old_gpu_costpersec=(inst.dph_total - storage_h) / gpus / 3600.0,
+                new_gpu_costpersec=(float(dph) - storage_h) / gpus / 3600.0,
+                disk_ram_costpersec=storage_h / disk_gb / 3600.0,
+                contract_end_date=inst.end_date, ask_end_date=float(ask_end_date), created_at=self.clock(),
+                new_dph=float(dph),
+            )
+            self._next_increase_id += 1
+            for old in self._increases.values():  # one pending row per contract: a new ask replaces the last
+                if old.instance_id == instance_id and old.status == "pending":
+                    old.status = "gone"
+            self._increases[inc.id] = inc
+            self.ledger.log("price_increase", instance_id, pending_id=inc.id, old_dph=inst.dph_total,
+                            new_dph=inc.new_dph, applies_at=inc.contract_end_date, ask_end_date=inc.ask_end_date)
+            return inc.id
+
+    def pending_increases(self, caller_instance: int | None = None) -> list[dict[str, Any]]:
+        """The pending rows (only the caller's own contract's for a per-instance key), by id."""
+        with self._lock:
+            return [
+                inc.row() for inc in sorted(self._increases.values(), key=lambda i: i.id)
+                if inc.status == "pending" and (caller_instance is None or inc.instance_id == caller_instance)
+            ]
+
+    def answer_increase(self, pending_id: int, *, accept: bool, caller_instance: int | None = None) -> int:
+        """Accept or reject a pending row; returns its contract id. A row that is not pending (answered, gone,
+        never raised, or another instance's for a per-instance key) is 404 ``no_pending_price_increase``."""
+        with self._lock:
+            inc = self._increases.get(pending_id)
+            if (
+                inc is None or inc.status != "pending"
+                or (caller_instance is not None and inc.instance_id != caller_instance)
+            ):
+                raise ApiError(404, "no_pending_price_increase", f"No pending price increase {pending_id}.")
+            inc.status = "accepted" if accept else "rejected"
+            self.ledger.log("price_increase_accepted" if accept else "price_increase_rejected", inc.instance_id,
+                            pending_id=inc.id, new_dph=inc.new_dph, applies_at=inc.contract_end_date)
+            if accept:
+                self.price_cutovers()  # an answer after the contract's end cuts over at once
+            return inc.instance_id
+
+    def increase_status(self, pending_id: int) -> str:
+        """pending, accepted (its cutover still ahead), rejected (tombstoned), cut_over, or gone."""
+        with self._lock:
+            inc = self._increases.get(pending_id)
+            if inc is None:
+                raise ApiError(404, "no_pending_price_increase", f"No price increase {pending_id}.")
+            return inc.status
+
+    def price_cutovers(self) -> None:
+        """Accepted increases whose contract end has come: from that moment the ledger bills the new rate and the
+        contract ends at ``ask_end_date``. (Called each monitor tick, and before anything that reads end dates.)"""
+        with self._lock:
+            now = self.clock()
+            for inc in sorted(self._increases.values(), key=lambda i: i.id):
+                if inc.status != "accepted" or now < inc.contract_end_date:
+                    continue
+                inst = self._instances.get(inc.instance_id)
+                inc.status = "cut_over"
+                if inst is None:
+                    continue
+                inst.dph_total = inc.new_dph
+                inst.end_date = inc.ask_end_date
+                if inst.actual_status in ("created", "loading", "running"):
+                    self.ledger.set_rate(inst.id, inst.dph_total, inst.storage_per_hour, at=inc.contract_end_date)
+                self.ledger.log("price_cutover", inst.id, pending_id=inc.id, dph_total=inst.dph_total,
+                                end_date=inst.end_date, at=inc.contract_end_date)
+
     # ---- background --------------------------------------------------------------------------------------
     def _monitor_loop(self) -> None:
         tick = 0.05
@@ -548,6 +668,8 @@ class Emulator:
             dt, last = now - last, now
             with contextlib.suppress(Exception):
                 self._stop_for_credit()
+            with contextlib.suppress(Exception):
+                self.price_cutovers()
             with self._lock:
                 insts = list(self._instances.values())
             for inst in insts:
@@ -556,8 +678,10 @@ class Emulator:
 
     def _watch(self, inst: Instance, dt: float) -> None:
         if not inst.contract_ended and inst.end_date is not None and self.clock() >= inst.end_date:
-            self._end_contract(inst)
-            return
+            self.price_cutovers()  # an accepted increase extends the contract at this very end: not taken back then
+            if inst.end_date is not None and self.clock() >= inst.end_date:
+                self._end_contract(inst)
+                return
         if inst.actual_status == "loading" and inst.box.booted():
             with self._lock:
                 if inst.id in self._instances and inst.actual_status == "loading":

@@ -63,14 +63,20 @@ class Ledger:
         self._events: list[dict[str, Any]] = []
 
     # ---- billing -------------------------------------------------------------------------------------------
-    def set_rate(self, instance_id: int, usd_per_hour: float, storage_per_hour: float | None = None) -> None:
-        """From now on, bill ``instance_id`` at ``usd_per_hour`` in all (0 stops billing).
+    def set_rate(
+        self, instance_id: int, usd_per_hour: float, storage_per_hour: float | None = None, *, at: float | None = None
+    ) -> None:
+        """From now (or from ``at``, a moment since the last change: a price cutover found a tick late) on, bill
+        ``instance_id`` at ``usd_per_hour`` in all (0 stops billing).
 
         ``storage_per_hour`` is the storage part of that rate (the rest is the active rental); by default the
         whole rate is the active rental.
         """
         with self._lock:
             now = self._clock()
+            segs0 = self._segments.get(instance_id)
+            if at is not None and at < now and (not segs0 or segs0[-1].since <= at):
+                now = at
             segs = self._segments.setdefault(instance_id, [])
             if segs and segs[-1].until is None:
                 segs[-1].until = now

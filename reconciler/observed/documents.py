@@ -53,7 +53,13 @@ from reconciler.observed.codec import (
 )
 from reconciler.observed.hosts import HEADER as HOSTS_HEADER
 from reconciler.observed.hosts import hosts_document
-from reconciler.observed.memory import box_memory_entries, in_flight_entries, rung_entries, spend_anchor
+from reconciler.observed.memory import (
+    accepted_increase_entries,
+    box_memory_entries,
+    in_flight_entries,
+    rung_entries,
+    spend_anchor,
+)
 from reconciler.observed.throughput import HEADER as THROUGHPUT_HEADER
 from reconciler.observed.throughput import throughput_document
 from reconciler.promotion import succeeded_metrics, wanted_ids
@@ -162,6 +168,10 @@ def _render_fleet(fleet: str, observed: Observed) -> dict[str, Any]:
             for i in foreign
         ],
         "memory": box_memory_entries(observed.memory.boxes),
+        **(
+            {"accepted_price_increases": accepted_increase_entries(observed.memory.accepted_increases)}
+            if observed.memory.accepted_increases else {}
+        ),
     }
 
 

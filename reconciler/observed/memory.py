@@ -24,7 +24,7 @@ from typing import Any
 
 from reconciler.bounds import finite
 from reconciler.errors import ObservedInvalid
-from reconciler.model import BoxMemory, BoxSpend, FleetMemory, InFlight, RungValue, Spend
+from reconciler.model import BoxMemory, BoxSpend, FleetMemory, InFlight, PriceIncrease, RungValue, Spend
 from reconciler.observed.codec import BUDGET, FLEET, RUNS, expect_mapping, iso, load_yaml, money, parse_iso, utc_day
 from reconciler.observed.hosts import read_hosts
 from reconciler.observed.tree import read_observed
@@ -51,6 +51,22 @@ def box_memory_entries(boxes: Iterable[BoxMemory]) -> list[dict[str, Any]]:
             **({"pool": m.pool} if m.pool else {}),
         }
         for m in sorted(boxes, key=lambda m: m.instance_id)
+    ]
+
+
+def accepted_increase_entries(accepted: Iterable[PriceIncrease]) -> list[dict[str, Any]]:
+    """``fleet.yaml``'s ``accepted_price_increases``: the increases this fleet accepted, by id."""
+    return [
+        {
+            "id": p.id,
+            "instance_id": p.instance_id,
+            "old_dph": money(p.old_dph),
+            "new_dph": money(p.new_dph),
+            "applies_at": iso(p.applies_at),
+            "new_end": iso(p.new_end),
+            "created_at": iso(p.created_at),
+        }
+        for p in sorted(accepted, key=lambda p: p.id)
     ]
 
 
@@ -192,7 +208,33 @@ def fleet_memory_from_files(files: Mapping[str, str], *, now: float | None = Non
         spend=spend,
         spend_at=spend_at,
         hosts=read_hosts(files),
+        accepted_increases=_accepted(fleet.get("accepted_price_increases") or []),
     )
+
+
+def _accepted(entries: list[Any]) -> tuple[PriceIncrease, ...]:
+    out: list[PriceIncrease] = []
+    for n, e in enumerate(entries):
+        where = f"{FLEET}: accepted_price_increases[{n}]"
+        try:
+            applies = parse_iso(e["applies_at"], where + ".applies_at")
+            old, new = finite(e["old_dph"]), finite(e["new_dph"])
+            if applies is None or old is None or new is None or old < 0 or new < 0:
+                raise ValueError("applies_at, old_dph and new_dph must be a time and finite non-negative $/h")
+            out.append(
+                PriceIncrease(
+                    id=int(e["id"]),
+                    instance_id=int(e["instance_id"]),
+                    old_dph=old,
+                    new_dph=new,
+                    applies_at=applies,
+                    new_end=parse_iso(e.get("new_end"), where + ".new_end"),
+                    created_at=parse_iso(e.get("created_at"), where + ".created_at"),
+                )
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ObservedInvalid(f"{where}: malformed accepted price increase ({exc})") from exc
+    return tuple(out)
 
 
 def _boxes(entries: list[Any]) -> tuple[BoxMemory, ...]:

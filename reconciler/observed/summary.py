@@ -20,9 +20,10 @@ commits nothing), else the message.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from reconciler.actions import AnswerPriceIncrease, Outcome
 from reconciler.jobenv import held_back
 from reconciler.model import AttemptOutcome, AttemptRecord, OverheadRecord
 from reconciler.observed.codec import DRIFT, FLEET, HOSTS, RUNS, STATUS, SUGGESTIONS, load_mapping_quietly
@@ -150,12 +151,14 @@ def describe_change(
     destroyed: Mapping[int, str] | None = None,
     metric_keys: Mapping[str, str] | None = None,
     archive_pending: bool = False,
+    answers: Sequence[str] = (),
 ) -> str | None:
     """The commit message for going from ``old`` to ``new`` observed files, or None when nothing meaningful changed.
 
     ``archived``/``overheads`` are the archive lines this cycle appends, ``destroyed`` the boxes this cycle destroyed
     with the plan's reason, ``metric_keys`` each sweep's metric name. ``archive_pending``: archive lines from an
-    earlier cycle still wait to be committed (a commit is owed whatever else changed).
+    earlier cycle still wait to be committed (a commit is owed whatever else changed). ``answers``: this cycle's
+    answers to price increases (``answer_lines``), one line each in the message's body, counted in its first line.
     """
     destroyed = destroyed or {}
     metric_keys = metric_keys or {}
@@ -208,8 +211,31 @@ def describe_change(
         parts.append(f"foreign instances {len(foreign_before)}→{len(foreign_after)}")
     if new.get(SUGGESTIONS) is not None and new.get(SUGGESTIONS) != old.get(SUGGESTIONS):
         parts += _suggested_parts(load_mapping_quietly(old.get(SUGGESTIONS)), load_mapping_quietly(new[SUGGESTIONS]))
+    if answers:
+        parts.append(_plural(len(answers), "price increase answered", "price increases answered"))
     if not parts and archive_pending:
         parts.append("archive lines of an earlier cycle")
     if not parts and not old and any(v is not None for v in new.values()):
         parts.append("first observation")
-    return "; ".join(parts) if parts else None
+    if not parts:
+        return None
+    return "; ".join(parts) + ("\n\n" + "\n".join(answers) if answers else "")
+
+
+def answer_lines(outcomes: Iterable[Outcome]) -> list[str]:
+    """One commit-message line per price increase answered in apply: what was accepted or rejected and why (the
+    plan's reason, in the past tense), one no longer pending, or an answer that failed."""
+    lines: list[str] = []
+    for o in outcomes:
+        a = o.action
+        if not isinstance(a, AnswerPriceIncrease) or o.skipped:
+            continue
+        verb = "accept" if a.accept else "reject"
+        if o.ok and o.detail in ("accepted", "rejected"):
+            rest = a.reason[len(verb):] if a.reason.startswith(verb + " ") else f" price increase: {a.reason}"
+            lines.append(o.detail + rest)
+        elif o.ok:
+            lines.append(f"price increase {a.pending_id} on instance {a.instance_id}: {o.detail}")
+        else:
+            lines.append(f"failed to {verb} price increase {a.pending_id} on instance {a.instance_id}: {o.detail}")
+    return lines

@@ -20,6 +20,8 @@ carries a reason (a ``ReasonCode`` and a text), and what was considered and left
                queue the next ones on busy slots (the box starts them the moment a slot frees)
     boxes      destroy idle and surplus boxes
     renting    rent for what no box can take, and for min_instances, within every cap
+    price_increases  accept a host's price increase on a box held when it still fits the caps, the budget and the
+               ranking; reject it otherwise (a box this plan destroys is not answered)
     bookkeeping  pull the checkpoints that are due; close the bills of ended boxes
     wake       when to decide again, if sooner than the interval (a slot freeing while runs wait, a drain)
 
@@ -64,6 +66,7 @@ from reconciler.plan.estimate import estimate
 from reconciler.plan.forecast import forecast
 from reconciler.plan.money import Purse, budget_position
 from reconciler.plan.placement import place, without_free_gpus
+from reconciler.plan.price_increases import answer_increases
 from reconciler.plan.renting import rent_for
 from reconciler.plan.wake import wake_at
 from reconciler.plan.world import World, index_world
@@ -136,6 +139,7 @@ def plan(desired: Desired, observed: Observed, now: float) -> Plan:
         )
     decided.extend(rent_for(world, unplaced, table, budget, placement.spent, fc=fc, slots=placement.slot_free_s))
     decided.extend(box_noops(world, seen, table))
+    decided.extend(answer_increases(world, decided.actions))
     decided.extend(sync_checkpoints(world, recorded.keys | live.settled, table.destroyed))
     decided.extend(close_bills(world))
     return _finish(world, budget, decided, estimates, wake_at(world, fc, seen, table, decided.actions, waiting))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import math
 from dataclasses import dataclass, field
@@ -69,6 +70,16 @@ def fmt_duration(seconds: float) -> str:
             parts.append(f"{s // size}{unit}")
             s %= size
     return "".join(parts[:2]) or "0s"
+
+
+def fmt_utc(t: float) -> str:
+    """A moment as reasons and commit messages write it: ``2026-12-03 04:00Z`` (UTC, to the minute)."""
+    if not math.isfinite(t):
+        return "never"
+    try:
+        return dt.datetime.fromtimestamp(t, tz=dt.UTC).strftime("%Y-%m-%d %H:%MZ")
+    except (ValueError, OverflowError, OSError):
+        return f"t={t:.0f}"
 
 
 def usd_h(x: float) -> str:

@@ -5,9 +5,10 @@ learned progress rate, the archive's median, the sweep's ``expected_runtime``, o
 bound — the estimate says which); a running attempt's GPU-hours left are the forecast's (``Forecast.remaining_s``:
 its progress left at its box's learned rate, when it reports progress). Dollars are a range
 over where the work could run: every offer that passes its pool's filters under the pool's per-box price cap
-(``offers.box_cap_dph``), and the pool's boxes held, each at its $/h per GPU with the runtime scaled by its
-DLPerf. The ETA assumes the sweep has its pool to itself at its full size (``max_instances`` boxes like the
-best-ranked offer, or the boxes held).
+(``offers.box_cap_dph``), and the pool's boxes held, each at its $/h per GPU (the dearest it bills from now on:
+an increase this fleet accepted counts, ``contract.rate_from``) with the runtime scaled by its DLPerf. The ETA
+assumes the sweep has its pool to itself at its full size (``max_instances`` boxes like the best-ranked offer, or
+the boxes held).
 What the budget leaves after the work is the tightest cap's remaining minus the range; a warning says so when
 the work does not fit.
 """
@@ -19,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from reconciler.actions import SweepEstimate
+from reconciler.contract import rate_from
 from reconciler.model import Pool, RunSpec
 from reconciler.offers import box_cap_dph, normalize_gpu_name
 from reconciler.plan.attempts import LiveVerdicts, RunQueue
@@ -70,7 +72,9 @@ def market_places(world: World) -> dict[str, list[Place]]:
         offers = [o for o in world.pool_offers.get(name, ()) if o.dph_total <= limit]
         held = [b.inst for b in world.boxes.values() if b.pool == name]
         out[name] = [(o.dph_total, o.num_gpus, o.gpu_name) for o in offers]
-        out[name] += [(i.dph_total, i.num_gpus, i.gpu_name) for i in held]
+        # a box held is priced at the dearest rate it bills from now on: an accepted increase ahead counts
+        accepted = world.observed.memory.accepted_increases
+        out[name] += [(rate_from(i, world.now, accepted), i.num_gpus, i.gpu_name) for i in held]
     return out
 
 

@@ -2,9 +2,10 @@
 
 Caps hold before the fact. The *horizon* is the time until rigsync decides again (its cycle plus the time a
 destroy takes to stop the billing, ``Observed.cycle_s``); the *headroom* is what the tightest cap (daily or
-total) leaves after the boxes held now have billed to that horizon. Every launch must fit in the headroom with
-its share of its box up to the run's expected runtime, and every rent with the new box's $/h to the horizon
-plus the launch it is rented for; what has been committed earlier in the same plan counts. Rents must also fit
+total) leaves after the boxes held now have billed to that horizon (at the rates that apply: an increase this
+fleet accepted bills its new rate from its ``applies_at``, ``reconciler.contract``). Every launch must fit in the
+headroom with its share of its box up to the run's expected runtime, and every rent with the new box's $/h to the
+horizon plus the launch it is rented for; what has been committed earlier in the same plan counts. Rents must also fit
 the account's credit (a Vast account at zero credit stops its boxes, which then bill storage).
 
 When the headroom is gone (the boxes held would pass a cap before the next decision), every box is destroyed
@@ -30,7 +31,8 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from reconciler.model import AttemptOutcome, Desired, Observed, OnExceed, RunSpec, Sweep
+from reconciler.contract import cost_between, mean_rate, rate_from
+from reconciler.model import AttemptOutcome, Desired, Observed, OnExceed, PriceIncrease, RunSpec, Sweep
 from reconciler.offers import box_cap_dph, normalize_gpu_name
 from reconciler.plan.attempts import Recorded, plan_tallies
 from reconciler.plan.common import cap, fmt_duration, usd
@@ -263,7 +265,10 @@ def budget_position(world: World, recorded: Recorded, wanted: frozenset[str]) ->
     """The purse for this plan: runtimes from the archive, the fleet's $/h now, and the cheapest new work."""
     desired, observed = world.desired, world.observed
     runtimes = sweep_runtimes(desired, observed, world.gpu_dlperf, world.rates)
-    fleet_dph = sum(b.inst.dph_total for b in world.boxes.values())
+    accepted = observed.memory.accepted_increases
+    horizon_end = world.now + max(0.0, observed.cycle_s)
+    # what the boxes bill to the next decision, at the rates that apply (an accepted increase from its applies_at)
+    fleet_dph = sum(mean_rate(b.inst, world.now, horizon_end, accepted) for b in world.boxes.values())
     waiting: list[RunSpec] = []
     prices: dict[str, list[float]] = {}
     b = desired.budget
@@ -277,6 +282,32 @@ def budget_position(world: World, recorded: Recorded, wanted: frozenset[str]) ->
             limit = box_cap_dph(pool, b)
             boxes = [box.inst for box in world.boxes.values() if box.pool == name]
             offers = [o for o in world.pool_offers.get(name, ()) if o.dph_total <= limit]
-            prices[name] = [i.dph_total / i.num_gpus for i in boxes if i.num_gpus > 0]
+            prices[name] = [rate_from(i, world.now, accepted) / i.num_gpus for i in boxes if i.num_gpus > 0]
             prices[name] += [o.dph_total / o.num_gpus for o in offers if o.num_gpus > 0]
     return purse(desired, observed, fleet_dph, runtimes, waiting, prices)
+
+
+DAY_S = 86400.0
+
+
+def left_at(world: World, at: float, accepted: Iterable[PriceIncrease]) -> tuple[float, str]:
+    """What the tightest of the daily and total caps will leave at ``at`` (inf: neither is set), once the boxes held
+    have billed until then at the rates that apply (``accepted``), with that cap's figures. The daily cap counts the
+    UTC day ``at`` falls in: today's spend when it is today, else only what the boxes bill that day before ``at``."""
+    b = world.desired.budget
+    spend = world.observed.memory.spend
+    now = world.now
+    boxes = [box.inst for box in world.boxes.values()]
+    until = sum(cost_between(i, now, at, accepted) for i in boxes)
+    left: list[tuple[float, str]] = []
+    if b.daily_usd is not None:
+        daily = cap(b.daily_usd)
+        day0 = at // DAY_S * DAY_S
+        today = now >= day0
+        used = spend.today_usd + until if today else sum(cost_between(i, day0, at, accepted) for i in boxes)
+        left.append((daily - used, f"daily_usd {usd(daily)} ({usd(used)} spent that day by then)"))
+    if b.total_usd is not None:
+        total = cap(b.total_usd)
+        used = spend.total_usd + until
+        left.append((total - used, f"total_usd {usd(total)} ({usd(used)} spent by then)"))
+    return min(left, default=(math.inf, "no daily or total cap"))

@@ -47,6 +47,9 @@ ACTION_FIELDS = (
     "pid",
     "pid_started",
     "queued",
+    "pending_id",
+    "accept",
+    "new_dph",
 )
 
 
