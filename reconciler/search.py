@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from decimal import Decimal
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -79,7 +80,11 @@ def stable_float(x: float) -> float:
 
 
 def _multiple(k: int, q: float) -> float:
-    return stable_float(k * q)
+    """``k * q`` as stable text: rounded to the decimals ``q`` is written with (six significant digits would merge
+    neighbouring multiples past 1e6 quanta, and push a bound's multiple outside the range)."""
+    exponent = Decimal(repr(float(q))).as_tuple().exponent
+    decimals = -exponent if isinstance(exponent, int) and exponent < 0 else 0
+    return round(k * q, decimals)
 
 
 def quantum_bounds(param: SearchParam) -> tuple[int, int]:

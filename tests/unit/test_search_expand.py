@@ -8,9 +8,10 @@ import shutil
 import subprocess
 import sys
 from dataclasses import replace
+from decimal import Decimal
 from pathlib import Path
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from reconciler import search
@@ -182,7 +183,10 @@ def _check_value(param: SearchParam, v: object) -> None:
         assert math.isclose(k, round(k), rel_tol=1e-6, abs_tol=1e-6)
         assert isinstance(v, int) == float(param.q).is_integer()
     if isinstance(v, float) and v not in (param.min, param.max):
-        assert float(f"{v:.6g}") == v  # stable text: 6 significant digits (or a bound as written)
+        if param.q is not None:  # stable text: the decimals q is written with
+            assert float(f"{v:.{max(0, -Decimal(repr(param.q)).as_tuple().exponent)}f}") == v  # type: ignore[operator]
+        else:  # stable text: 6 significant digits (or a bound as written)
+            assert float(f"{v:.6g}") == v
 
 
 @settings(max_examples=15, deadline=None)
@@ -203,6 +207,7 @@ def test_suggestions_are_a_deterministic_function_of_the_block_and_stay_in_their
 
 
 @settings(max_examples=40, deadline=None)
+@example(raw=5000.0, lo=0.828125, width=1000.0, q=0.001)  # six significant digits pushed k*q past max
 @given(
     raw=st.floats(-1e6, 1e6),
     lo=st.floats(-100, 100),
