@@ -538,6 +538,10 @@ class Endpoint:
     host: str
     port: int
     user: str = ""  # who to log in as ("": rigsync's box user, root); set for the lab's own machines
+    # The name the box's SSH host key is pinned under ("": the address). A rented box's is its instance (one pin
+    # for its direct and proxy addresses; boxes behind one proxy host, or a box's successor at a reused port, never
+    # share one); OpenSSH's HostKeyAlias.
+    host_key_alias: str = ""
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,18 @@ whatever it prints, the controller's memory stays flat: the channel's window is 
 so paramiko never buffers much past it.
 
 Host keys are pinned trust-on-first-use into rigsync's own ``known_hosts`` file; a different key later is refused
-with ``HostKeyMismatch``, never accepted silently. ``forget(endpoint)`` drops both the pooled connection and the
-pin, and is meant for a box that was destroyed: providers hand the same address to the next rental.
+with ``HostKeyMismatch``, never accepted silently. A pin's name is the endpoint's ``host_key_alias`` when it has
+one (a rented box: its instance, so its direct and proxy addresses must show one key, and two boxes behind one
+proxy host, or a destroyed box and the next rental at its reused port, never share a pin), else its address
+(``[host]:port``, the lab's own machines). ``forget(endpoint)`` drops the pooled connection and the pin (and an
+address pin left from before aliases), and is meant for a box that was destroyed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import select
 import socket
 import threading
@@ -46,6 +50,7 @@ T = TypeVar("T")
 KEY_FILE = "id_ed25519"
 KEY_COMMENT = "rigsync"
 BOX_USER = "root"  # who rigsync is on a box
+_ALIAS_OK = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 def ensure_keypair(directory: Path) -> tuple[Path, str]:
@@ -76,8 +81,13 @@ def ensure_keypair(directory: Path) -> tuple[Path, str]:
     return path, line
 
 
-def _host_id(endpoint: Endpoint) -> str:
+def _address_id(endpoint: Endpoint) -> str:
     return endpoint.host if endpoint.port == 22 else f"[{endpoint.host}]:{endpoint.port}"
+
+
+def _host_id(endpoint: Endpoint) -> str:
+    """The name ``endpoint``'s host key is pinned under (OpenSSH's known_hosts host field)."""
+    return endpoint.host_key_alias or _address_id(endpoint)
 
 
 class _Deadline:
@@ -203,9 +213,12 @@ class SshShell:
         if conn is not None:
             conn.close()
         with self._keys_lock:
-            hid = _host_id(endpoint)
-            if hid in self._host_keys:
-                del self._host_keys[hid]
+            dropped = False
+            for hid in {_host_id(endpoint), _address_id(endpoint)}:
+                if hid in self._host_keys:
+                    del self._host_keys[hid]
+                    dropped = True
+            if dropped:
                 self._save_host_keys()
 
     def close(self) -> None:
@@ -337,9 +350,10 @@ class SshShell:
                 return
             known = pinned.get(key.get_name())
             if known is None or known != key:
+                pinned_as = f" for {hid}" if endpoint.host_key_alias else ""
                 raise HostKeyMismatch(
                     f"{endpoint.host}:{endpoint.port}: host key {key.get_name()} {key.fingerprint} does not match "
-                    f"the one pinned in {self._known_hosts_path}; refusing to connect"
+                    f"the one pinned{pinned_as} in {self._known_hosts_path}; refusing to connect"
                 )
 
     def _save_host_keys(self) -> None:
@@ -428,10 +442,14 @@ def openssh_argv(endpoint: Endpoint, *, private_key: Path, known_hosts: Path, us
     key pinned in rigsync's ``known_hosts``.
 
     ``SshShell`` saves its pins with paramiko in the OpenSSH format, plain host names, ``[host]:port`` for a port
-    other than 22, which is how OpenSSH looks a host up: so ``StrictHostKeyChecking=yes`` against that file accepts
-    exactly the pinned key and refuses any other (and never adds one). The system-wide known hosts and the agent's
-    keys play no part.
+    other than 22, which is how OpenSSH looks a host up (or the endpoint's ``host_key_alias``, which OpenSSH's
+    ``HostKeyAlias`` looks up instead): so ``StrictHostKeyChecking=yes`` against that file accepts exactly the
+    pinned key and refuses any other (and never adds one). The system-wide known hosts and the agent's keys play no
+    part.
     """
+    if endpoint.host_key_alias and not _ALIAS_OK.fullmatch(endpoint.host_key_alias):
+        raise ShellError(f"{endpoint.host_key_alias!r}: not a host key alias ssh can be given")
+    alias = ["-o", f"HostKeyAlias={endpoint.host_key_alias}"] if endpoint.host_key_alias else []
     return [
         "ssh",
         "-i", str(private_key),
@@ -440,6 +458,7 @@ def openssh_argv(endpoint: Endpoint, *, private_key: Path, known_hosts: Path, us
         "-o", "GlobalKnownHostsFile=/dev/null",
         "-o", "StrictHostKeyChecking=yes",
         "-o", "UpdateHostKeys=no",
+        *alias,
         "-p", str(endpoint.port),
         f"{user or endpoint.user or BOX_USER}@{endpoint.host}",
     ]

@@ -29,7 +29,10 @@ SSH addresses (the "port off by one" quirk): the direct address is ``public_ipad
 ``22/tcp``, used whenever present because it is the box's real sshd. The proxy address is ``ssh_host:ssh_port``,
 plus one when ``image_runtype`` contains ``jupyter``, as the vastai CLI's ``ssh-url`` does (the API reports the
 port one below the real sshd for those runtypes); the SDK's ``ssh_url()`` never adds one and is not used.
-rigsync rents with ``runtype="ssh_direc ssh_proxy"`` so its own boxes have a direct address.
+rigsync rents with ``runtype="ssh_direc ssh_proxy"`` so its own boxes have a direct address when the offer has
+direct ports; without one the box is reached through the proxy. Both addresses carry the instance as the name
+its host key is pinned under (``Endpoint.host_key_alias``): behind one proxy host boxes differ by port only, and a
+destroyed box's port goes to the next rental.
 """
 
 from __future__ import annotations
@@ -184,6 +187,11 @@ def _ssh_22_port(rec: dict[str, Any]) -> int | None:
     return port if 0 < port < 65536 else None
 
 
+def instance_host_key_alias(instance_id: int) -> str:
+    """The name a rented box's host key is pinned under: its instance, whichever address reaches it."""
+    return f"vast-instance-{instance_id}"
+
+
 def instance_from_record(rec: dict[str, Any]) -> Instance:
     """One row of the instance list as a ``model.Instance`` (status folded, SSH addresses resolved)."""
     status_raw = rec.get("actual_status")
@@ -192,15 +200,16 @@ def instance_from_record(rec: dict[str, Any]) -> Instance:
     else:
         status = _STATUS.get(str(status_raw).lower(), InstanceStatus.UNKNOWN)
     direct = None
+    alias = instance_host_key_alias(_i(rec, "id"))
     ip, port = _s(rec, "public_ipaddr"), _ssh_22_port(rec)
     if ip and port:
-        direct = Endpoint(host=ip, port=port)
+        direct = Endpoint(host=ip, port=port, host_key_alias=alias)
     proxy = None
     ssh_host, ssh_port = _s(rec, "ssh_host"), _i(rec, "ssh_port")
     if ssh_host and ssh_port > 0:
         if "jupyter" in _s(rec, "image_runtype"):
             ssh_port += 1
-        proxy = Endpoint(host=ssh_host, port=ssh_port)
+        proxy = Endpoint(host=ssh_host, port=ssh_port, host_key_alias=alias)
     label = rec.get("label")
     return Instance(
         id=_i(rec, "id"),

@@ -23,9 +23,13 @@ from types import TracebackType
 from typing import Any
 
 from reconciler.emulator.errors import ApiError
-from reconciler.emulator.hosts import AddressPool, Box, BoxSpec, GpuSpec, Spawner, preflight
+from reconciler.emulator.hosts import AddressPool, Box, BoxSpec, Forwarder, GpuSpec, ProxyHost, Spawner, preflight
 from reconciler.emulator.ledger import Charge, Ledger
 from reconciler.emulator.market import Market, price, speed_factor
+
+# What a create without a ``runtype`` gets (the SDK leaves it out unless asked; the backend picks): SSH with a direct
+# port when the offer has one, and the proxy.
+DEFAULT_RUNTYPE = "ssh_direc ssh_proxy"
 
 
 @dataclass
@@ -51,6 +55,9 @@ class Instance:
     ssh_keys: list[str] = field(default_factory=list)
     end_date: float | None = None  # the contract's end (the offer's at rent; an accepted increase moves it)
     contract_ended: bool = False  # it has: processes dead, listed exited, the GPU part no longer billed
+    runtype: str = DEFAULT_RUNTYPE  # the record's ``image_runtype``, as the create asked (or ``set_runtype`` forced)
+    proxy_port: int = 0  # the forwarder's port on the shared proxy address (the sshd behind it)
+    forwarder: Forwarder | None = None  # None while the box is down
 
 
 @dataclass
@@ -102,6 +109,8 @@ class Emulator:
         credit: float = 1000.0,
         clock: Callable[[], float] | None = None,
         contract_s: tuple[float, float] | None = None,
+        ssh_shapes: str = "direct",
+        reuse_proxy_ports: bool = False,
     ) -> None:
         # The wall clock of the emulated world (start dates, billing, charges); tests move it to cross a UTC
         # midnight without waiting for one. Boot delays and timeouts still run on the monotonic clock.
@@ -113,9 +122,12 @@ class Emulator:
         self._state_dir_arg = state_dir
         self.state_dir = Path(state_dir) if state_dir is not None else Path("/nonexistent")
         # contract_s=(lo, hi): every offer's contract ends lo..hi seconds from now (tests need short ones)
-        self.market = Market(seed=seed, n=offers, clock=self.clock, contract_s=contract_s)
+        self.market = Market(seed=seed, n=offers, clock=self.clock, contract_s=contract_s, ssh_shapes=ssh_shapes)
         self.ledger = Ledger(clock=self.clock, credit=credit)
         self._pool = AddressPool(host_prefix)
+        # The shared SSH proxy host: the prefix's .1, which the address pool never hands to a box.
+        self.proxy = ProxyHost(f"{host_prefix}.1", reuse_ports=reuse_proxy_ports)
+        self._runtype_override: str | None = None
         self._lock = threading.RLock()
         self._instances: dict[int, Instance] = {}
         self._boxes: list[Box] = []
@@ -168,6 +180,8 @@ class Emulator:
         with self._lock:
             for box in self._boxes:
                 box.kill()
+            for inst in self._instances.values():
+                self._close_forwarder(inst)
             self._instances.clear()
         if self._spawner is not None:
             self._spawner.close()
@@ -334,7 +348,12 @@ class Emulator:
                 priced["dph_total"] = round(bid + disk_hour, 6)
             iid = self._next_id
             self._next_id += 1
-            ip, proxy, direct = self._pool.take()
+            ip, inner, direct = self._pool.take()
+            runtype = self._runtype_override or str(body.get("runtype") or DEFAULT_RUNTYPE)
+            if "ssh_direc" not in runtype.split() or int(offer.get("direct_port_count") or 0) <= 0:
+                direct_port: int | None = None
+            else:
+                direct_port = direct
             api_key = secrets.token_hex(32)
             gpus = [
                 GpuSpec(offer["gpu_name"], int(offer["gpu_ram"]),
@@ -349,7 +368,7 @@ class Emulator:
                 "VAST_URL": self.url,
                 "EMULATOR_SPEED_FACTOR": f"{speed_factor(offer['gpu_name']):g}",
             }
-            spec = BoxSpec(iid, ip, proxy, direct, gpus, box_env, str(body.get("onstart") or ""), self.boot_delay,
+            spec = BoxSpec(iid, ip, inner, direct_port, gpus, box_env, str(body.get("onstart") or ""), self.boot_delay,
                            speed_factor(offer["gpu_name"]))
             box = Box(spec, self.state_dir / "boxes" / str(iid))
             keys = [k["public_key"] for k in self._account_keys.values()]
@@ -358,7 +377,7 @@ class Emulator:
                 disk=disk, env=env, onstart=spec.onstart, is_bid=bid is not None,
                 dph_total=float(priced["dph_total"]),
                 storage_per_hour=float(offer["storage_cost"]) * disk / (30 * 24),
-                api_key=api_key, start_date=self.clock(), ssh_keys=keys,
+                api_key=api_key, start_date=self.clock(), ssh_keys=keys, runtype=runtype,
                 end_date=float(offer["end_date"]) if offer.get("end_date") is not None else None,
             )
             if self._never_boot_next:
@@ -379,13 +398,23 @@ class Emulator:
         assert self._spawner is not None
         inst.box.prepare(inst.ssh_keys)
         inst.box.start(self._spawner)
+        if inst.forwarder is None:
+            inst.forwarder = self.proxy.open((inst.box.spec.ip, inst.box.spec.inner_port), inst.proxy_port or None,
+                                             hold_below="jupyter" in inst.runtype)
+            inst.proxy_port = inst.forwarder.port
         inst.actual_status = "loading"
         inst.cur_state = "running"
         inst.status_msg = f"Pulling image {inst.image}"
         inst.running_since = None
 
+    def _close_forwarder(self, inst: Instance) -> None:
+        if inst.forwarder is not None:
+            inst.forwarder.close()
+            inst.forwarder = None
+
     def _set_down(self, inst: Instance, actual: str, intended: str, msg: str) -> None:
         inst.box.kill()
+        self._close_forwarder(inst)
         inst.actual_status = actual
         inst.intended_status = intended
         inst.cur_state = "stopped"
@@ -398,6 +427,9 @@ class Emulator:
             inst = self._get(instance_id)
             inst.box.remove()
             inst.box.dead = True
+            self._close_forwarder(inst)
+            if inst.proxy_port:
+                self.proxy.release(inst.proxy_port)
             del self._instances[instance_id]
             self.market.release(int(inst.offer["id"]))
             self.ledger.set_rate(instance_id, 0.0)
@@ -548,6 +580,13 @@ class Emulator:
                     return int(rule[2])
             self._fail_rules = [r for r in self._fail_rules if r[1] > 0]
         return None
+
+    def set_runtype(self, runtype: str | None) -> None:
+        """Every following create gets ``runtype`` instead of the one it asked for (None: as asked), as a template
+        that sets it would: e.g. ``"jupyter ssh_proxy"`` makes rigsync's next boxes proxy-only jupyter boxes."""
+        with self._lock:
+            self._runtype_override = runtype or None
+            self.ledger.log("set_runtype", None, runtype=runtype)
 
     def set_latency(self, seconds: float) -> None:
         self.latency = max(0.0, float(seconds))
@@ -711,18 +750,21 @@ class Emulator:
         now = self.clock()
         uptime = (now - inst.running_since) / 60 if inst.running_since else 0.0
         env_pairs = [[k, v] for k, v in inst.env.items()]
+        direct = s.direct_port
+        # The jupyter quirk: the API reports the proxy port one below the sshd behind it (the CLI adds one back).
+        ssh_port = inst.proxy_port - 1 if "jupyter" in inst.runtype else inst.proxy_port
         return {
             "id": inst.id, "machine_id": o["machine_id"], "host_id": o["host_id"], "bundle_id": o["bundle_id"],
             "actual_status": inst.actual_status, "intended_status": inst.intended_status,
             "cur_state": inst.cur_state, "next_state": inst.intended_status, "status_msg": inst.status_msg,
             "label": inst.label or None, "template_id": None, "template_hash_id": None, "template_name": None,
-            "image_uuid": inst.image, "image_args": [], "image_runtype": "ssh_direc ssh_proxy",
+            "image_uuid": inst.image, "image_args": [], "image_runtype": inst.runtype,
             "extra_env": env_pairs, "onstart": inst.onstart, "jupyter_token": hashlib.sha256(
                 inst.api_key.encode()).hexdigest(),
-            "public_ipaddr": s.ip, "local_ipaddrs": f"{s.ip}\n", "ssh_host": s.ip, "ssh_idx": "0",
-            "ssh_port": s.proxy_port, "machine_dir_ssh_port": s.direct_port,
-            "direct_port_count": 1, "direct_port_start": s.direct_port, "direct_port_end": s.direct_port,
-            "ports": {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(s.direct_port)}]},
+            "public_ipaddr": s.ip, "local_ipaddrs": f"{s.ip}\n", "ssh_host": self.proxy.ip, "ssh_idx": "0",
+            "ssh_port": ssh_port, "machine_dir_ssh_port": direct,
+            "direct_port_count": 1 if direct else 0, "direct_port_start": direct or -1, "direct_port_end": direct or -1,
+            "ports": {"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(direct)}]} if direct else {},
             "static_ip": o["static_ip"], "geolocation": o["geolocation"], "verification": o["verification"],
             "rentable": True, "hosting_type": o["hosting_type"], "external": o["external"],
             "start_date": inst.start_date, "end_date": inst.end_date,
@@ -767,8 +809,9 @@ class Emulator:
         with self._lock:
             boxes = {
                 str(i.id): {"status": i.actual_status, "hung": i.box.hung, "ip": i.box.spec.ip,
-                            "proxy_port": i.box.spec.proxy_port, "direct_port": i.box.spec.direct_port,
-                            "root": str(i.box.root), "end_date": i.end_date}
+                            "proxy_host": self.proxy.ip, "proxy_port": i.proxy_port,
+                            "direct_port": i.box.spec.direct_port, "runtype": i.runtype, "root": str(i.box.root),
+                            "end_date": i.end_date}
                 for i in self._instances.values()
             }
         return {"url": self.url, "instances": boxes, "latency": self.latency, "churn_rate_per_hour": self._churn_rate,

@@ -2,9 +2,12 @@
 
 rigsync's SSH adapter, its run protocol and its failure handling must be proven against real sshd processes,
 not mocks. Each box gets a directory on disk (its ``/root`` and ``/usr/local/bin`` are bind-mounted from it inside
-the namespace), its own loopback address and two ports (the "proxy" and the "direct" address of the real
-service). Killing the namespace's PID 1 makes the box vanish with everything it started (``nohup``/``setsid``
-jobs included); SIGSTOP on every process of the namespace makes it hang.
+the namespace), its own loopback address, on which its sshd listens on an inner port (what the proxy forwards to)
+and, for a direct-port instance, on the direct port (``ports["22/tcp"]`` on ``public_ipaddr``). The proxy is one
+shared loopback address (``ProxyHost``, the emulator's ``ssh1.vast.ai``) with one forwarding listener per instance
+(``Forwarder``) on a port of its own: several boxes behind one host, told apart by port only, as on Vast.
+Killing the namespace's PID 1 makes the box vanish with everything it started (``nohup``/``setsid`` jobs
+included); SIGSTOP on every process of the namespace makes it hang.
 
 A box boots as a Vast container does: from a clean environment plus its instance's variables (``CONTAINER_ID``,
 ``CONTAINER_API_KEY``, the ``env`` it was rented with), it runs the instance's ``onstart`` detached (``setsid``,
@@ -23,6 +26,7 @@ import ctypes
 import json
 import os
 import queue
+import select
 import shlex
 import shutil
 import signal
@@ -116,8 +120,8 @@ class GpuSpec:
 class BoxSpec:
     instance_id: int
     ip: str
-    proxy_port: int
-    direct_port: int
+    inner_port: int  # where the box's sshd listens for the proxy's forwarder (on its own address)
+    direct_port: int | None  # ``ports["22/tcp"]`` on ``ip``; None: a proxy-only instance
     gpus: list[GpuSpec]
     env: dict[str, str] = field(default_factory=dict)
     onstart: str = ""
@@ -236,7 +240,7 @@ class Box:
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline:
             now = _sockets(init)
-            if now and not (now & before) and banner_ok(self.spec.ip, self.spec.direct_port):
+            if now and not (now & before) and banner_ok(self.spec.ip, self.spec.inner_port):
                 return
             time.sleep(0.02)
 
@@ -258,9 +262,10 @@ class Box:
     def _write_sshd_config(self) -> None:
         s = self.spec
         setenv = " ".join(f'"{k}={v}"' for k, v in self._env_items())
-        lines = [
-            f"ListenAddress {s.ip}:{s.proxy_port}",
-            f"ListenAddress {s.ip}:{s.direct_port}",
+        lines = [f"ListenAddress {s.ip}:{s.inner_port}"]
+        if s.direct_port is not None:
+            lines.append(f"ListenAddress {s.ip}:{s.direct_port}")
+        lines += [
             f"HostKey {self.dir / 'ssh_host_ed25519_key'}",
             "PidFile none",
             "AuthorizedKeysFile .ssh/authorized_keys",
@@ -350,7 +355,8 @@ class Box:
 
     def booted(self) -> bool:
         s = self.spec
-        return self.running_process() and banner_ok(s.ip, s.proxy_port) and banner_ok(s.ip, s.direct_port)
+        ports = [s.inner_port] + ([s.direct_port] if s.direct_port is not None else [])
+        return self.running_process() and all(banner_ok(s.ip, p) for p in ports)
 
     def running_process(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -410,7 +416,7 @@ class Box:
 
 
 class AddressPool:
-    """Hands out loopback addresses and port pairs that nothing else on the machine is using.
+    """Hands out loopback addresses and port pairs (inner, direct) that nothing else on the machine is using.
 
     Several emulators may run at once (parallel test sessions), so every pick is checked with a bind probe.
     """
@@ -436,7 +442,177 @@ class AddressPool:
                 self._port += 1
                 if self._port > 60000:
                     self._port = 20000
-                proxy, direct = self._port, self._port + 1000
-                if _port_free(ip, proxy) and _port_free(ip, direct):
-                    return ip, proxy, direct
+                inner, direct = self._port, self._port + 1000
+                if _port_free(ip, inner) and _port_free(ip, direct):
+                    return ip, inner, direct
         raise RuntimeError("no free loopback address/port pair")
+
+
+class Forwarder:
+    """One proxy port: a listener on the shared proxy address that pipes each connection to one box's sshd.
+
+    One thread accepts; each connection gets one thread that copies both ways. A box that is down refuses the
+    backend connect, so the client's connection is closed at once; a hung box (SIGSTOP) still completes TCP in the
+    kernel and never answers, so the client times out as behind a partition. ``close`` stops the listener and
+    every connection it carries (the box was destroyed, stopped or vanished).
+    """
+
+    def __init__(self, listener: socket.socket, target: tuple[str, int], held: socket.socket | None = None) -> None:
+        self.port = int(listener.getsockname()[1])
+        self.target = target
+        self._listener = listener
+        self._held = held  # the port below, bound and never listening (a jupyter instance's reported ssh_port)
+        self._lock = threading.Lock()
+        self._conns: set[socket.socket] = set()
+        self._closed = False
+        self._thread = threading.Thread(target=self._accept_loop, name=f"emulator-proxy-{self.port}", daemon=True)
+        self._thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                ready, _, _ = select.select([self._listener], [], [], 0.2)
+                if not ready:
+                    continue
+                client, _ = self._listener.accept()
+            except (OSError, ValueError):
+                return
+            threading.Thread(target=self._serve, args=(client,), name=f"emulator-proxy-{self.port}-conn",
+                             daemon=True).start()
+
+    def _track(self, *socks: socket.socket) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self._conns.update(socks)
+            return True
+
+    def _serve(self, client: socket.socket) -> None:
+        backend: socket.socket | None = None
+        try:
+            if not self._track(client):
+                return
+            try:
+                backend = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                return  # the box is down: the client sees its connection closed
+            backend.settimeout(None)
+            if not self._track(backend):
+                return
+            _pipe(client, backend)
+        finally:
+            for sock in (client, backend):
+                if sock is not None:
+                    with self._lock:
+                        self._conns.discard(sock)
+                    with contextlib.suppress(OSError):
+                        sock.close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            conns, self._conns = list(self._conns), set()
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        if self._held is not None:
+            self._held.close()
+        for sock in conns:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        self._thread.join(timeout=2)
+
+
+def _pipe(a: socket.socket, b: socket.socket) -> None:
+    """Copy bytes both ways until either side closes (a half-close is passed on)."""
+    peer = {a: b, b: a}
+    open_ends = {a, b}
+    while open_ends:
+        try:
+            ready, _, _ = select.select(list(open_ends), [], [])
+        except (OSError, ValueError):
+            return
+        for sock in ready:
+            try:
+                data = sock.recv(1 << 16)
+            except OSError:
+                return
+            if not data:
+                open_ends.discard(sock)
+                try:
+                    peer[sock].shutdown(socket.SHUT_WR)
+                except OSError:
+                    return
+                continue
+            try:
+                peer[sock].sendall(data)
+            except OSError:
+                return
+
+
+class ProxyHost:
+    """The emulator's shared SSH proxy host (``ssh_host`` of every instance): one loopback address, one port each.
+
+    Ports are picked with a real bind (several emulators may share the address). With ``reuse_ports`` a port freed
+    by a destroyed instance is handed to the next one first, as Vast's proxies recycle theirs: a client that pinned
+    a host key by address alone would then meet another box's key at the same ``host:port``.
+    """
+
+    def __init__(self, ip: str, *, reuse_ports: bool = False, rng_seed: int | None = None) -> None:
+        self.ip = ip
+        self.reuse_ports = reuse_ports
+        self._lock = threading.Lock()
+        self._freed: list[int] = []
+        seed = rng_seed if rng_seed is not None else int.from_bytes(os.urandom(4), "big")
+        self._next = 30000 + seed % 20000
+
+    def _bind(self, port: int, *, listen: bool = True) -> socket.socket | None:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((self.ip, port))
+            if listen:
+                s.listen(128)
+        except OSError:
+            s.close()
+            return None
+        return s
+
+    def _try(self, port: int, target: tuple[str, int], hold_below: bool) -> Forwarder | None:
+        held = None
+        if hold_below:
+            held = self._bind(port - 1, listen=False)
+            if held is None:
+                return None
+        listener = self._bind(port)
+        if listener is None:
+            if held is not None:
+                held.close()
+            return None
+        return Forwarder(listener, target, held)
+
+    def open(self, target: tuple[str, int], port: int | None = None, *, hold_below: bool = False) -> Forwarder:
+        """A forwarder to ``target`` on ``port`` if given and free, else on a freed port (``reuse_ports``), else on
+        a new one. ``hold_below`` also takes the port below (a jupyter instance reports that one as its
+        ``ssh_port``), so no other instance is listed there."""
+        with self._lock:
+            candidates: list[int] = [port] if port is not None else []
+            if self.reuse_ports:
+                candidates += reversed(self._freed)
+            for p in candidates:
+                fwd = self._try(p, target, hold_below)
+                if fwd is not None:
+                    if p in self._freed:
+                        self._freed.remove(p)
+                    return fwd
+            for _ in range(40000):
+                self._next = self._next + 2 if self._next < 60000 else 20001
+                fwd = self._try(self._next, target, hold_below)
+                if fwd is not None:
+                    return fwd
+        raise RuntimeError(f"no free port on the proxy address {self.ip}")
+
+    def release(self, port: int) -> None:
+        """The port's instance was destroyed: the port may go to the next rental (``reuse_ports``)."""
+        with self._lock:
+            if port not in self._freed:
+                self._freed.append(port)

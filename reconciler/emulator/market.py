@@ -75,6 +75,20 @@ def speed_factor(gpu_name: str) -> float:
     return card.speed if card else 1.0
 
 
+SSH_SHAPES = ("direct", "offers", "proxy")
+
+
+def direct_port_count(drawn: int, ssh_shapes: str) -> int:
+    """An offer's ``direct_port_count`` under the emulator's ``ssh_shapes``: ``direct`` (every offer has direct
+    ports, so a rent asking for ``ssh_direc`` always gets one), ``offers`` (as drawn: a quarter have none and rent
+    proxy-only), ``proxy`` (none has any)."""
+    if ssh_shapes not in SSH_SHAPES:
+        raise ValueError(f"ssh_shapes must be one of {', '.join(SSH_SHAPES)}, got {ssh_shapes!r}")
+    if ssh_shapes == "proxy":
+        return 0
+    return (drawn or 20) if ssh_shapes == "direct" else drawn
+
+
 def _generate(rng: random.Random, n: int, now: float) -> list[dict[str, Any]]:
     offers: list[dict[str, Any]] = []
     weights = [c.weight for c in CARDS]
@@ -268,12 +282,15 @@ class Market:
         *,
         clock: Callable[[], float] | None = None,
         contract_s: tuple[float, float] | None = None,
+        ssh_shapes: str = "direct",
     ) -> None:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._clock: Callable[[], float] = clock or time.time
         start = self._clock() if now is None else now
         self._offers: dict[int, dict[str, Any]] = {o["id"]: o for o in _generate(self._rng, n, start)}
+        for o in self._offers.values():
+            o["direct_port_count"] = direct_port_count(int(o["direct_port_count"]), ssh_shapes)
         self._rented: set[int] = set()
         if contract_s is not None:
             self.set_contracts(contract_s[0], contract_s[1], seed=seed, now=start)

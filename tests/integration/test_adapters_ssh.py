@@ -11,7 +11,7 @@ import pytest
 from gitutil import git
 
 from reconciler import remote
-from reconciler.adapters.ssh import SshShell, ensure_keypair
+from reconciler.adapters.ssh import SshShell, _host_id, ensure_keypair
 from reconciler.adapters.vast import VastProvider
 from reconciler.emulator import Emulator
 from reconciler.emulator.testing import KeyPair
@@ -106,10 +106,10 @@ def test_host_key_is_pinned_and_a_changed_key_refused(
         s.run(a, "true")
         s.run(b, "true")
     text = kh.read_text()
-    assert f"[{a.host}]:{a.port}" in text and "ssh-ed25519" in text
+    assert f"{_host_id(a)} ssh-ed25519 " in text and _host_id(a) == f"vast-instance-{boxes[0].id}"
     # Box a's address now presents box b's key (as if the box behind the address changed).
     lines = {line.split()[0]: line.split(None, 1)[1] for line in text.splitlines()}
-    lines[f"[{a.host}]:{a.port}"] = lines[f"[{b.host}]:{b.port}"]
+    lines[_host_id(a)] = lines[_host_id(b)]
     kh.write_text("".join(f"{h} {rest}\n" for h, rest in lines.items()))
     with SshShell(private_key=ssh_keypair.private_path, known_hosts=kh) as s:
         with pytest.raises(HostKeyMismatch):

@@ -55,7 +55,8 @@ def test_a_provider_ssh_pool_runs_a_sweep_on_a_machine_rigsync_never_rents_or_de
     rec = open_reconciler(repo, desired, str(tmp_path / "state"), emulator.url)
     client = VastAI(api_key=emulator.api_key, server_url=emulator.url, quiet=True)
     offer = client.search_offers(query="num_gpus=1 rentable=true", limit=1)[0]
-    reply = client.create_instance(id=offer["id"], image="ubuntu:22.04", disk=10, label="the-lab-machine", ssh=True)
+    reply = client.create_instance(id=offer["id"], image="ubuntu:22.04", disk=10, label="the-lab-machine", ssh=True,
+                                   direct=True)
     lab_id = int(reply["new_contract"])
     emulator.wait_running([lab_id])
     record = emulator.instance(lab_id)
@@ -110,7 +111,8 @@ def test_rigsync_run_once_on_a_fleet_of_own_machines_needs_no_vast_key(emulator:
     emulator.add_ssh_key(public)
     client = VastAI(api_key=emulator.api_key, server_url=emulator.url, quiet=True)
     offer = client.search_offers(query="num_gpus=1 rentable=true", limit=1)[0]
-    lab_id = int(client.create_instance(id=offer["id"], image="ubuntu:22.04", disk=10, label="lab", ssh=True)[
+    lab_id = int(client.create_instance(id=offer["id"], image="ubuntu:22.04", disk=10, label="lab", ssh=True,
+                                        direct=True)[
         "new_contract"])
     emulator.wait_running([lab_id])
     record = emulator.instance(lab_id)

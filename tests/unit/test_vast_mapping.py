@@ -61,8 +61,9 @@ def test_offer_record_maps_to_model(offer_rec: dict[str, Any]) -> None:
 def test_instance_record_maps_to_model_with_direct_and_proxy(inst_rec: dict[str, Any]) -> None:
     i = vast.instance_from_record(inst_rec)
     assert i.id == 29876543 and i.status is InstanceStatus.RUNNING and i.label == "train-run-1"
-    assert i.direct == Endpoint("203.0.113.57", 41201)
-    assert i.proxy == Endpoint("ssh7.vast.ai", 36542)
+    # Both addresses pin the box's host key under its instance: one key for the box, whichever address reaches it.
+    assert i.direct == Endpoint("203.0.113.57", 41201, host_key_alias="vast-instance-29876543")
+    assert i.proxy == Endpoint("ssh7.vast.ai", 36542, host_key_alias="vast-instance-29876543")
     assert i.ssh == i.direct
     assert i.image.startswith("pytorch/pytorch") and i.start_date == 1785003600.25
 
@@ -71,7 +72,8 @@ def test_jupyter_runtype_proxy_port_is_one_up_and_missing_ports_mean_proxy(inst_
     rec = {**inst_rec, "image_runtype": "jupyter_proxy ssh_proxy"}
     rec.pop("ports")
     i = vast.instance_from_record(rec)
-    assert i.direct is None and i.proxy == Endpoint("ssh7.vast.ai", 36543) and i.ssh == i.proxy
+    assert i.direct is None and i.ssh == i.proxy
+    assert i.proxy == Endpoint("ssh7.vast.ai", 36543, host_key_alias="vast-instance-29876543")
     assert vast.instance_from_record({**inst_rec, "ports": None}).direct is None
 
 
