@@ -142,12 +142,13 @@ def test_logs_and_ssh_through_a_run_and_after_its_box(
     ok = subprocess.run([*batch, "--", "echo", "ok"], capture_output=True, text=True, timeout=60,
                         stdin=subprocess.DEVNULL)
     assert (ok.returncode, ok.stdout) == (0, "ok\n"), ok.stderr
-    # the pin is what is trusted: the same command with another key pinned for the address is refused
+    # the pin is what is trusted, under the box's instance (HostKeyAlias), not its address: the same command with
+    # another key pinned for that instance is refused
     pinned = (state / "known_hosts").read_text()
-    host, port = argv[-1].split("@", 1)[1], argv[argv.index("-p") + 1]
-    assert pinned.startswith(f"[{host}]:{port} "), pinned
+    alias = next(a.split("=", 1)[1] for a in argv if a.startswith("HostKeyAlias="))
+    assert alias == f"vast-instance-{box}" and pinned.startswith(f"{alias} "), pinned
     other = tmp_path / "known_hosts"
-    other.write_text(f"[{host}]:{port} ssh-ed25519 {OTHER_KEY}\n")
+    other.write_text(f"{alias} ssh-ed25519 {OTHER_KEY}\n")
     swapped = [f"UserKnownHostsFile={other}" if a.startswith("UserKnownHostsFile=") else a for a in batch]
     refused = subprocess.run([*swapped, "--", "echo", "ok"], capture_output=True, text=True, timeout=60,
                              stdin=subprocess.DEVNULL)
