@@ -30,10 +30,14 @@ def box_end(inst: Instance, accepted: Iterable[PriceIncrease] = ()) -> float | N
     return end
 
 
+def seconds_left(end: float | None, now: float) -> float | None:
+    """Seconds from ``now`` until a contract ending at ``end`` ends (never negative); None: no end."""
+    return None if end is None else max(0.0, end - now)
+
+
 def time_left(inst: Instance, now: float, accepted: Iterable[PriceIncrease] = ()) -> float | None:
     """Seconds until the box's contract ends (never negative); None: no end."""
-    end = box_end(inst, accepted)
-    return None if end is None else max(0.0, end - now)
+    return seconds_left(box_end(inst, accepted), now)
 
 
 def ended(inst: Instance, now: float, accepted: Iterable[PriceIncrease] = ()) -> bool:
@@ -44,7 +48,7 @@ def ended(inst: Instance, now: float, accepted: Iterable[PriceIncrease] = ()) ->
 
 def offer_time_left(offer: Offer, now: float) -> float | None:
     """Seconds a contract rented on ``offer`` now would last; None: the offer says no end."""
-    return None if offer.end_date is None else max(0.0, offer.end_date - now)
+    return seconds_left(offer.end_date, now)
 
 
 def rate_at(inst: Instance, t: float, accepted: Iterable[PriceIncrease] = ()) -> float:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reconciler.bounds import finite
+from reconciler.contract import seconds_left
 from reconciler.errors import ObservedInvalid
 from reconciler.jobenv import held_back
 from reconciler.model import AttemptRecord, Desired, MetricGoal, OverheadRecord, RunPhase
@@ -187,8 +188,7 @@ def build_view(
                 runs_now=tuple(sorted(str(g["run"]) for g in gpus if g.get("run"))),
                 runs_seen=runs_on.get(int(b.get("id") or 0), 0),
                 queued=tuple(sorted(queued_on.get(int(b.get("id") or 0), []))),
-                ends_in_s=max(0.0, end - snapshot)
-                if snapshot is not None and (end := time_of(b.get("ends_at"))) is not None else None,
+                ends_in_s=None if snapshot is None else seconds_left(time_of(b.get("ends_at")), snapshot),
             )
         )
 
