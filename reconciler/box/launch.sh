@@ -84,4 +84,8 @@ done
 pid=$spawned
 if [ "$(_rs_stat_field "$pid" 6)" != "$pid" ]; then pid=$(cat "$RUN_DIR/pid" 2>/dev/null); fi
 case "$pid" in '' | *[!0-9]*) pid=$spawned ;; esac
-if started=$(_rs_stat_field "$pid" 22); then printf "%s %s\n" "$pid" "$started"; else printf "%s\n" "$pid"; fi
+# A wrapper whose command was short may be gone already: its start is then the one it wrote beside its pid.
+if ! started=$(_rs_stat_field "$pid" 22) && [ "$(cat "$RUN_DIR/pid" 2>/dev/null)" = "$pid" ]; then
+  started=$(head -c 24 "$RUN_DIR/pid_start" 2>/dev/null)
+fi
+case "$started" in '' | *[!0-9]*) printf "%s\n" "$pid" ;; *) printf "%s %s\n" "$pid" "$started" ;; esac

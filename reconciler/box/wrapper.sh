@@ -20,6 +20,8 @@ max_s=$7
 heartbeat_s=$8
 command=$9
 cd "$RUN_DIR" || exit 1
+# Its start tick first, then its pid: launch.sh reads the tick here when a short command has already ended.
+{ _rs_stat_field "$$" 22 >pid_start.tmp && mv -f pid_start.tmp pid_start; } || rm -f pid_start.tmp
 printf "%s\n" "$$" >pid.tmp && mv -f pid.tmp pid
 # Killed before it started (kill.sh records the end, then looks for this pid): do not start the command.
 [ -e exit_code ] && exit 0

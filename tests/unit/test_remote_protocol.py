@@ -177,6 +177,34 @@ def test_run_that_writes_metrics_and_exits_zero(box: Box) -> None:
     assert meta["params"] == {"lr": 0.1, "name": "it's"} and meta["seed"] == 3 and meta["sweep"] == "sw"
 
 
+def test_a_wrapper_that_ended_before_launch_answered_still_reports_its_start(box: Box, tmp_path: Path) -> None:
+    # launch.sh waits for the wrapper's pid with `seq`; this one holds launch there until the wrapper has exited,
+    # the order a loaded box gives a short command.
+    slow = tmp_path / "slowbin"
+    slow.mkdir()
+    (slow / "seq").write_text(
+        "#!/bin/bash\n"
+        "for _ in $(/usr/bin/seq 1 600); do\n"
+        '  p=$(cat pid 2>/dev/null); [ -e exit_code ] && [ -n "$p" ] && [ ! -e "/proc/$p" ] && break\n'
+        "  /bin/sleep 0.05\n"
+        "done\n"
+        '/usr/bin/seq "$@"\n'
+    )
+    (slow / "seq").chmod(0o755)
+    script = remote.launch_script(
+        run_id="r9", attempt=0, gpu_mask=(1,), command="true", code_commit=None, desired_commit="d" * 40,
+        metrics_file="metrics.jsonl", metric_key="acc", metric_goal="max", max_runtime_s=60.0, sweep="sw",
+        params={}, seed=0,
+    )
+    res = subprocess.run(["bash", "-c", script], env={**box.env, "PATH": f"{slow}:{box.env['PATH']}"},
+                         capture_output=True, timeout=60, check=False)
+    assert res.returncode == 0, res.stderr
+    pid, started = parse_launch_answer(res.stdout)
+    d = box.run_dir("r9", 0)
+    assert not Path(f"/proc/{pid}").exists() and (d / "exit_code").read_text().strip() == "0"
+    assert started is not None and str(started) == (d / "pid_start").read_text().strip()
+
+
 def test_second_launch_of_the_same_attempt_hits_the_lock(box: Box) -> None:
     assert _launch(box, "r2", "true").returncode == 0
     again = _launch(box, "r2", "echo second > $RIGSYNC_RUN_DIR/second")
