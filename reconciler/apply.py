@@ -167,6 +167,7 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
             result.outcomes.append(Outcome(action, False, f"not run: {bad} was not harvested", skipped=True))
             continue  # a drained box goes with its results home, not before: the next cycle destroys it
         ctx.on_action(action)
+        log.debug("%s %s [%s]: %s", action.kind.value, action.target, action.code.value, action.reason)
         try:
             detail = _execute(action, ctx, instances, result)
             result.outcomes.append(Outcome(action, True, detail))

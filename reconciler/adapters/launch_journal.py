@@ -15,6 +15,7 @@ happened"), which costs that run one attempt and nothing else.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -39,6 +40,8 @@ def _entry(f: InFlight) -> str:
             "pid": f.pid,
             "pid_started": f.pid_started,
             "epoch": f.epoch,
+            "queued": f.queued,
+            "seen_started_at": f.seen_started_at,
         },
         sort_keys=True,
     )
@@ -46,6 +49,12 @@ def _entry(f: InFlight) -> str:
 
 def _epoch(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def _time(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 class LaunchJournal:
@@ -95,6 +104,9 @@ class LaunchJournal:
                         pid=valid_pid(d.get("pid")),
                         pid_started=valid_start(d.get("pid_started")),
                         epoch=_epoch(d.get("epoch")),
+                        # a queued attempt restored as a direct launch would be requeued while its box still holds it
+                        queued=d.get("queued") is True,
+                        seen_started_at=_time(d.get("seen_started_at")),
                     )
                 )
             except (ValueError, KeyError, TypeError):

@@ -489,6 +489,9 @@ def probe(root: str) -> dict[str, Any]:
         code = []
     out["code"] = [n[:TEXT_CHARS] for n in code[-MAX_LISTED:]]
 
+    # The queue is read before the runs: a dequeue makes the run directory before it drops the entry, so an attempt
+    # the box starts while this reads shows in one list or both, never in neither ("launch never happened").
+    out["queued"] = queue_state(root)
     rdir = os.path.join(root, "runs")
     runs: list[tuple[str, dict[str, Any]]] = []
     omitted = 0
@@ -508,7 +511,6 @@ def probe(root: str) -> dict[str, Any]:
     if omitted:
         out["runs_omitted"] = omitted
     out["last_activity_at"] = box_activity(root, box_started_at(root, now)).last_at
-    out["queued"] = queue_state(root)
     out["epoch"] = fence
     out["draining"] = os.path.exists(os.path.join(root, "drain"))
 

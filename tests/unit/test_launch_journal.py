@@ -9,6 +9,7 @@ the grace period, is archived lost, and the run finishes as the next attempt. (F
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from fakes import (
@@ -42,6 +43,13 @@ def test_the_journal_round_trips_skips_a_torn_line_and_is_reset(tmp_path: Path) 
     assert j.read() == [_flight("r1", 1), _flight("r2", 3, box=9)]
     j.reset([_flight("r2", 3, box=9)])
     assert j.read() == [_flight("r2", 3, box=9)]
+
+
+def test_a_queued_launch_comes_back_queued(tmp_path: Path) -> None:
+    j = LaunchJournal(tmp_path)
+    queued = replace(_flight("r1", 2), queued=True, epoch=4, seen_started_at=130.5)
+    j.note(queued)
+    assert j.read() == [queued]
 
 
 def test_merge_adds_only_what_neither_in_flight_nor_the_archive_knows() -> None:
