@@ -704,6 +704,7 @@ class BoxProbe:
     runs: tuple[RunDirState, ...] = ()
     last_activity_at: float | None = None  # the box's own answer (box.boxlib.box_activity), its watchdog's rule too
     box_now: float | None = None  # the box's own clock when it answered
+    answered_at: float | None = None  # the controller's clock when that answer was in (None: not known)
     # The box answered with another SSH host key than the one pinned on first contact (``HostKeyMismatch``): it is
     # not reachable, and not trusted either (someone may be impersonating it). Its drift class is
     # ``host_key_changed``: destroyed at once, never sent another command.
@@ -721,22 +722,28 @@ class BoxProbe:
     draining: bool = False  # the controller marked it: it ends itself once its queue is dry and its runs harvested
 
     def on_clock(self, now: float, *, clamp: Callable[[float, float], float]) -> BoxProbe:
-        """This probe with the box's timestamps moved onto the controller's clock (``now`` when it answered).
+        """This probe with the box's timestamps moved onto the controller's clock.
 
         A box's clock may be off, and the planner compares run start times with its own ``now``: read raw, a
         box five minutes fast would make every run look five minutes older. Durations (heartbeat age) need no
         change. Every time moved is then kept near ``now`` by ``clamp(t, now)`` (``bounds.clamp_time``, passed in:
         this vocabulary imports nothing of rigsync's). A ``box_now`` that ``clamp`` would move (a clock days off,
         year 33658) says nothing about the skew: the times are only clamped then, as without ``box_now``.
+
+        The skew is the box's ``box_now`` (stamped as the probe ends) against ``answered_at``, the controller's clock
+        when that answer was in; ``now`` (the cycle's start) only when the shell did not say. Against the cycle's
+        start, every second the cycle spent before this answer (an offer search waiting out a rate limit, a slow
+        box) would move the box's times that far into the past: an attempt's archived start before it was queued.
         """
         sane = self.box_now is not None and math.isfinite(self.box_now) and clamp(self.box_now, now) == self.box_now
-        skew = now - self.box_now if sane and self.box_now is not None else 0.0
+        answered = self.answered_at if self.answered_at is not None and math.isfinite(self.answered_at) else now
+        skew = answered - self.box_now if sane and self.box_now is not None else 0.0
 
         def moved(t: float | None) -> float | None:
             return None if t is None or not math.isfinite(t) else clamp(t + skew, now)
 
         runs = tuple(replace(r, started_at=moved(r.started_at), ended_at=moved(r.ended_at)) for r in self.runs)
-        box_now = None if self.box_now is None else now
+        box_now = None if self.box_now is None else answered
         return replace(self, runs=runs, last_activity_at=moved(self.last_activity_at), box_now=box_now)
 
 

@@ -53,6 +53,7 @@ class CommandResult:
     exit_code: int
     stdout: bytes
     stderr: bytes
+    answered_at: float | None = None  # the controller's clock when the answer was in (None: the shell did not say)
 
 
 class Provider(Protocol):

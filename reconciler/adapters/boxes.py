@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from reconciler import remote
 from reconciler.bounds import COMMAND_STDERR_BYTES, PROBE_STDOUT_BYTES, bounded_text
@@ -228,7 +229,8 @@ def _probe_from(instance_id: int, result: CommandResult | Exception | None, gpus
         err = result.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or ["no output"]
         text = bounded_text(f"probe exited {result.exit_code}: {err[0]}")
         return BoxProbe(instance_id=instance_id, reachable=False, error=text)
-    return remote.parse_probe(instance_id, result.stdout, gpus_listed=gpus_listed)
+    probe = remote.parse_probe(instance_id, result.stdout, gpus_listed=gpus_listed)
+    return replace(probe, answered_at=result.answered_at) if probe.reachable else probe
 
 
 def _fence_in(stderr: bytes) -> str:

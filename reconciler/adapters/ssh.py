@@ -418,7 +418,7 @@ class SshShell:
             if not chan.status_event.wait(dl.remaining()):
                 raise TimeoutError("no exit status")
             code = chan.recv_exit_status()
-        return CommandResult(exit_code=code, stdout=bytes(out), stderr=bytes(err))
+        return CommandResult(exit_code=code, stdout=bytes(out), stderr=bytes(err), answered_at=time.time())
 
 
 # ---------------------------------------------------------------------------------------- the system ssh client

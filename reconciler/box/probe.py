@@ -518,6 +518,9 @@ def probe(root: str) -> dict[str, Any]:
     if err:
         out["gpu_error"] = err
     out["gpus"] = gpus
+    # The box's clock as the answer leaves: the controller sets it against its own clock when the answer is in, so
+    # the time this probe took (the queue's dequeues, nvidia-smi, a large run directory) is not read as skew.
+    out["box_now"] = time.time()
     return out
 
 

@@ -436,3 +436,18 @@ def test_without_a_box_clock_times_are_only_clamped() -> None:
         NOW - TIME_WINDOW_S,
         None,
     )
+
+
+def test_the_skew_is_read_against_when_the_answer_came_not_the_cycles_start() -> None:
+    # The cycle started at NOW and spent 4.4 s (an offer search waiting out a rate limit) before this box answered;
+    # the box's clock is right. Against the cycle's start its run would have started 4.4 s before it really did.
+    answered = NOW + 4.4
+    probe = _parse(_doc([_run(started_at=answered - 1.5, ended_at=None)], box_now=answered))
+    shell = _AnsweringShell({3: CommandResult(0, json.dumps(_doc([_run(started_at=answered - 1.5, ended_at=None)],
+                                                                  box_now=answered)).encode(), b"", answered)})
+    (via_shell,) = ShellBoxes(shell).probe_many([_instance(3, 1)], timeout=5)
+    assert via_shell.answered_at == answered and probe.answered_at is None
+    (r,) = via_shell.on_clock(NOW, clamp=clamp_time).runs
+    assert r.started_at is not None and math.isclose(r.started_at, answered - 1.5)
+    (unknown,) = probe.on_clock(NOW, clamp=clamp_time).runs  # no answer time: the cycle's start, as before
+    assert unknown.started_at is not None and math.isclose(unknown.started_at, NOW - 1.5)
