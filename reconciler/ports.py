@@ -53,7 +53,8 @@ class CommandResult:
     exit_code: int
     stdout: bytes
     stderr: bytes
-    answered_at: float | None = None  # the controller's clock when the answer was in (None: the shell did not say)
+    # when the answer was in, on the controller's clock (None: the shell did not say); not part of what was answered
+    answered_at: float | None = field(default=None, compare=False)
 
 
 class Provider(Protocol):

@@ -75,6 +75,7 @@ def test_exit_codes_stdin_and_stderr_come_back(shell: SshShell, boxes: list[Inst
     # echoed back: more than a command's default stdout bound (COMMAND_STDOUT_BYTES), so the test states its own
     res = shell.run(_ep(boxes[0]), "cat; echo err >&2; exit 3", stdin=b"x" * 300_000, timeout=20, max_stdout=300_000)
     assert res == CommandResult(exit_code=3, stdout=b"x" * 300_000, stderr=b"err\n")
+    assert res.answered_at is not None and abs(res.answered_at - time.time()) < 20
 
 
 def test_connections_are_pooled_across_calls_and_cycles(shell: SshShell, boxes: list[Instance]) -> None:
