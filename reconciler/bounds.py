@@ -31,6 +31,7 @@ __all__ = [
     "MAX_METRIC_ABS",
     "MAX_METRIC_KEYS",
     "MAX_NOTE_CHARS",
+    "MAX_OMITTED_RUNS",
     "MAX_PROBE_RUNS",
     "MAX_QUEUE_ENTRIES",
     "MAX_REJECTED",
@@ -54,6 +55,7 @@ COMMAND_STDOUT_BYTES = 64 << 10  # launch, kill, bootstrap, ship-code, stage-res
 COMMAND_STDERR_BYTES = 64 << 10  # every command's stderr: only its tail is kept past this
 MAX_JSON_DEPTH = 16  # nesting of any JSON document from a box (the probe's is 4 deep)
 MAX_PROBE_RUNS = 1024  # run directories one probe may report (the box reports its newest first)
+MAX_OMITTED_RUNS = 10**9  # run directories a probe may say it left out (``runs_omitted``)
 MAX_QUEUE_ENTRIES = 256  # queue entries one probe may report (all slots); past it, the first are read, the rest refused
 MAX_EPOCH = 10**18  # a lease epoch a box reports as its fence: an integer in [0, this)
 MAX_GPUS = 64  # GPU entries one probe may report; the instance's listed count caps it further

@@ -702,6 +702,9 @@ class BoxProbe:
     bootstrap_running: tuple[str, ...] = ()
     code_commits: tuple[str, ...] = ()  # commits whose tree is unpacked on the box
     runs: tuple[RunDirState, ...] = ()
+    # run directories the box left out of ``runs`` (past its count or byte bound): an attempt missing from ``runs``
+    # is then not known to be missing, so "launch never happened" is not concluded from this answer
+    runs_omitted: int = 0
     last_activity_at: float | None = None  # the box's own answer (box.boxlib.box_activity), its watchdog's rule too
     box_now: float | None = None  # the box's own clock when it answered
     answered_at: float | None = None  # the controller's clock when that answer was in (None: not known)

@@ -9,7 +9,8 @@ cannot be checked right now (in flight, the box unreachable or still booting): a
 An attempt given to a box's queue (``InFlight.queued``) is in flight from the moment it is queued: it counts for
 every cap and against duplicates like a running one, and its run is *queued* until its run directory appears on
 the box (the box started it). Reported in the box's queue, or on a box that cannot be checked, it is waiting;
-on a box that answers and shows it neither queued nor started, its launch never happened (the planner requeues).
+on a box that answers and shows it neither queued nor started (and left no run directory out of its answer), its
+launch never happened (the planner requeues).
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ def is_queued(f: InFlight, probe: BoxProbe | None) -> bool:
     if any((r.run_id, r.attempt) == key for r in probe.runs):
         return False
     return any((q.run_id, q.attempt) == key for q in probe.queued)
+
+
+def may_still_hold(f: InFlight, probe: BoxProbe | None) -> bool:
+    """Its box's answer does not settle that an in-flight attempt it shows no run directory of is not there: the box
+    cannot be checked now, lists it in its queue, or left run directories out of its answer (``runs_omitted``).
+    Otherwise the launch never happened."""
+    return probe is None or not probe.reachable or is_queued(f, probe) or probe.runs_omitted > 0
 
 
 def allowed_attempts(spec: RunSpec) -> int:

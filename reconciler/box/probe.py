@@ -349,13 +349,14 @@ def run_state(d: str, run_id: str, attempt: int, now: float) -> dict[str, Any]:
     }
 
 
-def _run_dirs(rdir: str) -> list[tuple[str, str, int]]:
+def _run_dirs(rdir: str) -> tuple[list[tuple[str, str, int]], int]:
     """The run directories to report (name, run id, attempt): at most ``MAX_RUNS``, every unfinished one first
-    (no exit_code yet), then the newest finished, each group newest first by the directory's mtime."""
+    (no exit_code yet), then the newest finished, each group newest first by the directory's mtime; and how many
+    run directories past ``MAX_RUNS`` were left out."""
     try:
         entries = os.listdir(rdir)
     except OSError:
-        return []
+        return [], 0
     unfinished: list[tuple[float, str, str, int]] = []
     finished: list[tuple[float, str, str, int]] = []
     for name in entries:
@@ -373,7 +374,7 @@ def _run_dirs(rdir: str) -> list[tuple[str, str, int]]:
         (finished if os.path.exists(os.path.join(d, "exit_code")) else unfinished).append(row)
     chosen = sorted(unfinished, reverse=True)[:MAX_RUNS]
     chosen += sorted(finished, reverse=True)[: MAX_RUNS - len(chosen)]
-    return [(name, run_id, att) for _, name, run_id, att in chosen]
+    return [(name, run_id, att) for _, name, run_id, att in chosen], len(unfinished) + len(finished) - len(chosen)
 
 
 def _size(doc: Any) -> int:
@@ -494,9 +495,9 @@ def probe(root: str) -> dict[str, Any]:
     out["queued"] = queue_state(root)
     rdir = os.path.join(root, "runs")
     runs: list[tuple[str, dict[str, Any]]] = []
-    omitted = 0
+    listed, omitted = _run_dirs(rdir)
     budget = PROBE_BYTES - 64 * 1024  # what the rest of the document may take (GPUs, lists, errors: a few KiB)
-    for name, run_id, att in _run_dirs(rdir):
+    for name, run_id, att in listed:
         r = run_state(os.path.join(rdir, name), run_id, att, now)
         size = _size(r)
         if size > RUN_BYTES:  # its last metrics are what can be large: the run itself is still reported

@@ -43,6 +43,7 @@ from reconciler.runphase import (
     is_live,
     is_queued,
     is_unfinished,
+    may_still_hold,
     preemptions_exhausted,
     run_phase,
     tally_runs,
@@ -679,14 +680,18 @@ def settle_in_flight(
                     ReasonCode.QUEUED,
                     f"queued on {subj_inst} {gpus_text(fl.gpu_mask)}, behind the slot's current attempt",
                 )
-        elif box.reachable:
+        elif not may_still_hold(fl, box.probe):
             requeue(fl, ReasonCode.LAUNCH_NEVER_HAPPENED, f"launch never happened: no run dir on {subj_inst}")
         else:
             waiting.add(fl.run_id)
             out.noop(
                 f"run/{fl.run_id}.{fl.attempt}@{fl.instance_id}",
                 ReasonCode.UNCHECKABLE,
-                f"launched on {subj_inst} which cannot be checked now ({box_states.get(fl.instance_id, '')}); waiting",
+                f"not among the run directories {subj_inst} listed, and it left {box.probe.runs_omitted} out of its "
+                "answer; waiting"
+                if box.probe is not None and box.reachable
+                else f"launched on {subj_inst} which cannot be checked now ({box_states.get(fl.instance_id, '')}); "
+                "waiting",
             )
     return InFlightVerdicts(frozenset(waiting), used, unverified, tuple(queued_kept.values()), took), out
 

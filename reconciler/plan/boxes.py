@@ -24,7 +24,7 @@ from reconciler.plan.common import Decisions, cap, count_cap, fmt_duration, usd_
 from reconciler.plan.forecast import Forecast
 from reconciler.plan.money import Purse
 from reconciler.plan.world import OwnedBox, World
-from reconciler.runphase import is_queued
+from reconciler.runphase import may_still_hold
 
 DEAD_STATUSES = frozenset({InstanceStatus.STOPPED, InstanceStatus.EXITED, InstanceStatus.OFFLINE})
 BOOTING_STATUSES = frozenset({InstanceStatus.CREATED, InstanceStatus.LOADING})
@@ -274,7 +274,7 @@ def classify_boxes(world: World, seen: SeenAttempts, budget: Purse) -> tuple[Box
     occupied = {i: set(g) for i, g in seen.occupied.items()}
     for fl in unseen_in_flight(world, seen):
         b = world.boxes.get(fl.instance_id)
-        if b is not None and b.id not in d.destroyed and (not b.reachable or is_queued(fl, b.probe)):
+        if b is not None and b.id not in d.destroyed and may_still_hold(fl, b.probe):
             waiting.setdefault(b.id, []).append(fl)
             occupied.setdefault(b.id, set()).update(fl.gpu_mask)
     table = BoxTable(

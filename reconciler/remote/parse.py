@@ -34,6 +34,7 @@ from reconciler.bounds import (
     MAX_GPUS,
     MAX_LIST_ENTRIES,
     MAX_METRIC_KEYS,
+    MAX_OMITTED_RUNS,
     MAX_PROBE_RUNS,
     MAX_QUEUE_ENTRIES,
     MAX_REJECTED,
@@ -307,6 +308,17 @@ def _queued(v: Any, gpu_limit: int, rejected: _Rejected) -> tuple[QueuedEntry, .
     return tuple(out)
 
 
+def _omitted(v: Any, problems: list[str]) -> int:
+    """``runs_omitted``: a count; one that is not is read as "some were left out" (1), never as "none were"."""
+    if v is None:
+        return 0
+    count = bounded_int(v, 0, MAX_OMITTED_RUNS)
+    if count is None:
+        problems.append(f"runs_omitted: not a count: {_shown(v)}")
+        return 1
+    return count
+
+
 def _fence(v: Any, problems: list[str]) -> int | None:
     if v is None:
         return None
@@ -358,6 +370,7 @@ def _read(instance_id: int, doc: dict[str, Any], gpu_limit: int) -> BoxProbe:
         bootstrap_running=_names(boot.get("running"), "bootstrap.running", is_safe_name, rejected),
         code_commits=_names(doc.get("code"), "code", _is_commit, rejected),
         runs=tuple(runs[k] for k in sorted(runs)),
+        runs_omitted=_omitted(doc.get("runs_omitted"), problems),
         last_activity_at=_time(doc.get("last_activity_at"), "last_activity_at", problems),
         box_now=_time(doc.get("box_now"), "box_now", problems),
         queued=_queued(doc.get("queued"), gpu_limit, rejected),

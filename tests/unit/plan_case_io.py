@@ -305,6 +305,7 @@ def build_probe(d: J, now: float, inst: Instance | None, desired: Desired) -> Bo
         bootstrap_running=tuple(d.get("bootstrap_running", [])),
         code_commits=tuple(d.get("code_commits", [desired.code_commit] if desired.code_commit else [])),
         runs=runs,
+        runs_omitted=int(d.get("runs_omitted", 0)),
         last_activity_at=_t(d, now, "last_activity_at", "last_activity_ago", None),
         unusable=d.get("unusable"),
         rejected=tuple(d.get("rejected", [])),

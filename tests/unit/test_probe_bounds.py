@@ -202,8 +202,22 @@ def test_at_most_512_run_dirs_every_unfinished_one_first_then_the_newest_finishe
     assert finished == list(range(600 - (limits.MAX_RUNS - 3), 600))  # the newest
     text = json.dumps(doc, separators=(",", ":"), allow_nan=False)
     assert len(text) < limits.PROBE_BYTES <= bounds.PROBE_STDOUT_BYTES // 2
+    assert doc["runs_omitted"] == 603 - limits.MAX_RUNS  # said, so a missing attempt is not read as never launched
     parsed = parse_probe(7, text.encode() + b"\n", gpus_listed=1)
     assert parsed.reachable and len(parsed.runs) == limits.MAX_RUNS
+    assert parsed.runs_omitted == 603 - limits.MAX_RUNS
+
+
+def test_a_box_that_leaves_nothing_out_says_nothing_and_a_bad_count_is_read_as_some(tmp_path: Path) -> None:
+    root = tmp_path / "rigsync"
+    _run_dir(root, "r.1", finished=True, mtime=time.time())
+    doc = probe.probe(str(root))
+    assert "runs_omitted" not in doc
+    assert parse_probe(7, json.dumps(doc).encode(), gpus_listed=1).runs_omitted == 0
+    for bad in (-1, "3", 1.5, True, 10**20):
+        parsed = parse_probe(7, json.dumps({**doc, "runs_omitted": bad}).encode(), gpus_listed=1)
+        assert parsed.reachable and parsed.runs_omitted == 1, bad
+        assert any(t.startswith("runs_omitted: not a count") for t in parsed.rejected), bad
 
 
 def test_a_run_dirs_files_are_read_bounded_and_its_strings_truncated(tmp_path: Path) -> None:
