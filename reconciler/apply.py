@@ -136,8 +136,13 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
     Once the fence raises ``LeaseLost`` nothing more is done: that action and the rest are skipped (``not run:
     lease lost: ...``), the overheads of ended boxes are not archived, and ``result.lease_lost`` says why; the
     daemon then must not commit this cycle (another controller may own the fleet now).
+
+    **A box that stops answering** (``HostUnreachable``: no answer within the command's timeout, or refused) is
+    sent nothing more in this apply (``_sent_to_box``): one hung box costs a cycle one timeout, not one per action
+    planned for it (two launches to a box that hung after its probe held a cycle two minutes, past its lease).
     """
     result = ApplyResult()
+    silent: dict[int, str] = {}  # instance id -> why it stopped answering in this apply
     instances = {i.id: i for i in ctx.observed.instances}
     ordered = sorted(plan.actions, key=apply_key)
     for action in ordered:
@@ -166,11 +171,26 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
         if isinstance(action, Destroy) and (bad := _record_failed_on(result, action)):
             result.outcomes.append(Outcome(action, False, f"not run: {bad} was not harvested", skipped=True))
             continue  # a drained box goes with its results home, not before: the next cycle destroys it
+        box_id = _sent_to_box(action, ctx.observed)
+        if box_id is not None and box_id in silent:
+            why = f"instance/{box_id} stopped answering earlier in this apply ({silent[box_id]})"
+            if isinstance(action, Kill | Requeue | Record):  # an attempt left unsettled: failed, not relaunched
+                result.outcomes.append(Outcome(action, False, why))
+                _mark_unsafe(action, result, why)
+            else:  # nothing was sent: the next cycle plans it again from a fresh probe
+                result.outcomes.append(Outcome(action, False, f"not run: {why}", skipped=True))
+            continue
         ctx.on_action(action)
         log.debug("%s %s [%s]: %s", action.kind.value, action.target, action.code.value, action.reason)
         try:
             detail = _execute(action, ctx, instances, result)
             result.outcomes.append(Outcome(action, True, detail))
+        except HostUnreachable as exc:
+            log.warning("%s %s failed: %s", action.kind.value, action.target, exc)
+            result.outcomes.append(Outcome(action, False, _error_text(exc)))
+            _mark_unsafe(action, result, _error_text(exc))
+            if box_id is not None:
+                silent[box_id] = bounded_text(str(exc), 160)
         except RigsyncError as exc:
             log.warning("%s %s failed: %s", action.kind.value, action.target, exc)
             result.outcomes.append(Outcome(action, False, _error_text(exc)))
@@ -180,6 +200,21 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
             result.outcomes.append(Outcome(action, False, _error_text(exc)))
             _mark_unsafe(action, result, _error_text(exc))
     return result
+
+
+def _sent_to_box(planned: Action, observed: Observed) -> int | None:
+    """The instance ``planned`` sends SSH commands to when ``_execute`` runs it (None: it sends none there)."""
+    action = closed(planned)
+    match action:
+        case Bootstrap() | ShipCode() | Launch() | Drain() | Kill() | SyncCheckpoint():
+            return action.instance_id
+        case Record():
+            return action.instance_id if action.skip_harvest is None else None
+        case Requeue():
+            probe = observed.probe(action.instance_id)  # only a box that answered is told to kill (``_execute``)
+            return action.instance_id if probe is not None and probe.reachable else None
+        case _:
+            return None
 
 
 def _mark_unsafe(action: Action, result: ApplyResult, error: str) -> None:

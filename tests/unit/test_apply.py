@@ -287,3 +287,30 @@ def test_a_close_bill_waits_while_an_attempt_on_the_box_is_not_archived_and_then
                   Plan(actions=(close,)), archive)
     assert done.failures == [] and [(o.instance_id, o.cost_usd) for o in done.overheads] == [(7, 0.25)]
     assert list(archive.overheads()) == done.overheads
+
+
+def test_a_box_that_stops_answering_is_sent_nothing_more_in_that_apply() -> None:
+    desired = desired_state(2, max_instances=1)
+    world, archive = _ready_box(desired)
+    observed, p = observe_and_plan(world, desired, archive)
+    launches = [a for a in p.actions if isinstance(a, Launch)]
+    assert len(launches) == 2 and len({a.instance_id for a in launches}) == 1
+    # the code is on the box already: only the launches are left, and the box hangs after its probe answered
+    result = _apply(world, desired, observed, Plan(actions=tuple(a for a in p.actions if not isinstance(a, Launch))),
+                    archive)
+    assert result.failures == []
+    world.hang(launches[0].instance_id)
+    world.calls.clear()
+    result = _apply(world, desired, observed, Plan(actions=tuple(launches)), archive)
+
+    first, second = result.outcomes
+    assert not first.ok and not first.skipped and "no answer within 60s" in first.detail
+    assert second.skipped and not second.ok
+    box_id = launches[0].instance_id
+    assert second.detail.startswith(f"not run: instance/{box_id} stopped answering earlier in this apply (")
+    assert second.detail.endswith("no answer within 60s)")
+    assert [c for c in world.calls if c.startswith("launch")] == [
+        f"launch {box_id} {launches[0].run_id}.{launches[0].attempt}"  # the second launch never reached the port
+    ]
+    assert [f.run_id for f in result.in_doubt] == [launches[0].run_id]  # the one sent may have reached it
+    assert result.launched == []
