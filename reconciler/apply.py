@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import assert_never
 
@@ -171,7 +171,7 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
         if isinstance(action, Destroy) and (bad := _record_failed_on(result, action)):
             result.outcomes.append(Outcome(action, False, f"not run: {bad} was not harvested", skipped=True))
             continue  # a drained box goes with its results home, not before: the next cycle destroys it
-        box_id = _sent_to_box(action, ctx.observed)
+        box_id = _sent_to_box(action, ctx.observed, instances, result.destroyed)
         if box_id is not None and box_id in silent:
             why = f"instance/{box_id} stopped answering earlier in this apply ({silent[box_id]})"
             if isinstance(action, Kill | Requeue | Record):  # an attempt left unsettled: failed, not relaunched
@@ -185,16 +185,12 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
         try:
             detail = _execute(action, ctx, instances, result)
             result.outcomes.append(Outcome(action, True, detail))
-        except HostUnreachable as exc:
-            log.warning("%s %s failed: %s", action.kind.value, action.target, exc)
-            result.outcomes.append(Outcome(action, False, _error_text(exc)))
-            _mark_unsafe(action, result, _error_text(exc))
-            if box_id is not None:
-                silent[box_id] = bounded_text(str(exc), 160)
         except RigsyncError as exc:
             log.warning("%s %s failed: %s", action.kind.value, action.target, exc)
             result.outcomes.append(Outcome(action, False, _error_text(exc)))
             _mark_unsafe(action, result, _error_text(exc))
+            if isinstance(exc, HostUnreachable) and box_id is not None:
+                silent[box_id] = bounded_text(str(exc), 160)
         except Exception as exc:  # the boundary: a library's surprise fails this action, not the plan
             log.exception("%s %s failed with an unexpected %s", action.kind.value, action.target, type(exc).__name__)
             result.outcomes.append(Outcome(action, False, _error_text(exc)))
@@ -202,7 +198,8 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
     return result
 
 
-def _sent_to_box(planned: Action, observed: Observed) -> int | None:
+def _sent_to_box(planned: Action, observed: Observed, instances: Mapping[int, Instance],
+                 destroyed: Sequence[int]) -> int | None:
     """The instance ``planned`` sends SSH commands to when ``_execute`` runs it (None: it sends none there)."""
     action = closed(planned)
     match action:
@@ -211,10 +208,20 @@ def _sent_to_box(planned: Action, observed: Observed) -> int | None:
         case Record():
             return action.instance_id if action.skip_harvest is None else None
         case Requeue():
-            probe = observed.probe(action.instance_id)  # only a box that answered is told to kill (``_execute``)
-            return action.instance_id if probe is not None and probe.reachable else None
+            return action.instance_id if _requeue_reaches(action, observed, instances, destroyed) is not None else None
         case _:
             return None
+
+
+def _requeue_reaches(action: Requeue, observed: Observed, instances: Mapping[int, Instance],
+                     destroyed: Sequence[int]) -> Instance | None:
+    """The box a requeue tells to kill its attempt: still listed, not destroyed first in this apply, and it answered
+    its probe (a box that did not is not contacted: its attempt is archived with what was lost)."""
+    probe = observed.probe(action.instance_id)
+    listed = instances.get(action.instance_id)
+    if action.instance_id in destroyed or probe is None or not probe.reachable:
+        return None
+    return listed
 
 
 def _mark_unsafe(action: Action, result: ApplyResult, error: str) -> None:
@@ -386,13 +393,13 @@ def _execute(planned: Action, ctx: ApplyContext, instances: dict[int, Instance],
                                   action.phase, None, action.reason)
             if action.instance_id in result.destroyed:  # destroyed first for the budget (``apply_key``)
                 rec = replace(rec, harvest="lost: its box was destroyed first (the budget's headroom was gone)")
-            elif probe is not None and probe.reachable and listed is not None:
+            elif (reached := _requeue_reaches(action, ctx.observed, instances, result.destroyed)) is not None:
                 # The attempt may still run half-alive, or its launch may still be on its way (kill.sh then leaves a
                 # tombstone): it must not come back beside the next attempt. A box that stops answering now fails the
                 # requeue, so nothing is archived and the run is not launched again in this apply (``_mark_unsafe``).
-                ctx.boxes.kill(listed, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason,
+                ctx.boxes.kill(reached, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason,
                                pid=action.pid, pid_started=action.pid_started)
-                rec = _harvest(ctx, result, listed, rec, required=False)  # what it wrote before it was lost
+                rec = _harvest(ctx, result, reached, rec, required=False)  # what it wrote before it was lost
             elif ctx.store is not None:
                 why = "host key changed, not contacted" if probe is not None and probe.host_key_changed else (
                     "box vanished" if listed is None else "box unreachable")
