@@ -32,21 +32,21 @@ import time
 import zipfile
 from pathlib import Path
 
-from reconciler.actions import Bootstrap, Plan, ReasonCode
-from reconciler.adapters.archive import RunArchive
-from reconciler.adapters.boxes import ShellBoxes
+from reconciler.adapters.archive import ShardedRunArchive
+from reconciler.adapters.box_control import ShellBoxes
 from reconciler.adapters.s3store import S3Store
 from reconciler.adapters.ssh import SshShell
 from reconciler.adapters.vast import VastProvider
 from reconciler.apply import ApplyContext, apply
+from reconciler.core.actions import Bootstrap, Plan, ReasonCode
+from reconciler.core.identity import box_cache_key
+from reconciler.core.model import Budget, Desired, Fleet, Instance, Observed, OfferFilters, Pool
 from reconciler.desired.fields import script_hash
 from reconciler.emulator import Emulator
 from reconciler.emulator.s3server import S3Server, start_s3_server
 from reconciler.emulator.testing import make_keypair
-from reconciler.identity import box_cache_key
-from reconciler.model import Budget, Desired, Fleet, Instance, Observed, OfferFilters, Pool
 from reconciler.ports import ResultStore
-from reconciler.storeconfig import StoreConfig
+from reconciler.settings.object_store import StoreConfig
 
 FLEET = "bcache"
 WHEEL_NAME = "rsbench"
@@ -79,7 +79,7 @@ def bootstrap_until_done(
     desired = Desired(fleet=Fleet(name=FLEET, pools=(pool,)), budget=Budget(), sweeps=(), runs=())
     ctx = ApplyContext(
         provider=VastProvider(api_key=emulator.api_key, server_url=emulator.url), boxes=ShellBoxes(shell),
-        desired=desired, observed=Observed(instances=(box,)), archive=RunArchive(archive),
+        desired=desired, observed=Observed(instances=(box,)), archive=ShardedRunArchive(archive),
         code_tar=lambda commit, paths: b"", now=time.time, store=store,
     )
     action = Bootstrap(reason="bootstrap", code=ReasonCode.BOOTSTRAP_MISSING, instance_id=box.id,

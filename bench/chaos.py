@@ -122,8 +122,8 @@ from typing import Any
 import yaml
 
 from reconciler import demo
+from reconciler.core.model import Ownership
 from reconciler.emulator import Emulator
-from reconciler.model import Ownership
 
 RIGSYNC = [sys.executable, "-m", "reconciler"]
 HUMAN = {
@@ -917,10 +917,10 @@ class Schedule:
         """A stale controller's late enqueue, sent as it would: the real adapter over SSH with rigsync's key, a
         queued launch of the attempt the stale controller would have given next (a pending run's next attempt)
         stamped with its old lease ``epoch``. Returns the attempt's directory name and the box's answer."""
-        from reconciler.adapters.boxes import ShellBoxes
+        from reconciler.adapters.box_control import ShellBoxes
         from reconciler.adapters.vast import VastProvider
+        from reconciler.core.model import MetricGoal
         from reconciler.fleet import open_shell
-        from reconciler.model import MetricGoal
         from reconciler.ports import LaunchJob
 
         expected = self.expected_runs()
@@ -1210,9 +1210,9 @@ class Schedule:
         for k, n in keys.items():
             if n > 1:
                 v["duplicate_archive_record"].append(f"{tag}: {k} archived {n} times at the remote")
-        from reconciler.adapters.archive import RunArchive
+        from reconciler.adapters.archive import ShardedRunArchive
 
-        local = Counter(r.key for r in RunArchive(self.main.checkout).records())
+        local = Counter(r.key for r in ShardedRunArchive(self.main.checkout).records())
         for k, n in local.items():
             if n > 1:
                 v["duplicate_archive_record"].append(f"{tag}: {k} archived {n} times in the checkout")

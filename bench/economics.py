@@ -114,14 +114,14 @@ from vastai import VastAI
 
 from reconciler import demo
 from reconciler.adapters.vast import offer_from_record
+from reconciler.core.model import OfferFilters
+from reconciler.core.offers import box_cap_dph, passing_offers, vast_query_terms
 from reconciler.daemon import DaemonConfig, FleetDaemon
 from reconciler.desired import load_desired_from_dir
 from reconciler.emulator import Emulator
 from reconciler.emulator.market import price, speed_factor
 from reconciler.emulator.testing import make_keypair
-from reconciler.model import OfferFilters
-from reconciler.offers import box_cap_dph, passing_offers, vast_query_terms
-from reconciler.progress import LineProgress
+from reconciler.views.progress_display import LineProgress
 
 ROOT = Path(__file__).resolve().parents[1]
 SCALE = 1 / 60  # real seconds per nominal second

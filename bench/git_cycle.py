@@ -30,16 +30,16 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from reconciler.actions import Plan
-from reconciler.adapters.archive import RunArchive
+from reconciler.adapters.archive import ShardedRunArchive
 from reconciler.adapters.git import GitRepo
+from reconciler.core.actions import Plan
+from reconciler.core.model import AttemptOutcome, AttemptRecord, Instance, InstanceStatus, Observed, Spend
 from reconciler.desired import load_desired_from_dir
 from reconciler.fleet import write_back
-from reconciler.model import AttemptOutcome, AttemptRecord, Instance, InstanceStatus, Observed, Spend
 from reconciler.observed.archive_lines import record_to_json
 from reconciler.observed.documents import ReconcilerStatus, render_observed
+from reconciler.observed.observed_tree import read_observed, write_observed
 from reconciler.observed.summary import describe_change
-from reconciler.observed.tree import read_observed, write_observed
 
 ROOT = Path(__file__).resolve().parents[1]
 T0 = 1_793_000_000.0
@@ -74,7 +74,7 @@ def setup(tmp: Path) -> tuple[Path, Path]:
 
 def cycles(checkout: Path, n: int, *, change: bool) -> dict[str, float | int]:
     repo = GitRepo(checkout)
-    archive = RunArchive(checkout)
+    archive = ShardedRunArchive(checkout)
     desired = repo.pin(load_desired_from_dir(checkout))
     head = desired.commit
     status = ReconcilerStatus(desired_commit_applied=head, last_valid_desired_commit=head, holder="bench")
@@ -119,7 +119,7 @@ def append_time(root: Path, existing: int, samples: int = 20) -> dict[str, float
             chunk = 100_000
             for base in range(0, existing, chunk):
                 fh.write("".join(f"{head}r{k:08d}{tail}\n" for k in range(base, min(existing, base + chunk))))
-    archive = RunArchive(root)
+    archive = ShardedRunArchive(root)
     t = time.perf_counter()
     loaded = len(archive)
     load_s = time.perf_counter() - t
@@ -169,10 +169,10 @@ def push_to_launch(tmp: Path, samples: int, poll: float) -> dict[str, object]:
     import signal
     import sys
 
+    from reconciler.core.model import AttemptOutcome
     from reconciler.daemon import DaemonConfig, FleetDaemon
     from reconciler.demo import make_fleet_repo
     from reconciler.emulator import Emulator
-    from reconciler.model import AttemptOutcome
 
     with Emulator(seed=11, boot_delay=0.2) as emu:
         os.environ["VAST_API_KEY"] = emu.api_key

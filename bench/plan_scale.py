@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 
-from reconciler.model import (
+from reconciler.core.model import (
     AttemptOutcome,
     AttemptRecord,
     BoxProbe,

@@ -25,9 +25,9 @@ from typing import Any
 from reconciler import remote
 from reconciler.adapters.ssh import SshShell
 from reconciler.adapters.vast import VastProvider
+from reconciler.core.model import Endpoint, OfferFilters
 from reconciler.emulator import Emulator
 from reconciler.emulator.testing import make_keypair
-from reconciler.model import Endpoint, OfferFilters
 from reconciler.ports import CommandResult
 
 

@@ -58,12 +58,12 @@ import economics
 from train import BEST_LR, final_reward
 
 from reconciler import demo
+from reconciler.core.model import AttemptOutcome
 from reconciler.daemon import DaemonConfig, FleetDaemon
 from reconciler.emulator import Emulator
-from reconciler.model import AttemptOutcome
-from reconciler.progress import LineProgress
 from reconciler.views.dashboard import read_repo
-from reconciler.views.search import configurations
+from reconciler.views.progress_display import LineProgress
+from reconciler.views.search_results import configurations
 
 TASK = "walker-walk"
 LR_MIN, LR_MAX = 1e-5, 1e-1

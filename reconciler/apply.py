@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import assert_never
 
-from reconciler.actions import (
+from reconciler.core.actions import (
     Action,
     AnswerPriceIncrease,
     ApplyResult,
@@ -45,23 +45,19 @@ from reconciler.actions import (
     apply_key,
     closed,
 )
-from reconciler.bounds import EXIT_CODE_RANGE, MAX_GPUS, MAX_NOTE_CHARS, bounded_int, bounded_text, clamp_time, finite
-from reconciler.curves import curve_path, read_metrics, render_curve
-from reconciler.errors import (
-    HostUnreachable,
-    LaunchLockHeld,
-    LaunchRefused,
-    LeaseLost,
-    PriceIncreaseGone,
-    RemoteCommandFailed,
-    RigsyncError,
-    SecretMissing,
-    StoreUnavailable,
+from reconciler.core.bounds import (
+    EXIT_CODE_RANGE,
+    MAX_GPUS,
+    MAX_NOTE_CHARS,
+    bounded_int,
+    bounded_text,
+    clamp_time,
+    finite,
 )
-from reconciler.failpoints import failpoint
-from reconciler.identity import box_cache_key, slot_pool
-from reconciler.jobenv import ControllerEnv, JobEnv, reference
-from reconciler.model import (
+from reconciler.core.curves import curve_path, read_metrics, render_curve
+from reconciler.core.identity import box_cache_key, slot_pool
+from reconciler.core.jobenv import ControllerEnv, JobEnv, reference
+from reconciler.core.model import (
     AttemptOutcome,
     AttemptRecord,
     Desired,
@@ -75,6 +71,21 @@ from reconciler.model import (
     RunSpec,
     Sweep,
 )
+from reconciler.core.remember import attempt_cost, capped_to_bill, overhead_record
+from reconciler.core.textsafe import visible
+from reconciler.core.throughput import progress_value
+from reconciler.errors import (
+    HostUnreachable,
+    LaunchLockHeld,
+    LaunchRefused,
+    LeaseLost,
+    PriceIncreaseGone,
+    RemoteCommandFailed,
+    RigsyncError,
+    SecretMissing,
+    StoreUnavailable,
+)
+from reconciler.failpoints import failpoint
 from reconciler.ports import (
     HARVEST_MANIFEST,
     ArchiveAppender,
@@ -88,11 +99,8 @@ from reconciler.ports import (
     ResultStore,
     no_fence,
 )
-from reconciler.remember import attempt_cost, capped_to_bill, overhead_record
 from reconciler.remote import bootstrap_cache_uploaded, watchdog_onstart
 from reconciler.remote.launched import parse_launch_answer
-from reconciler.textsafe import visible
-from reconciler.throughput import progress_value
 
 __all__ = ["ApplyContext", "ApplyResult", "Outcome", "apply", "harvest_note"]  # the outcomes' types live in actions
 
@@ -120,8 +128,8 @@ class ApplyContext:
     fence: Fence = no_fence  # raises LeaseLost when this controller may no longer act (ports.Fence)
     epoch: Callable[[], int] = lambda: 0  # the lease epoch this controller acts under (0: no lease), per launch
     note_launch: Callable[[InFlight], None] = lambda flight: None  # the launch journal, before each launch
-    on_action: Callable[[Action], None] = lambda action: None  # told as each action starts (reconciler.progress)
-    # where a sweep's ``${NAME}`` references are resolved, at launch and nowhere else (reconciler.jobenv)
+    on_action: Callable[[Action], None] = lambda action: None  # told as each action starts (views.progress_display)
+    # where a sweep's ``${NAME}`` references are resolved, at launch and nowhere else (reconciler.core.jobenv)
     controller_env: ControllerEnv = field(default_factory=ControllerEnv)
     store: ResultStore | None = None  # where harvests go; None: nothing is harvested (and records say nothing)
     harvest_cap_bytes: int = HARVEST_CAP_BYTES

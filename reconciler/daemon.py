@@ -25,8 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from reconciler.actions import Action, Destroy
 from reconciler.adapters.notifier import Notifier, open_notifier
+from reconciler.core.actions import Action, Destroy
+from reconciler.core.jobenv import ControllerEnv
+from reconciler.core.model import CONTROLLER_INTERVAL_S, Desired
+from reconciler.core.notify import cycle_events, lease_lost_events
 from reconciler.desired import load_desired
 from reconciler.errors import (
     DesiredStateInvalid,
@@ -48,16 +51,13 @@ from reconciler.fleet import (
     render_cycle,
     write_back,
 )
-from reconciler.jobenv import ControllerEnv
 from reconciler.loop import CycleResult, Reconciler, SystemClock
-from reconciler.model import CONTROLLER_INTERVAL_S, Desired
-from reconciler.notify import cycle_events, lease_lost_events
 from reconciler.observed.codec import LEASE, OBSERVED_DIR, RENDERED, STATUS, SUGGESTIONS, load_yaml
 from reconciler.observed.documents import ReconcilerStatus, status_only
+from reconciler.observed.observed_tree import read_observed
 from reconciler.observed.suggestions import merge_recorded, read_suggestions
 from reconciler.observed.summary import answer_lines, describe_change
-from reconciler.observed.tree import read_observed
-from reconciler.storeconfig import StoreConfig
+from reconciler.settings.object_store import StoreConfig
 
 log = logging.getLogger("rigsync.run")
 

@@ -26,16 +26,16 @@ from pathlib import Path
 from typing import Any
 
 import reconciler
+from reconciler.core.model import AttemptOutcome, Desired, InstanceStatus, Observed, owns, split_owned
+from reconciler.core.runphase import count_phases, is_unfinished, run_phases
 from reconciler.daemon import DaemonConfig, FleetDaemon, sleep_until
 from reconciler.emulator.s3server import start_s3_server
 from reconciler.errors import UserError
 from reconciler.fleet import open_archive
-from reconciler.model import AttemptOutcome, Desired, InstanceStatus, Observed, owns, split_owned
-from reconciler.progress import LineProgress, Progress, booting, describe
-from reconciler.runphase import count_phases, is_unfinished, run_phases
-from reconciler.storeconfig import STORE_ENDPOINT_ENV, STORE_ENV, StoreConfig, store_config
+from reconciler.settings.object_store import STORE_ENDPOINT_ENV, STORE_ENV, StoreConfig, store_config
 from reconciler.views import dashboard
 from reconciler.views.dashboard import open_hint
+from reconciler.views.progress_display import LineProgress, ProgressDisplay, booting, describe
 
 DEMO_TIMEOUTS = {
     "idle_timeout": "20s",
@@ -60,7 +60,7 @@ class DemoOptions:
     store: bool = False  # keep them in a throwaway S3-compatible server on loopback instead (boxes upload to it)
     source: Path | None = None  # a fleet repository to run instead of the example (`rigsync demo --repo DIR`)
     # what the demo waits for (rent, boot, bootstrap, launch) and its cycle lines; None: plain lines through ``say``
-    progress: Progress | None = None
+    progress: ProgressDisplay | None = None
 
 
 @dataclass
@@ -382,7 +382,7 @@ def _store_objects(daemon: FleetDaemon) -> int | None:
 
 
 def _drive(
-    daemon: FleetDaemon, emu: Any, opts: DemoOptions, progress: Progress, chaos: Chaos | None, started: float
+    daemon: FleetDaemon, emu: Any, opts: DemoOptions, progress: ProgressDisplay, chaos: Chaos | None, started: float
 ) -> DemoSummary:
     summary = DemoSummary()
     rented: set[int] = set()

@@ -59,7 +59,7 @@ us, not a decision: ``apply()`` records it as that one action's failed outcome (
 runs) and the daemon logs it with its traceback and retries the cycle with backoff.
 
 The Vast.ai emulator (``reconciler.emulator``) stands for the real service and shares none of this: its own
-errors live in ``reconciler.emulator.errors``.
+errors live in ``reconciler.emulator.exceptions``.
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ class LaunchRefused(RemoteCommandFailed):
 
 
 class OutputOverBound(RemoteCommandFailed):
-    """A command printed more than its byte bound (``reconciler.bounds``): the controller stopped reading it."""
+    """A command printed more than its byte bound (``reconciler.core.bounds``): the controller stopped reading it."""
 
 
 # ---------------------------------------------------------------------------------------------------- repo

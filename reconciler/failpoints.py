@@ -12,7 +12,7 @@ The points (each one line at its site; keep them there):
 ``apply.rent.after``
     ``reconciler/apply.py``: a rent returned an instance id, before anything about it is committed to git.
 ``boxes.launch.locked``
-    ``reconciler/adapters/boxes.py``: the launch script ran on the box. The launch lock (the attempt's ``mkdir``)
+    ``reconciler/adapters/box_control.py``: the launch script ran on the box. The launch lock (the attempt's ``mkdir``)
     and the wrapper's ``pid`` are taken and written by that one remote script (``box/launch.sh``) in one SSH
     call, so no controller-side point lies between the two; this is the nearest one: the box holds the lock, the
     run is alive and its pid written, and rigsync has not yet recorded the attempt as in flight.

@@ -32,9 +32,8 @@ from typing import TYPE_CHECKING
 
 from reconciler import ports
 from reconciler.adapters.lease import DEFAULT_RENEW_EVERY_S, DEFAULT_STALE_AFTER_S
-from reconciler.errors import PriceIncreaseGone, ProviderPermanent, UserError
-from reconciler.jobenv import ControllerEnv
-from reconciler.model import (
+from reconciler.core.jobenv import ControllerEnv
+from reconciler.core.model import (
     CONTROLLER_INTERVAL_S,
     OWN_PROVIDER,
     Desired,
@@ -45,17 +44,18 @@ from reconciler.model import (
     OfferFilters,
     PriceIncrease,
 )
+from reconciler.errors import PriceIncreaseGone, ProviderPermanent, UserError
 from reconciler.ports import Provider, Shell
 
 if TYPE_CHECKING:
-    from reconciler.actions import Plan
-    from reconciler.adapters.archive import RunArchive
+    from reconciler.adapters.archive import ShardedRunArchive
     from reconciler.adapters.git import GitRepo
-    from reconciler.adapters.lease import Lease, LocalLock
+    from reconciler.adapters.lease import GitLease, LocalLock
     from reconciler.adapters.ssh import SshShell
+    from reconciler.core.actions import Plan
     from reconciler.loop import Reconciler, SystemClock
     from reconciler.observed.documents import ReconcilerStatus
-    from reconciler.storeconfig import StoreConfig
+    from reconciler.settings.object_store import StoreConfig
 
 # (fleet, state dir, the controller's provider URL or None for its default) -> the adapters
 AdapterFactory = Callable[[Fleet, Path, str | None], tuple[Provider, Shell]]
@@ -95,7 +95,7 @@ def build_adapters(fleet: Fleet, state_dir: Path, api_url: str | None = None) ->
     """The real adapters: the official vastai SDK and paramiko, with rigsync's own key on the account.
 
     ``api_url`` is the provider URL configured on the controller (the CLI's ``--api-url``, or a caller's own);
-    None: ``RIGSYNC_API_URL`` or https://console.vast.ai (``reconciler.endpoint``). Never a URL
+    None: ``RIGSYNC_API_URL`` or https://console.vast.ai (``reconciler.settings.endpoint``). Never a URL
     from desired/: the account's key goes where this URL says. A fleet whose pools are all the lab's own machines
     (``provider: ssh``) gets ``NoMarket``: no Vast key is read and no Vast API is called.
     """
@@ -110,7 +110,7 @@ def build_adapters(fleet: Fleet, state_dir: Path, api_url: str | None = None) ->
 
 def controller_url(api_url: str | None) -> str:
     """``api_url``, or the controller's configured one when None (an explicit URL is checked by VastProvider)."""
-    from reconciler.endpoint import controller_api_url
+    from reconciler.settings.endpoint import controller_api_url
 
     return controller_api_url() if api_url is None else api_url
 
@@ -195,11 +195,11 @@ def open_git(
     return GitRepo(Path(checkout), remote=remote, branch=branch, author_name=author_name, author_email=author_email)
 
 
-def open_archive(checkout: Path) -> RunArchive:
+def open_archive(checkout: Path) -> ShardedRunArchive:
     """The run archive of the checkout: its shards under observed/runs/ and its journal in ``.git/``."""
-    from reconciler.adapters.archive import RunArchive
+    from reconciler.adapters.archive import ShardedRunArchive
 
-    return RunArchive(Path(checkout))
+    return ShardedRunArchive(Path(checkout))
 
 
 def open_lease(
@@ -210,11 +210,11 @@ def open_lease(
     pid: int,
     stale_after: float = DEFAULT_STALE_AFTER_S,
     renew_every: float = DEFAULT_RENEW_EVERY_S,
-) -> Lease:
+) -> GitLease:
     """The fleet's lease on its own ref of ``git``'s remote."""
-    from reconciler.adapters.lease import Lease
+    from reconciler.adapters.lease import GitLease
 
-    return Lease(git, holder=holder, host=host, pid=pid, stale_after=stale_after, renew_every=renew_every)
+    return GitLease(git, holder=holder, host=host, pid=pid, stale_after=stale_after, renew_every=renew_every)
 
 
 def open_local_lock(checkout: Path) -> LocalLock:
@@ -255,7 +255,7 @@ def open_fleet(
     ``controller_env`` is what sweeps' ``${NAME}`` resolve to (None: this process's environment, its allowlist
     checked now: ``jobenv.ControllerEnv``).
     """
-    from reconciler.adapters.launch_journal import LaunchJournal, merge_in_flight
+    from reconciler.adapters.launch_journal import FileLaunchJournal, merge_in_flight
     from reconciler.adapters.s3store import open_store
     from reconciler.loop import DESTROY_LATENCY_S, Reconciler, SystemClock
     from reconciler.observed.memory import read_fleet_memory
@@ -269,7 +269,7 @@ def open_fleet(
     provider, shell = adapters(fleet, state, api_url)
     archive = open_archive(checkout)
     # Launches a crash kept out of observed/runs.yaml: known again before anything is planned.
-    journal = LaunchJournal(state)
+    journal = FileLaunchJournal(state)
     written = journal.read()
     if written:
         archived = {r.key for r in archive.records()}
@@ -297,7 +297,7 @@ def render_cycle(
     """(the observed files as they are in the checkout now, the ones this cycle renders), keyed by path."""
     from reconciler.observed.codec import SUGGESTIONS
     from reconciler.observed.documents import render_observed
-    from reconciler.observed.tree import read_observed
+    from reconciler.observed.observed_tree import read_observed
     from reconciler.views.status_md import STATUS_MD, read_status_md, render_status_md
 
     desired = rec.with_suggestions(desired)
@@ -310,7 +310,7 @@ def render_cycle(
         now=rec.clock.now(),
         previous=previous,
     )
-    # each settled attempt's learning curve (reconciler/curves.py), written once beside the documents
+    # each settled attempt's learning curve (reconciler/core/curves.py), written once beside the documents
     rendered.update(rec.take_curves())
     # the bayes searches' configurations made (reconciler/observed/suggestions.py), once there are any
     suggestions = rec.suggestions_file()
@@ -328,7 +328,7 @@ def write_back(
     """Hand ``files`` and the archive's new lines to the one writer; commit them when ``message`` is given.
 
     Returns the new commit (None when nothing changed, or when only writing). The archive's journal is
-    emptied only once the writer has taken its lines (``RunArchive.hand_off``).
+    emptied only once the writer has taken its lines (``ShardedRunArchive.hand_off``).
     """
     if message is None:
         archive.hand_off(lambda appends: git.write_observed(files, appends))

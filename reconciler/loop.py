@@ -14,11 +14,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from reconciler.actions import Action, ApplyResult, Plan
 from reconciler.apply import ApplyContext, apply
-from reconciler.errors import RigsyncError
-from reconciler.jobenv import ControllerEnv, references
-from reconciler.model import (
+from reconciler.core.actions import Action, ApplyResult, Plan
+from reconciler.core.jobenv import ControllerEnv, references
+from reconciler.core.model import (
     CONTROLLER_INTERVAL_S,
     AttemptRecord,
     Desired,
@@ -27,13 +26,14 @@ from reconciler.model import (
     Observed,
     OverheadRecord,
 )
+from reconciler.core.remember import remember, world_after_apply
+from reconciler.core.runphase import is_live
+from reconciler.errors import RigsyncError
 from reconciler.observe import PROBE_TIMEOUT_S, observe
 from reconciler.observed.suggestions import Suggestion, advance, render_suggestions, suggested_runs
 from reconciler.plan import plan
 from reconciler.plan.common import fmt_duration
 from reconciler.ports import BoxControl, Fence, LaunchJournal, Provider, ResultStore, RunArchive, Shell, no_fence
-from reconciler.remember import remember, world_after_apply
-from reconciler.runphase import is_live
 
 log = logging.getLogger("rigsync.loop")
 
@@ -78,7 +78,7 @@ class Reconciler:
     on_action: Callable[[Action], None] = lambda action: None  # apply tells it each action it starts (progress)
     journal: LaunchJournal | None = None  # launches written down before they happen (ports.LaunchJournal)
     # what the sweeps' ``${NAME}`` references resolve to (this process's environment): plan() learns which names
-    # are allowed (RIGSYNC_JOB_SECRETS) and set, apply() reads the values at launch (reconciler.jobenv)
+    # are allowed (RIGSYNC_JOB_SECRETS) and set, apply() reads the values at launch (reconciler.core.jobenv)
     controller_env: ControllerEnv = field(default_factory=lambda: ControllerEnv(os.environ))
     store: ResultStore | None = None  # the local result store harvests go to (None: nothing is harvested)
     pending_curves: dict[str, str] = field(default_factory=dict)  # observed/curves/ files for the next write
@@ -94,7 +94,7 @@ class Reconciler:
     @property
     def boxes(self) -> BoxControl:
         if self.box_control is None:
-            from reconciler.adapters.boxes import ShellBoxes
+            from reconciler.adapters.box_control import ShellBoxes
 
             self.box_control = ShellBoxes(self.shell)
         return self.box_control

@@ -3,7 +3,7 @@
 The provider says which boxes exist; one SSH round trip per running owned box says what is on it. A box that
 does not answer in time is an "unreachable" observation for that box alone: the rest of the fleet is still
 observed and planned. Cross-cycle memory (when a box first went dark, which attempts are in flight) is passed
-in and brought up to this observation by ``reconciler.remember`` (the one place that updates it), so the
+in and brought up to this observation by ``reconciler.core.remember`` (the one place that updates it), so the
 snapshot after a crash is rebuilt from the provider, the boxes and the files committed under observed/, never
 from process memory alone.
 
@@ -19,10 +19,9 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from reconciler.bounds import clamp_time
-from reconciler.errors import ProviderError
-from reconciler.identity import own_boxes, slot_pool
-from reconciler.model import (
+from reconciler.core.bounds import clamp_time
+from reconciler.core.identity import own_boxes, slot_pool
+from reconciler.core.model import (
     AttemptRecord,
     BoxProbe,
     Desired,
@@ -36,8 +35,9 @@ from reconciler.model import (
     owned_by,
     split_owned,
 )
+from reconciler.core.remember import remember_observation
+from reconciler.errors import ProviderError
 from reconciler.ports import BoxControl, Provider
-from reconciler.remember import remember_observation
 
 PROBE_TIMEOUT_S = 10.0
 _FLOAT_SLACK_USD = 1e-9

@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, BinaryIO, Protocol, TypeVar
 
-from reconciler.jobenv import JobEnv
-from reconciler.model import (
+from reconciler.core.jobenv import JobEnv
+from reconciler.core.model import (
     AttemptRecord,
     BoxProbe,
     Endpoint,
@@ -152,7 +152,7 @@ class LaunchJob:
     metric_goal: MetricGoal
     max_runtime_s: float
     # the job's own environment, secrets resolved: sent on the SSH channel's stdin, never in a command line or a
-    # file; its repr shows names only (``reconciler.jobenv.JobEnv``)
+    # file; its repr shows names only (``reconciler.core.jobenv.JobEnv``)
     env: JobEnv = field(default_factory=JobEnv)
     # queued: given to the box's queue behind its slot's current attempt (started by the box when the slot frees)
     queued: bool = False

@@ -14,7 +14,7 @@ overhead lines and ``entries()`` both. Both kinds share the shards, the journal 
 (an overhead line is keyed by ``("overhead", instance_id)``; run ids are hex digests, never that word).
 
 **One writer.** The shards reach the disk the way every other file under observed/ does: the cycle hands
-them to the one writer (``reconciler.observed.tree.write_observed``, which ``GitRepo.commit_observed`` calls
+them to the one writer (``reconciler.observed.observed_tree.write_observed``, which ``GitRepo.commit_observed`` calls
 before it commits) together with the rendered documents, so a commit holds exactly what the cycle handed
 over. ``hand_off(write)`` gives ``write`` the new lines per shard and settles them once it returned.
 
@@ -30,7 +30,7 @@ for the history the planner reads) and are handed to the writer with the next cy
 emptied once the writer took them.
 
 **Exactly once.** Every append is keyed by ``(run_id, attempt)``: the key set of the shards is loaded once
-per ``RunArchive`` (one pass, parsing only what a key needs, so a million records load in about a second)
+per ``ShardedRunArchive`` (one pass, parsing only what a key needs, so a million records load in about a second)
 and kept in memory with the journal's keys. A record already in a shard or in the journal is not appended
 again; a journal record already in a shard (the writer wrote it, rigsync died before emptying the journal)
 is dropped on load. A line cut short by a crash (no trailing newline) is ignored on load, and cut before the
@@ -46,11 +46,11 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
+from reconciler.core.model import AttemptRecord, OverheadRecord
 from reconciler.errors import ArchiveCorrupt, RepoError
-from reconciler.model import AttemptRecord, OverheadRecord
 from reconciler.observed.archive_lines import R, Record, entry_from_json, entry_to_json, key_of, shard_path
 from reconciler.observed.codec import RUNS_DIR
-from reconciler.observed.tree import append_lines
+from reconciler.observed.observed_tree import append_lines
 
 JOURNAL_FILE = "rigsync-archive.journal"  # under the checkout's .git/
 
@@ -78,7 +78,7 @@ def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
                 yield n, stripped
 
 
-class RunArchive:
+class ShardedRunArchive:
     """The archive of the checkout at ``checkout``: its shards under observed/runs/ plus the pending journal."""
 
     def __init__(self, checkout: Path, *, journal: Path | None = None) -> None:

@@ -33,7 +33,9 @@ import git
 from git.exc import GitCommandError, InvalidGitRepositoryError, NoSuchPathError
 
 from reconciler.adapters.lease import LEASE_FILE
-from reconciler.desired.tree import (
+from reconciler.core.model import Desired
+from reconciler.core.textsafe import visible
+from reconciler.desired.desired_tree import (
     MAX_DESIRED_DEPTH,
     MAX_DESIRED_ENTRIES,
     MAX_FILE_BYTES,
@@ -46,10 +48,8 @@ from reconciler.desired.tree import (
 )
 from reconciler.errors import LeaseRace, PushRejected, RepoError
 from reconciler.failpoints import failpoint
-from reconciler.model import Desired
 from reconciler.observed.codec import OBSERVED_DIR
-from reconciler.observed.tree import write_observed
-from reconciler.textsafe import visible
+from reconciler.observed.observed_tree import write_observed
 
 OBSERVED_PREFIX = OBSERVED_DIR + "/"
 DESIRED_PREFIX = "desired/"
@@ -375,7 +375,7 @@ class GitRepo:
     def write_observed(self, files: Mapping[str, str | None], appends: Mapping[str, bytes]) -> None:
         """Write ``files`` (None deletes) and append ``appends`` in the working tree, without committing.
 
-        The one writer of observed/ (``reconciler.observed.tree.write_observed``): any path outside
+        The one writer of observed/ (``reconciler.observed.observed_tree.write_observed``): any path outside
         ``observed/`` is refused before anything is written.
         """
         write_observed(self.path, files, appends)

@@ -20,8 +20,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from reconciler.core.model import InFlight
 from reconciler.errors import LaunchJournalError
-from reconciler.model import InFlight
 from reconciler.remote.launched import valid_pid, valid_start
 
 JOURNAL = "launches.jsonl"
@@ -57,7 +57,7 @@ def _time(value: object) -> float | None:
     return float(value)
 
 
-class LaunchJournal:
+class FileLaunchJournal:
     def __init__(self, state_dir: Path) -> None:
         self.path = Path(state_dir) / JOURNAL
 

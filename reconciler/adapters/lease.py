@@ -22,7 +22,7 @@ The decisions are pure functions over the parsed file and ``now``; the heartbeat
 cycle may act for minutes (rents, code shipments, launches over SSH), and a controller that stalls (a slow
 apply, a suspended laptop, a network partition) could still be acting when another one takes over. The classic
 lease argument closes that gap without asking the remote before every action. Let ``T`` be the heartbeat of the
-last lease we *pushed* (``Lease.confirmed_at``: the heartbeat others read on the remote, not one only written
+last lease we *pushed* (``GitLease.confirmed_at``: the heartbeat others read on the remote, not one only written
 locally). Nobody may take the lease over before ``T + stale_after`` on *their* clock. So we may act only while
 
     now < T + stale_after - margin,        margin = min(FENCE_MARGIN_MAX_S, stale_after / 4)
@@ -32,7 +32,7 @@ duration of the one action that starts just before the deadline (an SSH command 
 commit + push takes seconds). With the defaults (stale 300 s) that is 60 s, so we stop acting 4 minutes after
 our last pushed heartbeat; with a tiny ``--lease-stale`` the margin shrinks with it (a quarter).
 
-``apply()`` calls the fence (``Lease.check``, through ``FleetDaemon.fence``) just before every action that
+``apply()`` calls the fence (``GitLease.check``, through ``FleetDaemon.fence``) just before every action that
 changes the world, and the daemon checks the deadline again before it commits the cycle's observed files. The
 push of that commit carries a heartbeat too, in one ``--atomic`` push with the branch: the branch moves only if
 the lease is still the version we wrote, so nothing of ours lands once another reconciler holds the lease. Once the
@@ -269,7 +269,7 @@ def _epoch_of(doc: dict[str, Any], acquired_at: float) -> int:
 Swap = Callable[[str | None, str, str], str | None]
 
 
-class Lease:
+class GitLease:
     """This reconciler's lease over the store (``ports.LeaseStore``): taken, renewed and released by compare-and-swap.
 
     ``version`` is the store's version of the lease as we last read or wrote it: the value every write expects.

@@ -1,4 +1,4 @@
-"""Telling people: the events ``reconciler.notify`` found, sent with apprise (Slack, Discord, e-mail, ntfy, webhooks).
+"""Telling people: the events ``core.notify`` found, sent with apprise (Slack, Discord, e-mail, ntfy, webhooks).
 
 Where they go is the controller's secret: ``RIGSYNC_NOTIFY_URLS``, apprise URLs separated by commas or spaces,
 never written to desired/, git, logs or argv (a failure names only the URL's scheme). Sending happens in one
@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from reconciler.notify import Event
-from reconciler.observed.tree import write_observed
+from reconciler.core.notify import Event
+from reconciler.observed.observed_tree import write_observed
 
 log = logging.getLogger("rigsync.notify")
 

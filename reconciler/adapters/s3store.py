@@ -1,6 +1,6 @@
 """The result store in an S3-compatible object store (AWS S3, Cloudflare R2, MinIO, Backblaze B2, SeaweedFS).
 
-Where it is and its credentials are the controller's settings (``reconciler.storeconfig``). Boxes reach it
+Where it is and its credentials are the controller's settings (``reconciler.settings.object_store``). Boxes reach it
 themselves, with presigned URLs the controller mints for one attempt's keys (``ports.Presigner``): large data
 never crosses the controller, and no box holds a credential. The layout, under ``<prefix>/<fleet>/``::
 
@@ -53,7 +53,8 @@ from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError, NoC
 from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from reconciler.adapters.store import MANIFEST, LocalStore, data_dir_for, parse_manifest
-from reconciler.bounds import MANIFEST_BYTES
+from reconciler.core.bounds import MANIFEST_BYTES
+from reconciler.core.model import Fleet
 from reconciler.errors import (
     StoreBucketMissing,
     StoreCredentialsRefused,
@@ -61,7 +62,6 @@ from reconciler.errors import (
     StoreUnavailable,
     UserError,
 )
-from reconciler.model import Fleet
 from reconciler.ports import (
     ATTEMPT_TAR,
     Download,
@@ -73,7 +73,7 @@ from reconciler.ports import (
     Upload,
 )
 from reconciler.remote.commands import SHA256_RE, is_run_file
-from reconciler.storeconfig import ACCESS_KEY_ENV, SECRET_KEY_ENV, StoreConfig
+from reconciler.settings.object_store import ACCESS_KEY_ENV, SECRET_KEY_ENV, StoreConfig
 
 T = TypeVar("T")
 

@@ -8,7 +8,7 @@ for that box alone within about the requested timeout. paramiko bounds some step
 operation also runs under a watchdog that closes the socket when the deadline passes, which wakes any blocked
 paramiko call with an exception.
 
-Every command's output is read under a byte bound (``reconciler.bounds``): stdout up to ``max_stdout``
+Every command's output is read under a byte bound (``reconciler.core.bounds``): stdout up to ``max_stdout``
 (``COMMAND_STDOUT_BYTES`` unless the caller says otherwise), and reading stops past it (``OutputOverBound``, the
 channel closed); of stderr only the last ``COMMAND_STDERR_BYTES`` are kept. A box is a stranger's machine, and
 whatever it prints, the controller's memory stays flat: the channel's window is no larger than the bound either,
@@ -40,9 +40,9 @@ import paramiko
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from reconciler.bounds import COMMAND_STDERR_BYTES, COMMAND_STDOUT_BYTES
+from reconciler.core.bounds import COMMAND_STDERR_BYTES, COMMAND_STDOUT_BYTES
+from reconciler.core.model import Endpoint
 from reconciler.errors import HostKeyMismatch, HostUnreachable, OutputOverBound, RigsyncError, ShellError
-from reconciler.model import Endpoint
 from reconciler.ports import CommandResult
 
 T = TypeVar("T")

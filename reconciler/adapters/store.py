@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from reconciler.bounds import MANIFEST_BYTES, MAX_HARVEST_FILES, bounded_text, strict_json
+from reconciler.core.bounds import MANIFEST_BYTES, MAX_HARVEST_FILES, bounded_text, strict_json
 from reconciler.errors import StoreError
 from reconciler.ports import HARVEST_MANIFEST, Harvested, HarvestStream, StoredCheckpoint
 

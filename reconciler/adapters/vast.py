@@ -16,7 +16,7 @@ emulator is proven against the same client. This module adds what a reconciler n
   create may already have rented a box and a blind retry would rent a second one;
 * silence: the SDK may print, and rigsync's CLI prints JSON on stdout, so SDK calls run with stdout captured;
 * the API key comes from ``VAST_API_KEY`` or the vastai key files, never from YAML, and is never logged;
-* the key goes to one URL only, the one configured on the controller (``reconciler.endpoint``: ``--api-url``,
+* the key goes to one URL only, the one configured on the controller (``reconciler.settings.endpoint``: ``--api-url``,
   else ``RIGSYNC_API_URL``, else https://console.vast.ai), never one named under desired/; the constructor checks
   it again (``check_api_url``) and hands it to the SDK explicitly (the SDK would otherwise fall back to
   ``VAST_URL``). On a redirect the SDK's session keeps the key only for the same scheme, host and port (or a host
@@ -53,9 +53,9 @@ from urllib.parse import urlsplit
 
 import requests
 
-from reconciler import offers
-from reconciler.bounds import MAX_GPUS, bounded_int, finite
-from reconciler.endpoint import DEFAULT_URL, check_api_url, shown_url
+from reconciler.core import offers
+from reconciler.core.bounds import MAX_GPUS, bounded_int, finite
+from reconciler.core.model import Endpoint, Instance, InstanceStatus, Offer, OfferFilters, PriceIncrease, Ranking
 from reconciler.errors import (
     PriceIncreaseGone,
     ProviderAuthError,
@@ -65,8 +65,8 @@ from reconciler.errors import (
     RejectedByProvider,
     UserError,
 )
-from reconciler.model import Endpoint, Instance, InstanceStatus, Offer, OfferFilters, PriceIncrease, Ranking
 from reconciler.remote import WATCHDOG_API_URL_ENV
+from reconciler.settings.endpoint import DEFAULT_URL, check_api_url, shown_url
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -232,7 +232,7 @@ def instance_from_record(rec: dict[str, Any]) -> Instance:
 
 
 def build_query(filters: OfferFilters, disk_gb: float) -> str:
-    """The SDK's search query string for ``filters``, from the one filter table in ``reconciler.offers``.
+    """The SDK's search query string for ``filters``, from the one filter table in ``reconciler.core.offers``.
 
     The query may be looser than the filters (geolocation is checked client-side only), never stricter; every
     result is re-checked with ``offers.offer_passes``.

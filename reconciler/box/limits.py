@@ -1,7 +1,7 @@
 """The box side's bounds: how much the probe reads of a box's files and reports, so that an honest box with huge
 files (a 200 MB metrics line, a thousand run directories, a chatty nvidia-smi) still gives a usable probe.
 
-Each is at most the controller's bound for the same thing in ``reconciler/bounds.py`` (a unit test holds them to
+Each is at most the controller's bound for the same thing in ``reconciler/core/bounds.py`` (a unit test holds them to
 it); the box cannot import that module (standard library only), so these are the box's own. Kept apart from
 ``boxlib.py`` because the watchdog's bundle carries ``boxlib.py`` in the instance's onstart, which stays small.
 """

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from reconciler import __version__
+from reconciler.core.textsafe import SafeStream
 from reconciler.errors import RigsyncError, UserError, cause_chain
-from reconciler.textsafe import SafeStream
 
 log = logging.getLogger("rigsync.cli")
 LOG_LEVEL_ENV = "RIGSYNC_LOG_LEVEL"
@@ -101,7 +101,7 @@ def build_parser(*, full: bool = False) -> argparse.ArgumentParser:
 def _errors_for_people() -> tuple[type[Exception], ...]:
     """``UserError``, and the emulator's own errors (meant for people too) when this command loaded the emulator:
     no command that left it unloaded can raise them, and importing it would cost every command its start-up."""
-    emulator = sys.modules.get("reconciler.emulator.errors")
+    emulator = sys.modules.get("reconciler.emulator.exceptions")
     return (UserError,) if emulator is None else (UserError, emulator.EmulatorError)
 
 

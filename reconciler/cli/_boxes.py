@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from reconciler.cli._common import load_local_desired
+from reconciler.core.model import Desired, Instance, InstanceStatus, owned_by
 from reconciler.errors import UserError
 from reconciler.fleet import open_archive, open_provider, open_shell, state_dir_for
-from reconciler.model import Desired, Instance, InstanceStatus, owned_by
-from reconciler.observed.attempts import AttemptIndex, read_attempt_index
+from reconciler.observed.run_lookup import AttemptIndex, read_attempt_index
 from reconciler.ports import Provider
 
 if TYPE_CHECKING:  # paramiko is imported when a box is reached: `rigsync logs` from the local store never needs it

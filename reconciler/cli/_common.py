@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 from reconciler.errors import DesiredStateInvalid, RepoError, UserError
 
 if TYPE_CHECKING:
-    from reconciler.actions import Plan
     from reconciler.apply import ApplyResult
+    from reconciler.core.actions import Plan
+    from reconciler.core.model import Desired, Observed
     from reconciler.loop import Reconciler
-    from reconciler.model import Desired, Observed
-    from reconciler.storeconfig import StoreConfig
+    from reconciler.settings.object_store import StoreConfig
 
 
 def add_checkout_arg(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +54,7 @@ def add_live_args(parser: argparse.ArgumentParser) -> None:
 def add_data_dir_arg(parser: argparse.ArgumentParser) -> None:
     """``--data-dir`` and ``--store``, on every command that settles attempts or reads their results: the local
     store (``adapters.store``) or an S3-compatible one (``adapters.s3store``, ``storeconfig``)."""
-    from reconciler.storeconfig import STORE_ENDPOINT_ENV, STORE_ENV, STORE_FLAG
+    from reconciler.settings.object_store import STORE_ENDPOINT_ENV, STORE_ENV, STORE_FLAG
 
     parser.add_argument(
         "--data-dir", default=None, metavar="DIR",
@@ -73,14 +73,14 @@ def add_data_dir_arg(parser: argparse.ArgumentParser) -> None:
 def store_of(args: argparse.Namespace) -> StoreConfig | None:
     """The controller's result store for this command (None: the local data dir), checked before anything is
     read or contacted."""
-    from reconciler.storeconfig import store_config
+    from reconciler.settings.object_store import store_config
 
     return store_config(getattr(args, "store", None), os.environ)
 
 
 def add_api_url_arg(parser: argparse.ArgumentParser) -> None:
     """``--api-url``, on every command that talks to the provider."""
-    from reconciler.endpoint import API_URL_ENV, API_URL_FLAG, DEFAULT_URL
+    from reconciler.settings.endpoint import API_URL_ENV, API_URL_FLAG, DEFAULT_URL
 
     parser.add_argument(
         API_URL_FLAG, dest="api_url", default=None, metavar="URL",
@@ -91,7 +91,7 @@ def add_api_url_arg(parser: argparse.ArgumentParser) -> None:
 
 def api_url_of(args: argparse.Namespace) -> str:
     """The controller's provider URL for this command, checked before anything is read or contacted."""
-    from reconciler.endpoint import controller_api_url
+    from reconciler.settings.endpoint import controller_api_url
 
     return controller_api_url(args.api_url, os.environ)
 

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import jsonschema
 
-from reconciler.actions import PLAN_FORMAT_VERSION, Bootstrap, Launch, Plan, ShipCode
 from reconciler.adapters import lease
 from reconciler.adapters.lease import LeaseState, LocalLock, lock_path
 from reconciler.cli._common import (
@@ -30,13 +29,14 @@ from reconciler.cli._common import (
     store_of,
     write_observed_uncommitted,
 )
+from reconciler.core.actions import PLAN_FORMAT_VERSION, Bootstrap, Launch, Plan, ShipCode
+from reconciler.core.model import Desired
 from reconciler.desired import schema_path
 from reconciler.errors import LeaseHeld, RepoError, StalePlan, UserError
 from reconciler.fleet import open_git, open_lease, open_local_lock
-from reconciler.model import Desired
-from reconciler.progress import booting, describe, progress_for
-from reconciler.render import plan_text
-from reconciler.saved_plan import stale_reasons
+from reconciler.plan.render import plan_text
+from reconciler.plan.saved import stale_reasons
+from reconciler.views.progress_display import booting, describe, progress_for
 
 _SHIPS = (Bootstrap, ShipCode, Launch)  # what puts the tree's content on a box
 

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from reconciler.demo import DemoOptions, run_demo, say_stderr
-from reconciler.progress import progress_for
 from reconciler.views.dashboard import open_hint
+from reconciler.views.progress_display import progress_for
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -22,14 +22,14 @@ from typing import Any
 
 import jsonschema
 
-from reconciler.actions import SweepEstimate
 from reconciler.cli._common import add_checkout_arg
+from reconciler.core.actions import SweepEstimate
+from reconciler.core.jobenv import held_back
+from reconciler.core.model import Desired, RunPhase
+from reconciler.core.textsafe import md_section
 from reconciler.errors import DesiredStateInvalid, ObservedInvalid, RepoError, UserError
-from reconciler.jobenv import held_back
-from reconciler.model import Desired, RunPhase
 from reconciler.observed.codec import DRIFT, FLEET, RUNS, STATUS, load_yaml
-from reconciler.render import estimate_line
-from reconciler.textsafe import md_section
+from reconciler.plan.render import estimate_line
 
 REQUIRED = (FLEET, RUNS, DRIFT, STATUS)
 # The snapshots rigsync writes stay far below this even at the loader's 50,000 runs; a blob past it is not read.

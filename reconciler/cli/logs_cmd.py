@@ -31,12 +31,12 @@ from typing import Protocol
 
 from reconciler.adapters.s3store import open_store
 from reconciler.adapters.store import attempt_dir, data_dir_for, harvest_skipped
-from reconciler.bounds import COMMAND_STDOUT_BYTES
 from reconciler.cli._boxes import BoxAccess, read_fleet_facts
 from reconciler.cli._common import add_data_dir_arg, add_live_args, api_url_of, store_of
+from reconciler.core.bounds import COMMAND_STDOUT_BYTES
+from reconciler.core.model import Endpoint
 from reconciler.errors import HostKeyMismatch, HostUnreachable, RemoteCommandFailed, UserError
-from reconciler.model import Endpoint
-from reconciler.observed.attempts import AttemptPlace
+from reconciler.observed.run_lookup import AttemptPlace
 from reconciler.ports import ResultStore, Shell
 from reconciler.remote import NO_SUCH_RUN_EXIT
 from reconciler.remote.logs import (

@@ -28,7 +28,7 @@ from reconciler import __version__
 from reconciler.cli import diff_cmd, logs_cmd, plan_cmd, runs_cmd, status_cmd, validate_cmd
 from reconciler.cli._common import add_checkout_arg, load_local_desired
 from reconciler.desired import schema_path
-from reconciler.emulator.errors import EmulatorError
+from reconciler.emulator.exceptions import EmulatorError
 from reconciler.errors import RigsyncError, UserError
 
 if TYPE_CHECKING:  # the SDK is imported when the server starts: every other command would pay for it otherwise
@@ -98,8 +98,8 @@ TOOLS: tuple[ToolSpec, ...] = (
 
 
 def _review(repo: Path, a: Mapping[str, Any]) -> Any:
-    from reconciler.jobenv import allowlist_given
-    from reconciler.review_git import review  # the producer `rigsync review --json` prints
+    from reconciler.cli._review_git import review  # the producer `rigsync review --json` prints
+    from reconciler.core.jobenv import allowlist_given
 
     return review(repo, str(a["base"]), str(a.get("head") or "HEAD"), allowed_secrets=allowlist_given(os.environ))
 

@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from reconciler.actions import Plan
 from reconciler.cli._common import add_allow_dirty_arg, add_live_args, dirty_banner, observe_once
+from reconciler.core.actions import Plan
+from reconciler.core.suggest import SearchBound, search_bounds
 from reconciler.errors import UserError
-from reconciler.render import plan_text
-from reconciler.suggest import SearchBound, search_bounds
+from reconciler.plan.render import plan_text
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -14,11 +14,11 @@ import argparse
 import json
 import os
 
-from reconciler import review as reviewing
 from reconciler.cli._common import add_checkout_arg
+from reconciler.cli._review_git import review
+from reconciler.core.jobenv import JOB_SECRETS_ENV, allowlist_given
 from reconciler.errors import UserError
-from reconciler.jobenv import JOB_SECRETS_ENV, allowlist_given
-from reconciler.review_git import review
+from reconciler.plan import review as reviewing
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

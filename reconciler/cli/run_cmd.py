@@ -7,9 +7,9 @@ import logging
 from pathlib import Path
 
 from reconciler.cli._common import add_data_dir_arg, add_live_args, api_url_of, store_of
+from reconciler.core.model import CONTROLLER_INTERVAL_S
 from reconciler.daemon import DaemonConfig, FleetDaemon
 from reconciler.errors import UserError
-from reconciler.model import CONTROLLER_INTERVAL_S
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

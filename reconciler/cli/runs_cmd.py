@@ -11,11 +11,11 @@ import argparse
 import json
 
 from reconciler.cli._common import add_checkout_arg
+from reconciler.core.model import Desired, RunSpec
+from reconciler.core.textsafe import md_section
 from reconciler.desired import errors_of, load_desired_from_dir
+from reconciler.desired.expand import scalar_text
 from reconciler.errors import DesiredStateInvalid
-from reconciler.expand import scalar_text
-from reconciler.model import Desired, RunSpec
-from reconciler.textsafe import md_section
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -25,8 +25,8 @@ import sys
 from reconciler.adapters.ssh import is_pinned, openssh_argv
 from reconciler.cli._boxes import BoxAccess, FleetFacts, read_fleet_facts
 from reconciler.cli._common import add_live_args, api_url_of
+from reconciler.core.model import Instance, RunPhase
 from reconciler.errors import HostKeyMismatch, HostUnreachable, UserError
-from reconciler.model import Instance, RunPhase
 
 PIN_TIMEOUT_S = 20.0
 

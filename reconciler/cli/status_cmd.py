@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.cli._common import add_live_args, observe_once
-from reconciler.model import Observed
-from reconciler.remember import attempt_cost
-from reconciler.render import status_json, status_text
+from reconciler.core.model import Observed
+from reconciler.core.remember import attempt_cost
+from reconciler.plan.render import status_json, status_text
 from reconciler.views.opstax import LiveBox, OpsTax, ops_tax, tax_lines
 
 
@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def live_ops_tax(repo: Path, observed: Observed, now: float) -> OpsTax:
     """The ops tax of the archive at ``repo`` plus the boxes ``observed`` lists as ours, billed to ``now``."""
-    from reconciler.adapters.archive import RunArchive
+    from reconciler.adapters.archive import ShardedRunArchive
 
     mine = {m.instance_id: m for m in observed.memory.boxes}
     held = []
@@ -42,7 +42,7 @@ def live_ops_tax(repo: Path, observed: Observed, now: float) -> OpsTax:
         )
         held.append(LiveBox(inst.id, inst.dph_total, inst.start_date or mem.first_seen_at, now, mem.reachable_at,
                             mem.ready_at, running))
-    return ops_tax(observed.history, RunArchive(repo).overheads(), held)
+    return ops_tax(observed.history, ShardedRunArchive(repo).overheads(), held)
 
 
 def _observe(args: argparse.Namespace) -> tuple[dict[str, Any], OpsTax]:

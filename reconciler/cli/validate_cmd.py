@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.cli._common import add_checkout_arg
+from reconciler.core.model import Desired
 from reconciler.desired import LoadError, errors_of, load_desired_from_dir
 from reconciler.errors import DesiredStateInvalid
-from reconciler.model import Desired
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""The desired/ tree → validated, frozen ``reconciler.model.Desired``.
+"""The desired/ tree → validated, frozen ``reconciler.core.model.Desired``.
 
 People and agents edit these YAML files by hand, so the loader's job is to refuse bad input precisely and
 all at once: every problem becomes a ``LoadError`` with file, line, column, JSON pointer and message, and
@@ -15,6 +15,18 @@ One concern per module:
 - ``load``: the whole tree at once, every problem reported together.
 """
 
+from reconciler.desired.desired_tree import (
+    BUDGET_FILE,
+    DESIRED_DIR,
+    FLEET_FILE,
+    MAX_DESIRED_DEPTH,
+    MAX_DESIRED_ENTRIES,
+    MAX_FILE_BYTES,
+    README_FILE,
+    SWEEPS_DIR,
+    TreeFiles,
+    read_desired_files,
+)
 from reconciler.desired.fields import parse_duration
 from reconciler.desired.load import (
     MAX_ERRORS_PER_FILE,
@@ -28,18 +40,6 @@ from reconciler.desired.load_error import LoadError, pointer_of
 from reconciler.desired.schema_errors import schema_path
 from reconciler.desired.strict_yaml import parse_yaml
 from reconciler.desired.sweep_checks import MAX_RUNS_PER_SWEEP
-from reconciler.desired.tree import (
-    BUDGET_FILE,
-    DESIRED_DIR,
-    FLEET_FILE,
-    MAX_DESIRED_DEPTH,
-    MAX_DESIRED_ENTRIES,
-    MAX_FILE_BYTES,
-    README_FILE,
-    SWEEPS_DIR,
-    TreeFiles,
-    read_desired_files,
-)
 
 __all__ = [
     "BUDGET_FILE",

@@ -2,7 +2,7 @@
 
 ``ROWS`` is declarative, like ``offers.RULES``: each row is a key path inside one model's YAML mapping, the
 model's field it sets and the converter from validated YAML to the field's type. A key that is not written is
-not passed, so the dataclass default in ``reconciler.model`` is the only default there is (``Row.default`` reads
+not passed, so the dataclass default in ``reconciler.core.model`` is the only default there is (``Row.default`` reads
 it back, and a test checks that every ``default`` the JSON schemas show equals it). The schema and the checks
 have already refused what cannot work; what is left here is conversion.
 """
@@ -17,8 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from reconciler.desired.tree import bootstrap_file
-from reconciler.model import (
+from reconciler.core.model import (
     DEFAULT_POOL,
     Budget,
     Checkpoint,
@@ -40,6 +39,7 @@ from reconciler.model import (
     SearchParam,
     Sweep,
 )
+from reconciler.desired.desired_tree import bootstrap_file
 
 _DURATION_RE = re.compile(r"^(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?$")
 

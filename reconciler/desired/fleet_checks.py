@@ -7,12 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from reconciler.core.model import OWN_PROVIDER, OfferFilters, Pool
+from reconciler.core.offers import country_code, gpu_name_problem
+from reconciler.desired.desired_tree import MAX_FILE_BYTES, bootstrap_file
 from reconciler.desired.fields import duration_or, field_default, parse_duration
 from reconciler.desired.load_error import LoadError
 from reconciler.desired.strict_yaml import Doc, character_problems
-from reconciler.desired.tree import MAX_FILE_BYTES, bootstrap_file
-from reconciler.model import OWN_PROVIDER, OfferFilters, Pool
-from reconciler.offers import country_code, gpu_name_problem
 from reconciler.remote import HEARTBEAT_INTERVAL_S, is_cache_path
 
 # A heartbeat must be able to miss a beat or two (a busy box, a slow disk) before its run is declared lost.
@@ -45,7 +45,7 @@ def fleet_checks(doc: Doc, files: Mapping[str, bytes]) -> tuple[list[LoadError],
                 f"gpus_min ({offers['gpus_min']}) is greater than gpus_max ({offers['gpus_max']})",
             )
         )
-    # What a GPU name or a geolocation means is decided in reconciler.offers; the loader refuses what it cannot use.
+    # What a GPU name or a geolocation means is decided in core.offers; the loader refuses what it cannot use.
     for i, name in enumerate(offers.get("gpu_names", ())):
         problem = gpu_name_problem(name)
         if problem is not None:

@@ -12,13 +12,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from reconciler.core.model import Desired, Sweep
 from reconciler.desired import fields
-from reconciler.desired.fleet_checks import bootstrap_owners, fleet_checks
-from reconciler.desired.load_error import MAX_MESSAGE, LoadError, short
-from reconciler.desired.schema_errors import schema_errors
-from reconciler.desired.strict_yaml import Doc, parse_yaml
-from reconciler.desired.sweep_checks import sweep_checks
-from reconciler.desired.tree import (
+from reconciler.desired.desired_tree import (
     BUDGET_FILE,
     DESIRED_DIR,
     FLEET_FILE,
@@ -28,9 +24,13 @@ from reconciler.desired.tree import (
     bootstrap_file,
     read_desired_files,
 )
+from reconciler.desired.expand import count_runs, expand
+from reconciler.desired.fleet_checks import bootstrap_owners, fleet_checks
+from reconciler.desired.load_error import MAX_MESSAGE, LoadError, short
+from reconciler.desired.schema_errors import schema_errors
+from reconciler.desired.strict_yaml import Doc, parse_yaml
+from reconciler.desired.sweep_checks import sweep_checks
 from reconciler.errors import DesiredStateInvalid
-from reconciler.expand import count_runs, expand
-from reconciler.model import Desired, Sweep
 
 MAX_RUNS_TOTAL = 50_000
 MAX_SWEEP_FILES = 500

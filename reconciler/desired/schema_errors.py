@@ -15,7 +15,7 @@ from typing import Any
 
 import jsonschema
 
-from reconciler import jobenv
+from reconciler.core import jobenv
 from reconciler.desired.load_error import LoadError, Path_, pointer_of, short
 from reconciler.desired.strict_yaml import Doc, yaml12_number_hint
 
@@ -62,7 +62,7 @@ _MOVED_OUT = {
 }
 
 # Keys that name a result store (``store``, ``bucket``, ``endpoint``, ``s3``, ``s3_bucket``, ...), wherever they are
-# written: refused with STORE_WHY. Where results go is the controller's (``reconciler.storeconfig``: its flag and
+# written: refused with STORE_WHY. Where results go is the controller's (``settings.object_store``: its flag and
 # variables are named here as that module spells them, a unit test holds the two together).
 _STORE_KEY_RE = re.compile(r"(?:^|[_-])(?:s3|bucket|store|endpoint)(?:$|[_-])", re.IGNORECASE)
 STORE_WHY = (

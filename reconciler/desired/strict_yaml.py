@@ -26,8 +26,8 @@ from typing import Any
 
 import yaml
 
+from reconciler.desired.desired_tree import MAX_FILE_BYTES, too_big
 from reconciler.desired.load_error import LoadError, Path_, pointer_of, short
-from reconciler.desired.tree import MAX_FILE_BYTES, too_big
 from reconciler.errors import YamlRefused
 
 MAX_DEPTH = 20

@@ -10,7 +10,12 @@ from collections.abc import Container, Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
-from reconciler import jobenv
+from reconciler.core import jobenv
+from reconciler.core.model import DEFAULT_POOL, Distribution, SearchMethod, SearchParam, Sweep
+from reconciler.core.offers import most_gpu_ram_gib
+from reconciler.core.search import LOGARITHMIC, QUANTIZED, quantum_bounds, space_size
+from reconciler.desired.desired_tree import FLEET_FILE, safe_relative
+from reconciler.desired.expand import RUN_VARIABLES, parameter_name_problem, template_variables
 from reconciler.desired.fields import (
     build_search,
     duration_or,
@@ -22,12 +27,7 @@ from reconciler.desired.fields import (
 )
 from reconciler.desired.load_error import LoadError
 from reconciler.desired.strict_yaml import VALUE_CONTROL_RE, Doc, character_name
-from reconciler.desired.tree import FLEET_FILE, safe_relative
 from reconciler.errors import TemplateProblem
-from reconciler.expand import RUN_VARIABLES, parameter_name_problem, template_variables
-from reconciler.model import DEFAULT_POOL, Distribution, SearchMethod, SearchParam, Sweep
-from reconciler.offers import most_gpu_ram_gib
-from reconciler.search import LOGARITHMIC, QUANTIZED, quantum_bounds, space_size
 
 MAX_RUNS_PER_SWEEP = 10_000
 
@@ -210,7 +210,7 @@ def sweep_checks(doc: Doc, fleet_data: Mapping[str, Any] | None, repo_paths: Con
 
 
 def _env_checks(doc: Doc) -> list[LoadError]:
-    """A sweep's ``env`` beyond the schema (``reconciler.jobenv`` holds the rules). No message quotes a value."""
+    """A sweep's ``env`` beyond the schema (``reconciler.core.jobenv`` holds the rules). No message quotes a value."""
     env: Mapping[str, Any] = doc.data.get("env", {})
     errors: list[LoadError] = []
     for name, value in env.items():

@@ -5,9 +5,9 @@ ledger and fault injection; each rented instance is a real OpenSSH sshd in its o
 See README.md in this folder for the admin API.
 """
 
+from reconciler.emulator.billing import Ledger
 from reconciler.emulator.core import Emulator
-from reconciler.emulator.errors import ApiError, EmulatorError, EmulatorUnavailable
-from reconciler.emulator.ledger import Ledger
+from reconciler.emulator.exceptions import ApiError, EmulatorError, EmulatorUnavailable
 from reconciler.emulator.market import Market
 
 __all__ = ["ApiError", "Emulator", "EmulatorError", "EmulatorUnavailable", "Ledger", "Market"]

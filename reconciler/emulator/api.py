@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from reconciler.emulator.errors import ApiError, QueryError
+from reconciler.emulator.exceptions import ApiError, QueryError
 from reconciler.emulator.market import CARDS, matches
 
 if TYPE_CHECKING:

@@ -22,10 +22,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from reconciler.emulator.errors import ApiError
-from reconciler.emulator.hosts import AddressPool, Box, BoxSpec, Forwarder, GpuSpec, ProxyHost, Spawner, preflight
-from reconciler.emulator.ledger import Charge, Ledger
+from reconciler.emulator.billing import Charge, Ledger
+from reconciler.emulator.exceptions import ApiError
 from reconciler.emulator.market import Market, price, speed_factor
+from reconciler.emulator.sshd_boxes import AddressPool, Box, BoxSpec, Forwarder, GpuSpec, ProxyHost, Spawner, preflight
 
 # What a create without a ``runtype`` gets (the SDK leaves it out unless asked; the backend picks): SSH with a direct
 # port when the offer has one, and the proxy.
@@ -33,7 +33,7 @@ DEFAULT_RUNTYPE = "ssh_direc ssh_proxy"
 
 
 @dataclass
-class Instance:
+class EmulatedInstance:
     id: int
     offer: dict[str, Any]
     box: Box
@@ -129,7 +129,7 @@ class Emulator:
         self.proxy = ProxyHost(f"{host_prefix}.1", reuse_ports=reuse_proxy_ports)
         self._runtype_override: str | None = None
         self._lock = threading.RLock()
-        self._instances: dict[int, Instance] = {}
+        self._instances: dict[int, EmulatedInstance] = {}
         self._boxes: list[Box] = []
         self._next_id = 31_000_000 + seed % 1000 * 1000 + 1
         self._account_keys: dict[int, dict[str, Any]] = {}
@@ -253,7 +253,7 @@ class Emulator:
         found.discard(os.getpid())
         return len(found)
 
-    def _get(self, instance_id: int) -> Instance:
+    def _get(self, instance_id: int) -> EmulatedInstance:
         with self._lock:
             inst = self._instances.get(instance_id)
         if inst is None:
@@ -372,7 +372,7 @@ class Emulator:
                            speed_factor(offer["gpu_name"]))
             box = Box(spec, self.state_dir / "boxes" / str(iid))
             keys = [k["public_key"] for k in self._account_keys.values()]
-            inst = Instance(
+            inst = EmulatedInstance(
                 id=iid, offer=priced, box=box, image=str(image or ""), label=str(body.get("label") or ""),
                 disk=disk, env=env, onstart=spec.onstart, is_bid=bid is not None,
                 dph_total=float(priced["dph_total"]),
@@ -394,7 +394,7 @@ class Emulator:
             self._boot(inst)
             return iid
 
-    def _boot(self, inst: Instance) -> None:
+    def _boot(self, inst: EmulatedInstance) -> None:
         assert self._spawner is not None
         inst.box.prepare(inst.ssh_keys)
         inst.box.start(self._spawner)
@@ -407,12 +407,12 @@ class Emulator:
         inst.status_msg = f"Pulling image {inst.image}"
         inst.running_since = None
 
-    def _close_forwarder(self, inst: Instance) -> None:
+    def _close_forwarder(self, inst: EmulatedInstance) -> None:
         if inst.forwarder is not None:
             inst.forwarder.close()
             inst.forwarder = None
 
-    def _set_down(self, inst: Instance, actual: str, intended: str, msg: str) -> None:
+    def _set_down(self, inst: EmulatedInstance, actual: str, intended: str, msg: str) -> None:
         inst.box.kill()
         self._close_forwarder(inst)
         inst.actual_status = actual
@@ -525,7 +525,7 @@ class Emulator:
             inst.end_date = float(at)
             self.ledger.log("end_date", instance_id, at=inst.end_date)
 
-    def _end_contract(self, inst: Instance) -> None:
+    def _end_contract(self, inst: EmulatedInstance) -> None:
         """The host takes the box back at its contract's end: processes killed, listed ``exited``, GPU billing over
         (storage bills while it is listed, as for any stopped instance, until destroyed)."""
         with self._lock:
@@ -715,7 +715,7 @@ class Emulator:
                 with contextlib.suppress(Exception):
                     self._watch(inst, dt)
 
-    def _watch(self, inst: Instance, dt: float) -> None:
+    def _watch(self, inst: EmulatedInstance, dt: float) -> None:
         if not inst.contract_ended and inst.end_date is not None and self.clock() >= inst.end_date:
             self.price_cutovers()  # an accepted increase extends the contract at this very end: not taken back then
             if inst.end_date is not None and self.clock() >= inst.end_date:
@@ -744,7 +744,7 @@ class Emulator:
                 self.ledger.log("churn_vanish", inst.id)
 
     # ---- records -----------------------------------------------------------------------------------------
-    def record(self, inst: Instance) -> dict[str, Any]:
+    def record(self, inst: EmulatedInstance) -> dict[str, Any]:
         o = inst.offer
         s = inst.box.spec
         now = self.clock()

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from reconciler.emulator.errors import QueryError
+from reconciler.emulator.exceptions import QueryError
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ import json
 import re
 from typing import Any, TypeVar
 
-from reconciler.model import OVERHEAD_KEY, AttemptOutcome, AttemptRecord, OverheadRecord, Scalar
+from reconciler.core.model import OVERHEAD_KEY, AttemptOutcome, AttemptRecord, OverheadRecord, Scalar
+from reconciler.core.textsafe import visible
 from reconciler.observed.codec import RUNS_DIR
-from reconciler.textsafe import visible
 
 UNDATED_SHARD = "undated"
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
+from reconciler.core.textsafe import has_hazard
 from reconciler.errors import ObservedInvalid
-from reconciler.textsafe import has_hazard
 
 OBSERVED_DIR = "observed"
 FLEET = f"{OBSERVED_DIR}/fleet.yaml"
@@ -23,8 +23,8 @@ DRIFT = f"{OBSERVED_DIR}/drift.yaml"
 BUDGET = f"{OBSERVED_DIR}/budget.yaml"
 STATUS = f"{OBSERVED_DIR}/status.yaml"
 LEASE = f"{OBSERVED_DIR}/lease.yaml"  # the lease's old home on the branch: deleted by the next commit
-HOSTS = f"{OBSERVED_DIR}/hosts.yaml"  # the host reliability ledger (reconciler/observed/hosts.py)
-THROUGHPUT = f"{OBSERVED_DIR}/throughput.yaml"  # the sweeps' learned progress rates (reconciler/observed/throughput.py)
+HOSTS = f"{OBSERVED_DIR}/hosts.yaml"  # the host reliability ledger (observed/hosts_file.py)
+THROUGHPUT = f"{OBSERVED_DIR}/throughput.yaml"  # the sweeps' learned progress rates (observed/throughput_file.py)
 SUGGESTIONS = f"{OBSERVED_DIR}/suggestions.yaml"  # a bayes search's configurations made (observed/suggestions.py)
 RUNS_DIR = f"{OBSERVED_DIR}/runs"  # the run archive's month shards
 RENDERED = (BUDGET, DRIFT, FLEET, HOSTS, RUNS, STATUS, THROUGHPUT)  # what a cycle renders

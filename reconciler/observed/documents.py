@@ -1,7 +1,7 @@
 """The observed/*.yaml documents, rendered from one cycle's facts for humans and agents to diff.
 
-Every cycle renders the same seven files (hosts.yaml: ``reconciler.observed.hosts``, throughput.yaml:
-``reconciler.observed.throughput``) from the same facts. They
+Every cycle renders the same seven files (hosts.yaml: ``reconciler.observed.hosts_file``, throughput.yaml:
+``reconciler.observed.throughput_file``) from the same facts. They
 must be byte-identical when the world did not change, because rigsync commits only when a file changed: so no
 "last cycle at" stamps, no GPU memory or utilisation readings, no running metrics. Facts that do change are kept
 (a box's start time, a run's phase). Two values move with the clock and get special care:
@@ -22,10 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from reconciler.actions import Plan
-from reconciler.bounds import MAX_GPUS, MAX_LIST_ENTRIES, MAX_NOTE_CHARS, bounded_block, bounded_text, finite
-from reconciler.contract import box_end
-from reconciler.model import (
+from reconciler.core.actions import Plan
+from reconciler.core.bounds import MAX_GPUS, MAX_LIST_ENTRIES, MAX_NOTE_CHARS, bounded_block, bounded_text, finite
+from reconciler.core.contract import box_end
+from reconciler.core.model import (
     AttemptRecord,
     Desired,
     InstanceStatus,
@@ -37,6 +37,8 @@ from reconciler.model import (
     run_dir_name,
     split_owned,
 )
+from reconciler.core.promotion import succeeded_metrics, wanted_ids
+from reconciler.core.runphase import RunTally, is_live, live_attempts, live_progress, run_phase, tally_runs
 from reconciler.observed.codec import (
     BUDGET,
     DRIFT,
@@ -51,8 +53,8 @@ from reconciler.observed.codec import (
     load_mapping_quietly,
     money,
 )
-from reconciler.observed.hosts import HEADER as HOSTS_HEADER
-from reconciler.observed.hosts import hosts_document
+from reconciler.observed.hosts_file import HEADER as HOSTS_HEADER
+from reconciler.observed.hosts_file import hosts_document
 from reconciler.observed.memory import (
     accepted_increase_entries,
     box_memory_entries,
@@ -60,10 +62,8 @@ from reconciler.observed.memory import (
     rung_entries,
     spend_anchor,
 )
-from reconciler.observed.throughput import HEADER as THROUGHPUT_HEADER
-from reconciler.observed.throughput import throughput_document
-from reconciler.promotion import succeeded_metrics, wanted_ids
-from reconciler.runphase import RunTally, is_live, live_attempts, live_progress, run_phase, tally_runs
+from reconciler.observed.throughput_file import HEADER as THROUGHPUT_HEADER
+from reconciler.observed.throughput_file import throughput_document
 
 RUN_PHASES = tuple(p.value for p in RunPhase)
 
@@ -136,7 +136,7 @@ def _render_fleet(fleet: str, observed: Observed) -> dict[str, Any]:
                 "image": inst.image,
                 "interruptible": inst.is_bid,
                 "started_at": iso(inst.start_date),
-                # its contract's end (``reconciler.contract.box_end``): the views show the time left from it
+                # its contract's end (``reconciler.core.contract.box_end``): the views show the time left from it
                 **({"ends_at": end} if (end := iso(box_end(inst, observed.memory.accepted_increases))) else {}),
                 "reachable": None if probe is None else probe.reachable,
                 "first_seen_at": iso(mem.first_seen_at) if mem else None,

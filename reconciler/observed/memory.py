@@ -22,12 +22,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from reconciler.bounds import finite
+from reconciler.core.bounds import finite
+from reconciler.core.model import BoxMemory, BoxSpend, FleetMemory, InFlight, PriceIncrease, RungValue, Spend
 from reconciler.errors import ObservedInvalid
-from reconciler.model import BoxMemory, BoxSpend, FleetMemory, InFlight, PriceIncrease, RungValue, Spend
 from reconciler.observed.codec import BUDGET, FLEET, RUNS, expect_mapping, iso, load_yaml, money, parse_iso, utc_day
-from reconciler.observed.hosts import read_hosts
-from reconciler.observed.tree import read_observed
+from reconciler.observed.hosts_file import read_hosts
+from reconciler.observed.observed_tree import read_observed
 from reconciler.remote.launched import valid_pid, valid_start
 
 JITTER_S = 10.0  # how far apart in time two reads of the same line may be taken (list, bills, clock)

@@ -1,7 +1,7 @@
 """``observed/suggestions.yaml``: every configuration a bayes search has made, in order, so none ever changes.
 
 Per sweep, the configurations made, each with its trial number and the batch it came in (batch 0 is the spec's
-first batch, known up front; later ones are ``reconciler.suggest.next_batch`` of the archive's finished trials).
+first batch, known up front; later ones are ``reconciler.core.suggest.next_batch`` of the archive's finished trials).
 The loop asks ``advance`` before every plan: a bayes sweep whose recorded configurations are all finished (every
 seed settled in the run archive) and below ``run_cap`` gets its next batch recorded, and ``suggested_runs`` turns
 the recorded batches after the first into runs through the spec's expansion (``expand.expand_configurations``).
@@ -19,14 +19,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from reconciler.core.model import AttemptOutcome, AttemptRecord, Desired, RunSpec, Scalar, Sweep
+from reconciler.core.promotion import run_metric
+from reconciler.core.runphase import UNTOUCHED, run_phase, tally_runs
+from reconciler.core.search import Config
+from reconciler.core.suggest import configurations_made, is_bayes, next_batch, wants_batch
+from reconciler.desired.expand import expand_configurations
 from reconciler.errors import ObservedInvalid
-from reconciler.expand import expand_configurations
-from reconciler.model import AttemptOutcome, AttemptRecord, Desired, RunSpec, Scalar, Sweep
 from reconciler.observed.codec import FORMAT_VERSION, SUGGESTIONS, dump_yaml, expect_mapping, load_yaml
-from reconciler.promotion import run_metric
-from reconciler.runphase import UNTOUCHED, run_phase, tally_runs
-from reconciler.search import Config
-from reconciler.suggest import configurations_made, is_bayes, next_batch, wants_batch
 
 HEADER = (
     "rigsync search suggestions: per bayes sweep, the configurations made, in order, with their trial number and "

@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from reconciler.actions import AnswerPriceIncrease, Outcome
-from reconciler.jobenv import held_back
-from reconciler.model import AttemptOutcome, AttemptRecord, OverheadRecord
+from reconciler.core.actions import AnswerPriceIncrease, Outcome
+from reconciler.core.jobenv import held_back
+from reconciler.core.model import AttemptOutcome, AttemptRecord, OverheadRecord
 from reconciler.observed.codec import DRIFT, FLEET, HOSTS, RUNS, STATUS, SUGGESTIONS, load_mapping_quietly
 
 _MAX_LISTED = 4  # boxes or attempts named one by one in a message; the rest are counted

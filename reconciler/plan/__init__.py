@@ -31,7 +31,7 @@ with a nonsensical price is never rented, and only instances carrying this fleet
 
 from __future__ import annotations
 
-from reconciler.actions import (
+from reconciler.core.actions import (
     SIGNS,
     Action,
     CloseBill,
@@ -45,8 +45,8 @@ from reconciler.actions import (
     SyncCheckpoint,
     apply_key,
 )
-from reconciler.identity import fleet_spec_hash, rent_label, slot_spec_hash, spec_hash
-from reconciler.model import Desired, Drift, DriftClass, Observed
+from reconciler.core.identity import fleet_spec_hash, rent_label, slot_spec_hash, spec_hash
+from reconciler.core.model import Desired, Drift, DriftClass, Observed
 from reconciler.plan.attempts import (
     collect_attempts,
     record_finished,

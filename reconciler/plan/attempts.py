@@ -17,10 +17,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from reconciler import contract
-from reconciler.actions import Kill, Kind, ReasonCode, Record, Requeue
-from reconciler.bounds import MAX_REPORTED_CLAIMS, bounded_text
-from reconciler.model import (
+from reconciler.core import contract
+from reconciler.core.actions import Kill, Kind, ReasonCode, Record, Requeue
+from reconciler.core.bounds import MAX_REPORTED_CLAIMS, bounded_text
+from reconciler.core.model import (
     LAUNCHABLE_PHASES,
     AttemptOutcome,
     Drift,
@@ -30,13 +30,9 @@ from reconciler.model import (
     RunPhase,
     RunSpec,
 )
-from reconciler.offers import normalize_gpu_name
-from reconciler.plan.bookkeeping import contract_ending, contract_pull_due
-from reconciler.plan.common import Decisions, fmt_duration, gpus_text
-from reconciler.plan.early_stop import EarlyStop
-from reconciler.plan.world import OwnedBox, World
-from reconciler.promotion import succeeded_metrics, wanted_among
-from reconciler.runphase import (
+from reconciler.core.offers import normalize_gpu_name
+from reconciler.core.promotion import succeeded_metrics, wanted_among
+from reconciler.core.runphase import (
     UNTOUCHED,
     RunTally,
     allowed_attempts,
@@ -48,7 +44,11 @@ from reconciler.runphase import (
     run_phase,
     tally_runs,
 )
-from reconciler.throughput import STALL_RATE_FLOOR, predict, progress_value
+from reconciler.core.throughput import STALL_RATE_FLOOR, predict, progress_value
+from reconciler.plan.bookkeeping import contract_ending, contract_pull_due
+from reconciler.plan.common import Decisions, fmt_duration, gpus_text
+from reconciler.plan.early_stop import EarlyStop
+from reconciler.plan.world import OwnedBox, World
 
 AttemptKey = tuple[str, int]
 

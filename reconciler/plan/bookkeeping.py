@@ -5,7 +5,7 @@ Neither changes the world, but each is a decision, so each is made here and appl
 - a running attempt of a sweep with a ``checkpoint`` has it pulled home when it was last pulled ``every`` ago (or
   never), on a box that answered this cycle and that this plan does not destroy, unless this plan settles the
   attempt (a killed or requeued attempt's checkpoint comes home with its harvest);
-- a running attempt on a box whose contract ends within ``contract_margin`` (``reconciler.contract.ending``) has
+- a running attempt on a box whose contract ends within ``contract_margin`` (``reconciler.core.contract.ending``) has
   its checkpoint pulled home once more inside that window, whatever ``every`` says (``CONTRACT_ENDING``): it is
   then ended as preempted (``attempts.settle_live``) and resumes elsewhere from that pull (``contract_pull_due``);
 - a box gone from the provider's list whose bill is final (``BoxSpend.bill_final``) has its overhead line
@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from reconciler import contract
-from reconciler.actions import CloseBill, ReasonCode, SyncCheckpoint
-from reconciler.model import RunDirState
+from reconciler.core import contract
+from reconciler.core.actions import CloseBill, ReasonCode, SyncCheckpoint
+from reconciler.core.model import RunDirState
+from reconciler.core.runphase import is_live
 from reconciler.plan.common import Decisions, fmt_duration
 from reconciler.plan.world import OwnedBox, World
-from reconciler.runphase import is_live
 
 AttemptKey = tuple[str, int]
 

@@ -13,18 +13,18 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from reconciler import contract
-from reconciler.actions import Bootstrap, Destroy, Drain, ReasonCode
-from reconciler.identity import slot_spec_hash
-from reconciler.ledger import PREEMPTION_CODES
-from reconciler.model import Drift, DriftClass, GpuState, InFlight, InstanceStatus
+from reconciler.core import contract
+from reconciler.core.actions import Bootstrap, Destroy, Drain, ReasonCode
+from reconciler.core.identity import slot_spec_hash
+from reconciler.core.ledger import PREEMPTION_CODES
+from reconciler.core.model import Drift, DriftClass, GpuState, InFlight, InstanceStatus
+from reconciler.core.runphase import may_still_hold
 from reconciler.plan.attempts import SeenAttempts, unseen_in_flight
 from reconciler.plan.bookkeeping import contract_ending
 from reconciler.plan.common import Decisions, cap, count_cap, fmt_duration, usd_h
 from reconciler.plan.forecast import Forecast
 from reconciler.plan.money import Purse
 from reconciler.plan.world import OwnedBox, World
-from reconciler.runphase import may_still_hold
 
 DEAD_STATUSES = frozenset({InstanceStatus.STOPPED, InstanceStatus.EXITED, InstanceStatus.OFFLINE})
 BOOTING_STATUSES = frozenset({InstanceStatus.CREATED, InstanceStatus.LOADING})

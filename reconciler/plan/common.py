@@ -7,8 +7,8 @@ import functools
 import math
 from dataclasses import dataclass, field
 
-from reconciler.actions import Action, Noop, ReasonCode
-from reconciler.model import Desired, Drift
+from reconciler.core.actions import Action, Noop, ReasonCode
+from reconciler.core.model import Desired, Drift
 
 EPS = 1e-9  # float slack on the fleet cap sum only, so $0.1 + $0.2 fits a $0.3 cap
 

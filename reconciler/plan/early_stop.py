@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from reconciler.model import EarlyTerminateType, MetricGoal, RungValue, RunSpec
+from reconciler.core.model import EarlyTerminateType, MetricGoal, RungValue, RunSpec
 from reconciler.plan.world import World
 
 

@@ -4,7 +4,7 @@ every other sweep goes on.
 
 The planner never sees a value: ``Observed.allowed_secrets`` holds the names the operator lists,
 ``Observed.controller_env`` the allowed names the controller has (set, non-empty), and the sweeps' references are
-names too (``reconciler.jobenv``). Not allowed is decided first: a sweep with a reference off the list is held for
+names too (``reconciler.core.jobenv``). Not allowed is decided first: a sweep with a reference off the list is held for
 that alone (``secret_not_allowed``), whatever else it lacks. The withheld runs stay pending (their phase is a fact
 about the run, not about this controller); the reason is a no-op per sweep (``secret_not_allowed`` or
 ``secret_missing``) and a warning, which ``rigsync plan``, ``status``, ``diff``, the commit message and
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from reconciler.actions import ReasonCode
-from reconciler.jobenv import (
+from reconciler.core.actions import ReasonCode
+from reconciler.core.jobenv import (
     NOT_ALLOWED_WARNING,
     SECRET_WARNING,
     EnvSpec,

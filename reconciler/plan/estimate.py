@@ -19,10 +19,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from reconciler.actions import SweepEstimate
-from reconciler.contract import rate_from
-from reconciler.model import Pool, RunSpec
-from reconciler.offers import box_cap_dph, normalize_gpu_name
+from reconciler.core.actions import SweepEstimate
+from reconciler.core.contract import rate_from
+from reconciler.core.model import Pool, RunSpec
+from reconciler.core.offers import box_cap_dph, normalize_gpu_name
 from reconciler.plan.attempts import LiveVerdicts, RunQueue
 from reconciler.plan.common import count_cap, usd
 from reconciler.plan.forecast import Forecast, forecast

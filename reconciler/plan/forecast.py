@@ -16,12 +16,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from reconciler.model import RunDirState, RunSpec
-from reconciler.offers import normalize_gpu_name
+from reconciler.core.model import RunDirState, RunSpec
+from reconciler.core.offers import normalize_gpu_name
+from reconciler.core.throughput import predict, progress_value
 from reconciler.plan.money import Runtime, runtime_of
 from reconciler.plan.readiness import measured_ready_s
 from reconciler.plan.world import OwnedBox, World
-from reconciler.throughput import predict, progress_value
 
 # A new box's boot and bootstrap, before any box of its pool has been measured (a typical Vast boot is minutes).
 DEFAULT_READY_S = 300.0

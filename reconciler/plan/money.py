@@ -3,7 +3,7 @@
 Caps hold before the fact. The *horizon* is the time until rigsync decides again (its cycle plus the time a
 destroy takes to stop the billing, ``Observed.cycle_s``); the *headroom* is what the tightest cap (daily or
 total) leaves after the boxes held now have billed to that horizon (at the rates that apply: an increase this
-fleet accepted bills its new rate from its ``applies_at``, ``reconciler.contract``). Every launch must fit in the
+fleet accepted bills its new rate from its ``applies_at``, ``reconciler.core.contract``). Every launch must fit in the
 headroom with its share of its box up to the run's expected runtime, and every rent with the new box's $/h to the
 horizon plus the launch it is rented for; what has been committed earlier in the same plan counts. Rents must also fit
 the account's credit (a Vast account at zero credit stops its boxes, which then bill storage).
@@ -17,7 +17,7 @@ now, whatever ``on_exceed`` says: this is how the ledger never passes a cap. Bef
 * ``halt``: every box is destroyed at once, running attempts included: spending stops as early as it can.
 
 A run's expected runtime, in order of preference: its sweep's ``progress`` total over the sweep's learned progress
-rate (``reconciler.throughput``, all its measured attempts pooled, scaled by the DLPerf of the GPUs they ran on),
+rate (``reconciler.core.throughput``, all its measured attempts pooled, scaled by the DLPerf of the GPUs they ran on),
 the median duration of its sweep's succeeded attempts in the archive (scaled by the GPU's DLPerf when the market
 says what the GPUs are worth), the sweep's ``expected_runtime``, or its ``max_runtime`` as the upper bound. The
 plan's price (``plan.estimate``), its ETA and review's price use the same figures.
@@ -31,14 +31,14 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from reconciler.contract import cost_between, mean_rate, rate_from
-from reconciler.model import AttemptOutcome, Desired, Observed, OnExceed, PriceIncrease, RunSpec, Sweep
-from reconciler.offers import box_cap_dph, normalize_gpu_name
+from reconciler.core.contract import cost_between, mean_rate, rate_from
+from reconciler.core.model import AttemptOutcome, Desired, Observed, OnExceed, PriceIncrease, RunSpec, Sweep
+from reconciler.core.offers import box_cap_dph, normalize_gpu_name
+from reconciler.core.runphase import UNTOUCHED, live_attempts, run_phase
+from reconciler.core.throughput import Rates, archive_samples, learn
 from reconciler.plan.attempts import Recorded, plan_tallies
 from reconciler.plan.common import cap, fmt_duration, usd
 from reconciler.plan.world import World
-from reconciler.runphase import UNTOUCHED, live_attempts, run_phase
-from reconciler.throughput import Rates, archive_samples, learn
 
 
 class RuntimeSource(enum.StrEnum):

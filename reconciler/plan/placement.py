@@ -17,7 +17,7 @@ its wait (``queue_ahead`` > 0) and at most ``MAX_QUEUED_PER_SLOT``. A queued ent
 launch is. Each slot's predicted free time after this plan (``Placement.slot_free_s``) tells renting what waiting
 for a held GPU would cost.
 
-Contracts end (``reconciler.contract``): a run is launched, queued or given to the tail on a box only when its
+Contracts end (``reconciler.core.contract``): a run is launched, queued or given to the tail on a box only when its
 predicted time there (its ``Forecast.run_s``, after the slot's work ahead of it for a queued entry) plus the fleet's
 ``contract_margin`` ends before the box's contract does; it goes to another box, or to a rent
 (``CONTRACT_ENDS_BEFORE_RUN``, one no-op per box naming the figures).
@@ -28,23 +28,23 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from reconciler import contract
-from reconciler.actions import Launch, ReasonCode, ShipCode
-from reconciler.model import GpuState, RunSpec
-from reconciler.offers import normalize_gpu_name
+from reconciler.core import contract
+from reconciler.core.actions import Launch, ReasonCode, ShipCode
+from reconciler.core.model import GpuState, RunSpec
+from reconciler.core.offers import normalize_gpu_name
+from reconciler.core.runphase import allowed_attempts
 from reconciler.plan.attempts import PendingRun, RunQueue
 from reconciler.plan.boxes import BoxState, BoxTable
 from reconciler.plan.common import Decisions, fmt_duration, gpus_text, usd
 from reconciler.plan.forecast import Forecast
 from reconciler.plan.money import Purse, Spending, runtime_of
 from reconciler.plan.world import OwnedBox, World
-from reconciler.runphase import allowed_attempts
 
 MAX_QUEUED_PER_SLOT = 8  # entries one slot's queue may hold: the box's queue is bounded (what a stale plan leaves)
 
 
 @dataclass
-class _Slot:
+class _BusySlot:
     """A busy GPU slot of a ready box: what runs on it now, and the work queued behind it."""
 
     box: OwnedBox
@@ -194,7 +194,7 @@ def place(
     slots = _busy_slots(world, queue, table, fc, placed)
     ahead = world.desired.fleet.queue_ahead_s
     if slots and ahead > 0 and unplaced:
-        by_shape: dict[tuple[str, int], list[_Slot]] = {}
+        by_shape: dict[tuple[str, int], list[_BusySlot]] = {}
         for slot in slots:
             by_shape.setdefault((slot.box.pool, len(slot.mask)), []).append(slot)
         done: set[tuple[str, int, int]] = set()  # shapes no slot takes any more this plan
@@ -269,7 +269,7 @@ def place(
     return Placement(tuple(unplaced), launches, new_table, spending.committed, slot_free), out
 
 
-def _holds(slot: _Slot, ram_mib: int) -> bool:
+def _holds(slot: _BusySlot, ram_mib: int) -> bool:
     """Every GPU of the slot has ``ram_mib`` of memory (as the box reports its GPUs)."""
     if not ram_mib or slot.box.probe is None:
         return True
@@ -283,12 +283,12 @@ def _busy_slots(
     table: BoxTable,
     fc: Forecast,
     placed: Sequence[tuple[OwnedBox, tuple[int, ...], PendingRun]],
-) -> list[_Slot]:
+) -> list[_BusySlot]:
     """The busy GPU slots of ready boxes that may be given queue entries: not destroyed, not draining. Each is the
     mask of an attempt kept running (``RunQueue.running``) or launched by this plan (``placed``), or of attempts
     waiting in the box's queue on GPUs whose attempt just ended; its free time counts the current attempt's
     remaining time and every entry queued on it."""
-    slots: dict[tuple[int, tuple[int, ...]], _Slot] = {}
+    slots: dict[tuple[int, tuple[int, ...]], _BusySlot] = {}
 
     def usable(box_id: int) -> OwnedBox | None:
         box = world.boxes.get(box_id)
@@ -302,11 +302,12 @@ def _busy_slots(
         if box is None or spec is None or not rd.gpu_mask:
             continue
         mask = tuple(rd.gpu_mask)
-        slots[(box_id, mask)] = _Slot(box, mask, fc.remaining_s(spec, rd, box), 0, f"run/{run_id}.{rd.attempt}")
+        slots[(box_id, mask)] = _BusySlot(box, mask, fc.remaining_s(spec, rd, box), 0, f"run/{run_id}.{rd.attempt}")
     for box, mask, run in placed:
         if usable(box.id) is not None and (box.id, mask) not in slots:
             whole = fc.run_s(run.spec, box.inst.gpu_name, box.inst.machine_id)
-            slots[(box.id, mask)] = _Slot(box, mask, whole, 0, f"run/{run.spec.id}.{run.next_attempt} (launched now)")
+            label = f"run/{run.spec.id}.{run.next_attempt} (launched now)"
+            slots[(box.id, mask)] = _BusySlot(box, mask, whole, 0, label)
     counted: set[tuple[int, str, int]] = set()
     for fl in sorted(queue.queued, key=lambda f: (f.instance_id, f.run_id, f.attempt)):
         box = usable(fl.instance_id)
@@ -316,7 +317,7 @@ def _busy_slots(
         mask = tuple(fl.gpu_mask)
         slot = slots.get((box.id, mask))
         if slot is None:
-            slot = slots[(box.id, mask)] = _Slot(box, mask, 0.0, 0, f"run/{fl.run_id}.{fl.attempt} (queued)")
+            slot = slots[(box.id, mask)] = _BusySlot(box, mask, 0.0, 0, f"run/{fl.run_id}.{fl.attempt} (queued)")
         slot.free_s += fc.run_s(spec, box.inst.gpu_name, box.inst.machine_id)
         slot.queued += 1
         counted.add((box.id, fl.run_id, fl.attempt))

@@ -35,20 +35,20 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from reconciler.actions import AnswerPriceIncrease, Destroy, ReasonCode
-from reconciler.contract import rate_at
-from reconciler.model import Offer, PriceIncrease, Ranking, Sweep
-from reconciler.offers import box_cap_dph, normalize_gpu_name, rank_key
+from reconciler.core.actions import AnswerPriceIncrease, Destroy, ReasonCode
+from reconciler.core.contract import rate_at
+from reconciler.core.model import Offer, PriceIncrease, Ranking, Sweep
+from reconciler.core.offers import box_cap_dph, normalize_gpu_name, rank_key
+from reconciler.core.throughput import work_score
 from reconciler.plan.common import EPS, Decisions, fleet_dph_cap, fmt_duration, fmt_utc, usd, usd_h
 from reconciler.plan.money import left_at
 from reconciler.plan.world import OwnedBox, World
-from reconciler.throughput import work_score
 
 _PRICE_BLIND = (Ranking.DLPERF, Ranking.RELIABILITY)
 
 
 @dataclass(frozen=True)
-class Verdict:
+class PriceVerdict:
     accept: bool
     why: str  # what decided, with its figures
 
@@ -104,24 +104,25 @@ def _when(world: World, inc: PriceIncrease) -> str:
     return f"{fmt_utc(inc.applies_at)}, {rel}"
 
 
-def judge(world: World, box: OwnedBox, inc: PriceIncrease, accepted: list[PriceIncrease]) -> Verdict:
+def judge(world: World, box: OwnedBox, inc: PriceIncrease, accepted: list[PriceIncrease]) -> PriceVerdict:
     """Accept or reject ``inc`` on ``box``, with what decided and the best alternative the pool could rent (where
     the work could move); ``accepted``: the increases that apply besides it."""
     pool = world.pools.get(box.pool) or next(iter(world.pools.values()))
     new = inc.new_dph
     if not (math.isfinite(new) and new >= 0):
-        return Verdict(False, f"the new rate {new!r} is not a price")
+        return PriceVerdict(False, f"the new rate {new!r} is not a price")
     better, best = _better_offer(world, box, inc, pool.name)
     alt = f"best alternative offer {best.id}: {_offer_text(best)}" if best is not None else "no alternative offer"
     limit = box_cap_dph(pool, world.desired.budget)
     if new > limit:
-        return Verdict(False, f"over the per-box cap {usd_h(limit)} of pool {pool.name}; {alt}")
+        return PriceVerdict(False, f"over the per-box cap {usd_h(limit)} of pool {pool.name}; {alt}")
     with_it = [*accepted, inc]
     at = inc.applies_at
     fleet_at = sum(rate_at(b.inst, at, with_it) for b in world.boxes.values() if not b.own_box)
     fleet_cap = fleet_dph_cap(world.desired)
     if fleet_at > fleet_cap + EPS:
-        return Verdict(False, f"the fleet would bill {usd_h(fleet_at)}, over max_fleet_dph {usd_h(fleet_cap)}; {alt}")
+        why = f"the fleet would bill {usd_h(fleet_at)}, over max_fleet_dph {usd_h(fleet_cap)}; {alt}"
+        return PriceVerdict(False, why)
     left, tightest = left_at(world, at, accepted)
     horizon = max(0.0, world.observed.cycle_s)
     need = fleet_at * horizon / 3600.0
@@ -130,14 +131,14 @@ def judge(world: World, box: OwnedBox, inc: PriceIncrease, accepted: list[PriceI
         # the budget stops the box at its current rates before the new one applies: it never bills the new rate
         note = f"; the budget stops the box before then at its current rate ({tightest})"
     elif math.isfinite(left) and need > left + 1e-12:
-        return Verdict(
+        return PriceVerdict(
             False,
             f"the budget would not pay it: {tightest}: {usd(max(0.0, left))} left then, the fleet at "
             f"{usd_h(fleet_at)} needs {usd(need)} to the next decision ({fmt_duration(horizon)}); {alt}",
         )
     if better is not None:
-        return Verdict(False, f"offer {better.id} ranks better by {pool.ranking.value}: {_offer_text(better)}")
-    return Verdict(True, f"fits the caps and still ranks first{note}; {alt}")
+        return PriceVerdict(False, f"offer {better.id} ranks better by {pool.ranking.value}: {_offer_text(better)}")
+    return PriceVerdict(True, f"fits the caps and still ranks first{note}; {alt}")
 
 
 def _offer_text(o: Offer) -> str:

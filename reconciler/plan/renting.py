@@ -5,13 +5,13 @@ for, nor runs that a held GPU slot takes sooner than a new box of the pool would
 each busy slot's predicted free time after this plan's queue, ``Placement.slot_free_s``, against the pool's
 measured ``Forecast.ready_s``; a slot absorbs runs in turn, its free time growing by each run's ``Forecast.run_s``).
 Renting happens only for work no held GPU will take sooner. For the rest, the best offer by the fleet's ranking
-that passes the filters (``reconciler.offers``, the one definition the Vast query is built from too), fits the
+that passes the filters (``reconciler.core.offers``, the one definition the Vast query is built from too), fits the
 per-box $/h cap and keeps the fleet under its $/h cap; or a box of several GPUs when it is cheaper per run (its
 $/h share per slot times ``Forecast.run_s`` on it) and enough pending runs remain to fill every slot
 (``RENT_MULTI_GPU``). Nothing is rented once a daily or total cap is reached. What could not be rented says which
 cap held.
 
-Contracts end (``reconciler.contract``): an offer whose contract would end before the work it is rented for
+Contracts end (``reconciler.core.contract``): an offer whose contract would end before the work it is rented for
 could finish (the pool's ``Forecast.ready_s`` plus the run's ``Forecast.run_s`` on it), plus the fleet's
 ``contract_margin``, is passed over (``CONTRACT_TOO_SHORT``, one no-op per offer naming its time left and the
 work's); for min_instances, the margin alone. An offer that says no end is not limited.
@@ -30,19 +30,19 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from reconciler import contract
-from reconciler.actions import ReasonCode, Rent
-from reconciler.identity import rent_label
-from reconciler.ledger import RENT_WINDOW_S
-from reconciler.model import Fleet, Offer, Pool, RunSpec, Sweep
-from reconciler.offers import box_cap_dph, normalize_gpu_name
+from reconciler.core import contract
+from reconciler.core.actions import ReasonCode, Rent
+from reconciler.core.identity import rent_label
+from reconciler.core.ledger import RENT_WINDOW_S
+from reconciler.core.model import Fleet, Offer, Pool, RunSpec, Sweep
+from reconciler.core.offers import box_cap_dph, normalize_gpu_name
+from reconciler.core.throughput import Exploration
 from reconciler.plan.attempts import PendingRun
 from reconciler.plan.boxes import BoxState, BoxTable
 from reconciler.plan.common import EPS, Decisions, count_cap, fleet_dph_cap, fmt_duration, gpus_text, usd, usd_h
 from reconciler.plan.forecast import Forecast
 from reconciler.plan.money import Purse, Spending, runtime_of
 from reconciler.plan.world import World
-from reconciler.throughput import Exploration
 
 _ON_THEIR_WAY = frozenset({BoxState.BOOTING, BoxState.BOOTSTRAPPING, BoxState.UNREACHABLE})
 RENT_BACKOFF_AFTER = 2  # failures in a row before renting backs off (one vanish or ghost is the market's noise)
@@ -372,7 +372,7 @@ def rent_for(
 
 
 @dataclass
-class _Slot:
+class _HeldSlot:
     """A busy GPU slot of a held box, and when it is predicted free of its work (and of the runs it absorbs)."""
 
     box_id: int
@@ -399,13 +399,13 @@ def _wait_for_busy(
     waits for the fitting slot that frees first (in launch order), whose free time then grows by that run's
     predicted run time on it. One ``WAIT_FOR_BUSY_GPU`` no-op per slot that absorbs runs, naming the slot and both
     times."""
-    busy: list[_Slot] = []
+    busy: list[_HeldSlot] = []
     for box_id, mask, free_s in slots:
         box = world.boxes.get(box_id)
         if box is None or box.pool != pool.name or box_id in table.destroyed or not mask:
             continue
         inst = box.inst
-        busy.append(_Slot(box_id, mask, free_s, free_s, inst.gpu_ram_mib, inst.gpu_name, inst.machine_id))
+        busy.append(_HeldSlot(box_id, mask, free_s, free_s, inst.gpu_ram_mib, inst.gpu_name, inst.machine_id))
     if not busy or not unplaced:
         return unplaced
     ready = fc.ready_s(pool.name)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from reconciler.actions import Action, Drain, Launch, Rent
+from reconciler.core.actions import Action, Drain, Launch, Rent
 from reconciler.plan.attempts import SeenAttempts
 from reconciler.plan.boxes import BoxState, BoxTable, work_left_s
 from reconciler.plan.forecast import Forecast

@@ -2,7 +2,7 @@
 
 Foreign instances are set aside here, so no later phase can act on one: they are reported and never touched.
 
-The sweeps' progress rates are learned here once (``reconciler.throughput``): ``World.learned`` from the archive
+The sweeps' progress rates are learned here once (``reconciler.core.throughput``): ``World.learned`` from the archive
 alone (what observed/throughput.yaml commits, and what the stall rule compares a live attempt against), and
 ``World.rates`` with the live attempts' progress so far counted too (what forecasts and the ranking use). A pool
 ranked ``work_per_dph`` orders its offers by ``throughput.work_score`` with each of its sweeps weighed by its
@@ -16,9 +16,9 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from reconciler.actions import ReasonCode
-from reconciler.identity import pool_spec_hash, slot_pool
-from reconciler.model import (
+from reconciler.core.actions import ReasonCode
+from reconciler.core.identity import pool_spec_hash, slot_pool
+from reconciler.core.model import (
     AttemptOutcome,
     AttemptRecord,
     BoxMemory,
@@ -36,9 +36,8 @@ from reconciler.model import (
     Sweep,
     owned_by,
 )
-from reconciler.offers import as_interruptible, normalize_gpu_name, offer_skipped, passing_offers, rank_key
-from reconciler.plan.common import Decisions
-from reconciler.throughput import (
+from reconciler.core.offers import as_interruptible, normalize_gpu_name, offer_skipped, passing_offers, rank_key
+from reconciler.core.throughput import (
     Exploration,
     Rates,
     Sample,
@@ -48,6 +47,7 @@ from reconciler.throughput import (
     progress_value,
     work_score,
 )
+from reconciler.plan.common import Decisions
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ it.
 
 from __future__ import annotations
 
-from reconciler.bounds import COMMAND_STDOUT_BYTES
+from reconciler.core.bounds import COMMAND_STDOUT_BYTES
 
 __all__ = ["PID_LIMIT", "START_DIGITS", "parse_launch_answer", "valid_pid", "valid_start"]
 

@@ -13,9 +13,9 @@ import enum
 import re
 from dataclasses import dataclass
 
-from reconciler.bounds import bounded_text
+from reconciler.core.bounds import bounded_text
+from reconciler.core.model import run_dir_name
 from reconciler.errors import RemoteCommandFailed
-from reconciler.model import run_dir_name
 from reconciler.remote.commands import NO_SUCH_RUN_EXIT, _check_name, _command
 
 EXIT_CODE_FILE = "exit_code"

@@ -4,7 +4,7 @@ The probe's document is untrusted text from a rented box (a stranger's machine, 
 pure total function: any bytes give a ``BoxProbe``, never an exception. A document that cannot be used as a whole
 (over its byte bound, not JSON, too deep, not an object, too many run directories, the probe failed) gives an
 *unusable* probe (``reachable=False``, ``unusable="probe: <problem>"``): nothing is sent to the box on the strength
-of it. Within a usable document each claim is checked on its own against ``reconciler.bounds``: a refused GPU or
+of it. Within a usable document each claim is checked on its own against ``reconciler.core.bounds``: a refused GPU or
 run entry is left out and named in ``rejected``; a refused value of a run entry stays None and is named in that
 entry's ``problem``. The box's claims are capped by what the provider lists (``gpus_listed``).
 
@@ -25,7 +25,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from reconciler.bounds import (
+from reconciler.core.bounds import (
     COMMAND_STDOUT_BYTES,
     EXIT_CODE_RANGE,
     MAX_ATTEMPT,
@@ -45,7 +45,7 @@ from reconciler.bounds import (
     finite,
     strict_json,
 )
-from reconciler.model import BoxProbe, GpuState, QueuedEntry, RunDirState, Scalar
+from reconciler.core.model import BoxProbe, GpuState, QueuedEntry, RunDirState, Scalar
 from reconciler.ports import CheckpointUploaded
 from reconciler.remote.commands import SHA256_RE, is_safe_name
 from reconciler.remote.launched import valid_pid, valid_start

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reconciler.identity import label_pool, slot_pool
-from reconciler.model import Fleet, InFlight, Instance, Ownership
+from reconciler.core.identity import label_pool, slot_pool
+from reconciler.core.model import Fleet, InFlight, Instance, Ownership
 from reconciler.observed.codec import iso
 from reconciler.views.status_md import duration
 

@@ -22,16 +22,16 @@ from typing import Any
 
 from markupsafe import Markup
 
-from reconciler.bounds import finite
-from reconciler.curves import CURVES_DIR
+from reconciler.core.bounds import finite
+from reconciler.core.curves import CURVES_DIR
+from reconciler.core.model import AttemptRecord, Desired, OverheadRecord
 from reconciler.desired import load_desired_from_dir
 from reconciler.errors import DesiredStateInvalid
-from reconciler.model import AttemptRecord, Desired, OverheadRecord
 from reconciler.observed.archive_lines import entry_from_json
 from reconciler.observed.codec import BUDGET, FLEET, RUNS, RUNS_DIR, load_mapping_quietly
-from reconciler.observed.tree import read_observed
+from reconciler.observed.observed_tree import read_observed
 from reconciler.views.facts import PHASES, FleetView, build_view, document, mapping, time_of
-from reconciler.views.search import Params, band, cell_of
+from reconciler.views.search_results import Params, band, cell_of
 from reconciler.views.status_md import environment, params_text
 from reconciler.views.svg import BandSeries, Series, band_chart, line_chart, stacked_bar, timeline_chart
 from reconciler.views.timeline import build_timeline

@@ -13,15 +13,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from reconciler.bounds import finite
-from reconciler.contract import seconds_left
+from reconciler.core.bounds import finite
+from reconciler.core.contract import seconds_left
+from reconciler.core.jobenv import held_back
+from reconciler.core.model import AttemptRecord, Desired, MetricGoal, OverheadRecord, RunPhase
+from reconciler.core.promotion import best_by_cell, better, promotion_met, succeeded_metrics
 from reconciler.errors import ObservedInvalid
-from reconciler.jobenv import held_back
-from reconciler.model import AttemptRecord, Desired, MetricGoal, OverheadRecord, RunPhase
 from reconciler.observed.codec import BUDGET, FLEET, RUNS, STATUS, load_mapping_quietly, parse_iso
-from reconciler.promotion import best_by_cell, better, promotion_met, succeeded_metrics
 from reconciler.views.opstax import OpsTax, ops_tax
-from reconciler.views.search import SearchView, search_views
+from reconciler.views.search_results import SearchView, search_views
 
 RECENT_FAILURES = 5  # the failed attempts a view lists (newest first)
 LISTED = 20  # blocked runs and promotions a page lists per sweep before saying how many more

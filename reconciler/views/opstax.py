@@ -28,8 +28,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from reconciler.bounds import finite
-from reconciler.model import AttemptOutcome, AttemptRecord, OverheadRecord
+from reconciler.core.bounds import finite
+from reconciler.core.model import AttemptOutcome, AttemptRecord, OverheadRecord
 
 # The reason the planner gives a kill of a second live attempt of one run (plan/attempts.py, DUPLICATE_ATTEMPT):
 # the archive line of that attempt carries it as its reason.

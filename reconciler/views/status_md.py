@@ -18,9 +18,9 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from reconciler.model import AttemptRecord, Desired, OverheadRecord
+from reconciler.core.model import AttemptRecord, Desired, OverheadRecord
+from reconciler.core.textsafe import md_fenced, md_inline, visible
 from reconciler.observed.codec import OBSERVED_DIR
-from reconciler.textsafe import md_fenced, md_inline, visible
 from reconciler.views.facts import LISTED, build_view
 
 STATUS_MD = f"{OBSERVED_DIR}/STATUS.md"

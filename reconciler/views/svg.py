@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from markupsafe import Markup
 from markupsafe import escape as _html_escape
 
-from reconciler.bounds import finite
-from reconciler.textsafe import visible
+from reconciler.core.bounds import finite
+from reconciler.core.textsafe import visible
 from reconciler.views.timeline import Timeline
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")

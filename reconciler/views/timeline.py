@@ -16,9 +16,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from reconciler.bounds import finite
-from reconciler.model import AttemptRecord, OverheadRecord
-from reconciler.remember import attempt_cost
+from reconciler.core.bounds import finite
+from reconciler.core.model import AttemptRecord, OverheadRecord
+from reconciler.core.remember import attempt_cost
 from reconciler.views.facts import mapping, time_of
 from reconciler.views.opstax import LiveBox, boot_end, is_duplicate_kill
 

@@ -1,7 +1,7 @@
 """Hostile boxes: what a test writes into an emulated box's own directories to make it lie, hang or flood.
 
 Each emulated instance sees ``<box dir>/root`` as its ``/root`` and ``<box dir>/bin`` as its ``/usr/local/bin``
-(reconciler/emulator/hosts.py), and the test can write both from the host. The probe runs under the first of
+(reconciler/emulator/sshd_boxes.py), and the test can write both from the host. The probe runs under the first of
 ``remote.PYTHON_CANDIDATES`` that runs (``box/probe.sh``); the first is ``$HOME/venv/bin/python``, so a liar put
 there is the one that answers. It passes every other use through to the box's real python3 (the job's own
 ``{{ python }}`` and the other box programs), so only the probe's answer is forged.

@@ -30,8 +30,8 @@ from world import RIGSYNC, emulator_env, fleet_repo
 from adversary import boxes as hostile
 from adversary import checks
 from adversary.jobs import JOB
+from reconciler.core.model import Ownership
 from reconciler.emulator import Emulator
-from reconciler.model import Ownership
 
 BOX_FLOODS = ("endless", "flood", "smi_endless")
 SWEEP = """\

@@ -13,10 +13,10 @@ from gitutil import git
 from reconciler import remote
 from reconciler.adapters.ssh import SshShell, _host_id, ensure_keypair
 from reconciler.adapters.vast import VastProvider
+from reconciler.core.model import Endpoint, Instance, OfferFilters
 from reconciler.emulator import Emulator
 from reconciler.emulator.testing import KeyPair
 from reconciler.errors import HostKeyMismatch, HostUnreachable
-from reconciler.model import Endpoint, Instance, OfferFilters
 from reconciler.ports import CommandResult
 from reconciler.remote.launched import parse_launch_answer
 
@@ -202,7 +202,7 @@ def test_a_box_whose_real_host_key_changed_probes_as_host_key_changed(
 ) -> None:
     """The box's sshd really gets a new key (the emulator rewrites it and HUPs sshd): the probe says so, apart from
     an unreachable box, and nothing runs on the box over the refused connection."""
-    from reconciler.adapters.boxes import ShellBoxes
+    from reconciler.adapters.box_control import ShellBoxes
 
     provider = VastProvider(api_key=emulator.api_key, server_url=emulator.url)
     offer = provider.search_offers(OfferFilters(verified=False), disk_gb=10)[0]

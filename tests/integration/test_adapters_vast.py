@@ -10,10 +10,10 @@ import pytest
 
 from reconciler.adapters import vast
 from reconciler.adapters.vast import VastProvider
+from reconciler.core.model import InstanceStatus, OfferFilters
 from reconciler.emulator import Emulator
 from reconciler.emulator.testing import KeyPair
 from reconciler.errors import ProviderAuthError, ProviderPermanent, ProviderTransient
-from reconciler.model import InstanceStatus, OfferFilters
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -41,10 +41,10 @@ from adversary.jobs import JOB
 from test_run_daemon import World, make_world
 from world import RIGSYNC, rigsync
 
-from reconciler.bounds import MAX_METRIC_ABS, TIME_WINDOW_S
+from reconciler.core.bounds import MAX_METRIC_ABS, TIME_WINDOW_S
+from reconciler.core.model import Ownership
 from reconciler.desired import load_desired_from_dir
 from reconciler.emulator import Emulator
-from reconciler.model import Ownership
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 

@@ -26,12 +26,12 @@ from botocore.config import Config
 from reconciler.adapters.ssh import SshShell
 from reconciler.adapters.store import LocalStore
 from reconciler.adapters.vast import VastProvider
+from reconciler.core.identity import box_cache_key
+from reconciler.core.model import DEFAULT_POOL, Instance, Pool
 from reconciler.desired.fields import script_hash
 from reconciler.emulator import Emulator
 from reconciler.emulator.s3server import S3Server
 from reconciler.emulator.testing import KeyPair
-from reconciler.identity import box_cache_key
-from reconciler.model import DEFAULT_POOL, Instance, Pool
 from reconciler.ports import ResultStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -255,10 +255,10 @@ def test_the_daemon_caches_from_its_first_box_and_a_later_box_restores(
     import world
     from test_reconcile import SWEEP, TIMEOUTS, drive
 
-    from reconciler.actions import Bootstrap
     from reconciler.cli._common import load_local_desired, open_reconciler
+    from reconciler.core.actions import Bootstrap
     from reconciler.loop import CycleResult
-    from reconciler.storeconfig import StoreConfig
+    from reconciler.settings.object_store import StoreConfig
 
     prefix = f"e2e-{secrets.token_hex(4)}"
     monkeypatch.setenv("VAST_API_KEY", emulator.api_key)

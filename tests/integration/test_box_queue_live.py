@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from reconciler import remote
-from reconciler.adapters.boxes import ShellBoxes
+from reconciler.adapters.box_control import ShellBoxes
 from reconciler.adapters.ssh import SshShell
 from reconciler.adapters.vast import VastProvider
+from reconciler.core.model import BoxProbe, Instance, MetricGoal, OfferFilters
 from reconciler.emulator import Emulator
 from reconciler.emulator.testing import KeyPair
 from reconciler.errors import LaunchRefused
-from reconciler.model import BoxProbe, Instance, MetricGoal, OfferFilters
 from reconciler.ports import LaunchJob
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

@@ -27,17 +27,17 @@ from botocore.exceptions import ClientError
 from conftest import S3_CANARY
 from tarutil import tar_of
 
-from reconciler.adapters.boxes import ShellBoxes
+from reconciler.adapters.box_control import ShellBoxes
 from reconciler.adapters.s3store import S3Store
 from reconciler.adapters.ssh import SshShell
 from reconciler.adapters.vast import VastProvider
+from reconciler.core.model import Endpoint, Instance, OfferFilters
 from reconciler.emulator import Emulator
 from reconciler.emulator.s3server import S3Server
 from reconciler.emulator.testing import KeyPair
 from reconciler.errors import RemoteCommandFailed
-from reconciler.model import Endpoint, Instance, OfferFilters
 from reconciler.ports import ATTEMPT_TAR, Download, Upload
-from reconciler.storeconfig import store_config
+from reconciler.settings.object_store import store_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

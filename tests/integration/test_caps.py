@@ -19,10 +19,10 @@ import yaml
 from gitutil import git
 from world import FleetRepo, fleet_repo
 
-from reconciler.adapters.archive import RunArchive
+from reconciler.adapters.archive import ShardedRunArchive
+from reconciler.core.model import AttemptOutcome
 from reconciler.daemon import DaemonConfig, FleetDaemon
 from reconciler.emulator import Emulator
-from reconciler.model import AttemptOutcome
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
@@ -139,7 +139,7 @@ def _why_stopped(workdir: Path) -> str:
 def test_a_total_cap_that_binds_mid_sweep_holds_on_the_ledger(tmp_path: Path, api_key_env: None) -> None:
     cap = 0.0015
     workdir, _emu, billed = _run_capped(tmp_path, None, max_total_usd=cap, max_daily_usd=None, on_exceed="drain")
-    records = list(RunArchive(workdir).records())
+    records = list(ShardedRunArchive(workdir).records())
     succeeded = {r.run_id for r in records if r.phase is AttemptOutcome.SUCCEEDED}
     assert succeeded, "the budget allowed some work before it bound"
     assert len(succeeded) < 24, "the cap was meant to bind mid-sweep"
@@ -166,7 +166,7 @@ def test_a_daily_cap_across_utc_midnight(tmp_path: Path, api_key_env: None) -> N
     assert before > 0, "no work before midnight"
     print(f"daily cap ${cap}: billed ${before:.6f} before midnight, ${after:.6f} after")
     assert "budget:" in _why_stopped(workdir)
-    records = list(RunArchive(workdir).records())
+    records = list(ShardedRunArchive(workdir).records())
     ended_after = [r for r in records if r.ended_at and r.ended_at >= midnight]
     assert ended_after, f"no work finished after midnight UTC ({day}): the new day's budget was never used"
     assert billed <= 2 * cap + 1e-6

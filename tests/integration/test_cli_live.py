@@ -25,11 +25,11 @@ from gitutil import git
 from jsonschema import Draft202012Validator
 from world import RIGSYNC, dump, emulator_env, fleet_repo, rigsync
 
-from reconciler.adapters.archive import RunArchive
+from reconciler.adapters.archive import ShardedRunArchive
 from reconciler.adapters.git import GitRepo
 from reconciler.adapters.lease import LeaseState, LocalLock, lock_path, to_yaml
+from reconciler.core.model import AttemptOutcome, Ownership
 from reconciler.emulator import Emulator
-from reconciler.model import AttemptOutcome, Ownership
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -384,7 +384,7 @@ def test_saved_plan_applies_exactly_then_apply_converges(
 
     final = json.loads(rigsync(env, "status", "--repo", str(repo), "--json").stdout)
     assert final["boxes"] == [] and final["runs"]["succeeded"] == 2 and final["runs"]["pending"] == 0
-    records = list(RunArchive(repo).records())
+    records = list(ShardedRunArchive(repo).records())
     assert sorted(r.phase for r in records) == [AttemptOutcome.SUCCEEDED, AttemptOutcome.SUCCEEDED]
     budget = (repo / "observed" / "budget.yaml").read_text()
     total = float(re.search(r"total_usd: ([0-9.e-]+)", budget).group(1))  # type: ignore[union-attr]

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from world import fleet_repo
 
-from reconciler.actions import Destroy, Launch, ReasonCode, Rent, Requeue, SyncCheckpoint
 from reconciler.cli._common import load_local_desired, open_reconciler
+from reconciler.core.actions import Destroy, Launch, ReasonCode, Rent, Requeue, SyncCheckpoint
+from reconciler.core.model import AttemptOutcome
 from reconciler.emulator import Emulator
-from reconciler.model import AttemptOutcome
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from gitutil import git as _git
 
-from reconciler.adapters.archive import RunArchive
+from reconciler.adapters.archive import ShardedRunArchive
 from reconciler.observed.archive_lines import overhead_to_json, record_to_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +54,7 @@ def _assert_the_money_adds_up(summary: dict[str, object], keep: Path) -> None:
     assert spend["source"] == "billed" and spend["fleet_dph"] == 0.0
     assert abs(spend["total_usd"] - ledger) <= tolerance, (spend, ledger)
     assert spend["credit_usd"] == pytest.approx(1000.0 - ledger, abs=0.01)
-    archive = RunArchive(keep)
+    archive = ShardedRunArchive(keep)
     attempts, overheads = list(archive.records()), list(archive.overheads())
     attributed = sum(r.cost_usd for r in attempts) + sum(o.cost_usd for o in overheads)
     assert abs(attributed - ledger) <= tolerance, (attributed, ledger)
@@ -110,7 +110,7 @@ def test_demo_runs_the_sweep_to_completion_and_leaves_a_readable_history(tmp_pat
     assert summary["instances_alive"] == 0
     assert float(summary["cost_usd"]) > 0  # type: ignore[arg-type]
 
-    archive = list(RunArchive(keep).records())
+    archive = list(ShardedRunArchive(keep).records())
     succeeded = [r.run_id for r in archive if r.phase.value == "succeeded"]
     assert len(succeeded) == len(set(succeeded)) == summary["runs_succeeded"]
     assert all(r.code_commit and r.desired_commit for r in archive), "every attempt pins its commits"
@@ -161,7 +161,7 @@ def test_demo_chaos_still_finishes_every_run_exactly_once(tmp_path: Path) -> Non
     assert summary["duplicate_successes"] == 0
     assert summary["instances_alive"] == 0
     assert int(summary["runs_resumed"]) >= 1, "the vanished run resumed from its checkpoint"  # type: ignore[call-overload]
-    archive = list(RunArchive(keep).records())
+    archive = list(ShardedRunArchive(keep).records())
     resumed = [r for r in archive if r.resumed_from is not None and r.phase.value == "succeeded"]
     assert resumed and all(any(x.run_id == r.run_id and x.attempt == r.resumed_from for x in archive) for r in resumed)
     for r in resumed:  # its curve, committed under observed/curves/, says so and starts past step 1000

@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 from gitutil import git
 
-from reconciler.actions import Destroy, Plan, ReasonCode
 from reconciler.adapters.git import GitRepo
-from reconciler.desired import load_desired_from_dir
-from reconciler.model import (
+from reconciler.core.actions import Destroy, Plan, ReasonCode
+from reconciler.core.model import (
     AttemptOutcome,
     AttemptRecord,
     BoxProbe,
@@ -30,9 +29,10 @@ from reconciler.model import (
     Observed,
     RunDirState,
 )
+from reconciler.desired import load_desired_from_dir
 from reconciler.observed.documents import ReconcilerStatus, render_observed
+from reconciler.observed.observed_tree import read_observed
 from reconciler.observed.summary import describe_change
-from reconciler.observed.tree import read_observed
 
 pytestmark = pytest.mark.integration
 

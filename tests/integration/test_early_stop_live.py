@@ -25,13 +25,13 @@ import yaml
 from gitutil import git as _git
 from test_reconcile import fleet_repo, owned_alive
 
-from reconciler.actions import Kill, ReasonCode
-from reconciler.adapters.archive import RunArchive
+from reconciler.adapters.archive import ShardedRunArchive
 from reconciler.cli._common import load_local_desired, open_reconciler, write_observed_uncommitted
-from reconciler.curves import curve_path
+from reconciler.core.actions import Kill, ReasonCode
+from reconciler.core.curves import curve_path
+from reconciler.core.model import AttemptOutcome, Desired, EarlyTerminate, EarlyTerminateType, Progress
 from reconciler.emulator import Emulator
 from reconciler.loop import CycleResult
-from reconciler.model import AttemptOutcome, Desired, EarlyTerminate, EarlyTerminateType, Progress
 from reconciler.observed.memory import read_fleet_memory
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -90,7 +90,7 @@ def test_asha_stops_losing_runs_early_and_the_best_runs_to_the_end(
         for iid in owned_alive(emulator, "itasha"):
             emulator.destroy_instance(iid)
 
-    records = list(RunArchive(repo).records())
+    records = list(ShardedRunArchive(repo).records())
     stopped = [r for r in records if r.phase is AttemptOutcome.STOPPED_EARLY]
     assert stopped, f"nothing was stopped early: {[(r.run_id, r.phase.value) for r in records]}"
     # every kill was the planner's early stop, with its rung, metric and cut-off; none is a failure

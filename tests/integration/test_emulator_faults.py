@@ -14,7 +14,7 @@ import requests
 from vastai import VastAI
 
 from reconciler.emulator import Emulator, EmulatorUnavailable
-from reconciler.emulator import hosts as hosts_mod
+from reconciler.emulator import sshd_boxes as hosts_mod
 from reconciler.emulator.testing import KeyPair, ssh
 
 pytestmark = pytest.mark.integration

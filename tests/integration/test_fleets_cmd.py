@@ -20,10 +20,10 @@ from jsonschema import Draft202012Validator
 from world import RIGSYNC, FleetRepo, dump, emulator_env, fleet_repo, rigsync
 
 from reconciler.adapters.vast import VastProvider
+from reconciler.core.identity import rent_label
+from reconciler.core.model import DEFAULT_POOL, InFlight, OfferFilters
 from reconciler.desired import load_desired_from_dir
 from reconciler.emulator import Emulator
-from reconciler.identity import rent_label
-from reconciler.model import DEFAULT_POOL, InFlight, OfferFilters
 from reconciler.observed.codec import RUNS
 from reconciler.observed.memory import in_flight_entries
 

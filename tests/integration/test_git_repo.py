@@ -13,10 +13,10 @@ import yaml
 from gitutil import git
 
 from reconciler.adapters.git import GitRepo
-from reconciler.adapters.lease import Lease, LeaseState
+from reconciler.adapters.lease import GitLease, LeaseState
 from reconciler.adapters.lease import to_yaml as lease_to_yaml
+from reconciler.core.model import Budget, Desired, Fleet, Sweep
 from reconciler.errors import LeaseHeld, LeaseRace, PushRejected, RepoError
-from reconciler.model import Budget, Desired, Fleet, Sweep
 
 pytestmark = pytest.mark.integration
 T0 = 1_790_000_000.0
@@ -209,7 +209,7 @@ def test_the_lease_is_a_compare_and_swap_on_its_own_ref_never_on_main(world: tup
 
 
 def _race_for_the_lease(clones: list[Path]) -> dict[int, str]:
-    """Every clone's ``Lease.acquire`` at once: all read the lease together (a barrier), then all push."""
+    """Every clone's ``GitLease.acquire`` at once: all read the lease together (a barrier), then all push."""
     barrier = threading.Barrier(len(clones), timeout=30)
     outcome: dict[int, str] = {}
 
@@ -226,7 +226,7 @@ def _race_for_the_lease(clones: list[Path]) -> dict[int, str]:
             return got
 
         g.read_lease = read_together  # type: ignore[method-assign]
-        lease = Lease(g, holder=f"racer{n}", host=f"host{n}", pid=n, stale_after=300)
+        lease = GitLease(g, holder=f"racer{n}", host=f"host{n}", pid=n, stale_after=300)
         try:
             outcome[n] = "won: " + lease.acquire(T0).message
         except LeaseHeld as exc:

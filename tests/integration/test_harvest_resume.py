@@ -16,13 +16,13 @@ import pytest
 from gitutil import git as _git
 from test_reconcile import drive, fleet_repo, owned_alive, successes
 
-from reconciler.adapters.archive import RunArchive
+from reconciler.adapters.archive import ShardedRunArchive
 from reconciler.adapters.store import LocalStore, attempt_dir, data_dir_for
 from reconciler.cli._common import load_local_desired, open_reconciler
-from reconciler.curves import curve_path
+from reconciler.core.curves import curve_path
+from reconciler.core.model import AttemptOutcome
 from reconciler.emulator import Emulator
 from reconciler.loop import CycleResult
-from reconciler.model import AttemptOutcome
 
 pytestmark = pytest.mark.integration
 
@@ -74,7 +74,7 @@ def test_a_vanished_run_resumes_from_its_checkpoint_and_does_less_than_two_runs_
             emulator.destroy_instance(iid)
 
     assert victim, "no checkpoint ever came home from a live run"
-    records = list(RunArchive(repo).records())
+    records = list(ShardedRunArchive(repo).records())
     assert successes(records) == {victim["run_id"]: 1}
     lost = next(r for r in records if r.phase is AttemptOutcome.LOST)
     assert (lost.attempt, lost.instance_id) == (victim["attempt"], victim["instance_id"])

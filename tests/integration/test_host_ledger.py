@@ -19,8 +19,8 @@ import pytest
 import yaml
 from world import fleet_repo
 
-from reconciler.actions import Destroy, ReasonCode, Rent
 from reconciler.cli._common import load_local_desired, open_reconciler, write_observed_uncommitted
+from reconciler.core.actions import Destroy, ReasonCode, Rent
 from reconciler.emulator import Emulator
 from reconciler.observed.memory import read_fleet_memory
 

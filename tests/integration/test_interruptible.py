@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from world import fleet_repo
 
-from reconciler.actions import Destroy, Launch, ReasonCode, Rent, Requeue
 from reconciler.cli._common import load_local_desired, open_reconciler
+from reconciler.core.actions import Destroy, Launch, ReasonCode, Rent, Requeue
+from reconciler.core.model import AttemptOutcome, DriftClass
 from reconciler.emulator import Emulator
-from reconciler.model import AttemptOutcome, DriftClass
 
 pytestmark = pytest.mark.integration
 

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from reconciler import remote
-from reconciler.adapters.boxes import ShellBoxes
+from reconciler.adapters.box_control import ShellBoxes
 from reconciler.adapters.ssh import SshShell
 from reconciler.adapters.vast import VastProvider
+from reconciler.core.model import Endpoint, Instance, OfferFilters
 from reconciler.emulator import Emulator
 from reconciler.emulator.testing import KeyPair
-from reconciler.model import Endpoint, Instance, OfferFilters
 from reconciler.remote.launched import parse_launch_answer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]

@@ -22,9 +22,9 @@ import yaml
 from world import RIGSYNC, emulator_env, fleet_repo, rigsync
 
 from reconciler.adapters.store import attempt_dir, data_dir_for
+from reconciler.core.model import Ownership
 from reconciler.desired import load_desired_from_dir
 from reconciler.emulator import Emulator
-from reconciler.model import Ownership
 
 FLEET = "itlogs"
 MAX_APPLIES = 40

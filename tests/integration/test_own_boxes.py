@@ -20,11 +20,11 @@ import pytest
 import yaml
 from world import fleet_repo, rigsync
 
-from reconciler.actions import Destroy, Rent
 from reconciler.cli._common import load_local_desired, open_reconciler, write_observed_uncommitted
+from reconciler.core.actions import Destroy, Rent
+from reconciler.core.identity import own_box_id
+from reconciler.core.model import AttemptOutcome
 from reconciler.emulator import Emulator
-from reconciler.identity import own_box_id
-from reconciler.model import AttemptOutcome
 
 pytestmark = pytest.mark.integration
 

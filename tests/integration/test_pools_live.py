@@ -13,11 +13,11 @@ import pytest
 import yaml
 from world import fleet_repo
 
-from reconciler.actions import Launch, Rent
 from reconciler.cli._common import load_local_desired, open_reconciler
+from reconciler.core.actions import Launch, Rent
+from reconciler.core.identity import slot_pool
+from reconciler.core.model import AttemptOutcome, Ownership
 from reconciler.emulator import Emulator
-from reconciler.identity import slot_pool
-from reconciler.model import AttemptOutcome, Ownership
 
 pytestmark = pytest.mark.integration
 

@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 import world
 
-from reconciler.adapters.boxes import ShellBoxes
+from reconciler.adapters.box_control import ShellBoxes
 from reconciler.adapters.ssh import SshShell, _host_id, openssh_argv
 from reconciler.adapters.vast import VastProvider
 from reconciler.cli._common import load_local_desired, open_reconciler
+from reconciler.core.model import AttemptOutcome, Endpoint, Instance, OfferFilters, Ownership
 from reconciler.emulator import Emulator
 from reconciler.emulator.testing import KeyPair
 from reconciler.errors import HostKeyMismatch
 from reconciler.loop import CycleResult, Reconciler
-from reconciler.model import AttemptOutcome, Endpoint, Instance, OfferFilters, Ownership
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

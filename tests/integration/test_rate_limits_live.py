@@ -14,9 +14,9 @@ from world import emulator_env, fleet_repo, rigsync
 
 from reconciler.adapters.vast import FIRST_WAIT_S as FIRST
 from reconciler.adapters.vast import VastProvider, backoff_schedule
+from reconciler.core.model import OfferFilters
 from reconciler.emulator import Emulator
 from reconciler.errors import ProviderTransient
-from reconciler.model import OfferFilters
 
 pytestmark = pytest.mark.integration
 

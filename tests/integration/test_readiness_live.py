@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from test_reconcile import drive, fleet_repo, owned_alive
 
-from reconciler.adapters.archive import RunArchive
+from reconciler.adapters.archive import ShardedRunArchive
 from reconciler.cli._common import load_local_desired, open_reconciler
+from reconciler.core.model import BoxMemory
 from reconciler.emulator import Emulator
 from reconciler.loop import CycleResult
-from reconciler.model import BoxMemory
 from reconciler.plan.forecast import DEFAULT_READY_S, forecast
 from reconciler.plan.world import index_world
 
@@ -48,7 +48,7 @@ def test_boxes_readiness_is_measured_kept_in_fleet_yaml_and_in_their_overhead_li
             assert m.first_seen_at <= m.reachable_at <= m.ready_at
             assert m.pool == desired.fleet.pools[0].name
         assert ready_figures and all(0.0 <= f < DEFAULT_READY_S for f in ready_figures)  # measured, not the guess
-        overheads = {o.instance_id: o for o in RunArchive(repo).overheads()}
+        overheads = {o.instance_id: o for o in ShardedRunArchive(repo).overheads()}
         assert set(seen) <= set(overheads)
         for iid, m in seen.items():
             o = overheads[iid]

@@ -22,15 +22,15 @@ import pytest
 import world
 
 from reconciler import remote
-from reconciler.actions import Launch, Plan
-from reconciler.adapters.archive import RunArchive
+from reconciler.adapters.archive import ShardedRunArchive
 from reconciler.apply import ApplyContext, apply
 from reconciler.cli._common import load_local_desired, open_reconciler
+from reconciler.core.actions import Launch, Plan
+from reconciler.core.model import AttemptOutcome, AttemptRecord, Desired, DriftClass, Ownership
 from reconciler.emulator import Emulator
 from reconciler.errors import LaunchLockHeld
 from reconciler.loop import CycleResult, Reconciler
-from reconciler.model import AttemptOutcome, AttemptRecord, Desired, DriftClass, Ownership
-from reconciler.render import status_json
+from reconciler.plan.render import status_json
 
 pytestmark = pytest.mark.integration
 
@@ -225,7 +225,7 @@ def clean(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 def test_every_run_succeeds_exactly_once(clean: Clean) -> None:
-    records = list(RunArchive(clean.repo).records())
+    records = list(ShardedRunArchive(clean.repo).records())
     wanted = {r.id for r in clean.desired.runs}
     assert len(wanted) == 2
     assert successes(records) == Counter({rid: 1 for rid in wanted})
@@ -260,7 +260,7 @@ def test_duplicate_launch_fails_on_the_lock(clean: Clean) -> None:
     assert clean.lock_outcome is not None and clean.lock_outcome.startswith(LaunchLockHeld.__name__)
     # and the run the duplicates aimed at still ran once
     run_id = clean.lock_target.split("/", 1)[1].rsplit(".", 1)[0]
-    assert successes(list(RunArchive(clean.repo).records()))[run_id] == 1
+    assert successes(list(ShardedRunArchive(clean.repo).records()))[run_id] == 1
 
 
 def test_foreign_instance_is_never_touched(clean: Clean, emulator: Emulator) -> None:
@@ -311,7 +311,7 @@ def test_box_vanished_mid_run_is_requeued_and_finished_elsewhere(
             emulator.destroy_instance(iid)
 
     assert victim, "no run was ever seen live on a box"
-    records = list(RunArchive(repo).records())
+    records = list(ShardedRunArchive(repo).records())
     mine = [r for r in records if r.run_id == victim["run_id"]]
     lost = [r for r in mine if r.phase is AttemptOutcome.LOST]
     assert [(r.attempt, r.instance_id) for r in lost] == [(victim["attempt"], victim["instance_id"])]
@@ -332,7 +332,7 @@ def test_box_vanished_mid_run_is_requeued_and_finished_elsewhere(
 def test_host_key_changed_box_is_destroyed_never_trusted_and_its_run_requeued(
     emulator: Emulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from reconciler.actions import Destroy, ReasonCode
+    from reconciler.core.actions import Destroy, ReasonCode
 
     monkeypatch.setenv("VAST_API_KEY", emulator.api_key)
     repo = fleet_repo(tmp_path, emulator, "itrekey", seconds=6.0)
@@ -383,7 +383,7 @@ def test_host_key_changed_box_is_destroyed_never_trusted_and_its_run_requeued(
             assert getattr(a, "instance_id", None) != iid or isinstance(a, Destroy) or a.kind.value in (
                 "requeue", "close_bill"), a
     # Its attempt was requeued as lost and the run finished once, elsewhere.
-    records = list(RunArchive(repo).records())
+    records = list(ShardedRunArchive(repo).records())
     mine = [r for r in records if r.run_id == victim["run_id"]]
     lost = [r for r in mine if r.phase is AttemptOutcome.LOST]
     assert [(r.attempt, r.instance_id) for r in lost] == [(victim["attempt"], iid)]

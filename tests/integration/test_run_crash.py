@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from test_run_daemon import BoxRuns, World, git, log_text, run_ids_by_seed, validate_observed, wait_for, world_factory
 
-from reconciler.adapters.archive import RunArchive
+from reconciler.adapters.archive import ShardedRunArchive
 
 pytestmark = pytest.mark.integration
 __all__ = ["world_factory"]  # the fixture, shared with test_run_daemon
@@ -63,7 +63,7 @@ def test_kill_9_mid_sweep_then_restart(world_factory: Callable[..., World]) -> N
     lines = w.remote_archive_lines()
     keys = Counter((r["run_id"], r["attempt"]) for r in lines)
     assert all(n == 1 for n in keys.values()), [k for k, n in keys.items() if n > 1]
-    local = list(RunArchive(w.work).records())
+    local = list(ShardedRunArchive(w.work).records())
     assert sorted(r.key for r in local) == sorted(keys)
     successes = Counter(r["run_id"] for r in lines if r["phase"] == "succeeded")
     assert set(successes) == ids and all(n == 1 for n in successes.values()), successes

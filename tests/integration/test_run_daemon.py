@@ -32,9 +32,9 @@ from world import FleetRepo, emulator_env, fleet_repo
 
 from reconciler.adapters.git import GitRepo
 from reconciler.adapters.lease import LocalLock, lock_path
+from reconciler.core.model import Ownership
 from reconciler.daemon import DaemonConfig, FleetDaemon
 from reconciler.emulator import Emulator
-from reconciler.model import Ownership
 
 pytestmark = pytest.mark.integration
 

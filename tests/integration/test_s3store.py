@@ -33,7 +33,7 @@ from reconciler.errors import (
     cause_chain,
 )
 from reconciler.ports import ATTEMPT_TAR
-from reconciler.storeconfig import StoreConfig, store_config
+from reconciler.settings.object_store import StoreConfig, store_config
 
 RUN = "sweep-0123456789ab"
 

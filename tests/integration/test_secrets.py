@@ -33,7 +33,7 @@ from test_run_daemon import (
     world_factory,
 )
 
-from reconciler.jobenv import JOB_SECRETS_ENV
+from reconciler.core.jobenv import JOB_SECRETS_ENV
 
 pytestmark = pytest.mark.integration
 __all__ = ["world_factory"]

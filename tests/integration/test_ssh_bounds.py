@@ -19,14 +19,14 @@ from pathlib import Path
 import pytest
 from adversary.boxes import LIAR_PATH, make_liar
 
-from reconciler.adapters.boxes import ShellBoxes
+from reconciler.adapters.box_control import ShellBoxes
 from reconciler.adapters.ssh import SshShell
 from reconciler.adapters.vast import VastProvider
-from reconciler.bounds import COMMAND_STDERR_BYTES, COMMAND_STDOUT_BYTES, PROBE_STDOUT_BYTES
+from reconciler.core.bounds import COMMAND_STDERR_BYTES, COMMAND_STDOUT_BYTES, PROBE_STDOUT_BYTES
+from reconciler.core.model import Endpoint, Instance, OfferFilters
 from reconciler.emulator import Emulator
 from reconciler.emulator.testing import KeyPair
 from reconciler.errors import OutputOverBound
-from reconciler.model import Endpoint, Instance, OfferFilters
 from reconciler.ports import CommandResult
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from world import fleet_repo
 
-from reconciler.actions import Kill, ReasonCode
 from reconciler.cli._common import load_local_desired, open_reconciler
+from reconciler.core.actions import Kill, ReasonCode
+from reconciler.core.model import AttemptOutcome, DriftClass, RunPhase
+from reconciler.core.runphase import run_phase, tally_runs
 from reconciler.emulator import Emulator
-from reconciler.model import AttemptOutcome, DriftClass, RunPhase
-from reconciler.runphase import run_phase, tally_runs
 
 pytestmark = pytest.mark.integration
 

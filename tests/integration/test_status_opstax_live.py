@@ -10,8 +10,8 @@ import pytest
 from jsonschema import Draft202012Validator
 from world import emulator_env, fleet_repo, rigsync
 
+from reconciler.core.model import AttemptOutcome, AttemptRecord, OverheadRecord
 from reconciler.emulator import Emulator
-from reconciler.model import AttemptOutcome, AttemptRecord, OverheadRecord
 from reconciler.observed.archive_lines import entry_to_json
 
 pytestmark = pytest.mark.integration

@@ -36,7 +36,7 @@ from world import rigsync
 from reconciler.adapters.s3store import S3Store
 from reconciler.emulator import Emulator
 from reconciler.emulator.s3server import S3Server
-from reconciler.storeconfig import store_config
+from reconciler.settings.object_store import store_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

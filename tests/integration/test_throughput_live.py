@@ -16,8 +16,8 @@ import yaml
 from world import fleet_repo
 
 from reconciler.cli._common import load_local_desired, open_reconciler, write_observed_uncommitted
+from reconciler.core.model import AttemptOutcome
 from reconciler.emulator import Emulator
-from reconciler.model import AttemptOutcome
 from reconciler.plan.money import RuntimeSource, sweep_runtimes
 
 pytestmark = pytest.mark.integration

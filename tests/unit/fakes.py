@@ -40,18 +40,8 @@ from typing import Any, TypeVar
 
 from tarutil import tar_of
 
-from reconciler.actions import Plan
-from reconciler.errors import (
-    HostUnreachable,
-    LaunchLockHeld,
-    LeaseRace,
-    PriceIncreaseGone,
-    ProviderPermanent,
-    RejectedByProvider,
-    RemoteCommandFailed,
-)
-from reconciler.loop import Reconciler
-from reconciler.model import (
+from reconciler.core.actions import Plan
+from reconciler.core.model import (
     DEFAULT_POOL,
     AttemptRecord,
     BoxProbe,
@@ -76,6 +66,16 @@ from reconciler.model import (
     RunSpec,
     Sweep,
 )
+from reconciler.errors import (
+    HostUnreachable,
+    LaunchLockHeld,
+    LeaseRace,
+    PriceIncreaseGone,
+    ProviderPermanent,
+    RejectedByProvider,
+    RemoteCommandFailed,
+)
+from reconciler.loop import Reconciler
 from reconciler.observe import observe
 from reconciler.plan import plan
 from reconciler.ports import ATTEMPT_TAR, BootstrapCache, CheckpointUploaded, CommandResult, Download, LaunchJob, Upload

@@ -26,8 +26,8 @@ from typing import Any
 
 from fakes import flat_run_spec
 
-from reconciler.identity import own_boxes, pool_spec_hash, slot_pool
-from reconciler.model import (
+from reconciler.core.identity import own_boxes, pool_spec_hash, slot_pool
+from reconciler.core.model import (
     DEFAULT_POOL,
     AttemptOutcome,
     AttemptRecord,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gitutil import git
 
-from reconciler.curves import curve_path, render_curve
+from reconciler.core.curves import curve_path, render_curve
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from reconciler.identity import rent_label
-from reconciler.model import DEFAULT_POOL, Fleet, InFlight, Instance, InstanceStatus, Pool
+from reconciler.core.identity import rent_label
+from reconciler.core.model import DEFAULT_POOL, Fleet, InFlight, Instance, InstanceStatus, Pool
 from reconciler.views.account import Checkout, account_json, account_text
 
 SCHEMA = Draft202012Validator(

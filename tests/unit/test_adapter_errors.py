@@ -21,15 +21,15 @@ from git.exc import GitError
 from gitutil import git
 
 from reconciler import errors
-from reconciler.adapters.archive import RunArchive
+from reconciler.adapters.archive import ShardedRunArchive
 from reconciler.adapters.git import GitRepo
-from reconciler.adapters.launch_journal import JOURNAL, LaunchJournal
+from reconciler.adapters.launch_journal import JOURNAL, FileLaunchJournal
 from reconciler.adapters.lease import LocalLock
 from reconciler.adapters.ssh import SshShell, ensure_keypair
 from reconciler.adapters.store import LocalStore
 from reconciler.adapters.vast import VastProvider
+from reconciler.core.model import Endpoint, InFlight
 from reconciler.errors import RigsyncError, cause_chain
-from reconciler.model import Endpoint, InFlight
 from reconciler.observed.codec import RUNS_DIR
 
 CLOSED = "127.0.0.1"  # port 1 on loopback: nothing listens there, the connection is refused at once
@@ -119,10 +119,10 @@ def test_corrupt_archive_shard(tmp_path: Path) -> None:
     shard.parent.mkdir(parents=True)
     shard.write_text('{"run_id": "r1", "attempt": "not a number"}\n{not json}\n')
     (tmp_path / ".git").mkdir()
-    exc = raised(len, RunArchive(tmp_path))
+    exc = raised(len, ShardedRunArchive(tmp_path))
     assert isinstance(exc, errors.ArchiveCorrupt)
     caused_by(exc, ValueError)
-    caused_by(raised(list, RunArchive(tmp_path).records()), ValueError)
+    caused_by(raised(list, ShardedRunArchive(tmp_path).records()), ValueError)
 
 
 def test_archive_journal_that_cannot_be_written(tmp_path: Path) -> None:
@@ -131,14 +131,14 @@ def test_archive_journal_that_cannot_be_written(tmp_path: Path) -> None:
     (tmp_path / ".git").mkdir()
     journal = tmp_path / "journal"
     journal.mkdir()  # a directory where the journal file should be
-    archive = RunArchive(tmp_path, journal=journal)
+    archive = ShardedRunArchive(tmp_path, journal=journal)
     caused_by(raised(archive.append, [rec()]), OSError)
 
 
 def test_launch_journal_that_cannot_be_written(tmp_path: Path) -> None:
     (tmp_path / JOURNAL).mkdir()  # a directory where the journal file should be
     (tmp_path / JOURNAL).with_suffix(".tmp").mkdir()
-    journal = LaunchJournal(tmp_path)
+    journal = FileLaunchJournal(tmp_path)
     flight = InFlight(run_id="r1", attempt=1, instance_id=7, gpu_mask=(0,), launched_at=1.0)
     for exc in (raised(journal.note, flight), raised(journal.reset, [flight])):
         assert isinstance(exc, errors.LaunchJournalError)

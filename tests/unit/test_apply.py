@@ -22,15 +22,15 @@ from fakes import (
     offer,
 )
 
-from reconciler.actions import CloseBill, Launch, Plan, ReasonCode, Rent, ShipCode
-from reconciler.adapters.lease import Lease
+from reconciler.adapters.lease import GitLease
 from reconciler.apply import ApplyContext, ApplyResult, apply
+from reconciler.core.actions import CloseBill, Launch, Plan, ReasonCode, Rent, ShipCode
+from reconciler.core.model import BoxSpend, Desired, FleetMemory, InFlight, MetricGoal, Observed, Spend
+from reconciler.core.remember import next_in_flight
 from reconciler.errors import HostUnreachable, LaunchLockHeld, LeaseLost
-from reconciler.model import BoxSpend, Desired, FleetMemory, InFlight, MetricGoal, Observed, Spend
 from reconciler.observe import observe
 from reconciler.plan import plan
 from reconciler.ports import Fence, LaunchJob
-from reconciler.remember import next_in_flight
 
 
 def _ctx(world: FakeWorld, desired: Desired, observed: Observed, archive: FakeArchive) -> ApplyContext:
@@ -138,9 +138,9 @@ def test_keyboard_interrupt_is_not_an_action_failure() -> None:
 
 def _lease_fence(
     world: FakeWorld, store: MemoryLeaseStore, *, stale_after: float, action_s: float
-) -> tuple[Lease, Fence]:
+) -> tuple[GitLease, Fence]:
     """Holder A's lease, acquired now and never renewed; each fenced action takes ``action_s`` of the world's time."""
-    lease = Lease(store, holder="a", host="hostA", pid=1, stale_after=stale_after, renew_every=10_000)
+    lease = GitLease(store, holder="a", host="hostA", pid=1, stale_after=stale_after, renew_every=10_000)
     lease.acquire(world.clock.now())
 
     def fence() -> None:
@@ -191,7 +191,7 @@ def test_holder_a_lost_mid_apply_holder_b_takes_over_and_no_run_is_launched_twic
     # A acts no more. B takes the lease over once it is stale, and plans from the world alone: no memory of
     # what A launched this cycle (A committed nothing), the same archive in git.
     world.clock.advance(100.0)
-    b_lease = Lease(store, holder="b", host="hostB", pid=2, stale_after=100.0)
+    b_lease = GitLease(store, holder="b", host="hostB", pid=2, stale_after=100.0)
     decision = b_lease.acquire(world.clock.now())
     assert decision.takeover
     with pytest.raises(LeaseLost):

@@ -19,9 +19,9 @@ from typing import IO
 
 import pytest
 
-from reconciler.adapters.boxes import ShellBoxes
+from reconciler.adapters.box_control import ShellBoxes
+from reconciler.core.model import Endpoint, Instance, InstanceStatus, MetricGoal
 from reconciler.errors import HostUnreachable, LaunchLockHeld, OutputOverBound, RemoteCommandFailed
-from reconciler.model import Endpoint, Instance, InstanceStatus, MetricGoal
 from reconciler.ports import CommandResult, LaunchJob
 from reconciler.remote.launched import parse_launch_answer
 
@@ -199,7 +199,7 @@ def test_harvest_and_stage_resume_through_the_shell(shell: LocalShell, tmp_path:
 
 def test_a_harvest_stream_past_its_cap_is_refused(shell: LocalShell) -> None:
     """A box that ignores its cap cannot fill the controller's memory: the shell stops reading past cap + slack."""
-    from reconciler.adapters import boxes as boxes_mod
+    from reconciler.adapters import box_control as boxes_mod
 
     boxes = ShellBoxes(shell)
     box = _box(6)

@@ -9,9 +9,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from reconciler.adapters.archive import RunArchive, journal_path
+from reconciler.adapters.archive import ShardedRunArchive, journal_path
+from reconciler.core.model import AttemptOutcome, AttemptRecord, OverheadRecord
 from reconciler.errors import ArchiveCorrupt, RepoError
-from reconciler.model import AttemptOutcome, AttemptRecord, OverheadRecord
 from reconciler.observed.archive_lines import (
     entry_from_json,
     overhead_to_json,
@@ -19,7 +19,7 @@ from reconciler.observed.archive_lines import (
     record_to_json,
     shard_path,
 )
-from reconciler.observed.tree import write_observed
+from reconciler.observed.observed_tree import write_observed
 
 SCHEMA = json.loads((Path(__file__).parents[2] / "schemas" / "archive-record.schema.json").read_text())
 NOV = dt.datetime(2026, 11, 30, 23, 0, tzinfo=dt.UTC).timestamp()
@@ -53,7 +53,7 @@ def rec(run_id: str = "r1", attempt: int = 1, ended_at: float | None = NOV, **kw
     return AttemptRecord(**base)  # type: ignore[arg-type]
 
 
-def written(archive: RunArchive) -> RunArchive:
+def written(archive: ShardedRunArchive) -> ShardedRunArchive:
     """What a cycle does at its end: hand the new lines to the one writer of observed/ (here without a commit)."""
     archive.hand_off(lambda appends: write_observed(archive.root, {}, appends))
     return archive
@@ -89,7 +89,7 @@ def test_shard_is_month_of_end_time_utc() -> None:
 
 
 def test_append_is_idempotent_within_and_across_instances(tmp_path: Path) -> None:
-    a = RunArchive(tmp_path)
+    a = ShardedRunArchive(tmp_path)
     first = a.append([rec("r1"), rec("r2", ended_at=DEC), rec("r1")])
     assert [r.key for r in first] == [("r1", 1), ("r2", 1)]
     assert a.append([rec("r1"), rec("r2", ended_at=DEC)]) == []
@@ -100,16 +100,16 @@ def test_append_is_idempotent_within_and_across_instances(tmp_path: Path) -> Non
     assert (tmp_path / "observed/runs/2026-12.jsonl").read_text().count("\n") == 1
 
     # A fresh archive over the same files (a restarted process) knows every key.
-    b = RunArchive(tmp_path)
+    b = ShardedRunArchive(tmp_path)
     assert b.append([rec("r1"), rec("r2", ended_at=DEC), rec("r1", attempt=2)]) == [rec("r1", attempt=2)]
     assert len(b) == 3
     written(b)
-    assert len(RunArchive(tmp_path)) == 3
+    assert len(ShardedRunArchive(tmp_path)) == 3
     assert [r.key for r in b.records()] == [("r1", 1), ("r1", 2), ("r2", 1)]
 
 
 def test_append_does_not_rewrite_existing_lines(tmp_path: Path) -> None:
-    a = RunArchive(tmp_path)
+    a = ShardedRunArchive(tmp_path)
     a.append([rec("r1")])
     written(a)
     shard = tmp_path / "observed/runs/2026-11.jsonl"
@@ -122,32 +122,32 @@ def test_append_does_not_rewrite_existing_lines(tmp_path: Path) -> None:
 
 
 def test_torn_last_line_is_ignored_and_cut_before_the_retry(tmp_path: Path) -> None:
-    a = RunArchive(tmp_path)
+    a = ShardedRunArchive(tmp_path)
     a.append([rec("r1")])
     written(a)
     shard = tmp_path / "observed/runs/2026-11.jsonl"
     full = record_to_json(rec("r2"))
     with open(shard, "a") as fh:
         fh.write(full[: len(full) // 2])  # the crash
-    b = RunArchive(tmp_path)
+    b = ShardedRunArchive(tmp_path)
     assert ("r2", 1) not in b
     assert [r.run_id for r in b.records()] == ["r1"]
     assert b.append([rec("r2")]) == [rec("r2")]
     written(b)
     lines = shard.read_text().splitlines()
     assert lines == [record_to_json(rec("r1")), full]
-    assert [r.run_id for r in RunArchive(tmp_path).records()] == ["r1", "r2"]
+    assert [r.run_id for r in ShardedRunArchive(tmp_path).records()] == ["r1", "r2"]
 
 
 def test_complete_last_line_missing_only_its_newline_is_kept(tmp_path: Path) -> None:
     shard = tmp_path / "observed/runs/2026-11.jsonl"
     shard.parent.mkdir(parents=True)
     shard.write_text(record_to_json(rec("r1")))
-    a = RunArchive(tmp_path)
+    a = ShardedRunArchive(tmp_path)
     assert ("r1", 1) in a
     a.append([rec("r2")])
     written(a)
-    assert [r.run_id for r in RunArchive(tmp_path).records()] == ["r1", "r2"]
+    assert [r.run_id for r in ShardedRunArchive(tmp_path).records()] == ["r1", "r2"]
 
 
 def test_corrupt_line_in_the_middle_names_file_and_line(tmp_path: Path) -> None:
@@ -155,9 +155,9 @@ def test_corrupt_line_in_the_middle_names_file_and_line(tmp_path: Path) -> None:
     shard.parent.mkdir(parents=True)
     shard.write_text(record_to_json(rec("r1")) + "\nnot json\n" + record_to_json(rec("r2")) + "\n")
     with pytest.raises(ArchiveCorrupt, match=r"2026-11\.jsonl:2"):
-        RunArchive(tmp_path).append([rec("r3")])
+        ShardedRunArchive(tmp_path).append([rec("r3")])
     with pytest.raises(ArchiveCorrupt, match=r"2026-11\.jsonl:2"):
-        list(RunArchive(tmp_path).records())
+        list(ShardedRunArchive(tmp_path).records())
 
 
 def test_duplicate_lines_from_a_union_merge_are_read_once(tmp_path: Path) -> None:
@@ -165,12 +165,12 @@ def test_duplicate_lines_from_a_union_merge_are_read_once(tmp_path: Path) -> Non
     shard.parent.mkdir(parents=True)
     line = record_to_json(rec("r1"))
     shard.write_text(line + "\n" + line + "\n")
-    assert [r.key for r in RunArchive(tmp_path).records()] == [("r1", 1)]
-    assert len(RunArchive(tmp_path)) == 1
+    assert [r.key for r in ShardedRunArchive(tmp_path).records()] == [("r1", 1)]
+    assert len(ShardedRunArchive(tmp_path)) == 1
 
 
 def test_encode_new_writes_nothing(tmp_path: Path) -> None:
-    a = RunArchive(tmp_path)
+    a = ShardedRunArchive(tmp_path)
     fresh, blobs = a.encode_new([rec("r1"), rec("r2", ended_at=DEC)])
     assert [r.run_id for r in fresh] == ["r1", "r2"]
     assert set(blobs) == {"observed/runs/2026-11.jsonl", "observed/runs/2026-12.jsonl"}
@@ -179,12 +179,12 @@ def test_encode_new_writes_nothing(tmp_path: Path) -> None:
 
 
 def test_an_append_is_durable_in_the_journal_before_the_hand_off(tmp_path: Path) -> None:
-    a = RunArchive(tmp_path)
+    a = ShardedRunArchive(tmp_path)
     a.append([rec("r1"), rec("r2", ended_at=DEC)])
     assert not (tmp_path / "observed").exists()  # the shards are the writer's, at the end of the cycle
     assert journal_path(tmp_path).read_text().count("\n") == 2
     # A process killed now (kill -9, no hand-off): the next one knows both records and hands them over.
-    b = RunArchive(tmp_path)
+    b = ShardedRunArchive(tmp_path)
     assert ("r1", 1) in b and ("r2", 1) in b and len(b) == 2
     assert [r.key for r in b.records()] == [("r1", 1), ("r2", 1)]
     assert b.append([rec("r1")]) == []
@@ -195,14 +195,14 @@ def test_an_append_is_durable_in_the_journal_before_the_hand_off(tmp_path: Path)
     written(b)
     assert journal_path(tmp_path).read_text() == ""
     assert b.pending_lines() == {}
-    assert [r.key for r in RunArchive(tmp_path).records()] == [("r1", 1), ("r2", 1)]
+    assert [r.key for r in ShardedRunArchive(tmp_path).records()] == [("r1", 1), ("r2", 1)]
 
 
 def test_killed_after_the_writer_wrote_and_before_the_journal_was_emptied(tmp_path: Path) -> None:
-    a = RunArchive(tmp_path)
+    a = ShardedRunArchive(tmp_path)
     a.append([rec("r1")])
     write_observed(tmp_path, {}, a.pending_lines())  # the writer took the lines; then the process died
-    b = RunArchive(tmp_path)
+    b = ShardedRunArchive(tmp_path)
     assert b.pending_lines() == {}  # already in the shard: not handed over twice
     written(b)
     assert (tmp_path / "observed/runs/2026-11.jsonl").read_text().count("\n") == 1
@@ -210,7 +210,7 @@ def test_killed_after_the_writer_wrote_and_before_the_journal_was_emptied(tmp_pa
 
 
 def test_a_writer_that_fails_part_way_is_not_duplicated_and_not_lost(tmp_path: Path) -> None:
-    a = RunArchive(tmp_path)
+    a = ShardedRunArchive(tmp_path)
     a.append([rec("r1"), rec("r2", ended_at=DEC)])
 
     def half(appends: dict[str, bytes]) -> None:
@@ -223,21 +223,21 @@ def test_a_writer_that_fails_part_way_is_not_duplicated_and_not_lost(tmp_path: P
     rest = (record_to_json(rec("r2", ended_at=DEC)) + "\n").encode()
     assert a.pending_lines() == {"observed/runs/2026-12.jsonl": rest}
     written(a)
-    assert [r.key for r in RunArchive(tmp_path).records()] == [("r1", 1), ("r2", 1)]
+    assert [r.key for r in ShardedRunArchive(tmp_path).records()] == [("r1", 1), ("r2", 1)]
     for shard in ("2026-11", "2026-12"):
         assert (tmp_path / f"observed/runs/{shard}.jsonl").read_text().count("\n") == 1
 
 
 def test_a_torn_journal_line_is_cut_and_the_rest_kept(tmp_path: Path) -> None:
-    a = RunArchive(tmp_path)
+    a = ShardedRunArchive(tmp_path)
     a.append([rec("r1")])
     full = record_to_json(rec("r2"))
     with open(journal_path(tmp_path), "a") as fh:
         fh.write(full[:20])  # killed mid-append: that append never returned, so nothing was launched on it
-    b = RunArchive(tmp_path)
+    b = ShardedRunArchive(tmp_path)
     assert [r.key for r in b.records()] == [("r1", 1)]
     assert b.append([rec("r2")]) == [rec("r2")]
-    assert [r.key for r in RunArchive(tmp_path).records()] == [("r1", 1), ("r2", 1)]
+    assert [r.key for r in ShardedRunArchive(tmp_path).records()] == [("r1", 1), ("r2", 1)]
     written(b)
     assert (tmp_path / "observed/runs/2026-11.jsonl").read_text().splitlines() == [record_to_json(rec("r1")), full]
 
@@ -268,37 +268,37 @@ def test_an_overhead_line_round_trips_validates_and_is_not_an_attempt() -> None:
 
 
 def test_overhead_lines_share_the_shards_once_per_box_and_readers_of_attempts_skip_them(tmp_path: Path) -> None:
-    a = RunArchive(tmp_path)
+    a = ShardedRunArchive(tmp_path)
     assert a.append([rec("r1")]) == [rec("r1")]
     assert a.append([overhead(7), overhead(7)]) == [overhead(7)]
     assert a.append([overhead(7, cost_usd=1.0)]) == []  # exactly once per box, whatever it says the second time
     assert ("overhead", 7) in a and len(a) == 2
     # Journalled before the hand-off: a killed process's successor knows and hands over both kinds.
-    b = RunArchive(tmp_path)
+    b = ShardedRunArchive(tmp_path)
     assert [r.key for r in b.records()] == [("r1", 1)]
     assert list(b.overheads()) == [overhead(7)]
     written(b)
     shard = tmp_path / "observed/runs/2026-11.jsonl"
     assert shard.read_text().splitlines() == [record_to_json(rec("r1")), overhead_to_json(overhead(7))]
-    c = RunArchive(tmp_path)
+    c = ShardedRunArchive(tmp_path)
     assert [r.key for r in c.records()] == [("r1", 1)] and list(c.overheads()) == [overhead(7)]
     assert [type(e).__name__ for e in c.entries()] == ["AttemptRecord", "OverheadRecord"]
     assert c.append([overhead(7)]) == [] and c.append([overhead(8)]) == [overhead(8)]
 
 
 def test_a_torn_overhead_line_is_cut_before_the_retry(tmp_path: Path) -> None:
-    a = RunArchive(tmp_path)
+    a = ShardedRunArchive(tmp_path)
     a.append([rec("r1")])
     written(a)
     shard = tmp_path / "observed/runs/2026-11.jsonl"
     full = overhead_to_json(overhead(7))
     with open(shard, "a") as fh:
         fh.write(full[:30])  # the crash, mid-line
-    b = RunArchive(tmp_path)
+    b = ShardedRunArchive(tmp_path)
     assert ("overhead", 7) not in b and list(b.overheads()) == []
     assert b.append([overhead(7)]) == [overhead(7)]
     written(b)
     assert shard.read_text().splitlines() == [record_to_json(rec("r1")), full]
     # A union merge that repeats the line reads it once.
     shard.write_text(shard.read_text() + full + "\n")
-    assert list(RunArchive(tmp_path).overheads()) == [overhead(7)]
+    assert list(ShardedRunArchive(tmp_path).overheads()) == [overhead(7)]

@@ -29,8 +29,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from profiles import examples
 
-from reconciler.errors import ProviderTransient
-from reconciler.model import (
+from reconciler.core.model import (
     AttemptOutcome,
     BoxSpend,
     Desired,
@@ -41,8 +40,9 @@ from reconciler.model import (
     Observed,
     Spend,
 )
+from reconciler.core.remember import accrue_billed
+from reconciler.errors import ProviderTransient
 from reconciler.observe import observe
-from reconciler.remember import accrue_billed
 
 DAY = 86400.0
 MIDNIGHT = 20 * DAY  # a UTC midnight

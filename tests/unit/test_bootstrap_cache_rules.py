@@ -13,13 +13,23 @@ import pytest
 import yaml
 
 from reconciler import remote
-from reconciler.actions import Bootstrap, Plan, ReasonCode
-from reconciler.adapters.boxes import ShellBoxes
+from reconciler.adapters.box_control import ShellBoxes
 from reconciler.adapters.store import LocalStore
 from reconciler.apply import ApplyContext, apply
+from reconciler.core.actions import Bootstrap, Plan, ReasonCode
+from reconciler.core.identity import bootstrap_cache_key, box_cache_key
+from reconciler.core.model import (
+    DEFAULT_POOL,
+    Budget,
+    Desired,
+    Endpoint,
+    Fleet,
+    Instance,
+    InstanceStatus,
+    Observed,
+    Pool,
+)
 from reconciler.desired import load_desired, read_desired_files
-from reconciler.identity import bootstrap_cache_key, box_cache_key
-from reconciler.model import DEFAULT_POOL, Budget, Desired, Endpoint, Fleet, Instance, InstanceStatus, Observed, Pool
 from reconciler.ports import BootstrapCache, CommandResult, Download, Upload
 
 REPO = Path(__file__).resolve().parents[2]

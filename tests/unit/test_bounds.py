@@ -1,4 +1,4 @@
-"""``reconciler.bounds``: its checks are total, and what they let through is within the bound they name."""
+"""``reconciler.core.bounds``: its checks are total, and what they let through is within the bound they name."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.bounds import (
+from reconciler.core.bounds import (
     MAX_JSON_DEPTH,
     MAX_METRIC_ABS,
     TIME_WINDOW_S,
@@ -19,7 +19,7 @@ from reconciler.bounds import (
     json_depth,
     strict_json,
 )
-from reconciler.textsafe import has_hazard
+from reconciler.core.textsafe import has_hazard
 
 _anything = st.one_of(
     st.none(), st.booleans(), st.integers(), st.floats(), st.text(), st.sampled_from([10**400, -(10**400), 2**1023])

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from reconciler.model import BoxMemory, BoxProbe, Instance, InstanceStatus
-from reconciler.remember import update_box_memory
+from reconciler.core.model import BoxMemory, BoxProbe, Instance, InstanceStatus
+from reconciler.core.remember import update_box_memory
 
 T = 1_000_000.0
 BOX = Instance(1, "rigsync:lab:abc-1", InstanceStatus.RUNNING, "RTX 3090", 1, 24576, 0.2, T - 600)
@@ -26,8 +26,8 @@ def test_bootstrap_since_starts_when_the_box_answers_without_it_and_ends_when_it
 def test_gpu_quiet_clock_per_live_attempt_of_a_sweep_with_stall_timeout() -> None:
     from dataclasses import replace
 
-    from reconciler.model import Budget, Desired, Fleet, GpuState, RunDirState, RunSpec, Sweep
-    from reconciler.remember import track_gpu_quiet
+    from reconciler.core.model import Budget, Desired, Fleet, GpuState, RunDirState, RunSpec, Sweep
+    from reconciler.core.remember import track_gpu_quiet
 
     def spec(rid: str, stall: float | None) -> RunSpec:
         return RunSpec(rid, Sweep("s", "true", stall_timeout_s=stall, stall_gpu_util_pct=5.0), rid, (), 0, "true")

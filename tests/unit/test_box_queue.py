@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from reconciler import remote
-from reconciler.adapters.boxes import ShellBoxes
+from reconciler.adapters.box_control import ShellBoxes
 from reconciler.box import boxlib
 from reconciler.box.watchdog import decide
+from reconciler.core.model import BoxProbe, Endpoint, Instance, InstanceStatus, MetricGoal
 from reconciler.errors import LaunchLockHeld, LaunchRefused
-from reconciler.model import BoxProbe, Endpoint, Instance, InstanceStatus, MetricGoal
 from reconciler.ports import CommandResult, LaunchJob
 
 FAKE_SMI = '#!/bin/bash\necho "0, 12, 24564, 0"\necho "1, 30, 24564, 0"\n'
@@ -229,9 +229,9 @@ def test_apply_gives_a_queued_launch_its_epoch_and_records_it_queued_without_a_p
 
     from fakes import FakeArchive, FakeClock, FakeWorld, code_tar, desired_state, observe_and_plan, offer
 
-    from reconciler.actions import Launch, Plan
     from reconciler.apply import ApplyContext, _attempt_record, apply
-    from reconciler.model import AttemptOutcome
+    from reconciler.core.actions import Launch, Plan
+    from reconciler.core.model import AttemptOutcome
 
     desired = desired_state(1, max_instances=1)
     world = FakeWorld([offer(1, gpus=2)], clock=FakeClock(), boot_s=10.0)

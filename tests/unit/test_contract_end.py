@@ -13,12 +13,11 @@ import jsonschema
 import pytest
 import yaml
 
-from reconciler import contract
-from reconciler.actions import Destroy, Plan, ReasonCode
 from reconciler.adapters.vast import instance_from_record, offer_from_record
-from reconciler.desired import load_desired_from_dir
-from reconciler.ledger import note_cycle
-from reconciler.model import (
+from reconciler.core import contract
+from reconciler.core.actions import Destroy, Plan, ReasonCode
+from reconciler.core.ledger import note_cycle
+from reconciler.core.model import (
     Fleet,
     FleetMemory,
     HostLedger,
@@ -28,9 +27,10 @@ from reconciler.model import (
     Offer,
     PriceIncrease,
 )
+from reconciler.desired import load_desired_from_dir
 from reconciler.observed.codec import FLEET
 from reconciler.observed.documents import ReconcilerStatus, render_observed
-from reconciler.render import status_json, status_text
+from reconciler.plan.render import status_json, status_text
 from reconciler.views.facts import build_view
 from reconciler.views.status_md import render_status_md
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from reconciler.contract import dearest_rate, mean_rate, rate_from
-from reconciler.model import Instance, InstanceStatus, PriceIncrease
+from reconciler.core.contract import dearest_rate, mean_rate, rate_from
+from reconciler.core.model import Instance, InstanceStatus, PriceIncrease
 
 BOX = Instance(id=12, label="", status=InstanceStatus.RUNNING, gpu_name="RTX 3090", num_gpus=1, gpu_ram_mib=24576,
                dph_total=0.2, start_date=0.0)

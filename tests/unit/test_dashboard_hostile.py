@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from snapshot_repo import first_archived_run, make_snapshot_repo
 
-from reconciler.model import AttemptOutcome, AttemptRecord
+from reconciler.core.model import AttemptOutcome, AttemptRecord
 from reconciler.observed.archive_lines import record_to_json
 from reconciler.views.dashboard import build
 from reconciler.views.svg import Series, line_chart

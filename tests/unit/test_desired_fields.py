@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from reconciler.core.model import Budget, EarlyTerminate, Fleet, OfferFilters, OwnHost, Pool, Search, Sweep
 from reconciler.desired import schema_path
 from reconciler.desired.fields import POOL_INHERITS, ROWS, Row
-from reconciler.model import Budget, EarlyTerminate, Fleet, OfferFilters, OwnHost, Pool, Search, Sweep
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "desired" / "README.md"

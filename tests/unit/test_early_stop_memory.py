@@ -13,9 +13,8 @@ import jsonschema
 import pytest
 import yaml
 
-from reconciler.actions import Plan
-from reconciler.errors import ObservedInvalid
-from reconciler.model import (
+from reconciler.core.actions import Plan
+from reconciler.core.model import (
     AttemptOutcome,
     AttemptRecord,
     BoxProbe,
@@ -29,11 +28,12 @@ from reconciler.model import (
     RungValue,
     RunPhase,
 )
+from reconciler.core.remember import remember_observation, track_rungs
+from reconciler.core.runphase import UNTOUCHED, run_phase, tally_runs
+from reconciler.errors import ObservedInvalid
 from reconciler.observed.codec import RUNS
 from reconciler.observed.documents import ReconcilerStatus, render_observed
 from reconciler.observed.memory import fleet_memory_from_files
-from reconciler.remember import remember_observation, track_rungs
-from reconciler.runphase import UNTOUCHED, run_phase, tally_runs
 
 try:
     from .plan_case_io import build_desired
@@ -178,7 +178,7 @@ def test_every_run_phase_has_a_bucket_in_rigsync_diff() -> None:
 
 
 def test_status_counts_runs_stopped_early_in_its_json_and_text() -> None:
-    from reconciler.render import status_json, status_text
+    from reconciler.plan.render import status_json, status_text
 
     d = desired("a", "b")
     stopped = AttemptRecord(run_id="a", attempt=1, sweep="s", phase=AttemptOutcome.STOPPED_EARLY, exit_code=137)

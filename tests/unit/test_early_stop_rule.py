@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.model import FleetMemory, Observed, RungValue
+from reconciler.core.model import FleetMemory, Observed, RungValue
 from reconciler.plan.early_stop import early_stops
 from reconciler.plan.world import index_world
 

@@ -1,4 +1,4 @@
-"""Where the API key may go: the one rule (``reconciler.endpoint``) and where the URL comes from.
+"""Where the API key may go: the one rule (``reconciler.settings.endpoint``) and where the URL comes from.
 
 The live commands are run in process with a repository that does not exist, so a URL that is refused must be
 refused first (the message names the flag or the variable, never the repository), before anything is read or
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from reconciler.cli import main
-from reconciler.endpoint import API_URL_ENV, DEFAULT_URL, check_api_url, controller_api_url
 from reconciler.errors import UserError
+from reconciler.settings.endpoint import API_URL_ENV, DEFAULT_URL, check_api_url, controller_api_url
 
 ALLOWED = [
     ("https://console.vast.ai", "https://console.vast.ai"),

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from profiles import examples
 
-from reconciler.errors import TemplateProblem
-from reconciler.expand import (
+from reconciler.core.model import MetricGoal, PromotionRule, Scalar, Sweep
+from reconciler.desired.expand import (
     cell_id,
     count_runs,
     expand,
@@ -25,7 +25,7 @@ from reconciler.expand import (
     run_id,
     template_variables,
 )
-from reconciler.model import MetricGoal, PromotionRule, Scalar, Sweep
+from reconciler.errors import TemplateProblem
 
 COMMAND = "{{ python }} train.py --task {{ task }} --lr {{ lr }} --seed {{ seed }} --out {{ run_dir }}/m.jsonl"
 

@@ -15,13 +15,13 @@ import jsonschema
 from fakes import FakeArchive, FakeClock, FakeWorld, code_tar, desired_state, observe_and_plan, offer
 
 from reconciler import remote
-from reconciler.actions import Plan, ReasonCode, Requeue
 from reconciler.adapters.store import LocalStore, attempt_dir, checkpoint_dir
 from reconciler.apply import STDERR_TAIL_BYTES, ApplyContext, ApplyResult, _tail_text, apply, harvest_note
-from reconciler.curves import MAX_POINTS, downsample, points_from_metrics, render_curve
+from reconciler.core.actions import Plan, ReasonCode, Requeue
+from reconciler.core.curves import MAX_POINTS, downsample, points_from_metrics, render_curve
+from reconciler.core.jobenv import JOB_SECRETS_ENV, ControllerEnv
+from reconciler.core.model import AttemptOutcome, Desired, Observed
 from reconciler.errors import HostUnreachable, StoreUnavailable
-from reconciler.jobenv import JOB_SECRETS_ENV, ControllerEnv
-from reconciler.model import AttemptOutcome, Desired, Observed
 from reconciler.ports import Harvested, HarvestStream
 
 

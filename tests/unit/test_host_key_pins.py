@@ -13,8 +13,8 @@ import pytest
 
 from reconciler.adapters import vast
 from reconciler.adapters.ssh import _host_id, is_pinned, openssh_argv
+from reconciler.core.model import Endpoint
 from reconciler.errors import ShellError
-from reconciler.model import Endpoint
 
 KEY = "AAAAC3NzaC1lZDI1NTE5AAAAIBQ1ciaXn6Ha0sKrTqDgMNmNcdiGMbxzMQtIPyDD7nl/"
 REC: dict[str, Any] = {

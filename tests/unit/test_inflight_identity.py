@@ -12,10 +12,10 @@ import jsonschema
 import yaml
 from fakes import FakeArchive, FakeClock, FakeWorld, code_tar, desired_state, observe_and_plan, offer
 
-from reconciler.actions import Kill, Launch, Plan, ReasonCode, Rent, Requeue
-from reconciler.adapters.launch_journal import LaunchJournal
+from reconciler.adapters.launch_journal import FileLaunchJournal
 from reconciler.apply import ApplyContext, apply
-from reconciler.model import Desired, FleetMemory, InFlight, Instance, Observed
+from reconciler.core.actions import Kill, Launch, Plan, ReasonCode, Rent, Requeue
+from reconciler.core.model import Desired, FleetMemory, InFlight, Instance, Observed
 from reconciler.observed.codec import RUNS
 from reconciler.observed.memory import fleet_memory_from_files, in_flight_entries
 from reconciler.plan.attempts import recorded_group
@@ -135,7 +135,7 @@ def test_a_kill_carries_its_recorded_identity_to_the_box() -> None:
 
 
 def test_the_journal_keeps_the_identity_and_reads_older_lines_without_it(tmp_path: Path) -> None:
-    j = LaunchJournal(tmp_path)
+    j = FileLaunchJournal(tmp_path)
     known = InFlight("r1", 1, 7, (0,), 100.0, sweep="s", pid=4321, pid_started=987654, epoch=3)
     j.reset([known])
     with open(j.path, "a") as fh:

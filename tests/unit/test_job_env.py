@@ -19,15 +19,16 @@ from pathlib import Path
 import pytest
 from fakes import flat_run_spec  # tests/unit is on sys.path (not a package)
 
-from reconciler import jobenv, remote
-from reconciler.actions import Launch, Plan, ReasonCode
-from reconciler.adapters.boxes import ShellBoxes
+from reconciler import remote
+from reconciler.adapters.box_control import ShellBoxes
 from reconciler.apply import ApplyContext, apply
+from reconciler.core import jobenv
+from reconciler.core.actions import Launch, Plan, ReasonCode
+from reconciler.core.jobenv import ControllerEnv, JobEnv
+from reconciler.core.model import Budget, Desired, Endpoint, Fleet, Instance, InstanceStatus, MetricGoal, Observed
 from reconciler.desired import errors_of, load_desired, read_desired_files
+from reconciler.desired.expand import run_id
 from reconciler.errors import DesiredStateInvalid, SecretMissing
-from reconciler.expand import run_id
-from reconciler.jobenv import ControllerEnv, JobEnv
-from reconciler.model import Budget, Desired, Endpoint, Fleet, Instance, InstanceStatus, MetricGoal, Observed
 from reconciler.ports import CommandResult, LaunchJob
 
 WANDB = (("WANDB_API_KEY", "${WANDB_API_KEY}"), ("MUJOCO_GL", "egl"))

@@ -1,4 +1,4 @@
-"""The job-secrets allowlist (``RIGSYNC_JOB_SECRETS``, ``reconciler.jobenv``): the parser's refusals, a name off the
+"""The job-secrets allowlist (``RIGSYNC_JOB_SECRETS``, ``core.jobenv``): the parser's refusals, a name off the
 list never read by the controller, and the held-back reason where people see it (status, the commit message).
 
 The plan rule itself is stated as data: ``plan_cases/secret_not_allowed.json``, ``secret_missing.json`` (on the
@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler import jobenv
 from reconciler.cli import main
+from reconciler.core import jobenv
+from reconciler.core.jobenv import JOB_SECRETS_ENV, ControllerEnv, allowed_secrets, held_back
 from reconciler.errors import SecretMissing, SecretNotAllowed, UserError
-from reconciler.jobenv import JOB_SECRETS_ENV, ControllerEnv, allowed_secrets, held_back
 from reconciler.observed.codec import STATUS
 from reconciler.observed.summary import describe_change
-from reconciler.render import status_text
+from reconciler.plan.render import status_text
 
 ENV = (("T", "${GITHUB_TOKEN}"), ("WANDB_API_KEY", "${WANDB_API_KEY}"), ("MUJOCO_GL", "egl"))
 

@@ -22,9 +22,9 @@ from fakes import (
     offer,
 )
 
-from reconciler.actions import Launch
-from reconciler.adapters.launch_journal import LaunchJournal, merge_in_flight
-from reconciler.model import AttemptOutcome, FleetMemory, InFlight
+from reconciler.adapters.launch_journal import FileLaunchJournal, merge_in_flight
+from reconciler.core.actions import Launch
+from reconciler.core.model import AttemptOutcome, FleetMemory, InFlight
 
 STEP_S = 20.0
 
@@ -34,7 +34,7 @@ def _flight(run: str, attempt: int, box: int = 7) -> InFlight:
 
 
 def test_the_journal_round_trips_skips_a_torn_line_and_is_reset(tmp_path: Path) -> None:
-    j = LaunchJournal(tmp_path)
+    j = FileLaunchJournal(tmp_path)
     assert j.read() == []
     j.note(_flight("r1", 1))
     j.note(_flight("r2", 3, box=9))
@@ -46,7 +46,7 @@ def test_the_journal_round_trips_skips_a_torn_line_and_is_reset(tmp_path: Path) 
 
 
 def test_a_queued_launch_comes_back_queued(tmp_path: Path) -> None:
-    j = LaunchJournal(tmp_path)
+    j = FileLaunchJournal(tmp_path)
     queued = replace(_flight("r1", 2), queued=True, epoch=4, seen_started_at=130.5)
     j.note(queued)
     assert j.read() == [queued]
@@ -66,7 +66,7 @@ def test_a_launch_lost_to_a_crash_is_not_launched_again_under_the_same_number(tm
     world = FakeWorld([offer(1, gpus=1), offer(2, gpus=1), offer(3, gpus=1)], clock=FakeClock(), boot_s=30.0,
                       work=lambda job: Work(seconds=300.0))
     archive = FakeArchive()
-    journal = LaunchJournal(tmp_path)
+    journal = FileLaunchJournal(tmp_path)
     first = fake_reconciler(world, archive, journal=journal, memory=FleetMemory())
     for _ in range(20):
         first.cycle(desired)

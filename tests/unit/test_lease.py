@@ -17,7 +17,7 @@ import yaml
 from fakes import MemoryLeaseStore
 
 from reconciler.adapters.lease import (
-    Lease,
+    GitLease,
     LeaseState,
     LocalLock,
     acquire,
@@ -86,7 +86,7 @@ def test_yaml_round_trip_validates() -> None:
 
 def test_lease_over_the_store_second_reconciler_refused_then_takes_over() -> None:
     store = MemoryLeaseStore()
-    a = Lease(store, holder="a", host="hostA", pid=1, stale_after=300, renew_every=60)
+    a = GitLease(store, holder="a", host="hostA", pid=1, stale_after=300, renew_every=60)
     decision = a.acquire(T0)
     assert decision.granted and store.version == "v1" and store.messages == ["lease: lease acquired by a"]
     assert a.renew(T0 + 30) is False and store.version == "v1"  # no heartbeat due: nothing written
@@ -95,7 +95,7 @@ def test_lease_over_the_store_second_reconciler_refused_then_takes_over() -> Non
         held_by("a", T0 + 61), host="hostA", pid=1, acquired_at=T0, epoch=int(T0 * 1000)
     )
 
-    b = Lease(store, holder="b", host="hostB", pid=2, stale_after=300, renew_every=60)
+    b = GitLease(store, holder="b", host="hostB", pid=2, stale_after=300, renew_every=60)
     with pytest.raises(LeaseHeld, match="held by a on hostA"):
         b.acquire(T0 + 120)
     decision = b.acquire(T0 + 61 + 301)
@@ -111,8 +111,8 @@ def test_a_lost_compare_and_swap_decides_again_on_what_the_winner_wrote() -> Non
     """Two acquirers read the same stale lease; the second to push loses the swap, re-reads, and is refused."""
     store = MemoryLeaseStore()
     store.swap_lease(None, to_yaml(held_by("old", T0 - 1000)), "lease: old")
-    a = Lease(store, holder="a", host="hostA", pid=1, stale_after=300)
-    b = Lease(store, holder="b", host="hostB", pid=2, stale_after=300)
+    a = GitLease(store, holder="a", host="hostA", pid=1, stale_after=300)
+    b = GitLease(store, holder="b", host="hostB", pid=2, stale_after=300)
     real_read = store.read_lease
     reads: list[tuple[str | None, str | None]] = []
 
@@ -134,7 +134,7 @@ def test_a_lost_compare_and_swap_decides_again_on_what_the_winner_wrote() -> Non
 
 def test_renewing_a_removed_lease_is_lease_lost() -> None:
     store = MemoryLeaseStore()
-    a = Lease(store, holder="a", host="hostA", pid=1, stale_after=300, renew_every=60)
+    a = GitLease(store, holder="a", host="hostA", pid=1, stale_after=300, renew_every=60)
     a.acquire(T0)
     store.swap_lease(store.version, None, "deleted by hand")
     with pytest.raises(LeaseLost, match="removed"):
@@ -166,7 +166,7 @@ def test_the_fencing_deadline_is_the_takeover_time_less_a_margin() -> None:
 
 def test_the_fence_counts_from_the_pushed_heartbeat_and_refuses_after_the_deadline() -> None:
     store = MemoryLeaseStore()
-    a = Lease(store, holder="a", host="hostA", pid=1, stale_after=300, renew_every=60)
+    a = GitLease(store, holder="a", host="hostA", pid=1, stale_after=300, renew_every=60)
     with pytest.raises(LeaseLost, match="no lease of ours"):
         a.check(T0)
     a.acquire(T0)
@@ -190,9 +190,9 @@ def test_the_fence_counts_from_the_pushed_heartbeat_and_refuses_after_the_deadli
 
 def test_release_never_removes_a_lease_someone_else_took_over() -> None:
     store = MemoryLeaseStore()
-    a = Lease(store, holder="a", host="hostA", pid=1, stale_after=300, renew_every=60)
+    a = GitLease(store, holder="a", host="hostA", pid=1, stale_after=300, renew_every=60)
     a.acquire(T0)
-    b = Lease(store, holder="b", host="hostB", pid=2, stale_after=300, renew_every=60)
+    b = GitLease(store, holder="b", host="hostB", pid=2, stale_after=300, renew_every=60)
     b.acquire(T0 + 400)
     assert a.release() is False and store.text is not None and "holder: b" in store.text
     assert b.release() is True and store.text is None
@@ -202,7 +202,7 @@ def test_a_heartbeat_after_a_takeover_keeps_the_takeover_on_the_lease_commit() -
     """The lease ref holds one commit, replaced by each write: the takeover must not vanish with the next heartbeat."""
     store = MemoryLeaseStore()
     store.swap_lease(None, to_yaml(held_by("old", T0 - 1000)), "lease: old")
-    b = Lease(store, holder="b", host="hostB", pid=2, stale_after=300, renew_every=60)
+    b = GitLease(store, holder="b", host="hostB", pid=2, stale_after=300, renew_every=60)
     assert b.acquire(T0).takeover
     b.beat(T0 + 1)
     assert store.messages[-1].startswith("lease: heartbeat (taken over from old"), store.messages
@@ -212,19 +212,19 @@ def test_every_later_holding_has_a_larger_epoch_and_a_resumed_one_keeps_it() -> 
     """The epoch a box is told (``InFlight.epoch``) grows with every acquisition and takeover, also across a release
     (which removes the lease), and stays while one holder resumes its own lease."""
     store = MemoryLeaseStore()
-    a = Lease(store, holder="a", host="hostA", pid=1, stale_after=300, renew_every=60)
+    a = GitLease(store, holder="a", host="hostA", pid=1, stale_after=300, renew_every=60)
     a.acquire(T0)
     first = a.epoch
     assert first == int(T0 * 1000) and from_yaml(store.text or "").epoch == first  # type: ignore[union-attr]
     assert a.renew(T0 + 61) and a.epoch == first  # a heartbeat is the same holding
-    again = Lease(store, holder="a", host="hostA", pid=2, stale_after=300, renew_every=60)
+    again = GitLease(store, holder="a", host="hostA", pid=2, stale_after=300, renew_every=60)
     assert again.acquire(T0 + 70).changed and again.epoch == first  # restarted, resumed: the same holding
-    b = Lease(store, holder="b", host="hostB", pid=3, stale_after=300, renew_every=60)
+    b = GitLease(store, holder="b", host="hostB", pid=3, stale_after=300, renew_every=60)
     b.acquire(T0 + 70 + 301)
     assert b.epoch > first
     taken = b.epoch
     assert b.release() and store.read_lease() == (None, None) and b.epoch == 0
-    c = Lease(store, holder="c", host="hostC", pid=4, stale_after=300, renew_every=60)
+    c = GitLease(store, holder="c", host="hostC", pid=4, stale_after=300, renew_every=60)
     c.acquire(T0 + 400)  # the lease was released: acquired afresh
     assert c.epoch > taken
     # a takeover by a controller whose clock is behind still gets a larger epoch than the lease it replaces

@@ -1,12 +1,12 @@
-"""The host reliability ledger's update rule (reconciler/ledger.py): what one applied cycle adds to it."""
+"""The host reliability ledger's update rule (reconciler/core/ledger.py): what one applied cycle adds to it."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from reconciler.actions import Destroy, Launch, ReasonCode, Rent
-from reconciler.ledger import note_cycle, throughput_vs_dlperf
-from reconciler.model import (
+from reconciler.core.actions import Destroy, Launch, ReasonCode, Rent
+from reconciler.core.ledger import note_cycle, throughput_vs_dlperf
+from reconciler.core.model import (
     AttemptOutcome,
     AttemptRecord,
     Fleet,
@@ -18,8 +18,8 @@ from reconciler.model import (
     Observed,
     Offer,
 )
-from reconciler.observed.hosts import hosts_document
-from reconciler.offers import host_penalty, offer_skipped
+from reconciler.core.offers import host_penalty, offer_skipped
+from reconciler.observed.hosts_file import hosts_document
 
 NOW = 1_000_000.0
 FLEET = Fleet(name="lab", ghost_cooldown_s=3600.0, blacklist_after=2)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 
+from reconciler.core.model import MetricGoal, OnExceed, Ranking
 from reconciler.desired import (
     MAX_FILE_BYTES,
     LoadError,
@@ -28,7 +29,6 @@ from reconciler.desired import (
     schema_path,
 )
 from reconciler.errors import DesiredStateInvalid
-from reconciler.model import MetricGoal, OnExceed, Ranking
 
 REPO = Path(__file__).resolve().parents[2]
 CASES = Path(__file__).resolve().parent / "loader_cases"

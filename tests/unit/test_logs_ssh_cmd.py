@@ -20,8 +20,7 @@ from reconciler.cli import main
 from reconciler.cli._boxes import BoxAccess, FleetFacts
 from reconciler.cli.logs_cmd import BoxSource, StoreSource, pump
 from reconciler.cli.ssh_cmd import box_of
-from reconciler.errors import HostKeyMismatch, HostUnreachable, RemoteCommandFailed, UserError
-from reconciler.model import (
+from reconciler.core.model import (
     AttemptOutcome,
     AttemptRecord,
     Budget,
@@ -31,7 +30,8 @@ from reconciler.model import (
     Instance,
     InstanceStatus,
 )
-from reconciler.observed.attempts import AttemptIndex
+from reconciler.errors import HostKeyMismatch, HostUnreachable, RemoteCommandFailed, UserError
+from reconciler.observed.run_lookup import AttemptIndex
 from reconciler.ports import CommandResult
 from reconciler.remote.logs import LogSlice, LogStream, parse_log_slice, read_log_script
 

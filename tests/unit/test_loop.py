@@ -23,10 +23,10 @@ from fakes import (
     offer,
 )
 
-from reconciler.actions import Destroy, Launch, Rent
 from reconciler.apply import Outcome
+from reconciler.core.actions import Destroy, Launch, Rent
+from reconciler.core.model import AttemptOutcome, Desired, Instance
 from reconciler.loop import RECENT_CYCLES, CycleResult
-from reconciler.model import AttemptOutcome, Desired, Instance
 from reconciler.observe import PROBE_TIMEOUT_S
 from reconciler.ports import LaunchJob
 

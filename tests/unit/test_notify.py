@@ -1,4 +1,4 @@
-"""The notification rules (``reconciler.notify``) and the notifier's once-only, never-waiting sending."""
+"""The notification rules (``reconciler.core.notify``) and the notifier's once-only, never-waiting sending."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from fakes import desired_state
 from test_loader_cases import example_files
 from test_loop_daemon import _daemon, _raise
 
-from reconciler.actions import Destroy, Noop, Plan, ReasonCode, Requeue, SweepEstimate
 from reconciler.adapters.notifier import NOTIFIED, Notifier, apprise_destinations, notify_urls, read_sent
+from reconciler.core.actions import Destroy, Noop, Plan, ReasonCode, Requeue, SweepEstimate
+from reconciler.core.model import AttemptOutcome, AttemptRecord, Desired, NotifyEvent, Observed
+from reconciler.core.notify import Event, cycle_events, lease_lost_events
 from reconciler.desired import load_desired
 from reconciler.errors import DesiredStateInvalid, LeaseLost
-from reconciler.model import AttemptOutcome, AttemptRecord, Desired, NotifyEvent, Observed
-from reconciler.notify import Event, cycle_events, lease_lost_events
 
 ALL = tuple(NotifyEvent)
 

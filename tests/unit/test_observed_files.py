@@ -12,10 +12,8 @@ import jsonschema
 import pytest
 import yaml
 
-from reconciler.actions import Destroy, Plan, ReasonCode
-from reconciler.desired import load_desired_from_dir
-from reconciler.errors import ObservedInvalid
-from reconciler.model import (
+from reconciler.core.actions import Destroy, Plan, ReasonCode
+from reconciler.core.model import (
     AttemptOutcome,
     AttemptRecord,
     BoxMemory,
@@ -37,6 +35,8 @@ from reconciler.model import (
     RunDirState,
     Spend,
 )
+from reconciler.desired import load_desired_from_dir
+from reconciler.errors import ObservedInvalid
 from reconciler.observed.codec import BUDGET, DRIFT, FLEET, HOSTS, RUNS, STATUS, THROUGHPUT
 from reconciler.observed.documents import ReconcilerStatus, render_observed
 from reconciler.observed.memory import fleet_memory_from_files, read_fleet_memory

@@ -16,7 +16,7 @@ import jsonschema
 import yaml
 from test_observed_files import ROOT, SCHEMAS, STATUS_OK, T0, a_plan, desired, world
 
-from reconciler.model import AttemptOutcome, AttemptRecord, Desired, Drift, DriftClass, GpuState
+from reconciler.core.model import AttemptOutcome, AttemptRecord, Desired, Drift, DriftClass, GpuState
 from reconciler.observed.codec import FLEET, RUNS, STATUS, iso
 from reconciler.observed.documents import ReconcilerStatus, render_observed
 

@@ -1,4 +1,4 @@
-"""The one definition of which offers a fleet accepts (``reconciler.offers``), and its Vast query.
+"""The one definition of which offers a fleet accepts (``reconciler.core.offers``), and its Vast query.
 
 Table tests over every filter field (each side of each limit, None = no constraint), GPU name and geolocation
 forms, the ranking keys, and a property: for random offers and filters, what the generated query asks the server
@@ -17,10 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from profiles import examples
 
-from reconciler import offers
-from reconciler.countries import ALIASES, NAMES
+from reconciler.core import offers
+from reconciler.core.countries import ALIASES, NAMES
+from reconciler.core.model import Offer, OfferFilters, Ranking
 from reconciler.emulator.market import CARDS, GEOS
-from reconciler.model import Offer, OfferFilters, Ranking
 
 BASE = Offer(
     id=7, machine_id=70, gpu_name="RTX 3090", num_gpus=2, gpu_ram_mib=24576, dph_total=0.30, dlperf=42.0,
@@ -405,7 +405,7 @@ def test_non_finite_limits_leave_the_query_looser_never_broken() -> None:
 
 
 def test_gpu_ram_table_covers_the_known_models_and_unknown_names_say_nothing() -> None:
-    from reconciler.offers import GPU_RAM_GIB, KNOWN_GPU_NAMES, most_gpu_ram_gib
+    from reconciler.core.offers import GPU_RAM_GIB, KNOWN_GPU_NAMES, most_gpu_ram_gib
 
     assert set(GPU_RAM_GIB) == set(KNOWN_GPU_NAMES)
     assert most_gpu_ram_gib(["rtx_3060", "RTX  2060", "Titan V"]) == 12

@@ -9,7 +9,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.model import AttemptOutcome, AttemptRecord, OverheadRecord
+from reconciler.core.model import AttemptOutcome, AttemptRecord, OverheadRecord
 from reconciler.views.opstax import PARTS, LiveBox, ops_tax, tax_lines
 
 T0 = 1_790_000_000.0

@@ -8,8 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from reconciler.cli.status_cmd import live_ops_tax
-from reconciler.desired import load_desired_from_dir
-from reconciler.model import (
+from reconciler.core.model import (
     AttemptOutcome,
     AttemptRecord,
     BoxMemory,
@@ -23,8 +22,9 @@ from reconciler.model import (
     QueuedEntry,
     RunDirState,
 )
+from reconciler.desired import load_desired_from_dir
 from reconciler.observed.archive_lines import entry_to_json
-from reconciler.render import status_json, status_text
+from reconciler.plan.render import status_json, status_text
 from reconciler.views.opstax import tax_lines
 
 REPO = Path(__file__).resolve().parents[2]

@@ -3,7 +3,7 @@
 A rented box is a stranger's machine: its probe's answer is untrusted input. The properties feed the parser any
 bytes, any JSON-ish document (non-finite and huge numbers, control characters, nesting) and nearly valid probe
 documents with hostile field values, and check that it never raises and that what it returns stays within
-``reconciler.bounds``. The examples pin each named rule (issue 20).
+``reconciler.core.bounds``. The examples pin each named rule (issue 20).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reconciler import remote
-from reconciler.adapters.boxes import ShellBoxes
-from reconciler.bounds import (
+from reconciler.adapters.box_control import ShellBoxes
+from reconciler.core.bounds import (
     MAX_GPUS,
     MAX_PROBE_RUNS,
     MAX_REJECTED,
@@ -27,8 +27,8 @@ from reconciler.bounds import (
     TIME_WINDOW_S,
     clamp_time,
 )
+from reconciler.core.model import BoxProbe, Endpoint, Instance, InstanceStatus, RunDirState
 from reconciler.errors import HostUnreachable, OutputOverBound
-from reconciler.model import BoxProbe, Endpoint, Instance, InstanceStatus, RunDirState
 from reconciler.ports import CommandResult
 
 NOW = 1_760_000_000.0

@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reconciler import remote
-from reconciler.bounds import MAX_ATTEMPT, MAX_EPOCH, MAX_QUEUE_ENTRIES, MAX_REJECTED
-from reconciler.model import BoxProbe, QueuedEntry
+from reconciler.core.bounds import MAX_ATTEMPT, MAX_EPOCH, MAX_QUEUE_ENTRIES, MAX_REJECTED
+from reconciler.core.model import BoxProbe, QueuedEntry
 from reconciler.remote.commands import is_safe_name
 from reconciler.remote.launched import PID_LIMIT
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.actions import Plan, ReasonCode, apply_key
+from reconciler.core.actions import Plan, ReasonCode, apply_key
 from reconciler.plan import plan
 
 try:

@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from profiles import examples
 
-from reconciler.actions import Bootstrap, Destroy, Kill, Launch, Plan, Record, Rent, Requeue, apply_key
 from reconciler.apply import ApplyContext, apply
-from reconciler.model import (
+from reconciler.core.actions import Bootstrap, Destroy, Kill, Launch, Plan, Record, Rent, Requeue, apply_key
+from reconciler.core.model import (
     DEFAULT_POOL,
     AttemptOutcome,
     AttemptRecord,
@@ -47,10 +47,10 @@ from reconciler.model import (
     RunSpec,
     Spend,
 )
+from reconciler.core.offers import box_cap_dph
+from reconciler.core.remember import next_in_flight
 from reconciler.observe import observe
-from reconciler.offers import box_cap_dph
 from reconciler.plan import fleet_dph_cap, fleet_spec_hash, plan
-from reconciler.remember import next_in_flight
 
 NOW = 1_000_000.0
 FLEET = "lab"

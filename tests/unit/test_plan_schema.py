@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from reconciler.actions import ACTION_TYPES, Kind, Launch, Noop, Plan, ReasonCode, Record
+from reconciler.core.actions import ACTION_TYPES, Kind, Launch, Noop, Plan, ReasonCode, Record
+from reconciler.core.model import AttemptOutcome, AttemptRecord, Budget, Drift, DriftClass, InFlight
 from reconciler.desired import schema_path
-from reconciler.model import AttemptOutcome, AttemptRecord, Budget, Drift, DriftClass, InFlight
 from reconciler.plan import plan
-from reconciler.saved_plan import stale_reasons
+from reconciler.plan.saved import stale_reasons
 
 try:
     from .plan_case_io import build_instance, load_case

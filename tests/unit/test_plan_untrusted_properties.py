@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from profiles import examples
 from test_plan_properties import NOW, World, worlds  # tests/unit is on sys.path (not a package)
 
-from reconciler.actions import Kill, Launch, Record, Requeue
-from reconciler.model import BoxProbe, GpuState, InFlight, RunDirState
+from reconciler.core.actions import Kill, Launch, Record, Requeue
+from reconciler.core.model import BoxProbe, GpuState, InFlight, RunDirState
 from reconciler.plan import plan
 
 SETTINGS = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from reconciler.core.identity import fleet_spec_hash, pool_spec_hash, rent_label, slot_pool
+from reconciler.core.model import DEFAULT_POOL, Ownership
 from reconciler.desired import load_desired, read_desired_files
-from reconciler.identity import fleet_spec_hash, pool_spec_hash, rent_label, slot_pool
-from reconciler.model import DEFAULT_POOL, Ownership
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -74,9 +74,9 @@ def test_todays_single_pool_fleet_is_one_pool_called_default_with_the_same_label
 def test_which_providers_a_fleet_and_its_pools_may_name_is_said_in_one_place() -> None:
     import pytest
 
+    from reconciler.core.model import Fleet, OwnHost, Pool
     from reconciler.errors import UserError
     from reconciler.fleet import require_supported_provider
-    from reconciler.model import Fleet, OwnHost, Pool
 
     lab = Pool(name="lab", provider="ssh", hosts=(OwnHost("127.0.0.9", 2222, gpus=2),))
     require_supported_provider(Fleet(name="f", pools=(lab, Pool(name="cloud"))))

@@ -9,12 +9,12 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from reconciler.actions import Plan, ReasonCode, Requeue, action_from_json
-from reconciler.model import AttemptOutcome, AttemptRecord, Desired, Observed, RunPhase
+from reconciler.core.actions import Plan, ReasonCode, Requeue, action_from_json
+from reconciler.core.model import AttemptOutcome, AttemptRecord, Desired, Observed, RunPhase
+from reconciler.core.runphase import UNTOUCHED, run_phase, tally_runs
 from reconciler.observed.codec import RUNS
 from reconciler.observed.documents import ReconcilerStatus, render_observed
-from reconciler.render import status_json, status_text
-from reconciler.runphase import UNTOUCHED, run_phase, tally_runs
+from reconciler.plan.render import status_json, status_text
 
 try:
     from .plan_case_io import build_desired

@@ -12,10 +12,10 @@ import jsonschema
 import yaml
 from fakes import FakeArchive, FakeClock, FakeWorld, Work, desired_state, fake_reconciler, offer
 
-from reconciler.actions import AnswerPriceIncrease
+from reconciler.core.actions import AnswerPriceIncrease
+from reconciler.core.model import Budget, Desired, PriceIncrease
 from reconciler.errors import PriceIncreaseGone, ProviderTransient
 from reconciler.loop import CycleResult, Reconciler
-from reconciler.model import Budget, Desired, PriceIncrease
 from reconciler.observed.codec import FLEET
 from reconciler.observed.documents import ReconcilerStatus, render_observed
 from reconciler.observed.memory import fleet_memory_from_files

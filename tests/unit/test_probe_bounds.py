@@ -2,7 +2,7 @@
 
 The probe's functions run here on files in a temp dir (``reconciler.box.probe`` is plain Python); nvidia-smi is a
 real subprocess printing what a broken or hostile one would. The box-side bounds (``reconciler.box.limits``) are
-held to the controller's (``reconciler.bounds``).
+held to the controller's (``reconciler.core.bounds``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconciler import bounds
 from reconciler.box import boxlib, limits, probe
+from reconciler.core import bounds
 from reconciler.remote import parse_probe
 
 # ------------------------------------------------------------------------------------------------ the bounds

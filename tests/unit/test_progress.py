@@ -1,4 +1,4 @@
-"""reconciler.progress: plain lines off a terminal, one live line on a terminal (a real pty), and the apply hook."""
+"""views.progress_display: plain lines off a terminal, one live line on a terminal (a real pty), and the apply hook."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from fakes import (
     offer,
 )
 
-from reconciler.actions import Action
-from reconciler.progress import LineProgress, LiveProgress, booting, describe, progress_for
-from reconciler.textsafe import SafeStream
+from reconciler.core.actions import Action
+from reconciler.core.textsafe import SafeStream
+from reconciler.views.progress_display import LineProgress, LiveProgress, booting, describe, progress_for
 
 
 def test_off_a_terminal_each_change_is_one_plain_line() -> None:

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler.actions import Plan
-from reconciler.desired import load_desired_from_dir
-from reconciler.model import (
+from reconciler.core.actions import Plan
+from reconciler.core.model import (
     BoxProbe,
     Desired,
     FleetMemory,
@@ -23,10 +22,11 @@ from reconciler.model import (
     Progress,
     RunDirState,
 )
+from reconciler.core.runphase import live_progress
+from reconciler.desired import load_desired_from_dir
 from reconciler.observed.codec import RUNS
 from reconciler.observed.documents import ReconcilerStatus, render_observed
-from reconciler.render import status_json, status_text
-from reconciler.runphase import live_progress
+from reconciler.plan.render import status_json, status_text
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_790_000_000.0

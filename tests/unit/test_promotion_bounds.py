@@ -10,9 +10,9 @@ from fakes import flat_run_spec
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.bounds import MAX_METRIC_ABS
-from reconciler.model import AttemptOutcome, AttemptRecord, MetricGoal, RunSpec
-from reconciler.promotion import best_by_cell, succeeded_metrics, wanted_ids
+from reconciler.core.bounds import MAX_METRIC_ABS
+from reconciler.core.model import AttemptOutcome, AttemptRecord, MetricGoal, RunSpec
+from reconciler.core.promotion import best_by_cell, succeeded_metrics, wanted_ids
 
 
 def _runs(goal: MetricGoal) -> list[RunSpec]:

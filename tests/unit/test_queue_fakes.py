@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from fakes import FakeWorld, Work, offer
 
+from reconciler.core.model import Instance, MetricGoal
 from reconciler.errors import LaunchLockHeld, RemoteCommandFailed
-from reconciler.model import Instance, MetricGoal
 from reconciler.ports import LaunchJob
 
 

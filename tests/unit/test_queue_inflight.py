@@ -7,12 +7,12 @@ from dataclasses import replace
 
 from fakes import desired_state
 
-from reconciler.actions import ApplyResult
-from reconciler.model import BoxProbe, FleetMemory, InFlight, Observed, QueuedEntry, RunDirState, RunPhase
+from reconciler.core.actions import ApplyResult
+from reconciler.core.model import BoxProbe, FleetMemory, InFlight, Observed, QueuedEntry, RunDirState, RunPhase
+from reconciler.core.remember import next_in_flight
+from reconciler.core.runphase import is_queued, live_attempts, run_phases
 from reconciler.observed.documents import _render_runs
 from reconciler.observed.memory import _in_flight, in_flight_entries
-from reconciler.remember import next_in_flight
-from reconciler.runphase import is_queued, live_attempts, run_phases
 
 QUEUED = InFlight("r1", 1, 7, (0,), 100.0, sweep="s", queued=True)
 RUNNING = InFlight("r0", 1, 7, (0,), 50.0, sweep="s")

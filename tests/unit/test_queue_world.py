@@ -9,8 +9,8 @@ from itertools import pairwise
 
 from fakes import FakeArchive, FakeRun, FakeWorld, Work, desired_state, fake_reconciler, offer
 
-from reconciler.actions import Launch
-from reconciler.model import AttemptOutcome
+from reconciler.core.actions import Launch
+from reconciler.core.model import AttemptOutcome
 
 RUN_S = 40.0  # shorter than a cycle: without the queue each GPU would wait for the controller between runs
 CYCLE_S = 60.0

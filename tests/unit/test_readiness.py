@@ -12,14 +12,14 @@ import jsonschema
 import yaml
 from plan_case_io import build_desired, build_observed
 
-from reconciler.model import BoxMemory, BoxProbe, BoxSpend, Instance, InstanceStatus
+from reconciler.core.model import BoxMemory, BoxProbe, BoxSpend, Instance, InstanceStatus
+from reconciler.core.remember import overhead_record, update_box_memory
 from reconciler.observed.archive_lines import entry_from_json, overhead_to_json
 from reconciler.observed.codec import FLEET
 from reconciler.observed.memory import box_memory_entries, fleet_memory_from_files
 from reconciler.plan.forecast import DEFAULT_READY_S, forecast
 from reconciler.plan.readiness import RECENT_BOXES
 from reconciler.plan.world import index_world
-from reconciler.remember import overhead_record, update_box_memory
 
 T = 1_000_000.0
 SCHEMAS = Path(__file__).parents[2] / "schemas"
@@ -109,7 +109,7 @@ def test_ready_s_is_the_median_over_the_pools_recent_boxes_else_the_default() ->
 
 
 def test_fleet_yaml_shows_each_held_boxs_reachable_and_ready_times() -> None:
-    from reconciler.actions import Plan
+    from reconciler.core.actions import Plan
     from reconciler.observed.documents import ReconcilerStatus, render_observed
 
     desired = build_desired({})

@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-from reconciler.actions import ApplyResult, CloseBill, Launch, Outcome, Plan, ReasonCode, Record, Rent
-from reconciler.model import (
+from reconciler.core.actions import ApplyResult, CloseBill, Launch, Outcome, Plan, ReasonCode, Record, Rent
+from reconciler.core.model import (
     AttemptOutcome,
     AttemptRecord,
     BoxMemory,
@@ -23,7 +23,7 @@ from reconciler.model import (
     RunDirState,
     Spend,
 )
-from reconciler.remember import (
+from reconciler.core.remember import (
     attempt_cost,
     capped_to_bill,
     note_checkpoint_pulls,

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from reconciler.actions import ApplyResult, Kill, Launch, Outcome, Plan, ReasonCode, Record, Requeue, ShipCode
-from reconciler.model import BoxProbe, Fleet, FleetMemory, InFlight, Instance, InstanceStatus, Observed, RunDirState
-from reconciler.remember import next_in_flight, remember, remember_observation, track_heartbeats
+from reconciler.core.actions import ApplyResult, Kill, Launch, Outcome, Plan, ReasonCode, Record, Requeue, ShipCode
+from reconciler.core.model import (
+    BoxProbe,
+    Fleet,
+    FleetMemory,
+    InFlight,
+    Instance,
+    InstanceStatus,
+    Observed,
+    RunDirState,
+)
+from reconciler.core.remember import next_in_flight, remember, remember_observation, track_heartbeats
 
 try:
     from .plan_case_io import build_desired

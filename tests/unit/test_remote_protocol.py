@@ -16,7 +16,7 @@ import pytest
 from gitutil import git
 
 from reconciler import remote
-from reconciler.model import BoxProbe, RunDirState
+from reconciler.core.model import BoxProbe, RunDirState
 from reconciler.remote import commands
 from reconciler.remote.launched import parse_launch_answer
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from plan_case_io import load_case
 
-from reconciler.actions import ApplyResult, Destroy, Outcome, Plan, ReasonCode, Record
 from reconciler.apply import _record_failed_on
+from reconciler.core.actions import ApplyResult, Destroy, Outcome, Plan, ReasonCode, Record
 from reconciler.plan import plan
 
 CASES = Path(__file__).parent / "plan_cases"

@@ -16,7 +16,7 @@ import pytest
 from plan_case_io import load_case
 
 import reconciler.plan as planner
-from reconciler.actions import Noop, Plan, ReasonCode, Rent
+from reconciler.core.actions import Noop, Plan, ReasonCode, Rent
 from reconciler.plan.wake import BOOT_POLL_S
 
 CASES = Path(__file__).parent / "plan_cases"

@@ -22,13 +22,13 @@ from hypothesis import strategies as st
 from tarutil import tar_of
 
 from reconciler import apply as apply_module
-from reconciler.actions import Plan, Record
 from reconciler.adapters.store import MANIFEST, LocalStore, _manifest
 from reconciler.apply import ApplyContext, ApplyResult, apply
-from reconciler.bounds import MAX_METRIC_ABS, MAX_TEXT_CHARS, METRICS_LINE_BYTES, TIME_WINDOW_S
-from reconciler.curves import read_metrics, render_curve
+from reconciler.core.actions import Plan, Record
+from reconciler.core.bounds import MAX_METRIC_ABS, MAX_TEXT_CHARS, METRICS_LINE_BYTES, TIME_WINDOW_S
+from reconciler.core.curves import read_metrics, render_curve
+from reconciler.core.model import Desired, Observed
 from reconciler.errors import StoreError
-from reconciler.model import Desired, Observed
 from reconciler.observed.archive_lines import record_to_json
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[2] / "schemas" / "observed-curve.schema.json").read_text())
@@ -120,7 +120,7 @@ def test_only_the_file_bound_is_read() -> None:
 
 
 def test_many_points_are_thinned_while_read_but_counted_whole(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("reconciler.curves.MAX_READ_POINTS", 1 << 11)  # 1/16 of it: the same rule, 16x faster
+    monkeypatch.setattr("reconciler.core.curves.MAX_READ_POINTS", 1 << 11)  # 1/16 of it: the same rule, 16x faster
     text = b"".join(b'{"reward": %d}\n' % (i % 977) for i in range(12_500))
     got = read_metrics(text, "reward")
     assert got.total == 12_500 and len(got.points) < 4_375

@@ -1,4 +1,4 @@
-"""``rigsync review``: the pure comparison and price (``reconciler.review``) as data, and the command as a user runs
+"""``rigsync review``: the pure comparison and price (``plan.review``) as data, and the command as a user runs
 it against a git repository with a base and a head commit (the real console script)."""
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import jsonschema
 import pytest
 from gitutil import git as _git
 
+from reconciler.cli._review_git import review
+from reconciler.core.jobenv import JOB_SECRETS_ENV
+from reconciler.core.model import AttemptOutcome, AttemptRecord, Desired, FleetMemory, Observed, Spend
 from reconciler.desired import load_desired, read_desired_files
-from reconciler.jobenv import JOB_SECRETS_ENV
-from reconciler.model import AttemptOutcome, AttemptRecord, Desired, FleetMemory, Observed, Spend
-from reconciler.review import MARKER, MAX_MARKDOWN, Side, compute_review, headline, markdown
-from reconciler.review import text as review_text
-from reconciler.review_git import review
+from reconciler.plan.review import MARKER, MAX_MARKDOWN, Side, compute_review, headline, markdown
+from reconciler.plan.review import text as review_text
 
 ROOT = Path(__file__).resolve().parents[2]
 RIGSYNC = Path(sys.executable).parent / "rigsync"
@@ -232,7 +232,7 @@ def test_cli_bad_ref_is_one_line(fleet: Path, tmp_path: Path) -> None:
 def test_review_function_is_the_json_document_and_spend_rolls_over_midnight(fleet: Path) -> None:
     """``review_git.review`` (what an MCP tool calls) returns what ``--json`` prints; the committed spend anchor
     (observed/budget.yaml: $0.002717 today, as of 2026-12-01T09:20:56Z) counts for the day it was spent on only."""
-    from reconciler.review_git import review
+    from reconciler.cli._review_git import review
 
     same_day = _valid(review(fleet, "main", "add", now=1_796_122_800.0))  # 2026-12-01 11:00 UTC
     assert same_day["estimate"]["budget"]["remaining"] == pytest.approx(5.0 - 0.002717, abs=1e-4)

@@ -8,7 +8,7 @@ from botocore.stub import Stubber
 
 from reconciler import errors
 from reconciler.adapters.s3store import S3Store
-from reconciler.storeconfig import StoreConfig
+from reconciler.settings.object_store import StoreConfig
 
 SECRET = "CANARYstub-" + "51ab"
 ENV = {"AWS_ACCESS_KEY_ID": "AKIDSTUB", "AWS_SECRET_ACCESS_KEY": SECRET}

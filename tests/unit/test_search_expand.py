@@ -14,10 +14,8 @@ from pathlib import Path
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from reconciler import search
-from reconciler.desired import fields, load_desired, read_desired_files
-from reconciler.expand import cell_id, count_runs, expand_configurations, expand_sweep, run_id
-from reconciler.model import (
+from reconciler.core import search
+from reconciler.core.model import (
     Distribution,
     EarlyTerminate,
     EarlyTerminateType,
@@ -29,7 +27,9 @@ from reconciler.model import (
     SearchParam,
     Sweep,
 )
-from reconciler.promotion import wanted_ids
+from reconciler.core.promotion import wanted_ids
+from reconciler.desired import fields, load_desired, read_desired_files
+from reconciler.desired.expand import cell_id, count_runs, expand_configurations, expand_sweep, run_id
 
 COMMAND = "{{ python }} train.py --task {{ task }} --lr {{ lr }} --seed {{ seed }} --out {{ run_dir }}/m.jsonl"
 GRID_SWEEP = Sweep(
@@ -353,7 +353,7 @@ def test_another_process_with_another_hash_seed_suggests_the_same_runs() -> None
     sweep = search_sweep(a_search(SearchMethod.BAYES, run_cap=9, batch=5, seed=42))
     code = (
         "import json, sys; sys.path.insert(0, 'tests/unit'); import test_search_expand as t;"
-        "from reconciler.expand import expand_sweep; from reconciler.model import SearchMethod;"
+        "from reconciler.desired.expand import expand_sweep; from reconciler.core.model import SearchMethod;"
         "s = t.search_sweep(t.a_search(SearchMethod.BAYES, run_cap=9, batch=5, seed=42));"
         "print(json.dumps([r.id for r in expand_sweep(s)]))"
     )

@@ -18,13 +18,13 @@ from fakes import (
     offer,
 )
 
+from reconciler.core.model import AttemptOutcome, AttemptRecord, Desired
 from reconciler.desired import load_desired_from_dir
 from reconciler.fleet import render_cycle
-from reconciler.model import AttemptOutcome, AttemptRecord, Desired
 from reconciler.observed.codec import BUDGET, FLEET, RUNS, STATUS
 from reconciler.observed.documents import ReconcilerStatus
+from reconciler.observed.observed_tree import write_observed
 from reconciler.observed.summary import describe_change
-from reconciler.observed.tree import write_observed
 from reconciler.ports import LaunchJob
 from reconciler.views import facts
 from reconciler.views.status_md import STATUS_MD, render_status_md
@@ -126,7 +126,7 @@ def test_sections_in_order_with_the_facts_they_summarise(desired: Desired) -> No
     assert "lr\\=0\\.001 task\\=walker\\-walk" in best and "700.5" in best
     promotions = text.split("## Promotions")[1].split("##")[0]
     assert "**promoted**" not in promotions and "best - >= 380? not yet" in promotions
-    # a base seed of a cell reaches the thresholds: its promotions are met (the one rule: reconciler.promotion)
+    # a base seed of a cell reaches the thresholds: its promotions are met (the one rule: reconciler.core.promotion)
     base = next(r for r in desired.runs if r.promotion_threshold is None and dict(r.params) == {
         "lr": 0.001, "task": "walker-walk"})
     good = AttemptRecord(run_id=base.id, attempt=1, sweep="tdmpc", phase=AttemptOutcome.SUCCEEDED, best_metric=550.0)

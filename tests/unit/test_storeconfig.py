@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from reconciler import storeconfig
+from reconciler.core.jobenv import STORE_CREDENTIAL_NAMES
 from reconciler.desired.schema_errors import STORE_WHY
-from reconciler.endpoint import check_api_url
 from reconciler.errors import UserError
-from reconciler.jobenv import STORE_CREDENTIAL_NAMES
-from reconciler.storeconfig import StoreConfig, store_config
+from reconciler.settings import object_store as storeconfig
+from reconciler.settings.endpoint import check_api_url
+from reconciler.settings.object_store import StoreConfig, store_config
 
 SECRET = "CANARYunit-" + "0d9e8f"
 CREDS = {"AWS_ACCESS_KEY_ID": "AKIDUNIT", "AWS_SECRET_ACCESS_KEY": SECRET}

@@ -1,4 +1,4 @@
-"""The bayes search's next batch (reconciler/suggest.py) and its record under observed/ (observed/suggestions.py)."""
+"""The bayes search's next batch (core/suggest.py) and its record under observed/ (observed/suggestions.py)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconciler.actions import Plan, SweepEstimate
-from reconciler.errors import ObservedInvalid
-from reconciler.expand import expand
-from reconciler.model import (
+from reconciler.core.actions import Plan, SweepEstimate
+from reconciler.core.model import (
     DEFAULT_POOL,
     AttemptOutcome,
     AttemptRecord,
@@ -34,6 +32,10 @@ from reconciler.model import (
     SearchParam,
     Sweep,
 )
+from reconciler.core.search import Config
+from reconciler.core.suggest import next_batch, search_bounds, wants_batch
+from reconciler.desired.expand import expand
+from reconciler.errors import ObservedInvalid
 from reconciler.observed.codec import SUGGESTIONS
 from reconciler.observed.suggestions import (
     Recorded,
@@ -44,11 +46,9 @@ from reconciler.observed.suggestions import (
     suggested_runs,
 )
 from reconciler.observed.summary import describe_change
-from reconciler.render import plan_text, search_line
-from reconciler.review import Side, compute_review, markdown
-from reconciler.review import text as review_text
-from reconciler.search import Config
-from reconciler.suggest import next_batch, search_bounds, wants_batch
+from reconciler.plan.render import plan_text, search_line
+from reconciler.plan.review import Side, compute_review, markdown
+from reconciler.plan.review import text as review_text
 
 ROOT = Path(__file__).parents[2]
 

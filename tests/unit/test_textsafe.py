@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reconciler.actions import Destroy, Plan, ReasonCode
 from reconciler.cli import main
-from reconciler.render import plan_text, status_text
-from reconciler.textsafe import SafeStream, has_hazard, md_fenced, md_inline, md_section, visible
+from reconciler.core.actions import Destroy, Plan, ReasonCode
+from reconciler.core.textsafe import SafeStream, has_hazard, md_fenced, md_inline, md_section, visible
+from reconciler.plan.render import plan_text, status_text
 
 ROOT = Path(__file__).resolve().parents[2]
 BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
@@ -175,7 +175,7 @@ def test_commit_messages_are_made_visible(tmp_path: Path) -> None:
 def test_observed_files_and_archive_lines_hold_escapes_not_raw_characters() -> None:
     import json
 
-    from reconciler.model import AttemptOutcome, AttemptRecord
+    from reconciler.core.model import AttemptOutcome, AttemptRecord
     from reconciler.observed.archive_lines import record_from_json, record_to_json
     from reconciler.observed.codec import dump_yaml, load_yaml
 

@@ -13,16 +13,9 @@ import pytest
 import yaml
 from fakes import offer
 
-from reconciler.model import AttemptOutcome, AttemptRecord, Progress, Ranking, RunDirState, Sweep
-from reconciler.observed.archive_lines import record_from_json, record_to_json
-from reconciler.observed.codec import THROUGHPUT, dump_yaml
-from reconciler.observed.throughput import HEADER, throughput_document
-from reconciler.offers import normalize_gpu_name
-from reconciler.plan import plan
-from reconciler.plan.forecast import forecast
-from reconciler.plan.money import RuntimeSource, sweep_runtimes
-from reconciler.plan.world import index_world
-from reconciler.throughput import (
+from reconciler.core.model import AttemptOutcome, AttemptRecord, Progress, Ranking, RunDirState, Sweep
+from reconciler.core.offers import normalize_gpu_name
+from reconciler.core.throughput import (
     Rates,
     Sample,
     Source,
@@ -33,6 +26,13 @@ from reconciler.throughput import (
     progress_value,
     work_score,
 )
+from reconciler.observed.archive_lines import record_from_json, record_to_json
+from reconciler.observed.codec import THROUGHPUT, dump_yaml
+from reconciler.observed.throughput_file import HEADER, throughput_document
+from reconciler.plan import plan
+from reconciler.plan.forecast import forecast
+from reconciler.plan.money import RuntimeSource, sweep_runtimes
+from reconciler.plan.world import index_world
 
 try:
     from .plan_case_io import load_case

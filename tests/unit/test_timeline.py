@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from reconciler.model import AttemptOutcome, AttemptRecord, OverheadRecord
+from reconciler.core.model import AttemptOutcome, AttemptRecord, OverheadRecord
 from reconciler.observed.archive_lines import entry_to_json
 from reconciler.views.dashboard import build, read_repo
 from reconciler.views.status_md import render_status_md

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from reconciler.adapters.boxes import ShellBoxes
+from reconciler.adapters.box_control import ShellBoxes
 from reconciler.box import transfer
+from reconciler.core.model import Endpoint, Instance, InstanceStatus
 from reconciler.errors import RemoteCommandFailed
-from reconciler.model import Endpoint, Instance, InstanceStatus
 from reconciler.ports import ATTEMPT_TAR, CheckpointUploaded, CommandResult, Download, Upload
 from reconciler.remote import commands, parse
 

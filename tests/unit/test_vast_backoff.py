@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from reconciler.adapters import vast
+from reconciler.core.model import OWN_PROVIDER, Fleet, OwnHost, Pool
 from reconciler.errors import ProviderAuthError, ProviderTransient
 from reconciler.fleet import NoMarket, open_provider
-from reconciler.model import OWN_PROVIDER, Fleet, OwnHost, Pool
 
 
 def test_the_schedule_doubles_with_jitter_and_is_reproducible_from_a_seed() -> None:

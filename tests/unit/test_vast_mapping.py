@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import requests
 
-from reconciler import offers
 from reconciler.adapters import vast
+from reconciler.core import offers
+from reconciler.core.model import Endpoint, InstanceStatus, OfferFilters, Ranking
 from reconciler.errors import ProviderAuthError, ProviderPermanent, ProviderTransient
-from reconciler.model import Endpoint, InstanceStatus, OfferFilters, Ranking
 
 REF = Path("/work/shared/reference")
 if not REF.exists():  # CI checkouts carry no shared reference: the records are inlined below as a fallback

@@ -1,4 +1,4 @@
-"""Seeing a search (``reconciler.views.search``): the objective of a configuration (mean ± std over seeds), the runs
+"""Seeing a search (``views.search_results``): the objective of a configuration (mean ± std over seeds), the runs
 stopped early and their rung, the band of a configuration's curves, the objective against each parameter, and the
 same ranking in STATUS.md and on the dashboard."""
 
@@ -16,8 +16,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.curves import curve_path, render_curve
-from reconciler.model import (
+from reconciler.core.curves import curve_path, render_curve
+from reconciler.core.model import (
     AttemptOutcome,
     AttemptRecord,
     Distribution,
@@ -29,7 +29,7 @@ from reconciler.model import (
     Sweep,
 )
 from reconciler.observed.archive_lines import entry_to_json
-from reconciler.views.search import (
+from reconciler.views.search_results import (
     band,
     configurations,
     mean_std,

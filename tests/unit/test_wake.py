@@ -10,10 +10,10 @@ from typing import Any
 
 from plan_case_io import load_case
 
-from reconciler.actions import Plan
+from reconciler.core.actions import Plan
+from reconciler.core.model import Budget, Desired, Fleet, FleetMemory, Observed
 from reconciler.daemon import MIN_WAKE_S, DaemonConfig, DaemonCycle, FleetDaemon, sleep_until
 from reconciler.loop import CycleResult
-from reconciler.model import Budget, Desired, Fleet, FleetMemory, Observed
 from reconciler.plan import plan
 from reconciler.plan.wake import BOOT_POLL_S, WAKE_MARGIN_S
 

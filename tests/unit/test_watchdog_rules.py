@@ -32,7 +32,7 @@ from reconciler.box import probe as probe_mod
 from reconciler.box import watchdog as wd
 from reconciler.box.boxlib import Activity, box_activity
 from reconciler.box.watchdog import CONTROLLER_GRACE_S, decide
-from reconciler.model import FleetMemory
+from reconciler.core.model import FleetMemory
 from reconciler.observe import observe
 from reconciler.plan import plan
 from reconciler.remote import commands

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from gitutil import git as _git
 
-from reconciler.review import MARKER
+from reconciler.plan.review import MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))

@@ -1,0 +1,552 @@
+"""remember(): what one cycle hands to the next, decided in one pure place.
+
+The state kept between cycles (``FleetMemory``: the box clocks, the attempts in flight, the spend with each box's
+last bill, the host ledger, the GPU-quiet clocks) changes for two reasons only: the world was observed, and a plan
+was applied. Both updates live here, as pure functions of their inputs (no I/O, no clock: ``now`` is an argument),
+so they are tested without a provider, a box or a repository:
+
+- ``remember_observation``: the memory brought up to one observation (first seen, unreachable since, bootstrap
+  since, the GPU-quiet clocks, the billed spend). It runs before ``plan()``, which reads these clocks.
+- ``remember``: the memory after a plan was applied (the attempts in flight, the bills closed in the archive, the
+  host ledger). The loop calls it once per cycle, after apply.
+- ``world_after_apply``: the snapshot as the next cycle will start from it (the one written under observed/).
+
+The money an archive line carries is accounted here too, beside the spend it comes from: what an attempt cost
+(``attempt_cost``, at most what its box was billed: ``capped_to_bill``) and a closed box's overhead line
+(``overhead_record``). Apply gathers the facts and writes the lines; the sums are these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from reconciler.core.actions import AnswerPriceIncrease, ApplyResult, Bootstrap, Kill, Launch, Plan, Requeue, ShipCode
+from reconciler.core.bounds import bounded_text, finite
+from reconciler.core.identity import slot_pool
+from reconciler.core.ledger import note_cycle
+from reconciler.core.model import (
+    AttemptRecord,
+    BoxMemory,
+    BoxProbe,
+    BoxSpend,
+    Desired,
+    Fleet,
+    FleetMemory,
+    InFlight,
+    Instance,
+    InstanceStatus,
+    Observed,
+    OverheadRecord,
+    PriceIncrease,
+    RungValue,
+    Spend,
+    owned_by,
+)
+from reconciler.core.runphase import is_live
+from reconciler.core.throughput import progress_value
+
+_FLOAT_SLACK_USD = 1e-9
+
+
+def remember_observation(
+    memory: FleetMemory,
+    desired: Desired,
+    mine: list[Instance],
+    billed_boxes: list[Instance],
+    probes: list[BoxProbe],
+    billed: dict[int, float] | None,
+    now: float,
+    bootstrap_hash: str | Mapping[int, str] = "",
+) -> FleetMemory:
+    """The memory after observing: ``mine`` are the owned boxes listed (the lab's own machines included),
+    ``billed_boxes`` those the provider bills, ``billed`` what it billed each so far (None: it could not say)."""
+    pools = {i.id: slot_pool(desired.fleet, o.slot) for i in mine if (o := owned_by(desired.fleet.name, i.label))}
+    open_bills = frozenset(b.instance_id for b in memory.spend.boxes)
+    boxes = update_box_memory(memory.boxes, mine, probes, now, bootstrap_hash, pools=pools, open_bills=open_bills)
+    spend = accrue_billed(memory.spend, memory.spend_at, billed_boxes, billed, memory.in_flight, now)
+    gpu_quiet = track_gpu_quiet(memory.gpu_quiet, desired, probes, now)
+    heartbeats = track_heartbeats(memory.heartbeats, memory.in_flight, probes, now)
+    rungs = track_rungs(memory.rungs, desired, memory.in_flight, probes)
+    listed = {i.id for i in mine}
+    distrusted = tuple(d for d in memory.distrusted if d[0] in listed)
+    accepted = tuple(p for p in memory.accepted_increases if p.instance_id in listed)
+    return replace(
+        memory,
+        boxes=boxes,
+        spend=spend,
+        spend_at=now,
+        gpu_quiet=gpu_quiet,
+        heartbeats=heartbeats,
+        distrusted=distrusted,
+        rungs=rungs,
+        accepted_increases=accepted,
+    )
+
+
+def remember(
+    memory: FleetMemory, observed: Observed, plan: Plan, applied: ApplyResult, now: float, *, fleet: Fleet
+) -> FleetMemory:
+    """The memory after ``plan`` was applied (``applied``) to the world ``observed`` showed, starting from
+    ``memory`` (the memory the cycle planned from: ``observed.memory``).
+
+    What it takes of the plan comes through the outcomes of its actions (each outcome names its action): a launch
+    that happened, a bill closed, a rent that failed; an action that was skipped (lease lost, shutting down) left
+    nothing to remember, and the next cycle plans it again. ``fleet`` gives the ledger's windows."""
+    in_flight = next_in_flight(memory.in_flight, observed, applied, now)
+    spend = close_bills(memory.spend, (o.instance_id for o in applied.overheads))
+    done = [(o.action, o.ok, o.detail) for o in applied.outcomes if not o.skipped]
+    hosts = note_cycle(memory.hosts, fleet, observed, done, applied.archived, now)
+    pulls = note_checkpoint_pulls(memory.checkpoint_pulls, applied.checkpoint_pulls, in_flight)
+    failed, distrusted = note_failures(memory.distrusted, applied, now, memory.failed_actions)
+    return replace(
+        memory,
+        in_flight=in_flight,
+        spend=spend,
+        hosts=hosts,
+        checkpoint_pulls=pulls,
+        failed_actions=failed,
+        distrusted=distrusted,
+        accepted_increases=note_accepted(memory.accepted_increases, observed.price_increases, applied),
+    )
+
+
+def note_accepted(
+    accepted: tuple[PriceIncrease, ...], pending: Iterable[PriceIncrease], applied: ApplyResult
+) -> tuple[PriceIncrease, ...]:
+    """The accepted increases after apply: each one the provider took an accept of (an outcome ``accepted``; not
+    one that was gone) joins, as it was listed (its new rate, when it applies, the extended end). Kept by id until
+    its box leaves the instance list (``remember_observation``)."""
+    listed = {p.id: p for p in pending}
+    out = {p.id: p for p in accepted}
+    for o in applied.outcomes:
+        a = o.action
+        if isinstance(a, AnswerPriceIncrease) and a.accept and o.ok and not o.skipped and o.detail == "accepted":
+            inc = listed.get(a.pending_id)
+            out[a.pending_id] = inc if inc is not None else PriceIncrease(
+                a.pending_id, a.instance_id, a.old_dph, a.new_dph, a.applies_at
+            )
+    return tuple(out[k] for k in sorted(out))
+
+
+def note_failures(
+    distrusted: tuple[tuple[int, float, str], ...],
+    applied: ApplyResult,
+    now: float,
+    before: tuple[tuple[str, str, str], ...] = (),
+) -> tuple[tuple[tuple[str, str, str], ...], tuple[tuple[int, float, str], ...]]:
+    """The actions that failed in this apply, (kind, target, error), so the next plan does not send them the same
+    way again; and the boxes distrusted from now on: one whose kill (or requeue, which kills) failed cannot be made
+    to end an attempt, so it is not asked again: it waits out unreachable_grace like a box with an unusable probe,
+    then goes, its attempts requeued. Work of one kind (ship code, bootstrap, launch) that fails on a box that
+    answered, as work of that kind failed there in the cycle ``before`` (one failure may be a passing fault),
+    distrusts the box too: no such failure comes a third time. A box that did not answer is left to the
+    unreachable rule."""
+    failed = tuple(sorted({(o.action.kind.value, o.action.target, bounded_text(o.detail)) for o in applied.failures}))
+    failed_before = {(kind, _box_of(target)) for kind, target, error in before if not error.startswith(_NOT_THE_BOX)}
+    known = {iid: (since, why) for iid, since, why in distrusted}
+    for o in applied.failures:
+        act = o.action
+        if not isinstance(act, Kill | Requeue | ShipCode | Bootstrap | Launch) or act.instance_id in known:
+            continue
+        # a requeue from a box that answered kills there first: its failure is a failed kill too
+        if isinstance(act, Kill | Requeue) or (
+            (act.kind.value, str(act.instance_id)) in failed_before and not o.detail.startswith(_NOT_THE_BOX)
+        ):
+            known[act.instance_id] = (now, bounded_text(f"{act.kind.value} {act.target} failed: {o.detail}"))
+    return failed, tuple(sorted((iid, since, why) for iid, (since, why) in known.items()))
+
+
+# failures that say nothing against the box: it did not answer (the unreachable rule decides), a launch fenced by its
+# own lock, the controller's own launch journal
+_NOT_THE_BOX = ("HostUnreachable", "HostKeyMismatch", "LaunchLockHeld", "LaunchJournalError")
+
+
+def _box_of(target: str) -> str:
+    """The instance id an action's target names (``instance/7``, ``run/r.2@7``)."""
+    return target.rpartition("@")[2] if "@" in target else target.removeprefix("instance/")
+
+
+def note_checkpoint_pulls(
+    previous: tuple[tuple[str, int, float], ...], pulled: Mapping[tuple[str, int], float], in_flight: Iterable[InFlight]
+) -> tuple[tuple[str, int, float], ...]:
+    """When each attempt still in flight last had its checkpoint pulled: this apply's pulls over the earlier ones."""
+    last = {(r, a): t for r, a, t in previous}
+    last.update(pulled)
+    flying = {(f.run_id, f.attempt) for f in in_flight}
+    return tuple(sorted((r, a, t) for (r, a), t in last.items() if (r, a) in flying))
+
+
+def attempt_cost(dph: float, num_gpus: int, gpu_mask: tuple[int, ...], started: float | None, ended: float) -> float:
+    """An attempt's share of its box's billed rate over its run time: the GPUs it held out of the box's (the rest
+    of the box's bill goes to the box's overhead line when the box ends)."""
+    share = min(1.0, len(gpu_mask) / num_gpus) if num_gpus and gpu_mask else 1.0
+    return round(dph * share * max(0.0, ended - started) / 3600.0 if started else 0.0, 6)
+
+
+_BILLING_FULL = (InstanceStatus.CREATED, InstanceStatus.LOADING, InstanceStatus.RUNNING)
+
+
+def capped_to_bill(
+    rec: AttemptRecord, box: BoxSpend | None, listed: Instance | None, prior: Iterable[AttemptRecord], now: float
+) -> AttemptRecord:
+    """An attempt never costs more than its box was billed, less what the box's earlier attempts (``prior``) cost.
+
+    A lost attempt's end is known only when it is noticed, by which time a vanished box may have billed storage
+    only for a while: without the cap, its run would be charged money the box never billed (and the box's
+    overhead line would go negative).
+    """
+    if box is None:
+        return rec
+    bill = box.usd
+    if listed is not None and listed.status in _BILLING_FULL:  # still billing its price since the bill was read
+        bill += listed.dph_total * max(0.0, now - box.at) / 3600.0
+    spent = sum(r.cost_usd for r in prior if r.instance_id == rec.instance_id)
+    cap = round(max(0.0, bill - spent), 6)
+    return replace(rec, cost_usd=cap) if rec.cost_usd > cap else rec
+
+
+def overhead_record(
+    box: BoxSpend, records: Iterable[AttemptRecord], memory: BoxMemory | None = None
+) -> OverheadRecord:
+    """A closed box's overhead line: its bill minus the costs of the attempts archived on it (``records``), with
+    when it first answered and was first ready (``memory``, the box's, kept while its bill was open)."""
+    ran = [r for r in records if r.instance_id == box.instance_id]
+    attempts_usd = round(sum(r.cost_usd for r in ran), 6)
+    billed = round(box.usd, 6)
+    return OverheadRecord(
+        instance_id=box.instance_id,
+        billed_usd=billed,
+        attempts_usd=attempts_usd,
+        attempts=len(ran),
+        cost_usd=round(billed - attempts_usd, 6),
+        machine_id=box.machine_id,
+        gpu_name=box.gpu_name,
+        num_gpus=box.num_gpus,
+        dph=box.dph,
+        started_at=box.started_at,
+        ended_at=box.gone_at,
+        reachable_at=memory.reachable_at if memory is not None else None,
+        ready_at=memory.ready_at if memory is not None else None,
+        pool=memory.pool if memory is not None else "",
+        estimated=box.estimated,
+        reason=f"box ended: billed ${billed:.6f}, {len(ran)} attempt(s) ${attempts_usd:.6f}, the rest was boot, "
+        f"bootstrap and idle time{box.estimate_note}",
+    )
+
+
+def close_bills(spend: Spend, closed: Iterable[int]) -> Spend:
+    """The spend without the boxes whose bills are in the archive's overhead lines now (their money stays in the
+    totals)."""
+    gone = set(closed)
+    if not gone:
+        return spend
+    return replace(spend, boxes=tuple(b for b in spend.boxes if b.instance_id not in gone))
+
+
+def world_after_apply(
+    observed: Observed,
+    memory: FleetMemory,
+    applied: ApplyResult | None,
+    history: tuple[AttemptRecord, ...],
+    now: float,
+) -> Observed:
+    """The snapshot as the next cycle will start from it: with this cycle's memory and archive, and its boxes as
+    this cycle's apply left them (rented ones listed, destroyed ones gone), so that a rent or a destroy is recorded
+    in the cycle that made it, not when the provider's list shows it a cycle later."""
+    instances = observed.instances
+    if applied is not None:
+        gone = set(applied.destroyed)
+        instances = tuple(i for i in instances if i.id not in gone)
+        listed = {i.id for i in instances}
+        instances += tuple(
+            Instance(
+                id=new_id,
+                label=rent.label,
+                status=InstanceStatus.CREATED,
+                gpu_name=rent.gpu_name,
+                num_gpus=rent.num_gpus,
+                gpu_ram_mib=0,
+                dph_total=rent.dph,
+                start_date=now,
+                image=rent.image,
+            )
+            for new_id, rent in sorted(applied.rented_as.items())
+            if new_id not in listed
+        )
+    return replace(
+        observed,
+        instances=instances,
+        history=history,
+        memory=replace(memory, gpu_quiet=observed.memory.gpu_quiet),
+    )
+
+
+def update_box_memory(
+    previous: tuple[BoxMemory, ...],
+    instances: list[Instance],
+    probes: list[BoxProbe],
+    now: float,
+    bootstrap_hash: str | Mapping[int, str] = "",
+    *,
+    pools: Mapping[int, str] | None = None,
+    open_bills: frozenset[int] = frozenset(),
+) -> tuple[BoxMemory, ...]:
+    """Per box: first seen, unreachable since, and since when it answers without its bootstrap done (the clock of
+    ``bootstrap_timeout``; the box's own clock cannot say, and its uptime is its host's). ``bootstrap_hash`` is the
+    fleet's, or per instance id the one of its pool.
+
+    Also when it first answered (``reachable_at``) and when it was first ready for work (``ready_at``: answering
+    with its pool's bootstrap done, or at once when the pool has none), and its pool (``pools``, per instance id):
+    the measured boot and bootstrap of the pool (``plan.readiness``). A box gone from the list keeps its memory
+    while its bill is still open (``open_bills``), so its overhead line carries these times when the bill closes.
+    """
+    prev = {m.instance_id: m for m in previous}
+    reach = {p.instance_id: p.reachable for p in probes}
+    by_id = {p.instance_id: p for p in probes}
+    pool_of = pools or {}
+
+    def wanted(iid: int) -> str:
+        return bootstrap_hash if isinstance(bootstrap_hash, str) else bootstrap_hash.get(iid, "")
+
+    unbooted = {
+        p.instance_id
+        for p in probes
+        if p.reachable and wanted(p.instance_id) and wanted(p.instance_id) not in p.bootstrap_hashes
+    }
+    out = []
+    for inst in sorted(instances, key=lambda i: i.id):
+        old = prev.get(inst.id)
+        first = old.first_seen_at if old else now
+        if reach.get(inst.id) is False:
+            since = old.unreachable_since if old and old.unreachable_since is not None else now
+        else:
+            since = None
+        booting: float | None
+        if inst.id in unbooted:
+            booting = old.bootstrap_since if old and old.bootstrap_since is not None else now
+        elif reach.get(inst.id) is False and old is not None:
+            booting = old.bootstrap_since  # not known this cycle: the clock keeps running
+        else:
+            booting = None
+        answered = by_id.get(inst.id) is not None and reach.get(inst.id) is True
+        reachable_at = old.reachable_at if old and old.reachable_at is not None else (now if answered else None)
+        ready_at = old.ready_at if old and old.ready_at is not None else None
+        if ready_at is None and answered and inst.id not in unbooted:
+            ready_at = now
+        pool = (old.pool if old and old.pool else "") or pool_of.get(inst.id, "")
+        out.append(
+            BoxMemory(
+                inst.id,
+                first_seen_at=first,
+                unreachable_since=since,
+                bootstrap_since=booting,
+                reachable_at=reachable_at,
+                ready_at=ready_at,
+                pool=pool,
+            )
+        )
+    listed = {i.id for i in instances}
+    out.extend(m for iid, m in sorted(prev.items()) if iid not in listed and iid in open_bills)
+    return tuple(sorted(out, key=lambda m: m.instance_id))
+
+
+def track_gpu_quiet(
+    previous: tuple[tuple[str, int, float], ...], desired: Desired, probes: list[BoxProbe], now: float
+) -> tuple[tuple[str, int, float], ...]:
+    """Since when each live attempt of a sweep with ``stall_timeout`` has kept its GPUs under ``stall_gpu_util``.
+
+    A reading is one probe's ``utilization.gpu``: the most of the attempt's GPUs. An attempt at or above the threshold,
+    finished, or on a box that did not answer this cycle is dropped (its clock starts again when it is next quiet).
+    """
+    since = {(r, a): t for r, a, t in previous}
+    out: list[tuple[str, int, float]] = []
+    for p in probes:
+        if not p.reachable:
+            continue
+        util = {g.index: g.utilization_pct for g in p.gpus}
+        for rd in p.runs:
+            spec = desired.run(rd.run_id)
+            if not is_live(rd) or spec is None or spec.sweep.stall_timeout_s is None:
+                continue
+            seen = [util[i] for i in rd.gpu_mask if i in util]
+            if seen and max(seen) < spec.sweep.stall_gpu_util_pct:
+                out.append((rd.run_id, rd.attempt, since.get((rd.run_id, rd.attempt), now)))
+    return tuple(sorted(out))
+
+
+def track_rungs(
+    previous: tuple[RungValue, ...], desired: Desired, in_flight: Iterable[InFlight], probes: Iterable[BoxProbe]
+) -> tuple[RungValue, ...]:
+    """The rung values (``FleetMemory.rungs``) with what the probes show: an attempt of ours (in flight on the box
+    that reports it) of a sweep with ``early_terminate`` whose last metrics line has a finite progress value and a
+    finite objective gets its metric recorded at each rung it has reached and has no record at yet (one per (run,
+    rung): the first stands; a retried run keeps its earlier attempt's). Records of runs no longer desired go; those
+    of finished and stopped runs stay (they are peers at their rungs). A box's metrics are untrusted: a value that
+    is not a finite number (``bounds.finite``) records nothing."""
+    runs = {r.id: r for r in desired.runs if r.sweep.early_terminate is not None}
+    kept = [r for r in previous if r.run_id in runs]
+    if not runs:
+        return tuple(kept)
+    have = {(r.run_id, r.level) for r in kept}
+    ours = {(f.run_id, f.attempt): f.instance_id for f in in_flight}
+    for probe in probes:
+        if not probe.reachable:
+            continue
+        for rd in probe.runs:
+            spec = runs.get(rd.run_id)
+            if spec is None or ours.get((rd.run_id, rd.attempt)) != probe.instance_id:
+                continue
+            sweep, et = spec.sweep, spec.sweep.early_terminate
+            objective = sweep.objective
+            done = progress_value(sweep, rd.last_metrics)
+            if et is None or objective is None or sweep.progress is None or done is None:
+                continue
+            value = finite(dict(rd.last_metrics).get(objective[0]))
+            if value is None:
+                continue
+            for level in et.levels(sweep.progress.total):
+                if level > done:
+                    break
+                if (rd.run_id, level) not in have:
+                    have.add((rd.run_id, level))
+                    kept.append(RungValue(rd.run_id, level, value))
+    return tuple(sorted(kept, key=lambda r: (r.run_id, r.level)))
+
+
+def track_heartbeats(
+    previous: tuple[tuple[str, int, float, float], ...],
+    in_flight: Iterable[InFlight],
+    probes: list[BoxProbe],
+    now: float,
+) -> tuple[tuple[str, int, float, float], ...]:
+    """Each attempt in flight's heartbeat on the controller's clock: (run_id, attempt, implied, since).
+
+    ``implied`` is when the heartbeat was written by this clock (``now - heartbeat_age_s``), ``since`` when it last
+    moved forward by more than a second. Only attempts this fleet launched, as their box shows them, are tracked
+    (so a box's claims cannot grow it); one whose box did not show it this cycle keeps its entry while it is in
+    flight. First sight (after a restart too): since is now.
+    """
+    old = {(r, a): (implied, since) for r, a, implied, since in previous}
+    flying = {(f.run_id, f.attempt): f.instance_id for f in in_flight}
+    out: dict[tuple[str, int], tuple[float, float]] = {}
+    for p in probes:
+        if not p.reachable:
+            continue
+        for rd in p.runs:
+            key = (rd.run_id, rd.attempt)
+            if flying.get(key) != p.instance_id or not is_live(rd) or rd.heartbeat_age_s is None:
+                continue
+            implied = now - rd.heartbeat_age_s
+            last = old.get(key)
+            out[key] = (implied, now) if last is None or implied > last[0] + 1.0 else last
+    for key, last in old.items():
+        if key in flying and key not in out:
+            out[key] = last
+    return tuple(sorted((r, a, implied, since) for (r, a), (implied, since) in out.items()))
+
+
+def accrue_billed(
+    spend: Spend,
+    spend_at: float | None,
+    mine: list[Instance],
+    billed: dict[int, float] | None,
+    in_flight: Iterable[InFlight],
+    now: float,
+) -> Spend:
+    """The spend at ``now``: per owned box, what the provider billed since its last figure, added to the totals.
+
+    - A box's figure never decreases (a bill below an earlier estimate keeps the estimate, marked estimated).
+    - An increase is spread evenly over the time since the box's last figure (its start for a new box), so the
+      part after UTC midnight goes to today and the rest only to the total.
+    - When the provider cannot say (``billed`` is None, or has no charge for the box), a listed box is estimated
+      at its listed $/h since its last figure; a gone box adds nothing more.
+    - A box missing from the list is kept (``gone_at``) until apply could archive its overhead line (its bill
+      was final at the previous read and no attempt on it is in flight), then dropped: its money stays in the total.
+    """
+    busy = {f.instance_id for f in in_flight}
+    out = spend.rolled(spend_at, now) if spend_at is not None else spend
+    listed = {i.id: i for i in mine}
+    previous = {b.instance_id: b for b in spend.boxes}
+    boxes: list[BoxSpend] = []
+    for iid in sorted(set(previous) | set(listed)):
+        old, inst = previous.get(iid), listed.get(iid)
+        if inst is None and old is not None and old.bill_final(old.at) and iid not in busy:
+            continue  # its overhead line was due last cycle; its money is in the total
+        since = old.at if old is not None else min(inst.start_date if inst and inst.start_date > 0 else now, now)
+        last = old.usd if old is not None else 0.0
+        figure = billed.get(iid) if billed is not None else None
+        if figure is not None:
+            usd = max(last, figure)
+            estimated = figure + _FLOAT_SLACK_USD < last
+        else:
+            rate = inst.dph_total if inst is not None else 0.0
+            usd = last + rate * max(0.0, now - since) / 3600.0
+            estimated = True
+        out = out.plus(usd - last, since, now)
+        boxes.append(
+            BoxSpend(
+                instance_id=iid,
+                usd=usd,
+                at=now,
+                dph=inst.dph_total if inst is not None else (old.dph if old else 0.0),
+                estimated=estimated,
+                gone_at=None if inst is not None else (old.gone_at if old and old.gone_at is not None else now),
+                started_at=inst.start_date if inst is not None else (old.started_at if old else None),
+                machine_id=inst.machine_id if inst is not None else (old.machine_id if old else 0),
+                gpu_name=inst.gpu_name if inst is not None else (old.gpu_name if old else ""),
+                num_gpus=inst.num_gpus if inst is not None else (old.num_gpus if old else 0),
+            )
+        )
+    return Spend(today_usd=out.today_usd, total_usd=out.total_usd, boxes=tuple(boxes))
+
+
+def next_in_flight(
+    previous: tuple[InFlight, ...], observed: Observed, result: ApplyResult, now: float
+) -> tuple[InFlight, ...]:
+    """In flight after this cycle: what was, plus launches, minus what settled. What a box shows running is never
+    added: only a launch of this fleet makes an attempt ours (anything else is foreign).
+
+    A queued attempt's launch (``InFlight.queued``) could not say its process group or its start: the box starts it
+    later. The first cycle its box shows its run directory, ``now`` is recorded as when it was seen started, and
+    the wrapper's pid and start tick the box reports with it, once: what is recorded is never overwritten by what
+    a box says later."""
+    by_key: dict[tuple[str, int], InFlight] = {(f.run_id, f.attempt): f for f in previous}
+    for f in (*result.in_doubt, *result.launched):
+        by_key[(f.run_id, f.attempt)] = f
+    archived_keys = {rec.key for rec in observed.history}
+    for key in list(by_key):
+        if key in result.settled or key in archived_keys:
+            del by_key[key]
+    for key, (pid, tick) in _queued_starts(by_key.values(), observed).items():
+        f = by_key[key]
+        if f.seen_started_at is None:
+            f = replace(f, seen_started_at=now)
+        if f.pid is None and pid is not None and tick is not None:
+            f = replace(f, pid=pid, pid_started=tick)
+        by_key[key] = f
+    return tuple(sorted(by_key.values(), key=lambda f: (f.run_id, f.attempt)))
+
+
+def _queued_starts(
+    in_flight: Iterable[InFlight], observed: Observed
+) -> dict[tuple[str, int], tuple[int | None, int | None]]:
+    """(run id, attempt) -> the (pid, start tick) its box reports (either None when it cannot be used) for each queued
+    attempt whose run directory its box shows and that lacks its seen start or its process group."""
+    waiting = {
+        (f.run_id, f.attempt): f for f in in_flight if f.queued and (f.pid is None or f.seen_started_at is None)
+    }
+    if not waiting:
+        return {}
+    out: dict[tuple[str, int], tuple[int | None, int | None]] = {}
+    for probe in observed.probes:
+        if not probe.reachable:
+            continue
+        for rd in probe.runs:
+            key = (rd.run_id, rd.attempt)
+            fl = waiting.get(key)
+            if fl is None:
+                continue
+            if fl.instance_id == probe.instance_id:
+                out[key] = fl.group_on(probe.instance_id, rd)
+    return out
