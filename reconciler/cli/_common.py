@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from reconciler.settings.object_store import StoreConfig
 
 
+REVIEW_HEAD = "HEAD"  # the revision `rigsync review` (and the MCP server's review tool) reviews unless told
+
+
 def add_checkout_arg(parser: argparse.ArgumentParser) -> None:
     """``--repo``, on every command that reads a fleet repository."""
     parser.add_argument(

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.adapters.git import GitRepo
+from reconciler.cli._common import REVIEW_HEAD
 from reconciler.core.contract import dearest_rate
 from reconciler.core.model import AttemptRecord, FleetMemory, Observed
 from reconciler.desired import errors_of, load_desired
@@ -89,7 +90,7 @@ def _changed(a: Mapping[str, bytes], b: Mapping[str, bytes]) -> list[str]:
 
 
 def review(
-    repo: Path, base: str, head: str = "HEAD", *, now: float | None = None,
+    repo: Path, base: str, head: str = REVIEW_HEAD, *, now: float | None = None,
     allowed_secrets: frozenset[str] | None = None,
 ) -> dict[str, Any]:
     """The review document (the ``--json`` contract, ``schemas/review.schema.json``) of ``base..head`` in ``repo``;
