@@ -142,7 +142,7 @@ class NoMarket:
 
     calls = 0
 
-    def search_offers(self, filters: OfferFilters, disk_gb: float, limit: int = 200) -> list[Offer]:
+    def search_offers(self, filters: OfferFilters, disk_gb: float, limit: int = ports.OFFERS_LIMIT) -> list[Offer]:
         return []
 
     def list_instances(self) -> list[Instance]:

@@ -2,8 +2,10 @@
 
 A default written twice drifts: the lease's stale and renew seconds once stood in ``adapters/lease.py``,
 ``DaemonConfig`` and `rigsync run`'s options, git's branch, remote and author in four places, and the destroy
-latency's help said "30" while the value lived in ``loop.py``. These tests read the source (a literal written again
-is found where it is written, with its file and line) and the parser (what `rigsync <command> --help` shows).
+latency's help said "30" while the value lived in ``loop.py``; a port's defaults (the offers a search asks for, a
+command's timeout) stood in ``ports.py`` and again in each implementation. These tests read the source (a literal
+written again is found where it is written, with its file and line) and the parser (what `rigsync <command> --help`
+shows).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ SETTINGS = {
 OWN_SETTING = {("reconciler/demo.py", "interval_s", 1.0)}
 # Strings that are git's defaults wherever they are written (``adapters.git``): the branch, the remote, rigsync's email
 GIT_LITERALS = {DEFAULT_BRANCH, DEFAULT_REMOTE, DEFAULT_AUTHOR_EMAIL}
+# A port's parameters whose defaults ``ports.py`` declares once for the port and every implementation of it
+PORT_DEFAULTS = {("search_offers", "limit"), ("run", "timeout"), ("run_many", "timeout")}
 # Option defaults the CLI may write itself: 0 is the OS's "any free port", no default of rigsync's
 CLI_OWN = {("reconciler/cli/emulator_cmd.py", "port", 0)}
 
@@ -71,15 +75,22 @@ def _options(tree: ast.Module) -> Iterator[tuple[str, ast.expr]]:
             yield from ((dest, k.value) for k in node.keywords if k.arg == "default")
 
 
-def _defaults(tree: ast.Module) -> Iterator[tuple[str, ast.expr]]:
-    """(name, default) of every parameter, dataclass-style field and ``add_argument`` option in ``tree``."""
+def _parameters(tree: ast.Module) -> Iterator[tuple[str, str, ast.expr]]:
+    """(function, parameter, default) of every parameter with a default in ``tree``."""
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             a = node.args
             positional = [*a.posonlyargs, *a.args]
-            yield from zip([p.arg for p in positional[len(positional) - len(a.defaults):]], a.defaults, strict=True)
-            yield from ((p.arg, d) for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is not None)
-        elif isinstance(node, ast.ClassDef):
+            named = zip([p.arg for p in positional[len(positional) - len(a.defaults):]], a.defaults, strict=True)
+            keyword = ((p.arg, d) for p, d in zip(a.kwonlyargs, a.kw_defaults, strict=True) if d is not None)
+            yield from ((node.name, name, d) for name, d in (*named, *keyword))
+
+
+def _defaults(tree: ast.Module) -> Iterator[tuple[str, ast.expr]]:
+    """(name, default) of every parameter, dataclass-style field and ``add_argument`` option in ``tree``."""
+    yield from ((name, d) for _, name, d in _parameters(tree))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
             for stmt in node.body:
                 if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
                     yield stmt.target.id, stmt.value
@@ -99,6 +110,16 @@ def test_a_setting_has_its_default_written_in_its_home_only() -> None:
         and (path, name, d.value) not in OWN_SETTING
     ]
     assert again == [], "a default written again:\n" + "\n".join(again)
+
+
+def test_a_port_s_defaults_are_written_in_ports_only() -> None:
+    again = [
+        f"{path}:{d.lineno}: {function}({name}={d.value!r})"
+        for path, tree in _trees() if path != "reconciler/ports.py"
+        for function, name, d in _parameters(tree)
+        if (function, name) in PORT_DEFAULTS and isinstance(d, ast.Constant) and _literal(d)
+    ]
+    assert again == [], "a port's default written again (ports.py declares it):\n" + "\n".join(again)
 
 
 def test_the_cli_declares_no_default_of_its_own() -> None:
