@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.adapters.git import GitRepo
-from reconciler.cli._common import REVIEW_HEAD
+from reconciler.cli._common import MAX_OBSERVED_BYTES, REVIEW_HEAD
 from reconciler.core.contract import dearest_rate
 from reconciler.core.model import AttemptRecord, FleetMemory, Observed
 from reconciler.desired import errors_of, load_desired
@@ -25,8 +25,6 @@ from reconciler.observed.codec import BUDGET, FLEET, RUNS, RUNS_DIR, expect_mapp
 from reconciler.observed.memory import fleet_memory_from_files
 from reconciler.plan.estimate import Place
 from reconciler.plan.review import Side, compute_review
-
-MAX_OBSERVED_BYTES = 64 * 1024 * 1024  # as `rigsync diff`: rigsync's own snapshots stay far below it
 
 
 def _side(g: GitRepo, ref: str, sha: str) -> tuple[Side, dict[str, bytes]]:
