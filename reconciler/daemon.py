@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from reconciler.adapters.git import DEFAULT_AUTHOR_EMAIL, DEFAULT_AUTHOR_NAME, DEFAULT_BRANCH, DEFAULT_REMOTE
+from reconciler.adapters.lease import DEFAULT_RENEW_EVERY_S, DEFAULT_STALE_AFTER_S
 from reconciler.adapters.notifier import Notifier, open_notifier
 from reconciler.core.actions import Action, Destroy
 from reconciler.core.jobenv import ControllerEnv
@@ -51,7 +53,7 @@ from reconciler.fleet import (
     render_cycle,
     write_back,
 )
-from reconciler.loop import CycleResult, Reconciler, SystemClock
+from reconciler.loop import DESTROY_LATENCY_S, CycleResult, Reconciler, SystemClock
 from reconciler.observed.codec import LEASE, OBSERVED_DIR, RENDERED, STATUS, SUGGESTIONS, load_yaml
 from reconciler.observed.documents import ReconcilerStatus, status_only
 from reconciler.observed.observed_tree import read_observed
@@ -63,6 +65,7 @@ log = logging.getLogger("rigsync.run")
 
 
 MIN_WAKE_S = 5.0  # the shortest sleep a plan's wake_at can ask for
+REMOTE_POLL_S = 5.0  # between checks of the remote branch for new commits, which wake the loop (`rigsync run --poll`)
 
 
 def sleep_until(wake_at: float | None, now: float, interval_s: float) -> float:
@@ -75,15 +78,17 @@ def sleep_until(wake_at: float | None, now: float, interval_s: float) -> float:
 
 @dataclass
 class DaemonConfig:
+    """`rigsync run`'s settings (its options); each default is the constant of the part it configures."""
+
     interval_s: float = CONTROLLER_INTERVAL_S
-    destroy_latency_s: float | None = None  # None: loop.DESTROY_LATENCY_S (the budget projects spend through it)
-    lease_stale_s: float = 300.0
-    lease_renew_s: float = 60.0
-    remote_poll_s: float = 5.0
-    author_name: str = "rigsync"
-    author_email: str = "rigsync@localhost"
-    remote: str = "origin"
-    branch: str = "main"
+    destroy_latency_s: float = DESTROY_LATENCY_S  # the budget projects spend through it
+    lease_stale_s: float = DEFAULT_STALE_AFTER_S
+    lease_renew_s: float = DEFAULT_RENEW_EVERY_S
+    remote_poll_s: float = REMOTE_POLL_S
+    author_name: str = DEFAULT_AUTHOR_NAME
+    author_email: str = DEFAULT_AUTHOR_EMAIL
+    remote: str = DEFAULT_REMOTE
+    branch: str = DEFAULT_BRANCH
     max_backoff_s: float = 300.0
     holder: str | None = None  # default: host + checkout path, stable across restarts of the same checkout
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import reconciler
+from reconciler.adapters.git import DEFAULT_AUTHOR_NAME, DEFAULT_BRANCH, DEFAULT_REMOTE
 from reconciler.core.model import AttemptOutcome, Desired, InstanceStatus, Observed, owns, split_owned
 from reconciler.core.runphase import count_phases, is_unfinished, run_phases
 from reconciler.daemon import DaemonConfig, FleetDaemon, sleep_until
@@ -190,12 +191,12 @@ def make_fleet_repo(workdir: Path, runs: int | None, source: Path | None = None)
     remote = workdir.parent / f"{workdir.name}.remote.git"
     if remote.exists():
         raise UserError(f"{remote} already exists; choose another --keep directory")
-    subprocess.run(["git", "init", "-q", "--bare", "-b", "main", str(remote)], check=True)
+    subprocess.run(["git", "init", "-q", "--bare", "-b", DEFAULT_BRANCH, str(remote)], check=True)
     workdir.mkdir(parents=True, exist_ok=True)
     if any(workdir.iterdir()):
         raise UserError(f"{workdir} is not empty")
     _git(workdir.parent, "clone", "-q", str(remote), str(workdir))
-    _git(workdir, "checkout", "-q", "-b", "main")
+    _git(workdir, "checkout", "-q", "-b", DEFAULT_BRANCH)
     if source is not None:
         skip = shutil.ignore_patterns(".git", ".venv", "__pycache__")
         for item in sorted(source.iterdir()):
@@ -233,7 +234,7 @@ def make_fleet_repo(workdir: Path, runs: int | None, source: Path | None = None)
             sweep_file.write_text(body)
         msg += f", about {runs} runs"
     _git(workdir, "commit", "-q", "-am", msg)
-    _git(workdir, "push", "-q", "origin", "main")
+    _git(workdir, "push", "-q", DEFAULT_REMOTE, DEFAULT_BRANCH)
     return workdir, remote
 
 
@@ -301,7 +302,7 @@ def run_demo(opts: DemoOptions) -> DemoSummary:
             store = _demo_store(stack, opts) if opts.store else None
             opts.say(f"emulator at {emu.url}; fleet repo {workdir}")
             make_fleet_repo(workdir, opts.runs, opts.source)
-            config = DaemonConfig(interval_s=opts.interval_s, lease_renew_s=30.0, author_name="rigsync")
+            config = DaemonConfig(interval_s=opts.interval_s, lease_renew_s=30.0)
             daemon = FleetDaemon(
                 workdir, config=config, state_dir=str(state), api_url=emu.url,
                 data_dir=str(data) if data is not None else None, store=store,
@@ -340,7 +341,7 @@ def run_demo(opts: DemoOptions) -> DemoSummary:
         {r.run_id for r in archive if r.phase is AttemptOutcome.SUCCEEDED and r.resumed_from is not None}
     )
     summary.harvested = sum(1 for r in archive if r.harvest and not r.harvest.startswith("lost"))
-    summary.commits = int(_git(workdir, "rev-list", "--count", "--author=rigsync", "HEAD") or 0)
+    summary.commits = int(_git(workdir, "rev-list", "--count", f"--author={DEFAULT_AUTHOR_NAME}", "HEAD") or 0)
     summary.wall_s = time.monotonic() - started
     if opts.keep is not None:
         summary.repo = str(workdir)

@@ -28,7 +28,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Unpack
 
 from reconciler import ports
 from reconciler.adapters.lease import DEFAULT_RENEW_EVERY_S, DEFAULT_STALE_AFTER_S
@@ -49,7 +49,7 @@ from reconciler.ports import Provider, Shell
 
 if TYPE_CHECKING:
     from reconciler.adapters.archive import ShardedRunArchive
-    from reconciler.adapters.git import GitRepo
+    from reconciler.adapters.git import GitOptions, GitRepo
     from reconciler.adapters.lease import GitLease, LocalLock
     from reconciler.adapters.ssh import SshShell
     from reconciler.core.actions import Plan
@@ -142,7 +142,7 @@ class NoMarket:
 
     calls = 0
 
-    def search_offers(self, filters: OfferFilters, disk_gb: float, limit: int = 200) -> list[Offer]:
+    def search_offers(self, filters: OfferFilters, disk_gb: float, limit: int = ports.OFFERS_LIMIT) -> list[Offer]:
         return []
 
     def list_instances(self) -> list[Instance]:
@@ -181,18 +181,12 @@ def open_shell(private_key: Path, known_hosts: Path) -> SshShell:
     return SshShell(private_key=private_key, known_hosts=known_hosts)
 
 
-def open_git(
-    checkout: Path,
-    *,
-    remote: str = "origin",
-    branch: str = "main",
-    author_name: str = "rigsync",
-    author_email: str = "rigsync@localhost",
-) -> GitRepo:
-    """The git adapter over the checkout at ``checkout`` (raises ``RepoError`` when it is not one)."""
+def open_git(checkout: Path, **options: Unpack[GitOptions]) -> GitRepo:
+    """The git adapter over the checkout at ``checkout`` (raises ``RepoError`` when it is not one); ``options``
+    left out take the adapter's defaults."""
     from reconciler.adapters.git import GitRepo
 
-    return GitRepo(Path(checkout), remote=remote, branch=branch, author_name=author_name, author_email=author_email)
+    return GitRepo(Path(checkout), **options)
 
 
 def open_archive(checkout: Path) -> ShardedRunArchive:

@@ -45,6 +45,11 @@ T = TypeVar("T")
 # spooled to disk as it arrives, so that hundreds of MiB never sit in the controller's memory).
 HarvestStream = bytes | IO[bytes]
 
+# The ports' defaults, which every implementation takes from here
+OFFERS_LIMIT = 200  # the offers one search asks the market for (``Provider.search_offers``)
+COMMAND_TIMEOUT_S = 30.0  # one command on one box (``Shell.run``)
+FANOUT_TIMEOUT_S = 10.0  # each box's command in a parallel round (``Shell.run_many``)
+
 
 @dataclass(frozen=True)
 class CommandResult:
@@ -60,7 +65,7 @@ class CommandResult:
 class Provider(Protocol):
     """A GPU market: Vast.ai through its official SDK, or the emulator behind the same API."""
 
-    def search_offers(self, filters: OfferFilters, disk_gb: float, limit: int = 200) -> list[Offer]: ...
+    def search_offers(self, filters: OfferFilters, disk_gb: float, limit: int = OFFERS_LIMIT) -> list[Offer]: ...
 
     def list_instances(self) -> list[Instance]: ...
 
@@ -112,7 +117,7 @@ class Shell(Protocol):
         command: str,
         *,
         stdin: bytes | None = None,
-        timeout: float = 30.0,
+        timeout: float = COMMAND_TIMEOUT_S,
         max_stdout: int | None = None,
         stdout_sink: IO[bytes] | None = None,
     ) -> CommandResult:
@@ -124,7 +129,8 @@ class Shell(Protocol):
         ...
 
     def run_many(
-        self, targets: dict[int, tuple[Endpoint, str]], *, timeout: float = 10.0, max_stdout: int | None = None
+        self, targets: dict[int, tuple[Endpoint, str]], *, timeout: float = FANOUT_TIMEOUT_S,
+        max_stdout: int | None = None,
     ) -> dict[int, CommandResult | Exception]:
         """``run`` on many boxes in parallel; each box's error (``OutputOverBound`` too) is its answer."""
         ...

@@ -27,7 +27,7 @@ import time
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import git
 from git.exc import GitCommandError, InvalidGitRepositoryError, NoSuchPathError
@@ -54,6 +54,21 @@ from reconciler.observed.observed_tree import write_observed
 OBSERVED_PREFIX = OBSERVED_DIR + "/"
 DESIRED_PREFIX = "desired/"
 LEASE_REF_PREFIX = "refs/heads/rigsync/lease/"
+# The git defaults of rigsync's checkout (`rigsync run --branch/--author`, ``DaemonConfig``, ``fleet.open_git``):
+# the one place they are written.
+DEFAULT_REMOTE = "origin"
+DEFAULT_BRANCH = "main"  # the tracked branch; `rigsync init` and the demo create their repositories on it
+DEFAULT_AUTHOR_NAME = "rigsync"
+DEFAULT_AUTHOR_EMAIL = "rigsync@localhost"
+
+
+class GitOptions(TypedDict, total=False):
+    """What a caller may choose of a ``GitRepo``'s remote, branch and identity; the rest are the defaults above."""
+
+    remote: str
+    branch: str
+    author_name: str
+    author_email: str
 _LEASE_SEEN = "refs/rigsync/lease-seen"  # local: the lease as last fetched
 _ARCHIVE_PATHS = (f"{OBSERVED_DIR}/runs", f"{OBSERVED_DIR}/curves")  # append-only records, never probe noise
 
@@ -113,10 +128,10 @@ class GitRepo:
         self,
         path: Path,
         *,
-        remote: str = "origin",
-        branch: str = "main",
-        author_name: str = "rigsync",
-        author_email: str = "rigsync@localhost",
+        remote: str = DEFAULT_REMOTE,
+        branch: str = DEFAULT_BRANCH,
+        author_name: str = DEFAULT_AUTHOR_NAME,
+        author_email: str = DEFAULT_AUTHOR_EMAIL,
     ) -> None:
         self.path = Path(path)
         self.remote = remote

@@ -43,7 +43,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from reconciler.core.bounds import COMMAND_STDERR_BYTES, COMMAND_STDOUT_BYTES
 from reconciler.core.model import Endpoint
 from reconciler.errors import HostKeyMismatch, HostUnreachable, OutputOverBound, RigsyncError, ShellError
-from reconciler.ports import CommandResult
+from reconciler.ports import COMMAND_TIMEOUT_S, FANOUT_TIMEOUT_S, CommandResult
 
 T = TypeVar("T")
 
@@ -182,7 +182,7 @@ class SshShell:
         command: str,
         *,
         stdin: bytes | None = None,
-        timeout: float = 30.0,
+        timeout: float = COMMAND_TIMEOUT_S,
         max_stdout: int | None = None,
         stdout_sink: IO[bytes] | None = None,
     ) -> CommandResult:
@@ -193,7 +193,8 @@ class SshShell:
         )
 
     def run_many(
-        self, targets: dict[int, tuple[Endpoint, str]], *, timeout: float = 10.0, max_stdout: int | None = None
+        self, targets: dict[int, tuple[Endpoint, str]], *, timeout: float = FANOUT_TIMEOUT_S,
+        max_stdout: int | None = None,
     ) -> dict[int, CommandResult | Exception]:
         """Run one command per box in parallel; each box gets ``timeout`` from when its turn starts. A box's error
         (``max_stdout`` as in ``run``) is its answer, never raised."""

@@ -65,6 +65,7 @@ from reconciler.errors import (
     RejectedByProvider,
     UserError,
 )
+from reconciler.ports import OFFERS_LIMIT
 from reconciler.remote import WATCHDOG_API_URL_ENV
 from reconciler.settings.endpoint import DEFAULT_URL, check_api_url, shown_url
 
@@ -435,7 +436,7 @@ class VastProvider:
 
     # ------------------------------------------------------------------------------------ Provider port
 
-    def search_offers(self, filters: OfferFilters, disk_gb: float, limit: int = 200) -> list[Offer]:
+    def search_offers(self, filters: OfferFilters, disk_gb: float, limit: int = OFFERS_LIMIT) -> list[Offer]:
         query = build_query(filters, disk_gb)
         order = SEARCH_ORDER
         records = self._call(

@@ -27,6 +27,7 @@ from reconciler.errors import RigsyncError, UserError, cause_chain
 
 log = logging.getLogger("rigsync.cli")
 LOG_LEVEL_ENV = "RIGSYNC_LOG_LEVEL"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")  # what RIGSYNC_LOG_LEVEL (and `rigsync run --log-level`) takes
 
 # (command, its module under reconciler.cli, its help in `rigsync --help`), in the order that help lists them
 COMMANDS: tuple[tuple[str, str, str], ...] = (
@@ -121,7 +122,7 @@ def _main(argv: Sequence[str] | None) -> int:
     # observation, not a crash); paramiko's own tracebacks on stderr would only bury that.
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     level = os.environ.get(LOG_LEVEL_ENV, "").upper()
-    if level in ("DEBUG", "INFO", "WARNING", "ERROR"):
+    if level in LOG_LEVELS:
         logging.basicConfig(level=getattr(logging, level), format="%(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -27,6 +27,12 @@ if TYPE_CHECKING:
     from reconciler.settings.object_store import StoreConfig
 
 
+REVIEW_HEAD = "HEAD"  # the revision `rigsync review` (and the MCP server's review tool) reviews unless told
+# A committed observed/ blob past this is not read (`rigsync diff`, `rigsync review`): the snapshots rigsync writes
+# stay far below it even at the loader's 50,000 runs.
+MAX_OBSERVED_BYTES = 64 * 1024 * 1024
+
+
 def add_checkout_arg(parser: argparse.ArgumentParser) -> None:
     """``--repo``, on every command that reads a fleet repository."""
     parser.add_argument(

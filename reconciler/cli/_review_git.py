@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.adapters.git import GitRepo
+from reconciler.cli._common import MAX_OBSERVED_BYTES, REVIEW_HEAD
 from reconciler.core.contract import dearest_rate
 from reconciler.core.model import AttemptRecord, FleetMemory, Observed
 from reconciler.desired import errors_of, load_desired
@@ -24,8 +25,6 @@ from reconciler.observed.codec import BUDGET, FLEET, RUNS, RUNS_DIR, expect_mapp
 from reconciler.observed.memory import fleet_memory_from_files
 from reconciler.plan.estimate import Place
 from reconciler.plan.review import Side, compute_review
-
-MAX_OBSERVED_BYTES = 64 * 1024 * 1024  # as `rigsync diff`: rigsync's own snapshots stay far below it
 
 
 def _side(g: GitRepo, ref: str, sha: str) -> tuple[Side, dict[str, bytes]]:
@@ -89,7 +88,7 @@ def _changed(a: Mapping[str, bytes], b: Mapping[str, bytes]) -> list[str]:
 
 
 def review(
-    repo: Path, base: str, head: str = "HEAD", *, now: float | None = None,
+    repo: Path, base: str, head: str = REVIEW_HEAD, *, now: float | None = None,
     allowed_secrets: frozenset[str] | None = None,
 ) -> dict[str, Any]:
     """The review document (the ``--json`` contract, ``schemas/review.schema.json``) of ``base..head`` in ``repo``;

@@ -28,8 +28,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run this fleet repository's desired/ (e.g. one `rigsync init` made) instead of the example; "
         "it is copied, never changed",
     )
-    p.add_argument("--seed", type=int, default=7, help="the emulator market's seed")
-    p.add_argument("--timeout", type=float, default=600.0, help="give up (and destroy everything) after this")
+    seed = "the emulator market's seed (default %(default)s)"
+    p.add_argument("--seed", type=int, default=DemoOptions.seed, help=seed)
+    p.add_argument(
+        "--timeout", type=float, default=DemoOptions.timeout_s,
+        help="give up (and destroy everything) after this many seconds (default %(default)g)",
+    )
     p.set_defaults(handler=run)
 
 

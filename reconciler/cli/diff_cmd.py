@@ -22,7 +22,7 @@ from typing import Any
 
 import jsonschema
 
-from reconciler.cli._common import add_checkout_arg
+from reconciler.cli._common import MAX_OBSERVED_BYTES, add_checkout_arg
 from reconciler.core.actions import SweepEstimate
 from reconciler.core.jobenv import held_back
 from reconciler.core.model import Desired, RunPhase
@@ -32,8 +32,6 @@ from reconciler.observed.codec import DRIFT, FLEET, RUNS, STATUS, load_yaml
 from reconciler.plan.render import estimate_line
 
 REQUIRED = (FLEET, RUNS, DRIFT, STATUS)
-# The snapshots rigsync writes stay far below this even at the loader's 50,000 runs; a blob past it is not read.
-MAX_OBSERVED_BYTES = 64 * 1024 * 1024
 # The diff's buckets (its JSON contract) over the one run phase: "failed" counts runs that will not run again.
 _BUCKETS = {
     RunPhase.PENDING: "pending",

@@ -21,14 +21,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "Serve a Vast.ai-compatible API whose instances are real OpenSSH hosts on loopback "
         "addresses. Prints the base URL and API key; SIGTERM or Ctrl-C tears everything down."
     )
+    from reconciler.emulator import core as emulator  # its defaults; imported only for this command
+
     p.add_argument("--port", type=int, default=0, help="API port on 127.0.0.1 (default: a free port)")
     p.add_argument("--api-key", default=None, help="API key clients must send (default: a random key)")
     p.add_argument("--state-dir", type=Path, default=None, help="where boxes live (default: a temp dir)")
-    p.add_argument("--seed", type=int, default=0, help="market seed (default 0)")
-    p.add_argument("--offers", type=int, default=200, help="number of offers in the market (default 200)")
-    p.add_argument("--boot-delay", type=float, default=0.5, help="seconds a box spends loading (default 0.5)")
-    p.add_argument("--host-prefix", default="127.0.1", help="loopback /24 for boxes (default 127.0.1)")
-    p.add_argument("--credit", type=float, default=1000.0, help="the account's starting credit in $ (default 1000)")
+    p.add_argument("--seed", type=int, default=emulator.DEFAULT_SEED, help="market seed (default %(default)s)")
+    p.add_argument(
+        "--offers", type=int, default=emulator.DEFAULT_OFFERS,
+        help="number of offers in the market (default %(default)s)",
+    )
+    p.add_argument(
+        "--boot-delay", type=float, default=emulator.DEFAULT_BOOT_DELAY_S,
+        help="seconds a box spends loading (default %(default)g)",
+    )
+    p.add_argument(
+        "--host-prefix", default=emulator.DEFAULT_HOST_PREFIX, help="loopback /24 for boxes (default %(default)s)"
+    )
+    p.add_argument(
+        "--credit", type=float, default=emulator.DEFAULT_CREDIT_USD,
+        help="the account's starting credit in $ (default %(default)g)",
+    )
     p.set_defaults(handler=run)
 
 

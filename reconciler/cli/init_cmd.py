@@ -149,11 +149,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _commit(target: Path) -> None:
+    """``git init`` on the branch `rigsync run` tracks by default, and the first commit (as rigsync when the user
+    has no identity configured)."""
+    from reconciler.adapters.git import DEFAULT_AUTHOR_EMAIL, DEFAULT_BRANCH  # git's defaults, only when committing
+
     env_identity: list[str] = []
     if not _git(target.parent, "config", "user.email").stdout.strip():
-        env_identity = ["-c", "user.name=rigsync init", "-c", "user.email=rigsync@localhost"]
+        env_identity = ["-c", "user.name=rigsync init", "-c", f"user.email={DEFAULT_AUTHOR_EMAIL}"]
     steps = (
-        ("init", "-q", "-b", "main"),
+        ("init", "-q", "-b", DEFAULT_BRANCH),
         ("add", "-A"),
         (*env_identity, "commit", "-q", "-m", "rigsync init: fleet repository with an example sweep"),
     )

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from reconciler import __version__
 from reconciler.cli import diff_cmd, logs_cmd, plan_cmd, runs_cmd, status_cmd, validate_cmd
-from reconciler.cli._common import add_checkout_arg, load_local_desired
+from reconciler.cli._common import REVIEW_HEAD, add_checkout_arg, load_local_desired
 from reconciler.desired import schema_path
 from reconciler.emulator.exceptions import EmulatorError
 from reconciler.errors import RigsyncError, UserError
@@ -101,7 +101,7 @@ def _review(repo: Path, a: Mapping[str, Any]) -> Any:
     from reconciler.cli._review_git import review  # the producer `rigsync review --json` prints
     from reconciler.core.jobenv import allowlist_given
 
-    return review(repo, str(a["base"]), str(a.get("head") or "HEAD"), allowed_secrets=allowlist_given(os.environ))
+    return review(repo, str(a["base"]), str(a.get("head") or REVIEW_HEAD), allowed_secrets=allowlist_given(os.environ))
 
 
 TOOLS += (
@@ -109,7 +109,7 @@ TOOLS += (
         "review", "What a change to desired/ means: runs added, removed and changed per sweep, the price of the "
         "added work against the budget left, the head's validation errors. Reads git only, no credentials.",
         {"base": {"type": "string", "description": "the revision compared with, e.g. origin/main"},
-         "head": {"type": "string", "description": "the revision under review (default: HEAD)"}},
+         "head": {"type": "string", "description": f"the revision under review (default: {REVIEW_HEAD})"}},
         ("base",), "review", _review,
     ),
 )

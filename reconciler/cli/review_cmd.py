@@ -14,7 +14,7 @@ import argparse
 import json
 import os
 
-from reconciler.cli._common import add_checkout_arg
+from reconciler.cli._common import REVIEW_HEAD, add_checkout_arg
 from reconciler.cli._review_git import review
 from reconciler.core.jobenv import JOB_SECRETS_ENV, allowlist_given
 from reconciler.errors import UserError
@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_checkout_arg(p)
     p.add_argument("--base", required=True, help="the revision the change is compared with (e.g. origin/main)")
-    p.add_argument("--head", default="HEAD", help="the revision under review (default: HEAD)")
+    p.add_argument("--head", default=REVIEW_HEAD, help="the revision under review (default: %(default)s)")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print one JSON document (schemas/review.schema.json)")
     fmt.add_argument(

@@ -6,34 +6,49 @@ import argparse
 import logging
 from pathlib import Path
 
+from reconciler.adapters.git import DEFAULT_AUTHOR_NAME, DEFAULT_BRANCH
+from reconciler.adapters.lease import DEFAULT_RENEW_EVERY_S, DEFAULT_STALE_AFTER_S
+from reconciler.cli import LOG_LEVELS
 from reconciler.cli._common import add_data_dir_arg, add_live_args, api_url_of, store_of
 from reconciler.core.model import CONTROLLER_INTERVAL_S
-from reconciler.daemon import DaemonConfig, FleetDaemon
+from reconciler.daemon import REMOTE_POLL_S, DaemonConfig, FleetDaemon
 from reconciler.errors import UserError
+from reconciler.loop import DESTROY_LATENCY_S
+
+DEFAULT_LOG_LEVEL = "WARNING"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Each default is the constant of the part it configures; each help says it (``%(default)``)."""
     add_live_args(p)
     add_data_dir_arg(p)
     p.add_argument("--once", action="store_true", help="run one cycle and exit")
-    interval = f"seconds between cycles (default {CONTROLLER_INTERVAL_S:g})"
-    p.add_argument("--interval", type=float, default=CONTROLLER_INTERVAL_S, help=interval)
-    p.add_argument("--lease-stale", type=float, default=300.0, help="seconds after which a silent lease is taken over")
-    p.add_argument("--lease-renew", type=float, default=60.0, help="seconds between lease heartbeats")
     p.add_argument(
-        "--poll", type=float, default=5.0,
-        help="seconds between checks of the remote branch for new commits (default 5)",
+        "--interval", type=float, default=CONTROLLER_INTERVAL_S, help="seconds between cycles (default %(default)g)"
     )
     p.add_argument(
-        "--destroy-latency", type=float, default=None, metavar="S",
+        "--lease-stale", type=float, default=DEFAULT_STALE_AFTER_S,
+        help="seconds after which a silent lease is taken over (default %(default)g)",
+    )
+    p.add_argument(
+        "--lease-renew", type=float, default=DEFAULT_RENEW_EVERY_S,
+        help="seconds between lease heartbeats (default %(default)g)",
+    )
+    p.add_argument(
+        "--poll", type=float, default=REMOTE_POLL_S,
+        help="seconds between checks of the remote branch for new commits (default %(default)g)",
+    )
+    p.add_argument(
+        "--destroy-latency", type=float, default=DESTROY_LATENCY_S, metavar="S",
         help="seconds from deciding to destroy a box until the provider stops billing it; the budget projects "
-        "spend through it (default 30)",
+        "spend through it (default %(default)g)",
     )
-    p.add_argument("--author", default="rigsync", help="author name of rigsync's commits")
-    p.add_argument("--branch", default="main", help="the tracked branch (default main)")
+    author = "author name of rigsync's commits (default %(default)s)"
+    p.add_argument("--author", default=DEFAULT_AUTHOR_NAME, help=author)
+    p.add_argument("--branch", default=DEFAULT_BRANCH, help="the tracked branch (default %(default)s)")
     p.add_argument(
-        "--log-level", default="WARNING", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-        help="what is logged to stderr; DEBUG and INFO include paramiko's logs (default WARNING)",
+        "--log-level", default=DEFAULT_LOG_LEVEL, choices=LOG_LEVELS,
+        help="what is logged to stderr; DEBUG and INFO include paramiko's logs (default %(default)s)",
     )
     p.set_defaults(handler=run)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from reconciler.cli._common import add_live_args, observe_once
 from reconciler.core.model import Observed
-from reconciler.core.remember import attempt_cost
+from reconciler.core.remember import running_cost
 from reconciler.plan.render import status_json, status_text
 from reconciler.views.opstax import LiveBox, OpsTax, ops_tax, tax_lines
 
@@ -35,11 +35,7 @@ def live_ops_tax(repo: Path, observed: Observed, now: float) -> OpsTax:
         mem = mine.get(inst.id)
         if mem is None:
             continue  # not a box of this fleet (or not remembered yet)
-        running = sum(
-            attempt_cost(inst.dph_total, inst.num_gpus, f.gpu_mask, f.launched_at, now)
-            for f in observed.memory.in_flight
-            if f.instance_id == inst.id and not f.queued and f.launched_at <= now
-        )
+        running = running_cost(inst.id, inst.dph_total, inst.num_gpus, observed.memory.in_flight, now)
         held.append(LiveBox(inst.id, inst.dph_total, inst.start_date or mem.first_seen_at, now, mem.reachable_at,
                             mem.ready_at, running))
     return ops_tax(observed.history, ShardedRunArchive(repo).overheads(), held)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from typing import Protocol
 
 from reconciler.core.actions import AnswerPriceIncrease, ApplyResult, Bootstrap, Kill, Launch, Plan, Requeue, ShipCode
 from reconciler.core.bounds import bounded_text, finite
@@ -182,6 +183,32 @@ def attempt_cost(dph: float, num_gpus: int, gpu_mask: tuple[int, ...], started: 
     of the box's bill goes to the box's overhead line when the box ends)."""
     share = min(1.0, len(gpu_mask) / num_gpus) if num_gpus and gpu_mask else 1.0
     return round(dph * share * max(0.0, ended - started) / 3600.0 if started else 0.0, 6)
+
+
+class RunningAttempt(Protocol):
+    """An attempt in flight as the running cost reads it (``InFlight``, or one read back from runs.yaml)."""
+
+    @property
+    def instance_id(self) -> int: ...
+    @property
+    def gpu_mask(self) -> tuple[int, ...]: ...
+    @property
+    def launched_at(self) -> float | None: ...
+    @property
+    def queued(self) -> bool: ...
+
+
+def running_cost(box_id: int, dph: float, num_gpus: int, attempts: Iterable[RunningAttempt], now: float) -> float:
+    """What the attempts running on box ``box_id`` have cost up to ``now``: each its share from its launch
+    (``attempt_cost``). One still queued for its slot, or launched after ``now`` (clocks differ), costs nothing yet."""
+    return sum(
+        (
+            attempt_cost(dph, num_gpus, a.gpu_mask, a.launched_at, now)
+            for a in attempts
+            if a.instance_id == box_id and not a.queued and a.launched_at is not None and a.launched_at <= now
+        ),
+        0.0,
+    )
 
 
 _BILLING_FULL = (InstanceStatus.CREATED, InstanceStatus.LOADING, InstanceStatus.RUNNING)

@@ -30,6 +30,12 @@ from reconciler.emulator.sshd_boxes import AddressPool, Box, BoxSpec, Forwarder,
 # What a create without a ``runtype`` gets (the SDK leaves it out unless asked; the backend picks): SSH with a direct
 # port when the offer has one, and the proxy.
 DEFAULT_RUNTYPE = "ssh_direc ssh_proxy"
+# An emulator's market and account unless told otherwise (`rigsync emulator` shows them in its help)
+DEFAULT_SEED = 0
+DEFAULT_OFFERS = 200
+DEFAULT_BOOT_DELAY_S = 0.5  # seconds a box spends loading
+DEFAULT_HOST_PREFIX = "127.0.1"  # the loopback /24 its boxes get addresses in
+DEFAULT_CREDIT_USD = 1000.0
 
 
 @dataclass
@@ -102,11 +108,11 @@ class Emulator:
         port: int = 0,
         api_key: str | None = None,
         state_dir: Path | None = None,
-        seed: int = 0,
-        offers: int = 200,
-        boot_delay: float = 0.5,
-        host_prefix: str = "127.0.1",
-        credit: float = 1000.0,
+        seed: int = DEFAULT_SEED,
+        offers: int = DEFAULT_OFFERS,
+        boot_delay: float = DEFAULT_BOOT_DELAY_S,
+        host_prefix: str = DEFAULT_HOST_PREFIX,
+        credit: float = DEFAULT_CREDIT_USD,
         clock: Callable[[], float] | None = None,
         contract_s: tuple[float, float] | None = None,
         ssh_shapes: str = "direct",

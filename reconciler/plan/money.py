@@ -190,8 +190,7 @@ class Purse:
 
 
 def purse(
-    desired: Desired,
-    observed: Observed,
+    world: World,
     fleet_dph: float,
     runtimes: Mapping[str, Runtime],
     waiting: Iterable[RunSpec],
@@ -200,16 +199,8 @@ def purse(
     """The budget position. ``waiting`` are runs that still need a launch; ``gpu_prices``, per pool, $/h of one
     GPU where its work could run (its boxes held, its offers under its per-box cap), for the cheapest new work:
     a run is priced on its own pool."""
-    b = desired.budget
-    spend = observed.memory.spend
-    left: list[tuple[float, str]] = []
-    if b.daily_usd is not None:
-        daily = cap(b.daily_usd)
-        left.append((daily - spend.today_usd, f"daily_usd {usd(daily)} ({usd(spend.today_usd)} spent today)"))
-    if b.total_usd is not None:
-        total = cap(b.total_usd)
-        left.append((total - spend.total_usd, f"total_usd {usd(total)} ({usd(spend.total_usd)} spent)"))
-    remaining, tightest = min(left, default=(math.inf, ""))
+    desired, observed = world.desired, world.observed
+    remaining, tightest = left_at(world)
     cheapest_gpu = {name: min(prices) for name, given in gpu_prices.items() if (prices := list(given))}
     cheapest_work: float | None = None
     for spec in waiting:
@@ -224,7 +215,7 @@ def purse(
         horizon_s=max(0.0, observed.cycle_s),
         fleet_dph=fleet_dph,
         credit=observed.credit_usd,
-        on_exceed=b.on_exceed,
+        on_exceed=desired.budget.on_exceed,
         binds=False,
         cheapest_work=cheapest_work,
         runtimes=runtimes,
@@ -284,30 +275,32 @@ def budget_position(world: World, recorded: Recorded, wanted: frozenset[str]) ->
             offers = [o for o in world.pool_offers.get(name, ()) if o.dph_total <= limit]
             prices[name] = [rate_from(i, world.now, accepted) / i.num_gpus for i in boxes if i.num_gpus > 0]
             prices[name] += [o.dph_total / o.num_gpus for o in offers if o.num_gpus > 0]
-    return purse(desired, observed, fleet_dph, runtimes, waiting, prices)
+    return purse(world, fleet_dph, runtimes, waiting, prices)
 
 
 DAY_S = 86400.0
 
 
-def left_at(world: World, at: float, accepted: Iterable[PriceIncrease]) -> tuple[float, str]:
-    """What the tightest of the daily and total caps will leave at ``at`` (inf: neither is set), once the boxes held
-    have billed until then at the rates that apply (``accepted``), with that cap's figures. The daily cap counts the
-    UTC day ``at`` falls in: today's spend when it is today, else only what the boxes bill that day before ``at``."""
+def left_at(world: World, at: float | None = None, accepted: Iterable[PriceIncrease] = ()) -> tuple[float, str]:
+    """What the tightest of the daily and total caps leaves (inf and "": neither is set), with that cap's figures:
+    now (``at`` None: the purse's ``remaining``), or at ``at`` once the boxes held have billed until then at the rates
+    that apply (``accepted``). The daily cap counts the UTC day ``at`` falls in: today's spend when it is today, else
+    only what the boxes bill that day before ``at``."""
     b = world.desired.budget
     spend = world.observed.memory.spend
     now = world.now
+    when = now if at is None else at
     boxes = [box.inst for box in world.boxes.values()]
-    until = sum(cost_between(i, now, at, accepted) for i in boxes)
+    until = sum(cost_between(i, now, when, accepted) for i in boxes)  # nothing when ``at`` is now
     left: list[tuple[float, str]] = []
     if b.daily_usd is not None:
         daily = cap(b.daily_usd)
-        day0 = at // DAY_S * DAY_S
-        today = now >= day0
-        used = spend.today_usd + until if today else sum(cost_between(i, day0, at, accepted) for i in boxes)
-        left.append((daily - used, f"daily_usd {usd(daily)} ({usd(used)} spent that day by then)"))
+        day0 = when // DAY_S * DAY_S
+        used = spend.today_usd + until if now >= day0 else sum(cost_between(i, day0, when, accepted) for i in boxes)
+        day = "today" if at is None else "that day by then"
+        left.append((daily - used, f"daily_usd {usd(daily)} ({usd(used)} spent {day})"))
     if b.total_usd is not None:
         total = cap(b.total_usd)
         used = spend.total_usd + until
-        left.append((total - used, f"total_usd {usd(total)} ({usd(used)} spent by then)"))
-    return min(left, default=(math.inf, "no daily or total cap"))
+        left.append((total - used, f"total_usd {usd(total)} ({usd(used)} spent{'' if at is None else ' by then'})"))
+    return min(left, default=(math.inf, ""))

@@ -224,7 +224,7 @@ def _estimate(
     source = _one_source(used or sources.values())
     runtimes = sweep_runtimes(desired, observed, world.gpu_dlperf, world.learned)
     prices = {name: [dph / n for dph, n, _ in here if n > 0] for name, here in places.items()}
-    budget = purse(desired, observed, 0.0, runtimes, work, prices)
+    budget = purse(world, 0.0, runtimes, work, prices)
     by_sweep: dict[str, int] = {}
     for r in work:
         by_sweep[r.sweep.name] = by_sweep.get(r.sweep.name, 0) + 1

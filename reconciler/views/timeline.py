@@ -18,7 +18,7 @@ from typing import Any
 
 from reconciler.core.bounds import finite
 from reconciler.core.model import AttemptRecord, OverheadRecord
-from reconciler.core.remember import attempt_cost
+from reconciler.core.remember import running_cost
 from reconciler.views.facts import mapping, time_of
 from reconciler.views.opstax import LiveBox, boot_end, is_duplicate_kill
 
@@ -136,12 +136,7 @@ def live_boxes(overheads: Iterable[OverheadRecord], fleet_doc: Mapping[str, Any]
     for box in _boxes(overheads, fleet_doc, snapshot):
         if not box.held:
             continue
-        running = sum(
-            attempt_cost(box.dph, box.num_gpus, f.gpu_mask, f.launched_at, snapshot)
-            for f in flights
-            if f.instance_id == box.instance_id and not f.queued and snapshot is not None and f.launched_at
-            and f.launched_at <= snapshot
-        )
+        running = 0.0 if snapshot is None else running_cost(box.instance_id, box.dph, box.num_gpus, flights, snapshot)
         launches = [f.launched_at for f in flights if f.instance_id == box.instance_id and f.launched_at is not None]
         out.append(LiveBox(box.instance_id, box.dph, box.start, snapshot, box.reachable_at, box.ready_at, running,
                            min(launches, default=None)))

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import yaml
 
-from reconciler.core.model import AttemptOutcome, AttemptRecord, OverheadRecord
+from reconciler.core.model import AttemptOutcome, AttemptRecord, InFlight, OverheadRecord
+from reconciler.core.remember import running_cost
 from reconciler.observed.archive_lines import entry_to_json
 from reconciler.views.dashboard import build, read_repo
 from reconciler.views.status_md import render_status_md
 from reconciler.views.svg import timeline_chart
-from reconciler.views.timeline import build_timeline
+from reconciler.views.timeline import build_timeline, in_flight
 
 T0 = dt.datetime(2026, 11, 3, 12, 0, tzinfo=dt.UTC).timestamp()
 HOSTILE_GPU = "RTX <script>alert(1)</script>\u202eevil"
@@ -155,3 +156,19 @@ def test_status_md_and_the_dashboard_show_queued_and_the_ops_tax(tmp_path: Path)
     assert "<th>queued</th>" in runs
     lanes = page.split('<section id="timeline">')[1].split("</section>")[0]
     assert lanes.count('<g class="lane') == 2 and "<script>" not in page
+
+
+def test_a_box_s_running_cost_is_one_rule_for_the_live_status_and_the_committed_facts() -> None:
+    """`rigsync status` (``InFlight`` in memory) and the dashboard (runs.yaml's ``in_flight``) price a held box's
+    running attempts with ``running_cost``: its running attempt from its launch (900 s) to the snapshot, $0.3 at
+    $3.6/h; the queued one, another box's and one launched after the snapshot cost nothing yet."""
+    at = T0 + SNAPSHOT
+    memory = [
+        InFlight("s-eee", 1, 9, (0,), T0 + 900),
+        InFlight("s-fff", 1, 9, (0,), T0 + 1000, queued=True),
+        InFlight("s-ggg", 1, 5, (0,), T0 + 900),
+        InFlight("s-hhh", 1, 9, (0,), at + 60),
+    ]
+    from_memory = running_cost(9, DPH, 1, memory, at)
+    assert from_memory == running_cost(9, DPH, 1, in_flight(RUNS_DOC, FLEET_DOC), at) == 0.3
+    assert running_cost(9, DPH, 2, memory[:1], at) == 0.15  # its one GPU of the box's two
