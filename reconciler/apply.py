@@ -16,7 +16,7 @@ errors (``RigsyncError``) are expected and logged as one line; anything else (a 
 type and message. Only ``KeyboardInterrupt``/``SystemExit`` (not ``Exception``s) go past it.
 
 Boxes are reached through the ``BoxControl`` port and the market through ``Provider``: apply never builds a
-shell command itself, nor reads a box's answer (the port returns it read).
+shell command itself, nor reads a launch's answer (the port returns it read).
 """
 
 from __future__ import annotations
