@@ -24,6 +24,7 @@ from reconciler.core.actions import (
     APPLY_ORDER,
     NEEDS,
     Action,
+    Bootstrap,
     CloseBill,
     Destroy,
     Kill,
@@ -36,10 +37,12 @@ from reconciler.core.actions import (
     needs_problems,
     with_needs,
 )
+from reconciler.core.identity import box_cache_key
 from reconciler.core.model import BoxSpend, Desired, FleetMemory, InFlight, Observed, Spend
 from reconciler.desired import schema_path
 from reconciler.errors import PlanInconsistent, RemoteCommandFailed, RepoError
 from reconciler.plan import plan
+from reconciler.plan.executable import CACHE_UPLOAD_MARGIN_S
 from reconciler.plan.renting import rent_onstart
 from reconciler.plan.saved import stale_reasons
 from reconciler.remote import watchdog_onstart
@@ -233,3 +236,15 @@ def test_a_saved_requeue_and_bootstrap_carry_what_apply_reads() -> None:
     (requeue,) = [a for a in saved.actions if isinstance(a, Requeue)]
     assert requeue.unreached is None and requeue.talks_to == requeue.instance_id  # its box answered: contacted
     assert requeue.keep_checkpoints == case.desired.fleet.keep_checkpoints
+
+    case = load_case(CASES / "bootstrap_pending.json")
+    pool = replace(case.desired.fleet.pools[0], bootstrap_script="echo hi\n", bootstrap_cache=("/opt/venv",))
+    desired = replace(case.desired, fleet=replace(case.desired.fleet, pools=(pool,)))
+    made = plan(desired, case.observed, case.now)
+    (bootstrap,) = made.actions
+    assert isinstance(bootstrap, Bootstrap) and bootstrap.script_hash == pool.bootstrap_hash
+    box = next(i for i in case.observed.instances if i.id == bootstrap.instance_id)
+    assert (bootstrap.script, bootstrap.cache_key, bootstrap.cache_paths, bootstrap.cache_upload_ttl_s) == (
+        "echo hi\n", box_cache_key(pool, box), ("/opt/venv",), desired.fleet.bootstrap_timeout_s + CACHE_UPLOAD_MARGIN_S
+    )
+    assert Plan.from_json(json.loads(json.dumps(made.to_json()))) == made
