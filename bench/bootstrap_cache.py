@@ -45,6 +45,7 @@ from reconciler.desired.fields import script_hash
 from reconciler.emulator import Emulator
 from reconciler.emulator.s3server import S3Server, start_s3_server
 from reconciler.emulator.testing import make_keypair
+from reconciler.plan.executable import executable
 from reconciler.ports import ResultStore
 from reconciler.settings.object_store import StoreConfig
 
@@ -82,8 +83,9 @@ def bootstrap_until_done(
         desired=desired, observed=Observed(instances=(box,)), archive=ShardedRunArchive(archive),
         code_tar=lambda commit, paths: b"", now=time.time, store=store,
     )
-    action = Bootstrap(reason="bootstrap", code=ReasonCode.BOOTSTRAP_MISSING, instance_id=box.id,
-                       script_hash=pool.bootstrap_hash)
+    planned = Bootstrap(reason="bootstrap", code=ReasonCode.BOOTSTRAP_MISSING, instance_id=box.id,
+                        script_hash=pool.bootstrap_hash)
+    (action,) = executable(desired, ctx.observed, [planned])  # as the planner finishes it: its script and cache
     details: list[str] = []
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -6,22 +6,26 @@ box, a launch takes an atomic ``mkdir`` lock on the box, a destroy of a gone box
 keyed by run id + attempt — and each one's outcome is recorded. One failed action never aborts the others
 (Terraform's lesson: apply returns the partial state, and the next cycle plans from what really happened).
 
+What an action needs is in it: a rent its box's onstart, a bootstrap its script and cache, a requeue whether its box
+is contacted, and the keys of the actions it needs (``Action.needs``, from ``actions.NEEDS``). apply keeps one rule
+about them: an action whose needed action failed or was not run is not run either (``actions.unmet_need``).
+
 This is the boundary where *any* exception raised by one action becomes that action's failed outcome: our own
 errors (``RigsyncError``) are expected and logged as one line; anything else (a ``KeyError`` from an SDK, an
 ``OSError`` a library did not wrap) is a bug below us, logged here with its traceback, and its outcome names its
 type and message. Only ``KeyboardInterrupt``/``SystemExit`` (not ``Exception``s) go past it.
 
 Boxes are reached through the ``BoxControl`` port and the market through ``Provider``: apply never builds a
-shell command itself.
+shell command itself, nor reads a launch's answer (the port returns it read).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import assert_never
+from typing import TypeVar, assert_never
 
 from reconciler.core.actions import (
     Action,
@@ -36,7 +40,6 @@ from reconciler.core.actions import (
     Noop,
     Outcome,
     Plan,
-    ReasonCode,
     Record,
     Rent,
     Requeue,
@@ -44,6 +47,7 @@ from reconciler.core.actions import (
     SyncCheckpoint,
     apply_key,
     closed,
+    unmet_need,
 )
 from reconciler.core.bounds import (
     EXIT_CODE_RANGE,
@@ -55,18 +59,14 @@ from reconciler.core.bounds import (
     finite,
 )
 from reconciler.core.curves import curve_path, read_metrics, render_curve
-from reconciler.core.identity import box_cache_key, slot_pool
 from reconciler.core.jobenv import ControllerEnv, JobEnv, reference
 from reconciler.core.model import (
     AttemptOutcome,
     AttemptRecord,
     Desired,
-    Fleet,
     InFlight,
     Instance,
     Observed,
-    Ownership,
-    Pool,
     RunDirState,
     RunSpec,
     Sweep,
@@ -99,12 +99,13 @@ from reconciler.ports import (
     ResultStore,
     no_fence,
 )
-from reconciler.remote import bootstrap_cache_uploaded, watchdog_onstart
-from reconciler.remote.launched import parse_launch_answer
+from reconciler.remote import bootstrap_cache_uploaded
 
 __all__ = ["ApplyContext", "ApplyResult", "Outcome", "apply", "harvest_note"]  # the outcomes' types live in actions
 
 log = logging.getLogger("rigsync.apply")
+
+T = TypeVar("T")
 
 KILL_EXIT_CODE = 137  # what a killed attempt records (128 + SIGKILL), as a shell would report it
 HARVEST_CAP_BYTES = 256 << 20  # at most this much of an attempt's files comes home (logs first, then artifacts)
@@ -113,12 +114,15 @@ STDERR_TAIL_BYTES = 4096  # how much of a failed attempt's stderr its archive re
 # the sweep's metrics file: an object store keeps each on its own beside the whole tar
 READ_BACK = ("stdout.log", "stderr.log", HARVEST_MANIFEST)
 TRANSFER_TTL_S = 3600.0  # a presigned URL for one transfer (a harvest, a checkpoint sync, a resume) lives this long
+CACHE_DOWNLOAD_TTL_S = 3600.0  # a bootstrap cache's download URL, used as the runner starts
 
 
 @dataclass
 class ApplyContext:
     provider: Provider
     boxes: BoxControl
+    # the run specs a launch and a record read (``Desired.run``) and the commits; not the fleet's settings (the
+    # actions carry what they need of those)
     desired: Desired
     observed: Observed
     archive: ArchiveAppender
@@ -145,117 +149,193 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
     lease lost: ...``), the overheads of ended boxes are not archived, and ``result.lease_lost`` says why; the
     daemon then must not commit this cycle (another controller may own the fleet now).
 
+    **Needs.** An action one of whose needed actions (``Action.needs``) failed or was not run is not run (``not
+    run: ...``, the table's words): a run is not launched again after its attempt's kill or requeue failed, a
+    drained box is not destroyed before its records are written, a bill is not closed before its attempts are
+    archived.
+
     **A box that stops answering** (``HostUnreachable``: no answer within the command's timeout, or refused) is
-    sent nothing more in this apply (``_sent_to_box``): one hung box costs a cycle one timeout, not one per action
-    planned for it (two launches to a box that hung after its probe held a cycle two minutes, past its lease).
+    sent nothing more in this apply (``Action.talks_to``): one hung box costs a cycle one timeout, not one per
+    action planned for it (two launches to a box that hung after its probe held a cycle two minutes, past its lease).
     """
-    result = ApplyResult()
-    silent: dict[int, str] = {}  # instance id -> why it stopped answering in this apply
-    instances = {i.id: i for i in ctx.observed.instances}
-    ordered = sorted(plan.actions, key=apply_key)
-    for action in ordered:
-        if result.lease_lost is not None:
-            result.outcomes.append(Outcome(action, False, f"not run: lease lost: {result.lease_lost}", skipped=True))
-            continue
-        if ctx.should_stop():
-            result.outcomes.append(Outcome(action, False, "not run: shutting down", skipped=True))
-            continue
+    applying = _Applying(ctx, ApplyResult(), {i.id: i for i in ctx.observed.instances})
+    for action in sorted(plan.actions, key=apply_key):
+        applying.one(action)
+    return applying.result
+
+
+@dataclass
+class _Applying:
+    """One apply under way: its result, the outcomes so far by action key (what the needs read) and the boxes that
+    stopped answering (instance id -> why)."""
+
+    ctx: ApplyContext
+    result: ApplyResult
+    instances: dict[int, Instance]  # the provider's list as the plan was made from it: where each box is reached
+    done: dict[str, Outcome] = field(default_factory=dict)
+    silent: dict[int, str] = field(default_factory=dict)
+
+    def one(self, action: Action) -> None:
+        outcome = self._held(action)
+        if outcome is None:
+            box_id = _spoken_to(action, self.result)
+            outcome = self._silenced(action, box_id) or self._run(action, box_id)
+        self.result.outcomes.append(outcome)
+        self.done[action.key] = outcome
+
+    def _held(self, action: Action) -> Outcome | None:
+        """The outcome of an action held back (None: go on): the lease is lost, the controller shuts down, or an
+        action it needs did not succeed."""
+        if self.result.lease_lost is not None:
+            return _not_run(action, f"lease lost: {self.result.lease_lost}")
+        if self.ctx.should_stop():
+            return _not_run(action, "shutting down")
         try:
-            ctx.fence()
+            self.ctx.fence()
         except LeaseLost as exc:
             log.error("lease lost before %s %s: %s; acting no more", action.kind.value, action.target, exc)
-            result.lease_lost = str(exc)
-            result.outcomes.append(Outcome(action, False, f"not run: lease lost: {exc}", skipped=True))
-            continue
-        if isinstance(action, Launch) and action.run_id in result.unsafe_runs:
-            why = result.unsafe_runs[action.run_id]
-            result.outcomes.append(Outcome(action, False, f"not run: {why}", skipped=True))
-            continue
-        if isinstance(action, CloseBill) and (open_attempt := _unsettled_on(ctx, result, action.instance_id)):
-            # an attempt of it was not archived in this apply (its requeue failed): its cost is not in the
-            # archive yet, so the bill stays open until the next cycle settles it
-            result.outcomes.append(Outcome(action, False, f"not run: {open_attempt} is not archived", skipped=True))
-            continue
-        if isinstance(action, Destroy) and (bad := _record_failed_on(result, action)):
-            result.outcomes.append(Outcome(action, False, f"not run: {bad} was not harvested", skipped=True))
-            continue  # a drained box goes with its results home, not before: the next cycle destroys it
-        box_id = _sent_to_box(action, ctx.observed, instances, result.destroyed)
-        if box_id is not None and box_id in silent:
-            why = f"instance/{box_id} stopped answering earlier in this apply ({silent[box_id]})"
-            if isinstance(action, Kill | Requeue | Record):  # an attempt left unsettled: failed, not relaunched
-                result.outcomes.append(Outcome(action, False, why))
-                _mark_unsafe(action, result, why)
-            else:  # nothing was sent: the next cycle plans it again from a fresh probe
-                result.outcomes.append(Outcome(action, False, f"not run: {why}", skipped=True))
-            continue
-        ctx.on_action(action)
+            self.result.lease_lost = str(exc)
+            return _not_run(action, f"lease lost: {exc}")
+        unmet = unmet_need(action, self.done)
+        return _not_run(action, unmet) if unmet is not None else None
+
+    def _silenced(self, action: Action, box_id: int | None) -> Outcome | None:
+        """The outcome of an action to a box that stopped answering earlier in this apply (None: it did not)."""
+        if box_id is None or box_id not in self.silent:
+            return None
+        why = f"instance/{box_id} stopped answering earlier in this apply ({self.silent[box_id]})"
+        if isinstance(action, Kill | Requeue | Record):  # an attempt left unsettled: failed (its run not relaunched)
+            return Outcome(action, False, why)
+        return _not_run(action, why)  # nothing was sent: the next cycle plans it again from a fresh probe
+
+    def _run(self, action: Action, box_id: int | None) -> Outcome:
+        self.ctx.on_action(action)
         log.debug("%s %s [%s]: %s", action.kind.value, action.target, action.code.value, action.reason)
         try:
-            detail = _execute(action, ctx, instances, result)
-            result.outcomes.append(Outcome(action, True, detail))
+            return Outcome(action, True, _execute(action, self.ctx, self.instances, self.result))
         except RigsyncError as exc:
             log.warning("%s %s failed: %s", action.kind.value, action.target, exc)
-            result.outcomes.append(Outcome(action, False, _error_text(exc)))
-            _mark_unsafe(action, result, _error_text(exc))
             if isinstance(exc, HostUnreachable) and box_id is not None:
-                silent[box_id] = bounded_text(str(exc), 160)
+                self.silent[box_id] = bounded_text(str(exc), 160)
+            return Outcome(action, False, _error_text(exc))
         except Exception as exc:  # the boundary: a library's surprise fails this action, not the plan
             log.exception("%s %s failed with an unexpected %s", action.kind.value, action.target, type(exc).__name__)
-            result.outcomes.append(Outcome(action, False, _error_text(exc)))
-            _mark_unsafe(action, result, _error_text(exc))
-    return result
+            return Outcome(action, False, _error_text(exc))
 
 
-def _sent_to_box(planned: Action, observed: Observed, instances: Mapping[int, Instance],
-                 destroyed: Sequence[int]) -> int | None:
-    """The instance ``planned`` sends SSH commands to when ``_execute`` runs it (None: it sends none there)."""
+def _not_run(action: Action, why: str) -> Outcome:
+    return Outcome(action, False, f"not run: {why}", skipped=True)
+
+
+def _spoken_to(action: Action, result: ApplyResult) -> int | None:
+    """The box ``action`` sends commands to (``Action.talks_to``), unless this apply destroyed it first (a requeue
+    then archives its attempt without contacting it)."""
+    box_id = action.talks_to
+    return None if box_id in result.destroyed else box_id
+
+
+def _execute(planned: Action, ctx: ApplyContext, instances: dict[int, Instance], result: ApplyResult) -> str:
+    """Carry out one action; what its outcome says."""
     action = closed(planned)
     match action:
-        case Bootstrap() | ShipCode() | Launch() | Drain() | Kill() | SyncCheckpoint():
-            return action.instance_id
-        case Record():
-            return action.instance_id if action.skip_harvest is None else None
+        case Rent():
+            return _rent(action, ctx, result)
+        case Destroy():
+            return _destroy(action, ctx, instances, result)
+        case Bootstrap():
+            return _bootstrap(action, ctx, _box(instances, action.instance_id))
+        case ShipCode():
+            tar = ctx.code_tar(action.commit, action.paths)
+            ctx.boxes.ship_code(_box(instances, action.instance_id), action.commit, tar)
+            return f"{len(tar)} bytes shipped"
+        case Launch():
+            return _launch(action, ctx, instances, result)
+        case Drain():
+            ctx.boxes.drain(_box(instances, action.instance_id))
+            return "draining"
+        case Kill():
+            return _kill(action, ctx, instances, result)
         case Requeue():
-            return action.instance_id if _requeue_reaches(action, observed, instances, destroyed) is not None else None
+            return _requeue(action, ctx, instances, result)
+        case Record():
+            return _record(action, ctx, instances, result)
+        case SyncCheckpoint():
+            box = _box(instances, action.instance_id)
+            _pull_checkpoint(ctx, result, box, action.run_id, action.attempt, action.path, action.keep_checkpoints)
+            return "checkpoint pulled"
+        case CloseBill():
+            return _close_bill(ctx, result, action)
+        case AnswerPriceIncrease():
+            return _answer_price_increase(ctx, action)
+        case Noop():
+            return "nothing to do"
         case _:
-            return None
+            assert_never(action)
 
 
-def _requeue_reaches(action: Requeue, observed: Observed, instances: Mapping[int, Instance],
-                     destroyed: Sequence[int]) -> Instance | None:
-    """The box a requeue tells to kill its attempt: still listed, not destroyed first in this apply, and it answered
-    its probe (a box that did not is not contacted: its attempt is archived with what was lost)."""
-    probe = observed.probe(action.instance_id)
-    listed = instances.get(action.instance_id)
-    if action.instance_id in destroyed or probe is None or not probe.reachable:
-        return None
-    return listed
+def _rent(action: Rent, ctx: ApplyContext, result: ApplyResult) -> str:
+    new_id = ctx.provider.create_instance(
+        action.offer_id, image=action.image, disk_gb=action.disk_gb, label=action.label, onstart=action.onstart,
+        env={}, bid_dph=action.bid_dph,
+    )
+    result.rented.append(new_id)
+    result.rented_as[new_id] = action
+    failpoint("apply.rent.after")
+    return f"instance {new_id}"
 
 
-def _mark_unsafe(action: Action, result: ApplyResult, error: str) -> None:
-    """After a failed kill or requeue: that attempt may still run, so its run is not launched again in this apply
-    (the next cycle sees the world again). A requeue from a box that cannot be checked is held back by the planner
-    (``plan.attempts.unverified_lost``); this covers a box that stopped answering between the probe and now."""
-    if isinstance(action, Kill | Requeue):
-        result.unsafe_runs[action.run_id] = f"{action.kind.value} of attempt {action.attempt} failed ({error[:120]})"
+def _destroy(action: Destroy, ctx: ApplyContext, instances: dict[int, Instance], result: ApplyResult) -> str:
+    ctx.provider.destroy_instance(action.instance_id)
+    result.destroyed.append(action.instance_id)
+    inst = instances.get(action.instance_id)
+    if inst is not None:  # its pooled connection and pinned host key go: the address may be handed to the next rental
+        ctx.boxes.forget(inst)
+    return "destroyed"
 
 
-def _record_failed_on(result: ApplyResult, destroy: Destroy) -> str | None:
-    """For a ``DRAINED`` destroy, a record of an attempt on the box that failed in this apply (None: none)."""
-    if destroy.code is not ReasonCode.DRAINED:
-        return None
-    for o in result.outcomes:
-        if isinstance(o.action, Record) and not o.ok and o.action.instance_id == destroy.instance_id:
-            return o.action.target
-    return None
+def _kill(action: Kill, ctx: ApplyContext, instances: dict[int, Instance], result: ApplyResult) -> str:
+    state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
+    box = _box(instances, action.instance_id)
+    ctx.boxes.kill(box, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason,
+                   pid=action.pid, pid_started=action.pid_started)
+    rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
+                          action.phase, KILL_EXIT_CODE, action.reason)
+    rec = _harvest(ctx, result, box, rec, required=True, keep=action.keep_checkpoints)
+    _archive(ctx, result, rec)
+    return "killed"
 
 
-def _unsettled_on(ctx: ApplyContext, result: ApplyResult, instance_id: int) -> str | None:
-    """An attempt on the box still in flight after what this apply settled and launched (None: none)."""
-    for f in (*ctx.observed.memory.in_flight, *result.launched):
-        if f.instance_id == instance_id and (f.run_id, f.attempt) not in result.settled:
-            return f"run/{f.run_id}.{f.attempt}"
-    return None
+def _requeue(action: Requeue, ctx: ApplyContext, instances: dict[int, Instance], result: ApplyResult) -> str:
+    state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
+    rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
+                          action.phase, None, action.reason)
+    if action.instance_id in result.destroyed:  # destroyed first for the budget (``apply_key``)
+        rec = replace(rec, harvest="lost: its box was destroyed first (the budget's headroom was gone)")
+    elif action.unreached is None:
+        # The attempt may still run half-alive, or its launch may still be on its way (kill.sh then leaves a
+        # tombstone): it must not come back beside the next attempt. A box that stops answering now fails the
+        # requeue, so nothing is archived and the run is not launched again in this apply (``actions.NEEDS``).
+        box = _box(instances, action.instance_id)
+        ctx.boxes.kill(box, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason,
+                       pid=action.pid, pid_started=action.pid_started)
+        rec = _harvest(ctx, result, box, rec, required=False, keep=action.keep_checkpoints)  # what it wrote
+    elif ctx.store is not None:
+        rec = replace(rec, harvest=f"lost: {action.unreached}")
+    _archive(ctx, result, rec)
+    return "requeued"
+
+
+def _record(action: Record, ctx: ApplyContext, instances: dict[int, Instance], result: ApplyResult) -> str:
+    state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
+    rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
+                          AttemptOutcome(action.phase), action.exit_code, action.reason)
+    if action.skip_harvest is not None:  # a box whose answer is unusable: settled with what the probe read
+        rec = replace(rec, harvest=f"not tried: {bounded_text(action.skip_harvest, 300)}")
+    else:
+        box = _box(instances, action.instance_id)
+        rec = _harvest(ctx, result, box, rec, required=True, keep=action.keep_checkpoints)
+    _archive(ctx, result, rec)
+    return "archived"
 
 
 def _close_bill(ctx: ApplyContext, result: ApplyResult, action: CloseBill) -> str:
@@ -284,12 +364,6 @@ def _error_text(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _forget(ctx: ApplyContext, inst: Instance | None) -> None:
-    """Drop the pooled connection and the pinned host key: the address may be handed to the next rental."""
-    if inst is not None:
-        ctx.boxes.forget(inst)
-
-
 def _box(instances: dict[int, Instance], instance_id: int) -> Instance:
     inst = instances.get(instance_id)
     if inst is None:
@@ -297,37 +371,28 @@ def _box(instances: dict[int, Instance], instance_id: int) -> Instance:
     return inst
 
 
-# A bootstrap cache's presigned URLs: the download is used as the runner starts; the upload after the script, which
-# may take up to the fleet's bootstrap_timeout, plus this much for packing (the store clamps it to what SigV4 allows).
-CACHE_DOWNLOAD_TTL_S = 3600.0
-CACHE_UPLOAD_MARGIN_S = 900.0
+def _bootstrap(action: Bootstrap, ctx: ApplyContext, box: Instance) -> str:
+    """Run the pool's bootstrap script on ``box``, with its bootstrap cache when the store is one boxes reach."""
+    cache = _bootstrap_cache(ctx, box, action)
+    out = ctx.boxes.bootstrap(box, action.script, action.script_hash, cache)
+    return (f"bootstrap {out}" if out else "bootstrap started") + _cache_uploaded(ctx, cache, out)
 
 
-def _bootstrap_pool(fleet: Fleet, box: Instance, script_hash: str) -> Pool | None:
-    """The pool whose bootstrap ``script_hash`` is: the box's own (its label's), else the first with that script."""
-    own = Ownership.parse(box.label)
-    pool = fleet.pool(slot_pool(fleet, own.slot)) if own is not None else None
-    if pool is not None and pool.bootstrap_hash == script_hash:
-        return pool
-    return next((p for p in fleet.pools if p.bootstrap_hash == script_hash), None)
-
-
-def _bootstrap_cache(ctx: ApplyContext, box: Instance, pool: Pool | None) -> BootstrapCache | None:
-    """The box's bootstrap cache when its pool declares one and the store is one boxes reach (``presigner``): the
-    recorded object to restore, if any, and an upload URL that outlives the bootstrap. None otherwise (the local
-    store: a bootstrap as ever), and when the store cannot mint them now (the bootstrap then runs the script)."""
+def _bootstrap_cache(ctx: ApplyContext, box: Instance, action: Bootstrap) -> BootstrapCache | None:
+    """The box's bootstrap cache when its pool declares one (``action.cache_key``) and the store is one boxes reach
+    (``presigner``): the recorded object to restore, if any, and an upload URL that outlives the bootstrap. None
+    otherwise (the local store: a bootstrap as ever), and when the store cannot mint them now (the script runs)."""
     presigner = ctx.store.presigner if ctx.store is not None else None
-    key = box_cache_key(pool, box) if pool is not None else None
-    if presigner is None or key is None or pool is None:
+    key = action.cache_key
+    if presigner is None or key is None:
         return None
-    upload_ttl = ctx.desired.fleet.bootstrap_timeout_s + CACHE_UPLOAD_MARGIN_S
     try:
         download = presigner.cache_download(key, ttl_s=CACHE_DOWNLOAD_TTL_S)
-        upload = presigner.cache_upload(key, ttl_s=upload_ttl)
+        upload = presigner.cache_upload(key, ttl_s=action.cache_upload_ttl_s)
     except RigsyncError as exc:
         log.warning("instance %d: bootstrap cache %s unavailable, the script runs: %s", box.id, key, _error_text(exc))
         return None
-    return BootstrapCache(key, pool.bootstrap_cache, download, upload)
+    return BootstrapCache(key, action.cache_paths, download, upload)
 
 
 def _cache_uploaded(ctx: ApplyContext, cache: BootstrapCache | None, answer: str) -> str:
@@ -345,101 +410,8 @@ def _cache_uploaded(ctx: ApplyContext, cache: BootstrapCache | None, answer: str
     return f"; cache {cache.key} recorded" if recorded else f"; cache {cache.key} not recorded (not in the store whole)"
 
 
-def _execute(planned: Action, ctx: ApplyContext, instances: dict[int, Instance], result: ApplyResult) -> str:
-    action = closed(planned)
-    match action:
-        case Rent():
-            # The box's own kill switch, with the fleet's limits as they are now (reconciler/remote/watchdog.py).
-            f = ctx.desired.fleet
-            onstart = watchdog_onstart(
-                ttl_s=f.ttl_s, idle_timeout_s=f.idle_timeout_s, orphan_timeout_s=f.orphan_timeout_s
-            )
-            new_id = ctx.provider.create_instance(
-                action.offer_id, image=action.image, disk_gb=action.disk_gb, label=action.label, onstart=onstart,
-                env={}, bid_dph=action.bid_dph,
-            )
-            result.rented.append(new_id)
-            result.rented_as[new_id] = action
-            failpoint("apply.rent.after")
-            return f"instance {new_id}"
-        case Destroy():
-            ctx.provider.destroy_instance(action.instance_id)
-            result.destroyed.append(action.instance_id)
-            _forget(ctx, instances.get(action.instance_id))
-            return "destroyed"
-        case Bootstrap():
-            box = _box(instances, action.instance_id)
-            pool = _bootstrap_pool(ctx.desired.fleet, box, action.script_hash)
-            cache = _bootstrap_cache(ctx, box, pool)
-            out = ctx.boxes.bootstrap(box, pool.bootstrap_script if pool else "", action.script_hash, cache)
-            return (f"bootstrap {out}" if out else "bootstrap started") + _cache_uploaded(ctx, cache, out)
-        case ShipCode():
-            box = _box(instances, action.instance_id)
-            tar = ctx.code_tar(action.commit, ctx.desired.code_paths())
-            ctx.boxes.ship_code(box, action.commit, tar)
-            return f"{len(tar)} bytes shipped"
-        case Launch():
-            return _launch(action, ctx, instances, result)
-        case Drain():
-            ctx.boxes.drain(_box(instances, action.instance_id))
-            return "draining"
-        case Kill():
-            state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
-            box = _box(instances, action.instance_id)
-            ctx.boxes.kill(box, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason,
-                           pid=action.pid, pid_started=action.pid_started)
-            rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
-                                  action.phase, KILL_EXIT_CODE, action.reason)
-            rec = _harvest(ctx, result, box, rec, required=True)
-            _archive(ctx, result, rec)
-            return "killed"
-        case Requeue():
-            state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
-            probe = ctx.observed.probe(action.instance_id)
-            listed = instances.get(action.instance_id)
-            rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
-                                  action.phase, None, action.reason)
-            if action.instance_id in result.destroyed:  # destroyed first for the budget (``apply_key``)
-                rec = replace(rec, harvest="lost: its box was destroyed first (the budget's headroom was gone)")
-            elif (reached := _requeue_reaches(action, ctx.observed, instances, result.destroyed)) is not None:
-                # The attempt may still run half-alive, or its launch may still be on its way (kill.sh then leaves a
-                # tombstone): it must not come back beside the next attempt. A box that stops answering now fails the
-                # requeue, so nothing is archived and the run is not launched again in this apply (``_mark_unsafe``).
-                ctx.boxes.kill(reached, action.run_id, action.attempt, exit_code=KILL_EXIT_CODE, reason=action.reason,
-                               pid=action.pid, pid_started=action.pid_started)
-                rec = _harvest(ctx, result, reached, rec, required=False)  # what it wrote before it was lost
-            elif ctx.store is not None:
-                why = "host key changed, not contacted" if probe is not None and probe.host_key_changed else (
-                    "box vanished" if listed is None else "box unreachable")
-                rec = replace(rec, harvest=f"lost: {why}")
-            _archive(ctx, result, rec)
-            return "requeued"
-        case Record():
-            state = _run_state(ctx.observed, action.instance_id, action.run_id, action.attempt)
-            rec = _attempt_record(ctx, instances, action.run_id, action.attempt, action.instance_id, state,
-                                  AttemptOutcome(action.phase), action.exit_code, action.reason)
-            if action.skip_harvest is not None:  # a box whose answer is unusable: settled with what the probe read
-                rec = replace(rec, harvest=f"not tried: {bounded_text(action.skip_harvest, 300)}")
-            else:
-                rec = _harvest(ctx, result, _box(instances, action.instance_id), rec, required=True)
-            _archive(ctx, result, rec)
-            return "archived"
-        case SyncCheckpoint():
-            box = _box(instances, action.instance_id)
-            _pull_checkpoint(ctx, result, box, action.run_id, action.attempt, action.path)
-            return "checkpoint pulled"
-        case CloseBill():
-            return _close_bill(ctx, result, action)
-        case AnswerPriceIncrease():
-            return _answer_price_increase(ctx, action)
-        case Noop():
-            return "nothing to do"
-        case _:
-            assert_never(action)
-
-
 def _harvest(
-    ctx: ApplyContext, result: ApplyResult, box: Instance, rec: AttemptRecord, *, required: bool
+    ctx: ApplyContext, result: ApplyResult, box: Instance, rec: AttemptRecord, *, required: bool, keep: int
 ) -> AttemptRecord:
     """Bring the attempt's run directory home (logs, meta.json, metrics file, the sweep's artifacts) before its
     record is written, and say in the record what came home (``harvest``), a failed attempt's ``stderr_tail``, and
@@ -448,7 +420,7 @@ def _harvest(
     ``required`` (an attempt that finished or was killed on a box that answers): a box that stops answering mid-way,
     or a store that is down, fails the action, nothing is archived, and the next cycle harvests again (the planner
     keeps the box until its finished attempts are archived). Otherwise (a lost attempt) what cannot come home is
-    noted as lost.
+    noted as lost. ``keep``: the run's checkpoint syncs the store keeps, should a retry's checkpoint be synced first.
     """
     if ctx.store is None:
         _mark_harvested(ctx, box, rec)  # nothing is kept here: the box has nothing more to give
@@ -458,7 +430,7 @@ def _harvest(
     metrics = [spec.sweep.metrics_file] if spec and not spec.sweep.metrics_file.startswith("/") else []
     patterns = [*metrics, *(sweep.artifacts if sweep else ())]
     if sweep is not None and sweep.checkpoint is not None and rec.phase.launches_again:
-        _pull_checkpoint(ctx, result, box, rec.run_id, rec.attempt, sweep.checkpoint.path)  # what a retry resumes
+        _pull_checkpoint(ctx, result, box, rec.run_id, rec.attempt, sweep.checkpoint.path, keep)  # what a retry resumes
     try:
         got = _bring_home(ctx, box, rec, patterns, read_back=[*READ_BACK, *metrics])
     except (HostUnreachable, StoreUnavailable) as exc:
@@ -576,16 +548,17 @@ def _secrets_hidden(ctx: ApplyContext, spec: RunSpec | None, text: str) -> str:
 
 
 def _pull_checkpoint(
-    ctx: ApplyContext, result: ApplyResult, box: Instance, run_id: str, attempt: int, path: str
+    ctx: ApplyContext, result: ApplyResult, box: Instance, run_id: str, attempt: int, path: str, keep: int
 ) -> None:
-    """Sync the attempt's checkpoint directory home (the store keeps it only when complete). Best effort."""
+    """Sync the attempt's checkpoint directory home (the store keeps it only when complete, and the run's newest
+    ``keep`` syncs). Best effort."""
     if ctx.store is None:
         return
     result.checkpoint_pulls[(run_id, attempt)] = ctx.now()
     presigner = ctx.store.presigner
     try:
         if presigner is not None:
-            _upload_checkpoint(ctx, presigner, box, run_id, attempt, path)
+            _upload_checkpoint(ctx, presigner, box, run_id, attempt, path, keep)
             return
         tar = ctx.boxes.harvest(box, run_id, attempt, what="checkpoint", patterns=[path],
                                 cap_bytes=ctx.harvest_cap_bytes)
@@ -599,7 +572,7 @@ def _pull_checkpoint(
 
 
 def _upload_checkpoint(
-    ctx: ApplyContext, presigner: Presigner, box: Instance, run_id: str, attempt: int, path: str
+    ctx: ApplyContext, presigner: Presigner, box: Instance, run_id: str, attempt: int, path: str, keep: int
 ) -> None:
     """One checkpoint sync, box to store: the box packs and uploads it to a key of this sync's own, and it becomes
     the run's checkpoint only when complete and the store holds it whole (an upload cut off by a vanish leaves the
@@ -613,7 +586,6 @@ def _upload_checkpoint(
         log.warning("checkpoint %s.%s: incomplete on its box (over the size cap or unreadable files), the last "
                     "complete sync is kept", run_id, attempt)
         return
-    keep = ctx.desired.fleet.keep_checkpoints
     if not presigner.checkpoint_uploaded(run_id, attempt, upload, size=sent.size, sha256=sent.sha256, at=at,
                                          keep=keep):
         log.warning("checkpoint %s.%s: the store does not hold the upload the box reported (%d bytes), the last "
@@ -683,24 +655,7 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
     if spec is None:
         raise RemoteCommandFailed(f"run {action.run_id} is not in the desired state this plan was made from")
     env = ctx.controller_env.resolve(spec.sweep.name, spec.sweep.env)  # SecretMissing names the variable, never a value
-    job = LaunchJob(
-        run_id=action.run_id,
-        attempt=action.attempt,
-        gpu_mask=tuple(action.gpu_mask),
-        command=action.command,
-        code_commit=action.code_commit,
-        desired_commit=ctx.desired.commit,
-        sweep=spec.sweep.name,
-        params=spec.params,
-        seed=spec.seed,
-        metrics_file=spec.sweep.metrics_file,
-        metric_key=spec.sweep.metric_key,
-        metric_goal=spec.sweep.metric_goal,
-        max_runtime_s=spec.sweep.max_runtime_s,
-        env=env,
-        queued=action.queued,
-        epoch=ctx.epoch(),
-    )
+    job = _launch_job(action, spec, env, ctx.desired.commit, ctx.epoch())
     box = _box(instances, action.instance_id)
     resumed_from = _stage_checkpoint(ctx, box, action, spec.sweep)
     flight = InFlight(
@@ -716,34 +671,50 @@ def _launch(action: Launch, ctx: ApplyContext, instances: dict[int, Instance], r
     )
     ctx.note_launch(flight)  # written ahead: a crash right after the launch must not lose the attempt's number
     try:
-        out = _redacted(env, lambda: ctx.boxes.launch(box, job))
+        answer = _redacted(env, lambda: ctx.boxes.launch(box, job))
     except (LaunchLockHeld, LaunchRefused):
         raise  # the attempt's directory was there already (the probe shows what it holds), or the box said no
     except Exception:
         result.in_doubt.append(flight)
         raise
+    resumed = f", resumed from attempt {resumed_from}'s checkpoint" if resumed_from is not None else ""
     if action.queued:  # the box starts it when its slot frees: its identity comes with the probe that sees it
         result.launched.append(flight)
-        return "queued" + (f", resumed from attempt {resumed_from}'s checkpoint" if resumed_from is not None else "")
-    # The process group a kill may signal, as this launch saw it (never a pid read back from the box later): a pid
-    # and its start tick together, or neither (a pid alone cannot tell its process from a later one).
-    pid, pid_started = parse_launch_answer(out.encode("utf-8", "replace"))
-    if pid is None or pid_started is None:
-        pid, pid_started = None, None
-    flight = replace(flight, pid=pid, pid_started=pid_started)
-    result.launched.append(flight)
-    resumed = f", resumed from attempt {resumed_from}'s checkpoint" if resumed_from is not None else ""
-    started = f" (started at tick {pid_started})" if pid_started is not None else ""
-    return (f"pid {pid}{started}" if pid is not None else "launched") + resumed
+        return "queued" + resumed
+    # The process group a kill may signal, as this launch saw it (never a pid read back from the box later).
+    result.launched.append(replace(flight, pid=answer.pid, pid_started=answer.pid_started))
+    started = f" (started at tick {answer.pid_started})" if answer.pid_started is not None else ""
+    return (f"pid {answer.pid}{started}" if answer.pid is not None else "launched") + resumed
 
 
-def _redacted(env: JobEnv, step: Callable[[], str]) -> str:
-    """Run ``step``; should its error or its answer carry a value of ``env`` (a box echoing its input), the value
-    is replaced by ``${NAME}`` before it reaches an outcome, a log line or a commit."""
+def _launch_job(action: Launch, spec: RunSpec, env: JobEnv, desired_commit: str | None, epoch: int) -> LaunchJob:
+    return LaunchJob(
+        run_id=action.run_id,
+        attempt=action.attempt,
+        gpu_mask=tuple(action.gpu_mask),
+        command=action.command,
+        code_commit=action.code_commit,
+        desired_commit=desired_commit,
+        sweep=spec.sweep.name,
+        params=spec.params,
+        seed=spec.seed,
+        metrics_file=spec.sweep.metrics_file,
+        metric_key=spec.sweep.metric_key,
+        metric_goal=spec.sweep.metric_goal,
+        max_runtime_s=spec.sweep.max_runtime_s,
+        env=env,
+        queued=action.queued,
+        epoch=epoch,
+    )
+
+
+def _redacted(env: JobEnv, step: Callable[[], T]) -> T:
+    """Run ``step``; should its error carry a value of ``env`` (a box echoing its input), the value is replaced by
+    ``${NAME}`` before it reaches an outcome, a log line or a commit."""
     if not env:
         return step()
     try:
-        return env.redact(step())
+        return step()
     except RigsyncError as exc:
         text = env.redact(str(exc))
         if text == str(exc):

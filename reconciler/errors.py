@@ -40,6 +40,7 @@ Every concrete error that an adapter raises says which of the two it is; the ada
     │   │   │   └── StoreBucketMissing    (also UserError) the bucket does not exist
     │   │   └── LaunchJournalError        the launch journal in the state dir cannot be written: no launch then
     │   ├── LeaseRace                     a compare-and-swap of the lease lost to another writer: decide again
+    │   ├── PlanInconsistent              a plan that breaks the table of needs between actions: a planner bug
     │   ├── ProviderError                 raised by a Provider adapter
     │   ├── ShellError                    raised by a Shell adapter (also: rigsync's own SSH key is unusable)
     │   └── RepoError                     raised by the git adapter
@@ -110,6 +111,11 @@ class LeaseRace(RigsyncError):
 
 class StalePlan(UserError):
     """A saved plan no longer matches the world (an offer or a box it relies on is gone)."""
+
+
+class PlanInconsistent(RigsyncError):
+    """The planner made a plan that breaks the table of needs between actions (``actions.NEEDS``): a bug, so the
+    plan is never applied."""
 
 
 class TransientError(RigsyncError):

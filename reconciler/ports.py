@@ -37,6 +37,10 @@ from reconciler.core.model import (
     Scalar,
 )
 
+# what a box answers, read by the run protocol's controller side (``reconciler.remote``): the ports' answers too
+from reconciler.remote.launched import Launched as Launched
+from reconciler.remote.parse import CheckpointUploaded as CheckpointUploaded
+
 R = TypeVar("R", AttemptRecord, OverheadRecord)
 T = TypeVar("T")
 
@@ -180,11 +184,11 @@ class BoxControl(Protocol):
         ``epoch``: the controller's lease epoch, which raises each box's fence (0: no lease, only read)."""
         ...
 
-    def launch(self, box: Instance, job: LaunchJob) -> str:
+    def launch(self, box: Instance, job: LaunchJob) -> Launched:
         """Take the launch lock (atomic mkdir of the attempt's run directory) and start the run detached;
-        returns launch's answer as text: the wrapper's pid and start tick (``remote.launched.parse_launch_answer``).
+        returns launch's answer read: the wrapper's pid and start tick, both or neither (``remote.launched``).
         ``LaunchLockHeld`` if this attempt was launched before. ``job.queued``: the attempt joins its slot's queue on
-        the box instead (answer ``queued``). ``LaunchRefused`` if the box's fence is newer than ``job.epoch`` or
+        the box instead (``Launched.queued``). ``LaunchRefused`` if the box's fence is newer than ``job.epoch`` or
         (queued) the box is draining."""
         ...
 
@@ -280,15 +284,6 @@ class Harvested:
     bytes: int
     cap: int
     resumed_from: int | None = None  # the attempt whose checkpoint this attempt resumed from
-
-
-@dataclass(frozen=True)
-class CheckpointUploaded:
-    """What a box says it uploaded for one checkpoint sync (untrusted: the store checks the size it holds)."""
-
-    size: int
-    sha256: str
-    complete: bool  # nothing under the checkpoint path was skipped (a partial sync never becomes the checkpoint)
 
 
 @dataclass(frozen=True)

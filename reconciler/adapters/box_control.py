@@ -2,7 +2,8 @@
 
 The probe, launch, kill, bootstrap and ship-code commands are built by ``reconciler.remote`` and run with
 ``Shell.run``/``Shell.run_many`` (paramiko in production, ``adapters.ssh.SshShell``); this module only turns
-exit codes and output into the port's answers and errors. The SSH integration tests drive it against real sshd
+exit codes and output into the port's answers and errors (a launch's answer read as its process group,
+``remote.launched``). The SSH integration tests drive it against real sshd
 boxes; the unit tests drive ``observe()``/``apply()`` through an in-memory ``BoxControl`` instead.
 """
 
@@ -24,11 +25,13 @@ from reconciler.ports import (
     CommandResult,
     Download,
     HarvestStream,
+    Launched,
     LaunchJob,
     Shell,
     Upload,
 )
 from reconciler.remote.commands import TRANSFER_EXITS, fetch_resume_script, upload_script, url_lines
+from reconciler.remote.launched import launch_answer
 from reconciler.remote.parse import parse_upload
 
 COMMAND_TIMEOUT_S = 60.0
@@ -68,7 +71,7 @@ class ShellBoxes:
     def mark_harvested(self, box: Instance, run_id: str, attempt: int) -> None:
         _checked(self._run(box, remote.harvested_script(run_id, attempt)))
 
-    def launch(self, box: Instance, job: LaunchJob) -> str:
+    def launch(self, box: Instance, job: LaunchJob) -> Launched:
         script = remote.launch_script(
             run_id=job.run_id,
             attempt=job.attempt,
@@ -99,7 +102,9 @@ class ShellBoxes:
         if res.exit_code == remote.DRAINING_EXIT and job.queued:
             raise LaunchRefused("the box is draining: it takes no new queue entries")
         failpoint("boxes.launch.locked")
-        return _checked(res)
+        answer = _checked(res)
+        # The process group a kill may signal, as this launch saw it (never a pid read back from the box later).
+        return Launched(queued=answer == "queued") if job.queued else launch_answer(res.stdout)
 
     def kill(
         self,

@@ -8,6 +8,9 @@ it); the box cannot import that module (standard library only), so these are the
 
 from __future__ import annotations
 
+# The probe's document format (its ``v``). Kept here, with nothing to run, so the controller's command builders
+# (``reconciler.remote.commands``, which the planner uses for a box's onstart) read it without importing the probe.
+PROBE_FORMAT = 1
 META_BYTES = 64 << 10  # a run's meta.json (launch writes a few hundred bytes)
 METRICS_LINE_BYTES = 64 << 10  # one line of a metrics file; a longer one is skipped without being held
 METRICS_READ_BYTES = 16 << 20  # of a larger metrics file only its tail is read (best/final are over that tail)

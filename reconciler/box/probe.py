@@ -2,7 +2,7 @@
 
 This program runs on the box, under the first candidate interpreter that can run it (see ``probe.sh``), so it
 uses the standard library only and keeps to Python 3.8 syntax; it travels with ``boxlib.py`` (a bundle built by
-``reconciler.remote.commands``). The reconciler imports it only for ``FORMAT``.
+``reconciler.remote.commands``). The reconciler does not import it (its ``FORMAT`` is ``limits.PROBE_FORMAT``).
 
 ``last_activity_at`` is ``boxlib.box_activity``, the rule the watchdog uses too, from the box's start on as both
 read it (``boxlib.box_started_at``: the watchdog's recorded start, else the kernel's boot).
@@ -57,13 +57,14 @@ from reconciler.box.limits import (
     METRICS_LINE_BYTES,
     METRICS_READ_BYTES,
     PROBE_BYTES,
+    PROBE_FORMAT,
     RUN_BYTES,
     SMI_BYTES,
     TEXT_CHARS,
     text,
 )
 
-FORMAT = 1
+FORMAT = PROBE_FORMAT
 NVIDIA_SMI = (
     "nvidia-smi",
     "--query-gpu=index,memory.used,memory.total,utilization.gpu",

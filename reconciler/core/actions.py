@@ -1,17 +1,20 @@
 """The closed set of things rigsync can do, each carrying the reason it was decided.
 
 A plan is a value (Terraform's lesson): a tuple of these, serialisable to JSON (``schemas/plan.schema.json``)
-and back, so a saved plan can be reviewed in a pull request and applied exactly. There is deliberately no
-``Stop``: a stopped box keeps billing storage, so rigsync only ever destroys.
+and back, so a saved plan can be reviewed in a pull request and applied exactly. Each action carries what apply
+needs to carry it out (a rent its box's onstart, a bootstrap its script and cache, the box it talks to), and the
+keys of the actions it needs (``NEEDS``, the one table of the dependencies between actions): apply decides nothing.
+There is deliberately no ``Stop``: a stopped box keeps billing storage, so rigsync only ever destroys.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar, TypeAlias
 
-from reconciler.core.model import AttemptOutcome, AttemptRecord, Drift, DriftClass, InFlight, OverheadRecord
+from reconciler.core.model import AttemptOutcome, AttemptRecord, Drift, DriftClass, Fleet, InFlight, OverheadRecord
 
 PLAN_FORMAT_VERSION = 2  # 2: every action and no-op carries a reason code
 
@@ -193,11 +196,24 @@ MONEY_FIRST = frozenset({ReasonCode.BUDGET_EXHAUSTED, ReasonCode.OVER_BUDGET_HAL
 class Action:
     reason: str
     code: ReasonCode = field(kw_only=True)
+    # the ``key``s of the actions of its plan it needs: it is not run when one of them failed or was not run
+    # (``NEEDS``; the planner names them, ``with_needs``, and checks them, ``needs_problems``)
+    needs: tuple[str, ...] = field(default=(), kw_only=True)
     kind: ClassVar[Kind]
 
     @property
     def target(self) -> str:
         raise NotImplementedError
+
+    @property
+    def key(self) -> str:
+        """How the other actions of its plan name it (``needs``): its kind and its target."""
+        return f"{self.kind.value} {self.target}"
+
+    @property
+    def talks_to(self) -> int | None:
+        """The instance it sends commands to over SSH when applied (None: it sends none to a box)."""
+        return None
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind.value, "target": self.target, **asdict(self), "code": self.code.value}
@@ -212,6 +228,8 @@ class Rent(Action):
     dph: float
     gpu_name: str
     num_gpus: int
+    # the instance's onstart: its watchdog with the fleet's limits (``remote.watchdog_onstart``; it names no key)
+    onstart: str
     bid_dph: float | None = None  # interruptible: the bid, $/h (``dph`` is the bid plus storage); None: on-demand
     kind: ClassVar[Kind] = Kind.RENT
 
@@ -235,22 +253,37 @@ class Destroy(Action):
 class Bootstrap(Action):
     instance_id: int
     script_hash: str
+    script: str = ""  # the script of the pool whose hash ``script_hash`` is ("" when no pool's is)
+    # its pool's bootstrap cache on this box (``identity.box_cache_key``; None: it caches nothing), the paths cached,
+    # and how long the upload URL lives (it must outlive the fleet's bootstrap_timeout)
+    cache_key: str | None = None
+    cache_paths: tuple[str, ...] = ()
+    cache_upload_ttl_s: float = 0.0
     kind: ClassVar[Kind] = Kind.BOOTSTRAP
 
     @property
     def target(self) -> str:
         return f"instance/{self.instance_id}"
 
+    @property
+    def talks_to(self) -> int | None:
+        return self.instance_id
+
 
 @dataclass(frozen=True)
 class ShipCode(Action):
     instance_id: int
     commit: str
+    paths: tuple[str, ...] = (".",)  # what of the commit's tree ships (``Desired.code_paths``)
     kind: ClassVar[Kind] = Kind.SHIP_CODE
 
     @property
     def target(self) -> str:
         return f"instance/{self.instance_id}"
+
+    @property
+    def talks_to(self) -> int | None:
+        return self.instance_id
 
 
 @dataclass(frozen=True)
@@ -271,6 +304,10 @@ class Launch(Action):
     def target(self) -> str:
         return f"run/{self.run_id}.{self.attempt}@{self.instance_id}"
 
+    @property
+    def talks_to(self) -> int | None:
+        return self.instance_id
+
 
 @dataclass(frozen=True)
 class Drain(Action):
@@ -283,6 +320,10 @@ class Drain(Action):
     @property
     def target(self) -> str:
         return f"instance/{self.instance_id}"
+
+    @property
+    def talks_to(self) -> int | None:
+        return self.instance_id
 
 
 @dataclass(frozen=True)
@@ -299,11 +340,16 @@ class Kill(Action):
     # what the attempt is archived as: failed (max runtime, stalled, duplicate, not desired), or stopped_early (the
     # search's early termination: settled, no retry spent, its curve kept)
     phase: AttemptOutcome = AttemptOutcome.FAILED
+    keep_checkpoints: int = Fleet.keep_checkpoints  # the run's checkpoint syncs the store keeps (its harvest may sync)
     kind: ClassVar[Kind] = Kind.KILL
 
     @property
     def target(self) -> str:
         return f"run/{self.run_id}.{self.attempt}@{self.instance_id}"
+
+    @property
+    def talks_to(self) -> int | None:
+        return self.instance_id
 
 
 @dataclass(frozen=True)
@@ -319,11 +365,19 @@ class Requeue(Action):
     pid_started: int | None = None
     # what the attempt is archived as: lost, or preempted (the provider took its box: no retry spent)
     phase: AttemptOutcome = AttemptOutcome.LOST
+    # None: its box is listed and answered its probe, so the requeue kills the attempt there (it may still run
+    # half-alive) and brings home what it wrote; else why its box is not contacted (the record says it was lost so)
+    unreached: str | None = None
+    keep_checkpoints: int = Fleet.keep_checkpoints  # as ``Kill``'s
     kind: ClassVar[Kind] = Kind.REQUEUE
 
     @property
     def target(self) -> str:
         return f"run/{self.run_id}.{self.attempt}"
+
+    @property
+    def talks_to(self) -> int | None:
+        return self.instance_id if self.unreached is None else None
 
 
 @dataclass(frozen=True)
@@ -338,11 +392,16 @@ class Record(Action):
     # the harvest is not tried, and why (its box's answer was unusable, or the same harvest failed last cycle):
     # the record is written with what the probe read, so a bad box settles the attempt once instead of looping
     skip_harvest: str | None = None
+    keep_checkpoints: int = Fleet.keep_checkpoints  # as ``Kill``'s
     kind: ClassVar[Kind] = Kind.RECORD
 
     @property
     def target(self) -> str:
         return f"run/{self.run_id}.{self.attempt}"
+
+    @property
+    def talks_to(self) -> int | None:
+        return self.instance_id if self.skip_harvest is None else None
 
 
 @dataclass(frozen=True)
@@ -353,11 +412,16 @@ class SyncCheckpoint(Action):
     run_id: str
     attempt: int
     path: str  # the sweep's checkpoint directory, relative to the run directory
+    keep_checkpoints: int = Fleet.keep_checkpoints  # the run's syncs the store keeps (``retention.checkpoints``)
     kind: ClassVar[Kind] = Kind.SYNC_CHECKPOINT
 
     @property
     def target(self) -> str:
         return f"run/{self.run_id}.{self.attempt}@{self.instance_id}"
+
+    @property
+    def talks_to(self) -> int | None:
+        return self.instance_id
 
 
 @dataclass(frozen=True)
@@ -428,10 +492,11 @@ def closed(action: Action) -> AnyAction:
 def action_from_json(d: dict[str, Any]) -> Action:
     kind = Kind(d["kind"])
     cls = ACTION_TYPES[kind]
-    fields = {k: v for k, v in d.items() if k not in ("kind", "target")}
+    # every list of an action is a tuple (gpu_mask, needs, paths)
+    fields: dict[str, Any] = {
+        k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k not in ("kind", "target")
+    }
     fields["code"] = ReasonCode(fields["code"])
-    if "gpu_mask" in fields:
-        fields["gpu_mask"] = tuple(fields["gpu_mask"])
     if kind in (Kind.KILL, Kind.REQUEUE) and "phase" in fields:  # what the kill or requeue archives the attempt as
         fields["phase"] = AttemptOutcome(fields["phase"])
     return cls(**fields)
@@ -543,7 +608,9 @@ class Outcome:
     action: Action
     ok: bool
     detail: str = ""
-    skipped: bool = False  # not attempted (shutting down, or the lease was lost); the next cycle plans it again
+    # not attempted (shutting down, the lease lost, an action it needs did not succeed, its box stopped answering):
+    # the next cycle plans it again
+    skipped: bool = False
 
 
 @dataclass
@@ -559,9 +626,6 @@ class ApplyResult:
     # a dropped connection), so the attempt stays in flight and its number stays used; the next cycle sees its
     # run directory or fences it off as "launch never happened" (kill.sh's tombstone)
     in_doubt: list[InFlight] = field(default_factory=list)
-    # runs not to launch in this apply: an attempt of theirs could not be made safe here (its kill or requeue
-    # failed), so it may still run
-    unsafe_runs: dict[str, str] = field(default_factory=dict)
     settled: set[tuple[str, int]] = field(default_factory=set)  # attempts recorded/requeued/killed this cycle
     curves: dict[str, str] = field(default_factory=dict)  # observed/curves/... files of the attempts settled
     rented: list[int] = field(default_factory=list)
@@ -576,3 +640,117 @@ class ApplyResult:
 
     def failure_lines(self) -> tuple[str, ...]:
         return tuple(f"{o.action.kind.value} {o.action.target}: {o.detail}" for o in self.failures)
+
+
+# ------------------------------------------------------------------------------------- needs between actions
+
+
+@dataclass(frozen=True)
+class Need:
+    """One row of the table of the needs between actions: an action of kind ``dependent`` needs every action of its
+    plan of a ``prerequisites`` kind that ``on`` ties to it (the same value on both; None ties nothing), and is not
+    run when one of them failed or was not run; ``unmet`` says why, from that action's key and its outcome (None:
+    it was not applied, as a suspended plan withholds it)."""
+
+    dependent: Kind
+    prerequisites: frozenset[Kind]
+    on: Callable[[Action], object]
+    unmet: Callable[[str, Outcome | None], str]
+
+
+def _run_of(a: Action) -> str | None:
+    return a.run_id if isinstance(a, Launch | Kill | Requeue) else None
+
+
+def _box_settled(a: Action) -> int | None:
+    return a.instance_id if isinstance(a, CloseBill | Kill | Requeue | Record) else None
+
+
+def _drained_box(a: Action) -> int | None:
+    if isinstance(a, Destroy):
+        return a.instance_id if a.code is ReasonCode.DRAINED else None
+    return a.instance_id if isinstance(a, Record) else None
+
+
+def _target(key: str) -> str:
+    """The target of the action ``key`` names (``Action.key``: its kind, a space, its target)."""
+    return key.partition(" ")[2]
+
+
+def _may_still_run(key: str, got: Outcome | None) -> str:
+    p = got.action if got is not None else None
+    if got is None or not isinstance(p, Kill | Requeue):
+        return f"{key} was not applied (its attempt may still run)"
+    return f"{p.kind.value} of attempt {p.attempt} {'was not run' if got.skipped else 'failed'} ({got.detail[:120]})"
+
+
+NEEDS: tuple[Need, ...] = (
+    # A run is launched again only once its live attempt is made safe: after a failed kill or requeue that attempt
+    # may still run (the next cycle sees the world again). A requeue from a box that cannot be checked is held back
+    # by the planner (``plan.attempts.unverified_lost``); this covers a box that stopped answering since its probe.
+    Need(Kind.LAUNCH, frozenset({Kind.KILL, Kind.REQUEUE}), _run_of, _may_still_run),
+    # A drained box goes with its results home, not before: the next cycle destroys it.
+    Need(Kind.DESTROY, frozenset({Kind.RECORD}), _drained_box, lambda key, got: f"{_target(key)} was not harvested"),
+    # A box's bill closes once its attempts are archived: its overhead is the bill minus their costs, so an attempt
+    # whose record or requeue failed (or a suspended plan holds back) keeps the bill open until a cycle settles it.
+    Need(
+        Kind.CLOSE_BILL, frozenset({Kind.KILL, Kind.REQUEUE, Kind.RECORD}), _box_settled,
+        lambda key, got: f"{_target(key).partition('@')[0]} is not archived",  # the attempt (a kill's is @ its box)
+    ),
+)
+
+
+def _declared(actions: Sequence[Action]) -> list[tuple[str, ...]]:
+    """For each of ``actions``, the keys of those of them it needs by ``NEEDS``, sorted."""
+    found: list[set[str]] = [set() for _ in actions]
+    for row in NEEDS:
+        keys: dict[object, list[str]] = {}
+        for p in actions:
+            if p.kind in row.prerequisites and (tie := row.on(p)) is not None:
+                keys.setdefault(tie, []).append(p.key)
+        for i, a in enumerate(actions):
+            if a.kind is row.dependent and (tie := row.on(a)) is not None:
+                found[i].update(keys.get(tie, ()))
+    return [tuple(sorted(f)) for f in found]
+
+
+def with_needs(actions: Sequence[Action]) -> list[Action]:
+    """``actions`` (one plan's), each naming the others it needs by ``NEEDS`` (``Action.needs``)."""
+    declared = _declared(actions)
+    return [a if a.needs == keys else replace(a, needs=keys) for a, keys in zip(actions, declared, strict=True)]
+
+
+def needs_problems(actions: Sequence[Action], *, suspended: bool = False) -> list[str]:
+    """What in ``actions`` (one plan's) breaks ``NEEDS``, each said once (empty: nothing): an action that does not
+    name an action of the plan it needs, or names one that the plan holds more than once or applies after it. A need
+    the plan does not hold is one only a suspended plan has (it withholds that action, and so what needs it is not
+    run)."""
+    by_key: dict[str, list[Action]] = {}
+    for a in actions:
+        by_key.setdefault(a.key, []).append(a)
+    problems: list[str] = []
+    for a, declared in zip(actions, _declared(actions), strict=True):
+        problems += [f"{a.key} does not name {key}, which it needs" for key in declared if key not in a.needs]
+        for key in a.needs:
+            held = by_key.get(key, [])
+            if len(held) > 1:
+                problems.append(f"{a.key} needs {key}, which the plan holds {len(held)} times")
+            elif held and apply_key(held[0]) >= apply_key(a):
+                problems.append(f"{a.key} needs {key}, which is applied after it")
+            elif not held and not suspended:
+                problems.append(f"{a.key} needs {key}, which the plan does not hold")
+    return sorted(set(problems))
+
+
+def unmet_need(action: Action, done: Mapping[str, Outcome]) -> str | None:
+    """Why ``action`` is not run, by the table's one rule: an action it needs failed or was not applied (``done``:
+    the outcomes of its plan so far, by key). None: every one it needs succeeded."""
+    for key in action.needs:
+        got = done.get(key)
+        if got is None or not got.ok:
+            kind = key.partition(" ")[0]
+            row = next((r for r in NEEDS if r.dependent is action.kind and kind in r.prerequisites), None)
+            if row is not None:
+                return row.unmet(key, got)
+            return f"{key} {'was not applied' if got is None else 'did not succeed'}"
+    return None

@@ -24,6 +24,8 @@ carries a reason (a ``ReasonCode`` and a text), and what was considered and left
                ranking; reject it otherwise (a box this plan destroys is not answered)
     bookkeeping  pull the checkpoints that are due; close the bills of ended boxes
     wake       when to decide again, if sooner than the interval (a slot freeing while runs wait, a drain)
+    executable what apply needs on each action (a bootstrap's script and cache, ...); then each names the actions
+               it needs (``actions.NEEDS``), and the finished plan is checked against that table
 
 Money is safety: caps are read defensively (a missing cap is "no cap", a negative or NaN cap is 0), an offer
 with a nonsensical price is never rented, and only instances carrying this fleet's label are ever acted upon.
@@ -44,9 +46,12 @@ from reconciler.core.actions import (
     SweepEstimate,
     SyncCheckpoint,
     apply_key,
+    needs_problems,
+    with_needs,
 )
 from reconciler.core.identity import fleet_spec_hash, rent_label, slot_spec_hash, spec_hash
 from reconciler.core.model import Desired, Drift, DriftClass, Observed
+from reconciler.errors import PlanInconsistent
 from reconciler.plan.attempts import (
     collect_attempts,
     record_finished,
@@ -63,6 +68,7 @@ from reconciler.plan.common import Decisions, fleet_dph_cap, fmt_duration
 from reconciler.plan.early_stop import early_stops
 from reconciler.plan.environment import withhold_missing_secrets
 from reconciler.plan.estimate import estimate
+from reconciler.plan.executable import executable
 from reconciler.plan.forecast import forecast
 from reconciler.plan.money import Purse, budget_position
 from reconciler.plan.placement import place, without_free_gpus
@@ -151,7 +157,7 @@ def _finish(
     before = sum(b.inst.dph_total for b in world.boxes.values())
     destroyed = sum(a.dph for a in decided.actions if isinstance(a, Destroy))
     rented = sum(a.dph for a in decided.actions if isinstance(a, Rent))
-    actions: list[Action] = decided.actions
+    actions = with_needs(executable(world.desired, world.observed, decided.actions))
     noops = list(decided.noops)
     drift = list(decided.drift)
     if budget.binds:
@@ -176,6 +182,8 @@ def _finish(
         actions = kept
         drift = [Drift(x.cls, x.subject, x.detail, "none") for x in drift]
         destroyed = rented = 0.0
+    if problems := needs_problems(actions, suspended=suspended):  # a planner bug: never applied
+        raise PlanInconsistent("the plan breaks the table of needs between actions: " + "; ".join(problems))
     return Plan(
         actions=tuple(sorted(actions, key=_order)),
         noops=tuple(sorted(noops, key=lambda n: (n.subject, n.reason))),

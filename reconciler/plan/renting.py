@@ -26,9 +26,11 @@ or a market of ghosts, cannot turn into a rent storm. Both say why in the plan (
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from reconciler.core import contract
 from reconciler.core.actions import ReasonCode, Rent
@@ -43,6 +45,7 @@ from reconciler.plan.common import EPS, Decisions, count_cap, fleet_dph_cap, fmt
 from reconciler.plan.forecast import Forecast
 from reconciler.plan.money import Purse, Spending, runtime_of
 from reconciler.plan.world import World
+from reconciler.remote.commands import watchdog_onstart
 
 _ON_THEIR_WAY = frozenset({BoxState.BOOTING, BoxState.BOOTSTRAPPING, BoxState.UNREACHABLE})
 RENT_BACKOFF_AFTER = 2  # failures in a row before renting backs off (one vanish or ghost is the market's noise)
@@ -71,6 +74,17 @@ def rents_per_hour(fleet: Fleet) -> int:
     if fleet.max_rents_per_hour is not None:
         return max(0, fleet.max_rents_per_hour)
     return max(10, 10 * count_cap(fleet.max_instances))
+
+
+def rent_onstart(fleet: Fleet) -> str:
+    """What a box rented for ``fleet`` runs at every boot: its own kill switch, the watchdog with the fleet's limits
+    (``remote.watchdog_onstart``: it names no key)."""
+    return _watchdog_onstart(fleet.ttl_s, fleet.idle_timeout_s, fleet.orphan_timeout_s)
+
+
+@functools.lru_cache(maxsize=8)
+def _watchdog_onstart(ttl_s: float | None, idle_timeout_s: float, orphan_timeout_s: float) -> str:
+    return watchdog_onstart(ttl_s=ttl_s, idle_timeout_s=idle_timeout_s, orphan_timeout_s=orphan_timeout_s)
 
 
 def rent_gate(world: World, rented_now: int) -> tuple[ReasonCode, str] | None:
@@ -294,6 +308,7 @@ class _Market:
             dph=o.dph_total,
             gpu_name=o.gpu_name,
             num_gpus=o.num_gpus,
+            onstart=rent_onstart(self.fleet),
             bid_dph=o.bid_dph,
         )
 
@@ -458,8 +473,20 @@ def _rent_pool(
     out: Decisions,
     fc: Forecast,
 ) -> None:
-    f = world.desired.fleet
-    subj = f"fleet/{f.name}" if not f.named_pools else f"pool/{pool.name}"
+    """Rent for one pool's ``unplaced`` runs that no box on its way takes, then for its min_instances floor; what
+    could not be rented says why once per reason."""
+    shapes = len({(run.gpus, run.gpu_ram_mib) for run in unplaced})
+    uncovered = _not_on_their_way(world, pool, unplaced, table, tally)
+    renting = _PoolRenting(world, pool, budget, spending, tally, fc, _Market(world, table, pool, shared))
+    renting.for_runs(uncovered, shapes, out)
+    renting.keep_the_floor(out)
+    renting.report(out)
+
+
+def _not_on_their_way(
+    world: World, pool: Pool, unplaced: tuple[PendingRun, ...], table: BoxTable, tally: _Tally
+) -> list[PendingRun]:
+    """The runs no box of the pool on its way (booting, bootstrapping, briefly unreachable) will take, first fit."""
     on_their_way = _Bins()
     for box_id in table.alive():
         if table.states.get(box_id) in _ON_THEIR_WAY and world.boxes[box_id].pool == pool.name:
@@ -480,146 +507,197 @@ def _rent_pool(
         else:
             full.add(shape)
             uncovered.append(run)
-    market = _Market(world, table, pool, shared)
-    min_n = min(count_cap(pool.min_instances), count_cap(pool.max_instances), count_cap(f.max_instances))
-    rented_bins = _Bins()
-    blocked: dict[str, tuple[ReasonCode, int]] = {}  # message -> (code, runs it left waiting)
-    blocked_req: dict[tuple[int, int], tuple[ReasonCode, str]] = {}
+    return uncovered
+
+
+_Why: TypeAlias = tuple[ReasonCode, str]
+_Shape: TypeAlias = tuple[int, int]  # a run's GPUs and GPU memory (MiB)
+
+
+@dataclass
+class _PoolRenting:
+    """One pool's renting in one plan: its market, the boxes it rented so far (as bins the next runs fill), and why
+    the rest waits (``blocked``: by message, its code and the runs it left waiting)."""
+
+    world: World
+    pool: Pool
+    budget: Purse
+    spending: Spending
+    tally: _Tally
+    fc: Forecast
+    market: _Market
+    rented_bins: _Bins = field(default_factory=_Bins)
+    blocked: dict[str, tuple[ReasonCode, int]] = field(default_factory=dict)
+    blocked_req: dict[_Shape, _Why] = field(default_factory=dict)  # what the market refuses a shape, until a rent
     # Until the next rent nothing changes for a request shape that was just refused (no bin fits it, and the
     # same cap or market refuses it): its later runs are refused for the same reason without asking again.
-    refused: dict[tuple[int, int], tuple[ReasonCode, str]] = {}
-    too_short: dict[tuple[int, int, str, float | None, float], tuple[ReasonCode, str]] = {}
+    refused: dict[_Shape, _Why] = field(default_factory=dict)
+    too_short: dict[tuple[int, int, str, float | None, float], _Why] = field(default_factory=dict)
 
-    def block(code: ReasonCode, msg: str, runs: int) -> None:
-        blocked[msg] = (code, blocked.get(msg, (code, 0))[1] + runs)
+    def block(self, code: ReasonCode, msg: str, runs: int) -> None:
+        self.blocked[msg] = (code, self.blocked.get(msg, (code, 0))[1] + runs)
 
-    to_go = Counter((r.gpus, r.gpu_ram_mib) for r in uncovered)  # runs of each shape from here on
-    for n, run in enumerate(uncovered):
-        to_go[(run.gpus, run.gpu_ram_mib)] -= 1
-        if len(refused) == len(shapes):
-            # every shape is refused and only a rent could change that, which a refused shape never makes
-            rest = Counter((r.spec.sweep.name, r.gpus, r.gpu_ram_mib) for r in uncovered[n:])
-            for (sweep, g, ram), k in rest.items():
-                block(*refused[(g, ram)], k)
-                tally.add(tally.no_capacity, sweep, k)
-            break
+    def for_runs(self, uncovered: list[PendingRun], shapes: int, out: Decisions) -> None:
+        """Rent for each run in turn, or say why it waits (``shapes``: how many request shapes the pool's runs have)."""
+        to_go = Counter((r.gpus, r.gpu_ram_mib) for r in uncovered)  # runs of each shape from here on
+        for n, run in enumerate(uncovered):
+            to_go[(run.gpus, run.gpu_ram_mib)] -= 1
+            if len(self.refused) == shapes:
+                # every shape is refused and only a rent could change that, which a refused shape never makes
+                rest = Counter((r.spec.sweep.name, r.gpus, r.gpu_ram_mib) for r in uncovered[n:])
+                for (sweep, g, ram), k in rest.items():
+                    self.block(*self.refused[(g, ram)], k)
+                    self.tally.add(self.tally.no_capacity, sweep, k)
+                return
+            why = self._for_run(run, to_go[(run.gpus, run.gpu_ram_mib)], out)
+            if why is not None:
+                self.block(why[0], why[1], 1)
+                self.tally.add(self.tally.no_capacity, run.spec.sweep.name)
+
+    def _for_run(self, run: PendingRun, more: int, out: Decisions) -> _Why | None:
+        """Why ``run`` waits (None: a box rented now takes it); ``more`` runs of its shape come after it."""
         spec = run.spec
         g, ram = shape = run.gpus, run.gpu_ram_mib
         # a contract too short for this work may not be for a shorter run of the shape: that refusal is kept per work
         work_key = (g, ram, spec.sweep.name, spec.sweep.expected_runtime_s, spec.sweep.max_runtime_s)
-        why = refused.get(shape) or too_short.get(work_key)
-        need, what = _work_s(fc, pool, spec), f"run {spec.id}"
-        if why is None:
-            if rented_bins.fit(g, ram):
-                tally.add(tally.covered_by_rent, spec.sweep.name)
-                continue
-            if budget.binds:
-                why = (ReasonCode.BUDGET_REFUSED, f"budget: on_exceed drain, renting nothing: {budget.verdict()}")
-            elif shape in blocked_req:
-                why = blocked_req[shape]
-            elif (counted := market.count_cap()) is not None:
-                why = counted
-            elif (gate := rent_gate(world, shared.rented)) is not None:
-                why = gate
-            elif (o := market.pick(g, ram, (spec.sweep,), need, what)) is None:
-                why = market.why_not(g, ram)
-                if why[0] is not ReasonCode.CONTRACT_TOO_SHORT:  # the contract refuses this work, not every run's
-                    blocked_req[shape] = why
-            elif (
-                many := market.multi_gpu(o, g, ram, to_go[shape] + 1, _per_run(fc, spec, g), need, what)
-            ) is not None and (
-                spending.fits(cost := _rent_cost(world, budget, many, spec, g)) and spending.credit_fits(cost)
-            ):
-                spending.commit(cost, new_dph=many.dph_total)
-                tally.add(tally.covered_by_rent, spec.sweep.name)
-                slots_n = many.num_gpus // g
-                reason = (
-                    f"pending run {spec.id} and {to_go[shape]} more of its shape need {g} GPU(s) each; "
-                    f"{many.gpu_name} x{many.num_gpus} at {usd_h(many.dph_total)} ({slots_n} slot(s)) is "
-                    f"{usd(_per_run(fc, spec, g)(many))} a run against {usd(_per_run(fc, spec, g)(o))} on the best "
-                    f"by {pool.ranking.value} ({o.gpu_name} x{o.num_gpus} at {usd_h(o.dph_total)})" + _bid_text(many)
-                )
-                out.act(market.rent(many, ReasonCode.RENT_MULTI_GPU, reason))
-                rented_bins.add(_Bin(many.num_gpus - g, many.gpu_ram_mib))
-                refused.clear()
-                too_short.clear()
-                continue
-            elif not spending.fits(cost := _rent_cost(world, budget, o, spec, g)):
-                why = (
-                    ReasonCode.BUDGET_REFUSED,
-                    f"budget: renting {o.gpu_name} x{o.num_gpus} at {usd_h(o.dph_total)} would commit ~{usd(cost)} "
-                    f"(the box while it boots, up to boot_timeout, to the next decision, and the launch it is "
-                    f"rented for), "
-                    f"{usd(max(0.0, spending.left()))} is left before {budget.tightest}",
-                )
-            elif not spending.credit_fits(cost):
-                why = (
-                    ReasonCode.CREDIT_REFUSED,
-                    f"account credit {usd(budget.credit or 0.0)} cannot cover the projected spend with "
-                    f"{o.gpu_name} x{o.num_gpus} at {usd_h(o.dph_total)}",
-                )
-            else:
-                spending.commit(cost, new_dph=o.dph_total)
-                tally.add(tally.covered_by_rent, spec.sweep.name)
-                reason = (
-                    f"pending run {spec.id} needs {g} GPU(s); best by {pool.ranking.value}: {o.gpu_name} "
-                    f"x{o.num_gpus} at {usd_h(o.dph_total)} ({o.num_gpus // g} slot(s))" + _bid_text(o)
-                )
-                code = ReasonCode.RENT_FOR_PENDING
-                if market.explored is not None:
-                    code, reason = ReasonCode.EXPLORE_UNMEASURED, f"{reason}; exploring: {market.explored.detail}"
-                out.act(market.rent(o, code, reason))
-                rented_bins.add(_Bin(o.num_gpus - g, o.gpu_ram_mib))
-                refused.clear()
-                too_short.clear()
-                continue
-            if why[0] is ReasonCode.CONTRACT_TOO_SHORT:
-                too_short[work_key] = why
-            else:
-                refused[shape] = why
-        block(why[0], why[1], 1)
-        tally.add(tally.no_capacity, spec.sweep.name)
-    # Keep the floor: min_instances boxes even with no work.
-    while market.count < min_n and market.count_cap() is None:
-        if budget.binds:
-            block(ReasonCode.BUDGET_REFUSED, f"budget: not renting for min_instances {min_n}: {budget.verdict()}", 0)
-            break
-        gate = rent_gate(world, shared.rented)
+        known = self.refused.get(shape) or self.too_short.get(work_key)
+        if known is not None:
+            return known
+        if self.rented_bins.fit(g, ram):
+            self.tally.add(self.tally.covered_by_rent, spec.sweep.name)
+            return None
+        why = self._rent_or_why(run, more, out)
+        if why is not None and why[0] is ReasonCode.CONTRACT_TOO_SHORT:
+            self.too_short[work_key] = why
+        elif why is not None:
+            self.refused[shape] = why
+        return why
+
+    def _gate(self, shape: _Shape) -> _Why | None:
+        """What refuses any rent for a run of ``shape`` before an offer is looked at (None: nothing)."""
+        if self.budget.binds:
+            return ReasonCode.BUDGET_REFUSED, f"budget: on_exceed drain, renting nothing: {self.budget.verdict()}"
+        if shape in self.blocked_req:
+            return self.blocked_req[shape]
+        return self.market.count_cap() or rent_gate(self.world, self.market.shared.rented)
+
+    def _rent_or_why(self, run: PendingRun, more: int, out: Decisions) -> _Why | None:
+        """Rent for ``run``: a box of several GPUs when it is cheaper per run and fills, else the best offer; or why
+        not (a cap, the market, the budget, the account's credit)."""
+        spec, g, ram = run.spec, run.gpus, run.gpu_ram_mib
+        gate = self._gate((g, ram))
         if gate is not None:
-            block(gate[0], f"min_instances {min_n}: {gate[1]}", 0)
-            break
-        o = market.pick(1, 0, what="a box kept for min_instances")
+            return gate
+        need, what = _work_s(self.fc, self.pool, spec), f"run {spec.id}"
+        o = self.market.pick(g, ram, (spec.sweep,), need, what)
         if o is None:
-            code, text = market.why_not(1, 0)
-            block(code, f"min_instances {min_n}: {text}", 0)
-            break
-        keep = o.dph_total * budget.horizon_h
-        if not spending.fits(keep) or not spending.credit_fits(keep):
-            block(
-                ReasonCode.BUDGET_REFUSED if not spending.fits(keep) else ReasonCode.CREDIT_REFUSED,
-                f"budget: not renting for min_instances {min_n}: {o.gpu_name} x{o.num_gpus} at "
-                f"{usd_h(o.dph_total)} would bill {usd(keep)} to the next decision, "
-                f"{usd(max(0.0, spending.left()))} left, credit {usd(budget.credit or 0.0)}",
-                0,
+            why = self.market.why_not(g, ram)
+            if why[0] is not ReasonCode.CONTRACT_TOO_SHORT:  # the contract refuses this work, not every run's
+                self.blocked_req[(g, ram)] = why
+            return why
+        many = self.market.multi_gpu(o, g, ram, more + 1, _per_run(self.fc, spec, g), need, what)
+        if many is not None and self._affords(cost := _rent_cost(self.world, self.budget, many, spec, g)):
+            reason = _multi_gpu_reason(self.fc, self.pool, spec, g, more, o, many)
+            self._rent(out, spec, g, many, cost, ReasonCode.RENT_MULTI_GPU, reason)
+            return None
+        if not self.spending.fits(cost := _rent_cost(self.world, self.budget, o, spec, g)):
+            return ReasonCode.BUDGET_REFUSED, (
+                f"budget: renting {o.gpu_name} x{o.num_gpus} at {usd_h(o.dph_total)} would commit ~{usd(cost)} "
+                f"(the box while it boots, up to boot_timeout, to the next decision, and the launch it is "
+                f"rented for), "
+                f"{usd(max(0.0, self.spending.left()))} is left before {self.budget.tightest}"
             )
-            break
-        spending.commit(keep, new_dph=o.dph_total)
+        if not self.spending.credit_fits(cost):
+            return ReasonCode.CREDIT_REFUSED, (
+                f"account credit {usd(self.budget.credit or 0.0)} cannot cover the projected spend with "
+                f"{o.gpu_name} x{o.num_gpus} at {usd_h(o.dph_total)}"
+            )
         reason = (
-            f"keeping min_instances {min_n} ({market.count} owned or rented); best by {pool.ranking.value}: "
-            f"{o.gpu_name} x{o.num_gpus} at {usd_h(o.dph_total)}"
+            f"pending run {spec.id} needs {g} GPU(s); best by {self.pool.ranking.value}: {o.gpu_name} "
+            f"x{o.num_gpus} at {usd_h(o.dph_total)} ({o.num_gpus // g} slot(s))" + _bid_text(o)
         )
-        out.act(market.rent(o, ReasonCode.RENT_FOR_MIN_INSTANCES, reason))
-    for oid, text in sorted(market.short.items()):
-        out.noop(f"offer/{oid}", ReasonCode.CONTRACT_TOO_SHORT, f"not rented: {text}")
-    for oid, ex in sorted(market.capped.items()):
-        out.noop(f"offer/{oid}", ReasonCode.EXPLORE_CAPPED, f"not rented, exploration_share used up: {ex.detail}")
-    for msg, (code, n) in sorted(blocked.items()):
-        tail = f"; {n} pending run(s) wait" if n else ""
-        out.noop(subj, code, f"{msg}{tail}")
-        if code is ReasonCode.CREDIT_REFUSED:
-            out.warnings.append(f"budget: {msg}{tail}")  # the account itself is short: say it where people look
-        if code in (ReasonCode.RENT_BACKOFF, ReasonCode.RENT_RATE_LIMITED):
-            out.warnings.append(f"renting: {msg}{tail}")  # `rigsync status` shows these
+        code = ReasonCode.RENT_FOR_PENDING
+        if self.market.explored is not None:
+            code, reason = ReasonCode.EXPLORE_UNMEASURED, f"{reason}; exploring: {self.market.explored.detail}"
+        self._rent(out, spec, g, o, cost, code, reason)
+        return None
+
+    def _affords(self, cost: float) -> bool:
+        return self.spending.fits(cost) and self.spending.credit_fits(cost)
+
+    def _rent(
+        self, out: Decisions, spec: RunSpec, g: int, o: Offer, cost: float, code: ReasonCode, reason: str
+    ) -> None:
+        """Rent ``o`` for a run of ``spec`` on ``g`` GPUs: its cost committed, its other slots a bin for the next."""
+        self.spending.commit(cost, new_dph=o.dph_total)
+        self.tally.add(self.tally.covered_by_rent, spec.sweep.name)
+        out.act(self.market.rent(o, code, reason))
+        self.rented_bins.add(_Bin(o.num_gpus - g, o.gpu_ram_mib))
+        self.refused.clear()
+        self.too_short.clear()
+
+    def keep_the_floor(self, out: Decisions) -> None:
+        """Rent up to the pool's min_instances boxes even with no work, within the caps, the budget and the rate."""
+        f, pool, market, budget, spending = self.world.desired.fleet, self.pool, self.market, self.budget, self.spending
+        min_n = min(count_cap(pool.min_instances), count_cap(pool.max_instances), count_cap(f.max_instances))
+        while market.count < min_n and market.count_cap() is None:
+            if budget.binds:
+                self.block(ReasonCode.BUDGET_REFUSED, f"budget: not renting for min_instances {min_n}: "
+                           f"{budget.verdict()}", 0)
+                return
+            gate = rent_gate(self.world, market.shared.rented)
+            if gate is not None:
+                self.block(gate[0], f"min_instances {min_n}: {gate[1]}", 0)
+                return
+            o = market.pick(1, 0, what="a box kept for min_instances")
+            if o is None:
+                code, text = market.why_not(1, 0)
+                self.block(code, f"min_instances {min_n}: {text}", 0)
+                return
+            keep = o.dph_total * budget.horizon_h
+            if not spending.fits(keep) or not spending.credit_fits(keep):
+                self.block(
+                    ReasonCode.BUDGET_REFUSED if not spending.fits(keep) else ReasonCode.CREDIT_REFUSED,
+                    f"budget: not renting for min_instances {min_n}: {o.gpu_name} x{o.num_gpus} at "
+                    f"{usd_h(o.dph_total)} would bill {usd(keep)} to the next decision, "
+                    f"{usd(max(0.0, spending.left()))} left, credit {usd(budget.credit or 0.0)}",
+                    0,
+                )
+                return
+            spending.commit(keep, new_dph=o.dph_total)
+            reason = (
+                f"keeping min_instances {min_n} ({market.count} owned or rented); best by {pool.ranking.value}: "
+                f"{o.gpu_name} x{o.num_gpus} at {usd_h(o.dph_total)}"
+            )
+            out.act(market.rent(o, ReasonCode.RENT_FOR_MIN_INSTANCES, reason))
+
+    def report(self, out: Decisions) -> None:
+        """What was not rented and why: offers whose contract is too short or exploration capped, each blocked reason
+        once (with the runs it leaves waiting); the account's credit and the rent backoff and rate as warnings too."""
+        f = self.world.desired.fleet
+        subj = f"fleet/{f.name}" if not f.named_pools else f"pool/{self.pool.name}"
+        for oid, text in sorted(self.market.short.items()):
+            out.noop(f"offer/{oid}", ReasonCode.CONTRACT_TOO_SHORT, f"not rented: {text}")
+        for oid, ex in sorted(self.market.capped.items()):
+            out.noop(f"offer/{oid}", ReasonCode.EXPLORE_CAPPED, f"not rented, exploration_share used up: {ex.detail}")
+        for msg, (code, n) in sorted(self.blocked.items()):
+            tail = f"; {n} pending run(s) wait" if n else ""
+            out.noop(subj, code, f"{msg}{tail}")
+            if code is ReasonCode.CREDIT_REFUSED:
+                out.warnings.append(f"budget: {msg}{tail}")  # the account itself is short: say it where people look
+            if code in (ReasonCode.RENT_BACKOFF, ReasonCode.RENT_RATE_LIMITED):
+                out.warnings.append(f"renting: {msg}{tail}")  # `rigsync status` shows these
+
+
+def _multi_gpu_reason(fc: Forecast, pool: Pool, spec: RunSpec, g: int, more: int, o: Offer, many: Offer) -> str:
+    """Why a box of several GPUs is rented for ``spec``'s run and ``more`` of its shape instead of ``o``."""
+    per_run = _per_run(fc, spec, g)
+    return (
+        f"pending run {spec.id} and {more} more of its shape need {g} GPU(s) each; "
+        f"{many.gpu_name} x{many.num_gpus} at {usd_h(many.dph_total)} ({many.num_gpus // g} slot(s)) is "
+        f"{usd(per_run(many))} a run against {usd(per_run(o))} on the best "
+        f"by {pool.ranking.value} ({o.gpu_name} x{o.num_gpus} at {usd_h(o.dph_total)})" + _bid_text(many)
+    )
 
 
 def _per_run(fc: Forecast, spec: RunSpec, gpus: int) -> Callable[[Offer], float]:

@@ -8,7 +8,18 @@ premises no longer hold is refused as a whole, with every reason listed.
 
 from __future__ import annotations
 
-from reconciler.core.actions import Bootstrap, Destroy, Kill, Launch, Plan, Record, Rent, Requeue, ShipCode
+from reconciler.core.actions import (
+    Bootstrap,
+    Destroy,
+    Kill,
+    Launch,
+    Plan,
+    Record,
+    Rent,
+    Requeue,
+    ShipCode,
+    needs_problems,
+)
 from reconciler.core.model import AttemptOutcome, Desired, InstanceStatus, Observed, split_owned
 from reconciler.core.runphase import is_live, is_unfinished
 
@@ -22,7 +33,7 @@ def _fleet_dph(desired: Desired, observed: Observed) -> float:
 
 
 def stale_reasons(saved: Plan, desired: Desired, observed: Observed) -> list[str]:
-    reasons: list[str] = []
+    reasons = needs_problems(saved.actions, suspended=saved.suspended)  # edited since it was made: not the planner's
     if saved.desired_commit and desired.commit and saved.desired_commit != desired.commit:
         reasons.append(
             f"desired state moved from {saved.desired_commit[:12]} to {desired.commit[:12]} since the plan was made"

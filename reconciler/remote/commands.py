@@ -32,7 +32,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from importlib import resources
 
-from reconciler.box.probe import FORMAT as PROBE_FORMAT
+from reconciler.box.limits import PROBE_FORMAT
 from reconciler.box.watchdog import API_URL_ENV as WATCHDOG_API_URL_ENV
 from reconciler.core.model import Scalar, run_dir_name
 from reconciler.remote.launched import valid_pid, valid_start

@@ -11,9 +11,11 @@ it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from reconciler.core.bounds import COMMAND_STDOUT_BYTES
 
-__all__ = ["PID_LIMIT", "START_DIGITS", "parse_launch_answer", "valid_pid", "valid_start"]
+__all__ = ["PID_LIMIT", "START_DIGITS", "Launched", "launch_answer", "parse_launch_answer", "valid_pid", "valid_start"]
 
 PID_LIMIT = 1 << 22  # the kernel's largest pid_max (PID_MAX_LIMIT on 64-bit): a pid is below it
 START_DIGITS = 20  # a start tick fits a 64-bit counter: at most 20 decimal digits
@@ -53,3 +55,22 @@ def parse_launch_answer(stdout: bytes) -> tuple[int | None, int | None]:
         return None, None
     start = valid_start(_digits(words[1], START_DIGITS)) if len(words) == 2 else None
     return pid, start
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A launch's answer, read (``BoxControl.launch``): the process group a kill may signal, as the box reported it
+    when it started the attempt, its pid with that pid's start tick or neither (a pid alone cannot tell its process
+    from a later one); for a queue entry, whether the box said it queued it (the box starts it when its slot frees,
+    and its identity comes with the probe that sees it started)."""
+
+    pid: int | None = None
+    pid_started: int | None = None
+    queued: bool = False
+
+
+def launch_answer(stdout: bytes) -> Launched:
+    """A started launch's stdout as its process group (``parse_launch_answer``): a pid and its start tick, or
+    neither."""
+    pid, started = parse_launch_answer(stdout)
+    return Launched(pid, started) if pid is not None and started is not None else Launched()

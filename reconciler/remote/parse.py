@@ -22,7 +22,7 @@ reported and never recomputes it.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from reconciler.core.bounds import (
@@ -46,15 +46,24 @@ from reconciler.core.bounds import (
     strict_json,
 )
 from reconciler.core.model import BoxProbe, GpuState, QueuedEntry, RunDirState, Scalar
-from reconciler.ports import CheckpointUploaded
 from reconciler.remote.commands import SHA256_RE, is_safe_name
 from reconciler.remote.launched import valid_pid, valid_start
 
-__all__ = ["parse_probe", "parse_upload", "unusable_probe"]
+__all__ = ["CheckpointUploaded", "parse_probe", "parse_upload", "unusable_probe"]
 
 _COMMIT_RE = re.compile(r"[0-9a-f]{1,64}")  # a git object name, abbreviated or not (sha1 or sha256)
 UPLOAD_MAX_BYTES = 1 << 50  # an object size a box may claim it uploaded (the store checks the size it holds)
 UPLOAD_MAX_SKIPPED = 1 << 40  # files a harvest may say it skipped
+
+
+@dataclass(frozen=True)
+class CheckpointUploaded:
+    """What a box says it uploaded for one checkpoint sync (untrusted: the store checks the size it holds); the
+    answer of ``BoxControl.upload_checkpoint`` (``reconciler.ports``)."""
+
+    size: int
+    sha256: str
+    complete: bool  # nothing under the checkpoint path was skipped (a partial sync never becomes the checkpoint)
 
 
 def unusable_probe(instance_id: int, problem: str) -> BoxProbe:

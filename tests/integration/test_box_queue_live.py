@@ -95,8 +95,8 @@ def test_two_queued_behind_a_running_attempt_run_back_to_back(
 ) -> None:
     mask = (0,)
     boxes.launch(box, _job("b2b-head", GATED, mask))
-    assert boxes.launch(box, _job("b2b-q1", "sleep 0.3", mask, queued=True)) == "queued"
-    assert boxes.launch(box, _job("b2b-q2", "sleep 0.3", mask, queued=True)) == "queued"
+    assert boxes.launch(box, _job("b2b-q1", "sleep 0.3", mask, queued=True)).queued
+    assert boxes.launch(box, _job("b2b-q2", "sleep 0.3", mask, queued=True)).queued
     assert [q.run_id for q in _probe(boxes, box).queued] == ["b2b-q1", "b2b-q2"]
     _go(boxes, box, "b2b-head")  # from here on, no controller call until both have ended
     runs = _root(emulator, box) / "runs"

@@ -78,7 +78,16 @@ from reconciler.errors import (
 from reconciler.loop import Reconciler
 from reconciler.observe import observe
 from reconciler.plan import plan
-from reconciler.ports import ATTEMPT_TAR, BootstrapCache, CheckpointUploaded, CommandResult, Download, LaunchJob, Upload
+from reconciler.ports import (
+    ATTEMPT_TAR,
+    BootstrapCache,
+    CheckpointUploaded,
+    CommandResult,
+    Download,
+    Launched,
+    LaunchJob,
+    Upload,
+)
 
 R = TypeVar("R", AttemptRecord, OverheadRecord)
 
@@ -555,7 +564,7 @@ class FakeBoxes:
             raise HostUnreachable(f"{inst.ssh.host}: no answer within 60s")
         return box
 
-    def launch(self, box: Instance, job: LaunchJob) -> str:
+    def launch(self, box: Instance, job: LaunchJob) -> Launched:
         w = self.world
         w._enter("launch", f"{box.id} {job.run_id}.{job.attempt}")
         b = self._box(box)
@@ -573,7 +582,7 @@ class FakeBoxes:
             b.queue.append(FakeQueued(job, w.work, now))
             b.touch(now)
             b.tick(now, w.bootstrap_fails)  # its slot may be free already
-            return "queued"
+            return Launched(queued=True)
         run = FakeRun(
             job.run_id, job.attempt, tuple(job.gpu_mask), now, now, job.code_commit, job.desired_commit,
             max_runtime_s=job.max_runtime_s, work=w.work(job),
@@ -582,7 +591,8 @@ class FakeBoxes:
         b.touch(now)
         if job.code_commit and job.code_commit not in b.code_commits:
             run.end(now, 127)  # the wrapper cannot cd into the code directory
-        return str(next(w._pids))
+        next(w._pids)  # the wrapper's pid: the fake reports no start tick with it, so no process group
+        return Launched()
 
     def drain(self, box: Instance) -> None:
         self.world._enter("drain", str(box.id))

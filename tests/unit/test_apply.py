@@ -24,7 +24,7 @@ from fakes import (
 
 from reconciler.adapters.lease import GitLease
 from reconciler.apply import ApplyContext, ApplyResult, apply
-from reconciler.core.actions import CloseBill, Launch, Plan, ReasonCode, Rent, ShipCode
+from reconciler.core.actions import CloseBill, Launch, Plan, Rent, ShipCode
 from reconciler.core.model import BoxSpend, Desired, FleetMemory, InFlight, MetricGoal, Observed, Spend
 from reconciler.core.remember import next_in_flight
 from reconciler.errors import HostUnreachable, LaunchLockHeld, LeaseLost
@@ -270,21 +270,26 @@ def test_a_requeue_whose_kill_fails_is_not_counted_and_its_run_is_not_launched_a
 
 
 def test_a_close_bill_waits_while_an_attempt_on_the_box_is_not_archived_and_then_archives_its_overhead() -> None:
-    """The planner decides which bill closes (``close_bill``); apply only executes it, and holds it back when the
-    attempt the same plan requeued could not be archived (its cost must be in the archive before the remainder)."""
+    """The planner decides which bill closes (``close_bill``) and that it needs the requeue of the attempt still in
+    flight on its box (``actions.NEEDS``); apply only executes it, and holds it back while that attempt is not
+    archived (its cost must be in the archive before the remainder): here a suspended fleet withholds the requeue
+    (a failed requeue: ``test_apply_needs``)."""
     desired = desired_state(1, max_instances=1)
+    suspended = replace(desired, fleet=replace(desired.fleet, suspend=True))
     world = FakeWorld([], clock=FakeClock())
     archive = FakeArchive()
     now = world.clock.now()
     gone = BoxSpend(7, usd=0.25, at=now, gone_at=now - 60, dph=0.2, num_gpus=1)
     flying = InFlight(desired.runs[0].id, 1, 7, (0,), now - 600)
     observed = Observed(memory=FleetMemory(spend=Spend(total_usd=0.25, boxes=(gone,)), in_flight=(flying,)))
-    close = CloseBill(reason="box ended", code=ReasonCode.BILL_FINAL, instance_id=7)
-    held = _apply(world, desired, observed, Plan(actions=(close,)), archive)
+    p = plan(suspended, observed, now)
+    (close,) = p.actions
+    assert isinstance(close, CloseBill) and close.needs == (f"requeue run/{flying.run_id}.1",)
+    held = _apply(world, suspended, observed, p, archive)
     assert held.failures == [] and held.outcomes[0].skipped and held.overheads == []
     assert held.outcomes[0].detail == f"not run: run/{flying.run_id}.1 is not archived"
-    done = _apply(world, desired, replace(observed, memory=replace(observed.memory, in_flight=())),
-                  Plan(actions=(close,)), archive)
+    observed = replace(observed, memory=replace(observed.memory, in_flight=()))
+    done = _apply(world, desired, observed, plan(suspended, observed, now), archive)
     assert done.failures == [] and [(o.instance_id, o.cost_usd) for o in done.overheads] == [(7, 0.25)]
     assert list(archive.overheads()) == done.overheads
 

@@ -23,7 +23,6 @@ from reconciler.adapters.box_control import ShellBoxes
 from reconciler.core.model import Endpoint, Instance, InstanceStatus, MetricGoal
 from reconciler.errors import HostUnreachable, LaunchLockHeld, OutputOverBound, RemoteCommandFailed
 from reconciler.ports import CommandResult, LaunchJob
-from reconciler.remote.launched import parse_launch_answer
 
 FAKE_SMI = """#!/bin/bash
 echo "0, 12, 24564, 0"
@@ -154,8 +153,9 @@ def test_ship_launch_kill_and_bootstrap_through_the_real_run_protocol(shell: Loc
     boxes.ship_code(box, "c0ffee", _tar({"train.py": "ignored: the tree is already there\n"}))
     assert (shell.home(Endpoint("box1", 22)) / "rigsync/code/c0ffee/train.py").read_text() == "print('hi')\n"
 
-    pid, pid_started = parse_launch_answer(boxes.launch(box, _job("r1", "sleep 30")).encode())
-    assert pid is not None and pid_started is not None
+    answer = boxes.launch(box, _job("r1", "sleep 30"))  # read as the process group the box reported
+    pid, pid_started = answer.pid, answer.pid_started
+    assert pid is not None and pid_started is not None and not answer.queued
     with pytest.raises(LaunchLockHeld):
         boxes.launch(box, _job("r1", "sleep 30"))  # the launch lock: this attempt exists
 

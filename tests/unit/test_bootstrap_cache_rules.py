@@ -30,6 +30,7 @@ from reconciler.core.model import (
     Pool,
 )
 from reconciler.desired import load_desired, read_desired_files
+from reconciler.plan.executable import executable
 from reconciler.ports import BootstrapCache, CommandResult, Download, Upload
 
 REPO = Path(__file__).resolve().parents[2]
@@ -153,9 +154,11 @@ class AnsweringBoxes:
 def _bootstrap(store: object, boxes: AnsweringBoxes, pool: Pool = POOL) -> list[str]:
     desired = Desired(fleet=Fleet(name="f", pools=(pool,), bootstrap_timeout_s=1800.0), budget=Budget(), sweeps=(),
                       runs=())
-    ctx = ApplyContext(provider=None, boxes=boxes, desired=desired, observed=Observed(instances=(box(),)),  # type: ignore[arg-type]
+    observed = Observed(instances=(box(),))
+    ctx = ApplyContext(provider=None, boxes=boxes, desired=desired, observed=observed,  # type: ignore[arg-type]
                        archive=None, code_tar=lambda c, p: b"", now=time.time, store=store)  # type: ignore[arg-type]
-    action = Bootstrap(reason="t", code=ReasonCode.BOOTSTRAP_MISSING, instance_id=7, script_hash=pool.bootstrap_hash)
+    planned = Bootstrap(reason="t", code=ReasonCode.BOOTSTRAP_MISSING, instance_id=7, script_hash=pool.bootstrap_hash)
+    (action,) = executable(desired, observed, [planned])  # the planner's last phase: its script and cache on it
     out = []
     for _ in range(len(boxes.answers)):
         outcome = apply(Plan(actions=(action,)), ctx).outcomes[0]

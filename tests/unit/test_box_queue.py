@@ -105,8 +105,8 @@ def _t(path: Path) -> float:
 @LOCAL_BASH
 def test_two_queued_behind_a_running_attempt_run_back_to_back_without_the_controller(boxes: ShellBoxes) -> None:
     boxes.launch(BOX, _job("head", GATED))
-    assert boxes.launch(BOX, _job("q1", "sleep 0.2", queued=True)) == "queued"
-    assert boxes.launch(BOX, _job("q2", "true", queued=True)) == "queued"
+    assert boxes.launch(BOX, _job("q1", "sleep 0.2", queued=True)).queued
+    assert boxes.launch(BOX, _job("q2", "true", queued=True)).queued
     p = _probe(boxes)
     assert [(q.run_id, q.position, q.gpu_mask) for q in p.queued] == [("q1", 0, (1,)), ("q2", 1, (1,))]
     (boxes.shell.home / "go").touch()  # type: ignore[attr-defined]
@@ -126,7 +126,7 @@ def test_two_queued_behind_a_running_attempt_run_back_to_back_without_the_contro
 @LOCAL_BASH
 def test_an_entry_on_a_free_slot_starts_at_once_and_another_slot_does_not_wait(boxes: ShellBoxes) -> None:
     boxes.launch(BOX, _job("busy", "sleep 30"))
-    assert boxes.launch(BOX, _job("other", "true", queued=True, mask=(0,))) == "queued"
+    assert boxes.launch(BOX, _job("other", "true", queued=True, mask=(0,))).queued
     _wait(lambda: (_root(boxes) / "runs" / "other.1" / "exit_code").exists())
     assert _probe(boxes).queued == ()
 

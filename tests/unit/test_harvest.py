@@ -22,6 +22,7 @@ from reconciler.core.curves import MAX_POINTS, downsample, points_from_metrics, 
 from reconciler.core.jobenv import JOB_SECRETS_ENV, ControllerEnv
 from reconciler.core.model import AttemptOutcome, Desired, Observed
 from reconciler.errors import HostUnreachable, StoreUnavailable
+from reconciler.plan.executable import executable
 from reconciler.ports import Harvested, HarvestStream
 
 
@@ -250,6 +251,7 @@ def test_a_lost_attempt_says_what_was_lost(tmp_path: Path) -> None:
     observed, _ = observe_and_plan(world, desired, archive)
     run_id = desired.runs[0].id
     lost = Requeue(reason="box vanished", code=ReasonCode.BOX_VANISHED, run_id=run_id, attempt=1, instance_id=iid)
+    (lost,) = executable(desired, observed, [lost])  # the planner's last phase: its box is not contacted, and why
     out = _apply(world, desired, observed, Plan(actions=(lost,)), archive, tmp_path)
     assert out.archived[0].harvest == "lost: box vanished"
 

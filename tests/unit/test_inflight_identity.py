@@ -19,7 +19,8 @@ from reconciler.core.model import Desired, FleetMemory, InFlight, Instance, Obse
 from reconciler.observed.codec import RUNS
 from reconciler.observed.memory import fleet_memory_from_files, in_flight_entries
 from reconciler.plan.attempts import recorded_group
-from reconciler.ports import LaunchJob
+from reconciler.ports import Launched, LaunchJob
+from reconciler.remote.launched import launch_answer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,9 +36,9 @@ class AnsweringBoxes:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def launch(self, box: Instance, job: LaunchJob) -> str:
+    def launch(self, box: Instance, job: LaunchJob) -> Launched:
         self.inner.launch(box, job)
-        return self.answer
+        return launch_answer(self.answer.encode())  # read as the box-control adapter reads it
 
     def kill(
         self,

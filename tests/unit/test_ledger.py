@@ -35,7 +35,7 @@ def box(iid: int, machine: int, status: InstanceStatus = InstanceStatus.RUNNING)
 
 def rent(oid: int) -> Rent:
     return Rent(reason="r", code=ReasonCode.RENT_FOR_PENDING, offer_id=oid, label="rigsync:lab:abc-1",
-                image="img", disk_gb=20.0, dph=0.2, gpu_name="RTX 3090", num_gpus=1)
+                image="img", disk_gb=20.0, dph=0.2, gpu_name="RTX 3090", num_gpus=1, onstart="")
 
 
 def destroy(iid: int, code: ReasonCode) -> Destroy:

@@ -30,9 +30,9 @@ def test_the_next_entry_starts_the_moment_its_slot_frees() -> None:
     t0 = world.clock.now()
     boxes = world.box_control
     boxes.launch(box, _job("a"))
-    assert boxes.launch(box, _job("b", queued=True)) == "queued"
-    assert boxes.launch(box, _job("c", queued=True)) == "queued"
-    assert boxes.launch(box, _job("d", queued=True, mask=(1,))) == "queued"  # a free slot: started at once
+    assert boxes.launch(box, _job("b", queued=True)).queued
+    assert boxes.launch(box, _job("c", queued=True)).queued
+    assert boxes.launch(box, _job("d", queued=True, mask=(1,))).queued  # a free slot: started at once
     probe = boxes.probe_many([box], timeout=5)[0]
     assert [(q.run_id, q.position) for q in probe.queued] == [("b", 0), ("c", 1)]
     world.clock.advance(250.0)  # a ends at 100, b runs 100-200, c starts at 200

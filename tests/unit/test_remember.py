@@ -71,7 +71,7 @@ def test_remember_carries_in_flight_forward_closes_bills_and_learns_hosts() -> N
     )
     launched = InFlight("new", 1, 1, (1,), NOW)
     rent = Rent(reason="r", code=ReasonCode.RENT_FOR_PENDING, offer_id=55, label="rigsync:lab:abc-9", image="img",
-                disk_gb=20.0, dph=0.2, gpu_name="RTX 3090", num_gpus=1)
+                disk_gb=20.0, dph=0.2, gpu_name="RTX 3090", num_gpus=1, onstart="")
     record = Record(reason="exited", code=ReasonCode.EXITED, run_id="done", attempt=1, instance_id=1, phase="succeeded")
     close = CloseBill(reason="box ended", code=ReasonCode.BILL_FINAL, instance_id=7)
     launch = Launch(reason="p", code=ReasonCode.PENDING_RUN, instance_id=1, run_id="new", attempt=1, gpu_mask=(1,),
@@ -136,7 +136,7 @@ def test_remember_observation_starts_the_box_clocks_the_gpu_quiet_clock_and_the_
 
 def test_world_after_apply_lists_the_rented_and_drops_the_destroyed() -> None:
     rent = Rent(reason="r", code=ReasonCode.RENT_FOR_PENDING, offer_id=55, label="rigsync:lab:abc-9", image="img",
-                disk_gb=20.0, dph=0.3, gpu_name="RTX 4090", num_gpus=1)
+                disk_gb=20.0, dph=0.3, gpu_name="RTX 4090", num_gpus=1, onstart="")
     observed = Observed(instances=(box(1), box(2)), memory=FleetMemory(gpu_quiet=(("q", 1, NOW - 5),)))
     applied = ApplyResult(destroyed=[2], rented=[9], rented_as={9: rent})
     memory = FleetMemory(in_flight=(flight("r", 1),))

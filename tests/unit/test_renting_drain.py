@@ -9,8 +9,7 @@ from typing import Any
 
 from plan_case_io import load_case
 
-from reconciler.apply import _record_failed_on
-from reconciler.core.actions import ApplyResult, Destroy, Outcome, Plan, ReasonCode, Record
+from reconciler.core.actions import Destroy, Outcome, Plan, ReasonCode, Record, unmet_need, with_needs
 from reconciler.plan import plan
 
 CASES = Path(__file__).parent / "plan_cases"
@@ -76,10 +75,9 @@ def test_apply_keeps_a_drained_box_whose_record_failed() -> None:
     rec = Record(reason="exited", code=ReasonCode.EXITED, run_id="r1", attempt=1, instance_id=1, phase="succeeded")
     drained = Destroy(reason="drained", code=ReasonCode.DRAINED, instance_id=1, dph=0.2)
     surplus = Destroy(reason="surplus", code=ReasonCode.SURPLUS, instance_id=1, dph=0.2)
-    failed = ApplyResult()
-    failed.outcomes.append(Outcome(rec, False, "HarvestFailed: no answer"))
-    assert _record_failed_on(failed, drained) == "run/r1.1"
-    assert _record_failed_on(failed, surplus) is None  # the other destroys keep their own harvest rule
-    ok = ApplyResult()
-    ok.outcomes.append(Outcome(rec, True, "archived"))
-    assert _record_failed_on(ok, drained) is None
+    rec, drained = with_needs([rec, drained])
+    (surplus,) = with_needs([surplus])
+    failed = {rec.key: Outcome(rec, False, "HarvestFailed: no answer")}
+    assert unmet_need(drained, failed) == "run/r1.1 was not harvested"
+    assert with_needs([rec, surplus])[1].needs == ()  # the other destroys keep their own harvest rule
+    assert unmet_need(drained, {rec.key: Outcome(rec, True, "archived")}) is None
