@@ -27,7 +27,7 @@ from reconciler.core.model import (
     OverheadRecord,
 )
 from reconciler.core.remember import remember, world_after_apply
-from reconciler.core.runphase import is_live
+from reconciler.core.runphase import launched_by_box
 from reconciler.errors import RigsyncError
 from reconciler.observe import PROBE_TIMEOUT_S, observe
 from reconciler.observed.suggestions import Suggestion, advance, render_suggestions, suggested_runs
@@ -150,12 +150,13 @@ class Reconciler:
         if self.store is None:
             return memory
         known = {(r, a) for r, a, _ in memory.checkpoint_pulls}
+        archived = {rec.key for rec in observed.history}
         found: list[tuple[str, int, float]] = []
-        for probe in observed.probes:
-            for r in probe.runs:
+        for ours in launched_by_box(observed.probes, memory.in_flight, archived).values():
+            for r in (a.run_dir for a in ours if a.live):
                 spec = desired.run(r.run_id)
                 sweep = spec.sweep if spec is not None else None
-                if (r.run_id, r.attempt) in known or not is_live(r) or sweep is None or sweep.checkpoint is None:
+                if (r.run_id, r.attempt) in known or sweep is None or sweep.checkpoint is None:
                     continue
                 try:
                     synced = self.store.checkpoint_synced(r.run_id)

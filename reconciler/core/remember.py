@@ -43,7 +43,7 @@ from reconciler.core.model import (
     Spend,
     owned_by,
 )
-from reconciler.core.runphase import is_live
+from reconciler.core.runphase import launched_by_box
 from reconciler.core.throughput import progress_value
 
 _FLOAT_SLACK_USD = 1e-9
@@ -65,7 +65,7 @@ def remember_observation(
     open_bills = frozenset(b.instance_id for b in memory.spend.boxes)
     boxes = update_box_memory(memory.boxes, mine, probes, now, bootstrap_hash, pools=pools, open_bills=open_bills)
     spend = accrue_billed(memory.spend, memory.spend_at, billed_boxes, billed, memory.in_flight, now)
-    gpu_quiet = track_gpu_quiet(memory.gpu_quiet, desired, probes, now)
+    gpu_quiet = track_gpu_quiet(memory.gpu_quiet, desired, memory.in_flight, probes, now)
     heartbeats = track_heartbeats(memory.heartbeats, memory.in_flight, probes, now)
     rungs = track_rungs(memory.rungs, desired, memory.in_flight, probes)
     listed = {i.id for i in mine}
@@ -352,24 +352,27 @@ def update_box_memory(
 
 
 def track_gpu_quiet(
-    previous: tuple[tuple[str, int, float], ...], desired: Desired, probes: list[BoxProbe], now: float
+    previous: tuple[tuple[str, int, float], ...],
+    desired: Desired,
+    in_flight: Iterable[InFlight],
+    probes: list[BoxProbe],
+    now: float,
 ) -> tuple[tuple[str, int, float], ...]:
-    """Since when each live attempt of a sweep with ``stall_timeout`` has kept its GPUs under ``stall_gpu_util``.
+    """Since when each live attempt this fleet launched (``launched_by_box``), of a sweep with ``stall_timeout``, has
+    kept its GPUs under ``stall_gpu_util``.
 
     A reading is one probe's ``utilization.gpu``: the most of the attempt's GPUs. An attempt at or above the threshold,
     finished, or on a box that did not answer this cycle is dropped (its clock starts again when it is next quiet).
     """
     since = {(r, a): t for r, a, t in previous}
+    util = {p.instance_id: {g.index: g.utilization_pct for g in p.gpus} for p in probes}
     out: list[tuple[str, int, float]] = []
-    for p in probes:
-        if not p.reachable:
-            continue
-        util = {g.index: g.utilization_pct for g in p.gpus}
-        for rd in p.runs:
+    for box_id, ours in launched_by_box(probes, in_flight).items():
+        for rd in (a.run_dir for a in ours if a.live):
             spec = desired.run(rd.run_id)
-            if not is_live(rd) or spec is None or spec.sweep.stall_timeout_s is None:
+            if spec is None or spec.sweep.stall_timeout_s is None:
                 continue
-            seen = [util[i] for i in rd.gpu_mask if i in util]
+            seen = [util[box_id][i] for i in rd.gpu_mask if i in util[box_id]]
             if seen and max(seen) < spec.sweep.stall_gpu_util_pct:
                 out.append((rd.run_id, rd.attempt, since.get((rd.run_id, rd.attempt), now)))
     return tuple(sorted(out))
@@ -389,13 +392,10 @@ def track_rungs(
     if not runs:
         return tuple(kept)
     have = {(r.run_id, r.level) for r in kept}
-    ours = {(f.run_id, f.attempt): f.instance_id for f in in_flight}
-    for probe in probes:
-        if not probe.reachable:
-            continue
-        for rd in probe.runs:
+    for ours in launched_by_box(probes, in_flight).values():
+        for rd in (a.run_dir for a in ours):
             spec = runs.get(rd.run_id)
-            if spec is None or ours.get((rd.run_id, rd.attempt)) != probe.instance_id:
+            if spec is None:
                 continue
             sweep, et = spec.sweep, spec.sweep.early_terminate
             objective = sweep.objective
@@ -428,14 +428,13 @@ def track_heartbeats(
     flight. First sight (after a restart too): since is now.
     """
     old = {(r, a): (implied, since) for r, a, implied, since in previous}
-    flying = {(f.run_id, f.attempt): f.instance_id for f in in_flight}
+    flights = tuple(in_flight)
+    flying = {(f.run_id, f.attempt) for f in flights}
     out: dict[tuple[str, int], tuple[float, float]] = {}
-    for p in probes:
-        if not p.reachable:
-            continue
-        for rd in p.runs:
+    for ours in launched_by_box(probes, flights).values():
+        for rd in (a.run_dir for a in ours if a.live):
             key = (rd.run_id, rd.attempt)
-            if flying.get(key) != p.instance_id or not is_live(rd) or rd.heartbeat_age_s is None:
+            if rd.heartbeat_age_s is None:
                 continue
             implied = now - rd.heartbeat_age_s
             last = old.get(key)
@@ -539,14 +538,7 @@ def _queued_starts(
     if not waiting:
         return {}
     out: dict[tuple[str, int], tuple[int | None, int | None]] = {}
-    for probe in observed.probes:
-        if not probe.reachable:
-            continue
-        for rd in probe.runs:
-            key = (rd.run_id, rd.attempt)
-            fl = waiting.get(key)
-            if fl is None:
-                continue
-            if fl.instance_id == probe.instance_id:
-                out[key] = fl.group_on(probe.instance_id, rd)
+    for box_id, ours in launched_by_box(observed.probes, waiting.values()).items():
+        for a in ours:
+            out[(a.launch.run_id, a.launch.attempt)] = a.launch.group_on(box_id, a.run_dir)
     return out

@@ -163,6 +163,7 @@ def collect_attempts(world: World) -> SeenAttempts:
         box_zombies: list[RunDirState] = []
         held: set[int] = set()
         gpus = range(box.inst.num_gpus)
+        ours = {(a.run_dir.run_id, a.run_dir.attempt) for a in world.ours.get(box.id, ())}
         for rd in sorted(box.probe.runs, key=lambda r: (r.run_id, r.attempt)):
             key = (rd.run_id, rd.attempt)
             max_attempt[rd.run_id] = max(max_attempt.get(rd.run_id, 0), rd.attempt)
@@ -173,8 +174,8 @@ def collect_attempts(world: World) -> SeenAttempts:
                 if alive:
                     box_zombies.append(rd)
                 continue
-            launch = flights.get(key)
-            if launch is None or launch.instance_id != box.id:
+            if key not in ours:
+                launch = flights.get(key)
                 why = (
                     "that no launch of this fleet made"
                     if launch is None

@@ -120,7 +120,7 @@ def test_remember_observation_starts_the_box_clocks_the_gpu_quiet_clock_and_the_
     desired = build_desired({"runs": [{"id": "q", "stall_timeout_s": 600.0}]})
     quiet = BoxProbe(1, reachable=True, gpus=(GpuState(0, 2000, 24576, 1.0),), runs=(running("q"),))
     dark = BoxProbe(2, reachable=False, error="timeout")
-    memory = FleetMemory(spend_at=NOW - 60)
+    memory = FleetMemory(spend_at=NOW - 60, in_flight=(flight("q", 1),))
     after = remember_observation(memory, desired, [box(1), box(2)], [box(1), box(2)], [quiet, dark], None, NOW)
     assert [(m.instance_id, m.first_seen_at, m.unreachable_since) for m in after.boxes] == [
         (1, NOW, None),
