@@ -20,13 +20,14 @@ from reconciler.core.jobenv import ControllerEnv, references
 from reconciler.core.model import (
     CONTROLLER_INTERVAL_S,
     AttemptRecord,
+    CheckpointPull,
     Desired,
     Endpoint,
     FleetMemory,
     Observed,
     OverheadRecord,
 )
-from reconciler.core.remember import remember, world_after_apply
+from reconciler.core.remember import NO_MEMORY, Applied, StoreSyncs, remember, world_after_apply
 from reconciler.core.runphase import launched_by_box
 from reconciler.errors import RigsyncError
 from reconciler.observe import PROBE_TIMEOUT_S, observe
@@ -67,7 +68,7 @@ class Reconciler:
     shell: Shell
     archive: RunArchive
     code_tar: Callable[[str, tuple[str, ...]], bytes]
-    memory: FleetMemory = field(default_factory=FleetMemory)
+    memory: FleetMemory = NO_MEMORY
     clock: SystemClock = field(default_factory=SystemClock)
     should_stop: Callable[[], bool] = lambda: False
     box_control: BoxControl | None = None  # what is done to boxes; None: the run protocol over ``shell``
@@ -144,14 +145,14 @@ class Reconciler:
         return observed, plan(desired, observed, now), observed.memory
 
     def _with_store_syncs(self, desired: Desired, observed: Observed) -> FleetMemory:
-        """The memory with, for each running attempt whose checkpoint this process has not pulled yet (it started
+        """The memory with, for each live attempt of ours whose checkpoint this process has not pulled yet (it started
         since), the time of the store's last sync of it: after a restart the store says what was pulled before."""
         memory = observed.memory
         if self.store is None:
             return memory
-        known = {(r, a) for r, a, _ in memory.checkpoint_pulls}
+        known = {p.key for p in memory.checkpoint_pulls}
         archived = {rec.key for rec in observed.history}
-        found: list[tuple[str, int, float]] = []
+        found: list[CheckpointPull] = []
         for ours in launched_by_box(observed.probes, memory.in_flight, archived).values():
             for r in (a.run_dir for a in ours if a.live):
                 spec = desired.run(r.run_id)
@@ -164,10 +165,8 @@ class Reconciler:
                     log.info("checkpoint of %s.%d: the store cannot say: %s", r.run_id, r.attempt, exc)
                     continue
                 if synced is not None and synced[0] == r.attempt:
-                    found.append((r.run_id, r.attempt, synced[1]))
-        if not found:
-            return memory
-        return replace(memory, checkpoint_pulls=tuple(sorted((*memory.checkpoint_pulls, *found))))
+                    found.append(CheckpointPull(r.run_id, r.attempt, synced[1]))
+        return remember(memory, StoreSyncs(tuple(found))) if found else memory
 
     def slowest_cycle_s(self) -> float:
         """How long the next cycle may take before it can act: the slowest of the recent ones, and never less than
@@ -231,7 +230,7 @@ class Reconciler:
             self._history.extend(result.archived)
         if self._overheads is not None:
             self._overheads.extend(result.overheads)
-        self.memory = remember(memory, observed, the_plan, result, self.clock.now(), fleet=desired.fleet)
+        self.memory = remember(memory, Applied(observed, result, desired.fleet, self.clock.now()))
         if self.journal is not None:
             self.journal.reset(self.memory.in_flight)
         self._expire(desired)

@@ -250,9 +250,9 @@ def recorded_group(
 
 def failed_last_cycle(world: World, kind: Kind, target: str) -> str | None:
     """The error of the same action (kind and target) when it failed in the last apply, else None."""
-    for k, t, error in world.observed.memory.failed_actions:
-        if k == kind.value and t == target:
-            return error
+    for failed in world.observed.memory.failed_actions:
+        if failed.kind == kind.value and failed.target == target:
+            return failed.error
     return None
 
 
@@ -507,10 +507,10 @@ def heartbeat_stale(world: World, rd: RunDirState) -> str | None:
     age = max(0.0, hb)
     if age > limit:
         return f"heartbeat {fmt_duration(age)} old > heartbeat_stale {fmt_duration(limit)}"
-    for run_id, attempt, _implied, since in world.observed.memory.heartbeats:
-        if (run_id, attempt) == (rd.run_id, rd.attempt) and world.now - since > limit:
+    for beat in world.observed.memory.heartbeats:
+        if beat.key == (rd.run_id, rd.attempt) and world.now - beat.since > limit:
             return (
-                f"heartbeat unchanged for {fmt_duration(world.now - since)} on the controller's clock > "
+                f"heartbeat unchanged for {fmt_duration(world.now - beat.since)} on the controller's clock > "
                 f"heartbeat_stale {fmt_duration(limit)}"
             )
     return None
@@ -552,10 +552,10 @@ def stall_of(world: World, rd: RunDirState, spec: RunSpec, launched: float) -> s
                 f"progress {done / worked:.4g}/s over {fmt_duration(worked)} is under {STALL_RATE_FLOOR:.0%} of the "
                 f"learned {learned.per_s:.4g}/s ({learned.source.value}: {learned.basis})"
             )
-    for run_id, attempt, since in world.observed.memory.gpu_quiet:
-        if (run_id, attempt) == key and now - since > limit:
+    for clock in world.observed.memory.gpu_quiet:
+        if clock.key == key and now - clock.since > limit:
             return (
-                f"GPU utilization under {spec.sweep.stall_gpu_util_pct:g}% for {fmt_duration(now - since)} > "
+                f"GPU utilization under {spec.sweep.stall_gpu_util_pct:g}% for {fmt_duration(now - clock.since)} > "
                 f"stall_timeout {fmt_duration(limit)} while its process lives"
             )
     return None

@@ -43,7 +43,7 @@ def contract_pull_due(world: World, box: OwnedBox, rd: RunDirState) -> bool:
     if end is None:
         return False
     window = end - world.desired.fleet.contract_margin_s
-    pulled = [t for r, a, t in world.observed.memory.checkpoint_pulls if (r, a) == (rd.run_id, rd.attempt)]
+    pulled = [p.at for p in world.observed.memory.checkpoint_pulls if p.key == (rd.run_id, rd.attempt)]
     return not pulled or max(pulled) < window
 
 
@@ -54,7 +54,7 @@ def sync_checkpoints(world: World, settled: frozenset[AttemptKey], destroyed: Ma
     out = Decisions()
     if not world.observed.harvesting:
         return out  # no result store: nothing comes home, checkpoints neither
-    pulled = {(r, a): t for r, a, t in world.observed.memory.checkpoint_pulls}
+    pulled = {p.key: p.at for p in world.observed.memory.checkpoint_pulls}
     for box_id, ours in world.ours.items():
         box = world.boxes[box_id]
         if box_id in destroyed:

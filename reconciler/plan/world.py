@@ -148,7 +148,7 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
         history.setdefault(h.run_id, []).append(h)
         archived[h.key] = h
     probes = {p.instance_id: observed.memory.vetted(p) for p in observed.probes}  # (observe vets them already)
-    distrusted = {iid: since for iid, since, _ in observed.memory.distrusted}
+    distrusted = {d.instance_id: d.since for d in observed.memory.distrusted}
     memory = {m.instance_id: m for m in observed.memory.boxes}
     f = desired.fleet
     fleet = f.name

@@ -26,7 +26,7 @@ def test_bootstrap_since_starts_when_the_box_answers_without_it_and_ends_when_it
 def test_gpu_quiet_clock_per_live_attempt_of_a_sweep_with_stall_timeout() -> None:
     from dataclasses import replace
 
-    from reconciler.core.model import Budget, Desired, Fleet, GpuState, InFlight, RunDirState, RunSpec, Sweep
+    from reconciler.core.model import Budget, Desired, Fleet, GpuQuiet, GpuState, InFlight, RunDirState, RunSpec, Sweep
     from reconciler.core.remember import track_gpu_quiet
 
     def spec(rid: str, stall: float | None) -> RunSpec:
@@ -40,8 +40,8 @@ def test_gpu_quiet_clock_per_live_attempt_of_a_sweep_with_stall_timeout() -> Non
     quiet = BoxProbe(1, reachable=True, gpus=gpus, runs=(live, other, foreign))
     flying = [InFlight("r1", 1, 1, (0,), T - 60), InFlight("r2", 1, 1, (1,), T - 60)]
     first = track_gpu_quiet((), desired, flying, [quiet], T)
-    assert first == (("r1", 1, T),)  # r2's sweep has no stall_timeout: no clock
-    assert track_gpu_quiet(first, desired, flying, [quiet], T + 60) == (("r1", 1, T),)
+    assert first == (GpuQuiet("r1", 1, T),)  # r2's sweep has no stall_timeout: no clock
+    assert track_gpu_quiet(first, desired, flying, [quiet], T + 60) == first
     busy = replace(quiet, gpus=(replace(gpus[0], utilization_pct=97.0), *gpus[1:]))
     assert track_gpu_quiet(first, desired, flying, [busy], T + 120) == ()  # working again: the clock stops
     assert track_gpu_quiet(first, desired, flying, [BoxProbe(1, reachable=False)], T + 120) == ()
