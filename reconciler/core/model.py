@@ -1158,6 +1158,22 @@ class FleetMemory:
 
 
 @dataclass(frozen=True)
+class Controller:
+    """The settings of the controller that plans: not observations and never desired/'s, but inputs of ``plan()`` all
+    the same (``plan(desired, observed, controller, now)``), and saved with a plan, so a saved plan is a complete
+    value. Built by the loop from its flags and environment (``Reconciler.controller``)."""
+
+    # until the controller decides again: its interval, plus its slowest recent cycle and a destroy's latency (the
+    # budget's horizon)
+    cycle_s: float = CONTROLLER_INTERVAL_S
+    # the names the operator allows sweeps to reference (``RIGSYNC_JOB_SECRETS``, ``jobenv.allowed_secrets``)
+    allowed_secrets: frozenset[str] = frozenset()
+    # names (never values) of the controller's environment variables the sweeps reference that are allowed and set
+    env_names: frozenset[str] = frozenset()
+    harvesting: bool = False  # a result store is configured: it takes the harvests (and the sweeps' checkpoints)
+
+
+@dataclass(frozen=True)
 class Observed:
     """One snapshot of the world. Built by observe(); read by plan()."""
 
@@ -1169,12 +1185,6 @@ class Observed:
     memory: FleetMemory = field(default_factory=FleetMemory)
     fleet_name: str = ""
     credit_usd: float | None = None  # what the account can still spend, as the provider says (None: unknown)
-    cycle_s: float = CONTROLLER_INTERVAL_S  # until the controller decides again: its interval + the destroy latency
-    # names (never values) of the controller's environment variables the sweeps reference and that are set
-    controller_env: frozenset[str] = frozenset()
-    # the names the operator allows sweeps to reference (``RIGSYNC_JOB_SECRETS``, ``jobenv.allowed_secrets``)
-    allowed_secrets: frozenset[str] = frozenset()
-    harvesting: bool = False  # a result store takes this controller's harvests (and the sweeps' checkpoints)
     # the hosts' pending price increases on this account's contracts, as the provider lists them this cycle
     price_increases: tuple[PriceIncrease, ...] = ()
 

@@ -470,7 +470,7 @@ def settle_live(
 def _ending_text(world: World, box: OwnedBox, spec: RunSpec) -> str:
     left = contract.time_left(box.inst, world.now, world.observed.memory.accepted_increases) or 0.0
     margin = fmt_duration(world.desired.fleet.contract_margin_s)
-    resume = "from its checkpoint" if spec.sweep.checkpoint is not None and world.observed.harvesting else "afresh"
+    resume = "from its checkpoint" if spec.sweep.checkpoint is not None and world.controller.harvesting else "afresh"
     return (
         f"its box's contract ends in {fmt_duration(left)} (contract_margin {margin}): preempted before the host takes "
         f"it back, resumed elsewhere {resume}; no retry spent"

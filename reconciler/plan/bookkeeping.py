@@ -37,7 +37,7 @@ def contract_pull_due(world: World, box: OwnedBox, rd: RunDirState) -> bool:
     """Whether a live attempt on a box whose contract is ending has its checkpoint to pull home before it is moved:
     its sweep has a checkpoint, a result store takes it, and it was not pulled since the margin's window began."""
     spec = world.runs.get(rd.run_id)
-    if spec is None or spec.sweep.checkpoint is None or not world.observed.harvesting:
+    if spec is None or spec.sweep.checkpoint is None or not world.controller.harvesting:
         return False
     end = contract.box_end(box.inst, world.observed.memory.accepted_increases)
     if end is None:
@@ -52,7 +52,7 @@ def sync_checkpoints(world: World, settled: frozenset[AttemptKey], destroyed: Ma
     of ours made on that box is never pulled, whatever run it names), not settled by this plan, on a box that
     answered and that this plan does not destroy."""
     out = Decisions()
-    if not world.observed.harvesting:
+    if not world.controller.harvesting:
         return out  # no result store: nothing comes home, checkpoints neither
     pulled = {p.key: p.at for p in world.observed.memory.checkpoint_pulls}
     for box_id, ours in world.ours.items():

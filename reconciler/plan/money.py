@@ -1,7 +1,7 @@
 """Money: what the budget leaves before the next decision point, and what a new launch or rent would cost.
 
 Caps hold before the fact. The *horizon* is the time until rigsync decides again (its cycle plus the time a
-destroy takes to stop the billing, ``Observed.cycle_s``); the *headroom* is what the tightest cap (daily or
+destroy takes to stop the billing, ``Controller.cycle_s``); the *headroom* is what the tightest cap (daily or
 total) leaves after the boxes held now have billed to that horizon (at the rates that apply: an increase this
 fleet accepted bills its new rate from its ``applies_at``, ``reconciler.core.contract``). Every launch must fit in the
 headroom with its share of its box up to the run's expected runtime, and every rent with the new box's $/h to the
@@ -196,10 +196,11 @@ def purse(
     runtimes: Mapping[str, Runtime],
     waiting: Iterable[RunSpec],
     gpu_prices: Mapping[str, Iterable[float]],
+    cycle_s: float,
 ) -> Purse:
     """The budget position. ``waiting`` are runs that still need a launch; ``gpu_prices``, per pool, $/h of one
     GPU where its work could run (its boxes held, its offers under its per-box cap), for the cheapest new work:
-    a run is priced on its own pool."""
+    a run is priced on its own pool. ``cycle_s``: until the controller decides again (``Controller.cycle_s``)."""
     b = desired.budget
     spend = observed.memory.spend
     left: list[tuple[float, str]] = []
@@ -221,7 +222,7 @@ def purse(
     position = Purse(
         remaining=remaining,
         tightest=tightest,
-        horizon_s=max(0.0, observed.cycle_s),
+        horizon_s=max(0.0, cycle_s),
         fleet_dph=fleet_dph,
         credit=observed.credit_usd,
         on_exceed=b.on_exceed,
@@ -266,7 +267,7 @@ def budget_position(world: World, recorded: Recorded, wanted: frozenset[str]) ->
     desired, observed = world.desired, world.observed
     runtimes = sweep_runtimes(desired, observed, world.gpu_dlperf, world.rates)
     accepted = observed.memory.accepted_increases
-    horizon_end = world.now + max(0.0, observed.cycle_s)
+    horizon_end = world.now + max(0.0, world.controller.cycle_s)
     # what the boxes bill to the next decision, at the rates that apply (an accepted increase from its applies_at)
     fleet_dph = sum(mean_rate(b.inst, world.now, horizon_end, accepted) for b in world.boxes.values())
     waiting: list[RunSpec] = []
@@ -284,7 +285,7 @@ def budget_position(world: World, recorded: Recorded, wanted: frozenset[str]) ->
             offers = [o for o in world.pool_offers.get(name, ()) if o.dph_total <= limit]
             prices[name] = [rate_from(i, world.now, accepted) / i.num_gpus for i in boxes if i.num_gpus > 0]
             prices[name] += [o.dph_total / o.num_gpus for o in offers if o.num_gpus > 0]
-    return purse(desired, observed, fleet_dph, runtimes, waiting, prices)
+    return purse(desired, observed, fleet_dph, runtimes, waiting, prices, world.controller.cycle_s)
 
 
 DAY_S = 86400.0

@@ -23,6 +23,7 @@ from reconciler.core.model import (
     AttemptRecord,
     BoxMemory,
     BoxProbe,
+    Controller,
     Desired,
     Drift,
     DriftClass,
@@ -79,10 +80,14 @@ class OwnedBox:
         return f"instance/{self.inst.id}"
 
 
+PLANNING_ALONE = Controller()  # no controller's settings: the default cycle, no secrets allowed, no store
+
+
 @dataclass(frozen=True)
 class World:
     desired: Desired
     observed: Observed
+    controller: Controller  # the settings of the controller that plans (its cycle, secrets, store)
     now: float
     runs: Mapping[str, RunSpec]  # desired order; the first of a duplicated id wins
     run_index: Mapping[str, int]
@@ -129,7 +134,11 @@ class World:
     ours: Mapping[int, tuple[OurAttempt, ...]]
 
 
-def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World, Decisions]:
+def index_world(
+    desired: Desired, observed: Observed, controller: Controller, now: float
+) -> tuple[World, Decisions]:
+    """The inputs indexed once (see ``World``); ``controller`` is the one that plans (``PLANNING_ALONE`` for a
+    price or a review made away from any controller)."""
     out = Decisions()
     ids = [r.id for r in desired.runs]
     runs: dict[str, RunSpec] = dict(zip(ids, desired.runs, strict=True))
@@ -192,6 +201,7 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
     world = World(
         desired=desired,
         observed=observed,
+        controller=controller,
         now=now,
         runs=runs,
         run_index=run_index,

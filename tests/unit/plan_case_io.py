@@ -1,6 +1,8 @@
 """JSON plan cases -> model objects, with defaults so each case states only what it is about.
 
-A case file is ``{"description", "now", "desired", "observed", "expected"}``. Conveniences (all optional):
+A case file is ``{"description", "now", "desired", "observed", "controller", "expected"}``; ``controller`` (its
+``cycle_s``, ``allowed_secrets``, ``env_names``, ``harvesting``) is the planning controller's settings, as a saved
+plan carries them (default: a 60 s cycle, no secrets, no result store). Conveniences (all optional):
 times may be given relative to ``now`` (``start_ago``, ``started_ago``, ``launched_ago``, ``unreachable_ago``,
 ``last_activity_ago``, ``ended_ago``); an instance without ``label`` gets this fleet's ownership label for the
 current spec (``"{spec}"`` inside a given label is replaced by the current spec hash); a RUNNING instance
@@ -37,6 +39,7 @@ from reconciler.core.model import (
     Budget,
     Checkpoint,
     CheckpointPull,
+    Controller,
     Desired,
     DistrustedBox,
     EarlyTerminate,
@@ -72,6 +75,7 @@ from reconciler.core.model import (
     Sweep,
 )
 from reconciler.plan import fleet_spec_hash
+from reconciler.plan.saved import controller_from_json
 
 J = dict[str, Any]
 
@@ -84,6 +88,7 @@ class Case:
     desired: Desired
     observed: Observed
     expected: J
+    controller: Controller  # the case's ``controller``: the settings of the controller that plans
 
 
 def _t(d: J, now: float, key: str, ago_key: str, default: float | None, *, ahead: bool = False) -> float | None:
@@ -464,13 +469,18 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
         history=tuple(build_history(h, now) for h in d.get("history", [])),
         memory=build_memory(d, now),
         credit_usd=d.get("credit_usd"),
-        cycle_s=float(d.get("cycle_s", 60.0)),
-        controller_env=frozenset(d.get("controller_env", [])),
-        allowed_secrets=frozenset(d.get("allowed_secrets", [])),
-        harvesting=bool(d.get("harvesting", False)),
         price_increases=tuple(build_increase(p, now) for p in d.get("price_increases", [])),
         fleet_name=desired.fleet.name,
     )
+
+
+def build_controller(d: J) -> Controller:
+    """The case's ``controller`` (the saved plan's form, ``plan.saved.controller_from_json``), each key optional: a
+    60 s cycle, no secrets allowed or set, no result store."""
+    return controller_from_json({**CASE_CONTROLLER, **d})
+
+
+CASE_CONTROLLER: J = {"cycle_s": 60.0, "allowed_secrets": [], "env_names": [], "harvesting": False}
 
 
 def load_case(path: Path) -> Case:
@@ -478,4 +488,5 @@ def load_case(path: Path) -> Case:
     now = float(raw.get("now", 1_000_000.0))
     desired = build_desired(raw.get("desired", {}))
     observed = build_observed(raw.get("observed", {}), now, desired)
-    return Case(path.stem, raw["description"], now, desired, observed, raw["expected"])
+    controller = build_controller(raw.get("controller", {}))
+    return Case(path.stem, raw["description"], now, desired, observed, raw["expected"], controller)

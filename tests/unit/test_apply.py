@@ -25,7 +25,7 @@ from fakes import (
 from reconciler.adapters.lease import GitLease
 from reconciler.apply import ApplyContext, ApplyResult, apply
 from reconciler.core.actions import CloseBill, Launch, Plan, ReasonCode, Rent, ShipCode
-from reconciler.core.model import BoxSpend, Desired, FleetMemory, InFlight, MetricGoal, Observed, Spend
+from reconciler.core.model import BoxSpend, Controller, Desired, FleetMemory, InFlight, MetricGoal, Observed, Spend
 from reconciler.core.remember import next_in_flight
 from reconciler.errors import HostUnreachable, LaunchLockHeld, LeaseLost
 from reconciler.observe import observe
@@ -213,7 +213,7 @@ def _plan_with(
     now = world.clock.now()
     memory = FleetMemory(in_flight=in_flight)
     observed, _ = observe(desired, world.provider, world.box_control, tuple(archive.records()), memory, now)
-    return observed, plan(desired, observed, now)
+    return observed, plan(desired, observed, Controller(), now)
 
 
 def test_a_launch_that_failed_stays_in_flight_and_is_fenced_off_before_its_run_launches_again() -> None:

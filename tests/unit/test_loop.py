@@ -189,10 +189,10 @@ def test_the_budget_horizon_covers_the_slowest_recent_cycle_and_never_less_than_
     world = FakeWorld([offer(1)], clock=FakeClock(), work=lambda job: Work(seconds=1e6))
     slow = _SlowListing(world, delay_s=40.0)
     rec = replace(fake_reconciler(world, FakeArchive()), provider=slow, cycle_s=5.0, destroy_latency_s=2.0)
-    assert rec.cycle(desired).observed.cycle_s == 5.0 + PROBE_TIMEOUT_S + 2.0
+    assert rec.cycle(desired).controller.cycle_s == 5.0 + PROBE_TIMEOUT_S + 2.0
     slow.slow = True
     rec.cycle(desired)  # takes 40 s
     slow.slow = False
-    horizons = [rec.cycle(desired).observed.cycle_s for _ in range(RECENT_CYCLES + 1)]
+    horizons = [rec.cycle(desired).controller.cycle_s for _ in range(RECENT_CYCLES + 1)]
     assert horizons[:RECENT_CYCLES - 1] == [5.0 + 40.0 + 2.0] * (RECENT_CYCLES - 1)
     assert horizons[-1] == 5.0 + PROBE_TIMEOUT_S + 2.0  # the slow cycle is no longer recent
