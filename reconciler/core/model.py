@@ -1046,46 +1046,40 @@ class RungValue:
 
 
 @dataclass(frozen=True, order=True)
-class GpuQuiet:
+class AttemptNote:
+    """What the controller keeps about one attempt between cycles, by run id and attempt number (its ``key``)."""
+
+    run_id: str
+    attempt: int
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.run_id, self.attempt)
+
+
+@dataclass(frozen=True, order=True)
+class GpuQuiet(AttemptNote):
     """Since when a live attempt's GPUs have been under its sweep's ``stall_gpu_util_pct``
     (``FleetMemory.gpu_quiet``)."""
 
-    run_id: str
-    attempt: int
     since: float
 
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.run_id, self.attempt)
-
 
 @dataclass(frozen=True, order=True)
-class CheckpointPull:
+class CheckpointPull(AttemptNote):
     """When a running attempt's checkpoint was last pulled home, complete or not (``FleetMemory.checkpoint_pulls``)."""
 
-    run_id: str
-    attempt: int
     at: float
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.run_id, self.attempt)
 
 
 @dataclass(frozen=True, order=True)
-class HeartbeatClock:
+class HeartbeatClock(AttemptNote):
     """An attempt in flight's heartbeat on the controller's clock (``FleetMemory.heartbeats``): ``implied`` is when the
     box last wrote it as this clock sees it (``now - heartbeat_age_s``), ``since`` when it last moved forward by more
     than a second."""
 
-    run_id: str
-    attempt: int
     implied: float
     since: float
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.run_id, self.attempt)
 
 
 @dataclass(frozen=True, order=True)
