@@ -11,9 +11,10 @@ something other than those lines moved: a box came, went, changed rate or turned
 rate). So a quiet fleet makes no commit while its money still adds up, and a fleet whose last box ended shows the
 exact final figures.
 
-Decoding is the reverse: after a restart, ``read_fleet_memory`` rebuilds the memory from the committed files as
-the snapshot at ``as_of``; the first cycle's billed read then adds what each box was billed since (an estimate
-along its line when the provider cannot say).
+Decoding is the reverse: after a restart, ``read_restored`` reads what the committed files keep as the snapshot at
+``as_of`` (a ``remember.Restored``), and ``remember`` makes the memory of it (``read_fleet_memory`` does both); the
+first cycle's billed read then adds what each box was billed since (an estimate along its line when the provider
+cannot say).
 """
 
 from __future__ import annotations
