@@ -20,6 +20,7 @@ from reconciler.core.model import (
     AttemptRecord,
     BoxProbe,
     Budget,
+    Controller,
     Desired,
     Fleet,
     GpuState,
@@ -138,7 +139,7 @@ def measure(n_runs: int) -> dict[str, float | int]:
     for _ in range(REPEATS):
         gc.collect()
         t0, c0 = time.perf_counter(), time.process_time()
-        result = plan(desired, observed, NOW)
+        result = plan(desired, observed, Controller(), NOW)
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
     assert result is not None

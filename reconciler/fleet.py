@@ -44,6 +44,7 @@ from reconciler.core.model import (
     OfferFilters,
     PriceIncrease,
 )
+from reconciler.core.remember import NO_MEMORY, remember
 from reconciler.errors import PriceIncreaseGone, ProviderPermanent, UserError
 from reconciler.ports import Provider, Shell
 
@@ -249,16 +250,16 @@ def open_fleet(
     ``controller_env`` is what sweeps' ``${NAME}`` resolve to (None: this process's environment, its allowlist
     checked now: ``jobenv.ControllerEnv``).
     """
-    from reconciler.adapters.launch_journal import FileLaunchJournal, merge_in_flight
+    from reconciler.adapters.launch_journal import FileLaunchJournal
     from reconciler.adapters.s3store import open_store
     from reconciler.loop import DESTROY_LATENCY_S, Reconciler, SystemClock
-    from reconciler.observed.memory import read_fleet_memory
+    from reconciler.observed.memory import read_restored
     from reconciler.observed.suggestions import read_suggestions
 
     checkout = Path(checkout)
     git = git if git is not None else open_git(checkout)
     clock = clock if clock is not None else SystemClock()
-    memory = read_fleet_memory(checkout, now=clock.now())
+    restored = read_restored(checkout, now=clock.now())
     state = state_dir_for(fleet, state_dir)
     provider, shell = adapters(fleet, state, api_url)
     archive = open_archive(checkout)
@@ -266,8 +267,9 @@ def open_fleet(
     journal = FileLaunchJournal(state)
     written = journal.read()
     if written:
-        archived = {r.key for r in archive.records()}
-        memory = replace(memory, in_flight=merge_in_flight(memory.in_flight, written, archived))
+        archived = frozenset(r.key for r in archive.records())
+        restored = replace(restored, journal=tuple(written), archived=archived)
+    memory = remember(NO_MEMORY, restored)
     return Reconciler(
         provider=provider,
         shell=shell,

@@ -20,14 +20,16 @@ from reconciler.core.jobenv import ControllerEnv, references
 from reconciler.core.model import (
     CONTROLLER_INTERVAL_S,
     AttemptRecord,
+    CheckpointPull,
+    Controller,
     Desired,
     Endpoint,
     FleetMemory,
     Observed,
     OverheadRecord,
 )
-from reconciler.core.remember import remember, world_after_apply
-from reconciler.core.runphase import is_live
+from reconciler.core.remember import NO_MEMORY, Applied, StoreSyncs, remember, world_after_apply
+from reconciler.core.runphase import launched_by_box
 from reconciler.errors import RigsyncError
 from reconciler.observe import PROBE_TIMEOUT_S, observe
 from reconciler.observed.suggestions import Suggestion, advance, render_suggestions, suggested_runs
@@ -59,6 +61,7 @@ class CycleResult:
     memory: FleetMemory
     started_at: float
     finished_at: float
+    controller: Controller = field(default_factory=Controller)  # the settings the plan was made with
 
 
 @dataclass
@@ -67,7 +70,7 @@ class Reconciler:
     shell: Shell
     archive: RunArchive
     code_tar: Callable[[str, tuple[str, ...]], bytes]
-    memory: FleetMemory = field(default_factory=FleetMemory)
+    memory: FleetMemory = NO_MEMORY
     clock: SystemClock = field(default_factory=SystemClock)
     should_stop: Callable[[], bool] = lambda: False
     box_control: BoxControl | None = None  # what is done to boxes; None: the run protocol over ``shell``
@@ -123,39 +126,45 @@ class Reconciler:
         """observed/suggestions.yaml as recorded now (None: no bayes search has made anything)."""
         return render_suggestions(self.suggestions)
 
-    def observe_and_plan(self, desired: Desired) -> tuple[Observed, Plan, FleetMemory]:
+    def controller(self, desired: Desired) -> Controller:
+        """The settings this controller plans with (``Controller``): the budget's horizon is until it decides again
+        (its interval after a cycle as long as the slowest it can be) plus the time a destroy takes to stop the
+        billing; of the names the sweeps reference, those allowed and set here; whether a store takes harvests."""
+        envs = {sweep.env for sweep in desired.sweeps} | {run.sweep.env for run in desired.runs}
+        wanted = {name for env in envs for name in references(env)}
+        return Controller(
+            cycle_s=self.cycle_s + self.slowest_cycle_s() + self.destroy_latency_s,
+            allowed_secrets=self.controller_env.allowed,
+            env_names=self.controller_env.available(wanted),
+            harvesting=self.store is not None,
+        )
+
+    def observe_and_plan(self, desired: Desired) -> tuple[Observed, Plan, Controller]:
+        """One observation, brought up to what the store knows, and this controller's plan for it (with the
+        controller's settings it was made with)."""
         desired = self.with_suggestions(desired)
         self._applied = None  # a new cycle: what the last apply did is in the world's lists now
         now = self.clock.now()
         observed, _ = observe(desired, self.provider, self.boxes, self.history, self.memory, now, epoch=self.epoch())
-        # the budget's horizon: until this controller decides again (its interval after a cycle as long as the
-        # slowest it can be), plus the time a destroy takes to stop the billing
-        envs = {sweep.env for sweep in desired.sweeps} | {run.sweep.env for run in desired.runs}
-        wanted = {name for env in envs for name in references(env)}
-        observed = replace(
-            observed,
-            cycle_s=self.cycle_s + self.slowest_cycle_s() + self.destroy_latency_s,
-            controller_env=self.controller_env.available(wanted),
-            allowed_secrets=self.controller_env.allowed,
-            harvesting=self.store is not None,
-            memory=self._with_store_syncs(desired, observed),
-        )
+        observed = replace(observed, memory=self._with_store_syncs(desired, observed))
         self._forget_gone(observed)
-        return observed, plan(desired, observed, now), observed.memory
+        controller = self.controller(desired)
+        return observed, plan(desired, observed, controller, now), controller
 
     def _with_store_syncs(self, desired: Desired, observed: Observed) -> FleetMemory:
-        """The memory with, for each running attempt whose checkpoint this process has not pulled yet (it started
+        """The memory with, for each live attempt of ours whose checkpoint this process has not pulled yet (it started
         since), the time of the store's last sync of it: after a restart the store says what was pulled before."""
         memory = observed.memory
         if self.store is None:
             return memory
-        known = {(r, a) for r, a, _ in memory.checkpoint_pulls}
-        found: list[tuple[str, int, float]] = []
-        for probe in observed.probes:
-            for r in probe.runs:
+        known = {p.key for p in memory.checkpoint_pulls}
+        archived = {rec.key for rec in observed.history}
+        found: list[CheckpointPull] = []
+        for ours in launched_by_box(observed.probes, memory.in_flight, archived).values():
+            for r in (a.run_dir for a in ours if a.live):
                 spec = desired.run(r.run_id)
                 sweep = spec.sweep if spec is not None else None
-                if (r.run_id, r.attempt) in known or not is_live(r) or sweep is None or sweep.checkpoint is None:
+                if (r.run_id, r.attempt) in known or sweep is None or sweep.checkpoint is None:
                     continue
                 try:
                     synced = self.store.checkpoint_synced(r.run_id)
@@ -163,10 +172,8 @@ class Reconciler:
                     log.info("checkpoint of %s.%d: the store cannot say: %s", r.run_id, r.attempt, exc)
                     continue
                 if synced is not None and synced[0] == r.attempt:
-                    found.append((r.run_id, r.attempt, synced[1]))
-        if not found:
-            return memory
-        return replace(memory, checkpoint_pulls=tuple(sorted((*memory.checkpoint_pulls, *found))))
+                    found.append(CheckpointPull(r.run_id, r.attempt, synced[1]))
+        return remember(memory, StoreSyncs(tuple(found))) if found else memory
 
     def slowest_cycle_s(self) -> float:
         """How long the next cycle may take before it can act: the slowest of the recent ones, and never less than
@@ -187,14 +194,15 @@ class Reconciler:
     def cycle(self, desired: Desired, *, act: bool = True) -> CycleResult:
         started = self.clock.now()
         desired = self.with_suggestions(desired)
-        observed, the_plan, memory = self.observe_and_plan(desired)
+        observed, the_plan, controller = self.observe_and_plan(desired)
         applied = None
+        memory = observed.memory
         if act:
-            applied = self.apply(desired, observed, the_plan, memory)
+            applied = self.apply(desired, observed, the_plan)
             memory = self.memory
         finished = self.clock.now()
         self._walls_s = [*self._walls_s[-(RECENT_CYCLES - 1):], max(0.0, finished - started)]
-        return CycleResult(desired, observed, the_plan, applied, memory, started, finished)
+        return CycleResult(desired, observed, the_plan, applied, memory, started, finished, controller)
 
     def take_curves(self) -> dict[str, str]:
         """The curve files of the attempts settled since the last write (``fleet.render_cycle`` writes them)."""
@@ -205,7 +213,7 @@ class Reconciler:
         """The snapshot as the next cycle will start from it (``remember.world_after_apply``)."""
         return world_after_apply(observed, self.memory, self._applied, self.history, self.clock.now())
 
-    def apply(self, desired: Desired, observed: Observed, the_plan: Plan, memory: FleetMemory) -> ApplyResult:
+    def apply(self, desired: Desired, observed: Observed, the_plan: Plan) -> ApplyResult:
         desired = suggested_runs(desired, self.suggestions)  # the plan's launches of suggested runs find their spec
         ctx = ApplyContext(
             provider=self.provider,
@@ -230,7 +238,7 @@ class Reconciler:
             self._history.extend(result.archived)
         if self._overheads is not None:
             self._overheads.extend(result.overheads)
-        self.memory = remember(memory, observed, the_plan, result, self.clock.now(), fleet=desired.fleet)
+        self.memory = remember(observed.memory, Applied(observed, result, desired.fleet, self.clock.now()))
         if self.journal is not None:
             self.journal.reset(self.memory.in_flight)
         self._expire(desired)

@@ -35,7 +35,7 @@ from reconciler.core.model import (
     owned_by,
     split_owned,
 )
-from reconciler.core.remember import remember_observation
+from reconciler.core.remember import Observation, remember
 from reconciler.errors import ProviderError
 from reconciler.ports import BoxControl, Provider
 
@@ -146,12 +146,13 @@ def observe(
     pool_hash = {
         i.id: hashes.get(slot_pool(fleet, o.slot), "") for i in mine_and_own if (o := owned_by(fleet.name, i.label))
     }
+    seen = Observation(desired, tuple(mine_and_own), tuple(mine), tuple(probes), billed, now, pool_hash)
     observed = Observed(
         instances=tuple(sorted(instances, key=lambda i: i.id)),
         probes=tuple(probes),
         offers=tuple(offers),
         history=history,
-        memory=remember_observation(memory, desired, mine_and_own, mine, probes, billed, now, pool_hash),
+        memory=remember(memory, seen),
         fleet_name=fleet.name,
         credit_usd=credit,
         price_increases=increases,

@@ -113,13 +113,3 @@ class FileLaunchJournal:
                 continue
         return out
 
-
-def merge_in_flight(
-    in_flight: tuple[InFlight, ...], journal: Iterable[InFlight], archived: set[tuple[str, int]]
-) -> tuple[InFlight, ...]:
-    """``in_flight`` plus the journal's attempts it lacks that the archive does not know either."""
-    known = {(f.run_id, f.attempt) for f in in_flight} | archived
-    extra = {(f.run_id, f.attempt): f for f in journal if (f.run_id, f.attempt) not in known}
-    if not extra:
-        return in_flight
-    return tuple(sorted((*in_flight, *extra.values()), key=lambda f: (f.run_id, f.attempt)))

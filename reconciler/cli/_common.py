@@ -22,7 +22,7 @@ from reconciler.errors import DesiredStateInvalid, RepoError, UserError
 if TYPE_CHECKING:
     from reconciler.apply import ApplyResult
     from reconciler.core.actions import Plan
-    from reconciler.core.model import Desired, Observed
+    from reconciler.core.model import Controller, Desired, Observed
     from reconciler.loop import Reconciler
     from reconciler.settings.object_store import StoreConfig
 
@@ -202,8 +202,9 @@ def write_observed_uncommitted(
 
 def observe_once(
     args: argparse.Namespace, *, allow_dirty: bool = True
-) -> tuple[Desired, Observed, Plan, list[str]]:
-    """Desired from the working tree, one observation of the world, and the plan for it; nothing applied.
+) -> tuple[Desired, Observed, Plan, Controller, list[str]]:
+    """Desired from the working tree, one observation of the world, and the plan for it with the controller's
+    settings it was made with; nothing applied.
 
     The last item lists the uncommitted files the plan rests on (refused unless ``allow_dirty``).
     """
@@ -213,7 +214,7 @@ def observe_once(
     rec = open_reconciler(repo, desired, args.state_dir, api_url)
     try:
         desired = rec.with_suggestions(desired)  # the bayes searches' recorded batches are runs too
-        observed, the_plan, _ = rec.observe_and_plan(desired)
+        observed, the_plan, controller = rec.observe_and_plan(desired)
     finally:
         rec.shell.close()
-    return desired, observed, the_plan, dirty
+    return desired, observed, the_plan, controller, dirty

@@ -17,12 +17,13 @@ from typing import Any
 from reconciler.adapters.git import GitRepo
 from reconciler.cli._common import MAX_OBSERVED_BYTES, REVIEW_HEAD
 from reconciler.core.contract import dearest_rate
-from reconciler.core.model import AttemptRecord, FleetMemory, Observed
+from reconciler.core.model import AttemptRecord, Observed
+from reconciler.core.remember import NO_MEMORY, Restored, remember
 from reconciler.desired import errors_of, load_desired
 from reconciler.errors import DesiredStateInvalid, ObservedInvalid, RepoError, UserError
 from reconciler.observed.archive_lines import entry_from_json
 from reconciler.observed.codec import BUDGET, FLEET, RUNS, RUNS_DIR, expect_mapping, load_yaml
-from reconciler.observed.memory import fleet_memory_from_files
+from reconciler.observed.memory import restored_from_files
 from reconciler.plan.estimate import Place
 from reconciler.plan.review import Side, compute_review
 
@@ -50,21 +51,21 @@ def _observed(g: GitRepo, sha: str, now: float) -> tuple[Observed, list[Place]]:
     if files.refused:
         raise ObservedInvalid("; ".join(f"{p}: {why}" for p, why in sorted(files.refused.items())))
     texts = {p: b.decode("utf-8", "replace") for p, b in files.items()}
-    memory = fleet_memory_from_files(texts)
-    spend = memory.spend
-    if memory.spend_at is not None and BUDGET in texts:
+    saved = restored_from_files(texts)
+    spend = saved.spend
+    if saved.spend_at is not None and BUDGET in texts:
         anchor = expect_mapping(load_yaml(texts[BUDGET], BUDGET), BUDGET).get("spend") or {}
         try:
             rate = float(anchor.get("fleet_dph") or 0.0)
         except (TypeError, ValueError) as exc:
             raise ObservedInvalid(f"{BUDGET}: spend.fleet_dph: malformed ({exc})") from exc
-        spend = spend.accrued(rate, memory.spend_at, now)
+        spend = spend.accrued(rate, saved.spend_at, now)
     held: list[Place] = []
     if FLEET in texts:
         fleet = expect_mapping(load_yaml(texts[FLEET], FLEET), FLEET)
         for n, box in enumerate(fleet.get("boxes") or []):
             try:
-                dph = dearest_rate(int(box.get("id") or 0), float(box["dph"]), memory.accepted_increases)
+                dph = dearest_rate(int(box.get("id") or 0), float(box["dph"]), saved.accepted_increases)
                 held.append((dph, int(box["num_gpus"]), str(box.get("gpu_name") or "")))
             except (KeyError, TypeError, ValueError) as exc:
                 raise ObservedInvalid(f"{FLEET}: boxes[{n}]: malformed ({exc})") from exc
@@ -80,7 +81,8 @@ def _observed(g: GitRepo, sha: str, now: float) -> tuple[Observed, list[Place]]:
                 raise ObservedInvalid(f"{path}:{number}: {exc}") from exc
             if isinstance(record, AttemptRecord):
                 history.append(record)
-    return Observed(history=tuple(history), memory=FleetMemory(spend=spend, in_flight=memory.in_flight)), held
+    memory = remember(NO_MEMORY, Restored(spend=spend, in_flight=saved.in_flight))
+    return Observed(history=tuple(history), memory=memory), held
 
 
 def _changed(a: Mapping[str, bytes], b: Mapping[str, bytes]) -> list[str]:

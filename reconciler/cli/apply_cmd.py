@@ -35,7 +35,7 @@ from reconciler.desired import schema_path
 from reconciler.errors import LeaseHeld, RepoError, StalePlan, UserError
 from reconciler.fleet import open_git, open_lease, open_local_lock
 from reconciler.plan.render import plan_text
-from reconciler.plan.saved import stale_reasons
+from reconciler.plan.saved import SavedPlan, stale_reasons
 from reconciler.views.progress_display import booting, describe, progress_for
 
 _SHIPS = (Bootstrap, ShipCode, Launch)  # what puts the tree's content on a box
@@ -50,8 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(handler=run)
 
 
-def _load_saved(path: str) -> Plan:
-    """Read a saved plan; anything that is not exactly a plan of this format is refused before any I/O."""
+def _load_saved(path: str) -> SavedPlan:
+    """Read a saved plan (with the settings of the controller that made it); anything that is not exactly a plan of
+    this format is refused before any I/O."""
     try:
         doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
@@ -69,7 +70,7 @@ def _load_saved(path: str) -> Plan:
         where = "/" + "/".join(str(p) for p in error.absolute_path)
         raise UserError(f"{path}: not a rigsync plan: {where}: {error.message}")
     try:
-        return Plan.from_json(doc)
+        return SavedPlan.from_json(doc)
     except (ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{path}: not a rigsync plan: {exc}") from exc
 
@@ -139,17 +140,19 @@ def _refuse_shipping_dirty(the_plan: Plan, dirty: list[str]) -> None:
 
 
 def _apply(
-    args: argparse.Namespace, repo: Path, desired: Desired, saved: Plan | None, api_url: str, dirty: list[str]
+    args: argparse.Namespace, repo: Path, desired: Desired, saved: SavedPlan | None, api_url: str, dirty: list[str]
 ) -> int:
     rec = open_reconciler(repo, desired, args.state_dir, api_url, args.data_dir, store_of(args))
     try:
-        observed, fresh, memory = rec.observe_and_plan(desired)
+        observed, fresh, controller = rec.observe_and_plan(desired)
         the_plan = fresh
         if saved is not None:
-            reasons = stale_reasons(saved, desired, observed)
+            # the saved plan as made, by the controller it was made with: refused if the world or this controller
+            # no longer holds what it rests on
+            reasons = stale_reasons(saved, desired, observed, controller)
             if reasons:
                 raise StalePlan("the saved plan no longer holds:\n  " + "\n  ".join(reasons))
-            the_plan = saved
+            the_plan = saved.plan
         if dirty:
             print(dirty_banner(dirty))
         print(plan_text(the_plan))
@@ -170,7 +173,7 @@ def _apply(
             progress.note(line)
         rec.on_action = lambda action: progress.update(describe(action))
         try:
-            result = rec.apply(desired, observed, the_plan, memory)
+            result = rec.apply(desired, observed, the_plan)
         finally:
             progress.close()
         write_observed_uncommitted(repo, desired, observed, the_plan, rec, result)

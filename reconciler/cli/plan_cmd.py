@@ -12,6 +12,7 @@ from reconciler.core.actions import Plan
 from reconciler.core.suggest import SearchBound, search_bounds
 from reconciler.errors import UserError
 from reconciler.plan.render import plan_text
+from reconciler.plan.saved import SavedPlan
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,11 +26,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def plan_doc(args: argparse.Namespace) -> tuple[Plan, dict[str, Any], list[str], list[SearchBound]]:
-    """The plan of one live observation, its JSON (schemas/plan.schema.json; ``rigsync mcp``'s ``plan`` too), the
-    uncommitted files it rests on (``--allow-dirty``; a caller without that flag, such as the read-only MCP tool,
-    plans a dirty tree and says so in ``dirty``) and what each bayes search may still start."""
-    desired, _, the_plan, dirty = observe_once(args, allow_dirty=getattr(args, "allow_dirty", True))
-    doc = the_plan.to_json()
+    """The plan of one live observation, its JSON with the settings of the controller that made it (a saved plan:
+    schemas/plan.schema.json; ``rigsync mcp``'s ``plan`` too), the uncommitted files it rests on (``--allow-dirty``;
+    a caller without that flag, such as the read-only MCP tool, plans a dirty tree and says so in ``dirty``) and
+    what each bayes search may still start."""
+    desired, _, the_plan, controller, dirty = observe_once(args, allow_dirty=getattr(args, "allow_dirty", True))
+    doc = SavedPlan(the_plan, controller).to_json()
     if dirty:
         doc["dirty"] = dirty
     return the_plan, doc, dirty, search_bounds(desired.sweeps, desired.runs, the_plan.estimates)

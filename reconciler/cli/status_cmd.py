@@ -42,7 +42,7 @@ def live_ops_tax(repo: Path, observed: Observed, now: float) -> OpsTax:
 
 
 def _observe(args: argparse.Namespace) -> tuple[dict[str, Any], OpsTax]:
-    desired, observed, the_plan, _ = observe_once(args)  # a look at the world: a dirty tree is fine
+    desired, observed, the_plan, _, _ = observe_once(args)  # a look at the world: a dirty tree is fine
     now = time.time()
     doc = status_json(desired, observed, the_plan, now)
     tax = live_ops_tax(Path(args.repo), observed, now)

@@ -14,8 +14,8 @@ Where each form goes:
   (``allowed_secrets``; unset: none). A name that can never be a job's (``refused_reference``: rigsync's API key,
   the store's credentials, any ``RIGSYNC_`` setting) on that list stops the controller at start (``UserError``).
   A name off the list is never read at all: ``ControllerEnv.available`` and ``resolve`` refuse it.
-- ``plan()`` is pure: it learns which names are allowed (``Observed.allowed_secrets``) and *which* allowed
-  referenced names the controller has (``Observed.controller_env``, names set and non-empty), and withholds a
+- ``plan()`` is pure: it learns which names are allowed (``Controller.allowed_secrets``) and *which* allowed
+  referenced names the controller has (``Controller.env_names``, names set and non-empty), and withholds a
   sweep's launches while one is off the list (``ReasonCode.SECRET_NOT_ALLOWED``, decided first) or missing
   (``ReasonCode.SECRET_MISSING``).
 - Values are resolved at launch only (``ControllerEnv.resolve`` in ``apply``) into a ``JobEnv``, whose ``repr``

@@ -1045,6 +1045,62 @@ class RungValue:
     value: float
 
 
+@dataclass(frozen=True, order=True)
+class AttemptNote:
+    """What the controller keeps about one attempt between cycles, by run id and attempt number (its ``key``)."""
+
+    run_id: str
+    attempt: int
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.run_id, self.attempt)
+
+
+@dataclass(frozen=True, order=True)
+class GpuQuiet(AttemptNote):
+    """Since when a live attempt's GPUs have been under its sweep's ``stall_gpu_util_pct``
+    (``FleetMemory.gpu_quiet``)."""
+
+    since: float
+
+
+@dataclass(frozen=True, order=True)
+class CheckpointPull(AttemptNote):
+    """When a running attempt's checkpoint was last pulled home, complete or not (``FleetMemory.checkpoint_pulls``)."""
+
+    at: float
+
+
+@dataclass(frozen=True, order=True)
+class HeartbeatClock(AttemptNote):
+    """An attempt in flight's heartbeat on the controller's clock (``FleetMemory.heartbeats``): ``implied`` is when the
+    box last wrote it as this clock sees it (``now - heartbeat_age_s``), ``since`` when it last moved forward by more
+    than a second."""
+
+    implied: float
+    since: float
+
+
+@dataclass(frozen=True, order=True)
+class FailedAction:
+    """An action that failed in the last apply (``FleetMemory.failed_actions``): its kind, target and error."""
+
+    kind: str
+    target: str
+    error: str
+
+
+@dataclass(frozen=True, order=True)
+class DistrustedBox:
+    """A box the controller no longer trusts to answer for its attempts although it answers, since when and why
+    (``FleetMemory.distrusted``), e.g. a kill sent to it failed."""
+
+    instance_id: int
+    since: float
+    why: str
+
+
 @dataclass(frozen=True)
 class FleetMemory:
     """What one cycle hands to the next about a fleet, beyond what the world shows again on its own.
@@ -1052,7 +1108,7 @@ class FleetMemory:
     Per box when it was first seen and since when it has not answered, the attempts launched and not yet
     archived, and the spend brought up to ``spend_at`` (with each owned box's last billed figure, so the next
     read adds only what is new). It is persisted under observed/ (fleet.yaml, runs.yaml, budget.yaml), so a
-    restarted rigsync rebuilds it from the files plus the world.
+    restarted rigsync rebuilds it from the files plus the world. Only ``core.remember.remember`` makes a new one.
     """
 
     boxes: tuple[BoxMemory, ...] = ()
@@ -1060,26 +1116,24 @@ class FleetMemory:
     spend: Spend = field(default_factory=Spend)
     spend_at: float | None = None  # when ``spend`` was last brought up to date; None: start counting now
     hosts: HostLedger = field(default_factory=HostLedger)  # observed/hosts.yaml
-    # since when each live attempt's GPUs have been under its sweep's stall_gpu_util_pct: (run_id, attempt, since).
-    # Kept by the controller process only (not in observed/, where it would change every cycle): after a restart
-    # this clock starts again, so a stall is found at most one stall_timeout later.
-    gpu_quiet: tuple[tuple[str, int, float], ...] = ()
-    # when each running attempt's checkpoint was last pulled home (complete or not): (run_id, attempt, at). Kept by
-    # the controller process only, like ``gpu_quiet``; after a restart the store's last sync stands in for it.
-    checkpoint_pulls: tuple[tuple[str, int, float], ...] = ()
-    # Per attempt in flight, its heartbeat on the controller's clock: (run_id, attempt, implied, since), where
-    # implied is ``now - heartbeat_age_s`` as last seen to move and since is the controller's time it last moved
-    # forward by more than a second. A box's clock cannot hold a heartbeat fresh: frozen or from the future, it
-    # stales on this clock. Process only, like ``gpu_quiet``: after a restart since starts again at first sight.
-    heartbeats: tuple[tuple[str, int, float, float], ...] = ()
-    # The actions that failed in the last apply: (kind, target, error). The planner does not send the same action
-    # the same way again (a record skips its harvest; a box whose kill failed is distrusted). Process only.
-    failed_actions: tuple[tuple[str, str, str], ...] = ()
-    # Boxes the controller no longer trusts to answer for their attempts although they answer: (instance_id,
-    # since, why), e.g. a kill sent to it failed. Planned as a box whose probe is unusable (waits out
-    # unreachable_grace from since, then destroyed, its attempts requeued). Kept while the box is listed; process
-    # only.
-    distrusted: tuple[tuple[int, float, str], ...] = ()
+    # since when each live attempt's GPUs have been quiet. Kept by the controller process only (not in observed/,
+    # where it would change every cycle): after a restart this clock starts again, so a stall is found at most one
+    # stall_timeout later.
+    gpu_quiet: tuple[GpuQuiet, ...] = ()
+    # when each running attempt's checkpoint was last pulled home. Process only, like ``gpu_quiet``; after a restart
+    # the store's last sync stands in for it.
+    checkpoint_pulls: tuple[CheckpointPull, ...] = ()
+    # Per attempt in flight, its heartbeat on the controller's clock. A box's clock cannot hold a heartbeat fresh:
+    # frozen or from the future, it stales on this clock. Process only, like ``gpu_quiet``: after a restart since
+    # starts again at first sight.
+    heartbeats: tuple[HeartbeatClock, ...] = ()
+    # The actions that failed in the last apply. The planner does not send the same action the same way again (a
+    # record skips its harvest; a box whose kill failed is distrusted). Process only.
+    failed_actions: tuple[FailedAction, ...] = ()
+    # Boxes the controller no longer trusts to answer for their attempts although they answer. Planned as a box
+    # whose probe is unusable (waits out unreachable_grace from since, then destroyed, its attempts requeued). Kept
+    # while the box is listed; process only.
+    distrusted: tuple[DistrustedBox, ...] = ()
     # A run's metric when it first reached each rung of its sweep's early_terminate (``RungValue``), one per (run,
     # rung), kept once the run has ended (a finished or stopped run is a peer at its rungs). In runs.yaml (``rungs``).
     rungs: tuple[RungValue, ...] = ()
@@ -1091,10 +1145,26 @@ class FleetMemory:
     def vetted(self, probe: BoxProbe) -> BoxProbe:
         """The probe as the planner and apply take it: a box this controller distrusts is not reachable (nothing is
         sent to it), its answer unusable for that reason."""
-        for iid, _since, why in self.distrusted:
-            if iid == probe.instance_id and probe.reachable:
-                return replace(probe, reachable=False, unusable=f"distrusted: {why}")
+        for d in self.distrusted:
+            if d.instance_id == probe.instance_id and probe.reachable:
+                return replace(probe, reachable=False, unusable=f"distrusted: {d.why}")
         return probe
+
+
+@dataclass(frozen=True)
+class Controller:
+    """The settings of the controller that plans: not observations and never desired/'s, but inputs of ``plan()`` all
+    the same (``plan(desired, observed, controller, now)``), and saved with a plan, so a saved plan is a complete
+    value. Built by the loop from its flags and environment (``Reconciler.controller``)."""
+
+    # until the controller decides again: its interval, plus its slowest recent cycle and a destroy's latency (the
+    # budget's horizon)
+    cycle_s: float = CONTROLLER_INTERVAL_S
+    # the names the operator allows sweeps to reference (``RIGSYNC_JOB_SECRETS``, ``jobenv.allowed_secrets``)
+    allowed_secrets: frozenset[str] = frozenset()
+    # names (never values) of the controller's environment variables the sweeps reference that are allowed and set
+    env_names: frozenset[str] = frozenset()
+    harvesting: bool = False  # a result store is configured: it takes the harvests (and the sweeps' checkpoints)
 
 
 @dataclass(frozen=True)
@@ -1109,12 +1179,6 @@ class Observed:
     memory: FleetMemory = field(default_factory=FleetMemory)
     fleet_name: str = ""
     credit_usd: float | None = None  # what the account can still spend, as the provider says (None: unknown)
-    cycle_s: float = CONTROLLER_INTERVAL_S  # until the controller decides again: its interval + the destroy latency
-    # names (never values) of the controller's environment variables the sweeps reference and that are set
-    controller_env: frozenset[str] = frozenset()
-    # the names the operator allows sweeps to reference (``RIGSYNC_JOB_SECRETS``, ``jobenv.allowed_secrets``)
-    allowed_secrets: frozenset[str] = frozenset()
-    harvesting: bool = False  # a result store takes this controller's harvests (and the sweeps' checkpoints)
     # the hosts' pending price increases on this account's contracts, as the provider lists them this cycle
     price_increases: tuple[PriceIncrease, ...] = ()
 

@@ -1,15 +1,18 @@
 """remember(): what one cycle hands to the next, decided in one pure place.
 
 The state kept between cycles (``FleetMemory``: the box clocks, the attempts in flight, the spend with each box's
-last bill, the host ledger, the GPU-quiet clocks) changes for two reasons only: the world was observed, and a plan
-was applied. Both updates live here, as pure functions of their inputs (no I/O, no clock: ``now`` is an argument),
-so they are tested without a provider, a box or a repository:
+last bill, the host ledger, the process's clocks) is made new by one function only, ``remember(memory, learned)``,
+a pure function of what was learned (no I/O, no clock: the time a thing was learned is part of it), so every change
+to it is tested without a provider, a box or a repository. What can be learned is a small closed set:
 
-- ``remember_observation``: the memory brought up to one observation (first seen, unreachable since, bootstrap
-  since, the GPU-quiet clocks, the billed spend). It runs before ``plan()``, which reads these clocks.
-- ``remember``: the memory after a plan was applied (the attempts in flight, the bills closed in the archive, the
-  host ledger). The loop calls it once per cycle, after apply.
-- ``world_after_apply``: the snapshot as the next cycle will start from it (the one written under observed/).
+- ``Observation``: the world was observed (first seen, unreachable since, bootstrap since, the GPU-quiet and
+  heartbeat clocks, the rung values, the billed spend). It runs before ``plan()``, which reads these clocks.
+- ``Applied``: a plan was applied (the attempts in flight, the bills closed in the archive, the host ledger, the
+  checkpoints pulled, the actions that failed). The loop learns it once per cycle, after apply.
+- ``StoreSyncs``: the result store's last checkpoint sync of running attempts this process has not pulled itself.
+- ``Restored``: what a start-up reads back from the observed files and the launch journal.
+
+``world_after_apply`` is the snapshot as the next cycle will start from it (the one written under observed/).
 
 The money an archive line carries is accounted here too, beside the spend it comes from: what an attempt cost
 (``attempt_cost``, at most what its box was billed: ``capped_to_bill``) and a closed box's overhead line
@@ -18,11 +21,11 @@ The money an archive line carries is accounted here too, beside the spend it com
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from collections.abc import Container, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from reconciler.core.actions import AnswerPriceIncrease, ApplyResult, Bootstrap, Kill, Launch, Plan, Requeue, ShipCode
+from reconciler.core.actions import AnswerPriceIncrease, ApplyResult, Bootstrap, Kill, Launch, Requeue, ShipCode
 from reconciler.core.bounds import bounded_text, finite
 from reconciler.core.identity import slot_pool
 from reconciler.core.ledger import note_cycle
@@ -31,9 +34,15 @@ from reconciler.core.model import (
     BoxMemory,
     BoxProbe,
     BoxSpend,
+    CheckpointPull,
     Desired,
+    DistrustedBox,
+    FailedAction,
     Fleet,
     FleetMemory,
+    GpuQuiet,
+    HeartbeatClock,
+    HostLedger,
     InFlight,
     Instance,
     InstanceStatus,
@@ -44,72 +53,154 @@ from reconciler.core.model import (
     Spend,
     owned_by,
 )
-from reconciler.core.runphase import is_live
+from reconciler.core.runphase import launched_by_box
 from reconciler.core.throughput import progress_value
 
 _FLOAT_SLACK_USD = 1e-9
 
 
-def remember_observation(
-    memory: FleetMemory,
-    desired: Desired,
-    mine: list[Instance],
-    billed_boxes: list[Instance],
-    probes: list[BoxProbe],
-    billed: dict[int, float] | None,
-    now: float,
-    bootstrap_hash: str | Mapping[int, str] = "",
-) -> FleetMemory:
-    """The memory after observing: ``mine`` are the owned boxes listed (the lab's own machines included),
-    ``billed_boxes`` those the provider bills, ``billed`` what it billed each so far (None: it could not say)."""
+@dataclass(frozen=True)
+class Observation:
+    """What one observation learned (``observe``): ``mine`` are the owned boxes listed (the lab's own machines
+    included), ``billed_boxes`` those the provider bills, ``billed`` what it billed each so far (None: it could not
+    say), ``probes`` the boxes' answers, and per box (or the fleet's) the bootstrap hash its pool asks for."""
+
+    desired: Desired
+    mine: tuple[Instance, ...]
+    billed_boxes: tuple[Instance, ...]
+    probes: tuple[BoxProbe, ...]
+    billed: Mapping[int, float] | None
+    at: float  # when it was observed (the controller's clock)
+    bootstrap_hash: str | Mapping[int, str] = ""
+
+
+@dataclass(frozen=True)
+class Applied:
+    """A plan applied to the world ``observed`` showed: its outcomes (``result``), known at ``at``; ``fleet`` gives
+    the ledger's windows."""
+
+    observed: Observed
+    result: ApplyResult
+    fleet: Fleet
+    at: float
+
+
+@dataclass(frozen=True)
+class StoreSyncs:
+    """The result store's last complete checkpoint sync of running attempts of ours this process has not pulled yet
+    (after a restart the store says what was pulled before)."""
+
+    pulls: tuple[CheckpointPull, ...]
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What a start-up reads back: the parts of the memory the observed files keep (``observed.memory``), and the
+    launches the launch journal kept that a crash left out of them (``journal``), less the attempts the archive has
+    (``archived``)."""
+
+    boxes: tuple[BoxMemory, ...] = ()
+    in_flight: tuple[InFlight, ...] = ()
+    spend: Spend = field(default_factory=Spend)
+    spend_at: float | None = None
+    hosts: HostLedger = field(default_factory=HostLedger)
+    rungs: tuple[RungValue, ...] = ()
+    accepted_increases: tuple[PriceIncrease, ...] = ()
+    journal: tuple[InFlight, ...] = ()
+    archived: frozenset[tuple[str, int]] = frozenset()
+
+
+Learned = Observation | Applied | StoreSyncs | Restored
+
+NO_MEMORY = FleetMemory()  # what a controller knows before it has read or seen anything
+
+
+def remember(memory: FleetMemory, learned: Learned) -> FleetMemory:
+    """The memory after learning ``learned``: the one function that makes a new ``FleetMemory``."""
+    match learned:
+        case Observation():
+            return _observed(memory, learned)
+        case Applied():
+            return _applied(memory, learned)
+        case StoreSyncs():
+            known = {p.key for p in memory.checkpoint_pulls}
+            fresh = (p for p in learned.pulls if p.key not in known)  # this process's own pull is the newer
+            return replace(memory, checkpoint_pulls=tuple(sorted((*memory.checkpoint_pulls, *fresh))))
+        case Restored():
+            return replace(
+                memory,
+                boxes=learned.boxes,
+                in_flight=merge_in_flight(learned.in_flight, learned.journal, learned.archived),
+                spend=learned.spend,
+                spend_at=learned.spend_at,
+                hosts=learned.hosts,
+                rungs=learned.rungs,
+                accepted_increases=learned.accepted_increases,
+            )
+
+
+def _observed(memory: FleetMemory, seen: Observation) -> FleetMemory:
+    """The memory brought up to one observation: the box clocks, the billed spend, the GPU-quiet and heartbeat
+    clocks, the rung values; distrust and accepted increases of boxes no longer listed go."""
+    desired, mine, probes, now = seen.desired, list(seen.mine), list(seen.probes), seen.at
     pools = {i.id: slot_pool(desired.fleet, o.slot) for i in mine if (o := owned_by(desired.fleet.name, i.label))}
     open_bills = frozenset(b.instance_id for b in memory.spend.boxes)
-    boxes = update_box_memory(memory.boxes, mine, probes, now, bootstrap_hash, pools=pools, open_bills=open_bills)
-    spend = accrue_billed(memory.spend, memory.spend_at, billed_boxes, billed, memory.in_flight, now)
-    gpu_quiet = track_gpu_quiet(memory.gpu_quiet, desired, probes, now)
-    heartbeats = track_heartbeats(memory.heartbeats, memory.in_flight, probes, now)
-    rungs = track_rungs(memory.rungs, desired, memory.in_flight, probes)
+    boxes = update_box_memory(
+        memory.boxes, mine, probes, now, seen.bootstrap_hash, pools=pools, open_bills=open_bills
+    )
+    billed = dict(seen.billed) if seen.billed is not None else None
+    spend = accrue_billed(memory.spend, memory.spend_at, list(seen.billed_boxes), billed, memory.in_flight, now)
     listed = {i.id for i in mine}
-    distrusted = tuple(d for d in memory.distrusted if d[0] in listed)
-    accepted = tuple(p for p in memory.accepted_increases if p.instance_id in listed)
     return replace(
         memory,
         boxes=boxes,
         spend=spend,
         spend_at=now,
-        gpu_quiet=gpu_quiet,
-        heartbeats=heartbeats,
-        distrusted=distrusted,
-        rungs=rungs,
-        accepted_increases=accepted,
+        gpu_quiet=track_gpu_quiet(memory.gpu_quiet, desired, memory.in_flight, probes, now),
+        heartbeats=track_heartbeats(memory.heartbeats, memory.in_flight, probes, now),
+        distrusted=tuple(d for d in memory.distrusted if d.instance_id in listed),
+        rungs=track_rungs(memory.rungs, desired, memory.in_flight, probes),
+        accepted_increases=tuple(p for p in memory.accepted_increases if p.instance_id in listed),
     )
 
 
-def remember(
-    memory: FleetMemory, observed: Observed, plan: Plan, applied: ApplyResult, now: float, *, fleet: Fleet
-) -> FleetMemory:
-    """The memory after ``plan`` was applied (``applied``) to the world ``observed`` showed, starting from
-    ``memory`` (the memory the cycle planned from: ``observed.memory``).
+def _applied(memory: FleetMemory, applied: Applied) -> FleetMemory:
+    """The memory after a plan was applied to the world ``applied.observed`` showed, starting from ``memory`` (the
+    memory the cycle planned from: ``observed.memory``).
 
     What it takes of the plan comes through the outcomes of its actions (each outcome names its action): a launch
     that happened, a bill closed, a rent that failed; an action that was skipped (lease lost, shutting down) left
-    nothing to remember, and the next cycle plans it again. ``fleet`` gives the ledger's windows."""
-    in_flight = next_in_flight(memory.in_flight, observed, applied, now)
-    spend = close_bills(memory.spend, (o.instance_id for o in applied.overheads))
-    done = [(o.action, o.ok, o.detail) for o in applied.outcomes if not o.skipped]
-    hosts = note_cycle(memory.hosts, fleet, observed, done, applied.archived, now)
-    pulls = note_checkpoint_pulls(memory.checkpoint_pulls, applied.checkpoint_pulls, in_flight)
-    failed, distrusted = note_failures(memory.distrusted, applied, now, memory.failed_actions)
+    nothing to remember, and the next cycle plans it again."""
+    observed, result, now = applied.observed, applied.result, applied.at
+    in_flight = next_in_flight(memory.in_flight, observed, result, now)
+    done = [(o.action, o.ok, o.detail) for o in result.outcomes if not o.skipped]
+    pulled = (CheckpointPull(r, a, at) for (r, a), at in result.checkpoint_pulls.items())
+    failed, distrusted = note_failures(memory.distrusted, result, now, memory.failed_actions)
     return replace(
         memory,
         in_flight=in_flight,
-        spend=spend,
-        hosts=hosts,
-        checkpoint_pulls=pulls,
+        spend=close_bills(memory.spend, (o.instance_id for o in result.overheads)),
+        hosts=note_cycle(memory.hosts, applied.fleet, observed, done, result.archived, now),
+        checkpoint_pulls=note_checkpoint_pulls(memory.checkpoint_pulls, pulled, in_flight),
         failed_actions=failed,
         distrusted=distrusted,
-        accepted_increases=note_accepted(memory.accepted_increases, observed.price_increases, applied),
+        accepted_increases=note_accepted(memory.accepted_increases, observed.price_increases, result),
     )
+
+
+def merge_in_flight(
+    in_flight: tuple[InFlight, ...], journal: Iterable[InFlight], archived: Container[tuple[str, int]]
+) -> tuple[InFlight, ...]:
+    """``in_flight`` plus the journal's attempts it lacks that the archive does not know either."""
+    known = {(f.run_id, f.attempt) for f in in_flight}
+    extra = {
+        (f.run_id, f.attempt): f
+        for f in journal
+        if (f.run_id, f.attempt) not in known and (f.run_id, f.attempt) not in archived
+    }
+    if not extra:
+        return in_flight
+    return tuple(sorted((*in_flight, *extra.values()), key=lambda f: (f.run_id, f.attempt)))
 
 
 def note_accepted(
@@ -117,7 +208,7 @@ def note_accepted(
 ) -> tuple[PriceIncrease, ...]:
     """The accepted increases after apply: each one the provider took an accept of (an outcome ``accepted``; not
     one that was gone) joins, as it was listed (its new rate, when it applies, the extended end). Kept by id until
-    its box leaves the instance list (``remember_observation``)."""
+    its box leaves the instance list (an ``Observation``)."""
     listed = {p.id: p for p in pending}
     out = {p.id: p for p in accepted}
     for o in applied.outcomes:
@@ -131,11 +222,11 @@ def note_accepted(
 
 
 def note_failures(
-    distrusted: tuple[tuple[int, float, str], ...],
+    distrusted: tuple[DistrustedBox, ...],
     applied: ApplyResult,
     now: float,
-    before: tuple[tuple[str, str, str], ...] = (),
-) -> tuple[tuple[tuple[str, str, str], ...], tuple[tuple[int, float, str], ...]]:
+    before: tuple[FailedAction, ...] = (),
+) -> tuple[tuple[FailedAction, ...], tuple[DistrustedBox, ...]]:
     """The actions that failed in this apply, (kind, target, error), so the next plan does not send them the same
     way again; and the boxes distrusted from now on: one whose kill (or requeue, which kills) failed cannot be made
     to end an attempt, so it is not asked again: it waits out unreachable_grace like a box with an unusable probe,
@@ -143,9 +234,11 @@ def note_failures(
     answered, as work of that kind failed there in the cycle ``before`` (one failure may be a passing fault),
     distrusts the box too: no such failure comes a third time. A box that did not answer is left to the
     unreachable rule."""
-    failed = tuple(sorted({(o.action.kind.value, o.action.target, bounded_text(o.detail)) for o in applied.failures}))
-    failed_before = {(kind, _box_of(target)) for kind, target, error in before if not error.startswith(_NOT_THE_BOX)}
-    known = {iid: (since, why) for iid, since, why in distrusted}
+    failed = tuple(
+        sorted({FailedAction(o.action.kind.value, o.action.target, bounded_text(o.detail)) for o in applied.failures})
+    )
+    failed_before = {(f.kind, _box_of(f.target)) for f in before if not f.error.startswith(_NOT_THE_BOX)}
+    known = {d.instance_id: d for d in distrusted}
     for o in applied.failures:
         act = o.action
         if not isinstance(act, Kill | Requeue | ShipCode | Bootstrap | Launch) or act.instance_id in known:
@@ -154,8 +247,9 @@ def note_failures(
         if isinstance(act, Kill | Requeue) or (
             (act.kind.value, str(act.instance_id)) in failed_before and not o.detail.startswith(_NOT_THE_BOX)
         ):
-            known[act.instance_id] = (now, bounded_text(f"{act.kind.value} {act.target} failed: {o.detail}"))
-    return failed, tuple(sorted((iid, since, why) for iid, (since, why) in known.items()))
+            why = bounded_text(f"{act.kind.value} {act.target} failed: {o.detail}")
+            known[act.instance_id] = DistrustedBox(act.instance_id, now, why)
+    return failed, tuple(sorted(known.values()))
 
 
 # failures that say nothing against the box: it did not answer (the unreachable rule decides), a launch fenced by its
@@ -169,13 +263,13 @@ def _box_of(target: str) -> str:
 
 
 def note_checkpoint_pulls(
-    previous: tuple[tuple[str, int, float], ...], pulled: Mapping[tuple[str, int], float], in_flight: Iterable[InFlight]
-) -> tuple[tuple[str, int, float], ...]:
-    """When each attempt still in flight last had its checkpoint pulled: this apply's pulls over the earlier ones."""
-    last = {(r, a): t for r, a, t in previous}
-    last.update(pulled)
+    previous: Iterable[CheckpointPull], pulled: Iterable[CheckpointPull], in_flight: Iterable[InFlight]
+) -> tuple[CheckpointPull, ...]:
+    """When each attempt still in flight last had its checkpoint pulled: the ``pulled`` over the earlier ones."""
+    last = {p.key: p for p in previous}
+    last.update((p.key, p) for p in pulled)
     flying = {(f.run_id, f.attempt) for f in in_flight}
-    return tuple(sorted((r, a, t) for (r, a), t in last.items() if (r, a) in flying))
+    return tuple(sorted(p for key, p in last.items() if key in flying))
 
 
 def attempt_cost(dph: float, num_gpus: int, gpu_mask: tuple[int, ...], started: float | None, ended: float) -> float:
@@ -305,7 +399,7 @@ def world_after_apply(
         observed,
         instances=instances,
         history=history,
-        memory=replace(memory, gpu_quiet=observed.memory.gpu_quiet),
+        memory=memory,
     )
 
 
@@ -379,26 +473,29 @@ def update_box_memory(
 
 
 def track_gpu_quiet(
-    previous: tuple[tuple[str, int, float], ...], desired: Desired, probes: list[BoxProbe], now: float
-) -> tuple[tuple[str, int, float], ...]:
-    """Since when each live attempt of a sweep with ``stall_timeout`` has kept its GPUs under ``stall_gpu_util``.
+    previous: tuple[GpuQuiet, ...],
+    desired: Desired,
+    in_flight: Iterable[InFlight],
+    probes: list[BoxProbe],
+    now: float,
+) -> tuple[GpuQuiet, ...]:
+    """Since when each live attempt this fleet launched (``launched_by_box``), of a sweep with ``stall_timeout``, has
+    kept its GPUs under ``stall_gpu_util``.
 
     A reading is one probe's ``utilization.gpu``: the most of the attempt's GPUs. An attempt at or above the threshold,
     finished, or on a box that did not answer this cycle is dropped (its clock starts again when it is next quiet).
     """
-    since = {(r, a): t for r, a, t in previous}
-    out: list[tuple[str, int, float]] = []
-    for p in probes:
-        if not p.reachable:
-            continue
-        util = {g.index: g.utilization_pct for g in p.gpus}
-        for rd in p.runs:
+    since = {q.key: q.since for q in previous}
+    util = {p.instance_id: {g.index: g.utilization_pct for g in p.gpus} for p in probes}
+    out: list[GpuQuiet] = []
+    for box_id, ours in launched_by_box(probes, in_flight).items():
+        for rd in (a.run_dir for a in ours if a.live):
             spec = desired.run(rd.run_id)
-            if not is_live(rd) or spec is None or spec.sweep.stall_timeout_s is None:
+            if spec is None or spec.sweep.stall_timeout_s is None:
                 continue
-            seen = [util[i] for i in rd.gpu_mask if i in util]
+            seen = [util[box_id][i] for i in rd.gpu_mask if i in util[box_id]]
             if seen and max(seen) < spec.sweep.stall_gpu_util_pct:
-                out.append((rd.run_id, rd.attempt, since.get((rd.run_id, rd.attempt), now)))
+                out.append(GpuQuiet(rd.run_id, rd.attempt, since.get((rd.run_id, rd.attempt), now)))
     return tuple(sorted(out))
 
 
@@ -416,13 +513,10 @@ def track_rungs(
     if not runs:
         return tuple(kept)
     have = {(r.run_id, r.level) for r in kept}
-    ours = {(f.run_id, f.attempt): f.instance_id for f in in_flight}
-    for probe in probes:
-        if not probe.reachable:
-            continue
-        for rd in probe.runs:
+    for ours in launched_by_box(probes, in_flight).values():
+        for rd in (a.run_dir for a in ours):
             spec = runs.get(rd.run_id)
-            if spec is None or ours.get((rd.run_id, rd.attempt)) != probe.instance_id:
+            if spec is None:
                 continue
             sweep, et = spec.sweep, spec.sweep.early_terminate
             objective = sweep.objective
@@ -442,35 +536,35 @@ def track_rungs(
 
 
 def track_heartbeats(
-    previous: tuple[tuple[str, int, float, float], ...],
+    previous: tuple[HeartbeatClock, ...],
     in_flight: Iterable[InFlight],
     probes: list[BoxProbe],
     now: float,
-) -> tuple[tuple[str, int, float, float], ...]:
-    """Each attempt in flight's heartbeat on the controller's clock: (run_id, attempt, implied, since).
+) -> tuple[HeartbeatClock, ...]:
+    """Each attempt in flight's heartbeat on the controller's clock (``HeartbeatClock``).
 
     ``implied`` is when the heartbeat was written by this clock (``now - heartbeat_age_s``), ``since`` when it last
     moved forward by more than a second. Only attempts this fleet launched, as their box shows them, are tracked
     (so a box's claims cannot grow it); one whose box did not show it this cycle keeps its entry while it is in
     flight. First sight (after a restart too): since is now.
     """
-    old = {(r, a): (implied, since) for r, a, implied, since in previous}
-    flying = {(f.run_id, f.attempt): f.instance_id for f in in_flight}
-    out: dict[tuple[str, int], tuple[float, float]] = {}
-    for p in probes:
-        if not p.reachable:
-            continue
-        for rd in p.runs:
-            key = (rd.run_id, rd.attempt)
-            if flying.get(key) != p.instance_id or not is_live(rd) or rd.heartbeat_age_s is None:
+    old = {h.key: h for h in previous}
+    flights = tuple(in_flight)
+    flying = {(f.run_id, f.attempt) for f in flights}
+    out: dict[tuple[str, int], HeartbeatClock] = {}
+    for ours in launched_by_box(probes, flights).values():
+        for rd in (a.run_dir for a in ours if a.live):
+            if rd.heartbeat_age_s is None:
                 continue
             implied = now - rd.heartbeat_age_s
-            last = old.get(key)
-            out[key] = (implied, now) if last is None or implied > last[0] + 1.0 else last
+            last = old.get((rd.run_id, rd.attempt))
+            if last is None or implied > last.implied + 1.0:
+                last = HeartbeatClock(rd.run_id, rd.attempt, implied, now)
+            out[last.key] = last
     for key, last in old.items():
         if key in flying and key not in out:
             out[key] = last
-    return tuple(sorted((r, a, implied, since) for (r, a), (implied, since) in out.items()))
+    return tuple(sorted(out.values()))
 
 
 def accrue_billed(
@@ -566,14 +660,7 @@ def _queued_starts(
     if not waiting:
         return {}
     out: dict[tuple[str, int], tuple[int | None, int | None]] = {}
-    for probe in observed.probes:
-        if not probe.reachable:
-            continue
-        for rd in probe.runs:
-            key = (rd.run_id, rd.attempt)
-            fl = waiting.get(key)
-            if fl is None:
-                continue
-            if fl.instance_id == probe.instance_id:
-                out[key] = fl.group_on(probe.instance_id, rd)
+    for box_id, ours in launched_by_box(observed.probes, waiting.values()).items():
+        for a in ours:
+            out[(a.launch.run_id, a.launch.attempt)] = a.launch.group_on(box_id, a.run_dir)
     return out

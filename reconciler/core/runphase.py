@@ -6,6 +6,10 @@ runs on a reachable box (no exit code, wrapper alive) where this fleet launched 
 cannot be checked right now (in flight, the box unreachable or still booting): a run on an unreachable box is
 *running*, not pending.
 
+Which attempts a box shows are this fleet's is answered once, by ``launched_by_box``: a run directory counts only
+where this fleet launched that attempt (in flight on that box) and the archive does not hold it yet. The planner,
+the memory's clocks (heartbeats, GPU quiet, rungs), the store's checkpoint syncs and the run phase all ask it.
+
 An attempt given to a box's queue (``InFlight.queued``) is in flight from the moment it is queued: it counts for
 every cap and against duplicates like a running one, and its run is *queued* until its run directory appears on
 the box (the box started it). Reported in the box's queue, or on a box that cannot be checked, it is waiting;
@@ -15,7 +19,7 @@ launch never happened (the planner requeues).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -133,12 +137,50 @@ _RETRYING, _PENDING, _QUEUED = RunPhase.RETRYING, RunPhase.PENDING, RunPhase.QUE
 _STOPPED = RunPhase.STOPPED_EARLY
 
 
+@dataclass(frozen=True)
+class OurAttempt:
+    """A run directory a reachable box shows of an attempt this fleet launched on that box (``launch``, in flight
+    there) and the archive does not hold yet."""
+
+    instance_id: int
+    run_dir: RunDirState
+    launch: InFlight
+
+    @property
+    def live(self) -> bool:
+        """Its process runs on the box (``is_live``): it holds its GPUs."""
+        return is_live(self.run_dir)
+
+
+def launched_by_box(
+    probes: Iterable[BoxProbe], in_flight: Iterable[InFlight], archived: Container[tuple[str, int]] = frozenset()
+) -> dict[int, tuple[OurAttempt, ...]]:
+    """Box id → the attempts this fleet launched there that the box shows (its ``live`` ones: the live attempts this
+    fleet launched, by box): the one join of what boxes report with what this fleet launched. A run directory counts
+    only on a reachable box, when that attempt is in flight on that very box and not in ``archived``; any other a box
+    shows is foreign, whatever it claims (a run id or attempt number of ours elsewhere included). Only boxes with one
+    are keys."""
+    flights = {(f.run_id, f.attempt): f for f in in_flight}
+    out: dict[int, tuple[OurAttempt, ...]] = {}
+    for probe in probes:
+        if not probe.reachable or not probe.runs:
+            continue
+        ours = []
+        for rd in probe.runs:
+            key = (rd.run_id, rd.attempt)
+            launch = flights.get(key)
+            if launch is not None and launch.instance_id == probe.instance_id and key not in archived:
+                ours.append(OurAttempt(probe.instance_id, rd, launch))
+        if ours:
+            out[probe.instance_id] = tuple(ours)
+    return out
+
+
 def live_attempts(observed: Observed) -> dict[str, LiveAttempt]:
     """Run id → its newest live attempt: alive on a reachable box, or in flight and not yet archived. Only what this
-    fleet launched counts: a live attempt a box shows that is not in flight there is foreign, not the run's. An attempt
-    waiting in its box's queue is live too (``LiveAttempt.queued``)."""
+    fleet launched counts (``launched_by_box``): a live attempt a box shows that is not in flight there is foreign,
+    not the run's. An attempt waiting in its box's queue is live too (``LiveAttempt.queued``)."""
     archived = {rec.key for rec in observed.history}
-    flying = {(f.run_id, f.attempt): f.instance_id for f in observed.memory.in_flight}
     live: dict[str, LiveAttempt] = {}
 
     def keep(a: LiveAttempt) -> None:
@@ -146,13 +188,10 @@ def live_attempts(observed: Observed) -> dict[str, LiveAttempt]:
         if cur is None or (a.attempt, a.instance_id) > (cur.attempt, cur.instance_id):
             live[a.run_id] = a
 
-    for probe in observed.probes:
-        if not probe.reachable:
-            continue
-        for r in probe.runs:
-            key = (r.run_id, r.attempt)
-            if is_live(r) and key not in archived and flying.get(key) == probe.instance_id:
-                keep(LiveAttempt(r.run_id, r.attempt, probe.instance_id))
+    for box_id, ours in launched_by_box(observed.probes, observed.memory.in_flight, archived).items():
+        for a in ours:
+            if a.live:
+                keep(LiveAttempt(a.run_dir.run_id, a.run_dir.attempt, box_id))
     probes = observed.probes_by_id() if any(f.queued for f in observed.memory.in_flight) else {}
     for f in observed.memory.in_flight:
         if (f.run_id, f.attempt) not in archived:

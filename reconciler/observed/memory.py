@@ -11,9 +11,10 @@ something other than those lines moved: a box came, went, changed rate or turned
 rate). So a quiet fleet makes no commit while its money still adds up, and a fleet whose last box ended shows the
 exact final figures.
 
-Decoding is the reverse: after a restart, ``read_fleet_memory`` rebuilds the memory from the committed files as
-the snapshot at ``as_of``; the first cycle's billed read then adds what each box was billed since (an estimate
-along its line when the provider cannot say).
+Decoding is the reverse: after a restart, ``read_restored`` reads what the committed files keep as the snapshot at
+``as_of`` (a ``remember.Restored``), and ``remember`` makes the memory of it (``read_fleet_memory`` does both); the
+first cycle's billed read then adds what each box was billed since (an estimate along its line when the provider
+cannot say).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 from reconciler.core.bounds import finite
 from reconciler.core.model import BoxMemory, BoxSpend, FleetMemory, InFlight, PriceIncrease, RungValue, Spend
+from reconciler.core.remember import NO_MEMORY, Restored, remember
 from reconciler.errors import ObservedInvalid
 from reconciler.observed.codec import BUDGET, FLEET, RUNS, expect_mapping, iso, load_yaml, money, parse_iso, utc_day
 from reconciler.observed.hosts_file import read_hosts
@@ -186,11 +188,21 @@ def _moved_off(previous: Mapping[str, Any], fresh: Mapping[str, Any], now: float
 
 def read_fleet_memory(checkout: Path, *, now: float | None = None) -> FleetMemory:
     """The fleet's memory from the observed files in the working tree at ``checkout`` (none: empty memory)."""
-    return fleet_memory_from_files(read_observed(checkout), now=now)
+    return remember(NO_MEMORY, read_restored(checkout, now=now))
+
+
+def read_restored(checkout: Path, *, now: float | None = None) -> Restored:
+    """What the observed files in the working tree at ``checkout`` keep of the memory (``restored_from_files``)."""
+    return restored_from_files(read_observed(checkout), now=now)
 
 
 def fleet_memory_from_files(files: Mapping[str, str], *, now: float | None = None) -> FleetMemory:
-    """The fleet's memory from observed files keyed by repository path (missing files mean empty parts).
+    """The fleet's memory from observed files keyed by repository path (``restored_from_files``)."""
+    return remember(NO_MEMORY, restored_from_files(files, now=now))
+
+
+def restored_from_files(files: Mapping[str, str], *, now: float | None = None) -> Restored:
+    """What observed files keyed by repository path keep of the memory (missing files mean empty parts).
 
     Spend is the committed anchor as it was at its ``as_of``, with every owned box's bill then: the first cycle
     reads the bills again and adds what is new since, so nothing billed while rigsync was down is lost. An
@@ -201,7 +213,7 @@ def fleet_memory_from_files(files: Mapping[str, str], *, now: float | None = Non
     runs = expect_mapping(load_yaml(files[RUNS], RUNS), RUNS) if RUNS in files else {}
     budget = expect_mapping(load_yaml(files[BUDGET], BUDGET), BUDGET) if BUDGET in files else {}
     spend, spend_at = _spend(budget.get("spend"), now)
-    return FleetMemory(
+    return Restored(
         boxes=_boxes(fleet.get("memory") or []),
         in_flight=_in_flight(runs.get("in_flight") or []),
         rungs=_rungs(runs.get("rungs") or []),

@@ -1,4 +1,4 @@
-"""The decision core: ``plan(desired, observed, now) -> Plan``, a pure function of its inputs.
+"""The decision core: ``plan(desired, observed, controller, now) -> Plan``, a pure function of its inputs.
 
 Everything rigsync does is decided here and nowhere else, so the whole behaviour can be tested as data
 (``tests/unit/plan_cases``) and a saved plan can be reviewed before it spends money. It performs no I/O, reads
@@ -50,7 +50,7 @@ from reconciler.core.actions import (
     with_needs,
 )
 from reconciler.core.identity import fleet_spec_hash, rent_label, slot_spec_hash, spec_hash
-from reconciler.core.model import Desired, Drift, DriftClass, Observed
+from reconciler.core.model import Controller, Desired, Drift, DriftClass, Observed
 from reconciler.errors import PlanInconsistent
 from reconciler.plan.attempts import (
     collect_attempts,
@@ -89,10 +89,11 @@ __all__ = [
 ]
 
 
-def plan(desired: Desired, observed: Observed, now: float) -> Plan:
-    """Decide what to do to move ``observed`` towards ``desired`` at time ``now``. Pure and deterministic."""
+def plan(desired: Desired, observed: Observed, controller: Controller, now: float) -> Plan:
+    """Decide what to do to move ``observed`` towards ``desired`` at time ``now``, as ``controller`` (its cycle, the
+    secrets it may pass, whether a store takes the harvests). Pure and deterministic."""
     decided = Decisions()
-    world, found = index_world(desired, observed, now)
+    world, found = index_world(desired, observed, controller, now)
     decided.extend(found)
 
     seen = collect_attempts(world)

@@ -163,6 +163,7 @@ def collect_attempts(world: World) -> SeenAttempts:
         box_zombies: list[RunDirState] = []
         held: set[int] = set()
         gpus = range(box.inst.num_gpus)
+        ours = {(a.run_dir.run_id, a.run_dir.attempt) for a in world.ours.get(box.id, ())}
         for rd in sorted(box.probe.runs, key=lambda r: (r.run_id, r.attempt)):
             key = (rd.run_id, rd.attempt)
             max_attempt[rd.run_id] = max(max_attempt.get(rd.run_id, 0), rd.attempt)
@@ -173,8 +174,8 @@ def collect_attempts(world: World) -> SeenAttempts:
                 if alive:
                     box_zombies.append(rd)
                 continue
-            launch = flights.get(key)
-            if launch is None or launch.instance_id != box.id:
+            if key not in ours:
+                launch = flights.get(key)
                 why = (
                     "that no launch of this fleet made"
                     if launch is None
@@ -249,9 +250,9 @@ def recorded_group(
 
 def failed_last_cycle(world: World, kind: Kind, target: str) -> str | None:
     """The error of the same action (kind and target) when it failed in the last apply, else None."""
-    for k, t, error in world.observed.memory.failed_actions:
-        if k == kind.value and t == target:
-            return error
+    for failed in world.observed.memory.failed_actions:
+        if failed.kind == kind.value and failed.target == target:
+            return failed.error
     return None
 
 
@@ -322,6 +323,68 @@ def destroyed_box_requeue(box_id: int, gone: str, preempted: frozenset[int]) -> 
     return ReasonCode.BOX_DESTROYED, f"its box instance/{box_id} is destroyed: {gone}", AttemptOutcome.LOST
 
 
+@dataclass
+class _Ending:
+    """What a settling phase has decided so far: its decisions, and per run the attempts it ended as failed or lost
+    (``used``: a retry each) or requeued as preempted (``took``: no retry spent). Mutable only while its phase builds
+    it."""
+
+    world: World
+    out: Decisions = field(default_factory=Decisions)
+    used: dict[str, int] = field(default_factory=dict)
+    took: dict[str, int] = field(default_factory=dict)
+
+    def count(self, run_id: str, phase: AttemptOutcome) -> None:
+        """One more attempt of ``run_id`` ended as ``phase``: preempted ones spend no retry."""
+        count = self.took if phase is AttemptOutcome.PREEMPTED else self.used
+        count[run_id] = count.get(run_id, 0) + 1
+
+    def kill(
+        self, key: AttemptKey, box_id: int, group: tuple[int | None, int | None], code: ReasonCode, reason: str,
+        phase: AttemptOutcome = AttemptOutcome.FAILED,
+    ) -> None:
+        """Kill attempt ``key`` on ``box_id`` (its process ``group``, ``recorded_group``), archived as ``phase``."""
+        pid, started = group
+        self.out.act(Kill(reason=reason, code=code, instance_id=box_id, run_id=key[0], attempt=key[1], pid=pid,
+                          pid_started=started, phase=phase))
+
+    def requeue(
+        self, key: AttemptKey, box_id: int, group: tuple[int | None, int | None], code: ReasonCode, reason: str,
+        phase: AttemptOutcome,
+    ) -> None:
+        """Requeue attempt ``key`` from ``box_id`` (its process ``group`` there killed first), archived as ``phase``."""
+        pid, started = group
+        self.out.act(Requeue(reason=reason, code=code, run_id=key[0], attempt=key[1], instance_id=box_id, pid=pid,
+                             pid_started=started, phase=phase))
+
+
+@dataclass
+class _LiveEnding(_Ending):
+    """``settle_live``'s tally: ``_Ending``, with the attempts it settled, those that go on running per run and the
+    runs stopped early."""
+
+    seen: SeenAttempts = field(kw_only=True)
+    settled: set[AttemptKey] = field(default_factory=set)
+    running: dict[str, list[tuple[int, RunDirState]]] = field(default_factory=dict)
+    stopped: set[str] = field(default_factory=set)
+
+    def kill_live(
+        self, box_id: int, rd: RunDirState, code: ReasonCode, reason: str, phase: AttemptOutcome = AttemptOutcome.FAILED
+    ) -> None:
+        self.settled.add((rd.run_id, rd.attempt))
+        self.kill((rd.run_id, rd.attempt), box_id, self._group(box_id, rd), code, reason, phase)
+
+    def requeue_live(
+        self, box_id: int, rd: RunDirState, code: ReasonCode, reason: str, phase: AttemptOutcome = AttemptOutcome.LOST
+    ) -> None:
+        self.settled.add((rd.run_id, rd.attempt))
+        self.count(rd.run_id, phase)
+        self.requeue((rd.run_id, rd.attempt), box_id, self._group(box_id, rd), code, reason, phase)
+
+    def _group(self, box_id: int, rd: RunDirState) -> tuple[int | None, int | None]:
+        return recorded_group(self.seen.launch_of(rd), box_id, rd)
+
+
 def settle_live(
     world: World,
     seen: SeenAttempts,
@@ -332,144 +395,125 @@ def settle_live(
 ) -> tuple[LiveVerdicts, Decisions]:
     """Kill or requeue live attempts that must end; keep one running attempt per run. ``stops`` are the runs the
     sweep's early termination stops (``early_stop.early_stops``): their attempts are killed as stopped early."""
-    out = Decisions()
-    now = world.now
-    settled: set[AttemptKey] = set()
-    used: dict[str, int] = {}
-    took: dict[str, int] = {}  # run id -> attempts requeued as preempted (no retry spent)
-    running: dict[str, list[tuple[int, RunDirState]]] = {}
-    stopped: set[str] = set()
-
-    def kill(
-        box_id: int, rd: RunDirState, code: ReasonCode, reason: str, phase: AttemptOutcome = AttemptOutcome.FAILED
-    ) -> None:
-        settled.add((rd.run_id, rd.attempt))
-        pid, started = recorded_group(seen.launch_of(rd), box_id, rd)
-        out.act(
-            Kill(
-                reason=reason,
-                code=code,
-                instance_id=box_id,
-                run_id=rd.run_id,
-                attempt=rd.attempt,
-                pid=pid,
-                pid_started=started,
-                phase=phase,
-            )
-        )
-
-    def requeue(
-        box_id: int, rd: RunDirState, code: ReasonCode, reason: str, phase: AttemptOutcome = AttemptOutcome.LOST
-    ) -> None:
-        settled.add((rd.run_id, rd.attempt))
-        count = took if phase is AttemptOutcome.PREEMPTED else used
-        count[rd.run_id] = count.get(rd.run_id, 0) + 1
-        pid, started = recorded_group(seen.launch_of(rd), box_id, rd)
-        out.act(
-            Requeue(
-                reason=reason,
-                code=code,
-                run_id=rd.run_id,
-                attempt=rd.attempt,
-                instance_id=box_id,
-                pid=pid,
-                pid_started=started,
-                phase=phase,
-            )
-        )
-
+    ending = _LiveEnding(world, seen=seen)
     for box_id in world.boxes:
         gone = destroyed.get(box_id)
-        for rd in seen.zombies.get(box_id, ()):
-            if gone is None:
-                phase = world.archived[(rd.run_id, rd.attempt)].phase.value
-                kill(
-                    box_id,
-                    rd,
-                    ReasonCode.ARCHIVED_BUT_ALIVE,
-                    f"attempt already archived as {phase}, but its process is still alive",
-                )
+        if gone is None:
+            _kill_zombies(ending, box_id)
         for rd in seen.live.get(box_id, ()):
-            subj = f"run/{rd.run_id}.{rd.attempt}"
             if gone is not None:
-                requeue(box_id, rd, *destroyed_box_requeue(box_id, gone, preempted))
-                continue
-            if not is_live(rd):  # unfinished, and its wrapper is gone
-                detail = "wrapper process gone without an exit code"
-                requeue(box_id, rd, ReasonCode.WRAPPER_GONE, f"lost: {detail}")
-                out.drift.append(Drift(DriftClass.JOB_CRASHED, subj, detail, f"requeue {subj}"))
-                continue
-            stale = heartbeat_stale(world, rd)
-            if stale is not None:
-                requeue(box_id, rd, ReasonCode.HEARTBEAT_STALE, f"lost: {stale}")
-                out.drift.append(Drift(DriftClass.JOB_CRASHED, subj, stale, f"requeue {subj}"))
-                continue
-            if rd.run_id not in wanted:
-                kill(box_id, rd, ReasonCode.NOT_DESIRED, "no longer desired")
-                continue
-            stop = stops.get(rd.run_id) if stops else None
-            if stop is not None:
-                stopped.add(rd.run_id)
-                kill(box_id, rd, ReasonCode.EARLY_STOPPED, stop.reason, AttemptOutcome.STOPPED_EARLY)
-                continue
-            spec = world.runs[rd.run_id]
-            launched = launched_at(world, seen, rd)
-            if now - launched > spec.sweep.max_runtime_s:
-                used[rd.run_id] = used.get(rd.run_id, 0) + 1
-                kill(
-                    box_id,
-                    rd,
-                    ReasonCode.MAX_RUNTIME,
-                    f"exceeded max runtime {fmt_duration(spec.sweep.max_runtime_s)} "
-                    f"(running for {fmt_duration(now - launched)})",
-                )
-                continue
-            stalled = stall_of(world, rd, spec, launched)
-            if stalled is not None:
-                used[rd.run_id] = used.get(rd.run_id, 0) + 1
-                kill(box_id, rd, ReasonCode.STALLED, f"stalled: {stalled}")
-                out.drift.append(Drift(DriftClass.STALLED, subj, stalled, f"kill {subj}"))
-                continue
-            box = world.boxes[box_id]
-            if contract_ending(world, box) and not contract_pull_due(world, box, rd):
-                # moved before the host takes the box back: requeued as preempted (no retry spent; apply kills it and
-                # harvests what it wrote), its checkpoint (pulled inside the margin by bookkeeping, and again by the
-                # harvest) is what its next attempt resumes from
-                why = _ending_text(world, box, spec)
-                requeue(box_id, rd, ReasonCode.CONTRACT_ENDING, why, AttemptOutcome.PREEMPTED)
-                continue
-            running.setdefault(rd.run_id, []).append((box_id, rd))
-    # A duplicate daemon once launched the same seed twice; keep the oldest attempt, stop the others.
+                ending.requeue_live(box_id, rd, *destroyed_box_requeue(box_id, gone, preempted))
+            elif not _ended_lost(ending, box_id, rd) and not _ended_as_due(ending, box_id, rd, wanted, stops or {}):
+                ending.running.setdefault(rd.run_id, []).append((box_id, rd))
+    kept, launched_kept = _keep_the_oldest(ending)
+    verdicts = LiveVerdicts(
+        kept, ending.used, frozenset(ending.settled), launched_kept, frozenset(ending.stopped), ending.took
+    )
+    return verdicts, ending.out
+
+
+def _kill_zombies(ending: _LiveEnding, box_id: int) -> None:
+    """Kill the attempts on a box (not being destroyed) that are archived already but whose process lives on."""
+    for rd in ending.seen.zombies.get(box_id, ()):
+        phase = ending.world.archived[(rd.run_id, rd.attempt)].phase.value
+        reason = f"attempt already archived as {phase}, but its process is still alive"
+        ending.kill_live(box_id, rd, ReasonCode.ARCHIVED_BUT_ALIVE, reason)
+
+
+def _ended_lost(ending: _LiveEnding, box_id: int, rd: RunDirState) -> bool:
+    """Requeue a live attempt that is lost (its wrapper gone without an exit code, or its heartbeat stale); True when
+    it was."""
+    subj = f"run/{rd.run_id}.{rd.attempt}"
+    if not is_live(rd):  # unfinished, and its wrapper is gone
+        detail = "wrapper process gone without an exit code"
+        ending.requeue_live(box_id, rd, ReasonCode.WRAPPER_GONE, f"lost: {detail}")
+        ending.out.drift.append(Drift(DriftClass.JOB_CRASHED, subj, detail, f"requeue {subj}"))
+        return True
+    stale = heartbeat_stale(ending.world, rd)
+    if stale is not None:
+        ending.requeue_live(box_id, rd, ReasonCode.HEARTBEAT_STALE, f"lost: {stale}")
+        ending.out.drift.append(Drift(DriftClass.JOB_CRASHED, subj, stale, f"requeue {subj}"))
+        return True
+    return False
+
+
+def _ended_as_due(
+    ending: _LiveEnding, box_id: int, rd: RunDirState, wanted: frozenset[str], stops: Mapping[str, EarlyStop]
+) -> bool:
+    """End a running attempt whose run is no longer wanted, is stopped early, ran past its max runtime, stalled, or
+    whose box's contract ends (moved as preempted); True when it was."""
+    world = ending.world
+    if rd.run_id not in wanted:
+        ending.kill_live(box_id, rd, ReasonCode.NOT_DESIRED, "no longer desired")
+        return True
+    stop = stops.get(rd.run_id)
+    if stop is not None:
+        ending.stopped.add(rd.run_id)
+        ending.kill_live(box_id, rd, ReasonCode.EARLY_STOPPED, stop.reason, AttemptOutcome.STOPPED_EARLY)
+        return True
+    spec = world.runs[rd.run_id]
+    launched = launched_at(world, ending.seen, rd)
+    if world.now - launched > spec.sweep.max_runtime_s:
+        ending.count(rd.run_id, AttemptOutcome.FAILED)
+        reason = (
+            f"exceeded max runtime {fmt_duration(spec.sweep.max_runtime_s)} "
+            f"(running for {fmt_duration(world.now - launched)})"
+        )
+        ending.kill_live(box_id, rd, ReasonCode.MAX_RUNTIME, reason)
+        return True
+    stalled = stall_of(world, rd, spec, launched)
+    if stalled is not None:
+        ending.count(rd.run_id, AttemptOutcome.FAILED)
+        ending.kill_live(box_id, rd, ReasonCode.STALLED, f"stalled: {stalled}")
+        subj = f"run/{rd.run_id}.{rd.attempt}"
+        ending.out.drift.append(Drift(DriftClass.STALLED, subj, stalled, f"kill {subj}"))
+        return True
+    box = world.boxes[box_id]
+    if contract_ending(world, box) and not contract_pull_due(world, box, rd):
+        # moved before the host takes the box back: requeued as preempted (no retry spent; apply kills it and
+        # harvests what it wrote), its checkpoint (pulled inside the margin by bookkeeping, and again by the
+        # harvest) is what its next attempt resumes from
+        why = _ending_text(world, box, spec)
+        ending.requeue_live(box_id, rd, ReasonCode.CONTRACT_ENDING, why, AttemptOutcome.PREEMPTED)
+        return True
+    return False
+
+
+def _keep_the_oldest(ending: _LiveEnding) -> tuple[dict[str, tuple[int, RunDirState]], dict[str, float]]:
+    """Per run, the attempt kept running (the oldest) and when it was launched; the others are killed as duplicates
+    (a duplicate daemon once launched the same seed twice)."""
+    world, seen = ending.world, ending.seen
     kept: dict[str, tuple[int, RunDirState]] = {}
     launched_kept: dict[str, float] = {}
-    for run_id in sorted(running):
-        group = sorted(running[run_id], key=lambda t: (t[1].attempt, t[0]))
+    for run_id in sorted(ending.running):
+        group = sorted(ending.running[run_id], key=lambda t: (t[1].attempt, t[0]))
         keep_box, keep_rd = group[0]
         for box_id, rd in group[1:]:
-            kill(
-                box_id,
-                rd,
-                ReasonCode.DUPLICATE_ATTEMPT,
-                f"duplicate: attempt {keep_rd.attempt} of this run is already running on instance/{keep_box}",
-            )
+            reason = f"duplicate: attempt {keep_rd.attempt} of this run is already running on instance/{keep_box}"
+            ending.kill_live(box_id, rd, ReasonCode.DUPLICATE_ATTEMPT, reason)
         kept[run_id] = (keep_box, keep_rd)
-        spec = world.runs[run_id]
         launched_kept[run_id] = launched_at(world, seen, keep_rd)
-        ran = fmt_duration(now - launched_kept[run_id])
-        beat = fmt_duration(keep_rd.heartbeat_age_s) + " ago" if keep_rd.heartbeat_age_s is not None else "not yet"
-        out.noop(
-            f"run/{keep_rd.run_id}.{keep_rd.attempt}@{keep_box}",
-            ReasonCode.RUNNING,
-            f"running for {ran} of max {fmt_duration(spec.sweep.max_runtime_s)} on {gpus_text(keep_rd.gpu_mask)}; "
-            f"heartbeat {beat}",
-        )
-    return LiveVerdicts(kept, used, frozenset(settled), launched_kept, frozenset(stopped), took), out
+        _note_running(ending.out, world, keep_box, keep_rd, launched_kept[run_id])
+    return kept, launched_kept
+
+
+def _note_running(out: Decisions, world: World, box_id: int, rd: RunDirState, launched: float) -> None:
+    """The no-op of an attempt kept running: how long it has run of its max, on which GPUs, its heartbeat."""
+    spec = world.runs[rd.run_id]
+    ran = fmt_duration(world.now - launched)
+    beat = fmt_duration(rd.heartbeat_age_s) + " ago" if rd.heartbeat_age_s is not None else "not yet"
+    out.noop(
+        f"run/{rd.run_id}.{rd.attempt}@{box_id}",
+        ReasonCode.RUNNING,
+        f"running for {ran} of max {fmt_duration(spec.sweep.max_runtime_s)} on {gpus_text(rd.gpu_mask)}; "
+        f"heartbeat {beat}",
+    )
 
 
 def _ending_text(world: World, box: OwnedBox, spec: RunSpec) -> str:
     left = contract.time_left(box.inst, world.now, world.observed.memory.accepted_increases) or 0.0
     margin = fmt_duration(world.desired.fleet.contract_margin_s)
-    resume = "from its checkpoint" if spec.sweep.checkpoint is not None and world.observed.harvesting else "afresh"
+    resume = "from its checkpoint" if spec.sweep.checkpoint is not None and world.controller.harvesting else "afresh"
     return (
         f"its box's contract ends in {fmt_duration(left)} (contract_margin {margin}): preempted before the host takes "
         f"it back, resumed elsewhere {resume}; no retry spent"
@@ -506,10 +550,10 @@ def heartbeat_stale(world: World, rd: RunDirState) -> str | None:
     age = max(0.0, hb)
     if age > limit:
         return f"heartbeat {fmt_duration(age)} old > heartbeat_stale {fmt_duration(limit)}"
-    for run_id, attempt, _implied, since in world.observed.memory.heartbeats:
-        if (run_id, attempt) == (rd.run_id, rd.attempt) and world.now - since > limit:
+    for beat in world.observed.memory.heartbeats:
+        if beat.key == (rd.run_id, rd.attempt) and world.now - beat.since > limit:
             return (
-                f"heartbeat unchanged for {fmt_duration(world.now - since)} on the controller's clock > "
+                f"heartbeat unchanged for {fmt_duration(world.now - beat.since)} on the controller's clock > "
                 f"heartbeat_stale {fmt_duration(limit)}"
             )
     return None
@@ -551,13 +595,35 @@ def stall_of(world: World, rd: RunDirState, spec: RunSpec, launched: float) -> s
                 f"progress {done / worked:.4g}/s over {fmt_duration(worked)} is under {STALL_RATE_FLOOR:.0%} of the "
                 f"learned {learned.per_s:.4g}/s ({learned.source.value}: {learned.basis})"
             )
-    for run_id, attempt, since in world.observed.memory.gpu_quiet:
-        if (run_id, attempt) == key and now - since > limit:
+    for clock in world.observed.memory.gpu_quiet:
+        if clock.key == key and now - clock.since > limit:
             return (
-                f"GPU utilization under {spec.sweep.stall_gpu_util_pct:g}% for {fmt_duration(now - since)} > "
+                f"GPU utilization under {spec.sweep.stall_gpu_util_pct:g}% for {fmt_duration(now - clock.since)} > "
                 f"stall_timeout {fmt_duration(limit)} while its process lives"
             )
     return None
+
+
+@dataclass
+class _InFlightEnding(_Ending):
+    """``settle_in_flight``'s tally: ``_Ending``, with the runs that count as running (``waiting``), the runs whose
+    lost attempt may still run (``unverified``) and the queued attempt kept per run."""
+
+    waiting: set[str] = field(default_factory=set)
+    unverified: dict[str, str] = field(default_factory=dict)
+    queued_kept: dict[str, InFlight] = field(default_factory=dict)
+
+    def kill_queued(self, fl: InFlight, code: ReasonCode, reason: str) -> None:
+        """Kill a queued attempt no box started: not started, no process group yet, kill.sh tombstones the entry;
+        archived as never started (``runphase.never_ran``), it spends no retry."""
+        self.kill((fl.run_id, fl.attempt), fl.instance_id, (None, None), code, reason)
+
+    def requeue_flight(
+        self, fl: InFlight, code: ReasonCode, reason: str, phase: AttemptOutcome = AttemptOutcome.LOST
+    ) -> None:
+        if not fl.queued:  # a queued attempt no box showed started never ran (``runphase.never_ran``)
+            self.count(fl.run_id, phase)
+        self.requeue((fl.run_id, fl.attempt), fl.instance_id, recorded_group(fl, fl.instance_id), code, reason, phase)
 
 
 def settle_in_flight(
@@ -579,121 +645,112 @@ def settle_in_flight(
     (``DUPLICATE_ATTEMPT``), or the budget binds (``over_budget``, its verdict): nothing queued may start once the
     headroom is gone (``QUEUE_OVER_BUDGET``). Those are killed, which tombstones the entry on the box (its launch
     lock taken, so the box never starts it)."""
-    out = Decisions()
-    waiting: set[str] = set()
-    used: dict[str, int] = {}
-    took: dict[str, int] = {}  # run id -> attempts requeued as preempted (no retry spent)
-    unverified: dict[str, str] = {}
-    running = running or {}
-    queued_kept: dict[str, InFlight] = {}
-
-    def kill_queued(fl: InFlight, code: ReasonCode, reason: str) -> None:
-        # archived as never started (``runphase.never_ran``): it spends no retry
-        out.act(
-            Kill(
-                reason=reason,
-                code=code,
-                instance_id=fl.instance_id,
-                run_id=fl.run_id,
-                attempt=fl.attempt,
-                pid=None,  # not started: no process group yet, kill.sh tombstones the entry
-                pid_started=None,
-            )
-        )
+    ending = _InFlightEnding(world)
     for fl in sorted(unseen_in_flight(world, seen), key=lambda x: (x.run_id, x.attempt, x.instance_id)):
         if (fl.run_id, fl.attempt) in settled:
             continue
-        subj_inst = f"instance/{fl.instance_id}"
         box = world.boxes.get(fl.instance_id)
-
-        def requeue(
-            fl: InFlight, code: ReasonCode, reason: str, phase: AttemptOutcome = AttemptOutcome.LOST
-        ) -> None:
-            if not fl.queued:  # a queued attempt no box showed started never ran (``runphase.never_ran``)
-                count = took if phase is AttemptOutcome.PREEMPTED else used
-                count[fl.run_id] = count.get(fl.run_id, 0) + 1
-            pid, started = recorded_group(fl, fl.instance_id)
-            out.act(
-                Requeue(
-                    reason=reason,
-                    code=code,
-                    run_id=fl.run_id,
-                    attempt=fl.attempt,
-                    instance_id=fl.instance_id,
-                    pid=pid,
-                    pid_started=started,
-                    phase=phase,
-                )
-            )
-
         if box is None:
-            why = "vanished" if fl.instance_id not in world.listed_ids else "no longer carries our label"
-            requeue(fl, ReasonCode.BOX_VANISHED, f"box {subj_inst} {why}")
-            if fl.instance_id in world.listed_ids:
-                unverified[fl.run_id] = f"attempt {fl.attempt} was lost on {subj_inst}, still listed but not ours"
-            out.drift.append(
-                Drift(
-                    DriftClass.DESTROYED_BY_HAND,
-                    subj_inst,
-                    f"owned box running run/{fl.run_id}.{fl.attempt} is no longer listed as ours",
-                    f"requeue run/{fl.run_id}.{fl.attempt}",
-                )
-            )
+            _lost_with_its_box(ending, fl)
         elif fl.instance_id in destroyed:
-            code, reason, phase = destroyed_box_requeue(fl.instance_id, destroyed[fl.instance_id], preempted)
-            requeue(fl, code, reason, phase)
-            if not box.reachable:
-                how = "preempted" if phase is AttemptOutcome.PREEMPTED else "lost"
-                unverified[fl.run_id] = f"attempt {fl.attempt} was {how} on {subj_inst}, which cannot be checked"
+            _requeue_from_destroyed(ending, fl, box, destroyed[fl.instance_id], preempted)
         elif box.reachable and is_queued(fl, box.probe):
-            ahead = running.get(fl.run_id)
-            first = queued_kept.get(fl.run_id)
-            if fl.run_id not in wanted:
-                kill_queued(fl, ReasonCode.NOT_DESIRED, "no longer desired (queued, not started)")
-            elif ahead is not None:
-                kill_queued(
-                    fl,
-                    ReasonCode.DUPLICATE_ATTEMPT,
-                    f"duplicate: attempt {ahead[1].attempt} of this run is already running on instance/{ahead[0]}",
-                )
-            elif first is not None:
-                kill_queued(
-                    fl,
-                    ReasonCode.DUPLICATE_ATTEMPT,
-                    f"duplicate: attempt {first.attempt} of this run is already queued on instance/{first.instance_id}",
-                )
-            elif over_budget is not None:
-                kill_queued(fl, ReasonCode.QUEUE_OVER_BUDGET, f"queued, not started: {over_budget}")
-            elif contract_ending(world, box):
-                left = contract.time_left(box.inst, world.now, world.observed.memory.accepted_increases) or 0.0
-                kill_queued(
-                    fl,
-                    ReasonCode.CONTRACT_ENDING,
-                    f"queued, not started: its box's contract ends in {fmt_duration(left)} (contract_margin "
-                    f"{fmt_duration(world.desired.fleet.contract_margin_s)}); it launches elsewhere",
-                )
-            else:
-                queued_kept[fl.run_id] = fl
-                waiting.add(fl.run_id)
-                out.noop(
-                    f"run/{fl.run_id}.{fl.attempt}@{fl.instance_id}",
-                    ReasonCode.QUEUED,
-                    f"queued on {subj_inst} {gpus_text(fl.gpu_mask)}, behind the slot's current attempt",
-                )
+            _settle_queued(ending, fl, box, wanted, running or {}, over_budget)
         elif not may_still_hold(fl, box.probe):
-            requeue(fl, ReasonCode.LAUNCH_NEVER_HAPPENED, f"launch never happened: no run dir on {subj_inst}")
+            reason = f"launch never happened: no run dir on instance/{fl.instance_id}"
+            ending.requeue_flight(fl, ReasonCode.LAUNCH_NEVER_HAPPENED, reason)
         else:
-            waiting.add(fl.run_id)
-            out.noop(
-                f"run/{fl.run_id}.{fl.attempt}@{fl.instance_id}",
-                ReasonCode.UNCHECKABLE,
-                f"not among the run directories {subj_inst} listed, and it left {box.probe.runs_omitted} out of its "
-                "answer; waiting"
-                if box.probe is not None and box.reachable
-                else f"launched on {subj_inst} which cannot be checked now ({box_states.get(fl.instance_id, '')}); "
-                "waiting",
-            )
-    return InFlightVerdicts(frozenset(waiting), used, unverified, tuple(queued_kept.values()), took), out
+            _wait_for(ending, fl, box, box_states)
+    verdicts = InFlightVerdicts(
+        frozenset(ending.waiting), ending.used, ending.unverified, tuple(ending.queued_kept.values()), ending.took
+    )
+    return verdicts, ending.out
+
+
+def _lost_with_its_box(ending: _InFlightEnding, fl: InFlight) -> None:
+    """Requeue an attempt whose box is no longer listed as ours (vanished, or its label gone); one on a box still
+    listed may still run, so its run waits (``unverified``)."""
+    subj_inst = f"instance/{fl.instance_id}"
+    listed = fl.instance_id in ending.world.listed_ids
+    why = "no longer carries our label" if listed else "vanished"
+    ending.requeue_flight(fl, ReasonCode.BOX_VANISHED, f"box {subj_inst} {why}")
+    if listed:
+        ending.unverified[fl.run_id] = f"attempt {fl.attempt} was lost on {subj_inst}, still listed but not ours"
+    ending.out.drift.append(
+        Drift(
+            DriftClass.DESTROYED_BY_HAND,
+            subj_inst,
+            f"owned box running run/{fl.run_id}.{fl.attempt} is no longer listed as ours",
+            f"requeue run/{fl.run_id}.{fl.attempt}",
+        )
+    )
+
+
+def _requeue_from_destroyed(
+    ending: _InFlightEnding, fl: InFlight, box: OwnedBox, gone: str, preempted: frozenset[int]
+) -> None:
+    """Requeue an attempt of a box this plan destroys (as preempted when the provider took it); when the box cannot
+    be checked, the attempt may still run, so its run waits (``unverified``)."""
+    code, reason, phase = destroyed_box_requeue(fl.instance_id, gone, preempted)
+    ending.requeue_flight(fl, code, reason, phase)
+    if not box.reachable:
+        how = "preempted" if phase is AttemptOutcome.PREEMPTED else "lost"
+        ending.unverified[fl.run_id] = f"attempt {fl.attempt} was {how} on {box.subject}, which cannot be checked"
+
+
+def _settle_queued(
+    ending: _InFlightEnding,
+    fl: InFlight,
+    box: OwnedBox,
+    wanted: frozenset[str],
+    running: Mapping[str, tuple[int, RunDirState]],
+    over_budget: str | None,
+) -> None:
+    """Keep an attempt waiting in a reachable box's queue, or kill it (tombstoned): its run no longer wanted, an
+    attempt of its run already running or queued ahead, the budget binding, or its box's contract ending."""
+    world = ending.world
+    ahead = running.get(fl.run_id)
+    first = ending.queued_kept.get(fl.run_id)
+    if fl.run_id not in wanted:
+        ending.kill_queued(fl, ReasonCode.NOT_DESIRED, "no longer desired (queued, not started)")
+    elif ahead is not None:
+        where = f"attempt {ahead[1].attempt} of this run is already running on instance/{ahead[0]}"
+        ending.kill_queued(fl, ReasonCode.DUPLICATE_ATTEMPT, f"duplicate: {where}")
+    elif first is not None:
+        where = f"attempt {first.attempt} of this run is already queued on instance/{first.instance_id}"
+        ending.kill_queued(fl, ReasonCode.DUPLICATE_ATTEMPT, f"duplicate: {where}")
+    elif over_budget is not None:
+        ending.kill_queued(fl, ReasonCode.QUEUE_OVER_BUDGET, f"queued, not started: {over_budget}")
+    elif contract_ending(world, box):
+        left = contract.time_left(box.inst, world.now, world.observed.memory.accepted_increases) or 0.0
+        ending.kill_queued(
+            fl,
+            ReasonCode.CONTRACT_ENDING,
+            f"queued, not started: its box's contract ends in {fmt_duration(left)} (contract_margin "
+            f"{fmt_duration(world.desired.fleet.contract_margin_s)}); it launches elsewhere",
+        )
+    else:
+        ending.queued_kept[fl.run_id] = fl
+        ending.waiting.add(fl.run_id)
+        ending.out.noop(
+            f"run/{fl.run_id}.{fl.attempt}@{fl.instance_id}",
+            ReasonCode.QUEUED,
+            f"queued on {box.subject} {gpus_text(fl.gpu_mask)}, behind the slot's current attempt",
+        )
+
+
+def _wait_for(ending: _InFlightEnding, fl: InFlight, box: OwnedBox, box_states: Mapping[int, str]) -> None:
+    """An attempt its box may still hold (it cannot be checked, or left run directories out of its answer): its run
+    counts as running, and the plan waits."""
+    ending.waiting.add(fl.run_id)
+    if box.probe is not None and box.reachable:
+        why = (
+            f"not among the run directories {box.subject} listed, and it left {box.probe.runs_omitted} out of its "
+            "answer; waiting"
+        )
+    else:
+        why = f"launched on {box.subject} which cannot be checked now ({box_states.get(fl.instance_id, '')}); waiting"
+    ending.out.noop(f"run/{fl.run_id}.{fl.attempt}@{fl.instance_id}", ReasonCode.UNCHECKABLE, why)
 
 
 def unverified_lost(world: World, in_flight: InFlightVerdicts) -> dict[str, str]:

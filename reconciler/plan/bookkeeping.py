@@ -2,9 +2,10 @@
 
 Neither changes the world, but each is a decision, so each is made here and apply only executes it:
 
-- a running attempt of a sweep with a ``checkpoint`` has it pulled home when it was last pulled ``every`` ago (or
-  never), on a box that answered this cycle and that this plan does not destroy, unless this plan settles the
-  attempt (a killed or requeued attempt's checkpoint comes home with its harvest);
+- a running attempt this fleet launched on its box (``World.ours``: a run directory no launch of ours made there is
+  foreign, and nothing of it comes home) of a sweep with a ``checkpoint`` has it pulled home when it was last
+  pulled ``every`` ago (or never), on a box that answered this cycle and that this plan does not destroy, unless
+  this plan settles the attempt (a killed or requeued attempt's checkpoint comes home with its harvest);
 - a running attempt on a box whose contract ends within ``contract_margin`` (``reconciler.core.contract.ending``) has
   its checkpoint pulled home once more inside that window, whatever ``every`` says (``CONTRACT_ENDING``): it is
   then ended as preempted (``attempts.settle_live``) and resumes elsewhere from that pull (``contract_pull_due``);
@@ -20,7 +21,6 @@ from collections.abc import Mapping
 from reconciler.core import contract
 from reconciler.core.actions import CloseBill, ReasonCode, SyncCheckpoint
 from reconciler.core.model import RunDirState
-from reconciler.core.runphase import is_live
 from reconciler.plan.common import Decisions, fmt_duration
 from reconciler.plan.world import OwnedBox, World
 
@@ -37,27 +37,31 @@ def contract_pull_due(world: World, box: OwnedBox, rd: RunDirState) -> bool:
     """Whether a live attempt on a box whose contract is ending has its checkpoint to pull home before it is moved:
     its sweep has a checkpoint, a result store takes it, and it was not pulled since the margin's window began."""
     spec = world.runs.get(rd.run_id)
-    if spec is None or spec.sweep.checkpoint is None or not world.observed.harvesting:
+    if spec is None or spec.sweep.checkpoint is None or not world.controller.harvesting:
         return False
     end = contract.box_end(box.inst, world.observed.memory.accepted_increases)
     if end is None:
         return False
     window = end - world.desired.fleet.contract_margin_s
-    pulled = [t for r, a, t in world.observed.memory.checkpoint_pulls if (r, a) == (rd.run_id, rd.attempt)]
+    pulled = [p.at for p in world.observed.memory.checkpoint_pulls if p.key == (rd.run_id, rd.attempt)]
     return not pulled or max(pulled) < window
 
 
 def sync_checkpoints(world: World, settled: frozenset[AttemptKey], destroyed: Mapping[int, str]) -> Decisions:
+    """The checkpoint pulls due: of the live attempts this fleet launched (``World.ours``: a run directory no launch
+    of ours made on that box is never pulled, whatever run it names), not settled by this plan, on a box that
+    answered and that this plan does not destroy."""
     out = Decisions()
-    if not world.observed.harvesting:
+    if not world.controller.harvesting:
         return out  # no result store: nothing comes home, checkpoints neither
-    pulled = {(r, a): t for r, a, t in world.observed.memory.checkpoint_pulls}
-    for box_id, box in world.boxes.items():
-        if not box.reachable or box.probe is None or box_id in destroyed:
+    pulled = {p.key: p.at for p in world.observed.memory.checkpoint_pulls}
+    for box_id, ours in world.ours.items():
+        box = world.boxes[box_id]
+        if box_id in destroyed:
             continue
-        for rd in box.probe.runs:
+        for rd in (a.run_dir for a in ours if a.live):
             key = (rd.run_id, rd.attempt)
-            if not is_live(rd) or key in settled or key in world.archived:
+            if key in settled:
                 continue
             spec = world.runs.get(rd.run_id)
             sweep = spec.sweep if spec is not None else None

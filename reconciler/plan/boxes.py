@@ -401,7 +401,7 @@ def retire_idle(
 
     The tail: a busy box that no pending run will use beyond what it holds (none of its pool waits and this plan
     gives it nothing more), whose work is predicted to end before the next decision (``work_left_s`` within
-    ``Observed.cycle_s``: later, the next plan knows more), is marked draining once (``Drain``, ``DRAIN_TAIL``), so
+    ``Controller.cycle_s``: later, the next plan knows more), is marked draining once (``Drain``, ``DRAIN_TAIL``), so
     it ends itself the moment its queue runs dry instead of idling until a cycle sees it; above the floor only. A
     draining box with nothing live, nothing queued and no launch in this plan is destroyed at once (``DRAINED``):
     its finished attempts are recorded by this same plan, before the destroy. A box with attempts in its queue and
@@ -438,7 +438,7 @@ def retire_idle(
                 and not draining
                 and not launches.get(box.id)
                 and not waiting.get(box.pool, 0)
-                and work_left_s(world, fc, seen, box) <= world.observed.cycle_s
+                and work_left_s(world, fc, seen, box) <= world.controller.cycle_s
             ):
                 tail.append(box)
             continue

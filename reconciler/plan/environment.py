@@ -2,8 +2,8 @@
 allow (``RIGSYNC_JOB_SECRETS``) or the controller does not set is not launched (and nothing is rented for it);
 every other sweep goes on.
 
-The planner never sees a value: ``Observed.allowed_secrets`` holds the names the operator lists,
-``Observed.controller_env`` the allowed names the controller has (set, non-empty), and the sweeps' references are
+The planner never sees a value: ``Controller.allowed_secrets`` holds the names the operator lists,
+``Controller.env_names`` the allowed names the controller has (set, non-empty), and the sweeps' references are
 names too (``reconciler.core.jobenv``). Not allowed is decided first: a sweep with a reference off the list is held for
 that alone (``secret_not_allowed``), whatever else it lacks. The withheld runs stay pending (their phase is a fact
 about the run, not about this controller); the reason is a no-op per sweep (``secret_not_allowed`` or
@@ -32,7 +32,7 @@ from reconciler.plan.world import World
 
 def withhold_missing_secrets(world: World, queue: RunQueue) -> tuple[RunQueue, Decisions]:
     out = Decisions()
-    allowed, available = world.observed.allowed_secrets, world.observed.controller_env
+    allowed, available = world.controller.allowed_secrets, world.controller.env_names
     why_of: dict[EnvSpec, tuple[tuple[str, ...], tuple[str, ...]]] = {}
     held: dict[str, tuple[dict[str, None], dict[str, None], int]] = {}  # sweep -> (off the list, missing, runs)
     kept: list[PendingRun] = []

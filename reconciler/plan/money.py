@@ -1,7 +1,7 @@
 """Money: what the budget leaves before the next decision point, and what a new launch or rent would cost.
 
 Caps hold before the fact. The *horizon* is the time until rigsync decides again (its cycle plus the time a
-destroy takes to stop the billing, ``Observed.cycle_s``); the *headroom* is what the tightest cap (daily or
+destroy takes to stop the billing, ``Controller.cycle_s``); the *headroom* is what the tightest cap (daily or
 total) leaves after the boxes held now have billed to that horizon (at the rates that apply: an increase this
 fleet accepted bills its new rate from its ``applies_at``, ``reconciler.core.contract``). Every launch must fit in the
 headroom with its share of its box up to the run's expected runtime, and every rent with the new box's $/h to the
@@ -212,7 +212,7 @@ def purse(
     position = Purse(
         remaining=remaining,
         tightest=tightest,
-        horizon_s=max(0.0, observed.cycle_s),
+        horizon_s=max(0.0, world.controller.cycle_s),
         fleet_dph=fleet_dph,
         credit=observed.credit_usd,
         on_exceed=desired.budget.on_exceed,
@@ -257,7 +257,7 @@ def budget_position(world: World, recorded: Recorded, wanted: frozenset[str]) ->
     desired, observed = world.desired, world.observed
     runtimes = sweep_runtimes(desired, observed, world.gpu_dlperf, world.rates)
     accepted = observed.memory.accepted_increases
-    horizon_end = world.now + max(0.0, observed.cycle_s)
+    horizon_end = world.now + max(0.0, world.controller.cycle_s)
     # what the boxes bill to the next decision, at the rates that apply (an accepted increase from its applies_at)
     fleet_dph = sum(mean_rate(b.inst, world.now, horizon_end, accepted) for b in world.boxes.values())
     waiting: list[RunSpec] = []

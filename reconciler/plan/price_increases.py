@@ -12,7 +12,7 @@ An increase is accepted when, at the new rate, the box still passes:
   earlier in this plan included);
 * the budget: what the tightest of ``daily_usd``/``total_usd`` leaves at ``applies_at``, once the boxes held
   have billed until then at the rates that apply (``money.left_at``), still pays the fleet at the new rates to
-  the decision after it (one cycle, ``Observed.cycle_s``). When nothing is left by then at the current rates,
+  the decision after it (one cycle, ``Controller.cycle_s``). When nothing is left by then at the current rates,
   the budget's own rules stop the box before the new rate could bill: the budget does not decide (the reason
   says so);
 * the ranking: no offer its pool could rent (passing its filters and the host ledger, under its per-box cap:
@@ -124,7 +124,7 @@ def judge(world: World, box: OwnedBox, inc: PriceIncrease, accepted: list[PriceI
         why = f"the fleet would bill {usd_h(fleet_at)}, over max_fleet_dph {usd_h(fleet_cap)}; {alt}"
         return PriceVerdict(False, why)
     left, tightest = left_at(world, at, accepted)
-    horizon = max(0.0, world.observed.cycle_s)
+    horizon = max(0.0, world.controller.cycle_s)
     need = fleet_at * horizon / 3600.0
     note = ""
     if math.isfinite(left) and left <= 0:

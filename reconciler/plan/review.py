@@ -33,7 +33,7 @@ from reconciler.plan.common import usd
 from reconciler.plan.estimate import Place, estimate, totals
 from reconciler.plan.money import purse, sweep_runtimes
 from reconciler.plan.render import estimate_line, search_line
-from reconciler.plan.world import index_world
+from reconciler.plan.world import PLANNING_ALONE, index_world
 
 FORMAT_VERSION = 1
 MARKER = "<!-- rigsync-review -->"  # the workflow finds its one comment by this line
@@ -218,7 +218,7 @@ def _estimate(
     done = {h.run_id for h in observed.history if h.phase is AttemptOutcome.SUCCEEDED}
     work = [r for r in new_work if r.id not in done]  # a reverted edit brings back runs already finished
     work.sort(key=lambda r: (r.sweep.order, r.sweep.name))
-    world, _ = index_world(desired, observed, now)
+    world, _ = index_world(desired, observed, PLANNING_ALONE, now)
     places, sources = committed_places(desired, held, observed)
     used = [sources[p.name] for r in work if (p := desired.fleet.pool(r.sweep.pool)) is not None]
     source = _one_source(used or sources.values())

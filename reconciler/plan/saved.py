@@ -1,12 +1,20 @@
-"""Checking that a saved plan still fits the world before applying it exactly.
+"""A saved plan, and checking that it still fits the world before applying it exactly.
+
+A saved plan is a complete value: the plan (``Plan.to_json``) with the settings of the controller that made it
+(``controller``: its cycle, the secrets it could pass, whether a store took harvests), as ``rigsync plan --out``
+writes it and ``rigsync apply --plan`` reads it (``schemas/plan.schema.json``).
 
 A plan is reviewed as a value and may be applied later; by then an offer may be rented by someone else, a box
-may be gone, another apply may have rented boxes or started the same run. Applying it anyway would rent
-something nobody reviewed, rent past a cap that held when it was made, or run work twice, so a plan whose
-premises no longer hold is refused as a whole, with every reason listed.
+may be gone, another apply may have rented boxes or started the same run, or the controller applying it may lack
+what the plan was made with (a store, a secret). Applying it anyway would rent something nobody reviewed, rent past
+a cap that held when it was made, run work twice or fail half-way, so a plan whose premises no longer hold is
+refused as a whole, with every reason listed.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 from reconciler.core.actions import (
     Bootstrap,
@@ -20,10 +28,63 @@ from reconciler.core.actions import (
     ShipCode,
     needs_problems,
 )
-from reconciler.core.model import AttemptOutcome, Desired, InstanceStatus, Observed, split_owned
+from reconciler.core.model import AttemptOutcome, Controller, Desired, InstanceStatus, Observed, split_owned
 from reconciler.core.runphase import is_live, is_unfinished
 
 DPH_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True)
+class SavedPlan:
+    """A plan with the settings of the controller it was made by (None: saved by a rigsync before plans carried
+    them; the applying controller's stand in)."""
+
+    plan: Plan
+    controller: Controller | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        doc = self.plan.to_json()
+        if self.controller is not None:
+            doc["controller"] = controller_to_json(self.controller)
+        return doc
+
+    @staticmethod
+    def from_json(doc: dict[str, Any]) -> SavedPlan:
+        saved = doc.get("controller")
+        return SavedPlan(Plan.from_json(doc), controller_from_json(saved) if saved is not None else None)
+
+
+def controller_to_json(c: Controller) -> dict[str, Any]:
+    """A plan's ``controller`` (names only, never a value)."""
+    return {
+        "cycle_s": c.cycle_s,
+        "allowed_secrets": sorted(c.allowed_secrets),
+        "env_names": sorted(c.env_names),
+        "harvesting": c.harvesting,
+    }
+
+
+def controller_from_json(d: dict[str, Any]) -> Controller:
+    return Controller(
+        cycle_s=float(d["cycle_s"]),
+        allowed_secrets=frozenset(str(n) for n in d["allowed_secrets"]),
+        env_names=frozenset(str(n) for n in d["env_names"]),
+        harvesting=bool(d["harvesting"]),
+    )
+
+
+def controller_reasons(saved: Controller, applying: Controller) -> list[str]:
+    """Why the controller applying a saved plan cannot carry out what the plan was made with: no result store where
+    the plan had one (its checkpoint pulls and resumes), or a secret the plan could pass that is no longer allowed or
+    set. Another cycle length only moves the budget's horizon, which the caps' own checks cover."""
+    reasons: list[str] = []
+    if saved.harvesting and not applying.harvesting:
+        reasons.append("the plan was made with a result store and this apply has none")
+    for name in sorted(saved.allowed_secrets - applying.allowed_secrets):
+        reasons.append(f"the plan was made with {name} allowed to sweeps, and this controller does not allow it")
+    for name in sorted((saved.env_names & applying.allowed_secrets) - applying.env_names):
+        reasons.append(f"the plan was made with {name} set on the controller, and it is not set now")
+    return reasons
 
 
 def _fleet_dph(desired: Desired, observed: Observed) -> float:
@@ -32,8 +93,13 @@ def _fleet_dph(desired: Desired, observed: Observed) -> float:
     return sum(inst.dph_total for inst in mine)
 
 
-def stale_reasons(saved: Plan, desired: Desired, observed: Observed) -> list[str]:
+def stale_reasons(saved_plan: SavedPlan, desired: Desired, observed: Observed, controller: Controller) -> list[str]:
+    """Every reason the saved plan no longer holds for ``desired``, ``observed`` and the ``controller`` applying it
+    (empty: apply it exactly)."""
+    saved = saved_plan.plan
     reasons = needs_problems(saved.actions, suspended=saved.suspended)  # edited since it was made: not the planner's
+    if saved_plan.controller is not None:
+        reasons += controller_reasons(saved_plan.controller, controller)
     if saved.desired_commit and desired.commit and saved.desired_commit != desired.commit:
         reasons.append(
             f"desired state moved from {saved.desired_commit[:12]} to {desired.commit[:12]} since the plan was made"

@@ -23,6 +23,7 @@ from reconciler.core.model import (
     AttemptRecord,
     BoxMemory,
     BoxProbe,
+    Controller,
     Desired,
     Drift,
     DriftClass,
@@ -37,6 +38,7 @@ from reconciler.core.model import (
     owned_by,
 )
 from reconciler.core.offers import as_interruptible, normalize_gpu_name, offer_skipped, passing_offers, rank_key
+from reconciler.core.runphase import OurAttempt, launched_by_box
 from reconciler.core.throughput import (
     Exploration,
     Rates,
@@ -78,10 +80,14 @@ class OwnedBox:
         return f"instance/{self.inst.id}"
 
 
+PLANNING_ALONE = Controller()  # no controller's settings: the default cycle, no secrets allowed, no store
+
+
 @dataclass(frozen=True)
 class World:
     desired: Desired
     observed: Observed
+    controller: Controller  # the settings of the controller that plans (its cycle, secrets, store)
     now: float
     runs: Mapping[str, RunSpec]  # desired order; the first of a duplicated id wins
     run_index: Mapping[str, int]
@@ -124,9 +130,15 @@ class World:
     gpu_dlperf: Mapping[str, float]  # normalised GPU name -> median DLPerf of one such GPU on the market
     learned: Rates  # the sweeps' progress rates from the archive alone (observed/throughput.yaml)
     rates: Rates  # the same with the live attempts' progress so far (forecasts, ranking)
+    # per owned box that answers, what it shows of the attempts this fleet launched there (``launched_by_box``)
+    ours: Mapping[int, tuple[OurAttempt, ...]]
 
 
-def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World, Decisions]:
+def index_world(
+    desired: Desired, observed: Observed, controller: Controller, now: float
+) -> tuple[World, Decisions]:
+    """The inputs indexed once (see ``World``); ``controller`` is the one that plans (``PLANNING_ALONE`` for a
+    price or a review made away from any controller)."""
     out = Decisions()
     ids = [r.id for r in desired.runs]
     runs: dict[str, RunSpec] = dict(zip(ids, desired.runs, strict=True))
@@ -145,7 +157,7 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
         history.setdefault(h.run_id, []).append(h)
         archived[h.key] = h
     probes = {p.instance_id: observed.memory.vetted(p) for p in observed.probes}  # (observe vets them already)
-    distrusted = {iid: since for iid, since, _ in observed.memory.distrusted}
+    distrusted = {d.instance_id: d.since for d in observed.memory.distrusted}
     memory = {m.instance_id: m for m in observed.memory.boxes}
     f = desired.fleet
     fleet = f.name
@@ -171,7 +183,9 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
     dlperf = gpu_dlperf(observed.offers)
     archive = archive_samples(observed.history, normalize_gpu_name)
     learned = learn(archive)
-    rates = learn([*archive, *_live_samples(runs, archived, boxes, observed, now)])
+    probed = (b.probe for b in boxes.values() if b.probe is not None)
+    ours = launched_by_box(probed, observed.memory.in_flight, archived)
+    rates = learn([*archive, *_live_samples(runs, boxes, ours, now)])
     weights = _pool_weights(desired, runs, observed.history)
     pool_offers = _rentable_offers(desired, observed, now, out, rates, dlperf, weights)
     first = next(iter(pools))
@@ -187,6 +201,7 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
     world = World(
         desired=desired,
         observed=observed,
+        controller=controller,
         now=now,
         runs=runs,
         run_index=run_index,
@@ -202,29 +217,25 @@ def index_world(desired: Desired, observed: Observed, now: float) -> tuple[World
         gpu_dlperf=dlperf,
         learned=learned,
         rates=rates,
+        ours=ours,
     )
     return world, out
 
 
 def _live_samples(
-    runs: Mapping[str, RunSpec],
-    archived: Mapping[tuple[str, int], AttemptRecord],
-    boxes: Mapping[int, OwnedBox],
-    observed: Observed,
-    now: float,
+    runs: Mapping[str, RunSpec], boxes: Mapping[int, OwnedBox], ours: Mapping[int, tuple[OurAttempt, ...]], now: float
 ) -> list[Sample]:
-    """The live attempts' progress so far as samples: attempts this fleet launched (in flight, not resumed, not
-    archived) on its boxes that answer, of a sweep with a progress key."""
-    mine = {(fl.run_id, fl.attempt, fl.instance_id) for fl in observed.memory.in_flight if fl.resumed_from is None}
+    """The live attempts' progress so far as samples: the live attempts this fleet launched (not resumed) on its
+    boxes that answer, of a sweep with a progress key."""
     out: list[Sample] = []
-    for box in boxes.values():
-        if box.probe is None or not box.probe.reachable or box.probe.unusable:
+    for box_id, attempts in ours.items():
+        box = boxes[box_id]
+        if box.probe is None or box.probe.unusable:
             continue
-        for rd in box.probe.runs:
+        for a in attempts:
+            rd = a.run_dir
             spec = runs.get(rd.run_id)
-            if spec is None or rd.exit_code is not None or not rd.pid_alive or rd.started_at is None:
-                continue
-            if (rd.run_id, rd.attempt, box.id) not in mine or (rd.run_id, rd.attempt) in archived:
+            if spec is None or not a.live or rd.started_at is None or a.launch.resumed_from is not None:
                 continue
             done = progress_value(spec.sweep, rd.last_metrics)
             if done is not None:

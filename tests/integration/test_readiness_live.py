@@ -37,7 +37,7 @@ def test_boxes_readiness_is_measured_kept_in_fleet_yaml_and_in_their_overhead_li
         for m in res.observed.memory.boxes:
             if m.ready_at is not None:
                 seen[m.instance_id] = m
-                world, _ = index_world(desired, res.observed, res.finished_at)
+                world, _ = index_world(desired, res.observed, res.controller, res.finished_at)
                 ready_figures.append(forecast(world, {}).ready_s(m.pool))
 
     try:

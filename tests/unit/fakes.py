@@ -46,6 +46,7 @@ from reconciler.core.model import (
     AttemptRecord,
     BoxProbe,
     Budget,
+    Controller,
     Desired,
     Endpoint,
     Fleet,
@@ -893,8 +894,8 @@ def observe_and_plan(
     now = world.clock.now()
     observed, _ = observe(desired, world.provider, world.box_control, tuple(archive.records()), FleetMemory(), now)
     memory = replace(observed.memory, in_flight=launched(observed))
-    observed = replace(observed, controller_env=env_names, allowed_secrets=env_names, memory=memory)
-    return observed, plan(desired, observed, now)
+    observed = replace(observed, memory=memory)
+    return observed, plan(desired, observed, Controller(allowed_secrets=env_names, env_names=env_names), now)
 
 
 def launched(observed: Observed) -> tuple[InFlight, ...]:

@@ -1,6 +1,8 @@
 """JSON plan cases -> model objects, with defaults so each case states only what it is about.
 
-A case file is ``{"description", "now", "desired", "observed", "expected"}``. Conveniences (all optional):
+A case file is ``{"description", "now", "desired", "observed", "controller", "expected"}``; ``controller`` (its
+``cycle_s``, ``allowed_secrets``, ``env_names``, ``harvesting``) is the planning controller's settings, as a saved
+plan carries them (default: a 60 s cycle, no secrets, no result store). Conveniences (all optional):
 times may be given relative to ``now`` (``start_ago``, ``started_ago``, ``launched_ago``, ``unreachable_ago``,
 ``last_activity_ago``, ``ended_ago``); an instance without ``label`` gets this fleet's ownership label for the
 current spec (``"{spec}"`` inside a given label is replaced by the current spec hash); a RUNNING instance
@@ -36,13 +38,19 @@ from reconciler.core.model import (
     BoxSpend,
     Budget,
     Checkpoint,
+    CheckpointPull,
+    Controller,
     Desired,
+    DistrustedBox,
     EarlyTerminate,
     EarlyTerminateType,
+    FailedAction,
     Fleet,
     FleetMemory,
     GhostOffer,
+    GpuQuiet,
     GpuState,
+    HeartbeatClock,
     HostLedger,
     HostRecord,
     InFlight,
@@ -67,6 +75,7 @@ from reconciler.core.model import (
     Sweep,
 )
 from reconciler.plan import fleet_spec_hash
+from reconciler.plan.saved import controller_from_json
 
 J = dict[str, Any]
 
@@ -79,6 +88,7 @@ class Case:
     desired: Desired
     observed: Observed
     expected: J
+    controller: Controller  # the case's ``controller``: the settings of the controller that plans
 
 
 def _t(d: J, now: float, key: str, ago_key: str, default: float | None, *, ahead: bool = False) -> float | None:
@@ -381,6 +391,68 @@ def build_hosts(d: J, now: float) -> HostLedger:
     )
 
 
+def build_box_memory(m: J, now: float) -> BoxMemory:
+    return BoxMemory(
+        instance_id=int(m["instance_id"]),
+        first_seen_at=_t(m, now, "first_seen_at", "first_seen_ago", now - 3600.0) or 0.0,
+        unreachable_since=_t(m, now, "unreachable_since", "unreachable_ago", None),
+        bootstrap_since=_t(m, now, "bootstrap_since", "bootstrap_ago", None),
+        reachable_at=_t(m, now, "reachable_at", "reachable_ago", None),
+        ready_at=_t(m, now, "ready_at", "ready_ago", None),
+        pool=m.get("pool", ""),
+    )
+
+
+def build_in_flight(f: J, now: float) -> InFlight:
+    return InFlight(
+        run_id=f["run_id"],
+        attempt=f.get("attempt", 1),
+        instance_id=int(f["instance_id"]),
+        gpu_mask=tuple(f.get("gpu_mask", [0])),
+        launched_at=_t(f, now, "launched_at", "launched_ago", now - 60.0) or 0.0,
+        sweep=f.get("sweep", "s"),
+        pid=f.get("pid"),
+        pid_started=f.get("pid_started"),
+        epoch=f.get("epoch", 0),
+        queued=bool(f.get("queued", False)),
+        seen_started_at=_t(f, now, "seen_started_at", "seen_started_ago", None),
+    )
+
+
+def build_memory(d: J, now: float) -> FleetMemory:
+    """``observed``'s memory: the boxes' (``memory``), in flight, spend, hosts, rungs, accepted increases, and the
+    process-only clocks and records, each a named record."""
+
+    def of(key: str) -> list[J]:
+        return list(d.get(key, []))
+
+    def ago(entry: J, key: str) -> float:
+        return now - float(entry[key])
+
+    def attempt(e: J) -> tuple[str, int]:
+        return e["run_id"], e.get("attempt", 1)
+
+    return FleetMemory(
+        boxes=tuple(build_box_memory(m, now) for m in of("memory")),
+        in_flight=tuple(build_in_flight(f, now) for f in of("in_flight")),
+        spend=build_spend(d.get("spend", {}), now),
+        hosts=build_hosts(d.get("hosts", {}), now),
+        rungs=tuple(RungValue(r["run_id"], float(r["rung"]), float(r["value"])) for r in of("rungs")),
+        accepted_increases=tuple(build_increase(p, now) for p in of("accepted_increases")),
+        gpu_quiet=tuple(sorted(GpuQuiet(*attempt(q), ago(q, "quiet_ago")) for q in of("gpu_quiet"))),
+        checkpoint_pulls=tuple(
+            sorted(CheckpointPull(*attempt(c), ago(c, "pulled_ago")) for c in of("checkpoint_pulls"))
+        ),
+        heartbeats=tuple(
+            sorted(HeartbeatClock(*attempt(h), ago(h, "implied_ago"), ago(h, "since_ago")) for h in of("heartbeats"))
+        ),
+        failed_actions=tuple(sorted(FailedAction(a["kind"], a["target"], a["error"]) for a in of("failed_actions"))),
+        distrusted=tuple(
+            sorted(DistrustedBox(int(b["instance_id"]), ago(b, "since_ago"), b["why"]) for b in of("distrusted"))
+        ),
+    )
+
+
 def build_observed(d: J, now: float, desired: Desired) -> Observed:
     # the lab's own machines (provider ssh pools) are listed as observe() lists them
     instances = (*(build_instance(i, now, desired.fleet) for i in d.get("instances", [])), *own_boxes(desired.fleet))
@@ -390,68 +462,25 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
     for inst in instances:
         if inst.id not in probed and inst.status is InstanceStatus.RUNNING:
             probes.append(build_probe({"instance_id": inst.id}, now, inst, desired))
-    memory = FleetMemory(
-        boxes=tuple(
-            BoxMemory(
-                instance_id=int(m["instance_id"]),
-                first_seen_at=_t(m, now, "first_seen_at", "first_seen_ago", now - 3600.0) or 0.0,
-                unreachable_since=_t(m, now, "unreachable_since", "unreachable_ago", None),
-                bootstrap_since=_t(m, now, "bootstrap_since", "bootstrap_ago", None),
-                reachable_at=_t(m, now, "reachable_at", "reachable_ago", None),
-                ready_at=_t(m, now, "ready_at", "ready_ago", None),
-                pool=m.get("pool", ""),
-            )
-            for m in d.get("memory", [])
-        ),
-        spend=build_spend(d.get("spend", {}), now),
-        hosts=build_hosts(d.get("hosts", {}), now),
-        gpu_quiet=tuple(sorted((q["run_id"], q.get("attempt", 1), now - float(q["quiet_ago"]))
-                               for q in d.get("gpu_quiet", []))),
-        checkpoint_pulls=tuple(sorted((c["run_id"], c.get("attempt", 1), now - float(c["pulled_ago"]))
-                                      for c in d.get("checkpoint_pulls", []))),
-        rungs=tuple(RungValue(r["run_id"], float(r["rung"]), float(r["value"])) for r in d.get("rungs", [])),
-        accepted_increases=tuple(build_increase(p, now) for p in d.get("accepted_increases", [])),
-        in_flight=tuple(
-            InFlight(
-                run_id=f["run_id"],
-                attempt=f.get("attempt", 1),
-                instance_id=int(f["instance_id"]),
-                gpu_mask=tuple(f.get("gpu_mask", [0])),
-                launched_at=_t(f, now, "launched_at", "launched_ago", now - 60.0) or 0.0,
-                sweep=f.get("sweep", "s"),
-                pid=f.get("pid"),
-                pid_started=f.get("pid_started"),
-                epoch=f.get("epoch", 0),
-                queued=bool(f.get("queued", False)),
-                seen_started_at=_t(f, now, "seen_started_at", "seen_started_ago", None),
-            )
-            for f in d.get("in_flight", [])
-        ),
-        heartbeats=tuple(
-            sorted(
-                (h["run_id"], h.get("attempt", 1), now - float(h["implied_ago"]), now - float(h["since_ago"]))
-                for h in d.get("heartbeats", [])
-            )
-        ),
-        failed_actions=tuple(sorted((a["kind"], a["target"], a["error"]) for a in d.get("failed_actions", []))),
-        distrusted=tuple(
-            sorted((int(b["instance_id"]), now - float(b["since_ago"]), b["why"]) for b in d.get("distrusted", []))
-        ),
-    )
     return Observed(
         instances=instances,
         probes=tuple(probes),
         offers=tuple(build_offer(o, now) for o in d.get("offers", [])),
         history=tuple(build_history(h, now) for h in d.get("history", [])),
-        memory=memory,
+        memory=build_memory(d, now),
         credit_usd=d.get("credit_usd"),
-        cycle_s=float(d.get("cycle_s", 60.0)),
-        controller_env=frozenset(d.get("controller_env", [])),
-        allowed_secrets=frozenset(d.get("allowed_secrets", [])),
-        harvesting=bool(d.get("harvesting", False)),
         price_increases=tuple(build_increase(p, now) for p in d.get("price_increases", [])),
         fleet_name=desired.fleet.name,
     )
+
+
+def build_controller(d: J) -> Controller:
+    """The case's ``controller`` (the saved plan's form, ``plan.saved.controller_from_json``), each key optional: a
+    60 s cycle, no secrets allowed or set, no result store."""
+    return controller_from_json({**CASE_CONTROLLER, **d})
+
+
+CASE_CONTROLLER: J = {"cycle_s": 60.0, "allowed_secrets": [], "env_names": [], "harvesting": False}
 
 
 def load_case(path: Path) -> Case:
@@ -459,4 +488,5 @@ def load_case(path: Path) -> Case:
     now = float(raw.get("now", 1_000_000.0))
     desired = build_desired(raw.get("desired", {}))
     observed = build_observed(raw.get("observed", {}), now, desired)
-    return Case(path.stem, raw["description"], now, desired, observed, raw["expected"])
+    controller = build_controller(raw.get("controller", {}))
+    return Case(path.stem, raw["description"], now, desired, observed, raw["expected"], controller)

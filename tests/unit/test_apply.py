@@ -25,7 +25,7 @@ from fakes import (
 from reconciler.adapters.lease import GitLease
 from reconciler.apply import ApplyContext, ApplyResult, apply
 from reconciler.core.actions import CloseBill, Launch, Plan, Rent, ShipCode
-from reconciler.core.model import BoxSpend, Desired, FleetMemory, InFlight, MetricGoal, Observed, Spend
+from reconciler.core.model import BoxSpend, Controller, Desired, FleetMemory, InFlight, MetricGoal, Observed, Spend
 from reconciler.core.remember import next_in_flight
 from reconciler.errors import HostUnreachable, LaunchLockHeld, LeaseLost
 from reconciler.observe import observe
@@ -213,7 +213,7 @@ def _plan_with(
     now = world.clock.now()
     memory = FleetMemory(in_flight=in_flight)
     observed, _ = observe(desired, world.provider, world.box_control, tuple(archive.records()), memory, now)
-    return observed, plan(desired, observed, now)
+    return observed, plan(desired, observed, Controller(), now)
 
 
 def test_a_launch_that_failed_stays_in_flight_and_is_fenced_off_before_its_run_launches_again() -> None:
@@ -282,14 +282,14 @@ def test_a_close_bill_waits_while_an_attempt_on_the_box_is_not_archived_and_then
     gone = BoxSpend(7, usd=0.25, at=now, gone_at=now - 60, dph=0.2, num_gpus=1)
     flying = InFlight(desired.runs[0].id, 1, 7, (0,), now - 600)
     observed = Observed(memory=FleetMemory(spend=Spend(total_usd=0.25, boxes=(gone,)), in_flight=(flying,)))
-    p = plan(suspended, observed, now)
+    p = plan(suspended, observed, Controller(), now)
     (close,) = p.actions
     assert isinstance(close, CloseBill) and close.needs == (f"requeue run/{flying.run_id}.1",)
     held = _apply(world, suspended, observed, p, archive)
     assert held.failures == [] and held.outcomes[0].skipped and held.overheads == []
     assert held.outcomes[0].detail == f"not run: run/{flying.run_id}.1 is not archived"
     observed = replace(observed, memory=replace(observed.memory, in_flight=()))
-    done = _apply(world, desired, observed, plan(suspended, observed, now), archive)
+    done = _apply(world, desired, observed, plan(suspended, observed, Controller(), now), archive)
     assert done.failures == [] and [(o.instance_id, o.cost_usd) for o in done.overheads] == [(7, 0.25)]
     assert list(archive.overheads()) == done.overheads
 

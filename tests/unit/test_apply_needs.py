@@ -38,13 +38,13 @@ from reconciler.core.actions import (
     with_needs,
 )
 from reconciler.core.identity import box_cache_key
-from reconciler.core.model import BoxSpend, Desired, FleetMemory, InFlight, Observed, Spend
+from reconciler.core.model import BoxSpend, Controller, Desired, FleetMemory, InFlight, Observed, Spend
 from reconciler.desired import schema_path
 from reconciler.errors import PlanInconsistent, RemoteCommandFailed, RepoError
 from reconciler.plan import plan
 from reconciler.plan.executable import CACHE_UPLOAD_MARGIN_S
 from reconciler.plan.renting import rent_onstart
-from reconciler.plan.saved import stale_reasons
+from reconciler.plan.saved import SavedPlan, stale_reasons
 from reconciler.remote import watchdog_onstart
 
 try:
@@ -134,18 +134,18 @@ def test_a_plan_whose_action_lacks_a_declared_need_is_refused() -> None:
 
 def test_the_planner_refuses_to_finish_a_plan_that_breaks_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
     case = load_case(CASES / "stale_heartbeat.json")
-    made = plan(case.desired, case.observed, case.now)
+    made = plan(case.desired, case.observed, case.controller, case.now)
     assert [(a.kind.value, a.needs) for a in made.actions] == [("requeue", ()), ("launch", ("requeue run/r1.1",))]
     monkeypatch.setattr(planner, "with_needs", list)  # a planner that forgets to name them
     with pytest.raises(PlanInconsistent, match=re.escape("launch run/r1.2@1 does not name requeue run/r1.1, which")):
-        plan(case.desired, case.observed, case.now)
+        plan(case.desired, case.observed, case.controller, case.now)
 
 
 def test_a_saved_plan_edited_to_drop_a_need_is_refused() -> None:
     case = load_case(CASES / "stale_heartbeat.json")
-    doc = json.loads(json.dumps(plan(case.desired, case.observed, case.now).to_json()))
+    doc = json.loads(json.dumps(plan(case.desired, case.observed, case.controller, case.now).to_json()))
     doc["actions"][1]["needs"] = []
-    assert stale_reasons(Plan.from_json(doc), case.desired, case.observed) == [
+    assert stale_reasons(SavedPlan(Plan.from_json(doc)), case.desired, case.observed, case.controller) == [
         "launch run/r1.2@1 does not name requeue run/r1.1, which it needs"
     ]
 
@@ -200,7 +200,7 @@ def test_a_failed_requeue_keeps_the_bill_of_its_box_open() -> None:
     gone = BoxSpend(7, usd=0.25, at=now, gone_at=now - 60, dph=0.2, num_gpus=1)
     flying = InFlight(desired.runs[0].id, 1, 7, (0,), now - 600)
     observed = Observed(memory=FleetMemory(spend=Spend(total_usd=0.25, boxes=(gone,)), in_flight=(flying,)))
-    p = plan(desired, observed, now)
+    p = plan(desired, observed, Controller(), now)
     assert [(a.kind.value, a.target, a.needs) for a in p.actions] == [
         ("requeue", f"run/{flying.run_id}.1", ()),
         ("close_bill", "instance/7", (f"requeue run/{flying.run_id}.1",)),
@@ -217,7 +217,7 @@ def test_a_failed_requeue_keeps_the_bill_of_its_box_open() -> None:
 
 def test_a_saved_plan_carries_its_rents_onstart_and_round_trips() -> None:
     case = load_case(CASES / "fresh_rent.json")
-    made = plan(case.desired, case.observed, case.now)
+    made = plan(case.desired, case.observed, case.controller, case.now)
     rents = [a for a in made.actions if isinstance(a, Rent)]
     f = case.desired.fleet
     want = watchdog_onstart(ttl_s=f.ttl_s, idle_timeout_s=f.idle_timeout_s, orphan_timeout_s=f.orphan_timeout_s)
@@ -225,14 +225,15 @@ def test_a_saved_plan_carries_its_rents_onstart_and_round_trips() -> None:
     doc = json.loads(json.dumps(made.to_json()))  # as `rigsync plan --out` writes it
     assert list(Draft202012Validator(json.loads(schema_path("plan").read_text())).iter_errors(doc)) == []
     saved = Plan.from_json(doc)
-    assert saved == made and stale_reasons(saved, case.desired, case.observed) == []
+    assert saved == made and stale_reasons(SavedPlan(saved), case.desired, case.observed, case.controller) == []
     del doc["actions"][0]["onstart"]  # a rent that does not say how its box starts is no plan
     assert list(Draft202012Validator(json.loads(schema_path("plan").read_text())).iter_errors(doc))
 
 
 def test_a_saved_requeue_and_bootstrap_carry_what_apply_reads() -> None:
     case = load_case(CASES / "launch_never_happened.json")
-    saved = Plan.from_json(json.loads(json.dumps(plan(case.desired, case.observed, case.now).to_json())))
+    made = plan(case.desired, case.observed, case.controller, case.now)
+    saved = Plan.from_json(json.loads(json.dumps(made.to_json())))
     (requeue,) = [a for a in saved.actions if isinstance(a, Requeue)]
     assert requeue.unreached is None and requeue.talks_to == requeue.instance_id  # its box answered: contacted
     assert requeue.keep_checkpoints == case.desired.fleet.keep_checkpoints
@@ -240,7 +241,7 @@ def test_a_saved_requeue_and_bootstrap_carry_what_apply_reads() -> None:
     case = load_case(CASES / "bootstrap_pending.json")
     pool = replace(case.desired.fleet.pools[0], bootstrap_script="echo hi\n", bootstrap_cache=("/opt/venv",))
     desired = replace(case.desired, fleet=replace(case.desired.fleet, pools=(pool,)))
-    made = plan(desired, case.observed, case.now)
+    made = plan(desired, case.observed, case.controller, case.now)
     (bootstrap,) = made.actions
     assert isinstance(bootstrap, Bootstrap) and bootstrap.script_hash == pool.bootstrap_hash
     box = next(i for i in case.observed.instances if i.id == bootstrap.instance_id)

@@ -26,20 +26,22 @@ def test_bootstrap_since_starts_when_the_box_answers_without_it_and_ends_when_it
 def test_gpu_quiet_clock_per_live_attempt_of_a_sweep_with_stall_timeout() -> None:
     from dataclasses import replace
 
-    from reconciler.core.model import Budget, Desired, Fleet, GpuState, RunDirState, RunSpec, Sweep
+    from reconciler.core.model import Budget, Desired, Fleet, GpuQuiet, GpuState, InFlight, RunDirState, RunSpec, Sweep
     from reconciler.core.remember import track_gpu_quiet
 
     def spec(rid: str, stall: float | None) -> RunSpec:
         return RunSpec(rid, Sweep("s", "true", stall_timeout_s=stall, stall_gpu_util_pct=5.0), rid, (), 0, "true")
 
-    desired = Desired(Fleet(name="lab"), Budget(), (), (spec("r1", 600.0), spec("r2", None)))
+    desired = Desired(Fleet(name="lab"), Budget(), (), (spec("r1", 600.0), spec("r2", None), spec("r3", 600.0)))
     live = RunDirState("r1", 1, (0,), pid_alive=True, started_at=T - 60, heartbeat_age_s=1.0, exit_code=None)
     other = replace(live, run_id="r2", gpu_mask=(1,))
-    gpus = (GpuState(0, 500, 24576, utilization_pct=0.0), GpuState(1, 500, 24576, utilization_pct=0.0))
-    quiet = BoxProbe(1, reachable=True, gpus=gpus, runs=(live, other))
-    first = track_gpu_quiet((), desired, [quiet], T)
-    assert first == (("r1", 1, T),)  # r2's sweep has no stall_timeout: no clock
-    assert track_gpu_quiet(first, desired, [quiet], T + 60) == (("r1", 1, T),)
-    busy = replace(quiet, gpus=(replace(gpus[0], utilization_pct=97.0), gpus[1]))
-    assert track_gpu_quiet(first, desired, [busy], T + 120) == ()  # working again: the clock stops
-    assert track_gpu_quiet(first, desired, [BoxProbe(1, reachable=False)], T + 120) == ()
+    foreign = replace(live, run_id="r3", gpu_mask=(2,))  # no launch of ours: no clock, however quiet
+    gpus = tuple(GpuState(i, 500, 24576, utilization_pct=0.0) for i in range(3))
+    quiet = BoxProbe(1, reachable=True, gpus=gpus, runs=(live, other, foreign))
+    flying = [InFlight("r1", 1, 1, (0,), T - 60), InFlight("r2", 1, 1, (1,), T - 60)]
+    first = track_gpu_quiet((), desired, flying, [quiet], T)
+    assert first == (GpuQuiet("r1", 1, T),)  # r2's sweep has no stall_timeout: no clock
+    assert track_gpu_quiet(first, desired, flying, [quiet], T + 60) == first
+    busy = replace(quiet, gpus=(replace(gpus[0], utilization_pct=97.0), *gpus[1:]))
+    assert track_gpu_quiet(first, desired, flying, [busy], T + 120) == ()  # working again: the clock stops
+    assert track_gpu_quiet(first, desired, flying, [BoxProbe(1, reachable=False)], T + 120) == ()

@@ -28,7 +28,7 @@ from reconciler.core.model import (
     RungValue,
     RunPhase,
 )
-from reconciler.core.remember import remember_observation, track_rungs
+from reconciler.core.remember import Observation, remember, track_rungs
 from reconciler.core.runphase import UNTOUCHED, run_phase, tally_runs
 from reconciler.errors import ObservedInvalid
 from reconciler.observed.codec import RUNS
@@ -112,9 +112,9 @@ def test_a_sweep_without_early_terminate_records_nothing() -> None:
     assert track_rungs((), d, flying("a"), [probe(at("a", 500, 1.0))]) == ()
 
 
-def test_remember_observation_brings_the_rung_values_up_to_the_probes() -> None:
+def test_an_observation_brings_the_rung_values_up_to_the_probes() -> None:
     memory = FleetMemory(in_flight=flying("a"), rungs=(RungValue("a", 100.0, 1.0),))
-    after = remember_observation(memory, desired("a"), [], [], [probe(at("a", 210, 6.0))], {}, NOW)
+    after = remember(memory, Observation(desired("a"), (), (), (probe(at("a", 210, 6.0)),), {}, NOW))
     assert after.rungs == (RungValue("a", 100.0, 1.0), RungValue("a", 200.0, 6.0))
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.core.model import FleetMemory, Observed, RungValue
+from reconciler.core.model import Controller, FleetMemory, Observed, RungValue
 from reconciler.plan.early_stop import early_stops
 from reconciler.plan.world import index_world
 
@@ -33,7 +33,7 @@ def _stops(values: dict[str, list[float]], eta: float, goal: str) -> dict[str, s
          "early_terminate": et} for rid in values
     ]})
     rungs = tuple(RungValue(rid, levels(eta)[i], v) for rid, vs in values.items() for i, v in enumerate(vs))
-    world, _ = index_world(desired, Observed(memory=FleetMemory(rungs=rungs)), 1e6)
+    world, _ = index_world(desired, Observed(memory=FleetMemory(rungs=rungs)), Controller(), 1e6)
     return {k: s.reason for k, s in early_stops(world).items()}
 
 

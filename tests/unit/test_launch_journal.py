@@ -22,9 +22,10 @@ from fakes import (
     offer,
 )
 
-from reconciler.adapters.launch_journal import FileLaunchJournal, merge_in_flight
+from reconciler.adapters.launch_journal import FileLaunchJournal
 from reconciler.core.actions import Launch
 from reconciler.core.model import AttemptOutcome, FleetMemory, InFlight
+from reconciler.core.remember import merge_in_flight
 
 STEP_S = 20.0
 

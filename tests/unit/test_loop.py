@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 from fakes import (
     FakeArchive,
@@ -25,10 +26,15 @@ from fakes import (
 
 from reconciler.apply import Outcome
 from reconciler.core.actions import Destroy, Launch, Rent
-from reconciler.core.model import AttemptOutcome, Desired, Instance
+from reconciler.core.model import AttemptOutcome, CheckpointPull, Desired, Instance
 from reconciler.loop import RECENT_CYCLES, CycleResult
 from reconciler.observe import PROBE_TIMEOUT_S
 from reconciler.ports import LaunchJob
+
+try:
+    from .plan_case_io import load_case
+except ImportError:  # tests/unit is not a package: pytest put this directory on sys.path
+    from plan_case_io import load_case  # type: ignore[no-redef]
 
 STEP_S = 20.0
 MAX_CYCLES = 150
@@ -189,10 +195,36 @@ def test_the_budget_horizon_covers_the_slowest_recent_cycle_and_never_less_than_
     world = FakeWorld([offer(1)], clock=FakeClock(), work=lambda job: Work(seconds=1e6))
     slow = _SlowListing(world, delay_s=40.0)
     rec = replace(fake_reconciler(world, FakeArchive()), provider=slow, cycle_s=5.0, destroy_latency_s=2.0)
-    assert rec.cycle(desired).observed.cycle_s == 5.0 + PROBE_TIMEOUT_S + 2.0
+    assert rec.cycle(desired).controller.cycle_s == 5.0 + PROBE_TIMEOUT_S + 2.0
     slow.slow = True
     rec.cycle(desired)  # takes 40 s
     slow.slow = False
-    horizons = [rec.cycle(desired).observed.cycle_s for _ in range(RECENT_CYCLES + 1)]
+    horizons = [rec.cycle(desired).controller.cycle_s for _ in range(RECENT_CYCLES + 1)]
     assert horizons[:RECENT_CYCLES - 1] == [5.0 + 40.0 + 2.0] * (RECENT_CYCLES - 1)
     assert horizons[-1] == 5.0 + PROBE_TIMEOUT_S + 2.0  # the slow cycle is no longer recent
+
+
+class _SyncedStore:
+    """A result store that says only when each run's checkpoint was last synced, and from which attempt."""
+
+    def __init__(self, synced: dict[str, tuple[int, float]]) -> None:
+        self.synced = synced
+        self.presigner = None
+
+    def checkpoint_synced(self, run_id: str) -> tuple[int, float] | None:
+        return self.synced.get(run_id)
+
+
+def test_the_stores_last_sync_stands_in_only_for_an_attempt_this_fleet_launched_on_its_box() -> None:
+    """After a restart the store says when each running attempt's checkpoint was last synced; a run directory a box
+    shows that no launch of ours made there (r1.2 on instance/2: forged) takes nothing from it."""
+    case = load_case(Path(__file__).parent / "plan_cases" / "checkpoint_forged_never_pulled.json")
+    world = FakeWorld.from_observed(case.observed, FakeClock(case.now))
+    for synced, pulls in (
+        ((2, case.now - 30.0), ()),  # the forged attempt's: never ours
+        ((1, case.now - 30.0), (CheckpointPull("r1", 1, case.now - 30.0),)),  # ours, on the box it was launched on
+    ):
+        store = _SyncedStore({"r1": synced})
+        rec = fake_reconciler(world, memory=case.observed.memory, store=store)
+        observed, _, _ = rec.observe_and_plan(case.desired)
+        assert observed.memory.checkpoint_pulls == pulls

@@ -75,7 +75,7 @@ def test_cases_exist() -> None:
 @pytest.mark.parametrize("path", CASE_FILES, ids=[p.stem for p in CASE_FILES])
 def test_plan_case(path: Path) -> None:
     case: Case = load_case(path)
-    got = plan(case.desired, case.observed, case.now)
+    got = plan(case.desired, case.observed, case.controller, case.now)
     exp = case.expected
     shown = f"\n--- plan for {case.name}: {case.description}\n{_describe(got)}"
 
@@ -133,7 +133,7 @@ def test_plan_case(path: Path) -> None:
         assert [e.to_json() for e in got.estimates] == exp["estimates"], shown
 
     # a plan is a value: the same inputs give an equal plan, and it survives a JSON round trip
-    assert plan(case.desired, case.observed, case.now) == got
+    assert plan(case.desired, case.observed, case.controller, case.now) == got
     assert Plan.from_json(got.to_json()).to_json() == got.to_json()
 
 

@@ -29,6 +29,7 @@ from reconciler.core.model import (
     BoxMemory,
     BoxProbe,
     Budget,
+    Controller,
     Desired,
     Endpoint,
     Fleet,
@@ -260,8 +261,8 @@ def _owned_ids(observed: Observed) -> set[int]:
 @given(worlds())
 def test_plan_is_deterministic_and_ordered(world: World) -> None:
     desired, observed = world
-    a = plan(desired, observed, NOW)
-    b = plan(desired, observed, NOW)
+    a = plan(desired, observed, Controller(), NOW)
+    b = plan(desired, observed, Controller(), NOW)
     assert a == b
     assert a.to_json() == b.to_json()
     keys = [apply_key(x) for x in a.actions]
@@ -273,7 +274,7 @@ def test_plan_is_deterministic_and_ordered(world: World) -> None:
 @given(worlds())
 def test_never_rents_above_caps(world: World) -> None:
     desired, observed = world
-    p = plan(desired, observed, NOW)
+    p = plan(desired, observed, Controller(), NOW)
     rents = [a for a in p.actions if isinstance(a, Rent)]
     if not rents:
         return
@@ -296,7 +297,7 @@ def test_never_rents_above_caps(world: World) -> None:
 @given(worlds())
 def test_never_acts_on_foreign_instances(world: World) -> None:
     desired, observed = world
-    p = plan(desired, observed, NOW)
+    p = plan(desired, observed, Controller(), NOW)
     owned = _owned_ids(observed)
     foreign = {i.id for i in observed.instances} - owned
     for a in p.actions:
@@ -310,7 +311,7 @@ def test_never_acts_on_foreign_instances(world: World) -> None:
 @given(worlds())
 def test_never_launches_a_run_twice_nor_a_gpu_twice(world: World) -> None:
     desired, observed = world
-    p = plan(desired, observed, NOW)
+    p = plan(desired, observed, Controller(), NOW)
     launches = [a for a in p.actions if isinstance(a, Launch)]
     assert len({a.run_id for a in launches}) == len(launches)
     stopped = {(a.run_id, a.attempt) for a in p.actions if isinstance(a, (Kill, Requeue))}
@@ -387,16 +388,16 @@ def test_the_fake_world_is_observed_as_generated(world: World) -> None:
         dataclasses.replace(p, runs=tuple(sorted(p.runs, key=lambda r: (r.run_id, r.attempt))))
         for p in observed.probes
     )
-    assert plan(desired, seen, NOW).actions == plan(desired, observed, NOW).actions
+    assert plan(desired, seen, Controller(), NOW).actions == plan(desired, observed, Controller(), NOW).actions
 
 
 @SETTINGS
 @given(worlds(steady=True))
 def test_second_plan_on_applied_world_is_noop_only(world: World) -> None:
     desired, observed = world
-    first = plan(desired, observed, NOW)
+    first = plan(desired, observed, Controller(), NOW)
     applied = _apply(desired, observed, first)
-    second = plan(desired, applied, NOW)
+    second = plan(desired, applied, Controller(), NOW)
     assert second.actions == (), [f"{a.kind.value} {a.target}: {a.reason}" for a in second.actions]
 
 
@@ -408,7 +409,7 @@ def test_a_spent_cap_starts_nothing_and_ends_every_box(world: World) -> None:
     cap = desired.budget.daily_usd
     if cap is None or observed.memory.spend.today_usd < max(0.0, cap) or desired.fleet.suspend:
         return
-    p = plan(desired, observed, NOW)
+    p = plan(desired, observed, Controller(), NOW)
     assert not [a for a in p.actions if isinstance(a, Launch | Rent | Bootstrap)]
     destroyed = {a.instance_id for a in p.actions if isinstance(a, Destroy)}
     assert _owned_ids(observed) <= destroyed

@@ -11,7 +11,7 @@ from profiles import examples
 from test_plan_properties import NOW, World, worlds  # tests/unit is on sys.path (not a package)
 
 from reconciler.core.actions import Kill, Launch, Record, Requeue
-from reconciler.core.model import BoxProbe, GpuState, InFlight, RunDirState
+from reconciler.core.model import BoxProbe, Controller, GpuState, InFlight, RunDirState
 from reconciler.plan import plan
 
 SETTINGS = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -68,7 +68,7 @@ def _ours(observed: World) -> tuple[dict[tuple[str, int], InFlight], set[tuple[s
 def test_only_what_was_launched_on_a_box_is_recorded_killed_or_requeued_there(world: World) -> None:
     desired, observed = world
     flights, archived = _ours(world)
-    for a in plan(desired, observed, NOW).actions:
+    for a in plan(desired, observed, Controller(), NOW).actions:
         if isinstance(a, Record):
             f = flights.get((a.run_id, a.attempt))
             assert f is not None and f.instance_id == a.instance_id, a
@@ -89,7 +89,7 @@ def test_no_run_is_placed_on_a_gpu_the_provider_does_not_list(world: World) -> N
     desired, observed = world
     listed = {i.id: i.num_gpus for i in observed.instances}
     per_box: dict[int, set[int]] = {}
-    for a in plan(desired, observed, NOW).actions:
+    for a in plan(desired, observed, Controller(), NOW).actions:
         if isinstance(a, Launch):
             assert all(0 <= g < listed[a.instance_id] for g in a.gpu_mask), a
             if a.queued:  # behind a slot's current attempt, by design

@@ -25,7 +25,7 @@ def _slots(name: str, monkeypatch: pytest.MonkeyPatch) -> tuple[tuple[int, tuple
 
     monkeypatch.setattr(planner, "rent_for", spy)
     case = load_case(CASES / f"{name}.json")
-    plan(case.desired, case.observed, case.now)
+    plan(case.desired, case.observed, case.controller, case.now)
     (slots,) = seen
     return tuple(slots)
 

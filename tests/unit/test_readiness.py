@@ -12,7 +12,7 @@ import jsonschema
 import yaml
 from plan_case_io import build_desired, build_observed
 
-from reconciler.core.model import BoxMemory, BoxProbe, BoxSpend, Instance, InstanceStatus
+from reconciler.core.model import BoxMemory, BoxProbe, BoxSpend, Controller, Instance, InstanceStatus
 from reconciler.core.remember import overhead_record, update_box_memory
 from reconciler.observed.archive_lines import entry_from_json, overhead_to_json
 from reconciler.observed.codec import FLEET
@@ -92,7 +92,7 @@ def _ready(boxes: list[tuple[int, float, float | None]], gone: list[tuple[int, f
             for b in observed.memory.spend.boxes
         )
         observed = replace(observed, memory=replace(observed.memory, spend=replace(observed.memory.spend, boxes=bills)))
-    world, _ = index_world(desired, observed, T)
+    world, _ = index_world(desired, observed, Controller(), T)
     return forecast(world, {}).ready_s("default")
 
 

@@ -6,15 +6,17 @@ import copy
 
 import pytest
 
-from reconciler.core.actions import ApplyResult, CloseBill, Launch, Outcome, Plan, ReasonCode, Record, Rent
+from reconciler.core.actions import ApplyResult, CloseBill, Launch, Outcome, ReasonCode, Record, Rent
 from reconciler.core.model import (
     AttemptOutcome,
     AttemptRecord,
     BoxMemory,
     BoxProbe,
     BoxSpend,
+    CheckpointPull,
     Fleet,
     FleetMemory,
+    GpuQuiet,
     GpuState,
     InFlight,
     Instance,
@@ -24,12 +26,13 @@ from reconciler.core.model import (
     Spend,
 )
 from reconciler.core.remember import (
+    Applied,
+    Observation,
     attempt_cost,
     capped_to_bill,
     note_checkpoint_pulls,
     overhead_record,
     remember,
-    remember_observation,
     world_after_apply,
 )
 
@@ -61,7 +64,7 @@ def test_remember_carries_in_flight_forward_closes_bills_and_learns_hosts() -> N
         boxes=(BoxMemory(1, first_seen_at=NOW - 600),),
         in_flight=(flight("done", 1), flight("still", 1)),
         spend=Spend(today_usd=0.4, total_usd=0.4, boxes=(kept, gone)),
-        checkpoint_pulls=(("still", 1, NOW - 300), ("done", 1, NOW - 300)),
+        checkpoint_pulls=(CheckpointPull("still", 1, NOW - 300), CheckpointPull("done", 1, NOW - 300)),
     )
     observed = Observed(
         instances=(box(1),),
@@ -76,7 +79,6 @@ def test_remember_carries_in_flight_forward_closes_bills_and_learns_hosts() -> N
     close = CloseBill(reason="box ended", code=ReasonCode.BILL_FINAL, instance_id=7)
     launch = Launch(reason="p", code=ReasonCode.PENDING_RUN, instance_id=1, run_id="new", attempt=1, gpu_mask=(1,),
                     command="c", code_commit=None)
-    the_plan = Plan(actions=(record, close, rent, launch))
     applied = ApplyResult(
         outcomes=[Outcome(record, True), Outcome(close, True), Outcome(rent, True, "instance 9"),
                   Outcome(launch, True)],
@@ -88,7 +90,7 @@ def test_remember_carries_in_flight_forward_closes_bills_and_learns_hosts() -> N
     )
     before = copy.deepcopy((memory, observed, applied))
 
-    after = remember(memory, observed, the_plan, applied, NOW, fleet=FLEET)
+    after = remember(memory, Applied(observed, applied, FLEET, NOW))
 
     # in flight: what was, plus the launches, minus what settled; what a box shows running that no launch made
     # ("seen") is foreign and never becomes ours (issue 20: only what rigsync launched can be recorded)
@@ -99,11 +101,11 @@ def test_remember_carries_in_flight_forward_closes_bills_and_learns_hosts() -> N
     assert NOW in after.hosts.rents_at
     assert {h.machine_id: h.attempts_succeeded for h in after.hosts.hosts}.get(101) == 1
     # checkpoint pulls: this apply's over the earlier ones, only for attempts still in flight
-    assert after.checkpoint_pulls == (("still", 1, NOW - 1),)
+    assert after.checkpoint_pulls == (CheckpointPull("still", 1, NOW - 1),)
     # what the observation remembered is carried as it was
     assert after.boxes == memory.boxes and after.gpu_quiet == memory.gpu_quiet
     # pure: equal inputs give equal answers, and nothing passed in was changed
-    assert remember(memory, observed, the_plan, applied, NOW, fleet=FLEET) == after
+    assert remember(memory, Applied(observed, applied, FLEET, NOW)) == after
     assert (memory, observed, applied) == before
 
 
@@ -111,33 +113,35 @@ def test_remember_of_an_empty_apply_changes_nothing_but_the_ledger_clock() -> No
     memory = FleetMemory(in_flight=(flight("r", 1),))
     observed = Observed(instances=(box(1),), probes=(BoxProbe(1, reachable=True, runs=(running("r"),)),),
                         memory=memory, fleet_name="lab")
-    after = remember(memory, observed, Plan(actions=()), ApplyResult(), NOW, fleet=FLEET)
+    after = remember(memory, Applied(observed, ApplyResult(), FLEET, NOW))
     assert after.in_flight == memory.in_flight and after.spend == memory.spend
     assert after.hosts.noted_at == NOW and after.hosts.hosts[0].machine_id == 101  # the box's host is known now
 
 
-def test_remember_observation_starts_the_box_clocks_the_gpu_quiet_clock_and_the_spend() -> None:
+def test_an_observation_starts_the_box_clocks_the_gpu_quiet_clock_and_the_spend() -> None:
     desired = build_desired({"runs": [{"id": "q", "stall_timeout_s": 600.0}]})
     quiet = BoxProbe(1, reachable=True, gpus=(GpuState(0, 2000, 24576, 1.0),), runs=(running("q"),))
     dark = BoxProbe(2, reachable=False, error="timeout")
-    memory = FleetMemory(spend_at=NOW - 60)
-    after = remember_observation(memory, desired, [box(1), box(2)], [box(1), box(2)], [quiet, dark], None, NOW)
+    memory = FleetMemory(spend_at=NOW - 60, in_flight=(flight("q", 1),))
+    boxes = (box(1), box(2))
+    after = remember(memory, Observation(desired, boxes, boxes, (quiet, dark), None, NOW))
     assert [(m.instance_id, m.first_seen_at, m.unreachable_since) for m in after.boxes] == [
         (1, NOW, None),
         (2, NOW, NOW),
     ]
-    assert after.gpu_quiet == (("q", 1, NOW),)
+    assert after.gpu_quiet == (GpuQuiet("q", 1, NOW),)
     assert after.spend_at == NOW
     # the provider could not say (billed None): both boxes estimated at their $/h since their start
     assert after.spend.estimated and after.spend.total_usd == pytest.approx(2 * 0.2 * 600 / 3600)
-    later = remember_observation(after, desired, [box(1), box(2)], [box(1), box(2)], [quiet, dark], None, NOW + 60)
-    assert later.gpu_quiet == (("q", 1, NOW),) and later.boxes[1].unreachable_since == NOW  # the clocks keep running
+    later = remember(after, Observation(desired, boxes, boxes, (quiet, dark), None, NOW + 60))
+    # the clocks keep running
+    assert later.gpu_quiet == (GpuQuiet("q", 1, NOW),) and later.boxes[1].unreachable_since == NOW
 
 
 def test_world_after_apply_lists_the_rented_and_drops_the_destroyed() -> None:
     rent = Rent(reason="r", code=ReasonCode.RENT_FOR_PENDING, offer_id=55, label="rigsync:lab:abc-9", image="img",
                 disk_gb=20.0, dph=0.3, gpu_name="RTX 4090", num_gpus=1, onstart="")
-    observed = Observed(instances=(box(1), box(2)), memory=FleetMemory(gpu_quiet=(("q", 1, NOW - 5),)))
+    observed = Observed(instances=(box(1), box(2)), memory=FleetMemory(gpu_quiet=(GpuQuiet("q", 1, NOW - 5),)))
     applied = ApplyResult(destroyed=[2], rented=[9], rented_as={9: rent})
     memory = FleetMemory(in_flight=(flight("r", 1),))
     history = (AttemptRecord("done", 1, "s", AttemptOutcome.SUCCEEDED),)
@@ -145,7 +149,7 @@ def test_world_after_apply_lists_the_rented_and_drops_the_destroyed() -> None:
     assert [(i.id, i.status) for i in after.instances] == [(1, InstanceStatus.RUNNING), (9, InstanceStatus.CREATED)]
     assert after.instances[1].dph_total == 0.3 and after.instances[1].start_date == NOW
     assert after.history == history and after.memory.in_flight == memory.in_flight
-    assert after.memory.gpu_quiet == observed.memory.gpu_quiet  # the observation's clock, not the memory's
+    assert after.memory is memory  # this cycle's memory, as remember left it: no other writer touches it
     assert world_after_apply(observed, memory, None, history, NOW).instances == observed.instances
 
 
@@ -176,6 +180,7 @@ def test_overhead_is_the_bill_minus_the_attempts_on_that_box() -> None:
 
 
 def test_checkpoint_pulls_are_kept_only_for_attempts_in_flight() -> None:
-    previous = (("a", 1, 10.0), ("b", 1, 20.0))
-    got = note_checkpoint_pulls(previous, {("b", 1): 30.0, ("c", 2): 40.0}, [flight("b", 1), flight("c", 1, 2)])
-    assert got == (("b", 1, 30.0), ("c", 2, 40.0))
+    previous = (CheckpointPull("a", 1, 10.0), CheckpointPull("b", 1, 20.0))
+    pulled = (CheckpointPull("b", 1, 30.0), CheckpointPull("c", 2, 40.0))
+    got = note_checkpoint_pulls(previous, pulled, [flight("b", 1), flight("c", 1, 2)])
+    assert got == pulled

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from reconciler.core.actions import ApplyResult, Kill, Launch, Outcome, Plan, ReasonCode, Record, Requeue, ShipCode
+from reconciler.core.actions import ApplyResult, Kill, Launch, Outcome, ReasonCode, Record, Requeue, ShipCode
 from reconciler.core.model import (
     BoxProbe,
+    DistrustedBox,
+    FailedAction,
     Fleet,
     FleetMemory,
+    HeartbeatClock,
     InFlight,
     Instance,
     InstanceStatus,
     Observed,
     RunDirState,
 )
-from reconciler.core.remember import next_in_flight, remember, remember_observation, track_heartbeats
+from reconciler.core.remember import Applied, Observation, next_in_flight, remember, track_heartbeats
 
 try:
     from .plan_case_io import build_desired
@@ -44,15 +47,15 @@ FLYING = (InFlight("r", 1, 1, (0,), NOW - 600),)
 
 def test_a_heartbeat_is_tracked_on_the_controllers_clock_from_first_sight() -> None:
     first = track_heartbeats((), FLYING, [probe(1, beating("r", 5.0))], NOW)
-    assert first == (("r", 1, NOW - 5.0, NOW),)
+    assert first == (HeartbeatClock("r", 1, NOW - 5.0, NOW),)
     # it moved forward (written 30 s later by this clock): since moves to now
     moved = track_heartbeats(first, FLYING, [probe(1, beating("r", 5.0))], NOW + 30)
-    assert moved == (("r", 1, NOW + 25.0, NOW + 30),)
+    assert moved == (HeartbeatClock("r", 1, NOW + 25.0, NOW + 30),)
 
 
 def test_a_frozen_or_future_heartbeat_keeps_its_since() -> None:
     future = track_heartbeats((), FLYING, [probe(1, beating("r", -1000.0))], NOW)
-    assert future == (("r", 1, NOW + 1000.0, NOW),)
+    assert future == (HeartbeatClock("r", 1, NOW + 1000.0, NOW),)
     # a heartbeat file the box no longer touches ages with the box's clock: its implied time stays put
     later = track_heartbeats(future, FLYING, [probe(1, beating("r", -1000.0 + 120.0))], NOW + 120)
     assert later == future
@@ -66,15 +69,17 @@ def test_only_our_attempts_on_their_own_box_are_tracked() -> None:
 
 
 def test_an_attempt_not_shown_this_cycle_keeps_its_clock_while_in_flight_and_goes_after() -> None:
-    old = (("r", 1, NOW - 100.0, NOW - 90.0), ("gone", 1, NOW - 100.0, NOW - 90.0))
+    old = (HeartbeatClock("r", 1, NOW - 100.0, NOW - 90.0), HeartbeatClock("gone", 1, NOW - 100.0, NOW - 90.0))
     assert track_heartbeats(old, FLYING, [probe(1, reachable=False)], NOW) == (old[0],)
 
 
-def test_remember_observation_keeps_the_heartbeats_and_drops_distrust_of_unlisted_boxes() -> None:
-    memory = FleetMemory(in_flight=FLYING, distrusted=((1, NOW - 30, "kill failed"), (2, NOW - 30, "kill failed")))
-    after = remember_observation(memory, DESIRED, [box(1)], [box(1)], [probe(1, beating("r", 2.0))], None, NOW)
-    assert after.heartbeats == (("r", 1, NOW - 2.0, NOW),)
-    assert after.distrusted == ((1, NOW - 30, "kill failed"),)
+def test_an_observation_keeps_the_heartbeats_and_drops_distrust_of_unlisted_boxes() -> None:
+    distrusted = (DistrustedBox(1, NOW - 30, "kill failed"), DistrustedBox(2, NOW - 30, "kill failed"))
+    memory = FleetMemory(in_flight=FLYING, distrusted=distrusted)
+    seen = Observation(DESIRED, (box(1),), (box(1),), (probe(1, beating("r", 2.0)),), None, NOW)
+    after = remember(memory, seen)
+    assert after.heartbeats == (HeartbeatClock("r", 1, NOW - 2.0, NOW),)
+    assert after.distrusted == (distrusted[0],)
 
 
 def test_failed_actions_are_remembered_for_one_cycle_and_a_failed_kill_distrusts_its_box() -> None:
@@ -83,15 +88,18 @@ def test_failed_actions_are_remembered_for_one_cycle_and_a_failed_kill_distrusts
     observed = Observed(instances=(box(1), box(2)), fleet_name="lab")
     memory = FleetMemory(in_flight=FLYING)
     applied = ApplyResult(outcomes=[Outcome(kill, False, "kill.sh exited 3\x1b[2J"), Outcome(record, False, "tar")])
-    after = remember(memory, observed, Plan(actions=(kill, record)), applied, NOW, fleet=FLEET)
-    assert after.failed_actions == (("kill", "run/r.1@1", "kill.sh exited 3\\x1b[2J"), ("record", "run/q.1", "tar"))
-    assert after.distrusted == ((1, NOW, "kill run/r.1@1 failed: kill.sh exited 3\\x1b[2J"),)
+    after = remember(memory, Applied(observed, applied, FLEET, NOW))
+    assert after.failed_actions == (
+        FailedAction("kill", "run/r.1@1", "kill.sh exited 3\\x1b[2J"),
+        FailedAction("record", "run/q.1", "tar"),
+    )
+    assert after.distrusted == (DistrustedBox(1, NOW, "kill run/r.1@1 failed: kill.sh exited 3\\x1b[2J"),)
     # the next apply succeeded: nothing failed last cycle, but the box stays distrusted from when it first was
-    later = remember(after, observed, Plan(actions=()), ApplyResult(), NOW + 60, fleet=FLEET)
+    later = remember(after, Applied(observed, ApplyResult(), FLEET, NOW + 60))
     assert later.failed_actions == () and later.distrusted == after.distrusted
     # a skipped action did not fail
     skipped = ApplyResult(outcomes=[Outcome(record, False, "lease lost", skipped=True)])
-    assert remember(memory, observed, Plan(actions=(record,)), skipped, NOW, fleet=FLEET).failed_actions == ()
+    assert remember(memory, Applied(observed, skipped, FLEET, NOW)).failed_actions == ()
 
 
 def test_what_a_box_shows_running_never_becomes_in_flight() -> None:
@@ -103,19 +111,12 @@ def test_what_a_box_shows_running_never_becomes_in_flight() -> None:
 def test_a_failed_requeue_from_a_box_that_answered_distrusts_it_too() -> None:
     requeue = Requeue(reason="lost", code=ReasonCode.HEARTBEAT_STALE, run_id="r", attempt=1, instance_id=1)
     applied = ApplyResult(outcomes=[Outcome(requeue, False, "ssh: connection closed")])
-    after = remember(
-        FleetMemory(in_flight=FLYING),
-        Observed(instances=(box(1),)),
-        Plan(actions=(requeue,)),
-        applied,
-        NOW,
-        fleet=FLEET,
-    )
-    assert after.distrusted == ((1, NOW, "requeue run/r.1 failed: ssh: connection closed"),)
+    after = remember(FleetMemory(in_flight=FLYING), Applied(Observed(instances=(box(1),)), applied, FLEET, NOW))
+    assert after.distrusted == (DistrustedBox(1, NOW, "requeue run/r.1 failed: ssh: connection closed"),)
 
 
 def test_a_distrusted_box_is_vetted_unreachable_with_its_reason() -> None:
-    memory = FleetMemory(distrusted=((1, NOW - 30, "kill run/r.1@1 failed: x"),))
+    memory = FleetMemory(distrusted=(DistrustedBox(1, NOW - 30, "kill run/r.1@1 failed: x"),))
     vetted = memory.vetted(probe(1, beating("r", 1.0)))
     assert (vetted.reachable, vetted.unusable) == (False, "distrusted: kill run/r.1@1 failed: x")
     other = probe(2, beating("r", 1.0))
@@ -127,14 +128,13 @@ def test_work_that_fails_on_a_box_that_answered_two_cycles_running_distrusts_the
     observed = Observed(instances=(box(1), box(2)), fleet_name="lab")
 
     def cycle(memory: FleetMemory, *outcomes: Outcome) -> FleetMemory:
-        plan = Plan(actions=tuple(o.action for o in outcomes))
-        return remember(memory, observed, plan, ApplyResult(outcomes=list(outcomes)), NOW, fleet=FLEET)
+        return remember(memory, Applied(observed, ApplyResult(outcomes=list(outcomes)), FLEET, NOW))
 
     full = "RemoteCommandFailed: exit 1: tar: No space left on device"
     once = cycle(FleetMemory(), Outcome(ship, False, full))
     assert once.distrusted == ()  # one failure may pass
     twice = cycle(once, Outcome(ship, False, full))
-    assert twice.distrusted == ((1, NOW, f"ship_code instance/1 failed: {full}"),)
+    assert twice.distrusted == (DistrustedBox(1, NOW, f"ship_code instance/1 failed: {full}"),)
     # a launch of another attempt number on the same box is the same kind of work on it
     launch = [
         Launch(
@@ -145,7 +145,7 @@ def test_work_that_fails_on_a_box_that_answered_two_cycles_running_distrusts_the
     ]
     first = cycle(FleetMemory(), Outcome(launch[0], False, "RemoteCommandFailed: exit 1: runs/r.1: disk full"))
     second = cycle(first, Outcome(launch[1], False, "RemoteCommandFailed: exit 1: runs/r.2: disk full"))
-    assert [iid for iid, _since, _why in second.distrusted] == [2]
+    assert [d.instance_id for d in second.distrusted] == [2]
     # a box that did not answer, or a launch fenced by its own lock, says nothing against the box
     down = "HostUnreachable: 127.0.1.9:22: no answer within 60s"
     assert cycle(cycle(FleetMemory(), Outcome(ship, False, down)), Outcome(ship, False, down)).distrusted == ()

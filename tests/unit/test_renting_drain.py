@@ -19,7 +19,7 @@ def _plan(case: dict[str, Any], tmp_path: Path) -> Plan:
     path = tmp_path / "case.json"
     path.write_text(json.dumps(case))
     c = load_case(path)
-    return plan(c.desired, c.observed, c.now)
+    return plan(c.desired, c.observed, c.controller, c.now)
 
 
 def _case(name: str) -> dict[str, Any]:
@@ -41,7 +41,7 @@ def test_no_drain_below_the_floor_nor_while_runs_wait_nor_for_work_ending_after_
     case["desired"]["fleet"]["max_instances"] = 2
     assert not [a for a in _plan(case, tmp_path).actions if a.code is ReasonCode.DRAIN_TAIL]  # r3 waits for a GPU
     case = _case("drain_tail")
-    case["observed"]["cycle_s"] = 20.0  # r1 ends in 30s: after the next decision, which drains it then
+    case["controller"] = {"cycle_s": 20.0}  # r1 ends in 30s: after the next decision, which drains it then
     assert _acts(_plan(case, tmp_path)) == []
 
 

@@ -36,7 +36,7 @@ def _plan_with_slots(
     path = tmp_path / "case.json"
     path.write_text(json.dumps(case))
     c = load_case(path)
-    return planner.plan(c.desired, c.observed, c.now), c.now
+    return planner.plan(c.desired, c.observed, c.controller, c.now), c.now
 
 
 def _case(name: str) -> dict[str, Any]:
@@ -132,7 +132,7 @@ def test_a_multi_gpu_box_dearer_per_run_is_not_preferred(tmp_path: Path) -> None
     path = tmp_path / "case.json"
     path.write_text(json.dumps(case))
     c = load_case(path)
-    got = planner.plan(c.desired, c.observed, c.now)
+    got = planner.plan(c.desired, c.observed, c.controller, c.now)
     assert [(a.code, a.target) for a in got.actions if isinstance(a, Rent)] == [
         (ReasonCode.RENT_FOR_PENDING, f"offer/{i}") for i in (101, 103, 104, 105)
     ]

@@ -187,7 +187,7 @@ def test_throughput_document_is_sorted_rounded_and_schema_valid() -> None:
 
 def test_forecast_and_runtimes_use_the_learned_rate() -> None:
     case = load_case(CASES / "stall_rate_within_learned.json")
-    world, _ = index_world(case.desired, case.observed, case.now)
+    world, _ = index_world(case.desired, case.observed, case.controller, case.now)
     runtimes = sweep_runtimes(case.desired, case.observed, world.gpu_dlperf, world.learned)
     rt = runtimes["s"]
     assert rt.source is RuntimeSource.RATE and rt.hours == pytest.approx(1000 / 3600) and rt.samples == 1
@@ -214,17 +214,19 @@ def test_forecast_and_runtimes_use_the_learned_rate() -> None:
 def test_ranking_cases_turn_on_work_per_dph(name: str, by_work: str, by_dlperf: str) -> None:
     case = load_case(CASES / f"{name}.json")
     assert case.desired.fleet.pools[0].ranking is Ranking.WORK_PER_DPH  # the default
-    rents = [a.target for a in plan(case.desired, case.observed, case.now).actions if a.kind.value == "rent"]
+    made = plan(case.desired, case.observed, case.controller, case.now)
+    rents = [a.target for a in made.actions if a.kind.value == "rent"]
     assert rents == [by_work]
     pools = tuple(dataclasses.replace(p, ranking=Ranking.DLPERF_PER_DPH) for p in case.desired.fleet.pools)
     desired = replace(case.desired, fleet=replace(case.desired.fleet, pools=pools))
-    rents = [a.target for a in plan(desired, case.observed, case.now).actions if a.kind.value == "rent"]
+    made = plan(desired, case.observed, case.controller, case.now)
+    rents = [a.target for a in made.actions if a.kind.value == "rent"]
     assert rents == [by_dlperf]
 
 
 def test_live_progress_counts_in_the_plan_never_in_the_file() -> None:
     case = load_case(CASES / "stall_rate_within_learned.json")
-    world, _ = index_world(case.desired, case.observed, case.now)
+    world, _ = index_world(case.desired, case.observed, case.controller, case.now)
     learned, live = world.learned.of("s"), world.rates.of("s")
     assert learned is not None and live is not None
     assert learned.machines[1].attempts == 1 and live.machines[1].attempts == 2
@@ -238,7 +240,7 @@ def test_samples_ignore_unusable_values() -> None:
 
 def test_world_exploration_counts_the_fleets_rented_boxes_and_its_share() -> None:
     case = load_case(CASES / "rank_measured_cheaper_card.json")
-    world, _ = index_world(case.desired, case.observed, case.now)
+    world, _ = index_world(case.desired, case.observed, case.controller, case.now)
     sweeps = [world.runs["r1"].sweep]
     dearer_3090 = next(o for o in world.pool_offers[case.desired.fleet.pools[0].name] if o.id == 101)
     v = world.exploration(dearer_3090, case.desired.fleet.pools[0].name, sweeps)
@@ -252,7 +254,7 @@ def test_world_exploration_counts_the_fleets_rented_boxes_and_its_share() -> Non
 
 def test_the_price_of_a_measured_sweep_is_each_card_at_its_own_rate() -> None:
     case = load_case(CASES / "rank_measured_cheaper_card.json")
-    (est,) = plan(case.desired, case.observed, case.now).estimates
+    (est,) = plan(case.desired, case.observed, case.controller, case.now).estimates
     # pooled: 3000 steps in 600 s (5/s), so 1000 steps take 200 s; the RTX 3060 (10/s) at $0.20/h does them in
     # 100 s, the RTX 3090 (2.5/s) in 400 s
     assert est.runtime_source == "learned_rate" and est.runtime_samples == 3

@@ -24,7 +24,7 @@ def _plan(case: dict[str, Any], tmp_path: Path) -> tuple[Plan, float]:
     path = tmp_path / "case.json"
     path.write_text(json.dumps(case))
     c = load_case(path)
-    return plan(c.desired, c.observed, c.now), c.now
+    return plan(c.desired, c.observed, c.controller, c.now), c.now
 
 
 def _case(name: str) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from reconciler.box import probe as probe_mod
 from reconciler.box import watchdog as wd
 from reconciler.box.boxlib import Activity, box_activity
 from reconciler.box.watchdog import CONTROLLER_GRACE_S, decide
-from reconciler.core.model import FleetMemory
+from reconciler.core.model import Controller, FleetMemory
 from reconciler.observe import observe
 from reconciler.plan import plan
 from reconciler.remote import commands
@@ -314,7 +314,7 @@ def test_rent_installs_the_watchdog_with_the_fleets_limits() -> None:
     observed, _ = observe(desired, world.provider, world.box_control, (), FleetMemory(), now)
     ctx = ApplyContext(provider=world.provider, boxes=world.box_control, desired=desired, observed=observed,
                        archive=archive, code_tar=code_tar, now=world.clock.now)
-    assert apply(plan(desired, observed, now), ctx).failures == []
+    assert apply(plan(desired, observed, Controller(), now), ctx).failures == []
     (kw,) = seen
     assert kw["onstart"] == remote.watchdog_onstart(ttl_s=7200.0, idle_timeout_s=120.0, orphan_timeout_s=900.0)
 
