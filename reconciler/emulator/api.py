@@ -436,12 +436,17 @@ def _admin_list_fault(emu: Emulator, req: Request) -> Any:
     return {"success": True}
 
 
-def _admin_hide_new(emu: Emulator, req: Request) -> Any:
-    on = _body_dict(req).get("on", True)
-    if not isinstance(on, bool):
-        raise ApiError(400, "invalid_args", "body: {\"on\": bool}")
-    emu.hide_new(on)
-    return {"success": True}
+def _admin_switch(setter: Callable[[Emulator], Callable[[bool], None]]) -> RouteFn:
+    """An admin route that turns a fault on or off: body ``{"on": bool}`` (default true)."""
+
+    def route(emu: Emulator, req: Request) -> Any:
+        on = _body_dict(req).get("on", True)
+        if not isinstance(on, bool):
+            raise ApiError(400, "invalid_args", "body: {\"on\": bool}")
+        setter(emu)(on)
+        return {"success": True}
+
+    return route
 
 
 def _admin_rate_limit(emu: Emulator, req: Request) -> Any:
@@ -535,7 +540,8 @@ ROUTES: list[tuple[str, re.Pattern[str], RouteFn, bool, bool]] = [
         ("POST", r"/_emulator/drift", _admin_drift, True, False),
         ("POST", r"/_emulator/credit", _admin_credit, True, False),
         ("POST", r"/_emulator/list_fault", _admin_list_fault, True, False),
-        ("POST", r"/_emulator/hide_new", _admin_hide_new, True, False),
+        ("POST", r"/_emulator/hide_new", _admin_switch(lambda emu: emu.hide_new), True, False),
+        ("POST", r"/_emulator/ignore_bids", _admin_switch(lambda emu: emu.ignore_bids), True, False),
         ("POST", r"/_emulator/rate_limit", _admin_rate_limit, True, False),
     ]
 ]

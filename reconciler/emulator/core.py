@@ -319,7 +319,7 @@ class Emulator:
         if not isinstance(env_raw, dict):
             raise ApiError(400, "invalid_args", "env must be an object of NAME: value.")
         env = {str(k): str(v) for k, v in env_raw.items()}
-        bid = body.get("price")
+        bid = None if self.list_faults.bids_ignored() else body.get("price")
         with self._lock:
             self._require_credit()
             offer = self.market.get(offer_id)
@@ -595,6 +595,12 @@ class Emulator:
     def unhide(self, instance_id: int) -> None:
         self.list_faults.hide(instance_id, hidden=False)
         self.ledger.log("unhide", instance_id)
+
+    def ignore_bids(self, on: bool = True) -> None:
+        """Every create from now on rents on-demand whatever bid it carries (False: bids count again): what a rent
+        whose bid is lost on the way gets, silently (vast-cli PR #403)."""
+        self.list_faults.ignore_bids(on)
+        self.ledger.log("ignore_bids", None, on=on)
 
     def hide_new(self, on: bool = True) -> None:
         """Every instance created from now on is hidden from the list (until ``unhide``), or no longer (False)."""

@@ -6,6 +6,8 @@
   hides instances (one by one, or every one created from now on) while ``GET /api/v0/instances/{id}/`` still shows
   them. The vastai SDK's ``show_instances`` reads the first two as an empty account, the third as fewer boxes, and
   loops forever on the fourth.
+* ``ListFaults.ignore_bids``: a create rents on-demand whatever bid it carries, and answers success as ever
+  (vast-cli PR #403: a spot search followed by a create without the bid rents on-demand, silently).
 * ``RateLimits``: token buckets per identity (the key a request presents: the account's, or one instance's
   ``CONTAINER_API_KEY``) and per endpoint (method and path, ids folded), answered with HTTP 429 and no
   ``Retry-After`` (``rate-limits-and-errors.mdx``).
@@ -41,6 +43,7 @@ class ListFaults:
         self._fault: _ListFault | None = None
         self._hidden: set[int] = set()
         self._hide_new = False
+        self._ignore_bids = False
 
     def set(self, kind: str | None, n: int | None = None, error: str = "deprecated_endpoint") -> None:
         """From now on the next ``n`` list requests (each page is one; None: until set again) answer ``kind``,
@@ -74,6 +77,15 @@ class ListFaults:
     def hide_new(self, on: bool) -> None:
         with self._lock:
             self._hide_new = on
+
+    def ignore_bids(self, on: bool) -> None:
+        with self._lock:
+            self._ignore_bids = on
+
+    def bids_ignored(self) -> bool:
+        """Creates rent on-demand whatever bid they carry (the rent is not what was asked, and nothing says so)."""
+        with self._lock:
+            return self._ignore_bids
 
     def created(self, instance_id: int) -> bool:
         """A new instance: hidden from the list when every new one is. Returns whether it is."""
