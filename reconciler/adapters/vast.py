@@ -64,7 +64,7 @@ from urllib.parse import urlsplit
 import requests
 
 from reconciler.core import offers
-from reconciler.core.bounds import MAX_GPUS, bounded_int, finite
+from reconciler.core.bounds import MAX_GPUS, bounded_int, bounded_text, finite
 from reconciler.core.model import Endpoint, Instance, InstanceStatus, Offer, OfferFilters, PriceIncrease, Ranking
 from reconciler.errors import (
     ObservationFailed,
@@ -381,9 +381,9 @@ def _observation_failed(what: str, reason: str) -> ObservationFailed:
 
 
 def _said(reply: dict[str, Any]) -> str:
-    """What a refusing reply says (its ``error`` and ``msg``), short and on one line."""
-    parts = [str(reply.get(k))[:120] for k in ("error", "msg") if reply.get(k)]
-    return " ".join(" ".join(parts).split()) or "nothing more"
+    """What a refusing reply says (its ``error`` and ``msg``), short, on one line, its control characters shown."""
+    parts = [str(reply.get(k))[:200] for k in ("error", "msg") if reply.get(k)]
+    return bounded_text(" ".join(" ".join(parts).split()), 240) or "nothing more"
 
 
 def instance_page(reply: Any) -> InstancePage:
@@ -470,7 +470,7 @@ def rental_mismatch(rec: dict[str, Any], asked: Offer | None, bid_dph: float | N
         return tuple(wrong)
     gpus, gpu = _i(rec, "num_gpus"), _s(rec, "gpu_name")
     if (gpus, gpu) != (asked.num_gpus, asked.gpu_name):
-        wrong.append(f"{gpus}x {gpu or '(no GPU named)'}, asked {asked.num_gpus}x {asked.gpu_name}")
+        wrong.append(f"{gpus}x {bounded_text(gpu, 80) or '(no GPU named)'}, asked {asked.num_gpus}x {asked.gpu_name}")
     want, got = asked_dph(asked, bid_dph), _f(rec, "dph_total", math.nan)
     if not got <= want * (1.0 + RENT_PRICE_SLACK) + 1e-6:  # NaN (no readable price) is not cheap
         wrong.append(f"${got:.4f}/h, asked ${want:.4f}/h")

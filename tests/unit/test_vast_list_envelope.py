@@ -52,6 +52,8 @@ def test_success_false_with_http_200_is_an_observation_failure_naming_what_it_sa
     assert "\n" not in str(exc) and str(exc).startswith("list instances: ")
     assert failure({"error": "deprecated_endpoint"}).reason == "success_false"  # no success flag is not success
     assert failure({**page([row(1)]), "success": "true"}).reason == "success_false"  # nor is a string
+    shown = str(failure({"success": False, "error": "e\x1b]8;;http://x\x07", "msg": "m" * 5000}))
+    assert "\x1b" not in shown and "\\x1b" in shown and len(shown) < 400  # a stranger's text, shown and bounded
 
 
 @pytest.mark.parametrize(
