@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-import world
+from test_reconcile import fleet_repo, owned_alive
 
 from reconciler.cli._common import load_local_desired, open_reconciler
-from reconciler.core.model import AttemptOutcome, Desired, Ownership
+from reconciler.core.model import AttemptOutcome, Desired
 from reconciler.emulator import Emulator
 from reconciler.errors import ObservationFailed
 from reconciler.loop import CycleResult, Reconciler
@@ -32,37 +32,13 @@ PAUSE_S = 0.3
 LIES = {"success_false": "success_false", "no_list": "no_list", "cut_short": "cut_short",
         "endless_token": "endless_pages"}
 CYCLES_PER_LIE = 2
+RUN_S = 15.0  # how long each run of the sweep trains
 
-SWEEP = """\
-name: tdmpc
-priority: 10
-code: [experiments]
-command: >-
-  {{ python }} experiments/train.py --task {{ task }} --lr {{ lr }} --seed {{ seed }}
-  --out {{ run_dir }}/metrics.jsonl --seconds 15 --evals 4
-grid:
-  task: [walker-walk]
-  lr: [3.0e-4, 1.0e-3]
-seeds: [1]
-resources:
-  gpus: 1
-  min_gpu_ram_gib: 4
-max_runtime: 5m
-retries: 2
-metrics:
-  file: metrics.jsonl
-  key: episode_reward
-  goal: max
-"""
-
-TIMEOUTS = {"idle_timeout": "1s", "unreachable_grace": "3s", "heartbeat_stale": "8s", "boot_timeout": "1m"}
 ACTING = {"create", "destroy", "stop", "start", "label"}  # ledger events a controller's action leaves
 
 
 def owned(emu: Emulator) -> list[int]:
-    """The fleet's instances in the emulator's own books (not rigsync's view)."""
-    return [i for i in emu.instance_ids()
-            if (own := Ownership.parse(str(emu.instance(i).get("label") or ""))) is not None and own.fleet == FLEET]
+    return owned_alive(emu, FLEET)
 
 
 def box_marks(emu: Emulator) -> dict[int, set[str]]:
@@ -114,12 +90,9 @@ def drive_until(rec: Reconciler, desired: Desired, done: Callable[[CycleResult],
 def fleet(emulator: Emulator, tmp_path: Path) -> Iterator[tuple[Reconciler, Desired]]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VAST_API_KEY", emulator.api_key)
-        repo = world.fleet_repo(tmp_path / "fleet")
-        repo.edit_fleet(name=FLEET, **TIMEOUTS)
-        repo.set_sweeps({"tdmpc": SWEEP})
-        repo.commit(f"test: fleet {FLEET}, two runs of 15 s", push=False)
-        desired = load_local_desired(repo.work)
-        rec = open_reconciler(repo.work, desired, str(tmp_path / "state"), emulator.url)
+        repo = fleet_repo(tmp_path, emulator, FLEET, seconds=RUN_S)
+        desired = load_local_desired(repo)
+        rec = open_reconciler(repo, desired, str(tmp_path / "state"), emulator.url)
         try:
             yield rec, desired
         finally:
