@@ -161,9 +161,10 @@ class ProviderPermanent(ProviderError, PermanentError):
 class ObservationFailed(ProviderTransient):
     """The provider answered the instance list, but not with a whole list in the market's own shape: no list,
     ``success: false`` (Vast's ``deprecated_endpoint`` comes with HTTP 200), a refusal of the list endpoint itself
-    (a 4xx other than the key's), a page token that never ends, pages cut short (fewer rows than the reply's own
-    count), a row listed twice or without an id. ``reason`` names which, one word (``success_false``, ``no_list``,
-    ``refused``, ``endless_pages``, ``cut_short``, ``bad_row``).
+    (a 4xx other than the key's), a page token that never ends, pages cut short. ``reason`` says which, one word:
+    ``success_false``; ``no_list`` (no list, no count of it, an unreadable token); ``refused``; ``endless_pages`` (a
+    token given twice, an empty page naming a next one, an instance listed twice, more rows than the list's own
+    count, too many pages); ``cut_short`` (fewer rows than its count); ``bad_row`` (a row without an id).
 
     Never read as "no instances": boxes this fleet holds would look gone, their attempts lost and their needs rented
     again, while they go on billing (skypilot-org/skypilot#10517). A cycle that gets this decides nothing. A list
