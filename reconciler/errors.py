@@ -21,6 +21,7 @@ Every concrete error that an adapter raises says which of the two it is; the ada
     │   │   └── ProviderAuthError         (also ProviderPermanent) the API key is missing or rejected
     │   ├── TransientError                may succeed if tried again: back off and retry
     │   │   ├── ProviderTransient         (ProviderError) 429, 5xx, timeouts
+    │   │   │   └── ObservationFailed     the instance list answered is not a whole list: nothing may be decided
     │   │   ├── HostUnreachable           (ShellError) connect/auth timeout, dropped connection
     │   │   ├── PushRejected              (RepoError) non-fast-forward: fetch, rebase, retry
     │   │   └── StoreUnavailable          the object store is down: refused connection, timeout, 5xx, SlowDown
@@ -28,6 +29,7 @@ Every concrete error that an adapter raises says which of the two it is; the ada
     │   │   ├── ProviderPermanent         (ProviderError) 400/401/403/404
     │   │   │   ├── RejectedByProvider    a 4xx or ``success: false`` reply, with ``status`` and ``code``
     │   │   │   │   └── PriceIncreaseGone a price increase answered is no longer pending (404 or legacy 409)
+    │   │   │   ├── RentMismatch          a new box is not the rental asked for (type, GPU, price): destroyed
     │   │   │   └── ProviderAuthError
     │   │   ├── HostKeyMismatch           (ShellError) the box's host key changed since it was pinned
     │   │   ├── RemoteCommandFailed       (ShellError) a command on the box exited non-zero
@@ -162,6 +164,24 @@ class ProviderPermanent(ProviderError, PermanentError):
     """401/403 (bad key), 400 (bad request), 404 (no such offer/instance)."""
 
 
+class ObservationFailed(ProviderTransient):
+    """The provider answered the instance list, but not with a whole list in the market's own shape: no list,
+    ``success: false`` (Vast's ``deprecated_endpoint`` comes with HTTP 200), a refusal of the list endpoint itself
+    (a 4xx other than the key's), a page token that never ends, pages cut short. ``reason`` says which, one word:
+    ``success_false``; ``no_list`` (no list, no count of it, an unreadable token); ``refused``; ``endless_pages`` (a
+    token given twice, an empty page naming a next one, an instance listed twice, more rows than the list's own
+    count, too many pages); ``cut_short`` (fewer rows than its count); ``bad_row`` (a row without an id).
+
+    Never read as "no instances": boxes this fleet holds would look gone, their attempts lost and their needs rented
+    again, while they go on billing (skypilot-org/skypilot#10517). A cycle that gets this decides nothing. A list
+    that cannot be fetched at all is a plain ``ProviderTransient`` (429, 5xx, unreachable) or ``ProviderAuthError``.
+    """
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class RejectedByProvider(ProviderPermanent):
     """A 4xx or ``{"success": false}`` reply; ``status`` and ``code`` say which (e.g. 404, "no_such_instance")."""
 
@@ -174,6 +194,19 @@ class RejectedByProvider(ProviderPermanent):
 class PriceIncreaseGone(RejectedByProvider):
     """The price increase answered is no longer pending: answered before, or its contract ended (404
     ``no_pending_price_increase``; older backends 409). Nothing to do; the next cycle reads the list again."""
+
+
+class RentMismatch(ProviderPermanent):
+    """A box just rented is not the rental that was asked for: its rental type (Vast rents on-demand, silently,
+    when a bid is lost on the way: vast-cli PR #403), its GPU or its price differ from the offer and bid asked.
+    The adapter destroyed it (``destroyed`` False: the destroy failed too, and the box is still there);
+    ``instance_id`` is the box, ``reasons`` what differed, one phrase each."""
+
+    def __init__(self, message: str, *, instance_id: int, reasons: tuple[str, ...], destroyed: bool) -> None:
+        super().__init__(message)
+        self.instance_id = instance_id
+        self.reasons = reasons
+        self.destroyed = destroyed
 
 
 class ProviderAuthError(ProviderPermanent, UserError):

@@ -23,7 +23,16 @@ emulator is proven against the same client. This module adds what a reconciler n
   under vast.ai when it was pointed at vast.ai); anywhere else ``requests`` drops the Authorization header; and a
   plain-http (loopback) URL is refused when a proxy from the environment would carry it off the machine;
 * every rented box gets ``RIGSYNC_API_URL`` (this adapter's server URL) in its environment: the one URL its
-  watchdog may send the instance's own key to (``reconciler/box/watchdog.py``).
+  watchdog may send the instance's own key to (``reconciler/box/watchdog.py``);
+* an instance list that is not one is refused, never read as "no instances": the SDK's ``show_instances`` takes
+  ``data.get("instances") or []`` from each page, so a 200 ``{"success": false, "error": "deprecated_endpoint"}``
+  would be an empty account (skypilot-org/skypilot#10517). The pages are read here through the SDK's own
+  ``show_instances_v1`` (one page, its whole reply) and checked in the market's own shape (``read_instance_list``):
+  ``success`` true, an ``instances`` list, the reply's own count, tokens that end; anything else is
+  ``ObservationFailed``;
+* a box just rented is read back (``show_instance``) and refused, destroyed, when its rental type, GPU or price is
+  not what was asked (``rental_mismatch``; ``RentMismatch``): Vast rents on-demand, silently, when a bid is lost on
+  the way (vast-cli PR #403). What was asked is the offer as this adapter's last search found it for that disk.
 
 SSH addresses (the "port off by one" quirk): the direct address is ``public_ipaddr`` plus the host port mapped to
 ``22/tcp``, used whenever present because it is the box's real sshd. The proxy address is ``ssh_host:ssh_port``,
@@ -47,6 +56,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -54,15 +64,17 @@ from urllib.parse import urlsplit
 import requests
 
 from reconciler.core import offers
-from reconciler.core.bounds import MAX_GPUS, bounded_int, finite
+from reconciler.core.bounds import MAX_GPUS, bounded_int, bounded_text, finite
 from reconciler.core.model import Endpoint, Instance, InstanceStatus, Offer, OfferFilters, PriceIncrease, Ranking
 from reconciler.errors import (
+    ObservationFailed,
     PriceIncreaseGone,
     ProviderAuthError,
     ProviderError,
     ProviderPermanent,
     ProviderTransient,
     RejectedByProvider,
+    RentMismatch,
     UserError,
 )
 from reconciler.ports import OFFERS_LIMIT
@@ -282,7 +294,8 @@ def _classify(exc: BaseException, what: str, url: str = "") -> ProviderError:
 # reached names it.
 ENDPOINTS = {
     "search offers": "POST /api/v0/bundles/",
-    "list instances": "GET /api/v0/instances/",
+    "list instances": "GET /api/v1/instances/",
+    "show instance": "GET /api/v0/instances/{id}/",
     "rent offer": "PUT /api/v0/asks/{id}/",
     "destroy instance": "DELETE /api/v0/instances/{id}/",
     "list ssh keys": "GET /api/v0/ssh/",
@@ -348,6 +361,123 @@ def _certainly_not_sent(exc: BaseException) -> bool:
     )
 
 
+# ------------------------------------------------------------------------- the instance list, as the market says it
+
+LIST_PAGE_ROWS = 25  # rows asked per page, as the SDK's show_instances asks
+MAX_LIST_PAGES = 400  # 10,000 boxes: a list still going after this many pages is a page token that never ends
+
+
+@dataclass(frozen=True)
+class InstancePage:
+    """One page of ``GET /api/v1/instances/``: its rows, the token of the next page (None: the last), and how many
+    rows the whole list holds by the reply's own count (``instances_found``, else ``total_instances``)."""
+
+    rows: list[dict[str, Any]]
+    next_token: str | None
+    count: int
+
+
+def _observation_failed(what: str, reason: str) -> ObservationFailed:
+    return ObservationFailed(f"list instances: {what} (not read as an empty list)", reason=reason)
+
+
+def _said(reply: dict[str, Any]) -> str:
+    """What a refusing reply says (its ``error`` and ``msg``), short, on one line, its control characters shown."""
+    parts = [str(reply.get(k))[:200] for k in ("error", "msg") if reply.get(k)]
+    return bounded_text(" ".join(" ".join(parts).split()), 240) or "nothing more"
+
+
+def instance_page(reply: Any) -> InstancePage:
+    """One page read in the market's own shape ``{"success": true, "instances": [...], "instances_found": N,
+    "next_token": ...}``, or ``ObservationFailed``: not an object, ``success`` not true, no list, no count, a row
+    that is not an object with a positive integer ``id``."""
+    if not isinstance(reply, dict):
+        raise _observation_failed(f"the reply is {type(reply).__name__}, not an object", "no_list")
+    if reply.get("success") is not True:
+        raise _observation_failed(f"the reply says success={reply.get('success')!r} ({_said(reply)})",
+                                  "success_false")
+    rows = reply.get("instances")
+    if not isinstance(rows, list):
+        raise _observation_failed("the reply has no instances list", "no_list")
+    counts = [bounded_int(reply.get(k), 0, 1 << 31) for k in ("instances_found", "total_instances")]
+    count = next((c for c in counts if c is not None), None)
+    if count is None:
+        raise _observation_failed("the reply does not say how many instances the list holds", "no_list")
+    for n, row in enumerate(rows):
+        if not isinstance(row, dict) or bounded_int(row.get("id"), 1, 1 << 63) is None:
+            raise _observation_failed(f"row {n} of a page is not an instance with an id", "bad_row")
+    token = reply.get("next_token")
+    if token is not None and (isinstance(token, bool) or not isinstance(token, str | int)):
+        raise _observation_failed(f"next_token is {type(token).__name__}", "no_list")
+    return InstancePage(rows, str(token) if token not in (None, "") else None, count)
+
+
+def read_instance_list(fetch: Callable[[str | None], Any], max_pages: int = MAX_LIST_PAGES) -> list[dict[str, Any]]:
+    """Every row of the instance list, ``fetch(after_token)`` giving each page's reply (None: the first page), or
+    ``ObservationFailed``: a page not in the market's shape (``instance_page``), a token given twice, a page with
+    no rows that names a next one, more than ``max_pages`` pages, an id listed twice, or more or fewer rows in all
+    than the last page's own count (a page cut short)."""
+    rows: list[dict[str, Any]] = []
+    ids: set[int] = set()
+    tokens: set[str] = set()
+    token: str | None = None
+    for _ in range(max_pages):
+        page = instance_page(fetch(token))
+        for row in page.rows:
+            if row["id"] in ids:
+                raise _observation_failed(f"instance {row['id']} is listed twice", "endless_pages")
+            ids.add(row["id"])
+        rows.extend(page.rows)
+        if len(rows) > page.count:
+            raise _observation_failed(f"{len(rows)} rows read, the list says it holds {page.count}", "endless_pages")
+        if page.next_token is None:
+            if len(rows) < page.count:
+                raise _observation_failed(f"the pages hold {len(rows)} rows, the list says {page.count}", "cut_short")
+            return rows
+        if not page.rows or page.next_token in tokens:
+            raise _observation_failed("a page token that never ends (a page with no rows, or a token given twice, "
+                                      "names a next page)", "endless_pages")
+        tokens.add(page.next_token)
+        token = page.next_token
+    raise _observation_failed(f"more than {max_pages} pages", "endless_pages")
+
+
+# ------------------------------------------------------------------------------------- a rent, read back
+
+READ_BACK_WAITS_S = (0.5, 1.0, 2.0)  # a box the provider does not know yet is asked again after each of these
+ASKED_OFFERS = 4096  # offers remembered from the searches (what a rent of each asks for)
+RENT_PRICE_SLACK = 0.02  # a box may cost this fraction more than asked (a host's repricing since the search)
+
+
+def asked_dph(offer: Offer, bid_dph: float | None) -> float:
+    """What a rent of ``offer`` costs an hour: its total on-demand, or as a bid the bid plus its storage (as
+    ``offers.as_interruptible`` prices it)."""
+    return offer.dph_total if bid_dph is None else bid_dph + max(0.0, offer.storage_dph)
+
+
+def rental_mismatch(rec: dict[str, Any], asked: Offer | None, bid_dph: float | None) -> tuple[str, ...]:
+    """How the instance record ``rec`` of a box just rented differs from the rental asked for, one phrase each
+    (empty: it is what was asked). The rental type always: a bid (``bid_dph``) must come back ``is_bid`` true, an
+    on-demand rent must not. With the offer asked (None: not searched by this adapter, not checked) the GPU model
+    and count, and the price: at most ``RENT_PRICE_SLACK`` above ``asked_dph``."""
+    wrong: list[str] = []
+    is_bid = rec.get("is_bid")
+    if bid_dph is not None and is_bid is not True:
+        kind = "on-demand" if is_bid is False else "of an unsaid rental type"
+        wrong.append(f"rented {kind}, asked interruptible at a bid of ${bid_dph:.4f}/h")
+    elif bid_dph is None and is_bid is True:
+        wrong.append("rented interruptible, asked on-demand")
+    if asked is None:
+        return tuple(wrong)
+    gpus, gpu = _i(rec, "num_gpus"), _s(rec, "gpu_name")
+    if (gpus, gpu) != (asked.num_gpus, asked.gpu_name):
+        wrong.append(f"{gpus}x {bounded_text(gpu, 80) or '(no GPU named)'}, asked {asked.num_gpus}x {asked.gpu_name}")
+    want, got = asked_dph(asked, bid_dph), _f(rec, "dph_total", math.nan)
+    if not got <= want * (1.0 + RENT_PRICE_SLACK) + 1e-6:  # NaN (no readable price) is not cheap
+        wrong.append(f"${got:.4f}/h, asked ${want:.4f}/h")
+    return tuple(wrong)
+
+
 class VastProvider:
     """The ``Provider`` port over the official SDK. ``calls`` counts SDK calls made (for tests and benches)."""
 
@@ -382,11 +512,15 @@ class VastProvider:
         # again. A burst of 429s is then not met by each new call starting over at the first, shortest wait.
         self._strikes: dict[str, int] = {}
         self._not_before: dict[str, float] = {}
+        # (offer id, disk GB) -> the offer as the last search found it: what a rent of it asks for (read-back)
+        self._asked: dict[tuple[int, float], Offer] = {}
 
     def __repr__(self) -> str:  # never show the key
         return "VastProvider(...)"
 
-    def _call(self, what: str, fn: Callable[[], T], *, idempotent: bool = True) -> T:
+    def _call(self, what: str, fn: Callable[[], T], *, idempotent: bool = True, envelope: bool = False) -> T:
+        """``fn`` (one SDK call) with rigsync's retries and errors. A reply ``{"success": false}`` is
+        ``RejectedByProvider``, unless ``envelope``: then the caller reads the reply whole (``read_instance_list``)."""
         endpoint = endpoint_of(what)
         start = time.monotonic()
         strikes = self._strikes.get(endpoint, 0)
@@ -420,7 +554,7 @@ class VastProvider:
                 continue
             self._strikes.pop(endpoint, None)
             self._not_before.pop(endpoint, None)
-            if isinstance(result, dict) and result.get("success") is False:
+            if not envelope and isinstance(result, dict) and result.get("success") is False:
                 code, msg = str(result.get("error") or ""), str(result.get("msg") or result.get("error") or "")
                 raise RejectedByProvider(f"{what}: rejected: {msg or 'success=false'}", code=code)
             return result
@@ -454,14 +588,38 @@ class VastProvider:
             if o.id > 0 and offers.offer_passes(o, filters, disk_gb):
                 found.append(o)
         found.sort(key=offers.rank_key(Ranking.DLPERF_PER_DPH))
+        self._remember_offers(found, disk_gb)
         return found[:limit]
 
+    def _remember_offers(self, found: list[Offer], disk_gb: float) -> None:
+        """What a rent of each offer at ``disk_gb`` asks for (its GPU, its price), for the read-back after a create;
+        the newest search wins, and only the last ``ASKED_OFFERS`` are kept."""
+        for o in found:
+            self._asked.pop((o.id, disk_gb), None)
+            self._asked[(o.id, disk_gb)] = o
+        for key in list(self._asked)[: max(0, len(self._asked) - ASKED_OFFERS)]:
+            del self._asked[key]
+
     def list_instances(self) -> list[Instance]:
-        rows = self._call("list instances", self._sdk.show_instances)
-        if not isinstance(rows, list):
-            raise ProviderTransient("list instances: the reply has no instance list")
-        out = [instance_from_record(r) for r in rows if isinstance(r, dict) and _i(r, "id") > 0]
-        return sorted(out, key=lambda i: i.id)
+        """Every instance of the account, or ``ObservationFailed`` when the list answered is not a whole one."""
+        return sorted((instance_from_record(r) for r in self._instance_rows()), key=lambda i: i.id)
+
+    def _instance_rows(self) -> list[dict[str, Any]]:
+        """The account's instance records, every page of ``GET /api/v1/instances/`` read through the SDK's
+        ``show_instances_v1`` (the call its ``show_instances`` pages with, whose reply it does not check)."""
+
+        def fetch(token: str | None) -> Any:
+            params: dict[str, Any] = {"select_filters": {}, "order_by": [{"col": "id", "dir": "asc"}],
+                                      "limit": LIST_PAGE_ROWS}
+            if token is not None:
+                params["after_token"] = token
+            try:
+                return self._call("list instances", functools.partial(self._sdk.show_instances_v1, params),
+                                  envelope=True)
+            except RejectedByProvider as exc:  # a 4xx other than the key's: the list endpoint itself said no
+                raise ObservationFailed(f"list instances: the list was refused: {exc}", reason="refused") from exc
+
+        return read_instance_list(fetch)
 
     def create_instance(
         self,
@@ -488,7 +646,51 @@ class VastProvider:
         new_id = reply.get("new_contract") if isinstance(reply, dict) else None
         if isinstance(new_id, bool) or not isinstance(new_id, int | str) or not str(new_id).isdigit():
             raise ProviderPermanent(f"rent offer {offer_id}: the reply has no new_contract id")
+        self._check_rental(offer_id, int(new_id), self._asked.get((offer_id, disk_gb)), bid_dph)
         return int(new_id)
+
+    def _check_rental(self, offer_id: int, instance_id: int, asked: Offer | None, bid_dph: float | None) -> None:
+        """Read the new box back; destroy it and raise ``RentMismatch`` when it is not the rental asked for. A box
+        that cannot be read back now is kept (its id is returned: a box rented and forgotten would bill unseen)."""
+        rec = self._read_back(instance_id)
+        if rec is None:
+            log.warning("instance %d (offer %d): not readable right after its rent: its rental type, GPU and price "
+                        "were not checked", instance_id, offer_id)
+            return
+        wrong = rental_mismatch(rec, asked, bid_dph)
+        if not wrong:
+            return
+        destroyed, after = True, "destroyed it"
+        try:
+            self.destroy_instance(instance_id)
+        except ProviderError as exc:
+            destroyed, after = False, f"could not destroy it, it is still rented: {exc}"
+        message = f"rent offer {offer_id}: instance {instance_id} is not what was asked ({'; '.join(wrong)}): {after}"
+        log.warning("%s", message)
+        raise RentMismatch(message, instance_id=instance_id, reasons=wrong, destroyed=destroyed)
+
+    def _read_back(self, instance_id: int) -> dict[str, Any] | None:
+        """The instance's record (``show_instance``), asked again after each of ``READ_BACK_WAITS_S`` while the
+        provider does not know it yet; None when it still does not, or cannot be asked."""
+        for wait in (*READ_BACK_WAITS_S, None):
+            try:
+                rec = self._call(f"show instance {instance_id}", functools.partial(self._show_instance, instance_id))
+            except ProviderError as exc:
+                log.warning("instance %d: cannot read it back: %s", instance_id, exc)
+                return None
+            if isinstance(rec, dict):
+                return rec
+            if wait is not None:
+                self._sleep(wait)
+        return None
+
+    def _show_instance(self, instance_id: int) -> Any:
+        """The SDK's ``show_instance``; a record it cannot post-process (no ``start_date``, no ``extra_env`` pairs)
+        is an unreadable reply, not a crash."""
+        try:
+            return self._sdk.show_instance(id=instance_id)
+        except (KeyError, TypeError, AttributeError, IndexError) as exc:
+            raise ValueError(f"unreadable instance record: {type(exc).__name__}") from exc
 
     def destroy_instance(self, instance_id: int) -> None:
         """Destroy; an instance that is already gone counts as destroyed."""
@@ -561,12 +763,9 @@ class VastProvider:
             raise ProviderTransient("pending price increases: the reply has no pending_price_increases list")
         if not envelope["pending_price_increases"]:
             return []
-        rows = self._call("list instances", self._sdk.show_instances)
-        if not isinstance(rows, list):
-            raise ProviderTransient("list instances: the reply has no instance list")
         listed = {
             _i(r, "id"): (_f(r, "dph_total", math.nan), _f(r, "disk_space", math.nan), _i(r, "num_gpus"))
-            for r in rows if isinstance(r, dict) and _i(r, "id") > 0
+            for r in self._instance_rows()
         }
         return price_increases_from_reply(envelope, listed)
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from reconciler.emulator.exceptions import ApiError, QueryError
+from reconciler.emulator.faults import identity_of, lying_page
 from reconciler.emulator.market import CARDS, matches
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ def _list_v1(emu: Emulator, req: Request) -> Any:
         limit = max(1, min(int(req.query.get("limit") or 25), 1000))
     except ValueError:
         raise ApiError(400, "invalid_args", "limit must be an integer") from None
-    rows = emu.records()
+    rows = emu.listed_records()
     if not isinstance(filters, dict):
         raise ApiError(400, "invalid_args", "select_filters must be an object")
     try:
@@ -116,8 +117,17 @@ def _list_v1(emu: Emulator, req: Request) -> Any:
     for r in rows:
         if r.get("label"):
             labels[r["label"]] = labels.get(r["label"], 0) + 1
-    return {"success": True, "instances_found": len(rows), "total_instances": len(rows), "next_token": nxt,
-            "label_counts": labels, "instances": page}
+    return _as_listed(emu, {"success": True, "instances_found": len(rows), "total_instances": len(rows),
+                            "next_token": nxt, "label_counts": labels, "instances": page}, start)
+
+
+def _as_listed(emu: Emulator, reply: dict[str, Any], start: int) -> dict[str, Any]:
+    """The list's reply as it goes out: as the list fault set now answers it (``faults.py``), if one is."""
+    fault = emu.list_faults.take()
+    if fault is None:
+        return reply
+    emu.ledger.log("list_lied", None, fault=fault[0], start=start)
+    return lying_page(fault[0], fault[1], reply, start)
 
 
 def _col_key(col: str) -> Callable[[dict[str, Any]], tuple[int, Any]]:
@@ -131,7 +141,9 @@ def _col_key(col: str) -> Callable[[dict[str, Any]], tuple[int, Any]]:
 
 
 def _list_v0(emu: Emulator, req: Request) -> Any:
-    return {"instances": emu.records()}
+    rows = emu.listed_records()
+    reply = _as_listed(emu, {"success": True, "next_token": None, "instances": rows}, 0)
+    return {k: v for k, v in reply.items() if k not in ("success", "next_token")} if reply.get("success") else reply
 
 
 def _show(emu: Emulator, req: Request) -> Any:
@@ -378,7 +390,7 @@ def _admin_instance(emu: Emulator, req: Request) -> Any:
     iid = req.int_arg("id")
     actions: dict[str, Callable[[int], None]] = {
         "vanish": emu.vanish, "hang": emu.hang, "resume": emu.resume, "outbid": emu.outbid,
-        "never_boot": emu.never_boot,
+        "never_boot": emu.never_boot, "hide": emu.hide, "unhide": emu.unhide,
     }
     actions[action](iid)
     return {"success": True}
@@ -410,6 +422,41 @@ def _admin_fail_next(emu: Emulator, req: Request) -> Any:
         emu.fail_next(str(b["path_prefix"]), int(b.get("n", 1)), int(b.get("status", 429)))
     except (KeyError, TypeError, ValueError):
         raise ApiError(400, "invalid_args", "body: {\"path_prefix\": str, \"n\": int, \"status\": int}") from None
+    return {"success": True}
+
+
+def _admin_list_fault(emu: Emulator, req: Request) -> Any:
+    b = _body_dict(req)
+    fault, n, error = b.get("fault"), b.get("n"), b.get("error", "deprecated_endpoint")
+    if (fault is not None and not isinstance(fault, str)) or not isinstance(error, str) or (
+        n is not None and (isinstance(n, bool) or not isinstance(n, int))
+    ):
+        raise ApiError(400, "invalid_args", "body: {\"fault\": str or null, \"n\": int or null, \"error\": str}")
+    emu.set_list_fault(fault, n, error)
+    return {"success": True}
+
+
+def _admin_switch(setter: Callable[[Emulator], Callable[[bool], None]]) -> RouteFn:
+    """An admin route that turns a fault on or off: body ``{"on": bool}`` (default true)."""
+
+    def route(emu: Emulator, req: Request) -> Any:
+        on = _body_dict(req).get("on", True)
+        if not isinstance(on, bool):
+            raise ApiError(400, "invalid_args", "body: {\"on\": bool}")
+        setter(emu)(on)
+        return {"success": True}
+
+    return route
+
+
+def _admin_rate_limit(emu: Emulator, req: Request) -> Any:
+    b = _body_dict(req)
+    try:
+        per_s = float(b["per_s"]) if b.get("per_s") is not None else None
+        emu.rate_limit(per_s, int(b.get("burst", 1)), str(b.get("path_prefix", "/api/")))
+    except (KeyError, TypeError, ValueError):
+        raise ApiError(400, "invalid_args",
+                       "body: {\"per_s\": float or null, \"burst\": int, \"path_prefix\": str}") from None
     return {"success": True}
 
 
@@ -482,7 +529,7 @@ ROUTES: list[tuple[str, re.Pattern[str], RouteFn, bool, bool]] = [
         ("GET", r"/_emulator/state", _admin_state, True, False),
         ("GET", r"/_emulator/ledger", _admin_ledger, True, False),
         ("GET", r"/_emulator/events", _admin_events, True, False),
-        ("POST", rf"/_emulator/instances/{_ID}/(?P<action>vanish|hang|resume|outbid|never_boot)",
+        ("POST", rf"/_emulator/instances/{_ID}/(?P<action>vanish|hang|resume|outbid|never_boot|hide|unhide)",
          _admin_instance, True, False),
         ("POST", rf"/_emulator/instances/{_ID}/end_date", _admin_end_date, True, False),
         ("POST", rf"/_emulator/instances/{_ID}/raise_price", _admin_raise_price, True, False),
@@ -492,6 +539,10 @@ ROUTES: list[tuple[str, re.Pattern[str], RouteFn, bool, bool]] = [
         ("POST", r"/_emulator/churn", _admin_churn, True, False),
         ("POST", r"/_emulator/drift", _admin_drift, True, False),
         ("POST", r"/_emulator/credit", _admin_credit, True, False),
+        ("POST", r"/_emulator/list_fault", _admin_list_fault, True, False),
+        ("POST", r"/_emulator/hide_new", _admin_switch(lambda emu: emu.hide_new), True, False),
+        ("POST", r"/_emulator/ignore_bids", _admin_switch(lambda emu: emu.ignore_bids), True, False),
+        ("POST", r"/_emulator/rate_limit", _admin_rate_limit, True, False),
     ]
 ]
 
@@ -556,9 +607,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         m, fn, auth, inst_ok = route
         caller = None
+        header = self.headers.get("Authorization", "")
+        key = header[7:].strip() if header.startswith("Bearer ") else query.get("api_key", "")
+        if is_api and not emu.rate_limits.allow(identity_of(key), self.command, path):
+            emu.ledger.log("rate_limited", None, identity=identity_of(key), path=path)
+            self._send(429, b"API requests too frequent", "text/plain")
+            return
         if auth:
-            header = self.headers.get("Authorization", "")
-            key = header[7:].strip() if header.startswith("Bearer ") else query.get("api_key", "")
             if not key:
                 self._error(401, "auth_error", "Invalid user key")
                 return

@@ -24,6 +24,7 @@ from typing import Any
 
 from reconciler.emulator.billing import Charge, Ledger
 from reconciler.emulator.exceptions import ApiError
+from reconciler.emulator.faults import ListFaults, RateLimits
 from reconciler.emulator.market import Market, price, speed_factor
 from reconciler.emulator.sshd_boxes import AddressPool, Box, BoxSpec, Forwarder, GpuSpec, ProxyHost, Spawner, preflight
 
@@ -144,6 +145,8 @@ class Emulator:
         self._increases: dict[int, PendingIncrease] = {}  # every increase ever raised, by id (answered ones kept)
         self._next_increase_id = 7001
         self._fail_rules: list[list[Any]] = []  # [prefix, remaining, status]
+        self.list_faults = ListFaults()  # the instance list lies (faults.py)
+        self.rate_limits = RateLimits()  # 429s per identity and endpoint (faults.py)
         self.latency = 0.0
         self._never_boot_next = False
         self._churn_rate = 0.0
@@ -322,7 +325,7 @@ class Emulator:
         if not isinstance(env_raw, dict):
             raise ApiError(400, "invalid_args", "env must be an object of NAME: value.")
         env = {str(k): str(v) for k, v in env_raw.items()}
-        bid = body.get("price")
+        bid = None if self.list_faults.bids_ignored() else body.get("price")
         with self._lock:
             self._require_credit()
             offer = self.market.get(offer_id)
@@ -393,6 +396,8 @@ class Emulator:
                 self.ledger.log("never_boot", iid)
             self._instances[iid] = inst
             self._labels[iid] = inst.label
+            if self.list_faults.created(iid):
+                self.ledger.log("hide", iid, new=True)
             self._boxes.append(box)
             self.ledger.set_rate(iid, inst.dph_total, inst.storage_per_hour)
             self.ledger.log("create", iid, offer_id=offer_id, dph_total=inst.dph_total, is_bid=inst.is_bid,
@@ -575,6 +580,44 @@ class Emulator:
         with self._lock:
             self._fail_rules = [r for r in self._fail_rules if not r[0].startswith(path_prefix)]
             self.ledger.log("clear_failures", None, path_prefix=path_prefix)
+
+    # ---- the instance list lies; rate limits per identity (faults.py) ------------------------------------
+    def listed_records(self) -> list[dict[str, Any]]:
+        """The records the instance list shows: every instance but the hidden ones."""
+        return self.list_faults.listed(self.records())
+
+    def set_list_fault(self, fault: str | None, n: int | None = None, error: str = "deprecated_endpoint") -> None:
+        """The next ``n`` instance-list requests (each page one; None: until set again) answer ``fault``:
+        ``success_false``, ``no_list``, ``cut_short`` or ``endless_token`` (None: the truth again)."""
+        self.list_faults.set(fault, n, error)
+        self.ledger.log("list_fault", None, fault=fault, n=n, error=error)
+
+    def hide(self, instance_id: int) -> None:
+        """The instance list stops showing the instance (it lives on, billed; ``show instance`` still finds it)."""
+        self._get(instance_id)
+        self.list_faults.hide(instance_id)
+        self.ledger.log("hide", instance_id)
+
+    def unhide(self, instance_id: int) -> None:
+        self.list_faults.hide(instance_id, hidden=False)
+        self.ledger.log("unhide", instance_id)
+
+    def ignore_bids(self, on: bool = True) -> None:
+        """Every create from now on rents on-demand whatever bid it carries (False: bids count again): what a rent
+        whose bid is lost on the way gets, silently (vast-cli PR #403)."""
+        self.list_faults.ignore_bids(on)
+        self.ledger.log("ignore_bids", None, on=on)
+
+    def hide_new(self, on: bool = True) -> None:
+        """Every instance created from now on is hidden from the list (until ``unhide``), or no longer (False)."""
+        self.list_faults.hide_new(on)
+        self.ledger.log("hide_new", None, on=on)
+
+    def rate_limit(self, per_s: float | None, burst: int = 1, path_prefix: str = "/api/") -> None:
+        """Per identity (the key presented) and endpoint under ``path_prefix``: ``burst`` requests, refilled at
+        ``per_s`` a second; more answer 429 ``API requests too frequent`` (per_s None or 0: no limit there)."""
+        self.rate_limits.set(path_prefix, per_s, burst)
+        self.ledger.log("rate_limit", None, path_prefix=path_prefix, per_s=per_s, burst=burst)
 
     def take_failure(self, path: str) -> int | None:
         """Called per API request: the injected status to answer with, if a rule matches."""

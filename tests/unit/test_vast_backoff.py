@@ -35,7 +35,8 @@ def test_the_schedule_is_bounded_by_tries_and_by_total_seconds() -> None:
 
 
 def test_each_call_names_its_endpoint() -> None:
-    assert vast.endpoint_of("list instances") == "GET /api/v0/instances/"
+    assert vast.endpoint_of("list instances") == "GET /api/v1/instances/"  # the paged list the SDK 1.9.1 reads
+    assert vast.endpoint_of("show instance 9") == "GET /api/v0/instances/{id}/"
     assert vast.endpoint_of("search offers") == "POST /api/v0/bundles/"
     assert vast.endpoint_of("rent offer 123") == "PUT /api/v0/asks/{id}/"
     assert vast.endpoint_of("destroy instance 9") == "DELETE /api/v0/instances/{id}/"
@@ -55,7 +56,7 @@ def test_an_unreachable_api_is_one_line_naming_the_endpoint_the_url_and_how_long
         provider.list_instances()
     line = str(info.value)
     assert "\n" not in line and "sekrit" not in line
-    assert line.startswith("GET /api/v0/instances/: gave up after 3 tries in ")
+    assert line.startswith("GET /api/v1/instances/: gave up after 3 tries in ")
     assert "cannot reach the Vast API at 'http://127.0.0.1:1'" in line
     assert sleeps == vast.backoff_schedule(3, 60.0, random.Random(3))
 

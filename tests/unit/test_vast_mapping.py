@@ -196,12 +196,12 @@ class _FakeSdk:
         self.result = result
         self.n = 0
 
-    def show_instances(self) -> Any:
+    def show_instances_v1(self, params: dict[str, Any]) -> Any:
         self.n += 1
         if self.errors:
             raise self.errors.pop(0)
         print("the SDK likes to print")
-        return self.result
+        return {"success": True, "instances_found": len(self.result), "next_token": None, "instances": self.result}
 
 
 def _provider(sdk: _FakeSdk, sleeps: list[float]) -> vast.VastProvider:
@@ -220,7 +220,7 @@ def test_transient_errors_are_retried_with_backoff_and_bounded(capsys: pytest.Ca
 
     sleeps.clear()
     sdk = _FakeSdk([_http_error(503, {}) for _ in range(10)], [])
-    with pytest.raises(ProviderTransient, match=r"^GET /api/v0/instances/: gave up after 5 tries"):
+    with pytest.raises(ProviderTransient, match=r"^GET /api/v1/instances/: gave up after 5 tries"):
         _provider(sdk, sleeps).list_instances()
     assert sdk.n == 5 and sum(sleeps) <= 20
 
