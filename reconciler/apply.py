@@ -96,6 +96,7 @@ from reconciler.ports import (
     LaunchJob,
     Presigner,
     Provider,
+    RentalAsk,
     ResultStore,
     no_fence,
 )
@@ -276,7 +277,7 @@ def _execute(planned: Action, ctx: ApplyContext, instances: dict[int, Instance],
 def _rent(action: Rent, ctx: ApplyContext, result: ApplyResult) -> str:
     new_id = ctx.provider.create_instance(
         action.offer_id, image=action.image, disk_gb=action.disk_gb, label=action.label, onstart=action.onstart,
-        env={}, bid_dph=action.bid_dph,
+        env={}, bid_dph=action.bid_dph, asked=RentalAsk(action.gpu_name, action.num_gpus, action.dph),
     )
     result.rented.append(new_id)
     result.rented_as[new_id] = action

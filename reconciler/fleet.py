@@ -46,7 +46,7 @@ from reconciler.core.model import (
 )
 from reconciler.core.remember import NO_MEMORY, remember
 from reconciler.errors import PriceIncreaseGone, ProviderPermanent, UserError
-from reconciler.ports import Provider, Shell
+from reconciler.ports import Provider, RentalAsk, Shell
 
 if TYPE_CHECKING:
     from reconciler.adapters.archive import ShardedRunArchive
@@ -152,6 +152,7 @@ class NoMarket:
     def create_instance(
         self, offer_id: int, *, image: str, disk_gb: float, label: str, onstart: str, env: dict[str, str],
         bid_dph: float | None = None,
+        asked: RentalAsk | None = None,
     ) -> int:
         raise ProviderPermanent("this fleet has no market pool (every pool is provider ssh): nothing can be rented")
 

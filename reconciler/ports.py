@@ -66,6 +66,16 @@ class CommandResult:
     answered_at: float | None = field(default=None, compare=False)
 
 
+@dataclass(frozen=True)
+class RentalAsk:
+    """What a rent asked for (``actions.Rent``): the box the provider's read-back must find. ``dph`` is its whole
+    $/h (a bid's: the bid plus storage)."""
+
+    gpu_name: str
+    num_gpus: int
+    dph: float
+
+
 class Provider(Protocol):
     """A GPU market: Vast.ai through its official SDK, or the emulator behind the same API."""
 
@@ -83,6 +93,7 @@ class Provider(Protocol):
         onstart: str,
         env: dict[str, str],
         bid_dph: float | None = None,
+        asked: RentalAsk | None = None,
     ) -> int: ...
 
     def destroy_instance(self, instance_id: int) -> None: ...

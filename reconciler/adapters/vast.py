@@ -32,7 +32,7 @@ emulator is proven against the same client. This module adds what a reconciler n
   ``ObservationFailed``;
 * a box just rented is read back (``show_instance``) and refused, destroyed, when its rental type, GPU or price is
   not what was asked (``rental_mismatch``; ``RentMismatch``): Vast rents on-demand, silently, when a bid is lost on
-  the way (vast-cli PR #403). What was asked is the offer as this adapter's last search found it for that disk.
+  the way (vast-cli PR #403). What was asked is the Rent's GPU, count and $/h (``ports.RentalAsk``).
 
 SSH addresses (the "port off by one" quirk): the direct address is ``public_ipaddr`` plus the host port mapped to
 ``22/tcp``, used whenever present because it is the box's real sshd. The proxy address is ``ssh_host:ssh_port``,
@@ -77,7 +77,7 @@ from reconciler.errors import (
     RentMismatch,
     UserError,
 )
-from reconciler.ports import OFFERS_LIMIT
+from reconciler.ports import OFFERS_LIMIT, RentalAsk
 from reconciler.remote import WATCHDOG_API_URL_ENV
 from reconciler.settings.endpoint import DEFAULT_URL, check_api_url, shown_url
 
@@ -445,21 +445,14 @@ def read_instance_list(fetch: Callable[[str | None], Any], max_pages: int = MAX_
 # ------------------------------------------------------------------------------------- a rent, read back
 
 READ_BACK_WAITS_S = (0.5, 1.0, 2.0)  # a box the provider does not know yet is asked again after each of these
-ASKED_OFFERS = 4096  # offers remembered from the searches (what a rent of each asks for)
 RENT_PRICE_SLACK = 0.02  # a box may cost this fraction more than asked (a host's repricing since the search)
 
 
-def asked_dph(offer: Offer, bid_dph: float | None) -> float:
-    """What a rent of ``offer`` costs an hour: its total on-demand, or as a bid the bid plus its storage (as
-    ``offers.as_interruptible`` prices it)."""
-    return offer.dph_total if bid_dph is None else bid_dph + max(0.0, offer.storage_dph)
-
-
-def rental_mismatch(rec: dict[str, Any], asked: Offer | None, bid_dph: float | None) -> tuple[str, ...]:
+def rental_mismatch(rec: dict[str, Any], asked: RentalAsk | None, bid_dph: float | None) -> tuple[str, ...]:
     """How the instance record ``rec`` of a box just rented differs from the rental asked for, one phrase each
     (empty: it is what was asked). The rental type always: a bid (``bid_dph``) must come back ``is_bid`` true, an
-    on-demand rent must not. With the offer asked (None: not searched by this adapter, not checked) the GPU model
-    and count, and the price: at most ``RENT_PRICE_SLACK`` above ``asked_dph``."""
+    on-demand rent must not. With what the rent asked (None: the caller did not say, not checked) the GPU model
+    and count, and the price: at most ``RENT_PRICE_SLACK`` above the asked $/h."""
     wrong: list[str] = []
     is_bid = rec.get("is_bid")
     if bid_dph is not None and is_bid is not True:
@@ -472,7 +465,7 @@ def rental_mismatch(rec: dict[str, Any], asked: Offer | None, bid_dph: float | N
     gpus, gpu = _i(rec, "num_gpus"), _s(rec, "gpu_name")
     if (gpus, gpu) != (asked.num_gpus, asked.gpu_name):
         wrong.append(f"{gpus}x {bounded_text(gpu, 80) or '(no GPU named)'}, asked {asked.num_gpus}x {asked.gpu_name}")
-    want, got = asked_dph(asked, bid_dph), _f(rec, "dph_total", math.nan)
+    want, got = asked.dph, _f(rec, "dph_total", math.nan)
     if not got <= want * (1.0 + RENT_PRICE_SLACK) + 1e-6:  # NaN (no readable price) is not cheap
         wrong.append(f"${got:.4f}/h, asked ${want:.4f}/h")
     return tuple(wrong)
@@ -513,7 +506,6 @@ class VastProvider:
         self._strikes: dict[str, int] = {}
         self._not_before: dict[str, float] = {}
         # (offer id, disk GB) -> the offer as the last search found it: what a rent of it asks for (read-back)
-        self._asked: dict[tuple[int, float], Offer] = {}
 
     def __repr__(self) -> str:  # never show the key
         return "VastProvider(...)"
@@ -588,17 +580,7 @@ class VastProvider:
             if o.id > 0 and offers.offer_passes(o, filters, disk_gb):
                 found.append(o)
         found.sort(key=offers.rank_key(Ranking.DLPERF_PER_DPH))
-        self._remember_offers(found, disk_gb)
         return found[:limit]
-
-    def _remember_offers(self, found: list[Offer], disk_gb: float) -> None:
-        """What a rent of each offer at ``disk_gb`` asks for (its GPU, its price), for the read-back after a create;
-        the newest search wins, and only the last ``ASKED_OFFERS`` are kept."""
-        for o in found:
-            self._asked.pop((o.id, disk_gb), None)
-            self._asked[(o.id, disk_gb)] = o
-        for key in list(self._asked)[: max(0, len(self._asked) - ASKED_OFFERS)]:
-            del self._asked[key]
 
     def list_instances(self) -> list[Instance]:
         """Every instance of the account, or ``ObservationFailed`` when the list answered is not a whole one."""
@@ -631,6 +613,7 @@ class VastProvider:
         onstart: str,
         env: dict[str, str],
         bid_dph: float | None = None,
+        asked: RentalAsk | None = None,
     ) -> int:
         # The box's watchdog (reconciler/box/watchdog.py) destroys its instance through this same URL, with the
         # instance's own key: the URL this adapter was configured with, never one the box or desired/ names.
@@ -646,10 +629,10 @@ class VastProvider:
         new_id = reply.get("new_contract") if isinstance(reply, dict) else None
         if isinstance(new_id, bool) or not isinstance(new_id, int | str) or not str(new_id).isdigit():
             raise ProviderPermanent(f"rent offer {offer_id}: the reply has no new_contract id")
-        self._check_rental(offer_id, int(new_id), self._asked.get((offer_id, disk_gb)), bid_dph)
+        self._check_rental(offer_id, int(new_id), asked, bid_dph)
         return int(new_id)
 
-    def _check_rental(self, offer_id: int, instance_id: int, asked: Offer | None, bid_dph: float | None) -> None:
+    def _check_rental(self, offer_id: int, instance_id: int, asked: RentalAsk | None, bid_dph: float | None) -> None:
         """Read the new box back; destroy it and raise ``RentMismatch`` when it is not the rental asked for. A box
         that cannot be read back now is kept (its id is returned: a box rented and forgotten would bill unseen)."""
         rec = self._read_back(instance_id)

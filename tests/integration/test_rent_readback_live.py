@@ -16,6 +16,7 @@ from reconciler.adapters.vast import RENT_PRICE_SLACK, VastProvider
 from reconciler.core.model import Offer, OfferFilters
 from reconciler.emulator import Emulator
 from reconciler.errors import RentMismatch
+from reconciler.ports import RentalAsk
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -36,8 +37,10 @@ def biddable(provider: VastProvider) -> list[Offer]:
 
 
 def rent(provider: VastProvider, offer: Offer, bid: float | None) -> int:
+    """A rent of ``offer`` as the planner's ``Rent`` asks it: its GPUs, and its $/h (a bid's: the bid plus storage)."""
+    dph = offer.dph_total if bid is None else bid + offer.storage_dph
     return provider.create_instance(offer.id, image="x", disk_gb=DISK_GB, label="rigsync:rb:s0", onstart="", env={},
-                                    bid_dph=bid)
+                                    bid_dph=bid, asked=RentalAsk(offer.gpu_name, offer.num_gpus, dph))
 
 
 def events_of(emu: Emulator, iid: int) -> list[str]:

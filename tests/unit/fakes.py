@@ -87,6 +87,7 @@ from reconciler.ports import (
     Download,
     Launched,
     LaunchJob,
+    RentalAsk,
     Upload,
 )
 
@@ -323,6 +324,7 @@ class FakeWorld:
         self.work = work
         self.price_increases: dict[int, PriceIncrease] = {}  # pending, by id (a test adds them)
         self.price_answers: list[tuple[int, bool]] = []  # (pending id, accepted) as the controller answered
+        self.rent_asks: dict[int, RentalAsk | None] = {}  # what each rent told the provider it asked for, by offer
         self.credit0: float | None = 1000.0  # the account's deposits; None: the provider does not say its credit
         self.unbilled: set[int] = set()  # instances the provider reports no charge for
         self._bill_closed: dict[int, float] = {}
@@ -473,9 +475,11 @@ class FakeProvider:
         onstart: str,
         env: dict[str, str],
         bid_dph: float | None = None,
+        asked: RentalAsk | None = None,
     ) -> int:
         w = self.world
         w._enter("create_instance", str(offer_id))
+        w.rent_asks[offer_id] = asked
         offer = w.market.pop(offer_id, None)
         if offer is None:
             raise RejectedByProvider(f"rent offer {offer_id}: no_such_ask", status=404, code="no_such_ask")

@@ -30,7 +30,7 @@ from reconciler.core.remember import next_in_flight
 from reconciler.errors import HostUnreachable, LaunchLockHeld, LeaseLost
 from reconciler.observe import observe
 from reconciler.plan import plan
-from reconciler.ports import Fence, LaunchJob
+from reconciler.ports import Fence, LaunchJob, RentalAsk
 
 
 def _ctx(world: FakeWorld, desired: Desired, observed: Observed, archive: FakeArchive) -> ApplyContext:
@@ -107,6 +107,17 @@ def test_a_keyerror_from_the_provider_sdk_fails_that_rent_only(caplog: pytest.Lo
     assert result.outcomes[0].detail == "KeyError: 'new_contract'"
     assert len(result.rented) == 1 and list(world.rentals) == result.rented
     assert any(r.exc_info and r.exc_info[0] is KeyError for r in caplog.records)
+
+
+def test_a_rent_tells_the_provider_what_it_asked_for_so_the_box_can_be_read_back() -> None:
+    desired = desired_state(1, max_instances=1)
+    world = FakeWorld([offer(1, gpus=2)], clock=FakeClock())
+    archive = FakeArchive()
+    observed, p = observe_and_plan(world, desired, archive)
+    (rent,) = [a for a in p.actions if isinstance(a, Rent)]
+    _apply(world, desired, observed, p, archive)
+    assert world.rent_asks == {rent.offer_id: RentalAsk(rent.gpu_name, rent.num_gpus, rent.dph)}
+    assert rent.gpu_name == world.rentals[next(iter(world.rentals))].instance.gpu_name
 
 
 def test_our_own_errors_fail_the_action_without_a_traceback(caplog: pytest.LogCaptureFixture) -> None:

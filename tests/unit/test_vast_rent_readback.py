@@ -12,12 +12,17 @@ import pytest
 import requests
 
 from reconciler.adapters import vast
-from reconciler.core.model import Offer, OfferFilters
+from reconciler.core.model import Offer
 from reconciler.errors import RentMismatch
+from reconciler.ports import RentalAsk
 
 OFFER = Offer(id=501, machine_id=9, gpu_name="RTX 4090", num_gpus=2, gpu_ram_mib=24564, dph_total=0.8,
               dlperf=60.0, dlperf_per_dph=75.0, reliability=0.99, inet_down_mbps=800.0, cuda=12.4, verified=True,
               geolocation="Sweden, SE", disk_space_gb=400.0, min_bid=0.3, storage_dph=0.02)
+
+
+ASK = RentalAsk(OFFER.gpu_name, OFFER.num_gpus, OFFER.dph_total)  # an on-demand rent of OFFER, as a Rent asks it
+BID_ASK = RentalAsk(OFFER.gpu_name, OFFER.num_gpus, 0.36 + OFFER.storage_dph)  # a bid of 0.36: the bid plus storage
 
 
 def record(**fields: Any) -> dict[str, Any]:
@@ -28,30 +33,30 @@ def record(**fields: Any) -> dict[str, Any]:
 
 
 def test_a_box_as_asked_passes() -> None:
-    assert vast.rental_mismatch(record(), OFFER, None) == ()
-    assert vast.rental_mismatch(record(is_bid=True, dph_total=0.38), OFFER, 0.36) == ()  # the bid plus storage
-    assert vast.rental_mismatch(record(dph_total=0.8 * 1.019), OFFER, None) == ()  # a host's small repricing
-    assert vast.rental_mismatch(record(dph_total=0.5), OFFER, None) == ()  # cheaper than asked is no harm
+    assert vast.rental_mismatch(record(), ASK, None) == ()
+    assert vast.rental_mismatch(record(is_bid=True, dph_total=0.38), BID_ASK, 0.36) == ()  # the bid plus storage
+    assert vast.rental_mismatch(record(dph_total=0.8 * 1.019), ASK, None) == ()  # a host's small repricing
+    assert vast.rental_mismatch(record(dph_total=0.5), ASK, None) == ()  # cheaper than asked is no harm
 
 
 def test_a_bid_rented_on_demand_is_named() -> None:
-    wrong = vast.rental_mismatch(record(is_bid=False, dph_total=0.8), OFFER, 0.36)
+    wrong = vast.rental_mismatch(record(is_bid=False, dph_total=0.8), BID_ASK, 0.36)
     assert wrong == ("rented on-demand, asked interruptible at a bid of $0.3600/h", "$0.8000/h, asked $0.3800/h")
-    assert vast.rental_mismatch(record(is_bid=None, dph_total=0.38), OFFER, 0.36) == (
+    assert vast.rental_mismatch(record(is_bid=None, dph_total=0.38), BID_ASK, 0.36) == (
         "rented of an unsaid rental type, asked interruptible at a bid of $0.3600/h",
     )
-    assert vast.rental_mismatch(record(is_bid=True), OFFER, None) == ("rented interruptible, asked on-demand",)
-    assert vast.rental_mismatch(record(is_bid=False), None, 0.36)  # the rental type is checked without the offer
+    assert vast.rental_mismatch(record(is_bid=True), ASK, None) == ("rented interruptible, asked on-demand",)
+    assert vast.rental_mismatch(record(is_bid=False), None, 0.36)  # the rental type is checked without the ask
 
 
 def test_another_gpu_or_a_dearer_price_is_named() -> None:
-    assert vast.rental_mismatch(record(gpu_name="RTX 3060"), OFFER, None) == ("2x RTX 3060, asked 2x RTX 4090",)
-    assert vast.rental_mismatch(record(num_gpus=1), OFFER, None) == ("1x RTX 4090, asked 2x RTX 4090",)
-    assert vast.rental_mismatch(record(gpu_name=None), OFFER, None) == ("2x (no GPU named), asked 2x RTX 4090",)
-    assert vast.rental_mismatch(record(dph_total=0.83), OFFER, None) == ("$0.8300/h, asked $0.8000/h",)
-    assert vast.rental_mismatch(record(dph_total="n/a"), OFFER, None)  # no readable price is not a cheap one
-    assert vast.rental_mismatch(record(dph_total=math.inf), OFFER, None)
-    # without the offer asked (not searched by this adapter) only the rental type can be checked
+    assert vast.rental_mismatch(record(gpu_name="RTX 3060"), ASK, None) == ("2x RTX 3060, asked 2x RTX 4090",)
+    assert vast.rental_mismatch(record(num_gpus=1), ASK, None) == ("1x RTX 4090, asked 2x RTX 4090",)
+    assert vast.rental_mismatch(record(gpu_name=None), ASK, None) == ("2x (no GPU named), asked 2x RTX 4090",)
+    assert vast.rental_mismatch(record(dph_total=0.83), ASK, None) == ("$0.8300/h, asked $0.8000/h",)
+    assert vast.rental_mismatch(record(dph_total="n/a"), ASK, None)  # no readable price is not a cheap one
+    assert vast.rental_mismatch(record(dph_total=math.inf), ASK, None)
+    # without what the rent asked (a caller that does not say) only the rental type can be checked
     assert vast.rental_mismatch(record(gpu_name="RTX 3060", dph_total=9.0), None, None) == ()
 
 
@@ -109,19 +114,15 @@ def provider(sdk: Sdk, sleeps: list[float] | None = None) -> vast.VastProvider:
     return p
 
 
-def rent(p: vast.VastProvider, bid: float | None = None, disk_gb: float = 10.0) -> int:
-    return p.create_instance(OFFER.id, image="img", disk_gb=disk_gb, label="rigsync:f:s0", onstart="", env={},
-                             bid_dph=bid)
-
-
-def searched(p: vast.VastProvider) -> None:
-    assert [o.id for o in p.search_offers(OfferFilters(verified=False), disk_gb=10.0)] == [OFFER.id]
+def rent(p: vast.VastProvider, bid: float | None = None, asked: RentalAsk | str | None = "as the Rent says") -> int:
+    ask = (BID_ASK if bid is not None else ASK) if isinstance(asked, str) else asked
+    return p.create_instance(OFFER.id, image="img", disk_gb=10.0, label="rigsync:f:s0", onstart="", env={},
+                             bid_dph=bid, asked=ask)
 
 
 def test_a_box_as_asked_is_kept() -> None:
     sdk = Sdk(record(id=77, is_bid=True, dph_total=0.38))
     p = provider(sdk)
-    searched(p)
     assert rent(p, bid=0.36) == 77
     assert sdk.created[0]["price"] == 0.36 and sdk.shown == [77] and sdk.destroyed == []
 
@@ -129,7 +130,6 @@ def test_a_box_as_asked_is_kept() -> None:
 def test_a_bid_rented_on_demand_is_destroyed_and_said_why() -> None:
     sdk = Sdk(record(id=77, is_bid=False, dph_total=0.8))
     p = provider(sdk)
-    searched(p)
     with pytest.raises(RentMismatch) as info:
         rent(p, bid=0.36)
     exc = info.value
@@ -139,11 +139,10 @@ def test_a_bid_rented_on_demand_is_destroyed_and_said_why() -> None:
                         "interruptible at a bid of $0.3600/h; $0.8000/h, asked $0.3800/h): destroyed it")
 
 
-def test_another_gpu_is_destroyed_only_against_the_offer_searched_for_that_disk() -> None:
+def test_another_gpu_is_destroyed_when_the_caller_said_what_it_asked() -> None:
     sdk = Sdk(record(id=77, gpu_name="RTX 3060"))
     p = provider(sdk)
-    searched(p)
-    assert rent(p, disk_gb=50.0) == 77  # never searched at this disk: what it asks is not known, only the type
+    assert rent(p, asked=None) == 77  # a caller that does not say what it asked: only the rental type is checked
     with pytest.raises(RentMismatch, match=r"2x RTX 3060, asked 2x RTX 4090"):
         rent(p)
     assert sdk.destroyed == [77]
