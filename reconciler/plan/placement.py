@@ -107,10 +107,20 @@ class _Placer:
         # will this plan: each request shape keeps its own cursor into the open boxes (linear, not quadratic).
         self.cursor: dict[tuple[str, int, int], int] = {}
         self.hours_on: dict[tuple[str, str], float] = {}  # (sweep, GPU model) -> expected hours of one run
+        self.seconds_on: dict[tuple[str, str, int], float] = {}  # (run id, GPU model, machine) -> ``run_s``
+
+    def run_s(self, run: PendingRun, box: OwnedBox) -> float:
+        """``Forecast.run_s`` of ``run`` on ``box``'s GPUs, figured once per run and GPU model (and machine): the
+        contract check asks it for every slot a run might queue behind."""
+        key = (run.spec.id, box.inst.gpu_name, box.inst.machine_id)
+        secs = self.seconds_on.get(key)
+        if secs is None:
+            secs = self.seconds_on[key] = self.fc.run_s(run.spec, box.inst.gpu_name, box.inst.machine_id)
+        return secs
 
     def fits_contract(self, run: PendingRun, box: OwnedBox, ahead_s: float = 0.0) -> bool:
         """Whether ``run``, started on ``box`` in ``ahead_s``, ends ``contract_margin`` before its contract does."""
-        need = ahead_s + self.fc.run_s(run.spec, box.inst.gpu_name, box.inst.machine_id)
+        need = ahead_s + self.run_s(run, box)
         if contract.room_for(box.inst, self.world.now, need, self.margin, self.accepted):
             return True
         self.short.setdefault(box.id, []).append((run.spec.id, need))
@@ -195,7 +205,6 @@ class _Placer:
     def _tail(self, pending: Sequence[PendingRun]) -> list[tuple[PendingRun, OwnedBox, tuple[int, ...], str]]:
         """The tail of each pool: when all its pending runs are one-GPU runs that fit in its free GPUs, and those GPUs
         differ in predicted speed, (run, box, mask, why) pairing the longest predicted work with the fastest GPU."""
-        fc = self.fc
         by_pool: dict[str, list[PendingRun]] = {}
         for run in pending:
             by_pool.setdefault(self.world.pool_of_run(run.spec), []).append(run)
@@ -205,15 +214,15 @@ class _Placer:
             gpus = [(box, gpu) for box in self.open_by_pool.get(pool, ()) for gpu in self.free.get(box.id, ())]
             if not gpus or len(runs) > len(gpus) or any(r.gpus != 1 for r in runs):
                 continue
-            speeds = {fc.run_s(r.spec, box.inst.gpu_name, box.inst.machine_id) for r in runs for box, _ in gpus}
+            speeds = {self.run_s(r, box) for r in runs for box, _ in gpus}
             if len(speeds) < 2:
                 continue  # every GPU is as fast: first fit is as good
             order = {r.spec.id: n for n, r in enumerate(runs)}
-            longest = sorted(runs, key=lambda r: (-fc.run_s(r.spec, ""), order[r.spec.id]))
+            longest = sorted(runs, key=lambda r: (-self.fc.run_s(r.spec, ""), order[r.spec.id]))
             left = list(gpus)
             for run in longest:
                 fits = [
-                    (fc.run_s(run.spec, box.inst.gpu_name, box.inst.machine_id), n)
+                    (self.run_s(run, box), n)
                     for n, (box, gpu) in enumerate(left)
                     if _enough_ram(gpu.memory_total_mib, run.gpu_ram_mib) and self.fits_contract(run, box)
                 ]
@@ -303,7 +312,7 @@ class _Placer:
         box = slot.box
         self._book(box, cost)
         start = slot.free_s
-        slot.free_s += self.fc.run_s(run.spec, box.inst.gpu_name, box.inst.machine_id)
+        slot.free_s += self.run_s(run, box)
         slot.queued += 1
         reason = (
             f"queued behind {slot.current} on {gpus_text(slot.mask)} (entry {slot.queued}): predicted "
