@@ -23,6 +23,7 @@ from reconciler.core.model import (
     Controller,
     Desired,
     Fleet,
+    FleetMemory,
     GpuState,
     InFlight,
     Instance,
@@ -88,7 +89,7 @@ def world(n_runs: int) -> tuple[Desired, Observed]:
         )
         rundirs = []
         for g in range(0, GPUS_PER_BOX, 2):  # half the GPUs busy
-            if r < n_runs // 2 and runs[r].gpus == 1:
+            if r < n_runs // 2 and runs[r].sweep.gpus_per_run == 1:
                 rundirs.append(RunDirState(runs[r].id, 1, (g,), True, NOW - 600, 2.0, None))
                 in_flight.append(InFlight(runs[r].id, 1, iid, (g,), NOW - 600))
             r += 1
@@ -126,7 +127,7 @@ def world(n_runs: int) -> tuple[Desired, Observed]:
         offers=offers,
         history=history,
         fleet_name="bench",
-        in_flight=tuple(in_flight),
+        memory=FleetMemory(in_flight=tuple(in_flight)),
     )
     return Desired(fleet=fleet, budget=budget, sweeps=(), runs=runs), observed
 

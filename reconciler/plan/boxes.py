@@ -21,7 +21,7 @@ from reconciler.core.model import Drift, DriftClass, GpuState, InFlight, Instanc
 from reconciler.core.runphase import may_still_hold
 from reconciler.plan.attempts import SeenAttempts, unseen_in_flight
 from reconciler.plan.bookkeeping import contract_ending
-from reconciler.plan.common import Decisions, cap, count_cap, fmt_duration, usd_h
+from reconciler.plan.common import Decisions, box_floor, cap, count_cap, fmt_duration, usd_h
 from reconciler.plan.forecast import Forecast
 from reconciler.plan.money import Purse
 from reconciler.plan.world import OwnedBox, World
@@ -135,158 +135,236 @@ class _Destroyer:
         self.considered.add(box.id)
         self.out.noop(box.subject, code, reason)
 
+    def destroy_drifted(self, box: OwnedBox, code: ReasonCode, reason: str, cls: DriftClass, detail: str = "") -> None:
+        """``destroy``, and the drift that says why (``detail``, else the reason)."""
+        self.destroy(box, code, reason)
+        self.out.drift.append(Drift(cls, box.subject, detail or reason, f"destroy {box.subject}"))
+
+
+def unreachable_since(box: OwnedBox, now: float) -> float:
+    """Since when a box has not answered, as the cross-cycle memory says (now when it says nothing)."""
+    if box.memory is not None and box.memory.unreachable_since is not None:
+        return box.memory.unreachable_since
+    return now
+
 
 def unusable_since(box: OwnedBox, now: float) -> float:
     """Since when a box's answers have been unusable: distrusted since, else unreachable since (an unusable probe
     is not reachable), else now."""
     if box.distrusted_since is not None:
         return box.distrusted_since
-    if box.memory is not None and box.memory.unreachable_since is not None:
-        return box.memory.unreachable_since
-    return now
+    return unreachable_since(box, now)
 
 
 def classify_boxes(world: World, seen: SeenAttempts, budget: Purse) -> tuple[BoxTable, Decisions]:
     """Destroys that do not depend on the work, and every other box's state."""
-    f = world.desired.fleet
-    now = world.now
     d = _Destroyer(world, seen)
     for box in world.boxes.values():
-        inst, subj = box.inst, box.subject
-        if box.probe is not None and box.probe.host_key_changed:
-            # First, whatever else holds: a box answering with another host key is not trusted (it may not be our
-            # box at all). Destroyed at once through the provider, never reused, never sent a command; the attempts
-            # launched on it are requeued by settle_in_flight (it shows none: it is not probed).
-            why = box.probe.error or "host key changed"
-            reason = f"SSH host key changed since it was pinned: untrusted, destroyed and never reused ({why})"
-            d.destroy(box, ReasonCode.HOST_KEY_CHANGED, reason)
-            d.out.drift.append(Drift(DriftClass.HOST_KEY_CHANGED, subj, reason, f"destroy {subj}"))
-            d.out.warnings.append(f"host key changed on {subj}: {why}; the box is destroyed, never reused")
-            continue
-        if budget.exhausted:
-            d.destroy(box, ReasonCode.BUDGET_EXHAUSTED, f"budget exhausted: {budget.describe()}")
-            continue
-        if budget.halt:
-            d.destroy(box, ReasonCode.OVER_BUDGET_HALT, f"on_exceed halt: {budget.verdict()}")
-            continue
-        accepted = world.observed.memory.accepted_increases
-        if inst.status in DEAD_STATUSES and box.rented and contract.ended(inst, now, accepted):
-            end = contract.box_end(inst, accepted) or now
-            reason = (
-                f"contract ended {fmt_duration(now - end)} ago: the host took the box back (listed "
-                f"{inst.status.value}); its attempts are preempted, resumed elsewhere"
-            )
-            d.destroy(box, ReasonCode.CONTRACT_ENDED, reason)
-            continue
-        if inst.status is InstanceStatus.STOPPED:
-            d.destroy(
-                box,
-                ReasonCode.PROVIDER_STOPPED,
-                "stopped (outbid?): stopped boxes still bill storage; destroying, never stopping",
-            )
-            d.out.drift.append(Drift(DriftClass.OUTBID, subj, "provider reports the box stopped", f"destroy {subj}"))
-            continue
-        if inst.status in DEAD_STATUSES:
-            d.destroy(
-                box, ReasonCode.PROVIDER_DEAD, f"provider reports the box {inst.status.value}; it cannot run work"
-            )
-            continue
-        age = now - inst.start_date
-        if box.own_box:
-            pass  # the lab's machine: no rental age, no boot (ttl and boot_timeout are about rented boxes)
-        elif f.ttl_s is not None and age > cap(f.ttl_s):
-            d.destroy(
-                box, ReasonCode.PAST_TTL, f"past its ttl: up {fmt_duration(age)} > ttl {fmt_duration(cap(f.ttl_s))}"
-            )
-            continue
-        if inst.status in BOOTING_STATUSES and not box.own_box:
-            if age > f.boot_timeout_s:
-                reason = (
-                    f"still {inst.status.value} after {fmt_duration(age)} > "
-                    f"boot_timeout {fmt_duration(f.boot_timeout_s)}"
-                )
-                d.destroy(box, ReasonCode.BOOT_TIMEOUT, reason)
-                d.out.drift.append(Drift(DriftClass.BOOT_TIMEOUT, subj, reason, f"destroy {subj}"))
-            else:
-                d.states[box.id] = BoxState.BOOTING
-            continue
-        if inst.status is not InstanceStatus.RUNNING:
-            d.states[box.id] = BoxState.UNKNOWN
-            continue
-        if box.probe is not None and box.probe.unusable is not None:
-            # It answered, but with nothing to act on: like an unreachable box (its attempts wait, then are
-            # requeued when it is destroyed after the grace), with its own class and codes.
-            since = unusable_since(box, now)
-            down = now - since
-            what = box.probe.unusable
-            if down > f.unreachable_grace_s:
-                reason = (
-                    f"unusable for {fmt_duration(down)} > unreachable_grace "
-                    f"{fmt_duration(f.unreachable_grace_s)}: {what}"
-                )
-                d.destroy(box, ReasonCode.PROBE_UNUSABLE, reason)
-                d.out.drift.append(Drift(DriftClass.UNUSABLE, subj, reason, f"destroy {subj}"))
-            else:
-                d.states[box.id] = BoxState.UNUSABLE
-                d.out.drift.append(Drift(DriftClass.UNUSABLE, subj, f"unusable: {what}", "none"))
-            continue
-        if not box.reachable:
-            since = now
-            if box.memory is not None and box.memory.unreachable_since is not None:
-                since = box.memory.unreachable_since
-            down = now - since
-            err = f" ({box.probe.error})" if box.probe is not None and box.probe.error else ""
-            if down > f.unreachable_grace_s:
-                reason = (
-                    f"unreachable for {fmt_duration(down)} > unreachable_grace "
-                    f"{fmt_duration(f.unreachable_grace_s)}{err}"
-                )
-                d.destroy(box, ReasonCode.UNREACHABLE_PAST_GRACE, reason)
-                d.out.drift.append(Drift(DriftClass.UNREACHABLE, subj, reason, f"destroy {subj}"))
-            else:
-                d.states[box.id] = BoxState.UNREACHABLE
-                d.out.drift.append(
-                    Drift(DriftClass.UNREACHABLE, subj, f"unreachable for {fmt_duration(down)}{err}", "none")
-                )
-            continue
-        probe = box.probe
-        assert probe is not None
-        bh = world.bootstrap_of(box)
-        if bh and bh in probe.bootstrap_failed and bh not in probe.bootstrap_hashes:
-            d.destroy(box, ReasonCode.BOOTSTRAP_FAILED, f"bootstrap {bh} failed on this box")
-            continue
-        if slot_spec_hash(box.own.slot) != world.spec_of(box):
-            d.states[box.id] = BoxState.DRIFTED
-        elif bh and bh not in probe.bootstrap_hashes:
-            missing = box.memory.bootstrap_since if box.memory is not None else None
-            if missing is not None and now - missing > f.bootstrap_timeout_s:
-                reason = (
-                    f"bootstrap {bh} not done {fmt_duration(now - missing)} after it was first missing > "
-                    f"bootstrap_timeout {fmt_duration(f.bootstrap_timeout_s)}"
-                )
-                d.destroy(box, ReasonCode.BOOTSTRAP_TIMEOUT, reason)
-                continue
-            d.states[box.id] = BoxState.BOOTSTRAPPING
-        else:
-            d.states[box.id] = BoxState.READY
-    # In-flight attempts the box cannot show (unreachable, still booting) are work we must not discard.
-    waiting: dict[int, list[InFlight]] = {}
-    occupied = {i: set(g) for i, g in seen.occupied.items()}
-    for fl in unseen_in_flight(world, seen):
-        b = world.boxes.get(fl.instance_id)
-        if b is not None and b.id not in d.destroyed and may_still_hold(fl, b.probe):
-            waiting.setdefault(b.id, []).append(fl)
-            occupied.setdefault(b.id, set()).update(fl.gpu_mask)
+        _classify(d, box, budget)
+    waiting, occupied = _held_unseen(world, seen, d.destroyed)
     table = BoxTable(
         states=d.states,
         destroyed=d.destroyed,
-        waiting={k: tuple(v) for k, v in waiting.items()},
-        occupied={k: frozenset(v) for k, v in occupied.items()},
+        waiting=waiting,
+        occupied=occupied,
         considered=frozenset(d.considered),
         free={},
         preempted=frozenset(d.preempted),
     )
     return table, d.out
+
+
+def _classify(d: _Destroyer, box: OwnedBox, budget: Purse) -> None:
+    """The limits a box meets in this order; the first that speaks for it decides it (destroyed, or its state)."""
+    if (
+        _host_key_changed(d, box)
+        or _budget_spent(d, box, budget)
+        or _provider_ended(d, box)
+        or _past_ttl(d, box)
+        or _booting(d, box)
+        or _not_running(d, box)
+        or _unusable(d, box)
+        or _unreachable(d, box)
+    ):
+        return
+    _answering(d, box)
+
+
+def _host_key_changed(d: _Destroyer, box: OwnedBox) -> bool:
+    """First, whatever else holds: a box answering with another host key is not trusted (it may not be our box at
+    all). Destroyed at once through the provider, never reused, never sent a command; the attempts launched on it
+    are requeued by settle_in_flight (it shows none: it is not probed)."""
+    if box.probe is None or not box.probe.host_key_changed:
+        return False
+    why = box.probe.error or "host key changed"
+    reason = f"SSH host key changed since it was pinned: untrusted, destroyed and never reused ({why})"
+    d.destroy_drifted(box, ReasonCode.HOST_KEY_CHANGED, reason, DriftClass.HOST_KEY_CHANGED)
+    d.out.warnings.append(f"host key changed on {box.subject}: {why}; the box is destroyed, never reused")
+    return True
+
+
+def _budget_spent(d: _Destroyer, box: OwnedBox, budget: Purse) -> bool:
+    """A spent budget, or a cap past with ``on_exceed: halt``, ends every box."""
+    if budget.exhausted:
+        d.destroy(box, ReasonCode.BUDGET_EXHAUSTED, f"budget exhausted: {budget.describe()}")
+        return True
+    if budget.halt:
+        d.destroy(box, ReasonCode.OVER_BUDGET_HALT, f"on_exceed halt: {budget.verdict()}")
+        return True
+    return False
+
+
+def _provider_ended(d: _Destroyer, box: OwnedBox) -> bool:
+    """A box the provider lists as stopped, exited or offline cannot run work: its contract ended (preempted),
+    stopped (outbid?), or dead."""
+    inst, now = box.inst, d.world.now
+    accepted = d.world.observed.memory.accepted_increases
+    if inst.status in DEAD_STATUSES and box.rented and contract.ended(inst, now, accepted):
+        end = contract.box_end(inst, accepted) or now
+        reason = (
+            f"contract ended {fmt_duration(now - end)} ago: the host took the box back (listed "
+            f"{inst.status.value}); its attempts are preempted, resumed elsewhere"
+        )
+        d.destroy(box, ReasonCode.CONTRACT_ENDED, reason)
+        return True
+    if inst.status is InstanceStatus.STOPPED:
+        reason = "stopped (outbid?): stopped boxes still bill storage; destroying, never stopping"
+        said = "provider reports the box stopped"
+        d.destroy_drifted(box, ReasonCode.PROVIDER_STOPPED, reason, DriftClass.OUTBID, said)
+        return True
+    if inst.status in DEAD_STATUSES:
+        reason = f"provider reports the box {inst.status.value}; it cannot run work"
+        d.destroy(box, ReasonCode.PROVIDER_DEAD, reason)
+        return True
+    return False
+
+
+def _past_ttl(d: _Destroyer, box: OwnedBox) -> bool:
+    """A rented box up longer than the fleet's ttl (the lab's machine has no rental age)."""
+    ttl_s = d.world.desired.fleet.ttl_s
+    age = d.world.now - box.inst.start_date
+    if box.rented and ttl_s is not None and age > cap(ttl_s):
+        d.destroy(box, ReasonCode.PAST_TTL, f"past its ttl: up {fmt_duration(age)} > ttl {fmt_duration(cap(ttl_s))}")
+        return True
+    return False
+
+
+def _booting(d: _Destroyer, box: OwnedBox) -> bool:
+    """A rented box still created or loading: booting within boot_timeout, destroyed past it (the lab's machine does
+    not boot: its status is not acted on)."""
+    inst = box.inst
+    if inst.status not in BOOTING_STATUSES or box.own_box:
+        return False
+    timeout_s = d.world.desired.fleet.boot_timeout_s
+    age = d.world.now - inst.start_date
+    if age > timeout_s:
+        reason = f"still {inst.status.value} after {fmt_duration(age)} > boot_timeout {fmt_duration(timeout_s)}"
+        d.destroy_drifted(box, ReasonCode.BOOT_TIMEOUT, reason, DriftClass.BOOT_TIMEOUT)
+    else:
+        d.states[box.id] = BoxState.BOOTING
+    return True
+
+
+def _not_running(d: _Destroyer, box: OwnedBox) -> bool:
+    """A provider status rigsync does not act on: left alone."""
+    if box.inst.status is InstanceStatus.RUNNING:
+        return False
+    d.states[box.id] = BoxState.UNKNOWN
+    return True
+
+
+@dataclass(frozen=True)
+class _Silence:
+    """How a box that gives nothing to act on is waited for, and said to be: its state while within the grace,
+    its drift class, the destroy's code past it, the word for it, and what the reasons add."""
+
+    state: BoxState
+    cls: DriftClass
+    code: ReasonCode
+    word: str  # "unreachable", "unusable"
+    detail: str  # appended to the destroy's reason
+    waiting: str  # the drift's detail while within the grace
+
+
+def _wait_out_grace(d: _Destroyer, box: OwnedBox, down: float, silence: _Silence) -> None:
+    """A box silent (or unusable) for ``down`` seconds is waited for until unreachable_grace (its attempts wait),
+    then destroyed (they are requeued)."""
+    grace = d.world.desired.fleet.unreachable_grace_s
+    if down > grace:
+        reason = f"{silence.word} for {fmt_duration(down)} > unreachable_grace {fmt_duration(grace)}{silence.detail}"
+        d.destroy_drifted(box, silence.code, reason, silence.cls)
+    else:
+        d.states[box.id] = silence.state
+        d.out.drift.append(Drift(silence.cls, box.subject, silence.waiting, "none"))
+
+
+def _unusable(d: _Destroyer, box: OwnedBox) -> bool:
+    """It answered, but with nothing to act on: like an unreachable box (its attempts wait, then are requeued when
+    it is destroyed after the grace), with its own class and codes."""
+    if box.probe is None or box.probe.unusable is None:
+        return False
+    what = box.probe.unusable
+    down = d.world.now - unusable_since(box, d.world.now)
+    silence = _Silence(
+        BoxState.UNUSABLE, DriftClass.UNUSABLE, ReasonCode.PROBE_UNUSABLE, "unusable", f": {what}", f"unusable: {what}"
+    )
+    _wait_out_grace(d, box, down, silence)
+    return True
+
+
+def _unreachable(d: _Destroyer, box: OwnedBox) -> bool:
+    """A running box that does not answer: waited for within the grace, destroyed past it."""
+    if box.reachable:
+        return False
+    down = d.world.now - unreachable_since(box, d.world.now)
+    err = f" ({box.probe.error})" if box.probe is not None and box.probe.error else ""
+    waiting = f"unreachable for {fmt_duration(down)}{err}"
+    silence = _Silence(
+        BoxState.UNREACHABLE, DriftClass.UNREACHABLE, ReasonCode.UNREACHABLE_PAST_GRACE, "unreachable", err, waiting
+    )
+    _wait_out_grace(d, box, down, silence)
+    return True
+
+
+def _answering(d: _Destroyer, box: OwnedBox) -> None:
+    """A box that answers usably: destroyed when its pool's bootstrap failed on it or is not done past
+    bootstrap_timeout; else drifted (built for another spec), bootstrapping, or ready."""
+    probe = box.probe
+    assert probe is not None
+    world, now = d.world, d.world.now
+    bh = world.bootstrap_of(box)
+    if bh and bh in probe.bootstrap_failed and bh not in probe.bootstrap_hashes:
+        d.destroy(box, ReasonCode.BOOTSTRAP_FAILED, f"bootstrap {bh} failed on this box")
+    elif slot_spec_hash(box.own.slot) != world.spec_of(box):
+        d.states[box.id] = BoxState.DRIFTED
+    elif bh and bh not in probe.bootstrap_hashes:
+        missing = box.memory.bootstrap_since if box.memory is not None else None
+        timeout_s = world.desired.fleet.bootstrap_timeout_s
+        if missing is not None and now - missing > timeout_s:
+            reason = (
+                f"bootstrap {bh} not done {fmt_duration(now - missing)} after it was first missing > "
+                f"bootstrap_timeout {fmt_duration(timeout_s)}"
+            )
+            d.destroy(box, ReasonCode.BOOTSTRAP_TIMEOUT, reason)
+        else:
+            d.states[box.id] = BoxState.BOOTSTRAPPING
+    else:
+        d.states[box.id] = BoxState.READY
+
+
+def _held_unseen(
+    world: World, seen: SeenAttempts, destroyed: Mapping[int, str]
+) -> tuple[dict[int, tuple[InFlight, ...]], dict[int, frozenset[int]]]:
+    """In-flight attempts a box cannot show (unreachable, still booting) are work we must not discard: per box not
+    destroyed, those it may still hold; and per box every GPU held, by those or by the attempts seen on it."""
+    waiting: dict[int, list[InFlight]] = {}
+    occupied = {i: set(g) for i, g in seen.occupied.items()}
+    for fl in unseen_in_flight(world, seen):
+        b = world.boxes.get(fl.instance_id)
+        if b is not None and b.id not in destroyed and may_still_hold(fl, b.probe):
+            waiting.setdefault(b.id, []).append(fl)
+            occupied.setdefault(b.id, set()).update(fl.gpu_mask)
+    return {k: tuple(v) for k, v in waiting.items()}, {k: frozenset(v) for k, v in occupied.items()}
 
 
 def enforce_max_instances(world: World, seen: SeenAttempts, table: BoxTable) -> tuple[BoxTable, Decisions]:
@@ -407,106 +485,168 @@ def retire_idle(
     its finished attempts are recorded by this same plan, before the destroy. A box with attempts in its queue and
     nothing running is not idle: they start there (``PREDICTED_NEED``).
     """
-    f = world.desired.fleet
-    now = world.now
     d = _Destroyer(world, seen, table)
-    candidates: list[tuple[OwnedBox, ReasonCode, str]] = []
-    timeout = fmt_duration(f.idle_timeout_s)
+    work = _AfterPlacement(seen, table, launches, waiting, live_work, budget, fc)
+    candidates: list[_Retiring] = []
     tail: list[OwnedBox] = []
     for box in world.boxes.values():
         if box.id in d.destroyed:
             continue
-        probe = box.probe
-        draining = probe is not None and probe.draining
-        queued = len(probe.queued) if probe is not None else 0
-        busy = table.has_work(seen, box.id)
-        if draining and box.rented and not busy and not queued and not launches.get(box.id):
-            d.destroy(box, ReasonCode.DRAINED, "draining: its queue is dry and its attempts are recorded")
-            continue
-        if busy or launches.get(box.id):
-            if queued and not seen.live.get(box.id) and not launches.get(box.id):
-                # between two runs: its next attempt waits in its queue, the box starts it as the slot frees
-                d.noop(
-                    box, ReasonCode.PREDICTED_NEED, f"{queued} queued attempt(s) start on it as its slots free: kept"
-                )
-                continue
-            ready = table.states.get(box.id) is BoxState.READY and probe is not None
-            if (
-                ready
-                and box.rented
-                and bool(seen.live.get(box.id))
-                and not draining
-                and not launches.get(box.id)
-                and not waiting.get(box.pool, 0)
-                and work_left_s(world, fc, seen, box) <= world.controller.cycle_s
-            ):
+        if table.has_work(seen, box.id) or launches.get(box.id):
+            if _joins_tail(d, work, box):
                 tail.append(box)
             continue
-        if box.own_box:
-            if table.states.get(box.id) is BoxState.READY:
-                d.noop(box, ReasonCode.OWN_BOX_KEPT, f"own box (pool {box.pool}, provider ssh): idle, kept")
-            continue
-        if contract_ending(world, box):  # nothing left to do on it: let go, not left for its host to take back
-            left = contract.time_left(box.inst, now, world.observed.memory.accepted_increases) or 0.0
-            d.destroy(
-                box,
-                ReasonCode.CONTRACT_ENDING,
-                f"idle, and its contract ends in {fmt_duration(left)} (contract_margin "
-                f"{fmt_duration(f.contract_margin_s)}): let go before the host takes it back",
-            )
-            continue
-        waiting_runs = waiting.get(box.pool, 0)
-        idle_for: float | None = None
-        if table.states.get(box.id) is BoxState.READY and box.probe is not None:
-            idle_for = now - (box.probe.last_activity_at or box.inst.start_date)
-        if budget.binds:  # drain: no new work can start, so an idle box could only burn the budget
-            d.destroy(box, ReasonCode.BUDGET_IDLE, f"on_exceed drain: {budget.verdict()}; idle box destroyed")
-            continue
-        if idle_for is not None and idle_for > f.idle_timeout_s:
-            candidates.append(
-                (box, ReasonCode.IDLE_TIMEOUT, f"idle for {fmt_duration(idle_for)} > idle_timeout {timeout}")
-            )
-        elif not waiting_runs and f.named_pools:  # runs of other pools may wait: they never go to this box
-            candidates.append((box, ReasonCode.SURPLUS, f"surplus: no pending run of pool {box.pool} waits for a GPU"))
-        elif not waiting_runs and not live_work:
-            candidates.append((box, ReasonCode.SURPLUS, "surplus: no pending or running work in the fleet"))
-        elif not waiting_runs:
-            candidates.append((box, ReasonCode.SURPLUS, "surplus: no pending run waits for a GPU"))
-        elif idle_for is not None:
-            d.noop(box, ReasonCode.IDLE_KEPT, f"idle for {fmt_duration(idle_for)} (idle_timeout {timeout}); kept")
-    keep_at_least = min(count_cap(f.min_instances), count_cap(f.max_instances))
-    spare = sum(1 for i in table.alive() if world.boxes[i].rented and i not in d.destroyed) - keep_at_least
-    # with named pools each also keeps its own min_instances (a box of a pool gone from the fleet keeps nothing)
-    pool_floor = {p.name: min(count_cap(p.min_instances), count_cap(p.max_instances)) for p in world.pools.values()}
-    pool_spare = {name: -floor for name, floor in pool_floor.items()}
-    for i in table.alive():
-        if world.boxes[i].rented and world.boxes[i].pool in pool_spare and i not in d.destroyed:
-            pool_spare[world.boxes[i].pool] += 1
+        retiring = _idle_box(d, work, box)
+        if retiring is not None:
+            candidates.append(retiring)
+    spare = _Spare(world, table, d.destroyed)
+    _retire_above_floors(d, spare, candidates)
+    spare.count_out_draining(world, table, d.destroyed)  # they leave the fleet on their own
+    _drain_tail(d, spare, tail, budget)
+    return replace(table, states=d.states, destroyed=d.destroyed, considered=frozenset(d.considered)), d.out
+
+
+@dataclass(frozen=True)
+class _AfterPlacement:
+    """What retiring idle boxes reads about the work once placement is done."""
+
+    seen: SeenAttempts
+    table: BoxTable
+    launches: Mapping[int, int]  # box id -> launches (and queue entries) this plan places on it
+    waiting: Mapping[str, int]  # pool -> pending runs placement could not put on a free GPU
+    live_work: bool  # some attempt is live anywhere in the fleet
+    budget: Purse
+    fc: Forecast
+
+
+_Retiring = tuple[OwnedBox, ReasonCode, str]  # an idle box that may go (the floors decide), with why
+
+
+def _joins_tail(d: _Destroyer, work: _AfterPlacement, box: OwnedBox) -> bool:
+    """A box with work or a launch in this plan is kept. One with attempts in its queue and nothing running is
+    between two runs (``PREDICTED_NEED``); one that no pending run will use beyond what it holds and whose work
+    ends before the next decision is the tail's (True): it may be marked draining."""
+    probe = box.probe
+    live = bool(work.seen.live.get(box.id))
+    launched = bool(work.launches.get(box.id))
+    queued = len(probe.queued) if probe is not None else 0
+    if queued and not live and not launched:
+        # between two runs: its next attempt waits in its queue, the box starts it as the slot frees
+        d.noop(box, ReasonCode.PREDICTED_NEED, f"{queued} queued attempt(s) start on it as its slots free: kept")
+        return False
+    world = d.world
+    return (
+        work.table.states.get(box.id) is BoxState.READY
+        and probe is not None
+        and box.rented
+        and live
+        and not probe.draining
+        and not launched
+        and not work.waiting.get(box.pool, 0)
+        and work_left_s(world, work.fc, work.seen, box) <= world.controller.cycle_s
+    )
+
+
+def _idle_box(d: _Destroyer, work: _AfterPlacement, box: OwnedBox) -> _Retiring | None:
+    """A box with no work and no launch in this plan: destroyed at once when its draining is done, its contract
+    ends within the margin, or a binding budget lets nothing new start; else it may retire (``_why_retire``)."""
+    probe = box.probe
+    if probe is not None and probe.draining and box.rented and not probe.queued:
+        d.destroy(box, ReasonCode.DRAINED, "draining: its queue is dry and its attempts are recorded")
+        return None
+    if box.own_box:
+        if work.table.states.get(box.id) is BoxState.READY:
+            d.noop(box, ReasonCode.OWN_BOX_KEPT, f"own box (pool {box.pool}, provider ssh): idle, kept")
+        return None
+    world = d.world
+    if contract_ending(world, box):  # nothing left to do on it: let go, not left for its host to take back
+        left = contract.time_left(box.inst, world.now, world.observed.memory.accepted_increases) or 0.0
+        d.destroy(
+            box,
+            ReasonCode.CONTRACT_ENDING,
+            f"idle, and its contract ends in {fmt_duration(left)} (contract_margin "
+            f"{fmt_duration(world.desired.fleet.contract_margin_s)}): let go before the host takes it back",
+        )
+        return None
+    if work.budget.binds:  # drain: no new work can start, so an idle box could only burn the budget
+        d.destroy(box, ReasonCode.BUDGET_IDLE, f"on_exceed drain: {work.budget.verdict()}; idle box destroyed")
+        return None
+    return _why_retire(d, work, box)
+
+
+def _why_retire(d: _Destroyer, work: _AfterPlacement, box: OwnedBox) -> _Retiring | None:
+    """Why an idle rented box may go: idle past idle_timeout, or surplus when no pending run of its pool waits for
+    a GPU; else kept, saying for how long it has been idle."""
+    f = d.world.desired.fleet
+    timeout = fmt_duration(f.idle_timeout_s)
+    waiting_runs = work.waiting.get(box.pool, 0)
+    idle_for: float | None = None
+    if work.table.states.get(box.id) is BoxState.READY and box.probe is not None:
+        idle_for = d.world.now - (box.probe.last_activity_at or box.inst.start_date)
+    if idle_for is not None and idle_for > f.idle_timeout_s:
+        return box, ReasonCode.IDLE_TIMEOUT, f"idle for {fmt_duration(idle_for)} > idle_timeout {timeout}"
+    if not waiting_runs and f.named_pools:  # runs of other pools may wait: they never go to this box
+        return box, ReasonCode.SURPLUS, f"surplus: no pending run of pool {box.pool} waits for a GPU"
+    if not waiting_runs and not work.live_work:
+        return box, ReasonCode.SURPLUS, "surplus: no pending or running work in the fleet"
+    if not waiting_runs:
+        return box, ReasonCode.SURPLUS, "surplus: no pending run waits for a GPU"
+    if idle_for is not None:
+        d.noop(box, ReasonCode.IDLE_KEPT, f"idle for {fmt_duration(idle_for)} (idle_timeout {timeout}); kept")
+    return None
+
+
+class _Spare:
+    """How many rented boxes may still go above the floors: the fleet's min_instances and, with named pools, each
+    pool's own (a box of a pool gone from the fleet keeps nothing)."""
+
+    def __init__(self, world: World, table: BoxTable, destroyed: Mapping[int, str]) -> None:
+        self.named_pools = world.desired.fleet.named_pools
+        self.fleet_floor = box_floor(world.desired.fleet)
+        rented = [world.boxes[i] for i in table.alive() if world.boxes[i].rented and i not in destroyed]
+        self.fleet = len(rented) - self.fleet_floor
+        self.pool_floor = {p.name: box_floor(p) for p in world.pools.values()}
+        self.pool = {name: -floor for name, floor in self.pool_floor.items()}
+        for box in rented:
+            if box.pool in self.pool:
+                self.pool[box.pool] += 1
+
+    def allows(self, box: OwnedBox) -> bool:
+        """Whether ``box`` may go without taking the fleet (or, with named pools, its pool) below its floor."""
+        return self.fleet > 0 and (not self.named_pools or self.pool.get(box.pool, 1) > 0)
+
+    def take(self, box: OwnedBox) -> None:
+        self.fleet -= 1
+        if box.pool in self.pool:
+            self.pool[box.pool] -= 1
+
+    def count_out_draining(self, world: World, table: BoxTable, destroyed: Mapping[int, str]) -> None:
+        """Boxes already draining leave the fleet on their own: the floors count without them."""
+        for i in table.alive():
+            b = world.boxes[i]
+            if i not in destroyed and b.rented and b.probe is not None and b.probe.draining:
+                self.take(b)
+
+
+def _retire_above_floors(d: _Destroyer, spare: _Spare, candidates: list[_Retiring]) -> None:
+    """The dearest idle boxes first, destroyed while the floors allow; the rest kept, saying which floor holds them."""
     for box, code, reason in sorted(candidates, key=lambda t: (-t[0].inst.dph_total, t[0].id)):
-        left_in_pool = pool_spare.get(box.pool, 1) if f.named_pools else 1
-        if spare > 0 and left_in_pool > 0:
+        if spare.allows(box):
             d.destroy(box, code, reason)
-            spare -= 1
-            if box.pool in pool_spare:
-                pool_spare[box.pool] -= 1
-        elif spare > 0:
-            floor = pool_floor[box.pool]
+            spare.take(box)
+        elif spare.fleet > 0:
+            floor = spare.pool_floor[box.pool]
             d.noop(box, ReasonCode.MIN_INSTANCES_KEPT, f"{reason}; kept to hold pool {box.pool} min_instances {floor}")
         else:
-            d.noop(box, ReasonCode.MIN_INSTANCES_KEPT, f"{reason}; kept to hold min_instances {keep_at_least}")
-    # boxes already draining leave the fleet on their own: the floor counts without them
-    for i in table.alive():
-        b = world.boxes[i]
-        if i not in d.destroyed and b.rented and b.probe is not None and b.probe.draining:
-            spare -= 1
-            if b.pool in pool_spare:
-                pool_spare[b.pool] -= 1
+            d.noop(box, ReasonCode.MIN_INSTANCES_KEPT, f"{reason}; kept to hold min_instances {spare.fleet_floor}")
+
+
+def _drain_tail(d: _Destroyer, spare: _Spare, tail: list[OwnedBox], budget: Purse) -> None:
+    """The tail's boxes marked draining while the floors allow (none while the budget binds)."""
     for box in tail:
-        if spare <= 0 or (f.named_pools and pool_spare.get(box.pool, 1) <= 0) or budget.binds:
+        if not spare.allows(box) or budget.binds:
             continue
-        spare -= 1
-        if box.pool in pool_spare:
-            pool_spare[box.pool] -= 1
+        spare.take(box)
         d.considered.add(box.id)
         d.out.act(
             Drain(
@@ -516,7 +656,6 @@ def retire_idle(
                 instance_id=box.id,
             )
         )
-    return replace(table, states=d.states, destroyed=d.destroyed, considered=frozenset(d.considered)), d.out
 
 
 def work_left_s(world: World, fc: Forecast, seen: SeenAttempts, box: OwnedBox) -> float:
@@ -553,7 +692,7 @@ def box_noops(world: World, seen: SeenAttempts, table: BoxTable) -> Decisions:
                 f"(boot_timeout {fmt_duration(f.boot_timeout_s)})"
             )
         elif state is BoxState.UNREACHABLE:
-            since = box.memory.unreachable_since if box.memory and box.memory.unreachable_since else now
+            since = unreachable_since(box, now)
             code = ReasonCode.UNREACHABLE_WAITING
             reason = (
                 f"unreachable for {fmt_duration(now - since)} (grace {fmt_duration(f.unreachable_grace_s)}); waiting"

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass, field
 
 from reconciler.core.actions import Action, Noop, ReasonCode
-from reconciler.core.model import Desired, Drift
+from reconciler.core.model import Desired, Drift, Fleet, Pool
 
 EPS = 1e-9  # float slack on the fleet cap sum only, so $0.1 + $0.2 fits a $0.3 cap
 
@@ -51,6 +51,11 @@ def count_cap(value: int | None) -> int:
     if value is None:
         return 0
     return max(0, int(value))
+
+
+def box_floor(limits: Fleet | Pool) -> int:
+    """How many boxes a fleet (or a pool) keeps at least: its ``min_instances``, never above its ``max_instances``."""
+    return min(count_cap(limits.min_instances), count_cap(limits.max_instances))
 
 
 def fleet_dph_cap(desired: Desired) -> float:

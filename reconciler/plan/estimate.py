@@ -143,6 +143,46 @@ def estimate(
     """
     if places is None:
         places = market_places(world)
+    fc = forecast(world, budget.runtimes)
+    work = _work_left(world, queue, live, budget, fc)
+    pricing = _Pricing(world, budget, fc, places)
+    out: list[SweepEstimate] = []
+    warnings: list[str] = []
+    for sweep in work.sweeps():
+        est, warning = _price_sweep(work, sweep, pricing)
+        out.append(est)
+        if warning is not None:
+            warnings.append(warning)
+    return tuple(out), warnings
+
+
+@dataclass(frozen=True)
+class _WorkLeft:
+    """Each sweep's unfinished work: one run of it (for its runtime, GPUs and order), its pending runs, the GPUs of
+    its runs not started (pending, held, or queued on a box), and the GPU-hours left of each running attempt."""
+
+    specs: Mapping[str, RunSpec]
+    pending: Mapping[str, int]
+    gpu_runs: Mapping[str, int]
+    running: Mapping[str, list[float]]
+
+    def sweeps(self) -> list[str]:
+        """The sweeps with work left, in desired order."""
+        return sorted(set(self.gpu_runs) | set(self.running), key=lambda n: (self.specs[n].sweep.order, n))
+
+
+def _work_left(world: World, queue: RunQueue, live: LiveVerdicts, budget: Purse, fc: Forecast) -> _WorkLeft:
+    specs, gpu_runs = _not_started(world, queue)
+    running = _running_hours(world, live, budget, fc)
+    for run_id in live.running:
+        spec = world.runs.get(run_id)
+        if spec is not None:
+            specs.setdefault(spec.sweep.name, spec)
+    return _WorkLeft(specs, queue.pending_by_sweep, gpu_runs, running)
+
+
+def _not_started(world: World, queue: RunQueue) -> tuple[dict[str, RunSpec], dict[str, int]]:
+    """One run of each sweep with runs not started, and per sweep the GPUs those runs take."""
     pending = queue.pending_by_sweep
     specs: dict[str, RunSpec] = {}  # one run of each sweep, for its runtime, GPUs and order
     for run in (*queue.pending, *queue.held):
@@ -155,9 +195,14 @@ def estimate(
         if spec is not None:
             specs.setdefault(spec.sweep.name, spec)
             gpu_runs[spec.sweep.name] = gpu_runs.get(spec.sweep.name, 0) + max(1, len(f.gpu_mask))
-    running: dict[str, list[float]] = {}  # sweep -> GPU-hours left of each running attempt
+    return specs, gpu_runs
+
+
+def _running_hours(world: World, live: LiveVerdicts, budget: Purse, fc: Forecast) -> dict[str, list[float]]:
+    """Per sweep, the GPU-hours left of each running attempt: the forecast's where its box's rate is predicted, else
+    the expected runtime less the time since launch (the controller's clock)."""
+    running: dict[str, list[float]] = {}
     hours_of: dict[str, float] = {}
-    fc = forecast(world, budget.runtimes)
     for run_id, (box_id, rd) in live.running.items():
         spec = world.runs.get(run_id)
         if spec is None:
@@ -172,69 +217,92 @@ def estimate(
             hours = hours_of[spec.sweep.name] = runtime_of(budget.runtimes, spec).hours
         elapsed = max(0.0, world.now - live.launched.get(run_id, world.now)) / 3600.0  # the controller's clock
         running.setdefault(spec.sweep.name, []).append(max(0.0, hours - elapsed) * max(1, len(rd.gpu_mask)))
-    by_pool: dict[str, tuple[_Prices, int]] = {}
+    return running
 
-    def pool_terms(spec: RunSpec) -> tuple[_Prices, int]:
-        name = world.pool_of_run(spec)
-        if name not in by_pool:
-            pool = world.pools.get(name) or next(iter(world.pools.values()))
-            here = places.get(pool.name, [])
-            by_pool[name] = (_prices(world, here), _pool_gpus(world, pool, here))
-        rt = runtime_of(budget.runtimes, spec)
+
+class _Pricing:
+    """What a sweep's work is priced at: its pool's places (``_prices``, one figure per pool; each place at the
+    sweep's learned rate when its runtime is that rate) and its pool's GPUs at full size (``_pool_gpus``)."""
+
+    def __init__(self, world: World, budget: Purse, fc: Forecast, places: Mapping[str, list[Place]]) -> None:
+        self.world = world
+        self.budget = budget
+        self.fc = fc
+        self.places = places
+        self.by_pool: dict[str, tuple[_Prices, int]] = {}
+
+    def terms(self, spec: RunSpec, rt: Runtime) -> tuple[_Prices, int]:
+        name = self.world.pool_of_run(spec)
+        if name not in self.by_pool:
+            pool = self.world.pools.get(name) or next(iter(self.world.pools.values()))
+            here = self.places.get(pool.name, [])
+            self.by_pool[name] = (_prices(self.world, here), _pool_gpus(self.world, pool, here))
         if rt.source is RuntimeSource.RATE:  # each place at the sweep's rate predicted on it
-            return _learned_prices(fc, spec, rt, places.get(name, [])) or by_pool[name][0], by_pool[name][1]
-        return by_pool[name]
+            learned = _learned_prices(self.fc, spec, rt, self.places.get(name, []))
+            return learned or self.by_pool[name][0], self.by_pool[name][1]
+        return self.by_pool[name]
 
-    out: list[SweepEstimate] = []
-    warnings: list[str] = []
-    for run_id in live.running:
-        spec = world.runs.get(run_id)
-        if spec is not None:
-            specs.setdefault(spec.sweep.name, spec)
-    for sweep in sorted(set(gpu_runs) | set(running), key=lambda n: (specs[n].sweep.order, n)):
-        rt: Runtime = runtime_of(budget.runtimes, specs[sweep])
-        prices, slots = pool_terms(specs[sweep])
-        gpu_hours = gpu_runs.get(sweep, 0) * rt.hours + sum(running.get(sweep, ()))
-        low = high = None
-        span = prices.cost_range(gpu_hours, rt)
-        if span is not None:
-            low, high = span
-        eta = None
-        if slots:
-            waves = math.ceil(gpu_runs.get(sweep, 0) / slots) if gpu_runs.get(sweep) else 0
-            eta = waves * rt.hours + max((h for h in running.get(sweep, ())), default=0.0)
-        left_low = left_high = None
-        if budget.capped:
-            remaining = max(0.0, budget.remaining)
-            left_low = remaining - high if high is not None else None
-            left_high = remaining - low if low is not None else None
-        est = SweepEstimate(
-            sweep=sweep,
-            pending_runs=pending.get(sweep, 0),
-            running_runs=len(running.get(sweep, ())),
-            gpu_hours=round(gpu_hours, 4),
-            runtime_h=round(rt.hours, 4),
-            runtime_source=rt.source.value,
-            runtime_samples=rt.samples,
-            usd_low=None if low is None else round(low, 4),
-            usd_high=None if high is None else round(high, 4),
-            eta_h=None if eta is None else round(eta, 4),
-            fleet_gpus=slots,
-            budget_left_low=None if left_low is None else round(left_low, 4),
-            budget_left_high=None if left_high is None else round(left_high, 4),
+
+def _price_sweep(work: _WorkLeft, sweep: str, pricing: _Pricing) -> tuple[SweepEstimate, str | None]:
+    """One sweep's estimate, and the warning when its work does not fit what the budget leaves."""
+    budget = pricing.budget
+    rt = runtime_of(budget.runtimes, work.specs[sweep])
+    prices, slots = pricing.terms(work.specs[sweep], rt)
+    not_started = work.gpu_runs.get(sweep, 0)
+    running = work.running.get(sweep, ())
+    gpu_hours = not_started * rt.hours + sum(running)
+    low = high = None
+    span = prices.cost_range(gpu_hours, rt)
+    if span is not None:
+        low, high = span
+    eta = None
+    if slots:
+        waves = math.ceil(not_started / slots) if not_started else 0
+        eta = waves * rt.hours + max(running, default=0.0)
+    left_low, left_high = _budget_left(budget, low, high)
+    est = SweepEstimate(
+        sweep=sweep,
+        pending_runs=work.pending.get(sweep, 0),
+        running_runs=len(running),
+        gpu_hours=round(gpu_hours, 4),
+        runtime_h=round(rt.hours, 4),
+        runtime_source=rt.source.value,
+        runtime_samples=rt.samples,
+        usd_low=_rounded(low),
+        usd_high=_rounded(high),
+        eta_h=_rounded(eta),
+        fleet_gpus=slots,
+        budget_left_low=_rounded(left_low),
+        budget_left_high=_rounded(left_high),
+    )
+    return est, _budget_warning(est, low, high, budget)
+
+
+def _rounded(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
+
+
+def _budget_left(budget: Purse, low: float | None, high: float | None) -> tuple[float | None, float | None]:
+    """What a capped budget leaves after the work (at worst, at best); None when uncapped or unpriced."""
+    if not budget.capped:
+        return None, None
+    remaining = max(0.0, budget.remaining)
+    return (remaining - high if high is not None else None), (remaining - low if low is not None else None)
+
+
+def _budget_warning(est: SweepEstimate, low: float | None, high: float | None, budget: Purse) -> str | None:
+    """The warning when a sweep's work needs more than the capped budget leaves (surely, or possibly)."""
+    if not budget.capped:
+        return None
+    left = f"{usd(max(0.0, budget.remaining))} is left before {budget.tightest}"
+    if low is not None and low > budget.remaining:
+        return (
+            f"budget: sweep {est.sweep} needs at least {usd(low)} for its {est.pending_runs} pending and "
+            f"{est.running_runs} running run(s), {left}"
         )
-        out.append(est)
-        if budget.capped and low is not None and low > budget.remaining:
-            warnings.append(
-                f"budget: sweep {sweep} needs at least {usd(low)} for its {est.pending_runs} pending and "
-                f"{est.running_runs} running run(s), {usd(max(0.0, budget.remaining))} is left before {budget.tightest}"
-            )
-        elif budget.capped and high is not None and high > budget.remaining:
-            warnings.append(
-                f"budget: sweep {sweep} may need up to {usd(high)} ({usd(low or 0.0)} at best), "
-                f"{usd(max(0.0, budget.remaining))} is left before {budget.tightest}"
-            )
-    return tuple(out), warnings
+    if high is not None and high > budget.remaining:
+        return f"budget: sweep {est.sweep} may need up to {usd(high)} ({usd(low or 0.0)} at best), {left}"
+    return None
 
 
 def totals(estimates: tuple[SweepEstimate, ...]) -> Mapping[str, float]:

@@ -25,7 +25,7 @@ predicted time there (its ``Forecast.run_s``, after the slot's work ahead of it 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from reconciler.core import contract
@@ -69,51 +69,92 @@ class Placement:
 def place(
     world: World, queue: RunQueue, table: BoxTable, budget: Purse, *, fc: Forecast
 ) -> tuple[Placement, Decisions]:
-    out = Decisions()
+    """Pending runs onto free GPUs (the tail first, then first fit in launch order), then queued behind busy slots;
+    the runs nothing took are left to renting, in launch order."""
     if budget.stop:
-        return Placement(queue.pending, {}, table, 0.0), out
-    margin = world.desired.fleet.contract_margin_s
-    accepted = world.observed.memory.accepted_increases
-    spending = Spending(budget)
-    runtimes = budget.runtimes
-    refused: list[tuple[PendingRun, float]] = []
-    hours_on: dict[tuple[str, str], float] = {}
-    free: dict[int, list[GpuState]] = {i: list(g) for i, g in table.free.items()}
-    # a run goes only to boxes of its sweep's pool
-    open_by_pool: dict[str, list[OwnedBox]] = {}
-    for i in _open_boxes(world, table):
-        open_by_pool.setdefault(world.boxes[i].pool, []).append(world.boxes[i])
-    launches: dict[int, int] = {}
-    considered = set(table.considered)
-    unplaced: list[PendingRun] = []
-    # First fit in box order. A box's free GPUs only shrink, so a box that cannot take a request now never
-    # will this plan: each request shape keeps its own cursor into the open boxes (linear, not quadratic).
-    cursor: dict[tuple[str, int, int], int] = {}
-    code = world.desired.code_commit
-    free_left = sum(len(free[b.id]) for boxes in open_by_pool.values() for b in boxes)
-    placed: list[tuple[OwnedBox, tuple[int, ...], PendingRun]] = []  # this plan's launches: busy slots from now on
-    short: dict[int, list[tuple[str, float]]] = {}  # box id -> (run id, its predicted seconds) its contract refused
+        return Placement(queue.pending, {}, table, 0.0), Decisions()
+    placer = _Placer(world, table, budget, fc)
+    rest = placer.place_tail(queue.pending)
+    unplaced = placer.first_fit(rest)
+    slots = _busy_slots(world, queue, table, fc, placer.placed)
+    unplaced = placer.queue_ahead(unplaced, slots)
+    placer.explain_refusals()
+    return placer.placement(unplaced, table, slots), placer.out
 
-    def room(run: PendingRun, box: OwnedBox, ahead_s: float = 0.0) -> bool:
+
+class _Placer:
+    """One placement being built, step by step: the GPUs still free on each open box, the launches and queue entries
+    made so far and what they cost, and what was refused (by the budget, by a box's contract) for the no-ops."""
+
+    def __init__(self, world: World, table: BoxTable, budget: Purse, fc: Forecast) -> None:
+        self.world = world
+        self.fc = fc
+        self.budget = budget
+        self.margin = world.desired.fleet.contract_margin_s
+        self.accepted = world.observed.memory.accepted_increases
+        self.code = world.desired.code_commit  # shipped before a box's first launch when it lacks it
+        self.spending = Spending(budget)
+        self.out = Decisions()
+        self.free: dict[int, list[GpuState]] = {i: list(g) for i, g in table.free.items()}
+        self.open_by_pool = _open_by_pool(world, table)  # a run goes only to boxes of its sweep's pool
+        self.free_left = sum(len(self.free[b.id]) for boxes in self.open_by_pool.values() for b in boxes)
+        self.launches: dict[int, int] = {}  # box id -> launches and queue entries placed on it
+        self.considered = set(table.considered)
+        self.placed: list[tuple[OwnedBox, tuple[int, ...], PendingRun]] = []  # launches: busy slots from now on
+        self.refused: list[tuple[PendingRun, float]] = []  # (run, its cost) the budget's headroom refused
+        self.short: dict[int, list[tuple[str, float]]] = {}  # box id -> (run id, its predicted seconds) refused
+        # First fit in box order. A box's free GPUs only shrink, so a box that cannot take a request now never
+        # will this plan: each request shape keeps its own cursor into the open boxes (linear, not quadratic).
+        self.cursor: dict[tuple[str, int, int], int] = {}
+        self.hours_on: dict[tuple[str, str], float] = {}  # (sweep, GPU model) -> expected hours of one run
+        self.seconds_on: dict[tuple[str, str, int], float] = {}  # (run id, GPU model, machine) -> ``run_s``
+
+    def run_s(self, run: PendingRun, box: OwnedBox) -> float:
+        """``Forecast.run_s`` of ``run`` on ``box``'s GPUs, figured once per run and GPU model (and machine): the
+        contract check asks it for every slot a run might queue behind."""
+        key = (run.spec.id, box.inst.gpu_name, box.inst.machine_id)
+        secs = self.seconds_on.get(key)
+        if secs is None:
+            secs = self.seconds_on[key] = self.fc.run_s(run.spec, box.inst.gpu_name, box.inst.machine_id)
+        return secs
+
+    def fits_contract(self, run: PendingRun, box: OwnedBox, ahead_s: float = 0.0) -> bool:
         """Whether ``run``, started on ``box`` in ``ahead_s``, ends ``contract_margin`` before its contract does."""
-        need = ahead_s + fc.run_s(run.spec, box.inst.gpu_name, box.inst.machine_id)
-        if contract.room_for(box.inst, world.now, need, margin, accepted):
+        need = ahead_s + self.run_s(run, box)
+        if contract.room_for(box.inst, self.world.now, need, self.margin, self.accepted):
             return True
-        short.setdefault(box.id, []).append((run.spec.id, need))
+        self.short.setdefault(box.id, []).append((run.spec.id, need))
         return False
 
-    def cost_of(spec: RunSpec, box: OwnedBox, gpus: int) -> float:
+    def cost_of(self, spec: RunSpec, box: OwnedBox, gpus: int) -> float:
+        """What one run on ``gpus`` of ``box`` is expected to cost: its share of the box to its expected runtime."""
         share = box.inst.dph_total * gpus / max(1, box.inst.num_gpus)
         key = (spec.sweep.name, box.inst.gpu_name)
-        hours = hours_on.get(key)
+        hours = self.hours_on.get(key)
         if hours is None:  # one figure per sweep and GPU model: thousands of launches share a few
-            gpu = world.gpu_dlperf.get(normalize_gpu_name(box.inst.gpu_name))
-            hours = hours_on[key] = runtime_of(runtimes, spec).on(gpu)
+            gpu = self.world.gpu_dlperf.get(normalize_gpu_name(box.inst.gpu_name))
+            hours = self.hours_on[key] = runtime_of(self.budget.runtimes, spec).on(gpu)
         return share * hours
 
-    def ship_code(box: OwnedBox) -> None:
-        if not launches.get(box.id) and code and box.probe is not None and code not in box.probe.code_commits:
-            out.act(
+    def affordable(self, run: PendingRun, cost: float) -> bool:
+        """Whether the budget's headroom takes ``cost``; a refusal is kept for the no-op."""
+        if self.spending.fits(cost):
+            return True
+        self.refused.append((run, cost))
+        return False
+
+    def _book(self, box: OwnedBox, cost: float) -> None:
+        """A launch or queue entry on ``box``: its cost committed, the code shipped before the box's first one."""
+        self.spending.commit(cost)
+        if not self.launches.get(box.id):
+            self._ship_code(box)
+        self.launches[box.id] = self.launches.get(box.id, 0) + 1
+        self.considered.add(box.id)
+
+    def _ship_code(self, box: OwnedBox) -> None:
+        code = self.code
+        if code and box.probe is not None and code not in box.probe.code_commits:
+            self.out.act(
                 ShipCode(
                     reason=f"commit {code} is not on this box yet",
                     code=ReasonCode.CODE_MISSING,
@@ -122,151 +163,197 @@ def place(
                 )
             )
 
-    def launch(run: PendingRun, box: OwnedBox, mask: tuple[int, ...], cost: float, rc: ReasonCode, why: str) -> None:
-        """Launch ``run`` on ``mask`` of ``box`` now: its cost committed, its GPUs taken, the code shipped first."""
-        nonlocal free_left
-        spending.commit(cost)
-        taken = set(mask)
-        free[box.id] = [gpu for gpu in free[box.id] if gpu.index not in taken]
-        free_left -= len(mask)
-        placed.append((box, mask, run))
-        ship_code(box)
-        launches[box.id] = launches.get(box.id, 0) + 1
-        considered.add(box.id)
-        out.act(
-            Launch(
-                reason=f"pending (attempt {run.used + 1} of {allowed_attempts(run.spec)} allowed) on "
-                f"{gpus_text(mask)}{why}",
-                code=rc,
-                instance_id=box.id,
-                run_id=run.spec.id,
-                attempt=run.next_attempt,
-                gpu_mask=mask,
-                command=run.spec.command,
-                code_commit=code,
-                sweep=run.spec.sweep.name,
-            )
+    def _launch(
+        self, run: PendingRun, box: OwnedBox, mask: tuple[int, ...], rc: ReasonCode, reason: str, queued: bool
+    ) -> Launch:
+        return Launch(
+            reason=reason,
+            code=rc,
+            instance_id=box.id,
+            run_id=run.spec.id,
+            attempt=run.next_attempt,
+            gpu_mask=mask,
+            command=run.spec.command,
+            code_commit=self.code,
+            sweep=run.spec.sweep.name,
+            queued=queued,
         )
 
-    tail = _tail(world, queue.pending, open_by_pool, free, fc, room)
-    for run, box, mask, why in tail:
-        cost = cost_of(run.spec, box, len(mask))
-        if not spending.fits(cost):
-            refused.append((run, cost))
-            continue
-        launch(run, box, mask, cost, ReasonCode.TAIL_TO_FASTEST, f": {why}")
-    in_tail = {run.spec.id for run, _, _, _ in tail}
-    pending = [r for r in queue.pending if r.spec.id not in in_tail] if in_tail else queue.pending
-    for n, run in enumerate(pending):
-        if free_left <= 0:
-            unplaced.extend(pending[n:])  # every GPU is taken: the rest wait, in order
-            break
-        spec = run.spec
+    def launch(
+        self, run: PendingRun, box: OwnedBox, mask: tuple[int, ...], cost: float, rc: ReasonCode, why: str
+    ) -> None:
+        """Launch ``run`` on ``mask`` of ``box`` now: its cost committed, its GPUs taken, the code shipped first."""
+        self._book(box, cost)
+        taken = set(mask)
+        self.free[box.id] = [gpu for gpu in self.free[box.id] if gpu.index not in taken]
+        self.free_left -= len(mask)
+        self.placed.append((box, mask, run))
+        reason = f"pending (attempt {run.used + 1} of {allowed_attempts(run.spec)} allowed) on {gpus_text(mask)}{why}"
+        self.out.act(self._launch(run, box, mask, rc, reason, queued=False))
+
+    def place_tail(self, pending: Sequence[PendingRun]) -> Sequence[PendingRun]:
+        """Each pool's tail launched, longest work to the fastest GPU (``_tail``); the pending runs it did not take
+        (one the budget refused there is not tried again this plan)."""
+        tail = self._tail(pending)
+        for run, box, mask, why in tail:
+            cost = self.cost_of(run.spec, box, len(mask))
+            if self.affordable(run, cost):
+                self.launch(run, box, mask, cost, ReasonCode.TAIL_TO_FASTEST, f": {why}")
+        in_tail = {run.spec.id for run, _, _, _ in tail}
+        return [r for r in pending if r.spec.id not in in_tail] if in_tail else pending
+
+    def _tail(self, pending: Sequence[PendingRun]) -> list[tuple[PendingRun, OwnedBox, tuple[int, ...], str]]:
+        """The tail of each pool: when all its pending runs are one-GPU runs that fit in its free GPUs, and those GPUs
+        differ in predicted speed, (run, box, mask, why) pairing the longest predicted work with the fastest GPU."""
+        by_pool: dict[str, list[PendingRun]] = {}
+        for run in pending:
+            by_pool.setdefault(self.world.pool_of_run(run.spec), []).append(run)
+        out: list[tuple[PendingRun, OwnedBox, tuple[int, ...], str]] = []
+        for pool in sorted(by_pool):
+            runs = by_pool[pool]
+            gpus = [(box, gpu) for box in self.open_by_pool.get(pool, ()) for gpu in self.free.get(box.id, ())]
+            if not gpus or len(runs) > len(gpus) or any(r.gpus != 1 for r in runs):
+                continue
+            speeds = {self.run_s(r, box) for r in runs for box, _ in gpus}
+            if len(speeds) < 2:
+                continue  # every GPU is as fast: first fit is as good
+            order = {r.spec.id: n for n, r in enumerate(runs)}
+            longest = sorted(runs, key=lambda r: (-self.fc.run_s(r.spec, ""), order[r.spec.id]))
+            left = list(gpus)
+            for run in longest:
+                fits = [
+                    (self.run_s(run, box), n)
+                    for n, (box, gpu) in enumerate(left)
+                    if _enough_ram(gpu.memory_total_mib, run.gpu_ram_mib) and self.fits_contract(run, box)
+                ]
+                if not fits:
+                    continue
+                secs, n = min(fits)
+                box, gpu = left.pop(n)
+                why = f"the tail: longest work first to the fastest free GPU (predicted {fmt_duration(secs)})"
+                out.append((run, box, (gpu.index,), why))
+        return out
+
+    def first_fit(self, pending: Sequence[PendingRun]) -> list[PendingRun]:
+        """Each run, in launch order, onto the first open box of its pool with free GPUs for it and contract room;
+        the runs no box took, in launch order."""
+        unplaced: list[PendingRun] = []
+        for n, run in enumerate(pending):
+            if self.free_left <= 0:
+                unplaced.extend(pending[n:])  # every GPU is taken: the rest wait, in order
+                break
+            found = self._first_box(run)
+            if found is None:
+                unplaced.append(run)
+                continue
+            box, chosen = found
+            cost = self.cost_of(run.spec, box, len(chosen))
+            if self.affordable(run, cost):  # else the GPUs stay free: a cheaper run may still fit
+                self.launch(run, box, tuple(gpu.index for gpu in chosen), cost, ReasonCode.PENDING_RUN, "")
+        return unplaced
+
+    def _first_box(self, run: PendingRun) -> tuple[OwnedBox, list[GpuState]] | None:
+        """The first open box from the shape's cursor on with free GPUs for ``run`` and whose contract leaves room for
+        it, with the GPUs it would take (a box too short for this run may take a shorter one: the cursor stays)."""
         g, ram = run.gpus, run.gpu_ram_mib
-        pool = world.pool_of_run(spec)
-        open_boxes = open_by_pool.get(pool, [])
-        i = cursor.get((pool, g, ram), 0)
-        if i >= len(open_boxes):
-            unplaced.append(run)
-            continue
+        pool = self.world.pool_of_run(run.spec)
+        boxes = self.open_by_pool.get(pool, [])
+        i = self.cursor.get((pool, g, ram), 0)
         chosen: list[GpuState] = []
-        while i < len(open_boxes):
-            chosen = _fit(free[open_boxes[i].id], g, ram)
+        while i < len(boxes):
+            chosen = _fit(self.free[boxes[i].id], g, ram)
             if len(chosen) >= g:
                 break
             i += 1
-        cursor[(pool, g, ram)] = i
-        # the first box from the cursor on that fits and whose contract leaves room for the run (a box too short for
-        # this run may take a shorter one: the cursor stays)
-        while i < len(open_boxes) and (len(chosen) < g or not room(run, open_boxes[i])):
+        self.cursor[(pool, g, ram)] = i
+        while i < len(boxes) and (len(chosen) < g or not self.fits_contract(run, boxes[i])):
             i += 1
-            if i < len(open_boxes):
-                chosen = _fit(free[open_boxes[i].id], g, ram)
-        if i >= len(open_boxes):
-            unplaced.append(run)
-            continue
-        box = open_boxes[i]
-        cost = cost_of(spec, box, len(chosen))
-        if not spending.fits(cost):
-            refused.append((run, cost))  # the GPUs stay free: a cheaper run may still fit
-            continue
-        launch(run, box, tuple(gpu.index for gpu in chosen), cost, ReasonCode.PENDING_RUN, "")
-    slots = _busy_slots(world, queue, table, fc, placed)
-    ahead = world.desired.fleet.queue_ahead_s
-    if slots and ahead > 0 and unplaced:
+            if i < len(boxes):
+                chosen = _fit(self.free[boxes[i].id], g, ram)
+        return (boxes[i], chosen) if i < len(boxes) else None
+
+    def queue_ahead(self, unplaced: list[PendingRun], slots: Sequence[_BusySlot]) -> list[PendingRun]:
+        """The runs no free GPU took, queued behind busy slots of their pool and GPU count (``_slot_for``), in launch
+        order; those no slot takes are returned, in launch order."""
+        ahead = self.world.desired.fleet.queue_ahead_s
+        if not (slots and ahead > 0 and unplaced):
+            return unplaced
         by_shape: dict[tuple[str, int], list[_BusySlot]] = {}
-        for slot in slots:
-            by_shape.setdefault((slot.box.pool, len(slot.mask)), []).append(slot)
+        for busy in slots:
+            by_shape.setdefault((busy.box.pool, len(busy.mask)), []).append(busy)
         done: set[tuple[str, int, int]] = set()  # shapes no slot takes any more this plan
         left: list[PendingRun] = []
         for run in unplaced:
-            shape = (world.pool_of_run(run.spec), run.gpus, run.gpu_ram_mib)
-            if shape in done:
-                left.append(run)
-                continue
-            open_slots = [
-                sl for sl in by_shape.get(shape[:2], ())
-                if sl.queued < MAX_QUEUED_PER_SLOT and (sl.free_s <= ahead or sl.queued == 0)
-                and _holds(sl, run.gpu_ram_mib) and room(run, sl.box, sl.free_s)
-            ]
-            if not open_slots:
+            shape = (self.world.pool_of_run(run.spec), run.gpus, run.gpu_ram_mib)
+            slot = None if shape in done else self._slot_for(run, by_shape.get(shape[:2], ()), ahead)
+            if slot is None:
                 done.add(shape)
                 left.append(run)
                 continue
-            slot = min(open_slots, key=lambda sl: (sl.free_s, sl.box.id, sl.mask))
-            box = slot.box
-            cost = cost_of(run.spec, box, len(slot.mask))
-            if not spending.fits(cost):
-                refused.append((run, cost))
+            cost = self.cost_of(run.spec, slot.box, len(slot.mask))
+            if self.affordable(run, cost):
+                self.queue_behind(run, slot, cost, ahead)
+            else:
                 left.append(run)
-                continue
-            spending.commit(cost)
-            ship_code(box)
-            launches[box.id] = launches.get(box.id, 0) + 1
-            considered.add(box.id)
-            start = slot.free_s
-            slot.free_s += fc.run_s(run.spec, box.inst.gpu_name, box.inst.machine_id)
-            slot.queued += 1
-            out.act(
-                Launch(
-                    reason=f"queued behind {slot.current} on {gpus_text(slot.mask)} (entry {slot.queued}): predicted "
-                    f"to start in {fmt_duration(start)} (queue_ahead {fmt_duration(ahead)})",
-                    code=ReasonCode.QUEUED_AHEAD,
-                    instance_id=box.id,
-                    run_id=run.spec.id,
-                    attempt=run.next_attempt,
-                    gpu_mask=slot.mask,
-                    command=run.spec.command,
-                    code_commit=code,
-                    sweep=run.spec.sweep.name,
-                    queued=True,
-                )
+        return left
+
+    def _slot_for(self, run: PendingRun, slots: Sequence[_BusySlot], ahead: float) -> _BusySlot | None:
+        """The slot predicted to free first of those that take ``run``: its queue not full, predicted free within
+        ``queue_ahead`` (or nothing queued on it yet), enough memory, and contract room after the wait."""
+        takers = [
+            sl for sl in slots
+            if sl.queued < MAX_QUEUED_PER_SLOT and (sl.free_s <= ahead or sl.queued == 0)
+            and _holds(sl, run.gpu_ram_mib) and self.fits_contract(run, sl.box, sl.free_s)
+        ]
+        return min(takers, key=lambda sl: (sl.free_s, sl.box.id, sl.mask), default=None)
+
+    def queue_behind(self, run: PendingRun, slot: _BusySlot, cost: float, ahead: float) -> None:
+        """Queue ``run`` behind ``slot``'s work: its cost committed, the slot busy for one more run."""
+        box = slot.box
+        self._book(box, cost)
+        start = slot.free_s
+        slot.free_s += self.run_s(run, box)
+        slot.queued += 1
+        reason = (
+            f"queued behind {slot.current} on {gpus_text(slot.mask)} (entry {slot.queued}): predicted "
+            f"to start in {fmt_duration(start)} (queue_ahead {fmt_duration(ahead)})"
+        )
+        self.out.act(self._launch(run, box, slot.mask, ReasonCode.QUEUED_AHEAD, reason, queued=True))
+
+    def explain_refusals(self) -> None:
+        """One no-op per box whose contract refused runs, and one for the runs the budget refused."""
+        for box_id, refusals in sorted(self.short.items()):
+            inst = self.world.boxes[box_id].inst
+            ends_in = contract.time_left(inst, self.world.now, self.accepted) or 0.0
+            run_id, need = refusals[0]
+            others = {r for r, _ in refusals} - {run_id}
+            more = f" and {len(others)} more" if others else ""
+            self.out.noop(
+                self.world.boxes[box_id].subject,
+                ReasonCode.CONTRACT_ENDS_BEFORE_RUN,
+                f"not launched or queued here: its contract ends in {fmt_duration(ends_in)}, run/{run_id}{more} "
+                f"needs ~{fmt_duration(need)} + contract_margin {fmt_duration(self.margin)}",
             )
-        unplaced = left
-    for box_id, refusals in sorted(short.items()):
-        inst = world.boxes[box_id].inst
-        ends_in = contract.time_left(inst, world.now, accepted) or 0.0
-        run_id, need = refusals[0]
-        others = {r for r, _ in refusals} - {run_id}
-        more = f" and {len(others)} more" if others else ""
-        out.noop(
-            world.boxes[box_id].subject,
-            ReasonCode.CONTRACT_ENDS_BEFORE_RUN,
-            f"not launched or queued here: its contract ends in {fmt_duration(ends_in)}, run/{run_id}{more} "
-            f"needs ~{fmt_duration(need)} + contract_margin {fmt_duration(margin)}",
-        )
-    if refused:
-        first_cost = refused[0][1]
-        out.noop(
-            f"fleet/{world.desired.fleet.name}",
-            ReasonCode.BUDGET_REFUSED,
-            f"budget: {len(refused)} run(s) not launched on free GPUs: the next would cost ~{usd(first_cost)} "
-            f"(its share of the box to its expected runtime), {usd(max(0.0, spending.left()))} is left before "
-            f"{budget.tightest}",
-        )
-    new_table = replace(table, free={i: tuple(g) for i, g in free.items()}, considered=frozenset(considered))
-    slot_free = tuple(sorted((sl.box.id, sl.mask, sl.free_s) for sl in slots))
-    return Placement(tuple(unplaced), launches, new_table, spending.committed, slot_free), out
+        if self.refused:
+            first_cost = self.refused[0][1]
+            self.out.noop(
+                f"fleet/{self.world.desired.fleet.name}",
+                ReasonCode.BUDGET_REFUSED,
+                f"budget: {len(self.refused)} run(s) not launched on free GPUs: the next would cost ~{usd(first_cost)} "
+                f"(its share of the box to its expected runtime), {usd(max(0.0, self.spending.left()))} is left "
+                f"before {self.budget.tightest}",
+            )
+
+    def placement(self, unplaced: Sequence[PendingRun], table: BoxTable, slots: Sequence[_BusySlot]) -> Placement:
+        free = {i: tuple(g) for i, g in self.free.items()}
+        new_table = replace(table, free=free, considered=frozenset(self.considered))
+        slot_free = tuple(sorted((sl.box.id, sl.mask, sl.free_s) for sl in slots))
+        return Placement(tuple(unplaced), self.launches, new_table, self.spending.committed, slot_free)
+
+
+def _enough_ram(total_mib: int, ram_mib: int) -> bool:
+    """A GPU of ``total_mib`` takes a run asking ``ram_mib`` on each (0: any GPU)."""
+    return not ram_mib or total_mib >= ram_mib
 
 
 def _holds(slot: _BusySlot, ram_mib: int) -> bool:
@@ -274,7 +361,7 @@ def _holds(slot: _BusySlot, ram_mib: int) -> bool:
     if not ram_mib or slot.box.probe is None:
         return True
     total = {g.index: g.memory_total_mib for g in slot.box.probe.gpus}
-    return all(total.get(i, 0) >= ram_mib for i in slot.mask)
+    return all(_enough_ram(total.get(i, 0), ram_mib) for i in slot.mask)
 
 
 def _busy_slots(
@@ -332,46 +419,6 @@ def _busy_slots(
     return sorted(slots.values(), key=lambda sl: (sl.box.id, sl.mask))
 
 
-def _tail(
-    world: World,
-    pending: Sequence[PendingRun],
-    open_by_pool: Mapping[str, Sequence[OwnedBox]],
-    free: Mapping[int, Sequence[GpuState]],
-    fc: Forecast,
-    room: Callable[[PendingRun, OwnedBox], bool],
-) -> list[tuple[PendingRun, OwnedBox, tuple[int, ...], str]]:
-    """The tail of each pool: when all its pending runs are one-GPU runs that fit in its free GPUs, and those GPUs
-    differ in predicted speed, (run, box, mask, why) pairing the longest predicted work with the fastest GPU."""
-    by_pool: dict[str, list[PendingRun]] = {}
-    for run in pending:
-        by_pool.setdefault(world.pool_of_run(run.spec), []).append(run)
-    out: list[tuple[PendingRun, OwnedBox, tuple[int, ...], str]] = []
-    for pool in sorted(by_pool):
-        runs = by_pool[pool]
-        gpus = [(box, gpu) for box in open_by_pool.get(pool, ()) for gpu in free.get(box.id, ())]
-        if not gpus or len(runs) > len(gpus) or any(r.gpus != 1 for r in runs):
-            continue
-        speeds = {fc.run_s(r.spec, box.inst.gpu_name, box.inst.machine_id) for r in runs for box, _ in gpus}
-        if len(speeds) < 2:
-            continue  # every GPU is as fast: first fit is as good
-        order = {r.spec.id: n for n, r in enumerate(runs)}
-        longest = sorted(runs, key=lambda r: (-fc.run_s(r.spec, ""), order[r.spec.id]))
-        left = list(gpus)
-        for run in longest:
-            fits = [
-                (fc.run_s(run.spec, box.inst.gpu_name, box.inst.machine_id), n)
-                for n, (box, gpu) in enumerate(left)
-                if (not run.gpu_ram_mib or gpu.memory_total_mib >= run.gpu_ram_mib) and room(run, box)
-            ]
-            if not fits:
-                continue
-            secs, n = min(fits)
-            box, gpu = left.pop(n)
-            why = f"the tail: longest work first to the fastest free GPU (predicted {fmt_duration(secs)})"
-            out.append((run, box, (gpu.index,), why))
-    return out
-
-
 def _fit(box_free: Sequence[GpuState], gpus: int, ram_mib: int) -> list[GpuState]:
     """The first ``gpus`` of a box's free GPUs with ``ram_mib`` each (fewer: the box cannot take the run)."""
     return [gpu for gpu in box_free if gpu.memory_total_mib >= ram_mib][:gpus] if ram_mib else list(box_free[:gpus])
@@ -382,6 +429,14 @@ def _open_boxes(world: World, table: BoxTable) -> list[int]:
         i for i in world.boxes
         if table.states.get(i) is BoxState.READY and i not in table.destroyed and table.free.get(i)
     ]
+
+
+def _open_by_pool(world: World, table: BoxTable) -> dict[str, list[OwnedBox]]:
+    """The open boxes (``_open_boxes``) of each pool, in box order."""
+    out: dict[str, list[OwnedBox]] = {}
+    for i in _open_boxes(world, table):
+        out.setdefault(world.boxes[i].pool, []).append(world.boxes[i])
+    return out
 
 
 def without_free_gpus(world: World, table: BoxTable, runs: Sequence[PendingRun]) -> tuple[PendingRun, ...]:
