@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,3 +159,20 @@ def rigsync(
     )
     assert "Traceback" not in result.stderr, result.stderr
     return result
+
+
+class ShiftedClock:
+    """The wall clock moved by ``offset`` seconds, which a test sets (or ``advance``s) to cross a moment without
+    waiting for it: a daemon's clock (``FleetDaemon(clock=...)``) and, through ``now``, an emulator's."""
+
+    def __init__(self, offset: float = 0.0) -> None:
+        self.offset = offset
+
+    def now(self) -> float:
+        return time.time() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += seconds
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)

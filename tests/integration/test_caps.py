@@ -11,13 +11,12 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 from gitutil import git
-from world import FleetRepo, fleet_repo
+from world import FleetRepo, ShiftedClock, fleet_repo
 
 from reconciler.adapters.archive import ShardedRunArchive
 from reconciler.core.model import AttemptOutcome
@@ -27,19 +26,6 @@ from reconciler.emulator import Emulator
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
 MAX_WALL_S = 240.0
-
-
-class ShiftedClock:
-    """The wall clock moved by ``offset`` seconds: the daemon and the emulator share it (a day that ends soon)."""
-
-    def __init__(self, offset: float) -> None:
-        self.offset = offset
-
-    def now(self) -> float:
-        return time.time() + self.offset
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
 
 
 def _set_budget(repo: FleetRepo, **budget: object) -> None:
@@ -65,17 +51,6 @@ def _short_runs(repo: FleetRepo) -> None:
     # A rent is priced with the longest the box may bill before it is ready (boot_timeout): boxes here boot in
     # well under a second, so the fleet says so (the world's 2m would price every rent past these small caps).
     repo.edit_fleet(boot_timeout="10s")
-
-
-@pytest.fixture
-def api_key_env() -> Iterator[None]:
-    """The daemon reads the account key from the environment, as a user's would: restore it afterwards."""
-    before = os.environ.get("VAST_API_KEY")
-    yield
-    if before is None:
-        os.environ.pop("VAST_API_KEY", None)
-    else:
-        os.environ["VAST_API_KEY"] = before
 
 
 def _drive(daemon: FleetDaemon, emu: Emulator, not_before: float | None = None) -> int:
