@@ -28,6 +28,7 @@ import jsonschema
 import pytest
 import yaml
 from gitutil import git
+from waiting import wait_for
 from world import FleetRepo, ShiftedClock, emulator_env, fleet_repo
 
 from reconciler.adapters.git import GitRepo
@@ -78,18 +79,6 @@ metrics:
   key: episode_reward
   goal: max
 """
-
-
-def wait_for(what: str, cond: Callable[[], Any], timeout: float = 60.0, every: float = 0.2) -> Any:
-    """Poll ``cond`` until it returns something truthy; fail naming ``what`` after ``timeout`` (a bound only)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
 
 
 @dataclass
