@@ -13,6 +13,7 @@ console script at it.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import subprocess
@@ -138,6 +139,19 @@ def fleet_repo(work: Path) -> FleetRepo:
     repo = FleetRepo(work, remote)
     repo.git("remote", "set-url", "origin", str(remote))
     return repo
+
+
+def remote_file(remote: Path, path: str, rev: str = "refs/heads/main") -> str | None:
+    """A file as the bare repository ``remote`` has it at ``rev`` (None when it is not there)."""
+    proc = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=remote, capture_output=True, text=True, check=False)
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def remote_archive(remote: Path) -> list[dict[str, Any]]:
+    """Every line of the run archive (observed/runs/) at the tip of ``remote``'s main: attempts and the boxes'
+    overhead lines (``kind: overhead``)."""
+    names = git(remote, "ls-tree", "--name-only", "refs/heads/main", "observed/runs/").split()
+    return [json.loads(line) for n in names for line in (remote_file(remote, n) or "").splitlines() if line.strip()]
 
 
 def emulator_env(emu: Any, **paths: Path) -> dict[str, str]:

@@ -93,13 +93,17 @@ def run_entry(repo: Path, run_id: str) -> dict[str, object]:
 
 
 class Follower:
-    """``rigsync logs RUN --follow`` running, what it printed so far read as it comes (``out``, line by line)."""
+    """``rigsync logs RUN --follow`` running, what it printed so far read as it comes (``out``, line by line); its
+    stderr goes to a file (``errs``), with Python's fault handler on to say where it is if it ever hangs."""
 
-    def __init__(self, env: dict[str, str], run_id: str, repo: Path) -> None:
-        self.proc = subprocess.Popen(
-            [str(RIGSYNC), "logs", run_id, "--follow", "--repo", str(repo)], env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )
+    def __init__(self, env: dict[str, str], run_id: str, repo: Path, errs: Path) -> None:
+        self.errs = errs
+        with open(errs, "wb") as err:
+            self.proc = subprocess.Popen(
+                [str(RIGSYNC), "logs", run_id, "--follow", "--repo", str(repo)],
+                env={**env, "PYTHONFAULTHANDLER": "1"}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
+                text=True,
+            )
         self.out: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -111,11 +115,14 @@ class Follower:
 
     def end(self) -> tuple[int, str, str]:
         """Its exit code, everything it printed and its stderr, once it ended."""
-        assert self.proc.stderr is not None
-        errs = self.proc.stderr.read()
-        code = self.proc.wait(timeout=60)
+        try:
+            code = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)  # the fault handler prints every thread's stack
+            self.proc.wait(timeout=30)
+            raise AssertionError(f"--follow did not end: {self.errs.read_text(errors='replace')[-6000:]}") from None
         self._reader.join(timeout=30)
-        return code, "".join(self.out), errs
+        return code, "".join(self.out), self.errs.read_text()
 
 
 def test_logs_before_any_launch(repo: Path, env: dict[str, str], run_id: str) -> None:
@@ -198,7 +205,7 @@ def test_logs_and_ssh_through_a_run_and_after_its_box(
     assert (again.returncode, again.stdout) == (0, "ok\n"), again.stderr
 
     # Ctrl-C during --follow (once it printed what was there): a clean stop, no traceback
-    interrupted = Follower(env, run_id, repo)
+    interrupted = Follower(env, run_id, repo, tmp_path / "interrupted.err")
     wait_for("--follow to print the log so far", lambda: interrupted.out, 60)
     interrupted.proc.send_signal(signal.SIGINT)
     code, _, errs = interrupted.end()
@@ -206,7 +213,7 @@ def test_logs_and_ssh_through_a_run_and_after_its_box(
 
     # --follow until the attempt ends: every step, then the end said on stderr; it waits for the end (still following
     # when the run is let go) rather than printing what was there
-    follower = Follower(env, run_id, repo)
+    follower = Follower(env, run_id, repo, tmp_path / "followed.err")
     wait_for("--follow to print the sixth step", lambda: "step 6000 " in "".join(follower.out), 60)
     assert follower.proc.poll() is None, "--follow ended before the attempt did"
     (emulator.host_root(box) / GO).touch()

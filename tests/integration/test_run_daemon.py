@@ -29,7 +29,7 @@ import pytest
 import yaml
 from gitutil import git
 from waiting import wait_for
-from world import FleetRepo, ShiftedClock, emulator_env, fleet_repo
+from world import FleetRepo, ShiftedClock, emulator_env, fleet_repo, remote_archive, remote_file
 
 from reconciler.adapters.git import GitRepo
 from reconciler.adapters.lease import LocalLock, lock_path
@@ -157,10 +157,7 @@ class World:
         return git(self.remote, "rev-parse", "refs/heads/main")
 
     def remote_file(self, path: str, rev: str = "refs/heads/main") -> str | None:
-        proc = subprocess.run(
-            ["git", "show", f"{rev}:{path}"], cwd=self.remote, capture_output=True, text=True, check=False
-        )
-        return proc.stdout if proc.returncode == 0 else None
+        return remote_file(self.remote, path, rev)
 
     def remote_yaml(self, path: str) -> Any:
         text = self.remote_file(path)
@@ -176,13 +173,7 @@ class World:
 
     def remote_archive_entries(self) -> list[dict[str, Any]]:
         """Every line of the archive at the remote tip: attempts and the boxes' overhead lines."""
-        names = git(self.remote, "ls-tree", "--name-only", "refs/heads/main", "observed/runs/").split()
-        out: list[dict[str, Any]] = []
-        for n in names:
-            for line in (self.remote_file(n) or "").splitlines():
-                if line.strip():
-                    out.append(json.loads(line))
-        return out
+        return remote_archive(self.remote)
 
     def remote_archive_lines(self) -> list[dict[str, Any]]:
         """The attempt lines of the archive at the remote tip (overhead lines are not attempts)."""
