@@ -13,11 +13,13 @@ console script at it.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,6 +141,19 @@ def fleet_repo(work: Path) -> FleetRepo:
     return repo
 
 
+def remote_file(remote: Path, path: str, rev: str = "refs/heads/main") -> str | None:
+    """A file as the bare repository ``remote`` has it at ``rev`` (None when it is not there)."""
+    proc = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=remote, capture_output=True, text=True, check=False)
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def remote_archive(remote: Path) -> list[dict[str, Any]]:
+    """Every line of the run archive (observed/runs/) at the tip of ``remote``'s main: attempts and the boxes'
+    overhead lines (``kind: overhead``)."""
+    names = git(remote, "ls-tree", "--name-only", "refs/heads/main", "observed/runs/").split()
+    return [json.loads(line) for n in names for line in (remote_file(remote, n) or "").splitlines() if line.strip()]
+
+
 def emulator_env(emu: Any, **paths: Path) -> dict[str, str]:
     """This process's environment pointed at the emulator ``emu``: its API key and URL, plus
     ``RIGSYNC_<NAME>`` for each path given (``state_dir=...`` -> ``RIGSYNC_STATE_DIR``)."""
@@ -158,3 +173,20 @@ def rigsync(
     )
     assert "Traceback" not in result.stderr, result.stderr
     return result
+
+
+class ShiftedClock:
+    """The wall clock moved by ``offset`` seconds, which a test sets (or ``advance``s) to cross a moment without
+    waiting for it: a daemon's clock (``FleetDaemon(clock=...)``) and, through ``now``, an emulator's."""
+
+    def __init__(self, offset: float = 0.0) -> None:
+        self.offset = offset
+
+    def now(self) -> float:
+        return time.time() + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += seconds
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)

@@ -94,10 +94,13 @@ class Ledger:
         with self._lock:
             return sorted(i for i, segs in self._segments.items() if segs)
 
-    def charge(self, instance_id: int, start: float = float("-inf"), end: float = float("inf")) -> Charge | None:
-        """What ``instance_id`` was billed inside ``[start, end]`` (None when nothing was)."""
+    def charge(
+        self, instance_id: int, start: float = float("-inf"), end: float = float("inf"), *, at: float | None = None
+    ) -> Charge | None:
+        """What ``instance_id`` was billed inside ``[start, end]`` (None when nothing was), read now or, for a test
+        that would otherwise wait for time to pass, as the bill will read at the later moment ``at``."""
         with self._lock:
-            now = self._clock()
+            now = self._clock() if at is None else at
             gpu = gpu_h = sto = sto_h = 0.0
             first: float | None = None
             last: float | None = None
@@ -119,8 +122,8 @@ class Ledger:
                 return None
             return Charge(instance_id, first, last, gpu, gpu_h, sto, sto_h)
 
-    def instance_usd(self, instance_id: int) -> float:
-        c = self.charge(instance_id)
+    def instance_usd(self, instance_id: int, *, at: float | None = None) -> float:
+        c = self.charge(instance_id, at=at)
         return c.usd if c is not None else 0.0
 
     def total_usd(self) -> float:

@@ -22,7 +22,6 @@ import signal
 import stat
 import subprocess
 import threading
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -219,14 +218,3 @@ class RssWatch:
         if self._thread is not None:
             self._thread.join(timeout=5)
         return self.peak_kib / 1024
-
-
-def wait_until(what: str, cond: Any, timeout: float, every: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)

@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from world import RIGSYNC, emulator_env, fleet_repo
+from waiting import wait_for
+from world import RIGSYNC, emulator_env, fleet_repo, remote_archive
 
 from adversary import boxes as hostile
 from adversary import checks
@@ -72,8 +73,12 @@ def run_fleet(
     seconds: float = 75.0,
     flood_mib: int = 400,
     ceiling_mib: float = 1536.0,
+    until_settled: bool = False,
 ) -> dict[str, Any]:
-    """Run a fleet of ``boxes`` boxes for ``seconds`` under ``rigsync run``; its figures (``peak_rss_mib``...)."""
+    """Run a fleet of ``boxes`` boxes for ``seconds`` under ``rigsync run``; its figures (``peak_rss_mib``...).
+
+    With ``until_settled`` it stops sooner, once the fleet went through everything it sends: every box flood placed
+    (when ``flooded``), every run archived at the remote, then three more cycles (``seconds`` only bounds it)."""
     repo = fleet_repo(tmp / "fleet")
     repo.edit_fleet(name=name, max=boxes, idle_timeout="10m")
     repo.set_sweeps(
@@ -107,8 +112,21 @@ def run_fleet(
     if flooded:
         poisoner.start()
     try:
-        while time.monotonic() - t0 < seconds and proc.poll() is None:
-            time.sleep(0.5)
+        runs = 1 + (boxes - 1)  # the flood sweep's one seed and the calm sweep's
+        settled: list[int] = []  # the cycle count when every flood was placed and every run archived
+
+        def done() -> bool:
+            if proc.poll() is not None or time.monotonic() - t0 >= seconds:
+                return True
+            if not until_settled:
+                return False
+            cycles = len(checks.cycles(log.read_text(errors="replace")))
+            if not settled and len(poisoned) >= (len(BOX_FLOODS) if flooded else 0) and len(
+                    {r["run_id"] for r in remote_archive(repo.remote) if "run_id" in r}) >= runs:
+                settled.append(cycles)
+            return bool(settled) and cycles >= settled[0] + 3
+
+        wait_for("the fleet's time", done, seconds + 60, every=0.5)
         alive = proc.poll() is None
         peak = watch.stop()
         with contextlib.suppress(ProcessLookupError):

@@ -44,6 +44,18 @@ def emulator(ssh_keypair: KeyPair) -> Iterator[Emulator]:
         yield emu
 
 
+@pytest.fixture
+def api_key_env() -> Iterator[None]:
+    """A test whose daemon runs in this process sets ``VAST_API_KEY`` (read from the environment, as a user's would):
+    restored afterwards."""
+    before = os.environ.get("VAST_API_KEY")
+    yield
+    if before is None:
+        os.environ.pop("VAST_API_KEY", None)
+    else:
+        os.environ["VAST_API_KEY"] = before
+
+
 S3_CANARY = "CANARYs3secret-" + "7f3a9c1e5b"  # in the store's secret key: it must never appear anywhere (issue 22)
 
 

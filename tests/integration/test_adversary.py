@@ -39,6 +39,7 @@ from adversary import boxes as hostile
 from adversary import checks
 from adversary.jobs import JOB
 from test_run_daemon import World, make_world
+from waiting import wait_for
 from world import RIGSYNC, rigsync
 
 from reconciler.core.bounds import MAX_METRIC_ABS, TIME_WINDOW_S
@@ -307,6 +308,10 @@ def _start(f: Fleet) -> None:
     f.world.procs.append(f.proc)
 
 
+def _a_daemon_died(o: Outcome) -> bool:
+    return any(f.proc is not None and f.proc.poll() is not None for f in o.fleets())
+
+
 def _settled(o: Outcome) -> bool:
     jobs_done = all(o.jobs.records_of(o.ids[m]) for m in (*JOB_MODES, "harvest"))
     plain_done = all(
@@ -338,12 +343,12 @@ def outcome(emulator: Emulator, tmp_path_factory: pytest.TempPathFactory) -> Ite
         _start(jobs)
         _start(boxes)
         o = Outcome(emulator, tmp, jobs, boxes, watcher, 0.0, ids)
-        deadline = t0 + RUN_BUDGET_S
-        while time.monotonic() < deadline and not _settled(o):
-            if any(f.proc is not None and f.proc.poll() is not None for f in o.fleets()):
-                break
-            time.sleep(1.0)
-        time.sleep(4.0)  # a few cycles more: nothing settled may be settled again
+        with contextlib.suppress(AssertionError):  # not settled in time: each test below says what it misses
+            wait_for("both fleets to settle", lambda: _settled(o) or _a_daemon_died(o), RUN_BUDGET_S, every=0.5)
+        # a few cycles more: nothing settled may be settled again
+        seen = {f.name: len(checks.cycles(f.log_text())) for f in o.fleets()}
+        wait_for("three more cycles of each daemon", lambda: _a_daemon_died(o) or all(
+            len(checks.cycles(f.log_text())) >= seen[f.name] + 3 for f in o.fleets()), 60, every=0.5)
         watcher.scan()
         for f in o.fleets():
             assert f.proc is not None

@@ -25,7 +25,7 @@ BOXES = 3
 
 
 def test_peak_rss_stays_under_the_bound_while_every_channel_floods(emulator: Emulator, tmp_path: Path) -> None:
-    figures = run_fleet(emulator, tmp_path, "adv-flood", flooded=True, boxes=BOXES, seconds=60.0)
+    figures = run_fleet(emulator, tmp_path, "adv-flood", flooded=True, boxes=BOXES, seconds=120.0, until_settled=True)
     print("flood_rss:", json.dumps(figures))
     assert len(figures["poisoned"]) >= 2, f"the floods never reached the boxes: {figures}"
     assert not figures["killed_at_ceiling"], f"the controller passed {figures['ceiling_mib']} MiB: {figures}"

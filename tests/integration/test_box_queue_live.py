@@ -9,10 +9,11 @@ itself through the emulator's API (destroy in the ledger, never stop); queued wo
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from reconciler import remote
 from reconciler.adapters.box_control import ShellBoxes
@@ -79,13 +80,6 @@ def _go(boxes: ShellBoxes, inst: Instance, run_id: str) -> None:
     assert boxes.shell.run(inst.ssh, f"touch $HOME/go-{run_id}", timeout=30).exit_code == 0
 
 
-def _wait(predicate: Callable[[], bool], limit_s: float = 30.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
-
-
 def _t(path: Path) -> float:
     return float(path.read_text())
 
@@ -100,7 +94,7 @@ def test_two_queued_behind_a_running_attempt_run_back_to_back(
     assert [q.run_id for q in _probe(boxes, box).queued] == ["b2b-q1", "b2b-q2"]
     _go(boxes, box, "b2b-head")  # from here on, no controller call until both have ended
     runs = _root(emulator, box) / "runs"
-    _wait(lambda: (runs / "b2b-q2.1" / "exit_code").exists())
+    wait_for("b2b-q2 to end", lambda: (runs / "b2b-q2.1" / "exit_code").exists(), 30)
     head_end, q1_start = _t(runs / "b2b-head.1" / "ended_at"), _t(runs / "b2b-q1.1" / "started_at")
     q1_end, q2_start = _t(runs / "b2b-q1.1" / "ended_at"), _t(runs / "b2b-q2.1" / "started_at")
     assert head_end <= q1_start and q1_end <= q2_start
@@ -124,7 +118,7 @@ def test_a_killed_queued_attempt_never_starts_and_the_next_one_does(
     assert [q.run_id for q in _probe(boxes, box).queued if q.gpu_mask == mask] == ["kq-next"]
     _go(boxes, box, "kq-head")
     runs = _root(emulator, box) / "runs"
-    _wait(lambda: (runs / "kq-next.1" / "exit_code").exists())
+    wait_for("kq-next to end", lambda: (runs / "kq-next.1" / "exit_code").exists(), 30)
     assert (runs / "kq-gone.1" / "tombstone").exists() and not (runs / "kq-gone.1" / "started_at").exists()
 
 
@@ -141,7 +135,7 @@ def test_a_wrapper_killed_9_leaves_the_head_to_the_next_probe(
     time.sleep(0.5)
     assert not (runs / "k9-next.1").exists()  # nobody ran the slot's dequeue
     _probe(boxes, box)
-    _wait(lambda: (runs / "k9-next.1" / "exit_code").exists())
+    wait_for("k9-next to end", lambda: (runs / "k9-next.1" / "exit_code").exists(), 30)
 
 
 def test_the_fence_refuses_older_launches_and_tombstones_older_entries(
@@ -159,7 +153,7 @@ def test_the_fence_refuses_older_launches_and_tombstones_older_entries(
             boxes.launch(inst, _job("f-late-q", "true", mask, queued=True, epoch=6))
         _go(boxes, inst, "f-head")
         old = _root(emulator, inst) / "runs" / "f-old.1"
-        _wait(lambda: (old / "tombstone").exists())
+        wait_for("the older entry's tombstone", lambda: (old / "tombstone").exists(), 30)
         assert (old / "killed_reason").read_text().strip() == "fenced: epoch 5 < 7"
         assert not (old / "started_at").exists()
         assert not (_root(emulator, inst) / "runs" / "f-late.1").exists()
@@ -170,14 +164,14 @@ def test_the_fence_refuses_older_launches_and_tombstones_older_entries(
 def _watchdog_box(emulator: Emulator, label: str) -> Instance:
     onstart = remote.watchdog_onstart(ttl_s=None, idle_timeout_s=10, orphan_timeout_s=600)  # checks every second
     inst = _rent(emulator, label, onstart)
-    _wait(lambda: (_root(emulator, inst) / "watchdog" / "pid").exists())
+    wait_for("the watchdog to start", lambda: (_root(emulator, inst) / "watchdog" / "pid").exists(), 30)
     return inst
 
 
 def test_a_drained_box_with_everything_harvested_destroys_itself(emulator: Emulator, boxes: ShellBoxes) -> None:
     inst = _watchdog_box(emulator, "rigsync:queue:2")
     boxes.launch(inst, _job("d-run", "true", (0,)))
-    _wait(lambda: (_root(emulator, inst) / "runs" / "d-run.1" / "exit_code").exists())
+    wait_for("d-run to end", lambda: (_root(emulator, inst) / "runs" / "d-run.1" / "exit_code").exists(), 30)
     boxes.drain(inst)
     p = _probe(boxes, inst)
     assert p.draining
@@ -187,7 +181,7 @@ def test_a_drained_box_with_everything_harvested_destroys_itself(emulator: Emula
     assert _listed(emulator, inst.id), "an unharvested run keeps a draining box"
     marked = time.monotonic()
     boxes.mark_harvested(inst, "d-run", 1)
-    _wait(lambda: not _listed(emulator, inst.id))
+    wait_for("the box to destroy itself", lambda: not _listed(emulator, inst.id), 30)
     print(f"box-queue: drained box gone {time.monotonic() - marked:.1f}s after its last harvest mark")
     kinds = [e["type"] for e in emulator.ledger.events if e.get("instance_id") == inst.id]
     assert "destroy" in kinds and "stop" not in kinds
@@ -202,11 +196,15 @@ def test_queued_work_keeps_the_watchdogs_idle_rule_off(emulator: Emulator, boxes
     # The box looks old and never probed: idle (10 s) and past the controller's grace, but not orphaned (600 s).
     (root / "watchdog" / "started_at").write_text(f"{time.time() - 120:.6f}\n")
     assert inst.ssh is not None
+    log = root / "watchdog" / "watchdog.log"
+    starts = log.read_text().count("watching instance")
     restart = "kill $(pgrep -P $(cat $HOME/rigsync/watchdog/pid) -f watchdog.py)"
     assert boxes.shell.run(inst.ssh, restart, timeout=30).exit_code == 0  # the supervisor restarts it in 5 s
-    time.sleep(9)
+    wait_for("the watchdog to start again", lambda: log.read_text().count("watching instance") > starts, 30)
+    time.sleep(3)  # a negative: three of its checks (every second) see the box idle but for its queue
     assert _listed(emulator, inst.id), "a box with queued work was destroyed as idle"
-    assert "destroying" not in (root / "watchdog" / "watchdog.log").read_text()
+    assert "destroying" not in log.read_text()
     (entry / "epoch").unlink()
     entry.rmdir()
-    _wait(lambda: not _listed(emulator, inst.id))  # then idle: the watchdog was watching all along
+    # then idle: the watchdog was watching all along
+    wait_for("the box to destroy itself", lambda: not _listed(emulator, inst.id), 30)

@@ -11,13 +11,12 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 from gitutil import git
-from world import FleetRepo, fleet_repo
+from world import FleetRepo, ShiftedClock, fleet_repo
 
 from reconciler.adapters.archive import ShardedRunArchive
 from reconciler.core.model import AttemptOutcome
@@ -27,19 +26,6 @@ from reconciler.emulator import Emulator
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 
 MAX_WALL_S = 240.0
-
-
-class ShiftedClock:
-    """The wall clock moved by ``offset`` seconds: the daemon and the emulator share it (a day that ends soon)."""
-
-    def __init__(self, offset: float) -> None:
-        self.offset = offset
-
-    def now(self) -> float:
-        return time.time() + self.offset
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
 
 
 def _set_budget(repo: FleetRepo, **budget: object) -> None:
@@ -67,22 +53,8 @@ def _short_runs(repo: FleetRepo) -> None:
     repo.edit_fleet(boot_timeout="10s")
 
 
-@pytest.fixture
-def api_key_env() -> Iterator[None]:
-    """The daemon reads the account key from the environment, as a user's would: restore it afterwards."""
-    before = os.environ.get("VAST_API_KEY")
-    yield
-    if before is None:
-        os.environ.pop("VAST_API_KEY", None)
-    else:
-        os.environ["VAST_API_KEY"] = before
-
-
-def _drive(daemon: FleetDaemon, emu: Emulator, not_before: float | None = None) -> int:
-    """Cycles until nothing is left to do and no box is held (or the wall bound); returns the cycle count.
-
-    With ``not_before`` (on the daemon's clock), it goes on at least until then.
-    """
+def _drive(daemon: FleetDaemon, emu: Emulator) -> int:
+    """Cycles until nothing is left to do and no box is held (or the wall bound); returns the cycle count."""
     deadline = time.monotonic() + MAX_WALL_S
     cycles = 0
     quiet = 0
@@ -90,8 +62,7 @@ def _drive(daemon: FleetDaemon, emu: Emulator, not_before: float | None = None) 
         cyc = daemon.cycle()
         cycles += 1
         acted = bool(cyc.result and cyc.result.plan.actions)
-        waiting = not_before is not None and daemon.clock.now() < not_before
-        quiet = 0 if acted or emu.instance_ids() or waiting else quiet + 1
+        quiet = 0 if acted or emu.instance_ids() else quiet + 1
         if quiet >= 2:
             break
         time.sleep(0.5)
@@ -99,8 +70,10 @@ def _drive(daemon: FleetDaemon, emu: Emulator, not_before: float | None = None) 
 
 
 def _run_capped(
-    tmp_path: Path, clock: ShiftedClock | None, not_before: float | None = None, **budget: object
+    tmp_path: Path, clock: ShiftedClock | None, next_day: float | None = None, **budget: object
 ) -> tuple[Path, Emulator, float]:
+    """The sweep under ``budget`` until the fleet stops; with ``next_day`` (on ``clock``), the clock is then moved
+    there (the daemon's and the emulator's: nothing is billing, no box is held) and the fleet driven again."""
     workdir = tmp_path / "fleet"
     state = tmp_path / "state"
     emu = Emulator(seed=7, boot_delay=0.3, clock=clock.now if clock else None)
@@ -115,7 +88,11 @@ def _run_capped(
         daemon = FleetDaemon(workdir, config=config, state_dir=str(state), clock=clock, api_url=emu.url)
         daemon.acquire()
         try:
-            _drive(daemon, emu, not_before)
+            _drive(daemon, emu)
+            if clock is not None and next_day is not None:
+                assert emu.instance_ids() == [], "boxes left billing after the budget stopped the fleet for the day"
+                clock.advance(next_day - clock.now())
+                _drive(daemon, emu)
         finally:
             if daemon.reconciler is not None:
                 daemon.reconciler.shell.close()
@@ -150,10 +127,11 @@ def test_a_total_cap_that_binds_mid_sweep_holds_on_the_ledger(tmp_path: Path, ap
 
 
 def test_a_daily_cap_across_utc_midnight(tmp_path: Path, api_key_env: None) -> None:
-    """The day ends 20 s into the sweep: the daily cap binds before midnight, and work resumes after it."""
+    """The sweep starts an hour before a UTC midnight: the daily cap binds and the fleet stops for the day; then the
+    clock (the daemon's and the emulator's) is moved past midnight rather than waited for, and work resumes."""
     now = time.time()
     midnight = (now // 86400 + 1) * 86400
-    clock = ShiftedClock(midnight - 20.0 - now)
+    clock = ShiftedClock(midnight - 3600.0 - now)
     cap = 0.0006
     workdir, emu, billed = _run_capped(
         tmp_path, clock, midnight + 5.0, max_daily_usd=cap, max_total_usd=1.0, on_exceed="drain"

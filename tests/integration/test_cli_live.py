@@ -39,18 +39,22 @@ PLAN_SCHEMA = Draft202012Validator(json.loads((REPO / "schemas" / "plan.schema.j
 FLEET = "itcli"
 MAX_APPLIES = 40
 
-SWEEP = """\
+# Each run trains, then waits until the test lets it end (the file GO in its box's home), once a status has shown
+# it on its box with its progress: how long a run lasts is the test's decision, not a race with its CLI calls.
+GO = "go-cli"
+SWEEP = f"""\
 name: tdmpc
 code: [experiments]
 command: >-
-  {{ python }} experiments/train.py --task {{ task }} --lr {{ lr }} --seed {{ seed }}
-  --out {{ run_dir }}/metrics.jsonl --seconds 4 --evals 4
+  {{{{ python }}}} experiments/train.py --task {{{{ task }}}} --lr {{{{ lr }}}} --seed {{{{ seed }}}}
+  --out {{{{ run_dir }}}}/metrics.jsonl --seconds 2 --evals 4;
+  until [ -e "$HOME/{GO}" ]; do sleep 0.1; done
 grid:
   task: [walker-walk]
   lr: [3.0e-4, 1.0e-3]
 seeds: [1]
 max_runtime: 5m
-progress: {key: step, total: 4000}
+progress: {{key: step, total: 4000}}
 metrics:
   file: metrics.jsonl
   key: episode_reward
@@ -364,7 +368,9 @@ def test_saved_plan_applies_exactly_then_apply_converges(
         snap = rigsync(env, "status", "--repo", str(repo), "--json")
         assert snap.returncode == 0, snap.stderr
         snapshots.append(json.loads(snap.stdout))
-        time.sleep(0.3)
+        if any(f > 0 for s in snapshots for b in s["boxes"] if b["runs"] for f in b["progress"].values()):
+            for iid in owned(emulator):  # seen at work: the runs may end (and a box rented later finds it at once)
+                (emulator.host_root(iid) / GO).touch()
     else:
         pytest.fail(f"not converged after {MAX_APPLIES} applies; last status {snapshots[-1:]}")
 

@@ -15,6 +15,7 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import jsonschema
@@ -33,17 +34,46 @@ SUMMARY_FIELDS = {
 }
 
 
-def _demo(tmp_path: Path, *extra: str) -> tuple[dict[str, object], Path, subprocess.CompletedProcess[str]]:
-    keep = tmp_path / "fleet"
-    proc = subprocess.run(
-        [RIGSYNC, "demo", "--runs", "2", "--json", "--keep", str(keep), "--timeout", "240", *extra],
-        capture_output=True, text=True, timeout=400,
-        env={**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg-data")},  # the kept harvests, not the user's
-    )
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
-    assert len(lines) == 1, f"--json prints exactly one JSON object on stdout, got: {proc.stdout[-2000:]}"
-    return json.loads(lines[0]), keep, proc
+class Demo:
+    """``rigsync demo --runs 2 --json --keep DIR`` started now in the background (its output to files, so it never
+    waits on a pipe); ``result()`` waits for it."""
+
+    def __init__(self, tmp_path: Path, *extra: str) -> None:
+        self.tmp_path = tmp_path
+        self.keep = tmp_path / "fleet"
+        self.out, self.err = tmp_path / "demo.out", tmp_path / "demo.err"
+        with open(self.out, "wb") as out, open(self.err, "wb") as err:
+            self.proc = subprocess.Popen(
+                [RIGSYNC, "demo", "--runs", "2", "--json", "--keep", str(self.keep), "--timeout", "240", *extra],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                env={**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg-data")},  # the kept harvests, not the user's
+            )
+
+    def result(self) -> tuple[dict[str, object], Path, subprocess.CompletedProcess[str]]:
+        code = self.proc.wait(timeout=400)
+        proc = subprocess.CompletedProcess(self.proc.args, code, self.out.read_text(), self.err.read_text())
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+        assert len(lines) == 1, f"--json prints exactly one JSON object on stdout, got: {proc.stdout[-2000:]}"
+        return json.loads(lines[0]), self.keep, proc
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()  # the demo destroys what it rented on its way out
+            self.proc.wait(timeout=120)
+
+
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Demo]]:
+    """Both demos of this module, started together: each is a process of its own (its own emulator, boxes and
+    repository) that spends most of its time waiting on its runs, so they share the machine's time."""
+    started = {
+        "plain": Demo(tmp_path_factory.mktemp("demo")),
+        "chaos": Demo(tmp_path_factory.mktemp("demo-chaos"), "--chaos"),
+    }
+    yield started
+    for demo in started.values():
+        demo.stop()
 
 
 def _assert_the_money_adds_up(summary: dict[str, object], keep: Path) -> None:
@@ -100,8 +130,9 @@ def _assert_one_commit_per_change(keep: Path, summary: dict[str, object]) -> Non
 
 
 @pytest.mark.integration
-def test_demo_runs_the_sweep_to_completion_and_leaves_a_readable_history(tmp_path: Path) -> None:
-    summary, keep, proc = _demo(tmp_path)
+def test_demo_runs_the_sweep_to_completion_and_leaves_a_readable_history(demos: dict[str, Demo]) -> None:
+    summary, keep, proc = demos["plain"].result()
+    tmp_path = demos["plain"].tmp_path
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert summary.keys() >= SUMMARY_FIELDS
     assert summary["ok"] is True
@@ -152,8 +183,8 @@ def test_demo_runs_the_sweep_to_completion_and_leaves_a_readable_history(tmp_pat
 
 
 @pytest.mark.integration
-def test_demo_chaos_still_finishes_every_run_exactly_once(tmp_path: Path) -> None:
-    summary, keep, proc = _demo(tmp_path, "--chaos")
+def test_demo_chaos_still_finishes_every_run_exactly_once(demos: dict[str, Demo]) -> None:
+    summary, keep, proc = demos["chaos"].result()
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert summary["ok"] is True
     chaos = summary["chaos"]

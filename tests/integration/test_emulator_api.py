@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import requests
 from vastai import VastAI
+from waiting import wait_for
 
 from reconciler.emulator import Emulator
 
@@ -290,11 +291,9 @@ def test_credit_goes_down_as_boxes_bill_and_charges_match_the_ledger(emulator: E
     ids = [v.create_instance(id=o["id"], image="x", disk=10, label=f"bill-{n}")["new_contract"]
            for n, o in enumerate(offers)]
     emulator.wait_running(ids)
-    time.sleep(1.0)
-    mid = v.show_user()["credit"]
-    assert mid < start["credit"]
+    wait_for("the credit to go down as the boxes bill", lambda: v.show_user()["credit"] < start["credit"], 30)
     v.destroy_instance(id=ids[0])
-    time.sleep(0.5)
+    wait_for("the destroyed box's bill to close", lambda: emulator.ledger.rate(ids[0]) == 0, 30)
     now = int(time.time())
     # Paged one by one; the destroyed box is still charged; amounts are the ledger's to the micro-dollar.
     rows = _charges(v, start_date=now - 86400, end_date=now, charge_type=["instance"], limit=1)
@@ -337,8 +336,7 @@ def test_zero_credit_stops_every_box_which_keeps_billing_storage(ssh_keypair: An
         assert emu.ledger.rate(iid) == pytest.approx(float(rec["storage_total_cost"]), abs=1e-6)
         user = v.show_user()
         assert -0.001 < user["credit"] <= 0 and user["balance"] == user["credit"] and user["can_pay"] is False
-        time.sleep(0.3)
-        assert v.show_user()["credit"] < user["credit"], "storage keeps billing a stopped box"
+        wait_for("storage to keep billing the stopped box", lambda: v.show_user()["credit"] < user["credit"], 30)
         other = v.search_offers(query="num_gpus=1", limit=1)[0]
         refused = requests.put(f"{emu.url}/api/v0/asks/{other['id']}/", json={"image": "x"},
                                headers={"Authorization": f"Bearer {emu.api_key}"}, timeout=10)

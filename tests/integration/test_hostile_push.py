@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_run_daemon import BoxRuns, World, git, log_text, run_ids_by_seed, validate_observed, wait_for, world_factory
+from test_run_daemon import BoxRuns, World, git, log_text, run_ids_by_seed, validate_observed, world_factory
+from waiting import wait_for
 
 pytestmark = pytest.mark.integration
 __all__ = ["world_factory"]  # the fixture, shared with test_run_daemon

@@ -5,11 +5,11 @@ recorded identity still ends a job (its wrapper does) and records the exit code.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from waiting import wait_for
 
 from reconciler import remote
 from reconciler.adapters.box_control import ShellBoxes
@@ -78,20 +78,22 @@ def _run_dir(emulator: Emulator, inst: Instance, run_id: str) -> Path:
     return emulator.host_root(inst.id) / "rigsync" / "runs" / f"{run_id}.1"
 
 
-def _wait(predicate: object, limit_s: float = 30.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.2)
-    raise AssertionError("timed out")
+def _heartbeat_stopped(shell: SshShell, inst: Instance, wrapper: int, job: int) -> bool:
+    """The wrapper and its children but the job are stopped (SIGSTOP), and what they had forked has ended but their
+    sleeps (a zombie now, or a ``sleep``): nothing is left that could touch the heartbeat again."""
+    rows = [line.split(None, 3) for line in _sh(shell, inst, "ps -eo pid=,ppid=,stat=,comm=").splitlines()]
+    procs = {int(pid): (int(ppid), stat, comm) for pid, ppid, stat, comm in rows}
+    stopped = {wrapper} | {p for p, (pp, _, _) in procs.items() if pp == wrapper and p != job}
+    if not all(procs.get(p, (0, "", ""))[1].startswith("T") for p in stopped):
+        return False
+    forked = [(stat, comm) for p, (pp, stat, comm) in procs.items() if pp in stopped - {wrapper} and p not in stopped]
+    return all(stat.startswith("Z") or comm == "sleep" for stat, comm in forked)
 
 
-# The job: its pid file says FORGED, then it stops its wrapper and the wrapper's heartbeat (SIGSTOP), says so in a
-# file of its own (the test waits for that, not for the pid file: a heartbeat may still land between the two), and
-# runs on.
+# The job: its pid file says FORGED and its own pid is in ``job``, then it stops its wrapper and the wrapper's
+# heartbeat (SIGSTOP), says so in a file of its own, and runs on.
 FORGER = (
-    'echo FORGED > "$RIGSYNC_RUN_DIR/pid"; '
+    'echo FORGED > "$RIGSYNC_RUN_DIR/pid"; echo $$ > "$RIGSYNC_RUN_DIR/job"; '
     'for c in $(pgrep -P "$PPID"); do [ "$c" != "$$" ] && kill -STOP "$c"; done; kill -STOP "$PPID"; '
     ': > "$RIGSYNC_RUN_DIR/stopped"; '
     "sleep 600 & sleep 600; wait"
@@ -110,12 +112,11 @@ def test_a_forged_pid_file_kills_nothing_else_and_the_recorded_group_ends(
     run_id = f"forger-{tag}"
     pid, started = _launch(shell, box, run_id, FORGER.replace("FORGED", value))
     d = _run_dir(emulator, box, run_id)
-    _wait(lambda: (d / "stopped").exists())
+    wait_for("the job to stop its wrapper", lambda: (d / "stopped").exists(), 30)
     assert (d / "pid").read_text().strip() == value
-    time.sleep(1.0)  # a `touch` the heartbeat loop forked just before the stop still lands: read the beat after it
-    beat = (d / "heartbeat").stat().st_mtime
-    time.sleep(5)
-    assert (d / "heartbeat").stat().st_mtime == beat, "the job stopped its wrapper's heartbeat"
+    job = int((d / "job").read_text())
+    wait_for("the job to stop its wrapper's heartbeat", lambda: _heartbeat_stopped(shell, box, pid, job), 30,
+             explain=lambda: f"(wrapper {pid}, job {job}):\n{_sh(shell, box, 'ps -eo pid,ppid,stat,comm')}")
 
     ShellBoxes(shell).kill(box, run_id, 1, exit_code=137, reason="heartbeat stale", pid=pid, pid_started=started)
 
@@ -135,13 +136,13 @@ def test_a_kill_without_a_recorded_identity_ends_the_job_through_its_wrapper(
     bystander = int(_sh(shell, box, "setsid nohup sleep 900 >/dev/null 2>&1 </dev/null & echo $!"))
     pid, _ = _launch(shell, box, "plain", 'echo 1 > "$RIGSYNC_RUN_DIR/pid"; sleep 600 & sleep 600; wait')
     d = _run_dir(emulator, box, "plain")
-    _wait(lambda: (d / "pid").read_text().strip() == "1")
+    wait_for("the job's pid file to say 1", lambda: (d / "pid").read_text().strip() == "1", 30)
 
     ShellBoxes(shell).kill(box, "plain", 1, exit_code=137, reason="requeued")  # no pid, no start
 
     assert (d / "exit_code").read_text().strip() == "137"
     assert (d / "killed_reason").read_text().strip() == "requeued" and (d / "ended_at").exists()
-    _wait(lambda: _group(shell, box, pid) == [], limit_s=15)
+    wait_for("the job's group to end", lambda: _group(shell, box, pid) == [], 15)
     assert _alive(shell, box, bystander) and _sh(shell, box, "echo ok") == "ok"
     probe = remote.parse_probe(
         box.id, shell.run(_ep(box), remote.probe_script(), timeout=30).stdout, gpus_listed=box.num_gpus

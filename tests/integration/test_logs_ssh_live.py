@@ -14,11 +14,13 @@ import shlex
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from waiting import wait_for
 from world import RIGSYNC, emulator_env, fleet_repo, rigsync
 
 from reconciler.adapters.store import attempt_dir, data_dir_for
@@ -32,14 +34,17 @@ OTHER_KEY = "AAAAC3NzaC1lZDI1NTE5AAAAIBQ1ciaXn6Ha0sKrTqDgMNmNcdiGMbxzMQtIPyDD7nl
 
 pytestmark = pytest.mark.integration
 
-# One run: an ESC sequence and a line on stderr first, the training script's lines over ~12 s, a last stderr line.
-SWEEP = """\
+# One run: an ESC sequence and a line on stderr first, the training script's lines, then it waits for the test to
+# let it end (the file GO in the box's home: the test decides when the run is over, not a clock), a last stderr line.
+GO = "go-logs"
+SWEEP = f"""\
 name: tdmpc
 code: [experiments]
 command: >-
   printf 'start \\033[31mred\\033[0m\\n'; echo warming-up >&2;
-  {{ python }} experiments/train.py --task {{ task }} --lr {{ lr }} --seed {{ seed }}
-  --out {{ run_dir }}/metrics.jsonl --seconds 12 --evals 6; echo finished >&2
+  {{{{ python }}}} experiments/train.py --task {{{{ task }}}} --lr {{{{ lr }}}} --seed {{{{ seed }}}}
+  --out {{{{ run_dir }}}}/metrics.jsonl --seconds 2 --evals 6;
+  until [ -e "$HOME/{GO}" ]; do sleep 0.1; done; echo finished >&2
 grid:
   task: [walker-walk]
   lr: [1.0e-3]
@@ -87,6 +92,39 @@ def run_entry(repo: Path, run_id: str) -> dict[str, object]:
     return entry
 
 
+class Follower:
+    """``rigsync logs RUN --follow`` running, what it printed so far read as it comes (``out``, line by line); its
+    stderr goes to a file (``errs``), with Python's fault handler on to say where it is if it ever hangs."""
+
+    def __init__(self, env: dict[str, str], run_id: str, repo: Path, errs: Path) -> None:
+        self.errs = errs
+        with open(errs, "wb") as err:
+            self.proc = subprocess.Popen(
+                [str(RIGSYNC), "logs", run_id, "--follow", "--repo", str(repo)],
+                env={**env, "PYTHONFAULTHANDLER": "1"}, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
+                text=True,
+            )
+        self.out: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.out.append(line)
+
+    def end(self) -> tuple[int, str, str]:
+        """Its exit code, everything it printed and its stderr, once it ended."""
+        try:
+            code = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)  # the fault handler prints every thread's stack
+            self.proc.wait(timeout=30)
+            raise AssertionError(f"--follow did not end: {self.errs.read_text(errors='replace')[-6000:]}") from None
+        self._reader.join(timeout=30)
+        return code, "".join(self.out), self.errs.read_text()
+
+
 def test_logs_before_any_launch(repo: Path, env: dict[str, str], run_id: str) -> None:
     pending = rigsync(env, "logs", run_id[:10], "--repo", str(repo))
     assert pending.returncode == 1 and pending.stdout == ""
@@ -117,13 +155,12 @@ def test_logs_and_ssh_through_a_run_and_after_its_box(
     name = f"{run_id}.1"
 
     # from the box while it runs: escaped by default, the bytes with --raw, stderr with --stderr
-    deadline = time.monotonic() + 30
-    while True:
+    def logs_now() -> subprocess.CompletedProcess[str] | None:
         now = rigsync(env, "logs", run_id[:12], "--repo", str(repo))
         assert now.returncode == 0, now.stderr
-        if "training walker-walk" in now.stdout or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+        return now if "training walker-walk" in now.stdout else None
+
+    now = wait_for("the training's first line", logs_now, 30, every=0.5)
     assert now.stdout.startswith("start \\x1b[31mred\\x1b[0m\ntraining walker-walk lr=0.001 seed=1"), now.stdout
     raw = rigsync(env, "logs", run_id, "--raw", "--repo", str(repo))
     assert raw.stdout.startswith("start \x1b[31mred\x1b[0m\n")
@@ -167,22 +204,24 @@ def test_logs_and_ssh_through_a_run_and_after_its_box(
                            capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert (again.returncode, again.stdout) == (0, "ok\n"), again.stderr
 
-    # Ctrl-C during --follow: a clean stop, no traceback
-    follower = subprocess.Popen([str(RIGSYNC), "logs", run_id, "--follow", "--repo", str(repo)], env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(2.0)
-    follower.send_signal(signal.SIGINT)
-    _, errs = follower.communicate(timeout=30)
-    assert follower.returncode == 130 and errs.endswith("rigsync: interrupted\n") and "Traceback" not in errs, errs
+    # Ctrl-C during --follow (once it printed what was there): a clean stop, no traceback
+    interrupted = Follower(env, run_id, repo, tmp_path / "interrupted.err")
+    wait_for("--follow to print the log so far", lambda: interrupted.out, 60)
+    interrupted.proc.send_signal(signal.SIGINT)
+    code, _, errs = interrupted.end()
+    assert code == 130 and errs.endswith("rigsync: interrupted\n") and "Traceback" not in errs, errs
 
-    # --follow until the attempt ends: every step, then the end said on stderr
-    started = time.monotonic()
-    followed = rigsync(env, "logs", run_id, "--follow", "--repo", str(repo))
-    assert followed.returncode == 0, followed.stderr
-    assert followed.stderr == f"rigsync: attempt {name} ended with exit code 0\n"
-    steps = re.findall(r"^step (\d+) episode_reward", followed.stdout, re.M)
-    assert steps == [str(1000 * i) for i in range(1, 7)], followed.stdout
-    assert time.monotonic() - started > 1.0  # it waited for the end rather than printing what was there
+    # --follow until the attempt ends: every step, then the end said on stderr; it waits for the end (still following
+    # when the run is let go) rather than printing what was there
+    follower = Follower(env, run_id, repo, tmp_path / "followed.err")
+    wait_for("--follow to print the sixth step", lambda: "step 6000 " in "".join(follower.out), 60)
+    assert follower.proc.poll() is None, "--follow ended before the attempt did"
+    (emulator.host_root(box) / GO).touch()
+    code, out, errs = follower.end()
+    assert code == 0, errs
+    assert errs == f"rigsync: attempt {name} ended with exit code 0\n"
+    steps = re.findall(r"^step (\d+) episode_reward", out, re.M)
+    assert steps == [str(1000 * i) for i in range(1, 7)], out
     tail = rigsync(env, "logs", run_id, "--stderr", "--follow", "--tail", "1", "--repo", str(repo))
     assert (tail.stdout, tail.stderr) == ("finished\n", f"rigsync: attempt {name} ended with exit code 0\n")
 
@@ -200,7 +239,7 @@ def test_logs_and_ssh_through_a_run_and_after_its_box(
     assert applied.returncode == 0, applied.stdout + applied.stderr
     assert run_entry(repo, run_id)["phase"] == "succeeded" and owned(emulator) == [box]
     finished = rigsync(env, "logs", run_id, "--repo", str(repo))
-    assert finished.returncode == 0 and finished.stdout == followed.stdout
+    assert finished.returncode == 0 and finished.stdout == out
     not_running = rigsync(env, "ssh", run_id, "--repo", str(repo))
     assert not_running.returncode == 1
     assert not_running.stderr.startswith(f"rigsync: error: run {run_id} is not running (succeeded): its last attempt "
@@ -224,9 +263,9 @@ def test_logs_and_ssh_through_a_run_and_after_its_box(
         (where / f).write_bytes(blob)
     offline = {k: v for k, v in env.items() if k not in ("VAST_API_KEY", "RIGSYNC_API_URL")}
     from_store = rigsync(offline, "logs", run_id, "--repo", str(repo), "--data-dir", str(store))
-    assert (from_store.returncode, from_store.stdout) == (0, followed.stdout), from_store.stderr
+    assert (from_store.returncode, from_store.stdout) == (0, out), from_store.stderr
     last2 = rigsync(offline, "logs", name, "--tail", "2", "--repo", str(repo), "--data-dir", str(store))
-    assert last2.stdout.splitlines() == followed.stdout.splitlines()[-2:]
+    assert last2.stdout.splitlines() == out.splitlines()[-2:]
     stored_err = rigsync(offline, "logs", run_id, "--stderr", "--follow", "--repo", str(repo), "--data-dir",
                          str(store))
     assert (stored_err.stdout, stored_err.stderr) == (

@@ -10,39 +10,17 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from gitutil import git
-from world import FleetRepo, fleet_repo
+from world import FleetRepo, ShiftedClock, fleet_repo
 
 from reconciler.daemon import DaemonConfig, FleetDaemon
 from reconciler.emulator import Emulator
 from reconciler.plan.price_increases import rates_text
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
-
-
-class ShiftedClock:
-    def __init__(self) -> None:
-        self.offset = 0.0
-
-    def now(self) -> float:
-        return time.time() + self.offset
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
-
-
-@pytest.fixture
-def api_key_env() -> Iterator[None]:
-    before = os.environ.get("VAST_API_KEY")
-    yield
-    if before is None:
-        os.environ.pop("VAST_API_KEY", None)
-    else:
-        os.environ["VAST_API_KEY"] = before
 
 
 def _one_long_run(repo: FleetRepo) -> None:

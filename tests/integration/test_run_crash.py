@@ -15,7 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from test_run_daemon import BoxRuns, World, git, log_text, run_ids_by_seed, validate_observed, wait_for, world_factory
+from test_run_daemon import BoxRuns, World, git, log_text, run_ids_by_seed, validate_observed, world_factory
+from waiting import wait_for
 
 from reconciler.adapters.archive import ShardedRunArchive
 

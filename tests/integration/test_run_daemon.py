@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,8 @@ import jsonschema
 import pytest
 import yaml
 from gitutil import git
-from world import FleetRepo, emulator_env, fleet_repo
+from waiting import wait_for
+from world import FleetRepo, ShiftedClock, emulator_env, fleet_repo, remote_archive, remote_file
 
 from reconciler.adapters.git import GitRepo
 from reconciler.adapters.lease import LocalLock, lock_path
@@ -78,18 +79,6 @@ metrics:
   key: episode_reward
   goal: max
 """
-
-
-def wait_for(what: str, cond: Callable[[], Any], timeout: float = 60.0, every: float = 0.2) -> Any:
-    """Poll ``cond`` until it returns something truthy; fail naming ``what`` after ``timeout`` (a bound only)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(every)
 
 
 @dataclass
@@ -168,10 +157,7 @@ class World:
         return git(self.remote, "rev-parse", "refs/heads/main")
 
     def remote_file(self, path: str, rev: str = "refs/heads/main") -> str | None:
-        proc = subprocess.run(
-            ["git", "show", f"{rev}:{path}"], cwd=self.remote, capture_output=True, text=True, check=False
-        )
-        return proc.stdout if proc.returncode == 0 else None
+        return remote_file(self.remote, path, rev)
 
     def remote_yaml(self, path: str) -> Any:
         text = self.remote_file(path)
@@ -187,13 +173,7 @@ class World:
 
     def remote_archive_entries(self) -> list[dict[str, Any]]:
         """Every line of the archive at the remote tip: attempts and the boxes' overhead lines."""
-        names = git(self.remote, "ls-tree", "--name-only", "refs/heads/main", "observed/runs/").split()
-        out: list[dict[str, Any]] = []
-        for n in names:
-            for line in (self.remote_file(n) or "").splitlines():
-                if line.strip():
-                    out.append(json.loads(line))
-        return out
+        return remote_archive(self.remote)
 
     def remote_archive_lines(self) -> list[dict[str, Any]]:
         """The attempt lines of the archive at the remote tip (overhead lines are not attempts)."""
@@ -251,9 +231,9 @@ class World:
             capture_output=True, text=True, timeout=120, cwd=self.tmp, check=False,
         )
 
-    def daemon(self, **config: Any) -> FleetDaemon:
+    def daemon(self, clock: ShiftedClock | None = None, **config: Any) -> FleetDaemon:
         cfg = DaemonConfig(**{"interval_s": 1.0, "lease_renew_s": 600.0, **config})
-        return FleetDaemon(self.work, config=cfg, state_dir=str(self.state), api_url=self.emu.url)
+        return FleetDaemon(self.work, config=cfg, state_dir=str(self.state), api_url=self.emu.url, clock=clock)
 
     def owned_instances(self) -> list[int]:
         out = []
@@ -505,11 +485,8 @@ def test_only_one_reconciler_acts_and_a_stale_lease_is_taken_over(world_factory:
 
     first.send_signal(signal.SIGKILL)  # dies holding the lease: it goes stale
     first.wait(timeout=10)
-    beat = w.remote_lease()["heartbeat_at"]
-    # stale after 8 s, not 2: the taker's own cycle must finish inside that same window (its fencing deadline), and a
-    # cycle on a loaded 2-core runner took longer than 2 s
-    wait_for("the lease to be older than 8s", lambda: time.time() - _ts(beat) > 8.5, 20)
-    third = w.run_once("--lease-stale", "8", repo=other)
+    age_the_lease(other, LEASE_AGE_S)  # its clock driven, not waited for
+    third = w.run_once(repo=other)  # the default --lease-stale (5 minutes): a whole fencing window for its cycle
     assert third.returncode == 0, third.stdout + third.stderr
     lease = w.remote_lease()
     assert lease["holder"] == f"rigsync@{os.uname().nodename}:{other}"
@@ -522,12 +499,20 @@ def test_only_one_reconciler_acts_and_a_stale_lease_is_taken_over(world_factory:
     w.assert_never_forced()
 
 
-def _ts(iso: Any) -> float:
-    import datetime as dt
+LEASE_AGE_S = 3600.0  # how far a holder's lease (and its clock) is moved past its heartbeat instead of waiting
 
-    if isinstance(iso, dt.datetime):
-        return iso.timestamp()
-    return dt.datetime.fromisoformat(str(iso).replace("Z", "+00:00")).timestamp()
+
+def age_the_lease(clone: Path, seconds: float) -> None:
+    """The lease at the remote as its holder left it, written ``seconds`` older: its heartbeat (and acquisition) moved
+    into the past, so a taker sees a stale lease at once and keeps a whole fencing window for its own cycle."""
+    from reconciler.adapters.lease import from_yaml, to_yaml
+
+    repo = GitRepo(clone)
+    sha, text = repo.read_lease()
+    state = from_yaml(text or "")
+    assert sha is not None and state is not None, "no lease at the remote to age"
+    older = replace(state, acquired_at=state.acquired_at - seconds, heartbeat_at=state.heartbeat_at - seconds)
+    repo.swap_lease(sha, to_yaml(older), f"test: the holder's lease, {seconds:.0f}s older")
 
 
 def test_sigterm_to_the_process_exits_0_and_leaves_a_consistent_record(world_factory: Callable[..., World]) -> None:
@@ -599,7 +584,8 @@ def test_a_holder_past_its_lease_deadline_stops_acting_and_the_taker_launches_ea
 
     w = world_factory("t-fence", seeds="1", seconds=20.0)
     other = w.clone("other")
-    a = w.daemon(lease_stale_s=6.0, lease_renew_s=1.0)
+    clock = ShiftedClock()
+    a = w.daemon(clock=clock)
     boxes = BoxRuns(w.emu, w.name).start()
     taken: dict[str, Any] = {}
     original_archive = a.git.archive
@@ -608,10 +594,11 @@ def test_a_holder_past_its_lease_deadline_stops_acting_and_the_taker_launches_ea
         data = original_archive(commit, paths)
         if taken:
             return data
-        # A is stuck in this action until its lease is stale; meanwhile B takes the fleet over and acts.
-        beat = _ts(w.remote_lease()["heartbeat_at"])
-        wait_for("A's lease to go stale", lambda: time.time() - beat > 6.5, 20, every=0.1)
-        b = w.run_once("--lease-stale", "6", repo=other)
+        # A is stuck in this action past its lease (its clock driven past the deadline, the lease at the remote aged
+        # as much); meanwhile B takes the fleet over and acts, with a whole fencing window of its own.
+        clock.advance(LEASE_AGE_S)
+        age_the_lease(other, LEASE_AGE_S)
+        b = w.run_once(repo=other)
         taken.update(code=b.returncode, out=b.stdout + b.stderr, tip=w.tip())
         return data
 

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from test_run_daemon import SWEEP, World, log_text, validate_observed, wait_for, world_factory
+from test_run_daemon import SWEEP, World, log_text, validate_observed, world_factory
+from waiting import wait_for
 
 pytestmark = pytest.mark.integration
 __all__ = ["world_factory"]  # the fixture, imported for pytest

@@ -29,9 +29,9 @@ from test_run_daemon import (
     log_text,
     run_ids_by_seed,
     validate_observed,
-    wait_for,
     world_factory,
 )
+from waiting import wait_for
 
 from reconciler.core.jobenv import JOB_SECRETS_ENV
 

@@ -34,9 +34,9 @@ from test_run_daemon import (
     log_text,
     run_ids_by_seed,
     validate_observed,
-    wait_for,
     world_factory,
 )
+from waiting import wait_for
 
 from reconciler.box import watchdog as wd
 from reconciler.emulator import Emulator
@@ -120,9 +120,9 @@ def _descends_from(pid: int, marker: bytes) -> bool:
     return False
 
 
-def box_environ(emu: Emulator, iid: int) -> dict[str, str]:
-    """The environment of the watchdog process of instance ``iid`` of ``emu`` (found through /proc, from outside the
-    box; another emulator on this machine, a parallel test's, numbers its instances the same way)."""
+def watchdog_process(emu: Emulator, iid: int) -> tuple[int, dict[str, str]]:
+    """The host pid and the environment of the watchdog process of instance ``iid`` of ``emu`` (found through /proc,
+    from outside the box; another emulator on this machine, a parallel test's, numbers its instances the same way)."""
     boot = str(emu.host_root(iid).parent / "boot.sh").encode()  # the box's PID 1 runs this emulator's own file
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -138,23 +138,38 @@ def box_environ(emu: Emulator, iid: int) -> dict[str, str]:
             continue
         env = dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
         if env.get("CONTAINER_ID") == str(iid):
-            return env
+            return int(entry), env
     raise AssertionError(f"no watchdog process for instance {iid}")
 
 
 def billing_stopped(emu: Emulator, ids: set[int]) -> None:
     assert all(emu.ledger.rate(i) == 0 for i in ids), {i: emu.ledger.rate(i) for i in ids}
-    before = {i: emu.ledger.instance_usd(i) for i in ids}
-    time.sleep(2.0)
-    after = {i: emu.ledger.instance_usd(i) for i in ids}
-    assert before == after, "the ledger still grows after every box destroyed itself"
+    now = {i: emu.ledger.instance_usd(i) for i in ids}
+    later = {i: emu.ledger.instance_usd(i, at=time.time() + 3600) for i in ids}  # the bill read an hour from now
+    assert now == later, "the ledger still grows after every box destroyed itself"
+
+
+def controller_gone_for_its_grace(emu: Emulator, iid: int) -> None:
+    """Drive the box's clock instead of waiting out ``CONTROLLER_GRACE_S`` (a minute): its start and the controller's
+    last probe are moved back past the grace (the files the watchdog reads them from), and its watchdog is restarted
+    by its supervisor to read them again. Every other rule keeps its real time: the runs' activity, idle_timeout."""
+    wdir = emu.host_root(iid) / "rigsync" / wd.DIR
+    past = time.time() - wd.CONTROLLER_GRACE_S - 5
+    (wdir / wd.STARTED_FILE).write_text(f"{past:.6f}\n")
+    touched = wdir / wd.TOUCH_FILE
+    touched.touch()
+    os.utime(touched, (past, past))
+    log = wdir / wd.LOG_FILE
+    starts = log.read_text().count("watching instance")
+    os.kill(watchdog_process(emu, iid)[0], signal.SIGTERM)  # its supervisor starts it again (in 5 s)
+    wait_for(f"box {iid}'s watchdog to start again", lambda: log.read_text().count("watching instance") > starts, 30)
 
 
 def test_kill_9_then_every_box_destroys_itself_and_a_restart_finishes_the_sweep(
     world_factory: Callable[..., World],
 ) -> None:
     idle_s = 5.0
-    w = world_factory("t-watchdog", seeds="1, 2, 3, 4", seconds=10.0, max_instances=2, idle_timeout="5s")
+    w = world_factory("t-watchdog", seeds="1, 2, 3, 4", seconds=6.0, max_instances=2, idle_timeout="5s")
     configure(w, {"orphan_timeout": "10m", "ttl": "1h"})
     ids = set(run_ids_by_seed(w).values())
     boxes = Watched(w.emu, w.name).start()
@@ -174,7 +189,7 @@ def test_kill_9_then_every_box_destroys_itself_and_a_restart_finishes_the_sweep(
         # The boxes' environment: the instance's own key and the controller's API URL, never the account key.
         keys = {}
         for iid in mine:
-            env = box_environ(w.emu, iid)
+            _, env = watchdog_process(w.emu, iid)
             assert env[WATCHDOG_API_URL_ENV] == w.emu.url
             assert w.emu.api_key not in "\0".join(f"{k}={v}" for k, v in env.items())
             keys[iid] = env["CONTAINER_API_KEY"]
@@ -187,6 +202,8 @@ def test_kill_9_then_every_box_destroys_itself_and_a_restart_finishes_the_sweep(
         killed_at = time.time()
         running_at_kill = {k for k, info in boxes.seen.items() if not info.get("exit_code")}
         assert running_at_kill
+        for iid in mine:
+            controller_gone_for_its_grace(w.emu, iid)
 
         wait_for("every box to destroy itself", lambda: not (set(w.emu.instance_ids()) & mine), 200, every=0.2)
         boxes.scan()

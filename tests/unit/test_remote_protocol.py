@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 from gitutil import git
+from waiting import wait_for
 
 from reconciler import remote
+from reconciler.box.boxlib import alive
 from reconciler.core.model import BoxProbe, RunDirState
 from reconciler.remote import commands
 from reconciler.remote.launched import parse_launch_answer
@@ -55,12 +57,8 @@ class Box:
         return self.home / "rigsync" / "runs" / f"{run_id}.{attempt}"
 
     def wait_file(self, path: Path, limit_s: float = 30.0) -> str:
-        deadline = time.monotonic() + limit_s
-        while time.monotonic() < deadline:
-            if path.exists():
-                return path.read_text()
-            time.sleep(0.05)
-        raise AssertionError(f"{path} never appeared")
+        wait_for(f"{path} to appear", path.exists, limit_s, every=0.05)
+        return path.read_text()
 
 
 def _pids_under(home: Path) -> list[int]:
@@ -165,6 +163,7 @@ def test_run_that_writes_metrics_and_exits_zero(box: Box) -> None:
     d = box.run_dir("r1", 0)
     assert box.wait_file(d / "exit_code").strip() == "0"
     assert int((d / "pid").read_text()) == pid
+    wait_for("the wrapper to exit after its exit code", lambda: not alive(pid), 30, every=0.05)  # its last steps
     r = _run(box.probe(), "r1")
     assert r.exit_code == 0 and not r.pid_alive
     assert r.gpu_mask == (1,)
@@ -242,8 +241,7 @@ def test_long_run_shows_alive_with_fresh_heartbeat_then_kill_ends_the_group(box:
     cmd = "sleep 300 & sleep 300; wait"  # a child process too: the whole group must go
     assert _launch(box, "r5", cmd).returncode == 0
     d = box.run_dir("r5", 0)
-    box.wait_file(d / "pid")
-    time.sleep(0.3)
+    box.wait_file(d / "heartbeat")  # written after the pid and the start
     r = _run(box.probe(), "r5")
     assert r.pid_alive and r.exit_code is None
     assert r.heartbeat_age_s is not None and r.heartbeat_age_s < 10
