@@ -9,7 +9,19 @@ from dataclasses import replace
 from fakes import FakeClock, FakeProvider, FakeWorld, desired_state, offer
 
 from reconciler.core.actions import ApplyResult, ReasonCode, Rent
-from reconciler.core.model import BoxProbe, Desired, Fleet, FleetMemory, Instance, InstanceStatus, Observed, RentMade
+from reconciler.core.ledger import note_cycle
+from reconciler.core.model import (
+    BoxProbe,
+    Desired,
+    Fleet,
+    FleetMemory,
+    HostLedger,
+    HostRecord,
+    Instance,
+    InstanceStatus,
+    Observed,
+    RentMade,
+)
 from reconciler.core.remember import Applied, Observation, remember, still_held
 from reconciler.observe import observe
 from reconciler.plan import plan
@@ -112,3 +124,16 @@ def test_rents_are_remembered_until_their_box_is_seen_and_a_destroyed_box_is_no_
     assert memory.rents == (RentMade(55, NOW, "default", seen=True), RentMade(56, NOW, "default"))
     later = Observation(desired, (), (), (), None, NOW + 3600)
     assert remember(memory, later).rents == (), "only the last hour's rents are kept"
+
+
+def test_a_box_the_list_drops_while_it_answers_is_no_vanish_in_the_host_ledger() -> None:
+    fleet = Fleet(name="lab")
+    inst = replace(_inst(7), machine_id=107)
+    ledger = HostLedger(hosts=(HostRecord(machine_id=107),), boxes=((7, 107),), noted_at=NOW - 5)
+
+    def vanishes(observed: Observed) -> int:
+        after = note_cycle(ledger, fleet, observed, (), (), NOW)
+        return next(h.vanishes for h in after.hosts if h.machine_id == 107)
+
+    assert vanishes(Observed(memory=FleetMemory(held=(inst,)))) == 0, "unlisted, still held"
+    assert vanishes(Observed(memory=FleetMemory())) == 1, "gone and silent: a vanish, as before"
