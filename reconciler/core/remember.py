@@ -149,12 +149,11 @@ def answered(probe: BoxProbe | None) -> bool:
 
 def still_held(unlisted: Iterable[Instance], probes: Iterable[BoxProbe]) -> tuple[Instance, ...]:
     """The held boxes the provider's list does not show that this fleet still holds: those that answered their probe
-    this cycle (``answered``: unlisted, not vanished), and one answering with another host key (planned as ever:
-    destroyed by id, never trusted). A box missing from the list and silent has vanished, as before: the list and
-    the box agree that it is gone (a silent box that is listed is the one unreachable_grace waits for)."""
+    this cycle with this fleet's identity (``answered``: the pinned host key). A box missing from the list that is
+    silent, or answers with another key (its address may be another rental's now), has vanished, as before: a
+    silent box that is listed is the one unreachable_grace waits for."""
     by_id = {p.instance_id: p for p in probes}
-    out = [i for i in unlisted if (p := by_id.get(i.id)) is not None and (answered(p) or p.host_key_changed)]
-    return tuple(sorted(out, key=lambda i: i.id))
+    return tuple(sorted((i for i in unlisted if answered(by_id.get(i.id))), key=lambda i: i.id))
 
 
 def _observed(memory: FleetMemory, seen: Observation) -> FleetMemory:

@@ -261,23 +261,19 @@ def _hold_unlisted(
     so: not vanished, their attempts stay, they are not replaced."""
     f = desired.fleet
     memory = {m.instance_id: m for m in observed.memory.boxes}
-    distrusted = {d.instance_id: d.since for d in observed.memory.distrusted}
-    probes = {p.instance_id: observed.memory.vetted(p) for p in observed.probes}
+    probes = {p.instance_id: observed.memory.vetted(p) for p in observed.probes}  # a distrusted box is not held
     for inst in still_held(observed.unlisted, probes.values()):
         own = owned_by(f.name, inst.label)
         if own is None or inst.id in boxes:
             continue
-        box = OwnedBox(
-            inst.id, inst, own, probes.get(inst.id), memory.get(inst.id), slot_pool(f, own.slot),
-            distrusted_since=distrusted.get(inst.id), unlisted=True,
-        )
+        pool = slot_pool(f, own.slot)
+        box = OwnedBox(inst.id, inst, own, probes.get(inst.id), memory.get(inst.id), pool, unlisted=True)
         boxes[inst.id] = box
-        if answered(box.probe):  # (one with another host key is destroyed, saying why)
-            out.noop(
-                box.subject, ReasonCode.BOX_UNLISTED,
-                "missing from the provider's list but answered its probe with this fleet's key: unlisted, not "
-                "vanished; kept with its attempts, not replaced",
-            )
+        out.noop(
+            box.subject, ReasonCode.BOX_UNLISTED,
+            "missing from the provider's list but answered its probe with this fleet's key: unlisted, not "
+            "vanished; kept with its attempts, not replaced",
+        )
     for k in sorted(boxes):  # ascending ids, as the list gives them
         boxes[k] = boxes.pop(k)
 
