@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fakes import FakeClock, FakeProvider, FakeWorld, desired_state, offer
+from fakes import FakeClock, FakeProvider, FakeShell, FakeWorld, desired_state, fake_reconciler, offer
 
 from reconciler.core.actions import ApplyResult, ReasonCode, Rent
 from reconciler.core.ledger import note_cycle
@@ -137,3 +137,30 @@ def test_a_box_the_list_drops_while_it_answers_is_no_vanish_in_the_host_ledger()
 
     assert vanishes(Observed(memory=FleetMemory(held=(inst,)))) == 0, "unlisted, still held"
     assert vanishes(Observed(memory=FleetMemory())) == 1, "gone and silent: a vanish, as before"
+
+
+def test_the_controller_keeps_the_pins_of_a_box_held_while_the_list_drops_it() -> None:
+    desired = desired_state(0)
+    world = FakeWorld([offer(1, dph=0.3), offer(2, dph=0.5)], clock=FakeClock(NOW))
+    a, _ = _rent(world, 1), _rent(world, 2)
+    world.clock.advance(600)
+    hiding = HidingProvider(world, set())
+    rec = fake_reconciler(world)
+    rec.provider = hiding
+    shell = rec.shell
+    assert isinstance(shell, FakeShell)
+
+    def observe_once() -> None:  # as a cycle would, handing its memory on
+        world.clock.advance(60)
+        observed, _, _ = rec.observe_and_plan(desired)
+        rec.memory = observed.memory
+
+    observe_once()
+    endpoint = next(i.direct for i in world.provider.list_instances() if i.id == a)
+    assert endpoint is not None
+    hiding.hidden.add(a)
+    observe_once()
+    assert shell.forgotten == [], "held while it answers: its next probe must show the pinned key"
+    world.vanish(a)
+    observe_once()
+    assert shell.forgotten == [endpoint], "gone: its connection and pin go"
