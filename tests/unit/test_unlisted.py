@@ -54,12 +54,17 @@ def _observe(
     return observe(desired, provider, world.box_control, (), memory, world.clock.now())
 
 
-def test_a_held_box_the_list_drops_is_probed_and_kept_while_it_answers_and_vanishes_when_silent() -> None:
-    desired = desired_state(0)
+def _two_boxes() -> tuple[FakeWorld, HidingProvider, tuple[int, int]]:
+    """A world with two boxes rented and up for 10 minutes, and its provider with a list that may hide them."""
     world = FakeWorld([offer(1, dph=0.3), offer(2, dph=0.5)], clock=FakeClock(NOW))
-    a, b = _rent(world, 1), _rent(world, 2)
+    boxes = _rent(world, 1), _rent(world, 2)
     world.clock.advance(600)
-    hiding = HidingProvider(world, set())
+    return world, HidingProvider(world, set()), boxes
+
+
+def test_a_held_box_the_list_drops_is_probed_and_kept_while_it_answers_and_vanishes_when_silent() -> None:
+    world, hiding, (a, b) = _two_boxes()
+    desired = desired_state(0)
     obs, mem = _observe(world, hiding, desired, FleetMemory())
     assert [i.id for i in mem.held] == [a, b] and obs.unlisted == ()
 
@@ -140,11 +145,8 @@ def test_a_box_the_list_drops_while_it_answers_is_no_vanish_in_the_host_ledger()
 
 
 def test_the_controller_keeps_the_pins_of_a_box_held_while_the_list_drops_it() -> None:
+    world, hiding, (a, _) = _two_boxes()
     desired = desired_state(0)
-    world = FakeWorld([offer(1, dph=0.3), offer(2, dph=0.5)], clock=FakeClock(NOW))
-    a, _ = _rent(world, 1), _rent(world, 2)
-    world.clock.advance(600)
-    hiding = HidingProvider(world, set())
     rec = fake_reconciler(world)
     rec.provider = hiding
     shell = rec.shell
