@@ -159,7 +159,9 @@ def apply(plan: Plan, ctx: ApplyContext) -> ApplyResult:
     sent nothing more in this apply (``Action.talks_to``): one hung box costs a cycle one timeout, not one per
     action planned for it (two launches to a box that hung after its probe held a cycle two minutes, past its lease).
     """
-    applying = _Applying(ctx, ApplyResult(), {i.id: i for i in ctx.observed.instances})
+    # a held box the list dropped (``Observed.unlisted``) is reached at its last listed endpoints, like a listed one
+    reachable = (*ctx.observed.unlisted, *ctx.observed.instances)
+    applying = _Applying(ctx, ApplyResult(), {i.id: i for i in reachable})
     for action in sorted(plan.actions, key=apply_key):
         applying.one(action)
     return applying.result

@@ -181,8 +181,10 @@ class Reconciler:
         return max((PROBE_TIMEOUT_S, *self._walls_s))
 
     def _forget_gone(self, observed: Observed) -> None:
-        """Boxes no longer listed (destroyed by hand, vanished): drop their connections and host-key pins."""
-        listed = {i.id: i for i in observed.instances}
+        """Boxes no longer listed (destroyed by hand, vanished): drop their connections and host-key pins. A box
+        still held although the list dropped it (``FleetMemory.held``) keeps its pin: its next probe must show the
+        same host key."""
+        listed = {i.id: i for i in (*observed.memory.held, *observed.instances)}
         for instance_id, endpoints in list(self._endpoints.items()):
             if instance_id not in listed:
                 for endpoint in endpoints:

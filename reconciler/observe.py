@@ -140,13 +140,19 @@ def observe(
     mine_and_own = [*mine, *own]
     # box clocks may be off: each probe's times onto ours, and none far from now; a box this controller distrusts
     # (its kill failed) is planned and applied as unusable
-    probed = probe_boxes(box_control, mine_and_own, epoch=epoch)
+    # the boxes held last cycle that the list does not show are probed too, at their remembered endpoints: one that
+    # still answers is not gone (``remember.still_held``)
+    listed = {i.id for i in instances}
+    unlisted = tuple(i for i in memory.held if i.id not in listed)
+    probed = probe_boxes(box_control, [*mine_and_own, *unlisted], epoch=epoch)
     probes = [memory.vetted(p.on_clock(now, clamp=clamp_time)) for p in probed]
     hashes = {p.name: p.bootstrap_hash for p in fleet.pools}
     pool_hash = {
-        i.id: hashes.get(slot_pool(fleet, o.slot), "") for i in mine_and_own if (o := owned_by(fleet.name, i.label))
+        i.id: hashes.get(slot_pool(fleet, o.slot), "")
+        for i in (*mine_and_own, *unlisted)
+        if (o := owned_by(fleet.name, i.label))
     }
-    seen = Observation(desired, tuple(mine_and_own), tuple(mine), tuple(probes), billed, now, pool_hash)
+    seen = Observation(desired, tuple(mine_and_own), tuple(mine), tuple(probes), billed, now, pool_hash, unlisted)
     observed = Observed(
         instances=tuple(sorted(instances, key=lambda i: i.id)),
         probes=tuple(probes),
@@ -156,5 +162,6 @@ def observe(
         fleet_name=fleet.name,
         credit_usd=credit,
         price_increases=increases,
+        unlisted=unlisted,
     )
     return observed, observed.memory

@@ -173,6 +173,11 @@ class ReasonCode(enum.StrEnum):
     GHOST_OFFER = "ghost_offer"  # its rent failed recently: skipped for ghost_cooldown
     RENT_RATE_LIMITED = "rent_rate_limited"  # max_rents_per_hour reached
     RENT_BACKOFF = "rent_backoff"  # boxes failed (or rents failed) in a row: renting waits, doubling each time
+    RENT_IN_FLIGHT = "rent_in_flight"  # a rent made for the pool is not listed yet: renting for it waits on that one
+    RENT_UNSEEN = "rent_unseen"  # a rent's box never appeared within the bound: one more rent, that one not counted
+    # a held box the provider's list does not show answered its probe: unlisted, not vanished (kept with its attempts)
+    BOX_UNLISTED = "box_unlisted"
+    LIST_IMPLAUSIBLE = "list_implausible"  # the list dropped most of the fleet while it answers: nothing is acted on
     SUSPENDED = "suspended"  # the fleet is suspended: the action is reported, not taken
     OWN_BOX_KEPT = "own_box_kept"  # one of the lab's own machines (provider ssh): never destroyed, whatever the reason
     OWN_POOL_FULL = "own_pool_full"  # runs of a provider ssh pool wait for its machines: rigsync never rents for it

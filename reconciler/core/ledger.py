@@ -105,7 +105,10 @@ def note_cycle(
     """The ledger after a cycle that observed ``observed`` and applied ``outcomes`` (archiving ``archived``)."""
     now = float(round(now))  # whole seconds, as observed/hosts.yaml writes them: the file reads back equal
     book = _Book(ledger, now)
-    mine = [i for i in observed.instances if owns(fleet.name, i.label)]
+    # the boxes held: listed, or dropped by the list while they answer (``FleetMemory.held``): neither is a vanish
+    listed_ids = {i.id for i in observed.instances}
+    held = (*observed.instances, *(i for i in observed.memory.held if i.id not in listed_ids))
+    mine = [i for i in held if owns(fleet.name, i.label)]
     machine_of = {i.id: i.machine_id for i in mine}
     machine_of.update({iid: mid for iid, mid in ledger.boxes if iid not in machine_of})
     offers = {o.id: o for o in observed.offers}
@@ -118,7 +121,7 @@ def note_cycle(
     ghosts = {g.offer_id: g for g in ledger.ghosts}
     destroyed: set[int] = set()
     # A box remembered from the last cycle and no longer listed, which rigsync did not destroy, vanished.
-    listed = {i.id for i in observed.instances}
+    listed = {i.id for i in held}
     # Only while this controller watched without a gap: after a restart, or a pause past orphan_timeout, a box may
     # be gone because its own watchdog destroyed it as designed, which says nothing about its host.
     watched = ledger.noted_at is not None and now - ledger.noted_at < fleet.orphan_timeout_s

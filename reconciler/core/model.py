@@ -1101,6 +1101,19 @@ class DistrustedBox:
     why: str
 
 
+@dataclass(frozen=True, order=True)
+class RentMade:
+    """A rent this fleet made (``FleetMemory.rents``): the instance it created, when, for which pool, and whether its
+    box has been seen since (listed by the provider, or answering its probe). A rent whose box is never seen did not
+    produce a box: renting for its pool waits on it for a bound (``plan.renting``), and it does not count against
+    ``max_rents_per_hour`` once that bound has passed."""
+
+    instance_id: int
+    at: float
+    pool: str = ""
+    seen: bool = False
+
+
 @dataclass(frozen=True)
 class FleetMemory:
     """What one cycle hands to the next about a fleet, beyond what the world shows again on its own.
@@ -1141,6 +1154,12 @@ class FleetMemory:
     # only pending ones, and budgets, estimates and the box's end read the rate that will apply from here. In
     # fleet.yaml (``accepted_price_increases``).
     accepted_increases: tuple[PriceIncrease, ...] = ()
+    # The rented boxes this fleet holds, as the provider last listed them (their endpoints and labels), with those
+    # still held although the list dropped them (``remember.still_held``): observe probes a held box the list does not
+    # show, so a box that still answers is not taken for gone. Process only.
+    held: tuple[Instance, ...] = ()
+    # The rents of the last hour (``RentMade``), each marked once its box is seen. Process only.
+    rents: tuple[RentMade, ...] = ()
 
     def vetted(self, probe: BoxProbe) -> BoxProbe:
         """The probe as the planner and apply take it: a box this controller distrusts is not reachable (nothing is
@@ -1181,6 +1200,10 @@ class Observed:
     credit_usd: float | None = None  # what the account can still spend, as the provider says (None: unknown)
     # the hosts' pending price increases on this account's contracts, as the provider lists them this cycle
     price_increases: tuple[PriceIncrease, ...] = ()
+    # the boxes this fleet held (``FleetMemory.held``) that the provider's list does not show this cycle, as last
+    # listed; observe probed them (their probes are among ``probes``), and the planner keeps those that are still held
+    # (``remember.still_held``: answering, or silent within unreachable_grace)
+    unlisted: tuple[Instance, ...] = ()
 
     def probe(self, instance_id: int) -> BoxProbe | None:
         for p in self.probes:

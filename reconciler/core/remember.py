@@ -28,7 +28,7 @@ from typing import Protocol
 from reconciler.core.actions import AnswerPriceIncrease, ApplyResult, Bootstrap, Kill, Launch, Requeue, ShipCode
 from reconciler.core.bounds import bounded_text, finite
 from reconciler.core.identity import slot_pool
-from reconciler.core.ledger import note_cycle
+from reconciler.core.ledger import RENT_WINDOW_S, note_cycle
 from reconciler.core.model import (
     AttemptRecord,
     BoxMemory,
@@ -49,6 +49,7 @@ from reconciler.core.model import (
     Observed,
     OverheadRecord,
     PriceIncrease,
+    RentMade,
     RungValue,
     Spend,
     owned_by,
@@ -63,7 +64,8 @@ _FLOAT_SLACK_USD = 1e-9
 class Observation:
     """What one observation learned (``observe``): ``mine`` are the owned boxes listed (the lab's own machines
     included), ``billed_boxes`` those the provider bills, ``billed`` what it billed each so far (None: it could not
-    say), ``probes`` the boxes' answers, and per box (or the fleet's) the bootstrap hash its pool asks for."""
+    say), ``probes`` the boxes' answers, per box (or the fleet's) the bootstrap hash its pool asks for, and
+    ``unlisted`` the held boxes the list did not show (probed all the same: those ``still_held`` stay held)."""
 
     desired: Desired
     mine: tuple[Instance, ...]
@@ -72,6 +74,7 @@ class Observation:
     billed: Mapping[int, float] | None
     at: float  # when it was observed (the controller's clock)
     bootstrap_hash: str | Mapping[int, str] = ""
+    unlisted: tuple[Instance, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -139,17 +142,36 @@ def remember(memory: FleetMemory, learned: Learned) -> FleetMemory:
             )
 
 
+def answered(probe: BoxProbe | None) -> bool:
+    """The box answered its probe this cycle, with this fleet's identity on it (its pinned host key)."""
+    return probe is not None and probe.reachable and not probe.host_key_changed
+
+
+def still_held(unlisted: Iterable[Instance], probes: Iterable[BoxProbe]) -> tuple[Instance, ...]:
+    """The held boxes the provider's list does not show that this fleet still holds: those that answered their probe
+    this cycle with this fleet's identity (``answered``: the pinned host key). A box missing from the list that is
+    silent, or answers with another key (its address may be another rental's now), has vanished, as before: a
+    silent box that is listed is the one unreachable_grace waits for."""
+    by_id = {p.instance_id: p for p in probes}
+    return tuple(sorted((i for i in unlisted if answered(by_id.get(i.id))), key=lambda i: i.id))
+
+
 def _observed(memory: FleetMemory, seen: Observation) -> FleetMemory:
     """The memory brought up to one observation: the box clocks, the billed spend, the GPU-quiet and heartbeat
-    clocks, the rung values; distrust and accepted increases of boxes no longer listed go."""
-    desired, mine, probes, now = seen.desired, list(seen.mine), list(seen.probes), seen.at
+    clocks, the rung values, the boxes held and the rents seen; distrust and accepted increases of boxes no longer
+    held go. A held box the list dropped that still answers (``still_held``) is kept as if listed: its clocks run,
+    its bill stays open."""
+    desired, probes, now = seen.desired, list(seen.probes), seen.at
+    kept = still_held(seen.unlisted, probes)
+    mine = [*seen.mine, *kept]
     pools = {i.id: slot_pool(desired.fleet, o.slot) for i in mine if (o := owned_by(desired.fleet.name, i.label))}
     open_bills = frozenset(b.instance_id for b in memory.spend.boxes)
     boxes = update_box_memory(
         memory.boxes, mine, probes, now, seen.bootstrap_hash, pools=pools, open_bills=open_bills
     )
     billed = dict(seen.billed) if seen.billed is not None else None
-    spend = accrue_billed(memory.spend, memory.spend_at, list(seen.billed_boxes), billed, memory.in_flight, now)
+    billing = [*seen.billed_boxes, *kept]
+    spend = accrue_billed(memory.spend, memory.spend_at, billing, billed, memory.in_flight, now)
     listed = {i.id for i in mine}
     return replace(
         memory,
@@ -161,7 +183,25 @@ def _observed(memory: FleetMemory, seen: Observation) -> FleetMemory:
         distrusted=tuple(d for d in memory.distrusted if d.instance_id in listed),
         rungs=track_rungs(memory.rungs, desired, memory.in_flight, probes),
         accepted_increases=tuple(p for p in memory.accepted_increases if p.instance_id in listed),
+        held=tuple(i for i in sorted(mine, key=lambda i: i.id) if i.id > 0),  # the lab's own machines are not held
+        rents=seen_rents(memory.rents, {i.id for i in (*seen.billed_boxes, *kept)}, now),
     )
+
+
+def seen_rents(rents: Iterable[RentMade], seen: Container[int], now: float) -> tuple[RentMade, ...]:
+    """The last hour's rents, each marked seen once its box is listed or answers (``seen``)."""
+    return tuple(
+        replace(r, seen=r.seen or r.instance_id in seen) for r in sorted(rents) if now - r.at < RENT_WINDOW_S
+    )
+
+
+def made_rents(rents: tuple[RentMade, ...], fleet: Fleet, result: ApplyResult, now: float) -> tuple[RentMade, ...]:
+    """``rents`` with the rents an apply made (``ApplyResult.rented_as``), each with its pool (its label's)."""
+    made = [
+        RentMade(iid, now, slot_pool(fleet, o.slot) if (o := owned_by(fleet.name, rent.label)) else "")
+        for iid, rent in sorted(result.rented_as.items())
+    ]
+    return tuple(sorted((*rents, *made)))
 
 
 def _applied(memory: FleetMemory, applied: Applied) -> FleetMemory:
@@ -185,6 +225,8 @@ def _applied(memory: FleetMemory, applied: Applied) -> FleetMemory:
         failed_actions=failed,
         distrusted=distrusted,
         accepted_increases=note_accepted(memory.accepted_increases, observed.price_increases, result),
+        held=tuple(i for i in memory.held if i.id not in set(result.destroyed)),
+        rents=made_rents(memory.rents, applied.fleet, result, now),
     )
 
 

@@ -167,23 +167,20 @@ def _finish(
         drift.append(Drift(DriftClass.OVER_BUDGET, "budget", budget.describe(), act))
         decided.warnings.append(f"budget: {budget.verdict()}")
     suspended = world.desired.fleet.suspend
-    if suspended:
+    withheld = _withholding(world)
+    if withheld is not None:
+        code, why = withheld
         kept: list[Action] = []
         for a in actions:
             if isinstance(a, Record | SyncCheckpoint | CloseBill):  # bookkeeping goes on while suspended
                 kept.append(a)
             else:
-                noops.append(
-                    Noop(
-                        reason=f"suspended: would {SIGNS[a.kind]} {a.target} ({a.reason})",
-                        subject=a.target,
-                        code=ReasonCode.SUSPENDED,
-                    )
-                )
+                reason = f"{why}: would {SIGNS[a.kind]} {a.target} ({a.reason})"
+                noops.append(Noop(reason=reason, subject=a.target, code=code))
         actions = kept
         drift = [Drift(x.cls, x.subject, x.detail, "none") for x in drift]
         destroyed = rented = 0.0
-    if problems := needs_problems(actions, suspended=suspended):  # a planner bug: never applied
+    if problems := needs_problems(actions, suspended=withheld is not None):  # a planner bug: never applied
         raise PlanInconsistent("the plan breaks the table of needs between actions: " + "; ".join(problems))
     return Plan(
         actions=tuple(sorted(actions, key=_order)),
@@ -198,6 +195,16 @@ def _finish(
         estimates=estimates,
         wake_at=None if suspended else wake,  # the sooner decision (``plan.wake``): none while suspended
     )
+
+
+def _withholding(world: World) -> tuple[ReasonCode, str] | None:
+    """Why this plan takes no action but its bookkeeping, with the code its withheld actions are said with: the fleet
+    is suspended, or this cycle's list is not believed (``World.doubted``). None: it acts."""
+    if world.desired.fleet.suspend:
+        return ReasonCode.SUSPENDED, "suspended"
+    if world.doubted is not None:
+        return ReasonCode.LIST_IMPLAUSIBLE, "the provider's list is not believed"
+    return None
 
 
 def _order(a: Action) -> tuple[int, bool, str]:

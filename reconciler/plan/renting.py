@@ -36,7 +36,7 @@ from reconciler.core import contract
 from reconciler.core.actions import ReasonCode, Rent
 from reconciler.core.identity import rent_label
 from reconciler.core.ledger import RENT_WINDOW_S
-from reconciler.core.model import Fleet, Offer, Pool, RunSpec, Sweep
+from reconciler.core.model import Fleet, Offer, Pool, RentMade, RunSpec, Sweep
 from reconciler.core.offers import box_cap_dph, normalize_gpu_name
 from reconciler.core.throughput import Exploration
 from reconciler.plan.attempts import PendingRun
@@ -87,14 +87,50 @@ def _watchdog_onstart(ttl_s: float | None, idle_timeout_s: float, orphan_timeout
     return watchdog_onstart(ttl_s=ttl_s, idle_timeout_s=idle_timeout_s, orphan_timeout_s=orphan_timeout_s)
 
 
+# A rent's box is expected in the provider's list (or answering) within this: until then renting for its pool waits
+# on it (one rent in flight per pool), so a list that hides new boxes cannot multiply them; past it the rent did not
+# produce a box, the pool may rent once more, and that rent no longer counts against max_rents_per_hour.
+RENT_SEEN_WITHIN_S = 300.0
+
+
+def _unseen_rents(world: World) -> list[RentMade]:
+    """The last hour's rents whose box has not been seen (listed, or answering its probe), oldest first."""
+    now = world.now
+    return [r for r in world.observed.memory.rents if not r.seen and now - r.at < RENT_WINDOW_S]
+
+
+def rent_in_flight(world: World, pool: str) -> tuple[ReasonCode, str] | None:
+    """Why renting for ``pool`` waits on a rent already made (its box not seen yet, within ``RENT_SEEN_WITHIN_S``)."""
+    now = world.now
+    waiting = [r for r in _unseen_rents(world) if r.pool == pool and now - r.at < RENT_SEEN_WITHIN_S]
+    if not waiting:
+        return None
+    r = waiting[-1]
+    return ReasonCode.RENT_IN_FLIGHT, (
+        f"the rent of instance/{r.instance_id} made {fmt_duration(now - r.at)} ago is not listed yet: renting for "
+        f"pool {pool} waits on it (up to {fmt_duration(RENT_SEEN_WITHIN_S)}, then it rents once more)"
+    )
+
+
+def rents_never_seen(world: World, pool: str | None = None) -> list[RentMade]:
+    """The last hour's rents (of ``pool``, or any) whose box was not seen within ``RENT_SEEN_WITHIN_S``: they did not
+    produce a box."""
+    now = world.now
+    return [
+        r for r in _unseen_rents(world) if now - r.at >= RENT_SEEN_WITHIN_S and (pool is None or r.pool == pool)
+    ]
+
+
 def rent_gate(world: World, rented_now: int) -> tuple[ReasonCode, str] | None:
-    """Why no further rent may happen in this plan (``rented_now`` rents already in it), or None."""
+    """Why no further rent may happen in this plan (``rented_now`` rents already in it), or None. The rents that
+    did not produce a box (``rents_never_seen``) do not count against the rate."""
     backoff = rent_backoff(world)
     if backoff is not None:
         return backoff
     limit = rents_per_hour(world.desired.fleet)
     now = world.now
     recent = sorted(t for t in world.observed.memory.hosts.rents_at if now - t < RENT_WINDOW_S)
+    recent = recent[min(len(recent), len(rents_never_seen(world))):]  # the oldest go first: the rate lifts sooner
     if len(recent) + rented_now < max(0, limit):
         return None
     oldest = recent[0] if recent else now
@@ -365,6 +401,8 @@ def rent_for(
                 )
             continue
         runs = _wait_for_busy(world, pool, tuple(by_pool[name]), table, fc, slots, tally, out)
+        if _waits_on_rents(world, name, runs, tally, out):
+            continue
         _rent_pool(world, pool, runs, table, budget, spending, shared, tally, out, fc)
     kinds = (tally.waits_for_booting, tally.waits_for_busy, tally.covered_by_rent, tally.no_capacity)
     for sweep in sorted(set().union(*kinds)):
@@ -384,6 +422,32 @@ def rent_for(
             f"{total} pending run(s) not launched: " + ", ".join(parts),
         )
     return out
+
+
+def _waits_on_rents(
+    world: World, pool: str, runs: tuple[PendingRun, ...], tally: _Tally, out: Decisions
+) -> bool:
+    """Whether renting for ``pool`` waits on a rent in flight (``rent_in_flight``): its runs wait for that box, said
+    once. Else, when its runs would rent again after a rent that never produced a box, that is said too."""
+    f = world.desired.fleet
+    subj = f"fleet/{f.name}" if not f.named_pools else f"pool/{pool}"
+    waits = rent_in_flight(world, pool)
+    if waits is not None:
+        for run in runs:
+            tally.add(tally.waits_for_booting, run.spec.sweep.name)
+        out.noop(subj, *waits)
+        return True
+    lost = rents_never_seen(world, pool)
+    if lost and runs:
+        r = lost[-1]
+        out.noop(
+            subj,
+            ReasonCode.RENT_UNSEEN,
+            f"the rent of instance/{r.instance_id} {fmt_duration(world.now - r.at)} ago never appeared in the list "
+            f"nor answered (within {fmt_duration(RENT_SEEN_WITHIN_S)}): renting for pool {pool} once more; it does "
+            "not count against max_rents_per_hour",
+        )
+    return False
 
 
 @dataclass

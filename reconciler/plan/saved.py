@@ -28,7 +28,8 @@ from reconciler.core.actions import (
     ShipCode,
     needs_problems,
 )
-from reconciler.core.model import AttemptOutcome, Controller, Desired, InstanceStatus, Observed, split_owned
+from reconciler.core.model import AttemptOutcome, Controller, Desired, Instance, InstanceStatus, Observed, split_owned
+from reconciler.core.remember import still_held
 from reconciler.core.runphase import is_live, is_unfinished
 
 DPH_TOLERANCE = 1e-6
@@ -87,9 +88,16 @@ def controller_reasons(saved: Controller, applying: Controller) -> list[str]:
     return reasons
 
 
+def _held(observed: Observed) -> list[Instance]:
+    """The instances listed, and the held boxes the list dropped that still answer (``remember.still_held``): the
+    boxes a plan may act on, as the planner indexed them."""
+    vetted = (observed.memory.vetted(p) for p in observed.probes)
+    return [*observed.instances, *still_held(observed.unlisted, vetted)]
+
+
 def _fleet_dph(desired: Desired, observed: Observed) -> float:
     """What the owned boxes cost now, as the planner computed ``fleet_dph_before``."""
-    mine, _ = split_owned(observed.instances, desired.fleet.name)
+    mine, _ = split_owned(_held(observed), desired.fleet.name)
     return sum(inst.dph_total for inst in mine)
 
 
@@ -105,7 +113,7 @@ def stale_reasons(saved_plan: SavedPlan, desired: Desired, observed: Observed, c
             f"desired state moved from {saved.desired_commit[:12]} to {desired.commit[:12]} since the plan was made"
         )
     offers = {o.id: o for o in observed.offers}
-    instances = {i.id: i for i in observed.instances}
+    instances = {i.id: i for i in _held(observed)}
     probes = observed.probes_by_id()
     if any(isinstance(a, Rent) for a in saved.actions):
         # The caps were checked against the fleet as it was; if boxes came or went since, they no longer hold.

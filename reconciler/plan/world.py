@@ -38,6 +38,7 @@ from reconciler.core.model import (
     owned_by,
 )
 from reconciler.core.offers import as_interruptible, normalize_gpu_name, offer_skipped, passing_offers, rank_key
+from reconciler.core.remember import answered, still_held
 from reconciler.core.runphase import OurAttempt, launched_by_box
 from reconciler.core.throughput import (
     Exploration,
@@ -66,6 +67,9 @@ class OwnedBox:
     # since when the controller has distrusted this box although it answers (``FleetMemory.distrusted``): its probe
     # is then planned as unusable, and its unreachable_grace counts from here
     distrusted_since: float | None = None
+    # held by this fleet, missing from the provider's list this cycle but answering its probe (``remember.still_held``):
+    # planned as a listed box would be
+    unlisted: bool = False
 
     @property
     def rented(self) -> bool:
@@ -132,6 +136,8 @@ class World:
     rates: Rates  # the same with the live attempts' progress so far (forecasts, ranking)
     # per owned box that answers, what it shows of the attempts this fleet launched there (``launched_by_box``)
     ours: Mapping[int, tuple[OurAttempt, ...]]
+    # why this cycle's list is not believed (``list_doubt``): the plan then acts on nothing. None: believed
+    doubted: str | None = None
 
 
 def index_world(
@@ -179,6 +185,11 @@ def index_world(
             boxes[inst.id] = OwnedBox(
                 inst.id, inst, own, probes.get(inst.id), memory.get(inst.id), pool, mine, distrusted.get(inst.id)
             )
+    _hold_unlisted(desired, observed, boxes, out)
+    doubted = list_doubt(boxes.values())
+    if doubted is not None:
+        out.noop(f"fleet/{fleet}", ReasonCode.LIST_IMPLAUSIBLE, doubted)
+        out.warnings.append(f"observation failed: {doubted}")
     pools = {p.name: p for p in f.pools}
     dlperf = gpu_dlperf(observed.offers)
     archive = archive_samples(observed.history, normalize_gpu_name)
@@ -218,8 +229,53 @@ def index_world(
         learned=learned,
         rates=rates,
         ours=ours,
+        doubted=doubted,
     )
     return world, out
+
+
+# A list that drops more than this share of the rented boxes held (at least ``LIST_DOUBT_MIN_HELD`` of them) while
+# they still answer is not believed: an observation failure, not a fleet that left.
+LIST_DOUBT_SHARE = 0.5
+LIST_DOUBT_MIN_HELD = 2
+
+
+def list_doubt(boxes: Iterable[OwnedBox]) -> str | None:
+    """Why the provider's list is not believed this cycle, or None: it dropped most of the rented boxes held
+    (``LIST_DOUBT_SHARE`` of at least ``LIST_DOUBT_MIN_HELD``) while those still answer their probes."""
+    held = [b for b in boxes if b.rented]
+    dropped = [b for b in held if b.unlisted and answered(b.probe)]
+    if len(held) < LIST_DOUBT_MIN_HELD or len(dropped) <= LIST_DOUBT_SHARE * len(held):
+        return None
+    ids = ", ".join(b.subject for b in dropped)
+    return (
+        f"the provider's list dropped {len(dropped)} of the {len(held)} boxes held ({ids}) while they answer: the "
+        "list is not believed; nothing is rented, launched, requeued or destroyed this cycle"
+    )
+
+
+def _hold_unlisted(
+    desired: Desired, observed: Observed, boxes: dict[int, OwnedBox], out: Decisions
+) -> None:
+    """The held boxes the list dropped that still answer (``remember.still_held``) join ``boxes`` as unlisted, said
+    so: not vanished, their attempts stay, they are not replaced."""
+    f = desired.fleet
+    memory = {m.instance_id: m for m in observed.memory.boxes}
+    probes = {p.instance_id: observed.memory.vetted(p) for p in observed.probes}  # a distrusted box is not held
+    for inst in still_held(observed.unlisted, probes.values()):
+        own = owned_by(f.name, inst.label)
+        if own is None or inst.id in boxes:
+            continue
+        pool = slot_pool(f, own.slot)
+        box = OwnedBox(inst.id, inst, own, probes.get(inst.id), memory.get(inst.id), pool, unlisted=True)
+        boxes[inst.id] = box
+        out.noop(
+            box.subject, ReasonCode.BOX_UNLISTED,
+            "missing from the provider's list but answered its probe with this fleet's key: unlisted, not "
+            "vanished; kept with its attempts, not replaced",
+        )
+    for k in sorted(boxes):  # ascending ids, as the list gives them
+        boxes[k] = boxes.pop(k)
 
 
 def _live_samples(

@@ -16,6 +16,8 @@ may carry its sweep's ``early_terminate`` and its ``trial``. The process-only me
 ``attempt``, ``implied_ago``, ``since_ago``), ``failed_actions`` (``kind``, ``target``, ``error``) and ``distrusted``
 (``instance_id``, ``since_ago``, ``why``). A probe may show the box's ``queued`` entries (``run_id``, ``attempt``,
 ``gpu_mask``, ``epoch``) and ``draining``; a box's memory its ``reachable_ago``/``ready_ago`` and ``pool``.
+``unlisted`` are the held boxes the provider's list does not show (instances, probed like the listed ones), and
+``rents`` the rents the memory keeps (``instance_id``, ``at_ago``, ``pool``, ``seen``).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ from reconciler.core.model import (
     Progress,
     QueuedEntry,
     Ranking,
+    RentMade,
     RunDirState,
     RungValue,
     RunSpec,
@@ -450,16 +453,23 @@ def build_memory(d: J, now: float) -> FleetMemory:
         distrusted=tuple(
             sorted(DistrustedBox(int(b["instance_id"]), ago(b, "since_ago"), b["why"]) for b in of("distrusted"))
         ),
+        rents=tuple(
+            sorted(
+                RentMade(int(r["instance_id"]), ago(r, "at_ago"), r.get("pool", DEFAULT_POOL), bool(r.get("seen")))
+                for r in of("rents")
+            )
+        ),
     )
 
 
 def build_observed(d: J, now: float, desired: Desired) -> Observed:
     # the lab's own machines (provider ssh pools) are listed as observe() lists them
     instances = (*(build_instance(i, now, desired.fleet) for i in d.get("instances", [])), *own_boxes(desired.fleet))
-    by_id = {i.id: i for i in instances}
+    unlisted = tuple(build_instance(i, now, desired.fleet) for i in d.get("unlisted", []))
+    by_id = {i.id: i for i in (*instances, *unlisted)}
     probes = [build_probe(p, now, by_id.get(int(p["instance_id"])), desired) for p in d.get("probes", [])]
     probed = {p.instance_id for p in probes}
-    for inst in instances:
+    for inst in (*instances, *unlisted):
         if inst.id not in probed and inst.status is InstanceStatus.RUNNING:
             probes.append(build_probe({"instance_id": inst.id}, now, inst, desired))
     return Observed(
@@ -471,6 +481,7 @@ def build_observed(d: J, now: float, desired: Desired) -> Observed:
         credit_usd=d.get("credit_usd"),
         price_increases=tuple(build_increase(p, now) for p in d.get("price_increases", [])),
         fleet_name=desired.fleet.name,
+        unlisted=unlisted,
     )
 
 
