@@ -8,6 +8,12 @@ Each event is sent once to each destination: every URL is its own destination, a
 take is retried to that one only (the others already have it; this process remembers which). The keys every
 destination took (only keys, never URLs) are kept in ``observed/notified.txt``, written by the controller's thread
 (``save``) and committed with the next observed commit, so a restarted controller does not send them again.
+
+Before any of that, the daemon claims each new event (``claim``): the key and this controller's lease epoch go into
+``observed/notify-claims.txt``, committed and pushed with the cycle's commit, and only then is the event offered
+(``offer`` with the epoch sends only what this epoch claimed). A controller that takes the fleet over reads the
+claim in git and never sends the event again, whether or not the old holder delivered it before it stopped (the
+rule and its trade: ``reconciler.core.notify``). A claim leaves the file once its key is in ``notified.txt``.
 """
 
 from __future__ import annotations
@@ -18,16 +24,18 @@ import queue
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reconciler.core.notify import Event
+from reconciler.core.notify import Event, may_send, to_claim
 from reconciler.observed.observed_tree import write_observed
 
 log = logging.getLogger("rigsync.notify")
 
 URLS_ENV = "RIGSYNC_NOTIFY_URLS"
 NOTIFIED = "observed/notified.txt"
+CLAIMS = "observed/notify-claims.txt"  # events claimed before they are sent: ``<lease epoch> <key>``, one a line
 QUEUE_SIZE = 64
 CLOSE_TIMEOUT_S = 10.0
 
@@ -99,6 +107,30 @@ def read_sent(checkout: Path) -> frozenset[str]:
     return frozenset(line.strip() for line in text.splitlines() if line.strip())
 
 
+def parse_claims(text: str) -> dict[str, int]:
+    """The claims file's text as key -> lease epoch (a line that is not ``<epoch> <key>`` is no claim)."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        epoch, _, key = line.strip().partition(" ")
+        if epoch.isdigit() and key:
+            out[key] = int(epoch)
+    return out
+
+
+def claims_text(claims: Mapping[str, int]) -> str:
+    return "".join(f"{claims[k]} {k}\n" for k in sorted(claims))
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """What one cycle claimed: the new keys, and the claims file as the cycle's commit must hold it (``text``,
+    ``changed`` from the committed one; None when no claim is left)."""
+
+    keys: tuple[str, ...]
+    text: str | None
+    changed: bool
+
+
 class Notifier:
     """Sends events once each, in the background; see the module docstring."""
 
@@ -109,17 +141,40 @@ class Notifier:
         self._took: dict[str, set[int]] = {}  # per key not yet sent everywhere: the destinations (indices) that took it
         self._saved = frozenset(self._sent)
         self._pending: set[str] = set()  # queued or being sent
+        self._claims: dict[str, int] = {}  # key -> the lease epoch that claimed it, as the last ``claim`` left them
+        self._told_not_ours: set[str] = set()
         self._lock = threading.Lock()
         self._queue: queue.Queue[Event | None] = queue.Queue(maxsize=queue_size)
         self._thread = threading.Thread(target=self._run, name=THREAD, daemon=True)
         self._thread.start()
 
-    def offer(self, events: Iterable[Event]) -> int:
-        """Queue the events not sent yet and not already queued; never waits. Returns how many were queued."""
+    def claim(self, events: Iterable[Event], epoch: int, committed: str) -> Claimed:
+        """Claim, for the lease ``epoch``, the events no controller claimed or delivered (``committed``: the claims
+        file at the checkout's HEAD); the claims file the cycle's commit must carry. Delivered claims are dropped."""
+        delivered = read_sent(self.checkout)
+        with self._lock:
+            self._sent |= delivered
+            delivered = frozenset(self._sent)
+        claims = {k: e for k, e in parse_claims(committed).items() if k not in delivered}
+        keys = to_claim(events, delivered, claims)
+        claims.update(dict.fromkeys(keys, epoch))
+        with self._lock:
+            self._claims = claims
+        text = claims_text(claims) or None
+        return Claimed(keys, text, (text or "") != committed)
+
+    def offer(self, events: Iterable[Event], *, epoch: int | None = None) -> int:
+        """Queue the events not sent yet and not already queued; never waits. Returns how many were queued.
+
+        ``epoch``: the lease epoch this controller holds; only the events it claimed (``claim``) under it are sent,
+        once the claim is pushed. None: events no other controller produces (its own lost lease), sent unclaimed."""
         queued = 0
         for event in events:
             with self._lock:
                 if event.key in self._sent or event.key in self._pending:
+                    continue
+                if epoch is not None and not may_send(event.key, self._sent, self._claims, epoch):
+                    self._not_ours(event.key, epoch)
                     continue
                 self._pending.add(event.key)
             try:
@@ -131,6 +186,14 @@ class Notifier:
                 log.warning("notification queue full: %s left for a later cycle", event.key)
         self.save()
         return queued
+
+    def _not_ours(self, key: str, epoch: int) -> None:
+        """Say once that ``key`` is another holding's claim (the caller holds the lock)."""
+        other = self._claims.get(key)
+        if other is not None and other != epoch and key not in self._told_not_ours:
+            self._told_not_ours.add(key)
+            log.warning("notification %s was claimed by an earlier holding of the lease (epoch %d), which may have "
+                        "sent it: not sent again", key, other)
 
     def waiting(self) -> int:
         """Events queued or being sent, not delivered yet."""

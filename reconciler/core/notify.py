@@ -4,11 +4,17 @@ Pure: from the plan, the observed state and the archive (``Observed.history``). 
 what (a sweep, a run, a box, a cap at a desired revision), never when it was seen, so the same fact seen again next
 cycle, or by a restarted controller, has the same key and is sent once (``reconciler.adapters.notifier`` keeps the
 keys sent). Where events go is the controller's (RIGSYNC_NOTIFY_URLS), never decided here.
+
+Once across a takeover: a controller claims an event before it sends it (``to_claim``), and the claim, with its
+lease epoch, is committed and pushed with the cycle's commit (which lands only while the lease is its own); it
+sends only what it claimed under the epoch it holds (``may_send``). Another controller that takes the fleet over
+sees the claim in git and never sends that event: a claim whose sender died before delivering it is not sent at all
+(at most once across a takeover), where a delivery recorded only after sending was sent twice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 
 from reconciler.core.actions import Destroy, Noop, Plan, ReasonCode, Requeue
@@ -48,6 +54,20 @@ def cycle_events(desired: Desired, observed: Observed, plan: Plan) -> tuple[Even
     found = [*_sweeps_finished(desired, observed), *_plan_events(fleet, plan, desired.commit)]
     out = {e.key: e for e in found if e.kind in wanted}
     return tuple(out[k] for k in sorted(out))
+
+
+def to_claim(events: Iterable[Event], delivered: Set[str], claims: Mapping[str, int]) -> tuple[str, ...]:
+    """The keys of ``events`` no controller delivered or claimed yet, in order, once each: this one claims them."""
+    out: dict[str, None] = {}
+    for e in events:
+        if e.key not in delivered and e.key not in claims:
+            out[e.key] = None
+    return tuple(out)
+
+
+def may_send(key: str, delivered: Set[str], claims: Mapping[str, int], epoch: int) -> bool:
+    """Whether the controller holding the lease at ``epoch`` sends ``key``: not delivered yet, and claimed by it."""
+    return key not in delivered and claims.get(key) == epoch
 
 
 def lease_lost_events(desired: Desired, holder: str, epoch: int, why: object) -> tuple[Event, ...]:
