@@ -31,7 +31,7 @@ from reconciler.adapters.notifier import CLAIMS, Claimed, Notifier, open_notifie
 from reconciler.core.actions import Action, Destroy
 from reconciler.core.jobenv import ControllerEnv
 from reconciler.core.model import CONTROLLER_INTERVAL_S, Desired
-from reconciler.core.notify import Event, cycle_events, lease_lost_events
+from reconciler.core.notify import Claim, Event, cycle_events, lease_lost_events
 from reconciler.desired import load_desired
 from reconciler.errors import (
     DesiredStateInvalid,
@@ -348,7 +348,7 @@ class FleetDaemon:
         # lease lost instead of reporting its actions as a normal cycle and going on to the next.
         self._fenced(renew=False)
         if self.notifier is not None:  # never waits: a destination that is down is the notifier's thread's problem
-            self.notifier.offer(events, epoch=self.lease.epoch)
+            self.notifier.offer(events, holder=self.lease.holder)
         return DaemonCycle(
             desired_commit=desired.commit,
             acted=not desired.fleet.suspend,
@@ -366,7 +366,7 @@ class FleetDaemon:
             return None
         blobs = self.git.files_at("HEAD", OBSERVED_DIR + "/", only={CLAIMS})
         committed = blobs[CLAIMS].decode("utf-8", "replace") if CLAIMS in blobs else ""
-        return self.notifier.claim(events, self.lease.epoch, committed)
+        return self.notifier.claim(events, Claim(self.lease.holder, self.lease.epoch), committed)
 
     def _committed_observed(self) -> dict[str, str]:
         """The observed documents as HEAD has them: what this cycle's change is measured against."""

@@ -9,16 +9,17 @@ take is retried to that one only (the others already have it; this process remem
 destination took (only keys, never URLs) are kept in ``observed/notified.txt``, written by the controller's thread
 (``save``) and committed with the next observed commit, so a restarted controller does not send them again.
 
-Before any of that, the daemon claims each new event (``claim``): the key and this controller's lease epoch go into
-``observed/notify-claims.txt``, committed and pushed with the cycle's commit, and only then is the event offered
-(``offer`` with the epoch sends only what this epoch claimed). A controller that takes the fleet over reads the
-claim in git and never sends the event again, whether or not the old holder delivered it before it stopped (the
-rule and its trade: ``reconciler.core.notify``). A claim leaves the file once its key is in ``notified.txt``.
+Before any of that, the daemon claims each new event (``claim``): its key, with the lease's holder and epoch, goes
+into ``observed/notify-claims.jsonl``, committed and pushed with the cycle's commit, and only then is the event
+offered (``offer`` with the holder sends only what that holder claimed). A controller that takes the fleet over reads
+the claim in git and never sends the event, whether or not the old holder delivered it before it stopped (the rule
+and its trade: ``reconciler.core.notify``). A claim leaves the file once its key is in ``notified.txt``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import queue
 import re
@@ -28,14 +29,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reconciler.core.notify import Event, may_send, to_claim
+from reconciler.core.notify import Claim, Event, may_send, to_claim
 from reconciler.observed.observed_tree import write_observed
 
 log = logging.getLogger("rigsync.notify")
 
 URLS_ENV = "RIGSYNC_NOTIFY_URLS"
 NOTIFIED = "observed/notified.txt"
-CLAIMS = "observed/notify-claims.txt"  # events claimed before they are sent: ``<lease epoch> <key>``, one a line
+CLAIMS = "observed/notify-claims.jsonl"  # events claimed before they are sent: {"key", "holder", "epoch"} a line
 QUEUE_SIZE = 64
 CLOSE_TIMEOUT_S = 10.0
 
@@ -107,18 +108,25 @@ def read_sent(checkout: Path) -> frozenset[str]:
     return frozenset(line.strip() for line in text.splitlines() if line.strip())
 
 
-def parse_claims(text: str) -> dict[str, int]:
-    """The claims file's text as key -> lease epoch (a line that is not ``<epoch> <key>`` is no claim)."""
-    out: dict[str, int] = {}
+def parse_claims(text: str) -> dict[str, Claim]:
+    """The claims file's text as key -> claim (a line that is not a claim, as ``claims_text`` writes it, is none)."""
+    out: dict[str, Claim] = {}
     for line in text.splitlines():
-        epoch, _, key = line.strip().partition(" ")
-        if epoch.isdigit() and key:
-            out[key] = int(epoch)
+        try:
+            doc = json.loads(line)
+            key, holder, epoch = doc["key"], doc["holder"], doc["epoch"]
+        except (ValueError, TypeError, KeyError):
+            continue
+        if isinstance(key, str) and isinstance(holder, str) and isinstance(epoch, int) and not isinstance(epoch, bool):
+            out[key] = Claim(holder, epoch)
     return out
 
 
-def claims_text(claims: Mapping[str, int]) -> str:
-    return "".join(f"{claims[k]} {k}\n" for k in sorted(claims))
+def claims_text(claims: Mapping[str, Claim]) -> str:
+    return "".join(
+        json.dumps({"epoch": c.epoch, "holder": c.holder, "key": k}, sort_keys=True) + "\n"
+        for k, c in sorted(claims.items())
+    )
 
 
 @dataclass(frozen=True)
@@ -141,40 +149,41 @@ class Notifier:
         self._took: dict[str, set[int]] = {}  # per key not yet sent everywhere: the destinations (indices) that took it
         self._saved = frozenset(self._sent)
         self._pending: set[str] = set()  # queued or being sent
-        self._claims: dict[str, int] = {}  # key -> the lease epoch that claimed it, as the last ``claim`` left them
+        self._claims: dict[str, Claim] = {}  # key -> who claimed it, as the last ``claim`` left them
         self._told_not_ours: set[str] = set()
         self._lock = threading.Lock()
         self._queue: queue.Queue[Event | None] = queue.Queue(maxsize=queue_size)
         self._thread = threading.Thread(target=self._run, name=THREAD, daemon=True)
         self._thread.start()
 
-    def claim(self, events: Iterable[Event], epoch: int, committed: str) -> Claimed:
-        """Claim, for the lease ``epoch``, the events no controller claimed or delivered (``committed``: the claims
-        file at the checkout's HEAD); the claims file the cycle's commit must carry. Delivered claims are dropped."""
+    def claim(self, events: Iterable[Event], claimer: Claim, committed: str) -> Claimed:
+        """Claim for ``claimer`` (the lease's holder and epoch) the events no controller claimed or delivered
+        (``committed``: the claims file at the checkout's HEAD); the claims file the cycle's commit must carry.
+        Delivered claims are dropped."""
         delivered = read_sent(self.checkout)
         with self._lock:
             self._sent |= delivered
             delivered = frozenset(self._sent)
-        claims = {k: e for k, e in parse_claims(committed).items() if k not in delivered}
+        claims = {k: c for k, c in parse_claims(committed).items() if k not in delivered}
         keys = to_claim(events, delivered, claims)
-        claims.update(dict.fromkeys(keys, epoch))
+        claims.update(dict.fromkeys(keys, claimer))
         with self._lock:
             self._claims = claims
         text = claims_text(claims) or None
         return Claimed(keys, text, (text or "") != committed)
 
-    def offer(self, events: Iterable[Event], *, epoch: int | None = None) -> int:
+    def offer(self, events: Iterable[Event], *, holder: str | None = None) -> int:
         """Queue the events not sent yet and not already queued; never waits. Returns how many were queued.
 
-        ``epoch``: the lease epoch this controller holds; only the events it claimed (``claim``) under it are sent,
-        once the claim is pushed. None: events no other controller produces (its own lost lease), sent unclaimed."""
+        ``holder``: the lease's holder this controller is; only the events it claimed (``claim``) are sent, once the
+        claim is pushed. None: events no other controller produces (its own lost lease), sent unclaimed."""
         queued = 0
         for event in events:
             with self._lock:
                 if event.key in self._sent or event.key in self._pending:
                     continue
-                if epoch is not None and not may_send(event.key, self._sent, self._claims, epoch):
-                    self._not_ours(event.key, epoch)
+                if holder is not None and not may_send(event.key, self._sent, self._claims, holder):
+                    self._not_ours(event.key, holder)
                     continue
                 self._pending.add(event.key)
             try:
@@ -187,13 +196,13 @@ class Notifier:
         self.save()
         return queued
 
-    def _not_ours(self, key: str, epoch: int) -> None:
-        """Say once that ``key`` is another holding's claim (the caller holds the lock)."""
+    def _not_ours(self, key: str, holder: str) -> None:
+        """Say once that ``key`` is another controller's claim (the caller holds the lock)."""
         other = self._claims.get(key)
-        if other is not None and other != epoch and key not in self._told_not_ours:
+        if other is not None and other.holder != holder and key not in self._told_not_ours:
             self._told_not_ours.add(key)
-            log.warning("notification %s was claimed by an earlier holding of the lease (epoch %d), which may have "
-                        "sent it: not sent again", key, other)
+            log.warning("notification %s was claimed by %s (lease epoch %d), which may have sent it: not sent again",
+                        key, other.holder, other.epoch)
 
     def waiting(self) -> int:
         """Events queued or being sent, not delivered yet."""

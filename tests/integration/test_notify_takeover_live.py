@@ -4,8 +4,9 @@ a real webhook on loopback (``test_notify_live.Webhook``).
 Controller A finishes a sweep and tells the webhook, then stops as a frozen or killed controller does: no more
 cycles, no release. What it delivered after its last commit is in its own checkout only (``notified.txt`` is
 committed with the next commit it never makes). Controller B, on another clone, takes the stale lease over and runs
-cycles that see the same finished sweep: it finds A's claim in git (committed and pushed before A sent) and sends
-nothing. Before issue 33, B read a ``notified.txt`` without the key and told the webhook a second time.
+cycles that see the same finished sweep: it finds A's claim in git (committed and pushed before A sent, naming A as
+its holder) and sends nothing. Before issue 33, B read a ``notified.txt`` without the key and told the webhook a
+second time.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from test_notify_live import Webhook, cycles_until, notified_world
 from test_run_daemon import World, _ts, wait_for, world_factory
 
 from reconciler.adapters.notifier import CLAIMS, NOTIFIED, parse_claims
+from reconciler.core.notify import Claim
 from reconciler.daemon import DaemonConfig, FleetDaemon
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -41,7 +43,7 @@ def test_a_takeover_does_not_send_again_what_the_old_holder_claimed(
         a.notifier.close(5)  # A stops here: its thread is gone, it never cycles or releases again
         epoch_a = a.lease.epoch
         claims = parse_claims(w.remote_file(CLAIMS) or "")
-        assert claims.get(KEY) == epoch_a, f"A sent before its claim was pushed: {claims}"
+        assert claims.get(KEY) == Claim(a.lease.holder, epoch_a), f"A sent before its claim was pushed: {claims}"
         assert KEY not in (w.remote_file(NOTIFIED) or ""), "A's delivery was committed: no window left to test"
 
         beat = _ts(w.remote_lease()["heartbeat_at"])
@@ -61,7 +63,8 @@ def test_a_takeover_does_not_send_again_what_the_old_holder_claimed(
                 b.notifier.close(5)
                 b.release()
         assert len(hook.bodies) == 1, f"told {len(hook.bodies)} times across the takeover: {hook.bodies}"
-        assert any(f"notification {KEY} was claimed by an earlier holding" in r.getMessage() for r in caplog.records)
-        assert parse_claims(w.remote_file(CLAIMS) or "").get(KEY) == epoch_a  # B left A's claim as it was
+        said = f"notification {KEY} was claimed by {a.lease.holder} (lease epoch {epoch_a})"
+        assert any(said in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+        assert parse_claims(w.remote_file(CLAIMS) or "")[KEY].epoch == epoch_a  # B left A's claim as it was
     finally:
         hook.close()
