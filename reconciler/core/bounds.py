@@ -68,7 +68,10 @@ METRICS_LINE_BYTES = 64 << 10  # one line of a metrics.jsonl; a longer line is u
 # controller's cycle for tens of seconds); the probe reads as much of a file's tail on the box
 METRICS_FILE_BYTES = 16 << 20
 MAX_METRIC_ABS = 1e15  # a metric that promotes, ranks or stops runs is finite and at most this in magnitude
-MAX_HARVEST_FILES = 20_000  # files one harvest unpacks into the store; the rest are named as skipped
+# files one harvest unpacks into the store; the rest are named as skipped (the box takes no more: its harvest looks
+# at as many files at most, ``box.limits.HARVEST_FILES``); each costs the store about a millisecond, several on a
+# busy machine
+MAX_HARVEST_FILES = 10_000
 MAX_HARVEST_MEMBERS = MAX_HARVEST_FILES + 1024  # members of a harvest stream read at all: past it, none is kept
 # an attempt's files that come home, at most (logs first, then artifacts), counted by apparent size on the box and
 # in the store alike: a sparse member of 50 GiB counts 50 GiB, not the 23 bytes it takes in the stream
