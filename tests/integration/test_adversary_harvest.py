@@ -23,16 +23,16 @@ import pytest
 from adversary import boxes as hostile
 from adversary import checks
 from adversary.streams import harvest_stream, many_members
+from test_box_transfers import _rent
 
 from reconciler.adapters.box_control import ShellBoxes
 from reconciler.adapters.ssh import SshShell
 from reconciler.adapters.store import LocalStore
-from reconciler.adapters.vast import VastProvider
 from reconciler.apply import harvest_note
 from reconciler.box.limits import HARVEST_FILES, HARVEST_SECONDS
 from reconciler.core.bounds import HARVEST_CAP_BYTES, MAX_HARVEST_MEMBERS, METRICS_FILE_BYTES
 from reconciler.core.curves import read_metrics
-from reconciler.core.model import Instance, OfferFilters
+from reconciler.core.model import Instance
 from reconciler.emulator import Emulator
 from reconciler.emulator.testing import KeyPair
 from reconciler.errors import StoreError
@@ -45,26 +45,23 @@ FIFTY_GIB = 50 << 30
 HARVEST_WALL_S = HARVEST_SECONDS + 30.0
 
 
-def _rent(emulator: Emulator, label: str) -> Instance:
-    provider = VastProvider(api_key=emulator.api_key, server_url=emulator.url)
-    offer = provider.search_offers(OfferFilters(verified=False), disk_gb=10)[0]
-    iid = provider.create_instance(offer.id, image="img", disk_gb=10, label=label, onstart="", env={})
-    emulator.wait_running([iid])
-    return next(i for i in provider.list_instances() if i.id == iid)
-
-
 @pytest.fixture(scope="module")
-def honest(emulator: Emulator) -> Iterator[Instance]:
-    inst = _rent(emulator, "rigsync:advharvest:0")
-    yield inst
-    emulator.destroy_instance(inst.id)
+def rented(emulator: Emulator) -> Iterator[dict[str, Instance]]:
+    """Two boxes: one left honest, one whose harvests a test forges (``boxes.make_harvest_liar``)."""
+    made = {role: _rent(emulator, f"rigsync:advharvest:{n}") for n, role in enumerate(("honest", "liar"))}
+    yield made
+    for inst in made.values():
+        emulator.destroy_instance(inst.id)
 
 
-@pytest.fixture(scope="module")
-def liar(emulator: Emulator) -> Iterator[Instance]:
-    inst = _rent(emulator, "rigsync:advharvest:1")
-    yield inst
-    emulator.destroy_instance(inst.id)
+@pytest.fixture
+def honest(rented: dict[str, Instance]) -> Instance:
+    return rented["honest"]
+
+
+@pytest.fixture
+def liar(rented: dict[str, Instance]) -> Instance:
+    return rented["liar"]
 
 
 @pytest.fixture(scope="module")
