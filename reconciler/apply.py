@@ -51,6 +51,7 @@ from reconciler.core.actions import (
 )
 from reconciler.core.bounds import (
     EXIT_CODE_RANGE,
+    HARVEST_CAP_BYTES,
     MAX_GPUS,
     MAX_NOTE_CHARS,
     bounded_int,
@@ -109,7 +110,6 @@ log = logging.getLogger("rigsync.apply")
 T = TypeVar("T")
 
 KILL_EXIT_CODE = 137  # what a killed attempt records (128 + SIGKILL), as a shell would report it
-HARVEST_CAP_BYTES = 256 << 20  # at most this much of an attempt's files comes home (logs first, then artifacts)
 STDERR_TAIL_BYTES = 4096  # how much of a failed attempt's stderr its archive record carries
 # the files of a harvest this controller reads back (a failed attempt's stderr tail, ``rigsync logs``), besides
 # the sweep's metrics file: an object store keeps each on its own beside the whole tar

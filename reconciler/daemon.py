@@ -27,11 +27,11 @@ from types import FrameType
 
 from reconciler.adapters.git import DEFAULT_AUTHOR_EMAIL, DEFAULT_AUTHOR_NAME, DEFAULT_BRANCH, DEFAULT_REMOTE
 from reconciler.adapters.lease import DEFAULT_RENEW_EVERY_S, DEFAULT_STALE_AFTER_S
-from reconciler.adapters.notifier import Notifier, open_notifier
+from reconciler.adapters.notifier import CLAIMS, Claimed, Notifier, open_notifier
 from reconciler.core.actions import Action, Destroy
 from reconciler.core.jobenv import ControllerEnv
 from reconciler.core.model import CONTROLLER_INTERVAL_S, Desired
-from reconciler.core.notify import cycle_events, lease_lost_events
+from reconciler.core.notify import Claim, Event, cycle_events, lease_lost_events
 from reconciler.desired import load_desired
 from reconciler.errors import (
     DesiredStateInvalid,
@@ -66,6 +66,14 @@ log = logging.getLogger("rigsync.run")
 
 MIN_WAKE_S = 5.0  # the shortest sleep a plan's wake_at can ask for
 REMOTE_POLL_S = 5.0  # between checks of the remote branch for new commits, which wake the loop (`rigsync run --poll`)
+
+
+def with_claims(message: str | None, claimed: Claimed | None) -> str | None:
+    """The cycle's commit message, owed and saying so when the cycle claimed events to notify."""
+    if claimed is None or not claimed.keys:
+        return message
+    said = f"notify: claimed {', '.join(claimed.keys)} (sent once this commit is pushed)"
+    return said if message is None else f"{message}\n\n{said}"
 
 
 def sleep_until(wake_at: float | None, now: float, interval_s: float) -> float:
@@ -308,6 +316,9 @@ class FleetDaemon:
         )
         _, rendered = render_cycle(rec, desired, result.observed, result.plan, status, self.repo_dir)
         committed = self._committed_observed()
+        # events are claimed in this cycle's commit and sent only once it is pushed (``adapters.notifier``)
+        events = cycle_events(desired, result.observed, result.plan) if self.notifier is not None else ()
+        claimed = self._claim(events)
         message = describe_change(
             committed,
             rendered,
@@ -318,9 +329,12 @@ class FleetDaemon:
             archive_pending=bool(rec.archive.pending_lines()) or self.git.archive_uncommitted(),
             answers=answer_lines(applied.outcomes) if applied else (),
         )
+        message = with_claims(message, claimed)
         commit = None
         if message is not None:  # probe noise and the clock alone leave observed/ (and git) untouched
             out: dict[str, str | None] = dict(rendered)
+            if claimed is not None and claimed.changed:
+                out[CLAIMS] = claimed.text
             if LEASE in committed:  # the lease lived here before it got its own ref: drop the stale copy
                 out[LEASE] = None
             # The commit speaks for the fleet: not once another reconciler may hold it.
@@ -334,7 +348,7 @@ class FleetDaemon:
         # lease lost instead of reporting its actions as a normal cycle and going on to the next.
         self._fenced(renew=False)
         if self.notifier is not None:  # never waits: a destination that is down is the notifier's thread's problem
-            self.notifier.offer(cycle_events(desired, result.observed, result.plan))
+            self.notifier.offer(events, holder=self.lease.holder)
         return DaemonCycle(
             desired_commit=desired.commit,
             acted=not desired.fleet.suspend,
@@ -345,6 +359,14 @@ class FleetDaemon:
             result=result,
             wall_s=self.clock.now() - started,
         )
+
+    def _claim(self, events: tuple[Event, ...]) -> Claimed | None:
+        """The notifier's claims for this cycle's commit, against the claims file at HEAD (None: no notifier)."""
+        if self.notifier is None:
+            return None
+        blobs = self.git.files_at("HEAD", OBSERVED_DIR + "/", only={CLAIMS})
+        committed = blobs[CLAIMS].decode("utf-8", "replace") if CLAIMS in blobs else ""
+        return self.notifier.claim(events, Claim(self.lease.holder, self.lease.epoch), committed)
 
     def _committed_observed(self) -> dict[str, str]:
         """The observed documents as HEAD has them: what this cycle's change is measured against."""

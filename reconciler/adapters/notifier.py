@@ -8,26 +8,35 @@ Each event is sent once to each destination: every URL is its own destination, a
 take is retried to that one only (the others already have it; this process remembers which). The keys every
 destination took (only keys, never URLs) are kept in ``observed/notified.txt``, written by the controller's thread
 (``save``) and committed with the next observed commit, so a restarted controller does not send them again.
+
+Before any of that, the daemon claims each new event (``claim``): its key, with the lease's holder and epoch, goes
+into ``observed/notify-claims.jsonl``, committed and pushed with the cycle's commit, and only then is the event
+offered (``offer`` with the holder sends only what that holder claimed). A controller that takes the fleet over reads
+the claim in git and never sends the event, whether or not the old holder delivered it before it stopped (the rule
+and its trade: ``reconciler.core.notify``). A claim leaves the file once its key is in ``notified.txt``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import queue
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reconciler.core.notify import Event
+from reconciler.core.notify import Claim, Event, may_send, to_claim
 from reconciler.observed.observed_tree import write_observed
 
 log = logging.getLogger("rigsync.notify")
 
 URLS_ENV = "RIGSYNC_NOTIFY_URLS"
 NOTIFIED = "observed/notified.txt"
+CLAIMS = "observed/notify-claims.jsonl"  # events claimed before they are sent: {"key", "holder", "epoch"} a line
 QUEUE_SIZE = 64
 CLOSE_TIMEOUT_S = 10.0
 
@@ -99,6 +108,37 @@ def read_sent(checkout: Path) -> frozenset[str]:
     return frozenset(line.strip() for line in text.splitlines() if line.strip())
 
 
+def parse_claims(text: str) -> dict[str, Claim]:
+    """The claims file's text as key -> claim (a line that is not a claim, as ``claims_text`` writes it, is none)."""
+    out: dict[str, Claim] = {}
+    for line in text.splitlines():
+        try:
+            doc = json.loads(line)
+            key, holder, epoch = doc["key"], doc["holder"], doc["epoch"]
+        except (ValueError, TypeError, KeyError):
+            continue
+        if isinstance(key, str) and isinstance(holder, str) and isinstance(epoch, int) and not isinstance(epoch, bool):
+            out[key] = Claim(holder, epoch)
+    return out
+
+
+def claims_text(claims: Mapping[str, Claim]) -> str:
+    return "".join(
+        json.dumps({"epoch": c.epoch, "holder": c.holder, "key": k}, sort_keys=True) + "\n"
+        for k, c in sorted(claims.items())
+    )
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """What one cycle claimed: the new keys, and the claims file as the cycle's commit must hold it (``text``,
+    ``changed`` from the committed one; None when no claim is left)."""
+
+    keys: tuple[str, ...]
+    text: str | None
+    changed: bool
+
+
 class Notifier:
     """Sends events once each, in the background; see the module docstring."""
 
@@ -109,17 +149,41 @@ class Notifier:
         self._took: dict[str, set[int]] = {}  # per key not yet sent everywhere: the destinations (indices) that took it
         self._saved = frozenset(self._sent)
         self._pending: set[str] = set()  # queued or being sent
+        self._claims: dict[str, Claim] = {}  # key -> who claimed it, as the last ``claim`` left them
+        self._told_not_ours: set[str] = set()
         self._lock = threading.Lock()
         self._queue: queue.Queue[Event | None] = queue.Queue(maxsize=queue_size)
         self._thread = threading.Thread(target=self._run, name=THREAD, daemon=True)
         self._thread.start()
 
-    def offer(self, events: Iterable[Event]) -> int:
-        """Queue the events not sent yet and not already queued; never waits. Returns how many were queued."""
+    def claim(self, events: Iterable[Event], claimer: Claim, committed: str) -> Claimed:
+        """Claim for ``claimer`` (the lease's holder and epoch) the events no controller claimed or delivered
+        (``committed``: the claims file at the checkout's HEAD); the claims file the cycle's commit must carry.
+        Delivered claims are dropped."""
+        delivered = read_sent(self.checkout)
+        with self._lock:
+            self._sent |= delivered
+            delivered = frozenset(self._sent)
+        claims = {k: c for k, c in parse_claims(committed).items() if k not in delivered}
+        keys = to_claim(events, delivered, claims)
+        claims.update(dict.fromkeys(keys, claimer))
+        with self._lock:
+            self._claims = claims
+        text = claims_text(claims) or None
+        return Claimed(keys, text, (text or "") != committed)
+
+    def offer(self, events: Iterable[Event], *, holder: str | None = None) -> int:
+        """Queue the events not sent yet and not already queued; never waits. Returns how many were queued.
+
+        ``holder``: the lease's holder this controller is; only the events it claimed (``claim``) are sent, once the
+        claim is pushed. None: events no other controller produces (its own lost lease), sent unclaimed."""
         queued = 0
         for event in events:
             with self._lock:
                 if event.key in self._sent or event.key in self._pending:
+                    continue
+                if holder is not None and not may_send(event.key, self._sent, self._claims, holder):
+                    self._not_ours(event.key, holder)
                     continue
                 self._pending.add(event.key)
             try:
@@ -131,6 +195,14 @@ class Notifier:
                 log.warning("notification queue full: %s left for a later cycle", event.key)
         self.save()
         return queued
+
+    def _not_ours(self, key: str, holder: str) -> None:
+        """Say once that ``key`` is another controller's claim (the caller holds the lock)."""
+        other = self._claims.get(key)
+        if other is not None and other.holder != holder and key not in self._told_not_ours:
+            self._told_not_ours.add(key)
+            log.warning("notification %s was claimed by %s (lease epoch %d), which may have sent it: not sent again",
+                        key, other.holder, other.epoch)
 
     def waiting(self) -> int:
         """Events queued or being sent, not delivered yet."""

@@ -23,7 +23,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from reconciler.core.bounds import MANIFEST_BYTES, MAX_HARVEST_FILES, bounded_text, strict_json
+from reconciler.core.bounds import (
+    HARVEST_CAP_BYTES,
+    MANIFEST_BYTES,
+    MAX_HARVEST_FILES,
+    MAX_HARVEST_MEMBERS,
+    bounded_text,
+    strict_json,
+)
 from reconciler.errors import StoreError
 from reconciler.ports import HARVEST_MANIFEST, Harvested, HarvestStream, StoredCheckpoint
 
@@ -63,29 +70,32 @@ Refused = tuple[str, int | None, str]  # (member name, bytes if known, why), as 
 
 def _unpack(tar: HarvestStream, into: Path) -> list[Refused]:
     """Unpack a harvest stream (consumed: a file is closed after) into the new directory ``into``: regular files
-    only, no path out of it, at most ``bounds.MAX_HARVEST_FILES`` of them. What is refused (a FIFO or device node, a
-    link, a path out of the directory) is returned, named, for the harvest's note; the rest is unpacked."""
+    only, no path out of it, at most ``bounds.MAX_HARVEST_FILES`` of them, and at most ``bounds.HARVEST_CAP_BYTES``
+    of them by apparent size (a sparse member counts what it would be written as, never the bytes it carries). What
+    is refused (a FIFO or device node, a link, a path out of the directory, a member past the cap) is returned,
+    named, for the harvest's note; the rest is unpacked. A stream of more than ``bounds.MAX_HARVEST_MEMBERS`` members
+    is not read past them (``StoreError``): the box's harvest never sends one."""
     into.mkdir(parents=True, mode=0o700)
     refused: list[Refused] = []
-    taken = 0
+    taken = total = 0
     try:
         with tarfile.open(fileobj=io.BytesIO(tar) if isinstance(tar, bytes) else tar, mode="r:*") as tf:
-            for member in tf:
-                name = bounded_text(member.name, 200)
+            for n, member in enumerate(tf, 1):
+                if n > MAX_HARVEST_MEMBERS:
+                    raise StoreError(f"the harvest holds more than {MAX_HARVEST_MEMBERS} members: not read past them")
+                why = _refusal(member, taken, total)
+                if why is not None:
+                    refused.append((bounded_text(member.name, 200), member.size if member.isfile() else None, why))
+                    continue
                 if member.isdir():
-                    continue
-                if not member.isfile():
-                    refused.append((name, None, f"not a regular file ({_member_kind(member)})"))
-                    continue
-                if taken >= MAX_HARVEST_FILES and member.name != MANIFEST:
-                    refused.append((name, member.size, f"past {MAX_HARVEST_FILES} files"))
                     continue
                 try:
                     tf.extract(member, into, filter="data")
                 except tarfile.FilterError as exc:  # its message names where it would land: the controller's path
-                    refused.append((name, member.size, f"refused ({_filter_why(exc)})"))
+                    refused.append((bounded_text(member.name, 200), member.size, f"refused ({_filter_why(exc)})"))
                     continue
                 taken += 1
+                total += member.size if member.name != MANIFEST else 0
                 # the members read so far are not needed again (no links are unpacked): 200k of them stay unheld
                 tf.members.clear()  # type: ignore[attr-defined]
     except (tarfile.TarError, OSError) as exc:
@@ -96,6 +106,21 @@ def _unpack(tar: HarvestStream, into: Path) -> list[Refused]:
         if not isinstance(tar, bytes):
             tar.close()
     return refused
+
+
+def _refusal(member: tarfile.TarInfo, taken: int, total: int) -> str | None:
+    """Why the store does not unpack ``member`` after ``taken`` files of ``total`` bytes; None when it may."""
+    if member.isdir():
+        return None
+    if not member.isfile():
+        return f"not a regular file ({_member_kind(member)})"
+    if member.name == MANIFEST:
+        return None
+    if taken >= MAX_HARVEST_FILES:
+        return f"past {MAX_HARVEST_FILES} files"
+    if total + member.size > HARVEST_CAP_BYTES:
+        return "a sparse member over the size cap" if member.issparse() else "over the size cap"
+    return None
 
 
 def _member_kind(member: tarfile.TarInfo) -> str:

@@ -24,6 +24,11 @@ MAX_LISTED = 256  # code commits, and each bootstrap list
 MAX_QUEUED = 256  # queue entries one probe reports (all slots together, each slot's in order)
 RUN_BYTES = 16 << 10  # one run's report: past this its last_metrics are left out
 PROBE_BYTES = 512 << 10  # the probe's whole document: runs past this are left out (``runs_omitted``)
+# A harvest (``harvest.py``) looks at no more than this many files, and takes none once this many seconds passed
+# since it started: what is left is named in its manifest, and a directory of 200,000 files costs a cycle seconds,
+# not a minute. The file bound is at most the controller's (``bounds.MAX_HARVEST_FILES``).
+HARVEST_FILES = 10_000
+HARVEST_SECONDS = 30.0
 
 
 def text(value: object) -> str | None:

@@ -12,7 +12,9 @@ Where the bytes come from, in order:
 
 ``--follow`` polls the box for new bytes until the attempt's ``exit_code`` appears (or its wrapper is gone
 without one), then says so on stderr; stdout carries the log alone. A dropped connection is tried again a couple of
-times before the box counts as unreachable. ``--tail N`` starts with the last N lines.
+times before the box counts as unreachable. ``--tail N`` starts with the last N lines, and with at most the log's
+last ``remote.logs.TAIL_WINDOW_BYTES`` (1 MiB): when N lines are longer than that, their end is shown and stderr says
+so.
 The log passes through the CLI's ``SafeStream`` like everything rigsync prints: control and bidi characters
 (a colour code, a carriage return of a progress bar) are shown as escapes; ``--raw`` writes the bytes as they are.
 """
@@ -64,7 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "attempt N (default: the latest)")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new output until the attempt ends")
     p.add_argument("--stderr", action="store_true", help="the attempt's stderr.log instead of stdout.log")
-    p.add_argument("--tail", type=_non_negative, default=None, metavar="N", help="start with the last N lines")
+    p.add_argument("--tail", type=_non_negative, default=None, metavar="N",
+                   help=f"start with the last N lines (at most the log's last {TAIL_WINDOW_BYTES >> 20} MiB)")
     p.add_argument("--raw", action="store_true",
                    help="write the log's bytes as they are (default: control characters shown as escapes)")
     p.add_argument("--json", action="store_true", help="print the log as it is now as one JSON object "
@@ -260,18 +263,22 @@ def pump(
     poll_s: float = POLL_S,
     sleep: Callable[[float], None] = time.sleep,
     start: int = 0,
+    on_tail: Callable[[LogSlice], None] = lambda sl: None,
 ) -> LogSlice:
     """Copy the log from ``source`` to ``write``: what is there now, or with ``follow`` until the attempt ended.
 
     Returns the last slice read (its ``exit_code`` says how the attempt ended, if it did). Without ``follow`` the
     log is read up to the size it had at the first read, so a busy log cannot keep the command running. With
     ``follow`` it ends when the exit code appears or the source is finished, and when the wrapper is gone without
-    an exit code on two reads in a row (the wrapper writes the exit code just before it exits).
+    an exit code on two reads in a row (the wrapper writes the exit code just before it exits). With ``tail``, the
+    first slice (where the last lines start) is also handed to ``on_tail``.
     """
     offset, target, gone = start, -1, 0
     last_lines = tail
     while True:
         sl = source.read(offset, last_lines)
+        if last_lines is not None:
+            on_tail(sl)
         last_lines = None
         if sl.data:
             write(sl.data)
@@ -378,7 +385,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         printer = Printer(raw=args.raw)
         try:
-            last = pump(source, printer, follow=args.follow, tail=args.tail)
+            last = pump(source, printer, follow=args.follow, tail=args.tail,
+                        on_tail=lambda sl: _say_tail_cut(sl, args.tail))
         except BrokenPipeError:  # `rigsync logs ... | head`: the reader has what it wanted
             with contextlib.suppress(OSError):
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -395,6 +403,18 @@ def run(args: argparse.Namespace) -> int:
             print(f"rigsync: attempt {place.name} ended without an exit code: its wrapper is gone (killed, or its "
                   "box restarted)", file=sys.stderr)
     return 0
+
+
+def tail_cut(sl: LogSlice) -> bool:
+    """Whether a ``--tail`` read starts at its byte bound (``TAIL_WINDOW_BYTES`` before the end): the lines asked
+    for did not all fit, so the first one shown is the end of a longer line."""
+    return 0 < sl.start == sl.size - TAIL_WINDOW_BYTES
+
+
+def _say_tail_cut(sl: LogSlice, lines: int | None) -> None:
+    if tail_cut(sl):
+        print(f"rigsync: the last {lines} line(s) are longer than {TAIL_WINDOW_BYTES >> 20} MiB: only the log's last "
+              f"{TAIL_WINDOW_BYTES >> 20} MiB shown", file=sys.stderr, flush=True)
 
 
 def _box_source(boxes: BoxAccess, place: AttemptPlace, stream: LogStream, stored: str, *, retries: int) -> BoxSource:

@@ -20,12 +20,14 @@ __all__ = [
     "COMMAND_STDERR_BYTES",
     "COMMAND_STDOUT_BYTES",
     "EXIT_CODE_RANGE",
+    "HARVEST_CAP_BYTES",
     "MANIFEST_BYTES",
     "MAX_ATTEMPT",
     "MAX_EPOCH",
     "MAX_GPUS",
     "MAX_GPU_MEMORY_MIB",
     "MAX_HARVEST_FILES",
+    "MAX_HARVEST_MEMBERS",
     "MAX_JSON_DEPTH",
     "MAX_LIST_ENTRIES",
     "MAX_METRIC_ABS",
@@ -62,9 +64,18 @@ MAX_GPUS = 64  # GPU entries one probe may report; the instance's listed count c
 MAX_REPORTED_CLAIMS = 8  # foreign run directories and refused claims reported one by one per box; the rest counted
 MAX_TEXT_CHARS = 512  # any one string from a box that is stored (ids, commits, metric keys, reasons, errors)
 METRICS_LINE_BYTES = 64 << 10  # one line of a metrics.jsonl; a longer line is unusable, not read into memory
-METRICS_FILE_BYTES = 64 << 20  # a harvested metrics.jsonl read for its curve
+# a harvested metrics.jsonl read for its curve: a second or so of parsing (64 MiB of short lines held a busy
+# controller's cycle for tens of seconds); the probe reads as much of a file's tail on the box
+METRICS_FILE_BYTES = 16 << 20
 MAX_METRIC_ABS = 1e15  # a metric that promotes, ranks or stops runs is finite and at most this in magnitude
-MAX_HARVEST_FILES = 20_000  # files one harvest unpacks into the store; the rest are named as skipped
+# files one harvest unpacks into the store; the rest are named as skipped (the box takes no more: its harvest looks
+# at as many files at most, ``box.limits.HARVEST_FILES``); each costs the store about a millisecond, several on a
+# busy machine
+MAX_HARVEST_FILES = 10_000
+MAX_HARVEST_MEMBERS = MAX_HARVEST_FILES + 1024  # members of a harvest stream read at all: past it, none is kept
+# an attempt's files that come home, at most (logs first, then artifacts), counted by apparent size on the box and
+# in the store alike: a sparse member of 50 GiB counts 50 GiB, not the 23 bytes it takes in the stream
+HARVEST_CAP_BYTES = 256 << 20
 MAX_NOTE_CHARS = 2000  # a note or message rigsync composes around a box's texts (harvest notes, drift, errors)
 MANIFEST_BYTES = 32 << 20  # a harvest's manifest (.rigsync-harvest.json); 200k files' entries fit
 TIME_WINDOW_S = 7 * 86400.0  # a box's times are clamped to this window around the controller's clock

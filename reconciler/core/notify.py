@@ -4,11 +4,18 @@ Pure: from the plan, the observed state and the archive (``Observed.history``). 
 what (a sweep, a run, a box, a cap at a desired revision), never when it was seen, so the same fact seen again next
 cycle, or by a restarted controller, has the same key and is sent once (``reconciler.adapters.notifier`` keeps the
 keys sent). Where events go is the controller's (RIGSYNC_NOTIFY_URLS), never decided here.
+
+Once across a takeover: a controller claims an event before it sends it (``to_claim``), and the claim, naming the
+lease's holder and epoch, is committed and pushed with the cycle's commit (which lands only while the lease is its
+own); it sends only what its holder claimed (``may_send``). Another controller that takes the fleet over sees the
+claim in git and never sends that event: a claim whose sender stopped before delivering it is not sent at all (at
+most once across a takeover), where a delivery recorded only after sending was sent twice. The same holder (its
+checkout, restarted) still sends its own claims: what it delivered is in its own ``notified.txt``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 
 from reconciler.core.actions import Destroy, Noop, Plan, ReasonCode, Requeue
@@ -48,6 +55,29 @@ def cycle_events(desired: Desired, observed: Observed, plan: Plan) -> tuple[Even
     found = [*_sweeps_finished(desired, observed), *_plan_events(fleet, plan, desired.commit)]
     out = {e.key: e for e in found if e.kind in wanted}
     return tuple(out[k] for k in sorted(out))
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Who claimed an event: the lease's holder (a controller's checkout) and the epoch of its holding then."""
+
+    holder: str
+    epoch: int
+
+
+def to_claim(events: Iterable[Event], delivered: Set[str], claims: Mapping[str, Claim]) -> tuple[str, ...]:
+    """The keys of ``events`` no controller delivered or claimed yet, in order, once each: this one claims them."""
+    out: dict[str, None] = {}
+    for e in events:
+        if e.key not in delivered and e.key not in claims:
+            out[e.key] = None
+    return tuple(out)
+
+
+def may_send(key: str, delivered: Set[str], claims: Mapping[str, Claim], holder: str) -> bool:
+    """Whether the lease's ``holder`` sends ``key``: not delivered yet, and claimed by that holder."""
+    claim = claims.get(key)
+    return key not in delivered and claim is not None and claim.holder == holder
 
 
 def lease_lost_events(desired: Desired, holder: str, epoch: int, why: object) -> tuple[Event, ...]:

@@ -20,7 +20,9 @@ from reconciler.remote.commands import NO_SUCH_RUN_EXIT, _check_name, _command
 
 EXIT_CODE_FILE = "exit_code"
 MAX_SLICE_BYTES = 1 << 20  # one answer carries at most this much of a log
-TAIL_WINDOW_BYTES = 16 << 20  # --tail N: the last lines are looked for in at most the log's last this many bytes
+# --tail N: the last lines are looked for in, and printed from, at most the log's last this many bytes: a tail is
+# bounded in bytes as well as lines (16 MiB of NULs without a newline printed 64 MiB of escapes)
+TAIL_WINDOW_BYTES = 1 << 20
 
 
 class LogStream(enum.StrEnum):

@@ -28,11 +28,13 @@ LIAR_PATH = "venv/bin/python"  # under the box's /root: PYTHON_CANDIDATES[0] is 
 assert PYTHON_CANDIDATES[0] == "$HOME/" + LIAR_PATH, PYTHON_CANDIDATES
 FORGED_METRIC = 123456.0
 
-# The liar: a shell front for python. The probe bundle starts with this marker (remote.commands._BUNDLE_HEAD).
+# The liar: a shell front for python. The probe bundle starts with this marker (remote.commands._BUNDLE_HEAD), as
+# does the harvest's: a box with a forged harvest (``make_harvest_liar``) answers it with that stream instead.
 _FRONT = """#!/bin/sh
 for p in /usr/bin/python3 /usr/local/bin/python3; do [ -x "$p" ] && REAL=$p && break; done
 case "$*" in
-  *"rigsync: probe.py"*) RS_REAL_PY=$REAL exec "$REAL" /root/.adv/liar.py "$@" ;;
+  *"rigsync: probe.py"*) [ -f /root/.adv/mode ] && RS_REAL_PY=$REAL exec "$REAL" /root/.adv/liar.py "$@" ;;
+  *"rigsync: harvest.py"*) [ -f /root/.adv/harvest.tar ] && exec cat /root/.adv/harvest.tar ;;
 esac
 exec "$REAL" "$@"
 """
@@ -119,6 +121,19 @@ def make_liar(emu: Emulator, iid: int, mode: str, *, forge: Iterable[str] = (), 
     (adv / "liar.py").write_text(_LIAR)
     (adv / "conf.json").write_text(json.dumps({"forge": list(forge), "metric": FORGED_METRIC, **conf}))
     (adv / "mode").write_text(mode + "\n")
+    _install_front(root)
+
+
+def make_harvest_liar(emu: Emulator, iid: int, stream: bytes) -> None:
+    """Make box ``iid`` answer every harvest with ``stream`` (``adversary.streams``) instead of ``harvest.py``'s."""
+    root = emu.host_root(iid)
+    adv = root / ".adv"
+    adv.mkdir(parents=True, exist_ok=True)
+    (adv / "harvest.tar").write_bytes(stream)
+    _install_front(root)
+
+
+def _install_front(root: Path) -> None:
     front = root / LIAR_PATH
     front.parent.mkdir(parents=True, exist_ok=True)
     tmp = front.with_name(".python.tmp")

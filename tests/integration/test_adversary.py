@@ -42,6 +42,7 @@ from test_run_daemon import World, make_world
 from waiting import wait_for
 from world import RIGSYNC, rigsync
 
+from reconciler.box.limits import HARVEST_SECONDS
 from reconciler.core.bounds import MAX_METRIC_ABS, TIME_WINDOW_S
 from reconciler.core.model import Ownership
 from reconciler.desired import load_desired_from_dir
@@ -510,6 +511,15 @@ def test_a_hostile_harvest_and_checkpoint_are_taken_safely(outcome: Outcome) -> 
     note = rec.get("harvest", "")
     assert "fifo" in note, f"the FIFO skipped is not named in the harvest note: {note[:500]}"
     print(f"harvest: {checks.file_count(outcome.jobs.data)} files in the data dir; note {len(note)} chars")
+
+
+def test_a_harvest_of_200000_files_is_cut_where_named_and_holds_no_cycle_long(outcome: Outcome) -> None:
+    """Issue 33: the 200,000 files held a cycle 63 s; the box now stops at its file (or time) bound and says where."""
+    rec = _one_record(outcome.jobs, outcome.ids["harvest"], "hostile harvest")
+    note = rec.get("harvest", "")
+    assert "out/many/f" in note and "past the harvest's" in note, f"the cut is not named: {note[:500]}"
+    walls = [float(m.group(1)) for c in checks.cycles(outcome.jobs.log_text()) if (m := WALL.search(c))]
+    assert walls and max(walls) < HARVEST_SECONDS + 30, f"a cycle took {max(walls or [0]):.0f}s"
 
 
 # ------------------------------------------------------------------------------------------- hostile boxes

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 from world import emulator_env, fleet_repo, rigsync
 
+from reconciler.core.model import RunSpec
 from reconciler.desired import load_desired_from_dir
 from reconciler.emulator import Emulator
 
@@ -38,15 +40,25 @@ max_runtime: 5m
 TIMEOUTS = {"min": 1, "idle_timeout": "30m", "unreachable_grace": "3s", "heartbeat_stale": "8s", "boot_timeout": "1m"}
 
 
-def test_the_tail_of_a_2_gib_log_the_harvest_left_behind(emulator: Emulator, tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class Finished:
+    """A fleet of one run whose sweep is ``SWEEP``-like, applied until the run succeeded on an emulator's box."""
+
+    repo: Path
+    run: RunSpec
+    env: dict[str, str]
+    box: int
+
+
+def run_to_success(emulator: Emulator, tmp_path: Path, fleet_name: str, sweep: str) -> Finished:
+    """A one-run fleet of ``sweep`` (with ``TIMEOUTS``), applied with `rigsync apply` until its run succeeded."""
     fleet = fleet_repo(tmp_path / "fleet")
-    fleet.edit_fleet(name=FLEET, **TIMEOUTS)
-    fleet.write("desired/sweeps/tdmpc.yaml", SWEEP)
-    fleet.commit("test: a 2 GiB stderr", push=False)
+    fleet.edit_fleet(name=fleet_name, **TIMEOUTS)
+    fleet.write("desired/sweeps/tdmpc.yaml", sweep)
+    fleet.commit(f"test: {fleet_name}", push=False)
     repo = fleet.work
     (run,) = load_desired_from_dir(repo).runs
-    data = tmp_path / "data"
-    env = emulator_env(emulator, state_dir=tmp_path / "state", data_dir=data)
+    env = emulator_env(emulator, state_dir=tmp_path / "state", data_dir=tmp_path / "data")
 
     def entry() -> dict[str, object]:
         path = repo / "observed" / "runs.yaml"
@@ -59,11 +71,15 @@ def test_the_tail_of_a_2_gib_log_the_harvest_left_behind(emulator: Emulator, tmp
         applied = rigsync(env, "apply", "--repo", str(repo), "--yes")
         assert applied.returncode == 0, applied.stdout + applied.stderr
         if entry().get("phase") == "succeeded":
-            break
+            return Finished(repo, run, env, int(str(entry()["instance"])))
         time.sleep(0.3)
-    else:
-        pytest.fail(f"the run never succeeded: {entry()}")
-    box = int(str(entry()["instance"]))
+    pytest.fail(f"the run never succeeded: {entry()}")
+
+
+def test_the_tail_of_a_2_gib_log_the_harvest_left_behind(emulator: Emulator, tmp_path: Path) -> None:
+    done = run_to_success(emulator, tmp_path, FLEET, SWEEP)
+    repo, run, env, box = done.repo, done.run, done.env, done.box
+    data = tmp_path / "data"
 
     (shard,) = sorted((repo / "observed" / "runs").glob("*.jsonl"))
     (line,) = [json.loads(x) for x in shard.read_text().splitlines() if json.loads(x).get("run_id") == run.id]
