@@ -362,9 +362,12 @@ class Box:
         return self.proc is not None and self.proc.poll() is None
 
     def pids(self) -> list[int]:
-        """Host PIDs of every live process inside the box's namespace."""
-        self._find_init()
-        if self.ns is None:
+        """Host PIDs of every live process inside the box's namespace; none once its PID 1 has exited.
+
+        The kernel lets a namespace's init finish only after every other process in it is gone, and a dead
+        namespace's number may already name another box's (its inode reused): processes found by that number then
+        are not this box's."""
+        if self._find_init() is None or self.ns is None:
             return []
         out = []
         for entry in os.listdir("/proc"):

@@ -48,10 +48,10 @@ from reconciler.core.model import Ownership
 from reconciler.desired import load_desired_from_dir
 from reconciler.emulator import Emulator
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
-RUN_BUDGET_S = 120.0  # the fleets' wall time at most; the whole module stays under 3 minutes
-MAX_RUNTIME_S = 30
+RUN_BUDGET_S = 300.0  # a bound on the fleets' wall time (they settle in about a minute), never a figure
+MAX_RUNTIME_S = 15  # the honest cells end in ~2 s; the pid-1 and future-clock ones are ended at this
 JOB_MODES = ("honest", "pid1", "future", "nonfinite", "stderr", "garbage_exit")
 BOX_MODES = ("liar", "nested", "smi_garbage", "smi_hang")  # the first four boxes adv-boxes rents, in that order
 PLAIN_SEEDS = 5
