@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 from gitutil import git
+from waiting import wait_for
 
 from reconciler import remote
 from reconciler.adapters.ssh import SshShell, _host_id, ensure_keypair
 from reconciler.adapters.vast import VastProvider
-from reconciler.core.model import Endpoint, Instance, OfferFilters
+from reconciler.core.model import BoxProbe, Endpoint, Instance, OfferFilters, RunDirState
 from reconciler.emulator import Emulator
 from reconciler.emulator.testing import KeyPair
 from reconciler.errors import HostKeyMismatch, HostUnreachable
@@ -181,16 +182,14 @@ def test_launch_over_ssh_and_see_the_run_finish(
     assert pid is not None and pid_started is not None, started.stdout
     assert shell.run(ep, launch, timeout=20).exit_code == remote.LAUNCH_LOCK_EXIT
 
-    deadline = time.monotonic() + 60
-    run = None
-    while time.monotonic() < deadline:
+    def ended() -> tuple[BoxProbe, RunDirState] | None:
         res = shell.run(ep, remote.probe_script(), timeout=20)
         probe = remote.parse_probe(inst.id, res.stdout, gpus_listed=inst.num_gpus)
         run = next(r for r in probe.runs if r.run_id == "sshrun")
-        if run.exit_code is not None:
-            break
-        time.sleep(0.2)
-    assert run is not None and run.exit_code == 0, run
+        return (probe, run) if run.exit_code is not None else None
+
+    probe, run = wait_for("the run to end", ended, 60)
+    assert run.exit_code == 0, run
     assert run.best_metric == 0.8 and run.final_metric == 0.6 and run.code_commit == commit
     assert commit in probe.code_commits
     out = emulator.host_root(inst.id) / "rigsync" / "runs" / "sshrun.0" / "stdout.log"

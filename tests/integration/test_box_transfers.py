@@ -26,6 +26,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from conftest import S3_CANARY
 from tarutil import tar_of
+from waiting import wait_for
 
 from reconciler.adapters.box_control import ShellBoxes
 from reconciler.adapters.s3store import S3Store
@@ -368,11 +369,11 @@ def test_a_box_vanishing_mid_upload_leaves_the_key_without_a_partial_object(
     worker = threading.Thread(target=upload)
     worker.start()
     try:
-        progress = None
-        deadline = time.monotonic() + 60
-        while (progress is None or progress[0] < 32 << 20) and time.monotonic() < deadline:
-            progress = _transfer_progress(emulator, doomed.id)
-        assert progress is not None and progress[0] >= 32 << 20, "the upload was never seen sending"
+        def sending() -> bool:
+            sent = _transfer_progress(emulator, doomed.id)
+            return sent is not None and sent[0] >= 32 << 20
+
+        wait_for("the upload to have sent 32 MiB", sending, 60, every=0.02)
         emulator.hang(doomed.id)  # frozen mid-send, so what it sent so far can be read before it dies
         progress = _transfer_progress(emulator, doomed.id)
         assert progress is not None and progress[0] < progress[1], f"the upload was not mid-way: {progress}"

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import requests
 from vastai import VastAI
+from waiting import wait_for
 
 from reconciler.emulator import Emulator
 from reconciler.emulator.testing import KeyPair, ssh
@@ -85,10 +86,8 @@ def test_an_instance_is_taken_back_at_its_contract_end(emu: Emulator, ssh_keypai
     at = time.time() + 1.0
     moved = _raw(emu, "POST", f"/_emulator/instances/{iid}/end_date", json={"at": at})
     assert moved.status_code == 200 and v.show_instance(id=iid)["end_date"] == pytest.approx(at)
-    deadline = time.time() + 20
-    while v.show_instance(id=iid)["actual_status"] != "exited":
-        assert time.time() < deadline, "the box was not taken back at its contract's end"
-        time.sleep(0.1)
+    wait_for("the box to be taken back at its contract's end",
+             lambda: v.show_instance(id=iid)["actual_status"] == "exited", 60, every=0.1)
     after = v.show_instance(id=iid)
     assert after["intended_status"] == "stopped" and "contract ended" in after["status_msg"]
     assert _raw(emu, "GET", f"/api/v0/instances/{iid}/").json()["instances"]["duration"] == 0

@@ -8,6 +8,7 @@ from typing import Any
 import paramiko
 import pytest
 from vastai import VastAI
+from waiting import wait_for
 
 from reconciler.emulator import Emulator
 from reconciler.emulator.testing import KeyPair, make_keypair, ssh
@@ -87,14 +88,12 @@ def test_paramiko_and_nvidia_smi_see_a_cuda_job(emulator: Emulator, ssh_keypair:
         code, _, _ = run("CUDA_VISIBLE_DEVICES=1 setsid nohup python3 -c 'import time; time.sleep(120)' "
                          ">/dev/null 2>&1 </dev/null & echo $! > ~/job.pid")
         assert code == 0
-        deadline = time.monotonic() + 10
-        while True:
-            _, out, _ = run(q)
-            rows = [line.split(", ") for line in out.strip().splitlines()]
-            if int(rows[1][1]) > 100 or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        assert int(rows[1][1]) > 100 and rows[1][3] != "0"
+        def gpu1_busy() -> list[list[str]] | None:
+            rows = [line.split(", ") for line in run(q)[1].strip().splitlines()]
+            return rows if int(rows[1][1]) > 100 else None
+
+        rows = wait_for("GPU 1 to show the job's memory", gpu1_busy, 60, every=0.1)
+        assert rows[1][3] != "0"
         assert int(rows[0][1]) <= 100
         code, out, _ = run("nvidia-smi --query-compute-apps=pid,used_memory,gpu_uuid --format=csv,noheader,nounits")
         apps = [line.split(", ") for line in out.strip().splitlines()]

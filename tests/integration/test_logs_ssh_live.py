@@ -9,6 +9,7 @@ the store is another branch: this test places the files at ``store.attempt_dir``
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
 import shutil
@@ -118,11 +119,21 @@ class Follower:
         try:
             code = self.proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
+            masks = _signal_masks(f"/proc/{self.proc.pid}/status") + " (this test: " + _signal_masks(
+                "/proc/thread-self/status") + ")"
             self.proc.send_signal(signal.SIGABRT)  # the fault handler prints every thread's stack
             self.proc.wait(timeout=30)
-            raise AssertionError(f"--follow did not end: {self.errs.read_text(errors='replace')[-6000:]}") from None
+            stacks = self.errs.read_text(errors="replace")[-6000:]
+            raise AssertionError(f"--follow did not end; its signals {masks}: {stacks}") from None
         self._reader.join(timeout=30)
         return code, "".join(self.out), self.errs.read_text()
+
+
+def _signal_masks(status: str) -> str:
+    """The signal lines of a /proc status file (SigPnd, SigBlk, SigIgn, SigCgt)."""
+    with contextlib.suppress(OSError):
+        return "; ".join(ln for ln in Path(status).read_text().splitlines() if ln.startswith(("Sig", "ShdPnd")))
+    return "(gone)"
 
 
 def test_logs_before_any_launch(repo: Path, env: dict[str, str], run_id: str) -> None:
